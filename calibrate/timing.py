@@ -1,8 +1,15 @@
-"""Phase timing: every measured phase becomes one row with the op features the cost model needs.
+"""Phase timing: every measured phase becomes one row with the op terms the cost model needs.
 
 A phase is timed between two device synchronisations (``sync`` is
 ``LoadedModel.sync`` — ``torch.cuda.synchronize()`` on GPU, a no-op on CPU),
 so the time covers the work launched inside it and nothing else.
+
+A row describes its operation exactly as :func:`sim.cost.batch_terms` takes
+it: one *forward* is a list of items ``i`` with ``n_i`` new tokens over
+``c_i`` cached, run through ``layers_i`` layers, with ``probes_i`` logit-lens
+probes and ``logits_i`` full LM-head rows; other kinds (``probe``, ``evict``,
+``copy``) carry their own sizes. ``calibrate.fit`` rebuilds the terms from
+these columns, so the fit and the simulator charge the very same formula.
 """
 from __future__ import annotations
 
@@ -13,69 +20,91 @@ from typing import Callable, Iterator
 
 import pandas as pd
 
-# Columns of phases.parquet, in order. The first six are timings.parquet's
-# (docs/trace-schema.md); the rest describe the op for the cost model.
+# Columns of phases.parquet, in order. The first six are timings.parquet's (docs/trace-schema.md).
 PHASE_COLUMNS = [
     "phase", "branch", "n_new", "n_cached", "batch", "seconds",
-    "problem", "policy", "layers", "ctx_sum", "ctx_max", "ctx_sq_sum", "n_probes", "note",
+    "problem", "policy", "kind", "n", "c", "layers", "probes", "logits",
+    "cand", "window", "evict_layers", "note",
 ]
+KINDS = ("forward", "probe", "evict", "copy", "host")
 
 
 @dataclass
 class PhaseRow:
     phase: str
+    kind: str = "forward"
     branch: int = -1
-    n_new: int = 0           # tokens computed per sequence (prefill length, 1 for a decode step)
-    n_cached: int = 0        # context already in the KV, per sequence (max over the batch)
-    batch: int = 1
-    seconds: float = 0.0
     problem: int = -1
     policy: str = ""
-    layers: int = 0          # decoder layers run (< L when CGEE stops early)
-    ctx_sum: int = 0         # sum over the batch of the attended context (cached + new)
-    ctx_max: int = 0
-    ctx_sq_sum: int = 0      # sum over the batch of n_new * (n_cached + n_new): attention's quadratic term
-    n_probes: int = 0        # logit-lens probes (d x V matmuls) in this phase
+    n: list[int] = field(default_factory=list)       # new tokens per item
+    c: list[int] = field(default_factory=list)       # cached tokens per item
+    layers: list[int] = field(default_factory=list)  # layers run per item (empty = all)
+    probes: list[int] = field(default_factory=list)  # logit-lens probes per item (empty = 0)
+    logits: list[int] = field(default_factory=list)  # full LM-head rows per item (empty = 1)
+    cand: int = 0             # evict: candidate tokens; probe: probes; copy: tokens copied
+    window: int = 0           # evict: observation window (queries)
+    evict_layers: int = 0     # evict: layers scored
+    seconds: float = 0.0
     note: str = ""
+
+    def items(self, n: list[int], c: list[int], layers=None, probes=None, logits=None) -> "PhaseRow":
+        """Set the batch items of a forward (layers/probes/logits: per item, or one value for all)."""
+        k = len(n)
+
+        def per(v, default):
+            if v is None:
+                return [default] * k
+            return [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)] * k
+
+        self.n, self.c = [int(x) for x in n], [int(x) for x in c]
+        self.layers, self.probes, self.logits = per(layers, -1), per(probes, 0), per(logits, 1)
+        return self
+
+    def flat(self) -> dict:
+        d = asdict(self)
+        d["n_new"] = max(self.n) if self.n else int(self.cand)
+        d["n_cached"] = max(self.c) if self.c else 0
+        d["batch"] = len(self.n) if self.n else 1
+        return d
 
 
 @dataclass
 class PhaseTimer:
-    """Collects :class:`PhaseRow` s; ``with timer.phase("prefill", n_new=...)`` times a block."""
+    """Collects :class:`PhaseRow` s; ``with timer.phase("prefill") as row: ...`` times a block."""
 
     sync: Callable[[], None] = lambda: None
     rows: list[PhaseRow] = field(default_factory=list)
     context: dict = field(default_factory=dict)  # fields stamped on every row (problem, policy)
+    enabled: bool = True
 
     @contextmanager
-    def phase(self, name: str, **features) -> Iterator[PhaseRow]:
-        row = PhaseRow(phase=name, **{**self.context, **features})
+    def phase(self, name: str, kind: str = "forward", **fields) -> Iterator[PhaseRow]:
+        if kind not in KINDS:
+            raise ValueError(f"phase {name!r}: kind {kind!r} is not one of {KINDS}")
+        row = PhaseRow(phase=name, kind=kind, **{**self.context, **fields})
         self.sync()
         t0 = time.perf_counter()
         try:
-            yield row  # the body may fill in features known only afterwards (layers run, probes)
+            yield row  # the body fills in what it ran (items, layers reached, probes)
         finally:
             self.sync()
             row.seconds = time.perf_counter() - t0
-        self.rows.append(row)
+        if self.enabled:
+            self.rows.append(row)
 
     def total(self, **match) -> float:
-        return float(sum(r.seconds for r in self.rows
-                         if all(getattr(r, k) == v for k, v in match.items())))
+        return float(sum(r.seconds for r in self.rows if all(getattr(r, k) == v for k, v in match.items())))
 
     def frame(self) -> pd.DataFrame:
-        if not self.rows:
-            return pd.DataFrame({c: pd.Series(dtype="object") for c in PHASE_COLUMNS})
-        df = pd.DataFrame([asdict(r) for r in self.rows])[PHASE_COLUMNS]
-        for c in ("branch", "n_new", "n_cached", "batch", "problem", "layers", "ctx_sum", "ctx_max",
-                  "ctx_sq_sum", "n_probes"):
-            df[c] = df[c].astype("int64")
+        return phases_frame(self.rows)
+
+
+def phases_frame(rows: list[PhaseRow]) -> pd.DataFrame:
+    if not rows:
+        df = pd.DataFrame({c: pd.Series(dtype="object") for c in PHASE_COLUMNS})
         return df
-
-
-def attn_features(n_new: int, cached: list[int]) -> dict:
-    """Batch features of one forward where sequence i has ``cached[i]`` tokens in its KV and adds ``n_new``."""
-    ctx = [c + n_new for c in cached]
-    return dict(n_new=int(n_new), n_cached=int(max(cached) if cached else 0), batch=len(cached),
-                ctx_sum=int(sum(ctx)), ctx_max=int(max(ctx) if ctx else 0),
-                ctx_sq_sum=int(sum(n_new * c for c in ctx)))
+    df = pd.DataFrame([r.flat() for r in rows])[PHASE_COLUMNS]
+    for col in ("branch", "n_new", "n_cached", "batch", "problem", "cand", "window", "evict_layers"):
+        df[col] = df[col].astype("int64")
+    df["seconds"] = df["seconds"].astype("float64")
+    return df

@@ -1,0 +1,169 @@
+"""Fit the hardware profile's coefficients to measured phases (``rksim calibrate fit``).
+
+The cost model (``sim.cost``) reduces every operation to terms
+``(flops, bytes, kernels, layers)``; a hardware profile turns them into seconds::
+
+    t = max(flops / (peak * eff_c), bytes / (bw * eff_m)) + kernels * per_kernel_s + layers * per_layer_s
+
+``peak`` and ``bw`` stay at the base profile's values (datasheet numbers: only
+their products with the efficiencies are identifiable); the fit finds
+``eff_c``, ``eff_m``, ``per_kernel_s`` and ``per_layer_s`` minimising the
+robust (soft-L1) sum of *relative* residuals ``(t_model - t_measured) / t_measured``
+with :func:`scipy.optimize.least_squares` — relative, so that a 20 ms decode
+step counts as much as a 7 s prefill. Efficiencies are fitted in log space
+(always positive); the overheads are bounded below by 0.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+from sim import cost as C
+from sim.profiles import HardwareProfile, ModelShape, PRESET_DIR, PresetError, load_hardware
+
+FIT_PARAMS = ("eff_c", "eff_m", "per_kernel_s", "per_layer_s")
+# Scale of the overhead parameters inside the optimiser (seconds -> microseconds).
+_US = 1e-6
+
+
+def phase_terms(m: ModelShape, phases: pd.DataFrame) -> np.ndarray:
+    """``(4, N)`` terms [flops, bytes, kernels, layers] of every row of a phases table."""
+    out = np.zeros((4, len(phases)))
+    for j, row in enumerate(phases.itertuples(index=False)):
+        kind = row.kind
+        if kind == "forward":
+            n = np.asarray(row.n, dtype=np.float64)
+            if n.size == 0:
+                raise ValueError(f"phases.parquet: row {j} ({row.phase}): forward with no items")
+            lay = np.asarray(row.layers, dtype=np.float64)
+            lay = np.where(lay < 0, m.n_layers, lay)
+            t = C.batch_terms(m, n, np.asarray(row.c, dtype=np.float64), layers=lay,
+                              probes=np.asarray(row.probes, dtype=np.float64),
+                              logits=np.asarray(row.logits, dtype=np.float64))
+        elif kind == "probe":
+            t = C.probe_terms(m, row.cand)
+        elif kind == "evict":
+            t = C.eviction_scoring_terms(m, row.cand, row.window, n_layers=row.evict_layers)
+        elif kind == "copy":
+            t = C.kv_copy_terms(m, row.cand)
+        else:
+            raise ValueError(f"phases.parquet: row {j} ({row.phase}): kind {kind!r} has no cost-model terms")
+        out[:, j] = t.as_array().reshape(4)
+    return out
+
+
+def predict(hw: HardwareProfile, terms: np.ndarray) -> np.ndarray:
+    F, B, K, L = terms
+    return np.maximum(F / (hw.peak_flops * hw.eff_c), B / (hw.mem_bw * hw.eff_m)) + K * hw.per_kernel_s + L * hw.per_layer_s
+
+
+def _with(hw: HardwareProfile, x: np.ndarray) -> HardwareProfile:
+    import dataclasses
+    return dataclasses.replace(hw, eff_c=float(math.exp(x[0])), eff_m=float(math.exp(x[1])),
+                               per_kernel_s=float(x[2] * _US), per_layer_s=float(x[3] * _US))
+
+
+@dataclass
+class FitResult:
+    profile: HardwareProfile
+    rel_rms: float            # root mean square of relative residuals
+    rel_median_abs: float
+    n: int
+    cost: float
+    success: bool
+    message: str
+
+
+def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, loss: str = "soft_l1",
+                f_scale: float = 0.05) -> FitResult:
+    """Least-squares fit of ``eff_c, eff_m, per_kernel_s, per_layer_s`` (see module docstring)."""
+    y = np.asarray(seconds, dtype=np.float64)
+    if terms.shape != (4, y.size):
+        raise ValueError(f"fit: terms shape {terms.shape} does not match {y.size} timings")
+    if y.size < len(FIT_PARAMS):
+        raise ValueError(f"fit: {y.size} measured phases; need at least {len(FIT_PARAMS)}")
+    if not np.all(np.isfinite(y)) or np.any(y <= 0):
+        raise ValueError("fit: measured seconds must be finite and > 0")
+
+    def resid(x):
+        return (predict(_with(base, x), terms) - y) / y
+
+    best = None
+    # A few starts: the max() makes the objective piecewise; pick the best local optimum.
+    for ec, em in ((1.0, 1.0), (0.1, 0.1), (0.01, 1.0), (1.0, 0.01), (0.3, 0.03)):
+        x0 = np.array([math.log(ec), math.log(em), 1.0, 10.0])
+        r = least_squares(resid, x0, bounds=([-20, -20, 0, 0], [5, 5, 1e6, 1e7]), loss=loss, f_scale=f_scale,
+                          x_scale=[1.0, 1.0, 10.0, 100.0], method="trf", max_nfev=4000)
+        if best is None or r.cost < best.cost:
+            best = r
+    prof = _with(base, best.x)
+    rel = resid(best.x)
+    return FitResult(profile=prof, rel_rms=float(np.sqrt(np.mean(rel ** 2))),
+                     rel_median_abs=float(np.median(np.abs(rel))), n=int(y.size), cost=float(best.cost),
+                     success=bool(best.success), message=str(best.message))
+
+
+def fitted_range(model: ModelShape, phases: pd.DataFrame) -> dict:
+    """The envelope of what was measured: a calibrated profile refuses queries beyond it."""
+    fw = phases[phases["kind"] == "forward"]
+    ctx = [int(n) + int(c) for ns, cs in zip(fw["n"], fw["c"]) for n, c in zip(ns, cs)]
+    new = [int(n) for ns in fw["n"] for n in ns]
+    return {"max_context_tokens": int(max(ctx)), "max_new_tokens": int(max(new)),
+            "max_batch": int(max(len(ns) for ns in fw["n"])), "models": [model.name]}
+
+
+def _yaml_dump(obj) -> str:
+    import yaml
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=None, width=100)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_on: dict, notes: str) -> dict:
+    p = res.profile
+    data = {
+        "name": p.name, "peak_flops": float(p.peak_flops), "mem_bw": float(p.mem_bw),
+        "mem_capacity": float(p.mem_capacity), "eff_c": float(p.eff_c), "eff_m": float(p.eff_m),
+        "per_kernel_s": float(p.per_kernel_s), "per_layer_s": float(p.per_layer_s),
+        "calibrated": True, "provisional": False, "fitted_range": frange, "device": device,
+        "fitted_on": fitted_on,
+        "fit": {"method": "scipy.optimize.least_squares (trf, soft_l1 on relative residuals)",
+                "params": list(FIT_PARAMS), "n_phases": res.n, "rel_rms": res.rel_rms,
+                "rel_median_abs": res.rel_median_abs, "success": res.success},
+        "notes": notes,
+    }
+    header = ("# Fitted by `rksim calibrate fit` (calibrate/fit.py) on measured phases; do not edit by hand.\n"
+              "# peak_flops / mem_bw are the base profile's; eff_c, eff_m, per_kernel_s, per_layer_s are fitted.\n")
+    atomic_write_text(path, header + _yaml_dump(data))
+    load_hardware(str(path))  # what the simulator will read must load
+    return data
+
+
+def default_base(name: str) -> HardwareProfile:
+    """The profile to start from: the existing preset of that name, else a generic CPU."""
+    try:
+        return load_hardware(name)
+    except PresetError:
+        return HardwareProfile(name=name, peak_flops=2.0e11, mem_bw=2.0e10, mem_capacity=16e9, source="default")
