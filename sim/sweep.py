@@ -30,7 +30,6 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -227,6 +226,8 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, meta: dict | None =
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from traces.store import atomic_write_bytes
+
     path = Path(path)
     if path.suffix != ".parquet":
         raise ValueError(f"--out {str(path)!r}: the sweep is written as Parquet; name it *.parquet")
@@ -237,17 +238,9 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike, meta: dict | None =
         schema_meta = dict(table.schema.metadata or {})
         schema_meta[META_KEY] = json.dumps(meta, sort_keys=True, default=str).encode()
         table = table.replace_schema_metadata(schema_meta)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pq.write_table(table, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf)
+    atomic_write_bytes(path, buf.getvalue().to_pybytes())
     return path
 
 

@@ -1,0 +1,274 @@
+"""``rksim sweep``, ``rksim tune``, ``rksim pareto``: thresholds, not just one run (docs/sweeps.md)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from sim.grid import DEFAULT_MAX_CONFIGS  # stdlib-only module: keeps `rksim --help` fast
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, default=_json_default, allow_nan=False))
+
+
+def _json_default(v):
+    try:
+        import numpy as np
+
+        if isinstance(v, np.generic):
+            return v.item()
+    except ImportError:  # pragma: no cover
+        pass
+    return str(v)
+
+
+def _clean(obj):
+    """NaN -> None so that --json output is strict JSON."""
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
+        return _clean(obj.item())
+    return obj
+
+
+def _parse_workload(items: list[str] | None) -> dict | None:
+    from sim.grid import GridError, parse_list
+
+    if not items:
+        return None
+    out = {}
+    for text in items:
+        if "=" not in text:
+            raise ValueError(f"--workload {text!r}: expected KEY=VALUE")
+        key, val = text.split("=", 1)
+        try:
+            (v,) = parse_list(text, val)
+        except (GridError, ValueError):
+            raise ValueError(f"--workload {text!r}: expected one value after '='") from None
+        out[key.strip()] = v
+    return out
+
+
+def _options(args):
+    from sim.sweep import SweepOptions
+
+    return SweepOptions(model_preset=args.model_preset, hardware=args.hardware, mode=args.mode,
+                        workload=_parse_workload(args.workload), seed=args.sim_seed,
+                        arrival_rate=args.arrival_rate)
+
+
+def _check_trace(path: str) -> None:
+    if not Path(path).exists():
+        raise ValueError(f"--trace {path!r}: no such file or directory")
+
+
+def _grid(args, policy: str, n_layers_of=None):
+    from sim.grid import parse_grids
+
+    if args.grid:
+        return parse_grids(args.grid, max_configs=args.max_configs)
+    from sim.tune import default_grid
+
+    if n_layers_of is None:
+        raise ValueError("--grid: give at least one --grid key=... flag")
+    return default_grid(policy, n_layers_of())
+
+
+def _n_layers(trace: str):
+    def get() -> int:
+        from traces.store import load_trace
+
+        return load_trace(trace, verify=False).n_layers
+
+    return get
+
+
+def _validate_backend(args) -> None:
+    if args.backend == "local" and (args.scheduler or args.workers is not None):
+        raise ValueError("--scheduler/--workers need --backend dask")
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers {args.workers}: needs at least 1")
+
+
+def _cmd_sweep(args) -> int:
+    from sim.sweep import default_evaluate, run_sweep, validate_params, write_parquet
+
+    _check_trace(args.trace)
+    _validate_backend(args)
+    out = Path(args.out)
+    if out.suffix != ".parquet":
+        raise ValueError(f"--out {args.out!r}: the sweep is written as Parquet; name it *.parquet")
+    if not out.parent.exists():
+        raise ValueError(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist")
+    grid = _grid(args, args.policy, _n_layers(args.trace))
+    configs = list(grid.configs())
+    validate_params(args.policy, configs)
+    options = _options(args)
+    evaluate = default_evaluate()
+    # One evaluation here, before any worker starts: a bad trace, preset or mode fails now, in one line.
+    evaluate(args.trace, policy=args.policy, params=dict(configs[0]), **options.kwargs())
+    t0 = time.perf_counter()
+    df = run_sweep(args.trace, args.policy, configs, options, evaluate=evaluate, backend=args.backend,
+                   workers=args.workers, scheduler=args.scheduler, progress=not args.quiet)
+    wall = time.perf_counter() - t0
+    meta = {"trace": os.path.abspath(args.trace), "policy": args.policy, "grid": grid.to_json(),
+            "options": options.kwargs(), "backend": args.backend, "n_configs": len(df),
+            "argv": " ".join(sys.argv)}
+    write_parquet(df, out, meta)
+    print(f"wrote {out}: {len(df)} configurations x {df.shape[1]} columns "
+          f"({wall:.2f} s, {len(df) / max(wall, 1e-9):.0f} configs/s, backend {args.backend})")
+    return 0
+
+
+def _cmd_tune(args) -> int:
+    from sim.tune import TuneSpec, tune
+
+    _check_trace(args.trace)
+    _validate_backend(args)
+    spec = TuneSpec(objective=args.objective, direction=args.direction,
+                    max_cgee_error=args.max_cgee_error, max_accuracy_drop=args.max_accuracy_drop,
+                    split=args.split, seed=args.seed, refine=not args.no_refine,
+                    refine_maxiter=args.refine_iters)
+    grid = _grid(args, args.policy, _n_layers(args.trace))
+    res = tune(args.trace, args.policy, spec, grid, _options(args), backend=args.backend,
+               workers=args.workers, scheduler=args.scheduler, progress=not args.quiet and not args.json)
+    js = _clean(res.to_json())
+    if args.out:
+        _atomic_write_text(Path(args.out), json.dumps(js, indent=2, sort_keys=True) + "\n", "--out")
+    if args.json:
+        _print_json(js)
+        return 0
+    import pandas as pd
+
+    cons = []
+    if spec.max_cgee_error is not None:
+        cons.append(f"cgee_error_rate <= {spec.max_cgee_error}")
+    if spec.max_accuracy_drop is not None:
+        cons.append(f"accuracy >= accuracy(no-kv) - {spec.max_accuracy_drop}")
+    print(f"policy {res.policy}: {'maximise' if spec.maximize else 'minimise'} {spec.objective}"
+          f"{' subject to ' + ' and '.join(cons) if cons else ''}")
+    print(f"split (seed {spec.seed}): tune problems {res.tune_problems}, held-out {res.held_problems}")
+    print(f"searched {res.grid_size} grid configurations + refinement, {res.n_evaluations} evaluations; "
+          f"chosen from the {res.source} search{'' if res.feasible else ' — NO configuration met the constraints on the tune split'}")
+    print("chosen: " + "  ".join(f"{k}={v}" for k, v in res.params.items()))
+    with pd.option_context("display.width", 200, "display.max_columns", 50):
+        print(res.table().to_string(float_format=lambda v: f"{v:.4g}"))
+    return 0
+
+
+def _cmd_pareto(args) -> int:
+    from sim.pareto import figure, frontier
+    from sim.sweep import param_columns, read_sweep
+
+    df, meta = read_sweep(args.file)
+    front = frontier(df, args.x, args.y, minimize_x=args.minimize_x, maximize_y=args.maximize_y)
+    cols = (["config_id"] if "config_id" in front.columns else []) + param_columns(front) + [args.x, args.y]
+    table = front[cols]
+    if args.out:
+        title = None
+        if meta.get("policy"):
+            title = f"{meta['policy']}: {args.y} against {args.x} ({len(df)} configurations)"
+        fig = figure(df, front, args.x, args.y, title=title)
+        _atomic_write_text(Path(args.out), fig.to_html(include_plotlyjs=True, full_html=True), "--out")
+    if args.json:
+        _print_json({"x": args.x, "y": args.y, "n_points": int(len(df)), "n_frontier": int(len(front)),
+                     "frontier": _clean(table.to_dict("records"))})
+        return 0
+    import pandas as pd
+
+    with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
+        print(table.to_string(index=False))
+    print(f"{len(front)} of {len(df)} configurations on the frontier"
+          + (f"; figure: {args.out}" if args.out else ""))
+    return 0
+
+
+def _atomic_write_text(path: Path, text: str, flag: str) -> None:
+    from traces.store import atomic_write_bytes
+
+    if not path.parent.exists():
+        raise ValueError(f"{flag} {str(path)!r}: folder {str(path.parent)!r} does not exist")
+    atomic_write_bytes(path, text.encode())
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return v
+
+
+def _sim_flags(p) -> None:
+    p.add_argument("--trace", required=True, help="trace directory")
+    p.add_argument("--policy", required=True, help="policy registry name (asks, cgee, vase-dkv, ...)")
+    p.add_argument("--grid", action="append", metavar="KEY=SPEC",
+                   help="a parameter's values: key=start:stop:step (stop inclusive) or key=v1,v2,...; repeat per key")
+    p.add_argument("--max-configs", type=_positive_int, default=DEFAULT_MAX_CONFIGS, metavar="N",
+                   help=f"refuse grids larger than N configurations (default {DEFAULT_MAX_CONFIGS:,})")
+    p.add_argument("--mode", choices=("isolated", "serving"), default="isolated")
+    p.add_argument("--model-preset", default=None, help="cost target model (default: the trace's model)")
+    p.add_argument("--hardware", default="local-cpu", help="hardware preset or JSON/YAML file")
+    p.add_argument("--workload", action="append", metavar="KEY=VALUE",
+                   help="workload option, e.g. verify_reuses_kv=false; repeatable")
+    p.add_argument("--arrival-rate", type=float, default=None, help="serving mode: Poisson problems/s")
+    p.add_argument("--sim-seed", type=int, default=0, help="the simulator's seed (evaluate(seed=...))")
+    p.add_argument("--backend", choices=("local", "dask"), default="local")
+    p.add_argument("--scheduler", default=None, metavar="ADDR", help="Dask scheduler address (tcp://host:8786)")
+    p.add_argument("--workers", type=int, default=None, help="LocalCluster worker processes (default 2)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="evaluate a policy over a parameter grid into a Parquet file",
+                       description="Evaluate a policy at every configuration of a grid (docs/sweeps.md).")
+    _sim_flags(p)
+    p.add_argument("--out", required=True, help="output FILE.parquet (written atomically)")
+    p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser("tune", help="choose thresholds on one split of the problems, report on the held-out split",
+                       description="Grid search then scipy refinement on a tune split; metrics on a held-out split.")
+    _sim_flags(p)
+    p.add_argument("--objective", default="speedup_vs_no_kv", help="metric to optimise (default speedup_vs_no_kv)")
+    p.add_argument("--direction", choices=("max", "min"), default=None,
+                   help="maximise or minimise the objective (default: from its name)")
+    p.add_argument("--max-cgee-error", type=float, default=None, metavar="E",
+                   help="constraint: cgee_error_rate <= E")
+    p.add_argument("--max-accuracy-drop", type=float, default=None, metavar="X",
+                   help="constraint: accuracy >= accuracy(no-kv) - X on the same split")
+    p.add_argument("--split", type=float, default=0.5, help="share of problems in the tune split (default 0.5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split and of the refinement")
+    p.add_argument("--no-refine", action="store_true", help="grid search only")
+    p.add_argument("--refine-iters", type=int, default=20, help="differential evolution generations (default 20)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--out", default=None, help="also write the JSON result to this file")
+    p.set_defaults(func=_cmd_tune)
+
+    p = sub.add_parser("pareto", help="Pareto frontier of a sweep: plotly figure and table",
+                       description="Non-dominated configurations of a sweep file (docs/sweeps.md).")
+    p.add_argument("file", help="sweep FILE.parquet")
+    p.add_argument("--x", default="cgee_error_rate", help="x metric (default cgee_error_rate)")
+    p.add_argument("--y", default="speedup_vs_no_kv", help="y metric (default speedup_vs_no_kv)")
+    gx = p.add_mutually_exclusive_group()
+    gx.add_argument("--minimize-x", dest="minimize_x", action="store_const", const=True, default=None,
+                    help="smaller x is better (default: from the metric's name)")
+    gx.add_argument("--maximize-x", dest="minimize_x", action="store_const", const=False)
+    gy = p.add_mutually_exclusive_group()
+    gy.add_argument("--maximize-y", dest="maximize_y", action="store_const", const=True, default=None,
+                    help="larger y is better (default: from the metric's name)")
+    gy.add_argument("--minimize-y", dest="maximize_y", action="store_const", const=False)
+    p.add_argument("--out", default=None, help="write the figure to this HTML file")
+    p.add_argument("--json", action="store_true", help="print the frontier as JSON")
+    p.set_defaults(func=_cmd_pareto)
