@@ -1,1 +1,25 @@
-"""rksim policies."""
+"""rksim policies: the decision logic of every policy and baseline, on numpy arrays (no torch).
+
+See docs/policy-api.md (the contract) and docs/policies.md (formulas, parameters, defaults).
+"""
+from .base import POLICY_KINDS, PolicyError
+from .blocks import FIFO, LRU, RSBCM, BlockPool
+from .composite import RKSC
+from .exit import CGEE, CGEEDecision, yes_score
+from .registry import POLICY_NAMES, get_policy, list_policies, policy_class, policy_defaults
+from .sharing import ASKS, ExactPrefix, NoKV, SharingPlan, layer_weights, pooled_cosine
+from .token_loop import EvictionResult, run_token_eviction
+from .token_metrics import FullAttention, attention_metrics
+from .tokens import (H2O, RKV, CurDKV, FullCache, RandomEviction, SnapKV, StreamingLLM, TokenPolicy,
+                     VASEAttnV, VASEDKV)
+
+__all__ = [
+    "POLICY_KINDS", "POLICY_NAMES", "PolicyError", "get_policy", "list_policies", "policy_class",
+    "policy_defaults",
+    "NoKV", "ExactPrefix", "ASKS", "SharingPlan", "layer_weights", "pooled_cosine",
+    "CGEE", "CGEEDecision", "yes_score",
+    "RSBCM", "LRU", "FIFO", "BlockPool",
+    "RKSC",
+    "TokenPolicy", "FullCache", "StreamingLLM", "H2O", "SnapKV", "RKV", "CurDKV", "RandomEviction",
+    "VASEAttnV", "VASEDKV", "run_token_eviction", "EvictionResult", "FullAttention", "attention_metrics",
+]
