@@ -83,10 +83,9 @@ def param_column(key: str) -> str:
 
 def policy_fields(policy: str) -> dict[str, dataclasses.Field]:
     """The parameters of a registered policy: its dataclass fields by name."""
-    from policies import get_policy
+    from policies import policy_class
 
-    pol = get_policy(policy)
-    return {f.name: f for f in dataclasses.fields(pol)}
+    return {f.name: f for f in dataclasses.fields(policy_class(policy)) if f.init}
 
 
 def validate_params(policy: str, configs: Sequence[dict], flag: str = "--grid") -> None:

@@ -104,3 +104,17 @@ def test_product_order_and_ids():
     canon = json.dumps({"alpha": 0, "tau": 0.5}, sort_keys=True, separators=(",", ":"))
     assert ids[0] == hashlib.sha256(canon.encode()).hexdigest()[:16]
     assert list(Grid().configs()) == [{}]
+
+
+def test_policy_params_validated_before_any_work():
+    from sim.sweep import validate_params
+    from sim.tune import DEFAULT_GRIDS, default_grid
+
+    for policy in DEFAULT_GRIDS:  # the default grids name real parameters with valid values
+        validate_params(policy, list(default_grid(policy, 30).configs()))
+    with pytest.raises(ValueError, match=r"--grid 'foo': policy 'asks' has no parameter 'foo' \(valid: .*tau"):
+        validate_params("asks", [{"tau": 0.5, "foo": 1}])
+    with pytest.raises(ValueError, match=r"--policy 'nope'"):
+        validate_params("nope", [{}])
+    with pytest.raises(ValueError, match=r"--grid: policy 'cgee' refuses \{'l_min': 0\}.*l_min"):
+        validate_params("cgee", [{"l_min": 0}])

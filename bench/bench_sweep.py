@@ -1,0 +1,138 @@
+"""Sweep throughput: configurations per second, local on one core and on Dask with 2 workers.
+
+Runs the real ``sim.api.evaluate`` (isolated mode, the fast path) on the
+bundled trace over ASKS and CGEE grids, and writes ``DIR/sweep.json``:
+medians of ``--repeats`` timed runs, after one untimed warm-up (trace loading
+and the workers' start are reported separately). Also checks that the Dask
+rows equal the local rows exactly. Goal: >= 1,000 configurations/s locally on
+one core.
+
+    .venv/bin/python bench/bench_sweep.py --out runs/bench
+"""
+from __future__ import annotations
+
+import os
+
+# One core for the local measurement: no BLAS/OpenMP thread pools (set before numpy loads).
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sim.grid import parse_grids  # noqa: E402
+from sim.sweep import SweepOptions, run_sweep  # noqa: E402
+
+GRIDS = {
+    "asks": ["tau=0.5:1.0:0.01", "alpha=0:4:0.5"],                       # 51 x 9 = 459
+    "cgee": ["tau_conf=0.5:1.0:0.1", "delta_rel=0:0.5:0.1", "theta=0,0.5,1,2",
+             "eps=0.05,0.1", "l_min=8,15"],                                # 6x6x4x2x2 = 576
+}
+
+
+def _pin_one_core() -> str:
+    try:
+        cpu = sorted(os.sched_getaffinity(0))[0]
+        os.sched_setaffinity(0, {cpu})
+        return f"pinned to cpu {cpu}"
+    except (AttributeError, OSError):  # not Linux
+        return "not pinned"
+
+
+def _timed(fn, repeats: int) -> tuple[list[float], object]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return times, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path, help="folder for sweep.json")
+    ap.add_argument("--trace", default=str(ROOT / "examples" / "trace-gsm8k-persona"))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-dask", action="store_true", help="skip the Dask measurement")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    import pandas as pd
+
+    from sim.api import evaluate
+
+    opts = SweepOptions(mode="isolated")
+    t0 = time.perf_counter()
+    evaluate(args.trace, policy="asks", params={}, **opts.kwargs())  # loads and caches the trace
+    load_s = time.perf_counter() - t0
+
+    result: dict = {"trace": os.path.relpath(args.trace, ROOT) if args.trace.startswith(str(ROOT)) else args.trace,
+                    "mode": "isolated", "hardware": opts.hardware, "goal_local_configs_per_s": 1000,
+                    "trace_load_s": round(load_s, 3), "policies": {}}
+    rows = []
+    # Dask first: the local measurement then pins this process to one core.
+    dask_frames: dict[str, pd.DataFrame] = {}
+    if not args.no_dask:
+        from sim.dist import open_client
+
+        t0 = time.perf_counter()
+        with open_client(workers=2) as client:
+            start_s = time.perf_counter() - t0
+            result["dask_cluster_start_s"] = round(start_s, 3)
+            for policy, g in GRIDS.items():
+                grid = parse_grids(g)
+                # warm-up: every worker loads the trace once
+                run_sweep(args.trace, policy, list(grid.configs())[:8], opts, evaluate=evaluate,
+                          backend="dask", client=client, progress=False, chunk_size=1)
+                times, df = _timed(lambda: run_sweep(args.trace, policy, grid, opts, evaluate=evaluate,
+                                                     backend="dask", client=client, progress=False),
+                                   args.repeats)
+                dask_frames[policy] = df
+                med = statistics.median(times)
+                result["policies"].setdefault(policy, {})["dask_2_workers"] = {
+                    "n_configs": grid.size, "seconds": [round(t, 4) for t in times],
+                    "configs_per_s": round(grid.size / med, 1)}
+    pin = _pin_one_core()
+    result["local_pinning"] = pin
+    for policy, g in GRIDS.items():
+        grid = parse_grids(g)
+        times, df = _timed(lambda: run_sweep(args.trace, policy, grid, opts, evaluate=evaluate,
+                                             progress=False), args.repeats)
+        med = statistics.median(times)
+        entry = result["policies"].setdefault(policy, {})
+        entry["local_1_core"] = {"n_configs": grid.size, "seconds": [round(t, 4) for t in times],
+                                 "configs_per_s": round(grid.size / med, 1)}
+        if policy in dask_frames:
+            try:
+                pd.testing.assert_frame_equal(df, dask_frames[policy], check_exact=True)
+                entry["dask_equals_local"] = True
+            except AssertionError:
+                entry["dask_equals_local"] = False
+        rows.append({"policy": policy, "configs": grid.size,
+                     "local 1 core (configs/s)": entry["local_1_core"]["configs_per_s"],
+                     "dask 2 workers (configs/s)": entry.get("dask_2_workers", {}).get("configs_per_s"),
+                     "dask == local": entry.get("dask_equals_local")})
+    local_rates = [v["local_1_core"]["configs_per_s"] for v in result["policies"].values()]
+    result["local_configs_per_s_min"] = min(local_rates)
+    result["meets_local_goal"] = min(local_rates) >= 1000
+    if not args.no_dask:
+        result["dask_configs_per_s_min"] = min(v["dask_2_workers"]["configs_per_s"]
+                                               for v in result["policies"].values())
+
+    from traces.store import atomic_write_json
+
+    atomic_write_json(args.out / "sweep.json", result)
+    print(pd.DataFrame(rows).to_string(index=False))
+    print(f"trace load {load_s:.2f} s; local {pin}; wrote {args.out / 'sweep.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
