@@ -1,0 +1,301 @@
+"""Model shapes and hardware profiles: the cost model's two inputs.
+
+Presets are YAML (or JSON) files under ``sim/presets/models`` and
+``sim/presets/hardware``; every value carries its public source in a comment.
+Users add their own by passing a file path instead of a name, or by pointing
+``RKSIM_PRESETS`` at a directory holding ``models/*.yaml`` and/or
+``hardware/*.yaml`` (user files shadow the shipped ones of the same name).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+USER_PRESETS_ENV = "RKSIM_PRESETS"
+
+
+class PresetError(ValueError):
+    """An unknown preset name or a malformed preset file (message names it)."""
+
+
+class OutOfCalibrationError(ValueError):
+    """A query outside the range a hardware profile was calibrated on."""
+
+
+# --------------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class ModelShape:
+    """Shape of a decoder-only transformer with a gated MLP (Llama/Qwen/Mistral family).
+
+    Parameters per decoder layer (norm weights included)::
+
+        P_layer = d*(H*Dh) + 2*d*(Hkv*Dh) + (H*Dh)*d + 3*d*F + 2*d
+
+    (q, k, v, o projections; gate, up, down of the gated MLP; two RMSNorms).
+    """
+
+    name: str
+    n_layers: int
+    hidden_size: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int
+    tied_embeddings: bool
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim",
+                  "intermediate_size", "vocab_size", "dtype_bytes"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
+                raise PresetError(f"model preset {self.source or self.name}: field {f!r} must be a positive integer, got {v!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise PresetError(f"model preset {self.source or self.name}: n_heads must be a multiple of n_kv_heads")
+
+    @property
+    def params_per_layer(self) -> int:
+        d, H, Hkv, Dh, F = self.hidden_size, self.n_heads, self.n_kv_heads, self.head_dim, self.intermediate_size
+        return d * H * Dh + 2 * d * Hkv * Dh + H * Dh * d + 3 * d * F + 2 * d
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.hidden_size * self.vocab_size
+
+    @property
+    def weight_bytes(self) -> int:
+        """All weights: layers + final norm + embeddings (+ separate LM head unless tied)."""
+        emb = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+        return self.dtype_bytes * (self.n_layers * self.params_per_layer + emb + self.hidden_size)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """``2 * L * Hkv * Dh * s``: K and V of one token over all layers."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2,
+                "bfloat16": 2, "bf16": 2, "float64": 8, "int8": 1}
+
+
+def model_from_manifest(manifest: dict) -> ModelShape:
+    """The shape of the model that produced a trace (``manifest.json`` ``model``)."""
+    m = manifest.get("model") or {}
+    try:
+        dtype = str(m.get("dtype", "float32")).replace("torch.", "")
+        if dtype not in _DTYPE_BYTES:
+            raise PresetError(f"manifest.json: model.dtype: unknown dtype {dtype!r}")
+        name = str(m.get("name", "trace-model"))
+        tied = m.get("tied_embeddings")
+        if tied is None:
+            # The manifest does not record tying: take it from a shipped preset of the same model.
+            tied = False
+            low = name.lower()
+            for pname in list_presets("models"):
+                pm = _read_file(_preset_path("models", pname))
+                if str(pm.get("hf_id", "")).lower() in low or pname in low.replace("-instruct", ""):
+                    tied = bool(pm.get("tied_embeddings", False))
+                    break
+            else:
+                if "smollm2" in low:
+                    tied = True
+        return ModelShape(
+            name=name, n_layers=int(m["n_layers"]), hidden_size=int(m["hidden_size"]),
+            n_heads=int(m["n_heads"]), n_kv_heads=int(m["n_kv_heads"]), head_dim=int(m["head_dim"]),
+            intermediate_size=int(m["intermediate_size"]), vocab_size=int(m["vocab_size"]),
+            dtype_bytes=_DTYPE_BYTES[dtype], tied_embeddings=bool(tied), source="trace manifest")
+    except KeyError as exc:
+        raise PresetError(f"manifest.json: model.{exc.args[0]}: missing (needed for the cost model)") from None
+
+
+# --------------------------------------------------------------------------- hardware
+@dataclass(frozen=True)
+class HardwareProfile:
+    """An accelerator for the roofline cost model.
+
+    The time of an operation with terms (flops, bytes, kernels, layers) is::
+
+        t = max(flops / (peak_flops * eff_c), bytes / (mem_bw * eff_m))
+            + kernels * per_kernel_s + layers * per_layer_s
+
+    ``fitted_range`` (None for analytical datasheet profiles) bounds the
+    queries a *calibrated* profile may answer: ``max_context_tokens``,
+    ``max_new_tokens`` (tokens of one forward item), ``max_batch``, ``models``
+    (names of the models it was fitted on). Anything outside is refused.
+    """
+
+    name: str
+    peak_flops: float
+    mem_bw: float
+    mem_capacity: float
+    eff_c: float = 1.0
+    eff_m: float = 1.0
+    per_kernel_s: float = 0.0
+    per_layer_s: float = 0.0
+    calibrated: bool = False
+    provisional: bool = False
+    fitted_range: dict | None = None
+    source: str = ""
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for f in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
+                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive number, got {v!r}")
+        for f in ("per_kernel_s", "per_layer_s"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v < 0:
+                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a number >= 0, got {v!r}")
+
+    def time(self, terms) -> np.ndarray | float:
+        """Seconds for ``terms`` (an :class:`sim.cost.OpTerms`, scalar or array fields)."""
+        return (np.maximum(terms.flops / (self.peak_flops * self.eff_c), terms.bytes / (self.mem_bw * self.eff_m))
+                + terms.kernels * self.per_kernel_s + terms.layers * self.per_layer_s)
+
+    def check_query(self, model: ModelShape, max_context: int, max_new: int = 0, max_batch: int = 0) -> None:
+        """Refuse a query outside the calibrated range (raises :class:`OutOfCalibrationError`)."""
+        if model.weight_bytes > self.mem_capacity:
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: model {model.name} needs {model.weight_bytes / 1e9:.1f} GB of weights, "
+                f"more than the {self.mem_capacity / 1e9:.1f} GB of memory")
+        fr = self.fitted_range
+        if not fr:
+            return
+        models = fr.get("models")
+        if models and model.name not in models:
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: calibrated on model(s) {', '.join(models)} only; refusing to extrapolate to "
+                f"{model.name} (fit this hardware for that model with `rksim calibrate fit`)")
+        for key, value, what in (("max_context_tokens", max_context, "context"),
+                                 ("max_new_tokens", max_new, "tokens in one forward item"),
+                                 ("max_batch", max_batch, "batch")):
+            lim = fr.get(key)
+            if lim is not None and value > lim:
+                raise OutOfCalibrationError(
+                    f"hardware {self.name}: {what} of {value} is outside the calibrated range "
+                    f"(fitted_range.{key} = {lim}); refusing to extrapolate")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("extra", None)
+        return d
+
+
+_HW_FIELDS = {f.name for f in dataclasses.fields(HardwareProfile)} - {"extra", "source"}
+_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelShape)} - {"source"}
+
+
+# --------------------------------------------------------------------------- loading
+def _read_file(path: Path) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PresetError(f"{path}: cannot read preset file ({exc.strerror})") from None
+    try:
+        if str(path).endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+            data = yaml.safe_load(text)
+    except Exception as exc:  # yaml/json syntax errors: name the file
+        raise PresetError(f"{path}: not valid {'JSON' if str(path).endswith('.json') else 'YAML'}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise PresetError(f"{path}: a preset file must hold a mapping of fields")
+    return data
+
+
+def _dirs(kind: str) -> list[Path]:
+    dirs = []
+    user = os.environ.get(USER_PRESETS_ENV)
+    if user:
+        dirs.append(Path(user) / kind)
+    dirs.append(PRESET_DIR / kind)
+    return dirs
+
+
+def list_presets(kind: str) -> list[str]:
+    """Names of the presets of ``kind`` (``"models"`` or ``"hardware"``)."""
+    names: set[str] = set()
+    for d in _dirs(kind):
+        if d.is_dir():
+            for p in d.iterdir():
+                if p.suffix in (".yaml", ".yml", ".json"):
+                    names.add(p.stem)
+    return sorted(names)
+
+
+def _preset_path(kind: str, name: str) -> Path:
+    for d in _dirs(kind):
+        for ext in (".yaml", ".yml", ".json"):
+            p = d / f"{name}{ext}"
+            if p.is_file():
+                return p
+    what = "model" if kind == "models" else "hardware"
+    raise PresetError(f"unknown {what} preset {name!r}; valid: {', '.join(list_presets(kind))} "
+                      f"(or a path to a .yaml/.json file)")
+
+
+def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
+    s = str(name_or_path)
+    if s.endswith((".yaml", ".yml", ".json")) or os.sep in s:
+        p = Path(s)
+        if not p.is_file():
+            raise PresetError(f"{s}: preset file not found")
+        return p
+    return _preset_path(kind, s)
+
+
+def load_model(name_or_path: str | os.PathLike) -> ModelShape:
+    """A :class:`ModelShape` from a preset name or a YAML/JSON file path."""
+    path = _resolve("models", name_or_path)
+    data = _read_file(path)
+    unknown = set(data) - _MODEL_FIELDS - {"hf_id"}
+    if unknown:
+        raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(_MODEL_FIELDS))}")
+    missing = _MODEL_FIELDS - set(data) - {"name"}
+    if missing:
+        raise PresetError(f"{path}: missing field(s) {', '.join(sorted(missing))}")
+    data.setdefault("name", path.stem)
+    data.pop("hf_id", None)
+    return ModelShape(source=str(path), **data)
+
+
+def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
+    """A :class:`HardwareProfile` from a preset name or a YAML/JSON file path."""
+    path = _resolve("hardware", name_or_path)
+    data = _read_file(path)
+    extra = {k: data.pop(k) for k in list(data) if k not in _HW_FIELDS}
+    allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals"}
+    unknown = set(extra) - allowed_extra
+    if unknown:
+        raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: "
+                          f"{', '.join(sorted(_HW_FIELDS | allowed_extra))}")
+    for req in ("peak_flops", "mem_bw", "mem_capacity"):
+        if req not in data:
+            raise PresetError(f"{path}: missing field {req!r}")
+    data.setdefault("name", path.stem)
+    for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s"):
+        if k in data and isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
+            try:
+                data[k] = float(data[k])
+            except ValueError:
+                raise PresetError(f"{path}: field {k!r} must be a number, got {data[k]!r}") from None
+    return HardwareProfile(source=str(path), extra=extra, **data)
+
+
+def load_presets() -> dict[str, list[str]]:
+    """``{"models": [...], "hardware": [...]}``: every preset name available."""
+    return {"models": list_presets("models"), "hardware": list_presets("hardware")}
