@@ -143,3 +143,16 @@ def test_missing_dask_gives_a_clear_error(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_distributed)
     with pytest.raises(ValueError, match=r"optional extra 'dist'.*rksim\[dist\]"):
         dist.require_dask()
+
+
+def test_existing_scheduler_address(tmp_path, client):
+    grid = parse_grids(["tau=0.1,0.2,0.3", "alpha=0,1"])
+    local = run_sweep(tmp_path, "asks", grid, evaluate=fake_evaluate, progress=False)
+    remote = run_sweep(tmp_path, "asks", grid, evaluate=fake_evaluate, backend="dask",
+                       scheduler=client.scheduler.address, progress=False)
+    pd.testing.assert_frame_equal(local, remote, check_exact=True)
+    with pytest.raises(ValueError, match="--workers applies to the LocalCluster only"):
+        run_sweep(tmp_path, "asks", grid, evaluate=fake_evaluate, backend="dask",
+                  scheduler=client.scheduler.address, workers=2, progress=False)
+    with pytest.raises(ValueError, match="--backend: 'spark'"):
+        run_sweep(tmp_path, "asks", grid, evaluate=fake_evaluate, backend="spark", progress=False)
