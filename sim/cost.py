@@ -197,3 +197,57 @@ def eviction_scoring_terms(m: ModelShape, cand_tokens, window, n_layers=None, va
     flops = lay * (2.0 * H * Dh * window * C + 5.0 * H * window * C)
     bytes_ = s * lay * (Hkv * Dh * C * (2.0 if value_range else 1.0) + H * Dh * window)
     return OpTerms(flops, bytes_, 3.0 * lay * (C > 0), 0.0 * C)
+
+
+class ScalarCost:
+    """:func:`batch_terms` + ``HardwareProfile.time`` for one iteration, in plain Python floats.
+
+    The simpy engine prices one iteration at a time with a handful of items;
+    numpy's per-call overhead would dominate there. Same formula, same
+    results (to rounding) as the vectorised path.
+    """
+
+    def __init__(self, m: ModelShape, hw):
+        self.L = float(m.n_layers)
+        self.P = float(m.params_per_layer)
+        self.att = 4.0 * m.n_heads * m.head_dim
+        self.dV = float(m.hidden_size * m.vocab_size)
+        self.d = float(m.hidden_size)
+        self.s = float(m.dtype_bytes)
+        self.kvt = 2.0 * m.n_kv_heads * m.head_dim
+        self.rate_c = hw.peak_flops * hw.eff_c
+        self.rate_m = hw.mem_bw * hw.eff_m
+        self.pk = hw.per_kernel_s
+        self.pl = hw.per_layer_s
+
+    def seconds(self, items) -> float:
+        """``items``: iterable of ``(n, c, layers, probes, logits, copy)`` tuples (layers None = L)."""
+        flops = 0.0
+        kv = 0.0
+        emb = 0.0
+        cp = 0.0
+        lmax = pmax = gmax = 0.0
+        cp_any = 0.0
+        L = self.L
+        for n, c, ell, p, g, copy in items:
+            if ell is None:
+                ell = L
+            if n > 0:
+                flops += 2.0 * self.P * n * ell + self.att * ell * (n * c + n * (n + 1.0) / 2.0)
+                kv += ell * self.kvt * (c + n)
+                emb += 2.0 * self.d * n
+                if ell > lmax:
+                    lmax = ell
+                if g > gmax:
+                    gmax = g
+            flops += 2.0 * self.dV * (p + g)
+            if p > pmax:
+                pmax = p
+            if copy > 0:
+                cp += 2.0 * copy
+                cp_any = 1.0
+        byts = self.s * (lmax * self.P + (pmax + gmax) * self.dV + kv + emb + cp * L * self.kvt)
+        kernels = (K_LAYER * lmax + K_FWD if lmax > 0 else 0.0) + K_PROBE * pmax + cp_any
+        t = flops / self.rate_c
+        tm = byts / self.rate_m
+        return (t if t > tm else tm) + kernels * self.pk + lmax * self.pl

@@ -1,0 +1,222 @@
+"""From a policy name + parameters to per-problem decisions, by calling ``policies`` objects.
+
+The simulator never decides anything itself: the sharing plan comes from
+``policy.plan``, the early-exit decision from ``policy.decide``, block
+eviction from ``policies.BlockPool`` with the block policy, token eviction
+from ``policies.run_token_eviction``. This module only picks the trace
+columns each policy reads and combines the pieces a policy does not set with
+the baseline (documented in docs/simulator.md):
+
+* a sharing policy runs with full-depth verification and no block budget;
+* ``cgee`` runs on top of ``workload["base_sharing"]`` (default ``no-kv``,
+  the RKSC paper's baseline for its component ablation);
+* ``lru``/``fifo``/``rsbcm`` run on ``exact-prefix`` sharing (the block pool
+  is a prefix cache) under a block budget;
+* ``rksc`` is ASKS + CGEE + RSBCM;
+* token-eviction policies act on the long-decode sequences only.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from policies import BlockPool, PolicyError, get_policy, list_policies, policy_defaults, yes_score
+
+from .workload import build_job
+
+# Workload options: name -> default. Documented in docs/simulator.md.
+WORKLOAD_DEFAULTS: dict[str, Any] = {
+    "verify_reuses_kv": True,   # verification reads the branch's generation KV (No-KV always recomputes)
+    "base_sharing": "no-kv",    # sharing under exit-only and token-only policies
+    "block_sharing": "exact-prefix",  # sharing under block policies
+    "block_size": 16,           # KV block (tokens) for memory accounting and the block pool
+    "kv_budget_frac": 0.5,      # block policies: budget = ceil(frac * unconstrained peak blocks) per problem
+    "kv_budget_blocks": None,   # block policies: explicit budget (overrides kv_budget_frac)
+    "score": "mean_prob",       # RSBCM branch score: mean_prob (generation confidence) | vote_share | verify_score
+    "concurrency": 4,           # serving mode, closed loop: problems in flight
+    "n_requests": None,         # serving mode: problems submitted (default: every selected problem once)
+    "token_compressions": [2, 4, 8],  # token policies: KV compression ratios reported
+    "max_long_layers": None,    # token policies: evaluate at most this many recorded layers per sequence
+}
+
+# Parameters of the block pool accepted in ``params`` of a block policy (not policy fields).
+BLOCK_PARAMS = ("budget_blocks", "budget_frac")
+
+
+class ConfigError(ValueError):
+    """Bad policy name, parameter or workload option (message names it)."""
+
+
+@dataclass
+class SimConfig:
+    policy: str
+    params: dict
+    kind: str
+    sharing: Any
+    exit: Any = None
+    block: Any = None
+    token: Any = None
+    workload: dict = field(default_factory=dict)
+    budget_blocks: int | None = None
+    budget_frac: float = 0.5
+
+    @property
+    def no_kv(self) -> bool:
+        return getattr(self.sharing, "name", "") == "no-kv"
+
+    def describe(self) -> dict:
+        return {"policy": self.policy, "kind": self.kind,
+                "sharing": getattr(self.sharing, "name", None),
+                "exit": getattr(self.exit, "name", None) if self.exit is not None else None,
+                "block": getattr(self.block, "name", None) if self.block is not None else None,
+                "token": getattr(self.token, "name", None) if self.token is not None else None}
+
+
+def workload_options(workload: dict | None) -> dict:
+    opts = dict(WORKLOAD_DEFAULTS)
+    for k, v in (workload or {}).items():
+        if k not in WORKLOAD_DEFAULTS:
+            raise ConfigError(f"workload option {k!r} is unknown; valid: {', '.join(WORKLOAD_DEFAULTS)}")
+        opts[k] = v
+    if not isinstance(opts["verify_reuses_kv"], (bool, np.bool_)):
+        raise ConfigError(f"workload option 'verify_reuses_kv' must be true or false, got {opts['verify_reuses_kv']!r}")
+    bs = opts["block_size"]
+    if isinstance(bs, bool) or not isinstance(bs, (int, np.integer)) or bs < 1:
+        raise ConfigError(f"workload option 'block_size' must be an integer >= 1, got {bs!r}")
+    for k in ("base_sharing", "block_sharing"):
+        if opts[k] not in list_policies("sharing"):
+            raise ConfigError(f"workload option {k!r}: {opts[k]!r} is not a sharing policy ({', '.join(list_policies('sharing'))})")
+    if opts["score"] not in ("mean_prob", "vote_share", "verify_score"):
+        raise ConfigError(f"workload option 'score': {opts['score']!r} is not mean_prob, vote_share or verify_score")
+    c = opts["concurrency"]
+    if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1:
+        raise ConfigError(f"workload option 'concurrency' must be an integer >= 1, got {c!r}")
+    return opts
+
+
+def make_config(policy: str, params: dict | None, workload: dict | None) -> SimConfig:
+    """Build the policy objects of a configuration (unknown keys raise naming them)."""
+    params = dict(params or {})
+    opts = workload_options(workload)
+    if policy not in list_policies():
+        raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(list_policies())}")
+    try:
+        kind = policy_kind(policy)
+        budget_blocks = opts["kv_budget_blocks"]
+        budget_frac = float(opts["kv_budget_frac"])
+        if kind in ("block", "composite"):
+            base = get_policy(policy, **{k: v for k, v in params.items() if k not in BLOCK_PARAMS})
+            budget_blocks = params.get("budget_blocks", budget_blocks)
+            budget_frac = params.get("budget_frac", budget_frac)
+            if budget_blocks is not None and (isinstance(budget_blocks, bool) or not isinstance(budget_blocks, (int, float))
+                                              or int(budget_blocks) != budget_blocks or budget_blocks < 0):
+                raise ConfigError(f"policy {policy!r}: budget_blocks: must be an integer >= 0, got {budget_blocks!r}")
+            if isinstance(budget_frac, bool) or not isinstance(budget_frac, (int, float)) or not budget_frac > 0:
+                raise ConfigError(f"policy {policy!r}: budget_frac: must be a number > 0, got {budget_frac!r}")
+        else:
+            base = get_policy(policy, **params)
+    except PolicyError as exc:
+        raise ConfigError(str(exc)) from None
+    cfg = SimConfig(policy=policy, params=params, kind=kind, sharing=None, workload=opts,
+                    budget_blocks=None if budget_blocks is None else int(budget_blocks), budget_frac=budget_frac)
+    if kind == "sharing":
+        cfg.sharing = base
+    elif kind == "exit":
+        cfg.sharing, cfg.exit = get_policy(opts["base_sharing"]), base
+    elif kind == "block":
+        cfg.sharing, cfg.block = get_policy(opts["block_sharing"]), base
+    elif kind == "composite":
+        cfg.sharing, cfg.exit, cfg.block = base.asks, base.cgee, base.rsbcm
+    elif kind == "token":
+        cfg.sharing, cfg.token = get_policy(opts["base_sharing"]), base
+    return cfg
+
+
+def policy_kind(name: str) -> str:
+    from policies import policy_class
+    return policy_class(name).kind
+
+
+@dataclass
+class ProblemDecision:
+    """What the policies decided for one problem."""
+
+    plan: Any
+    share: np.ndarray
+    answers: np.ndarray
+    correct: np.ndarray
+    conf: np.ndarray
+    skipped: bool
+    exit_layers: np.ndarray | None   # None: full-depth verification (no exit policy)
+    selected: int
+    full_selected: int
+    differs: bool
+    sigma: np.ndarray
+
+
+def decide(f, cfg: SimConfig) -> ProblemDecision:
+    """Run the configuration's policies on problem ``f`` (a :class:`sim.features.ProblemFeatures`)."""
+    sh = cfg.sharing
+    cos = None
+    if getattr(sh, "name", "") == "asks":
+        cos = f.cos[sh.trace_column]
+    plan = sh.plan(f.prompt_ids, cos=cos, variant_spans=f.spans)
+    share = np.asarray(plan.share_root, bool)
+    answers = f.eff(share, "answer")
+    correct = f.eff(share, "correct").astype(bool)
+    ex = cfg.exit
+    lens = f.eff_lens(share, norm=True)
+    full = yes_score(lens["p_yes"][:, -1], lens["p_no"][:, -1])
+    if ex is not None:
+        cols = ex.trace_columns
+        confcol = cols["confidence"]
+        conf = _confidence(f, share, answers, confcol)
+        use = lens if ex.lens == "norm" else f.eff_lens(share, norm=False)
+        d = ex.decide(conf, use["entropy"], use["p_yes"], use["p_no"], answers=list(answers),
+                      full_scores=None if ex.lens == "norm" else full)
+        return ProblemDecision(plan, share, answers, correct, conf, bool(d.skipped),
+                               None if d.skipped else np.asarray(d.exit_layer, np.int64),
+                               int(d.selected), int(d.full_selected), bool(d.differs), np.asarray(plan.sigma))
+    sel = int(np.argmax(full)) if f.B else -1
+    conf = f.eff(share, "mean_prob")
+    return ProblemDecision(plan, share, answers, correct, conf, False, None, sel, sel, False, np.asarray(plan.sigma))
+
+
+def _confidence(f, share, answers, col: str) -> np.ndarray:
+    if col == "mean_prob":
+        return f.eff(share, "mean_prob")
+    # Vote share of the answers the branches actually produce under this plan.
+    a = np.asarray(answers)
+    out = np.array([(a == x).sum() / len(a) if x != "" else 0.0 for x in a], dtype=np.float64)
+    return out
+
+
+def branch_score(f, dec: ProblemDecision, which: str) -> np.ndarray:
+    """The branch score given to the block pool (RSBCM's omega numerator)."""
+    if which == "mean_prob":
+        return f.eff(dec.share, "mean_prob")
+    if which == "vote_share":
+        return _confidence(f, dec.share, dec.answers, "vote_share")
+    return f.eff(dec.share, "verify_score")
+
+
+def job_for(f, cfg: SimConfig, dec: ProblemDecision, L: int):
+    ex = cfg.exit
+    return build_job(f, dec.plan, dec.exit_layers, dec.skipped, L=L, bs=int(cfg.workload["block_size"]),
+                     verify_reuses_kv=bool(cfg.workload["verify_reuses_kv"]), no_kv=cfg.no_kv,
+                     l_min=getattr(ex, "l_min", None), score=branch_score(f, dec, cfg.workload["score"]))
+
+
+def make_pool(cfg: SimConfig, budget: int) -> BlockPool:
+    return BlockPool(int(budget), cfg.block)
+
+
+def params_of_config(cfg: SimConfig) -> dict:
+    out = {}
+    for part in (cfg.sharing, cfg.exit, cfg.block, cfg.token):
+        if part is not None and dataclasses.is_dataclass(part):
+            out[part.name] = dataclasses.asdict(part)
+    return out

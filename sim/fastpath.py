@@ -1,0 +1,203 @@
+"""Isolated mode in closed form: the numbers the simpy engine produces, without the event loop.
+
+In isolated mode one problem holds the accelerator at a time and the engine's
+scheduler (prefill-first iteration-level batching, see :mod:`sim.engine`)
+produces a fixed sequence of iterations, which this module writes down
+directly:
+
+1. prefill-class iterations ``w = 1..W``: iteration 1 batches every ASKS gate
+   pass and every prefill whose KV source is ready at arrival (the root);
+   iteration ``w`` batches the prefills whose source prefilled in ``w - 1``
+   (:meth:`sim.workload.Job.waves`). Branch ``b``'s first token is out at the
+   end of its wave;
+2. ``J = max_b(gen_b) - 1`` decode iterations; iteration ``j`` batches every
+   branch with ``gen_b - 1 >= j``, each over its own context ``ctx_b + j - 1``
+   (all branches start decoding together because prefills go first);
+3. one verification iteration batching every branch's pass (unless CGEE
+   skipped it).
+
+Latency is the sum of the iteration times (:func:`sim.cost.batch_terms` →
+``HardwareProfile.time``). The decode sum is evaluated for all steps at once
+as a ``(J, B)`` array; results are memoised per distinct job, so a sweep only
+pays for the jobs it has not seen.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .cost import batch_terms
+from .workload import Job, blocks
+
+
+def _key(job: Job) -> bytes:
+    parts = [job.reused, job.computed, job.copy, job.gate, job.source, job.gen,
+             job.v_new, job.v_cached, job.v_layers, job.v_probes, job.v_head]
+    return b"|".join(np.ascontiguousarray(a, dtype=np.int64).tobytes() for a in parts) + bytes([job.verify_on, job.v_reuse]) + str(job.bs).encode()
+
+
+def item_times(m, hw, n, c, layers=None, probes=0, logits=1, copy=0) -> np.ndarray:
+    """Stand-alone time of each item (used to attribute a shared iteration to phases)."""
+    n = np.asarray(n, np.float64)[:, None]
+    bc = lambda x: np.broadcast_to(np.asarray(x, np.float64), n.shape[:1])[:, None]  # noqa: E731
+    return np.asarray(hw.time(batch_terms(m, n, bc(c), layers=None if layers is None else bc(layers),
+                                          probes=bc(probes), logits=bc(logits), copy_tokens=bc(copy))), np.float64)
+
+
+def _attribute(dt: float, alone: np.ndarray) -> np.ndarray:
+    tot = float(alone.sum())
+    if tot <= 0:
+        return np.full(alone.shape, dt / max(len(alone), 1))
+    return dt * alone / tot
+
+
+class FastPath:
+    """Closed-form isolated-mode simulation of jobs for one (model, hardware) target."""
+
+    def __init__(self, model, hw):
+        self.m, self.hw = model, hw
+        self.kvtok = float(model.kv_bytes_per_token)
+        self._memo: dict = {}
+        self._decode_memo: dict = {}
+
+    # ------------------------------------------------------------------ decode
+    def _decode(self, job: Job, ledger=None, pool_size_fn=None):
+        steps = job.decode_steps
+        J = int(steps.max()) if job.B else 0
+        if J == 0:
+            return np.zeros(0), np.zeros(0), np.zeros(0)
+        key = None
+        if ledger is None:
+            key = (job.ctx.tobytes(), job.gen.tobytes(), job.own.tobytes(), job.bs)
+            hit = self._decode_memo.get(key)
+            if hit is not None:
+                return hit
+        j = np.arange(1, J + 1, dtype=np.float64)[:, None]
+        mask = j <= steps[None, :]
+        c = job.ctx[None, :] + j - 1.0
+        n = np.ones_like(c)
+        sizes = None
+        if ledger is not None:
+            sizes = np.zeros(J)
+            # Touches happen where a step opens a new block, in (step, branch) order.
+            events = []
+            for b in range(job.B):
+                first = (1 - int(job.ctx[b])) % job.bs  # smallest step >= 1 with (ctx + step - 1) % bs == 0
+                if first == 0:
+                    first = job.bs
+                for st in range(first, int(steps[b]) + 1, job.bs):
+                    events.append((st, b))
+            events.sort()
+            size = ledger.pool.size
+            e = 0
+            for st in range(1, J + 1):
+                while e < len(events) and events[e][0] == st:
+                    _, b = events[e]
+                    r = ledger.on_decode(b, st)
+                    if r:
+                        n[st - 1, b] += r
+                        c[st - 1, b] -= r
+                    e += 1
+                size = ledger.pool.size
+                sizes[st - 1] = size
+        dts = np.asarray(self.hw.time(batch_terms(self.m, n, c, mask=mask)), np.float64)
+        if sizes is None:
+            stored = np.minimum(j, steps[None, :])
+            mem = blocks(job.own[None, :] + stored, job.bs).sum(axis=1) * job.bs * self.kvtok
+        else:
+            mem = sizes * job.bs * self.kvtok
+        out = (dts, np.cumsum(dts), mem)
+        if key is not None:
+            self._decode_memo[key] = out
+        return out
+
+    # ------------------------------------------------------------------ one job
+    def run(self, job: Job, ledger=None) -> dict:
+        """Latency, phase breakdown, first-token times and the KV timeline of one isolated job."""
+        if ledger is None:
+            key = _key(job)
+            hit = self._memo.get(key)
+            if hit is not None:
+                return hit
+        m, hw, bs, kvtok = self.m, self.hw, job.bs, self.kvtok
+        B = job.B
+        wave, ready = job.waves()
+        W = int(wave.max()) if B else 0
+        phase = {"gate": 0.0, "prefill": 0.0, "decode": 0.0, "verify": 0.0}
+        t = 0.0
+        end = np.zeros(W + 1)
+        times, mem = [], []
+        alloc = np.zeros(B)
+        iters = 0
+        for w in range(1, W + 1):
+            gates = np.flatnonzero(job.gate > 0) if w == 1 else np.zeros(0, np.int64)
+            pre = np.flatnonzero(job.has_prefill & (wave == w))
+            if gates.size + pre.size == 0:
+                end[w] = t
+                continue
+            n_p = job.computed[pre].astype(np.float64)
+            c_p = job.reused[pre].astype(np.float64)
+            if ledger is not None:
+                for i, b in enumerate(pre):
+                    r = ledger.on_prefill(int(b))
+                    n_p[i] += r
+                    c_p[i] -= r
+            n = np.concatenate([job.gate[gates].astype(np.float64), n_p])
+            c = np.concatenate([np.zeros(gates.size), c_p])
+            logits = np.concatenate([np.zeros(gates.size), (n_p > 0).astype(np.float64)])
+            copy = np.concatenate([np.zeros(gates.size), job.copy[pre].astype(np.float64)])
+            dt = float(hw.time(batch_terms(m, n, c, logits=logits, copy_tokens=copy)))
+            share = _attribute(dt, item_times(m, hw, n, c, logits=logits, copy=copy))
+            phase["gate"] += float(share[: gates.size].sum())
+            phase["prefill"] += float(share[gates.size:].sum())
+            t += dt
+            end[w] = t
+            iters += 1
+            alloc[pre] = blocks(job.own[pre], bs)
+            times.append(t)
+            mem.append(float(ledger.pool.size * bs * kvtok) if ledger is not None else float(alloc.sum() * bs * kvtok))
+        first = end[np.where(job.has_prefill, wave, ready)] if B else np.zeros(0)
+        t_prefill_end = t
+        dts, cum, dmem = self._decode(job, ledger)
+        if dts.size:
+            phase["decode"] = float(dts.sum())
+            times.extend((t_prefill_end + cum).tolist())
+            mem.extend(dmem.tolist())
+            t = t_prefill_end + float(cum[-1])
+            iters += dts.size
+        if job.verify_on and B:
+            n = job.v_new.astype(np.float64)
+            c = job.v_cached.astype(np.float64)
+            if ledger is not None and job.v_reuse:
+                for b in range(B):
+                    r = ledger.on_verify(b)
+                    n[b] += r
+                    c[b] -= r
+            dt = float(hw.time(batch_terms(m, n, c, layers=job.v_layers, probes=job.v_probes, logits=job.v_head)))
+            phase["verify"] = dt
+            t += dt
+            iters += 1
+            times.append(t)
+            mem.append(self.verify_mem(job, ledger))
+        res = {"latency_s": t, **{f"{k}_s": v for k, v in phase.items()},
+               "ttft_s": float(first.mean()) if B else 0.0, "first_token_times": first,
+               "peak_kv_bytes": float(max(mem)) if mem else 0.0,
+               "kv_times": np.asarray(times), "kv_bytes": np.asarray(mem), "iterations": iters,
+               "recompute_tokens": int(ledger.recompute_tokens) if ledger is not None else 0,
+               "evictions": int(ledger.pool.evictions) if ledger is not None else 0}
+        if ledger is None:
+            self._memo[key] = res
+        return res
+
+    def verify_mem(self, job: Job, ledger=None) -> float:
+        """KV bytes resident at the end of the verification iteration."""
+        bs, kvtok = job.bs, self.kvtok
+        stored = job.decode_steps
+        if ledger is not None:
+            base = ledger.pool.size * bs * kvtok
+        else:
+            base = float(blocks(job.own + stored, bs).sum() * bs * kvtok)
+        if job.v_reuse:
+            extra_blocks = blocks(job.own + stored + job.v_new, bs) - blocks(job.own + stored, bs)
+        else:
+            extra_blocks = blocks(job.v_new, bs)
+        return float(base + np.sum(extra_blocks * bs * kvtok * job.v_layers / job.L))
