@@ -1,0 +1,312 @@
+"""Token eviction: VASE variants, baselines, the decode loop and the quality proxies."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import (FullAttention, PolicyError, attention_metrics, get_policy, list_policies,
+                      run_token_eviction)
+from policies.token_scoring import sample_without_replacement
+
+TOKEN_POLICIES = list_policies("token")
+
+
+def layer(T=120, H=2, Hq=4, D=16, seed=0):
+    rng = np.random.default_rng(seed)
+    K = rng.standard_normal((T, H, D)).astype(np.float16)
+    V = rng.standard_normal((T, H, D)).astype(np.float16)
+    Q = (2 * rng.standard_normal((T, Hq, D))).astype(np.float16)
+    return K, V, Q
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+@pytest.mark.parametrize("name", TOKEN_POLICIES)
+def test_loop_invariants_for_every_policy(name):
+    K, V, Q = layer()
+    P, T = 30, K.shape[0]
+    pol = get_policy(name, budget=24, buffer=8)
+    res = run_token_eviction(pol, K, V, Q, P, rng(1))
+    if name == "full":
+        assert res.n_evictions == 0 and res.kept_final.shape == (2, T)
+        return
+    assert res.n_evictions > 0
+    prev = None
+    for t, kept in res.steps:
+        assert (t - P + 1) % 8 == 0
+        assert kept.shape == (2, 24 + 8)
+        assert (np.diff(kept, axis=1) > 0).all()                       # ascending, unique
+        assert (kept[:, -8:] == np.arange(t - 7, t + 1)).all()         # the last B are kept
+        assert (kept[:, : pol.sinks] == np.arange(pol.sinks)).all()    # sinks kept
+        if prev is not None:  # kept tokens come from the previous cache or are new
+            pt, pk = prev
+            for h in range(2):
+                assert set(kept[h]) <= set(pk[h]) | set(range(pt + 1, t + 1))
+        prev = (t, kept)
+    for t in (0, P - 1, P, res.steps[0][0], T - 1):
+        vis = res.kept_at(t)
+        assert vis[:, -1].tolist() == [t, t] and (vis <= t).all()
+    assert np.array_equal(res.kept_at(T - 1), res.kept_final)
+    assert res.cache_sizes().max() <= 24 + 2 * 8
+    assert res.cache_sizes()[-1] == res.kept_final.shape[1]
+
+
+def test_vase_keeps_sinks_value_ranges_and_recent():
+    K, V, Q = layer(T=100)
+    P = 20
+    for name in ("vase-attnv", "vase-dkv"):
+        pol = get_policy(name, budget=20, buffer=8, n_value=6)
+        res = run_token_eviction(pol, K, V, Q, P, rng(3))
+        prev_cache = {h: list(range(P)) for h in range(2)}
+        prev_t = P - 1
+        vr = V.astype(np.float64).max(axis=2) - V.astype(np.float64).min(axis=2)  # (T, H)
+        for t, kept in res.steps:
+            for h in range(2):
+                cache = prev_cache[h] + list(range(prev_t + 1, t + 1))
+                cand = np.array(cache[:-8])
+                non_sink = cand[4:]
+                top = non_sink[np.argsort(-vr[non_sink, h], kind="stable")[:6]]
+                assert set(top) <= set(kept[h]), (name, t, h)
+                assert set(range(4)) <= set(kept[h])
+                assert set(cache[-8:]) <= set(kept[h])
+                prev_cache[h] = kept[h].tolist()
+            prev_t = t
+
+
+def test_select_keeps_the_largest_value_ranges_directly():
+    K, V, Q = layer(T=40, H=1, Hq=2)
+    V = V.astype(np.float64)
+    V[[10, 20, 30], 0, 0] = 50.0       # three huge value ranges among the candidates
+    pol = get_policy("vase-attnv", budget=8, buffer=4, n_value=3, sinks=4)
+    keep = pol.select(K, V, Q[-4:], 36, rng(0))
+    assert keep.shape == (1, 8)
+    assert {0, 1, 2, 3, 10, 20, 30} <= set(keep[0])
+
+
+def test_vase_without_value_reservation_and_deterministic_equals_snapkv():
+    K, V, Q = layer(T=150, H=2, Hq=6)
+    for budget, buffer in ((16, 8), (40, 16)):
+        snap = get_policy("snapkv", budget=budget, buffer=buffer, window=32, kernel=5, sinks=4)
+        vase = get_policy("vase-attnv", budget=budget, buffer=buffer, window=32, kernel=5, sinks=4,
+                          n_value=0, deterministic=True)
+        a = run_token_eviction(snap, K, V, Q, 40, rng(0))
+        b = run_token_eviction(vase, K, V, Q, 40, rng(99))
+        assert a.n_evictions > 0
+        assert a.event_positions == b.event_positions
+        for (ta, ka), (tb, kb) in zip(a.steps, b.steps):
+            assert ta == tb and np.array_equal(ka, kb)
+
+
+def test_snapkv_is_top_k_of_pooled_window_attention():
+    K, V, Q = layer(T=60, H=1, Hq=2, D=8)
+    K, V, Q = (x.astype(np.float64) for x in (K, V, Q))
+    n, cand, w = 60, 52, 32
+    keep = get_policy("snapkv", budget=10, buffer=8, window=w, sinks=0).select(K, V, Q[-w:], cand)
+    # reference: softmax over visible keys, mean over queries, avg-pool 5 (zero pad), mean over group
+    score = np.zeros(cand)
+    for g in range(2):
+        att = np.zeros(n)
+        for i, qp in enumerate(range(n - w, n)):
+            lg = K[: qp + 1, 0] @ Q[qp, g] / np.sqrt(8)
+            p = np.exp(lg - lg.max())
+            att[: qp + 1] += p / p.sum() / w
+        pad = np.concatenate([np.zeros(2), att[:cand], np.zeros(2)])
+        score += np.array([pad[j:j + 5].sum() / 5 for j in range(cand)]) / 2
+    want = np.sort(np.argsort(-score, kind="stable")[:10])
+    assert keep[0].tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("name", ["vase-attnv", "vase-dkv", "random"])
+def test_same_seed_same_kept_set_other_seeds_differ(name):
+    K, V, Q = layer(T=160)
+    pol = get_policy(name, budget=24, buffer=8)
+    a = run_token_eviction(pol, K, V, Q, 30, rng(7))
+    b = run_token_eviction(pol, K, V, Q, 30, rng(7))
+    c = run_token_eviction(pol, K, V, Q, 30, rng(8))
+    assert np.array_equal(a.kept_final, b.kept_final)
+    assert all(np.array_equal(x[1], y[1]) for x, y in zip(a.steps, b.steps))
+    assert not np.array_equal(a.kept_final, c.kept_final)
+
+
+@pytest.mark.parametrize("name", ["streamingllm", "h2o", "snapkv", "rkv", "curdkv"])
+def test_deterministic_policies_ignore_the_generator(name):
+    K, V, Q = layer(T=100)
+    pol = get_policy(name, budget=16, buffer=8)
+    a = run_token_eviction(pol, K, V, Q, 30, rng(1))
+    b = run_token_eviction(pol, K, V, Q, 30, None)
+    assert np.array_equal(a.kept_final, b.kept_final)
+
+
+def test_vase_dkv_deterministic_compat_is_top_k_of_leverage():
+    K, V, Q = layer(T=50, H=1, Hq=1, D=8)
+    K, V = K.astype(np.float64), V.astype(np.float64)
+    pol = get_policy("vase-dkv", budget=10, buffer=4, n_value=0, sinks=0, deterministic=True, rank=5)
+    keep = pol.select(K, V, Q[:0], 46, rng(5))
+    G = rng(5).standard_normal((8, 5))
+    kg = ((K[:46, 0] @ G) ** 2).sum(1)
+    vg = ((V[:46, 0] @ G) ** 2).sum(1)
+    want = np.sort(np.argsort(-(kg / kg.sum() * vg / vg.sum()), kind="stable")[:10])
+    assert keep[0].tolist() == want.tolist()
+
+
+def test_curdkv_uses_a_fixed_projection():
+    K, V, Q = layer(T=50, H=1, Hq=1, D=8)
+    pol = get_policy("curdkv", budget=10, buffer=4, sinks=0, g_seed=3)
+    a = pol.select(K, V, Q[:0], 46, rng(0))
+    b = pol.select(K, V, Q[:0], 46, rng(1))
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, get_policy("curdkv", budget=10, buffer=4, sinks=0, g_seed=4).select(K, V, Q[:0], 46))
+
+
+def test_streamingllm_keeps_sinks_and_most_recent():
+    K, V, Q = layer(T=80)
+    res = run_token_eviction(get_policy("streamingllm", budget=12, buffer=4, sinks=4), K, V, Q, 10, rng())
+    t = res.kept_final.shape[1]
+    T = 80
+    last_event = res.event_positions[-1]
+    want = list(range(4)) + list(range(last_event - 4 - 8 + 1, T))
+    assert res.kept_final[0].tolist() == want and t == len(want)
+
+
+def test_h2o_matches_a_brute_force_running_sum():
+    K, V, Q = layer(T=70, H=1, Hq=2, D=8)
+    Kf, Qf = K.astype(np.float64), Q.astype(np.float64)
+    P, budget, buffer = 12, 10, 4
+    res = run_token_eviction(get_policy("h2o", budget=budget, buffer=buffer), K, V, Q, P)
+    # replay: accumulate each query's attention over what it saw; check each eviction's choice
+    acc = np.zeros(70)
+    for i, (t, kept) in enumerate(res.steps):
+        start = 0 if i == 0 else res.event_positions[i - 1]
+        for qp in range(start, t):
+            vis = res.kept_at(qp)[0] if qp >= P else np.arange(qp + 1)
+            for g in range(2):
+                lg = Kf[vis, 0] @ Qf[qp, g] / np.sqrt(8)
+                p = np.exp(lg - lg.max())
+                acc[vis] += p / p.sum()
+        before = res.kept_at(t - 1)[0].tolist() + [t]
+        cand = np.array(before[:-buffer])
+        want = np.sort(cand[np.argsort(-acc[cand], kind="stable")[:budget]])
+        assert kept[0, :budget].tolist() == want.tolist(), t
+
+
+def test_metrics_match_brute_force_per_step():
+    K, V, Q = layer(T=60, H=1, Hq=2, D=8)
+    Kf, Vf, Qf = (x.astype(np.float64) for x in (K, V, Q))
+    P = 10
+    res = run_token_eviction(get_policy("vase-attnv", budget=8, buffer=4), K, V, Q, P, rng(2))
+    m = attention_metrics(res, K, V, Q, P)
+    errs, recs = [], []
+    for t in range(P, 60):
+        vis = res.kept_at(t)[0]
+        e_h, r_h = [], []
+        for g in range(2):
+            lg = Kf[: t + 1, 0] @ Qf[t, g] / np.sqrt(8)
+            p = np.exp(lg - lg.max())
+            p /= p.sum()
+            o_full = p @ Vf[: t + 1, 0]
+            pk = np.exp(lg[vis] - lg[vis].max())
+            pk /= pk.sum()
+            o_kept = pk @ Vf[vis, 0]
+            e_h.append(np.linalg.norm(o_full - o_kept) / np.linalg.norm(o_full))
+            r_h.append(p[vis].sum())
+        errs.append(np.mean(e_h))
+        recs.append(np.mean(r_h))
+    assert np.allclose(m["rel_error_per_step"], errs, atol=1e-9)
+    assert np.allclose(m["recall_per_step"], recs, atol=1e-9)
+    assert m["attn_output_rel_error"] == pytest.approx(np.mean(errs))
+    assert m["attn_mass_recall"] == pytest.approx(np.mean(recs))
+    assert 0 < m["attn_mass_recall"] < 1
+
+
+def test_full_cache_has_no_error_and_more_budget_recalls_more():
+    K, V, Q = layer(T=200, H=2, Hq=4, D=16)
+    full = FullAttention(K, V, Q, 40)
+    m = attention_metrics(run_token_eviction(get_policy("full"), K, V, Q, 40), full=full)
+    assert m["attn_output_rel_error"] == 0.0 and m["attn_mass_recall"] == 1.0
+    rec = [attention_metrics(run_token_eviction(get_policy("snapkv", budget=b, buffer=8), K, V, Q, 40),
+                             full=full)["attn_mass_recall"] for b in (16, 64, 128)]
+    assert rec[0] < rec[1] < rec[2] < 1.0
+
+
+@pytest.mark.parametrize("name", TOKEN_POLICIES)
+def test_budget_larger_than_sequence_keeps_everything(name):
+    K, V, Q = layer(T=50)
+    res = run_token_eviction(get_policy(name, budget=64, buffer=8), K, V, Q, 10, rng())
+    assert res.n_evictions == 0
+    assert res.kept_final.tolist() == [list(range(50))] * 2
+
+
+def test_all_equal_scores():
+    K = np.zeros((60, 1, 8))
+    V = np.ones((60, 1, 8))
+    Q = np.zeros((60, 2, 8))
+    snap = run_token_eviction(get_policy("snapkv", budget=8, buffer=4, sinks=0), K, V, Q, 10)
+    for t, kept in snap.steps:   # uniform attention; pooling zero-pads the ends so the centre wins, ties -> lower index
+        assert kept.shape == (1, 12)
+    va = run_token_eviction(get_policy("vase-attnv", budget=8, buffer=4), K, V, Q, 10, rng(0))
+    vb = run_token_eviction(get_policy("vase-attnv", budget=8, buffer=4), K, V, Q, 10, rng(1))
+    assert va.kept_final.shape == vb.kept_final.shape == (1, va.kept_final.shape[1])
+    s = get_policy("snapkv", budget=8, buffer=4, sinks=0, kernel=1).select(K[:30], V[:30], Q[:30], 26)
+    assert s[0].tolist() == list(range(8))   # all tie: lowest positions
+    m = attention_metrics(snap, K, V, Q, 10)
+    assert m["attn_output_rel_error"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_nan_inputs_raise_clear_errors():
+    K, V, Q = layer(T=40)
+    K = K.astype(np.float64)
+    K[5, 1, 3] = np.nan
+    with pytest.raises(PolicyError, match="'vase-attnv': K: contains NaN"):
+        run_token_eviction(get_policy("vase-attnv"), K, V, Q, 10, rng())
+    with pytest.raises(PolicyError, match="Q"):
+        run_token_eviction(get_policy("snapkv"), V, V, Q[:, :3], 10)
+    with pytest.raises(PolicyError, match="prompt_len"):
+        run_token_eviction(get_policy("snapkv"), V, V, Q, 41)
+    with pytest.raises(PolicyError, match="rng"):
+        run_token_eviction(get_policy("random", budget=4, buffer=4), V, V, Q, 5, None)
+    with pytest.raises(PolicyError, match="rng"):
+        run_token_eviction(get_policy("random"), V, V, Q, 5, 42)
+    with pytest.raises(PolicyError, match="not a token-eviction policy"):
+        run_token_eviction(get_policy("asks"), V, V, Q, 5)
+    with pytest.raises(PolicyError, match="metrics: K"):
+        FullAttention(K, V, Q, 10)
+
+
+def test_record_false_keeps_final_only():
+    K, V, Q = layer(T=100)
+    a = run_token_eviction(get_policy("snapkv", budget=16, buffer=8), K, V, Q, 20, record=False)
+    b = run_token_eviction(get_policy("snapkv", budget=16, buffer=8), K, V, Q, 20)
+    assert np.array_equal(a.kept_final, b.kept_final) and a.steps == [] and a.n_evictions == b.n_evictions
+    with pytest.raises(PolicyError, match="record"):
+        a.kept_at(50)
+
+
+def test_select_with_per_head_positions_matches_the_loop():
+    K, V, Q = layer(T=90)
+    pol = get_policy("snapkv", budget=16, buffer=8)
+    res = run_token_eviction(pol, K, V, Q, 20)
+    t0, kept0 = res.steps[0]
+    t1 = res.event_positions[1]
+    cache = np.concatenate([kept0, np.tile(np.arange(t0 + 1, t1 + 1), (2, 1))], axis=1)
+    Kc = K[cache.T, np.arange(2)]
+    Vc = V[cache.T, np.arange(2)]
+    keep = pol.select(Kc, Vc, Q[t1 - 31:t1 + 1], cache.shape[1] - 8, None, None,
+                      k_pos=cache, q_pos=np.arange(t1 - 31, t1 + 1))
+    want = np.take_along_axis(cache, keep, axis=1)
+    assert np.array_equal(want, res.steps[1][1][:, :16])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(0, 5), min_size=2, max_size=6), st.integers(0, 2**32 - 1))
+def test_sampling_without_replacement_respects_weights(w, seed):
+    w = np.array(w)
+    allowed = np.ones((1, w.size), bool)
+    picks = sample_without_replacement(np.tile(w, (4000, 1)), 1, np.tile(allowed, (4000, 1)), rng(seed))[:, 0]
+    freq = np.bincount(picks, minlength=w.size) / 4000
+    want = w / w.sum() if w.sum() > 0 else np.full(w.size, 1 / w.size)
+    assert np.abs(freq - want).max() < 0.05
+    k = int(np.count_nonzero(w)) or 1
+    got = sample_without_replacement(w[None], k, allowed, rng(seed))[0]
+    assert len(set(got)) == k and (w[got] > 0).all() or w.sum() == 0
