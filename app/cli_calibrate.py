@@ -1,0 +1,127 @@
+"""``rksim calibrate ...``: run the policies on a real model, fit the hardware profile, report fidelity.
+
+torch is imported only inside the command functions (through ``calibrate``).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, default=float))
+
+
+def _cmd_run(args) -> int:
+    from calibrate.runner import RunConfig, run_calibration
+
+    cfg = RunConfig.from_args(args)
+    summary = run_calibration(cfg, Path(args.out))
+    print(f"wrote {args.out}: {summary['n_problems']} problems x {len(summary['policies'])} policies, "
+          f"{summary['n_phases']} timed phases, parity {summary['decision_parity']:.3f}")
+    return 0
+
+
+def _cmd_fit(args) -> int:
+    from calibrate.fit import fit_run_dir
+
+    res = fit_run_dir(Path(args.dir), name=args.name, out=Path(args.out) if args.out else None,
+                      holdout=args.holdout)
+    print(f"wrote {res['path']}: rms relative error {res['rel_rms']:.3%} on {res['n_phases']} phases "
+          f"({res['n_fit_problems']} fit problems)")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from calibrate.report import fidelity_report
+
+    rep = fidelity_report(Path(args.dir), hardware=args.hardware)
+    if args.json:
+        _print_json(rep)
+    else:
+        from calibrate.report import format_report
+        print(format_report(rep))
+    return 0
+
+
+def _cmd_quality(args) -> int:
+    from calibrate.quality import QualityConfig, run_quality
+
+    res = run_quality(QualityConfig.from_args(args), Path(args.out))
+    if args.json:
+        _print_json(res)
+    else:
+        from calibrate.quality import format_quality
+        print(format_quality(res))
+    return 0
+
+
+def _cmd_speedup(args) -> int:
+    from calibrate.speedup import SpeedupConfig, run_speedup
+
+    res = run_speedup(SpeedupConfig.from_args(args), Path(args.out))
+    if args.json:
+        _print_json(res)
+    else:
+        from calibrate.speedup import format_speedup
+        print(format_speedup(res))
+    return 0
+
+
+def _model_flags(p) -> None:
+    p.add_argument("--model", default="smollm2-135m", help="model preset or local Hugging Face directory")
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+
+
+def register(sub) -> None:
+    cal = sub.add_parser("calibrate", help="run the policies on a real model; fit and check the cost model")
+    csub = cal.add_subparsers(dest="calibrate_command", metavar="VERB")
+    csub.required = True
+
+    p = csub.add_parser("run", help="execute every policy end to end on a real model, timing each phase")
+    _model_flags(p)
+    p.add_argument("--problems", type=int, default=6, help="problems to run (default 6)")
+    p.add_argument("--branches", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--dataset", default="gsm8k")
+    p.add_argument("--layout", default="persona-prefix")
+    p.add_argument("--policies", default=None, help="comma list (default: all end-to-end policies)")
+    p.add_argument("--no-sweep", action="store_true", help="skip the op sweep (prefill lengths, decode batches)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=_cmd_run)
+
+    p = csub.add_parser("fit", help="fit the hardware coefficients on a run's measured phases")
+    p.add_argument("dir", help="a directory written by 'calibrate run'")
+    p.add_argument("--name", default="local-cpu", help="preset name (default local-cpu)")
+    p.add_argument("--out", default=None, help="preset file (default sim/presets/hardware/<name>.yaml)")
+    p.add_argument("--holdout", type=float, default=0.5, help="share of problems held out of the fit (default 0.5)")
+    p.set_defaults(func=_cmd_fit)
+
+    p = csub.add_parser("report", help="simulated vs measured latency and speedups on held-out problems")
+    p.add_argument("dir")
+    p.add_argument("--hardware", default=None, help="preset name or file (default: the one 'fit' wrote)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_report)
+
+    p = csub.add_parser("quality", help="quality of token eviction: KL, agreement, repetition, accuracy")
+    _model_flags(p)
+    p.add_argument("--problems", type=int, default=2)
+    p.add_argument("--long-decode", type=int, default=128, help="tokens generated per sequence")
+    p.add_argument("--policies", default=None, help="comma list of token-eviction policies")
+    p.add_argument("--compression", default="2,4,8", help="comma list of compression ratios")
+    p.add_argument("--out", required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_quality)
+
+    p = csub.add_parser("speedup", help="measured speedups on the RKSC paper's workload shape")
+    _model_flags(p)
+    p.add_argument("--problems", type=int, default=1)
+    p.add_argument("--branches", type=int, default=8)
+    p.add_argument("--prefix-tokens", type=int, default=1024)
+    p.add_argument("--step-tokens", type=int, default=32)
+    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--out", required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_speedup)
