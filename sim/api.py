@@ -1,0 +1,474 @@
+"""The simulator's public API (docs/sim-api.md): ``evaluate``, ``simulate``, ``compare_policies``, ``load_presets``.
+
+``evaluate`` returns plain scalars for sweeps; ``simulate`` returns a
+:class:`SimResult` with the per-problem / per-branch DataFrames and the KV
+timeline (for the CLI and the HTML report).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from policies import BlockPool, FullAttention, attention_metrics, list_policies, run_token_eviction
+
+from . import features
+from .cost import batch_terms, eviction_scoring_terms
+from .decisions import ConfigError, decide, job_for, make_config
+from .engine import Engine
+from .fastpath import FastPath
+from .metrics import SUMMARY_KEYS, branch_rows, clean, problem_row, summarize
+from .profiles import (HardwareProfile, ModelShape, OutOfCalibrationError, load_hardware, load_model,
+                       model_from_manifest)
+from .profiles import load_presets as _load_presets
+from .workload import BlockLedger, blocks, probes_for
+
+MODES = ("isolated", "serving")
+
+
+def default_trace_path() -> Path:
+    """The bundled example trace (``examples/trace-gsm8k-persona`` at the repository root)."""
+    return Path(__file__).resolve().parent.parent / "examples" / "trace-gsm8k-persona"
+
+
+def load_presets() -> dict[str, list[str]]:
+    """Names of every model and hardware preset (shipped + ``$RKSIM_PRESETS``)."""
+    return _load_presets()
+
+
+# ---------------------------------------------------------------------------- caches
+_PRESET_CACHE: dict = {}
+_FP_CACHE: dict = {}
+_DEC_CACHE: dict = {}
+_BASE_CACHE: dict = {}
+
+
+def _cached_preset(kind: str, name) -> object:
+    key = (kind, str(name))
+    path = str(name)
+    try:
+        mtime = os.stat(path).st_mtime_ns if os.path.exists(path) else None
+    except OSError:
+        mtime = None
+    hit = _PRESET_CACHE.get(key)
+    if hit is not None and hit[0] == mtime:
+        return hit[1]
+    obj = load_model(name) if kind == "model" else load_hardware(name)
+    _PRESET_CACHE[key] = (mtime, obj)
+    return obj
+
+
+def _hw_key(hw: HardwareProfile) -> tuple:
+    return (hw.name, hw.source, hw.peak_flops, hw.mem_bw, hw.mem_capacity, hw.eff_c, hw.eff_m,
+            hw.per_kernel_s, hw.per_layer_s)
+
+
+def _fastpath(model: ModelShape, hw: HardwareProfile) -> FastPath:
+    key = (model, _hw_key(hw))
+    fp = _FP_CACHE.get(key)
+    if fp is None:
+        fp = _FP_CACHE[key] = FastPath(model, hw)
+    return fp
+
+
+def _freeze(d) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in (d or {}).items()))
+
+
+# ---------------------------------------------------------------------------- result
+@dataclass
+class SimResult:
+    """Everything one simulation produced."""
+
+    summary: dict
+    problems: pd.DataFrame
+    branches: pd.DataFrame
+    kv_timeline: pd.DataFrame          # t_s, kv_bytes (serving: global; isolated: per problem, t from its start)
+    info: dict = field(default_factory=dict)
+    token: pd.DataFrame | None = None  # token policies: per (sequence, layer) metrics
+
+    def to_json_dict(self) -> dict:
+        return clean({**self.summary, "info": self.info})
+
+
+def _targets(tf, model_preset, hardware):
+    trace_model = model_from_manifest(tf.manifest)
+    if model_preset is None:
+        model = trace_model
+    elif isinstance(model_preset, ModelShape):
+        model = model_preset
+    else:
+        model = _cached_preset("model", model_preset)
+    hw = hardware if isinstance(hardware, HardwareProfile) else _cached_preset("hardware", hardware)
+    return trace_model, model, hw
+
+
+def _select(tf, problems) -> list:
+    if problems is None:
+        return tf.problems
+    out = []
+    n = len(tf.problems)
+    for p in problems:
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 0 <= int(p) < n:
+            raise ConfigError(f"problems: {p!r} is not a problem position in 0..{n - 1}")
+        out.append(tf.problems[int(p)])
+    return out
+
+
+def _scale_job(job, L_trace: int, L_target: int, l_min):
+    """Map exit layers recorded on the trace's model onto the target's depth (same fraction of depth)."""
+    if L_trace == L_target:
+        job.L = L_target
+        return job
+    lay = np.minimum(np.ceil(job.v_layers * L_target / L_trace).astype(np.int64), L_target)
+    job.v_layers = np.maximum(lay, 1)
+    job.v_head = (job.v_layers == L_target).astype(np.int64)
+    if l_min is not None:
+        job.v_probes = probes_for(job.v_layers, L_target, int(math.ceil(l_min * L_target / L_trace)))
+    job.L = L_target
+    return job
+
+
+def _decisions(tf, cfg, probs, L_target: int):
+    """(ProblemDecision, Job) per problem, memoised per configuration."""
+    key0 = (id(tf), cfg.policy, _freeze(cfg.params), _freeze(cfg.workload), L_target)
+    out = []
+    for f in probs:
+        key = key0 + (f.pos,)
+        hit = _DEC_CACHE.get(key)
+        if hit is None:
+            dec = decide(f, cfg)
+            job = _scale_job(job_for(f, cfg, dec, tf.n_layers), tf.n_layers, L_target,
+                             getattr(cfg.exit, "l_min", None))
+            hit = _DEC_CACHE[key] = (dec, job)
+        out.append(hit)
+    return out
+
+
+def _check_range(hw, model, jobs, batch_items: int) -> None:
+    max_ctx = max_new = 0
+    for _, j in jobs:
+        if not j.B:
+            continue
+        max_ctx = max(max_ctx, int((j.ctx + j.gen).max()), int((j.v_cached + j.v_new).max()) if j.verify_on else 0)
+        max_new = max(max_new, int(j.computed.max()), int(j.gate.max()), int(j.v_new.max()) if j.verify_on else 0)
+    hw.check_query(model, max_context=max_ctx, max_new=max_new, max_batch=batch_items)
+
+
+def _budget(cfg, job) -> int:
+    if cfg.budget_blocks is not None:
+        return int(cfg.budget_blocks)
+    return int(math.ceil(cfg.budget_frac * float(blocks(job.own + job.decode_steps, job.bs).sum())))
+
+
+def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = None, model_preset=None,
+             hardware="local-cpu", mode: str = "isolated", problems=None, workload: dict | None = None,
+             seed: int = 0, arrival_rate: float | None = None, baselines: bool = True,
+             engine: bool = False) -> SimResult:
+    """Simulate one configuration; see :func:`evaluate` for the arguments.
+
+    ``engine=True`` forces the simpy engine in isolated mode too (the fast path
+    and the engine agree to 1e-9; the tests check it).
+    """
+    if mode not in MODES:
+        raise ConfigError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+    if arrival_rate is not None and (isinstance(arrival_rate, bool) or not isinstance(arrival_rate, (int, float))
+                                     or not arrival_rate > 0 or not math.isfinite(arrival_rate)):
+        raise ConfigError(f"arrival_rate: must be a number > 0, got {arrival_rate!r}")
+    if arrival_rate is not None and mode != "serving":
+        raise ConfigError("arrival_rate: only meaningful with mode='serving'")
+    tf = features.load(default_trace_path() if trace is None else trace)
+    trace_model, model, hw = _targets(tf, model_preset, hardware)
+    cfg = make_config(policy, params, workload)
+    probs = _select(tf, problems)
+    info = {"policy": policy, "params": dict(params or {}), "components": cfg.describe(),
+            "decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name,
+            "hardware_calibrated": bool(hw.calibrated), "hardware_provisional": bool(hw.provisional),
+            "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"]),
+            "workload": {k: v for k, v in cfg.workload.items()}, "seed": int(seed),
+            "arrival_rate": arrival_rate, "trace": tf.path,
+            "note": (f"decisions from the trace's model {tf.model_name}; costs from {model.name} on {hw.name}"
+                     if model.name != tf.model_name else f"decisions and costs from {model.name} on {hw.name}")}
+    if cfg.kind == "token":
+        return _simulate_token(tf, cfg, model, hw, seed, info)
+    L = model.n_layers
+    pairs = _decisions(tf, cfg, probs, L)
+    jobs = [(f.pos, job) for f, (_, job) in zip(probs, pairs)]
+    conc = int(cfg.workload["concurrency"]) if mode == "serving" else 1
+    _check_range(hw, model, jobs, max((j.B for _, j in jobs), default=0) * conc)
+    rows, brows = [], []
+    timeline = []
+    makespan = peak = None
+    if mode == "isolated" and not engine:
+        fp = _fastpath(model, hw)
+        for f, (dec, job) in zip(probs, pairs):
+            led = BlockLedger(BlockPool(_budget(cfg, job), cfg.block), job, f.pos) if cfg.block is not None else None
+            res = fp.run(job, led)
+            rows.append(problem_row(f, dec, res, tf.n_layers))
+            brows.extend(branch_rows(f, dec))
+            timeline.append(pd.DataFrame({"pos": f.pos, "t_s": res["kv_times"], "kv_bytes": res["kv_bytes"]}))
+    else:
+        res_list, makespan, peak, tl = _run_engine(tf, cfg, model, hw, probs, pairs, mode, seed, arrival_rate)
+        for r in res_list:
+            f = tf.problems[r["pos"]]
+            dec = pairs[r["pseq"] % len(pairs)][0]
+            rows.append(problem_row(f, dec, r, tf.n_layers))
+            brows.extend(branch_rows(f, dec))
+        timeline.append(tl)
+        if mode == "isolated":
+            makespan = peak = None
+    df = pd.DataFrame(rows)
+    bdf = pd.DataFrame(brows)
+    summary = summarize(df, bdf, cfg=cfg, L=tf.n_layers, makespan=makespan, peak_kv_bytes=peak)
+    if baselines:
+        base = {}
+        for name in ("no-kv", "exact-prefix"):
+            base[name] = _baseline_latency(tf, name, model, hw, mode, problems, cfg.workload, seed, arrival_rate)
+        lat = summary["latency_mean_s"]
+        summary["speedup_vs_no_kv"] = base["no-kv"] / lat if lat and lat > 0 else None
+        summary["speedup_vs_exact_prefix"] = base["exact-prefix"] / lat if lat and lat > 0 else None
+    summary.update({"decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name,
+                    "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"])})
+    tl = pd.concat(timeline, ignore_index=True) if timeline else pd.DataFrame(columns=["pos", "t_s", "kv_bytes"])
+    return SimResult(summary=summary, problems=df, branches=bdf, kv_timeline=tl, info=info)
+
+
+def _run_engine(tf, cfg, model, hw, probs, pairs, mode, seed, arrival_rate):
+    jobs = [(f.pos, job) for f, (_, job) in zip(probs, pairs)]
+    n_req = cfg.workload.get("n_requests") if mode == "serving" else None
+    if n_req is not None:
+        if isinstance(n_req, bool) or not isinstance(n_req, (int, np.integer)) or n_req < 1:
+            raise ConfigError(f"workload option 'n_requests' must be an integer >= 1, got {n_req!r}")
+        jobs = [jobs[i % len(jobs)] for i in range(int(n_req))]
+    fp = _fastpath(model, hw)
+    # Admission reserves each problem's unconstrained KV peak (closed form).
+    need = [fp.run(job)["peak_kv_bytes"] for _, job in jobs]
+    capacity = max(hw.mem_capacity - model.weight_bytes, 0.0) if mode == "serving" else None
+    shared_pool = None
+    ledger_factory = None
+    if cfg.block is not None:
+        if mode == "serving":
+            budget = (int(cfg.budget_blocks) if cfg.budget_blocks is not None else
+                      int(math.ceil(cfg.budget_frac * sum(float(blocks(j.own + j.decode_steps, j.bs).sum())
+                                                          for _, j in jobs[: int(cfg.workload["concurrency"])]))))
+            shared_pool = BlockPool(budget, cfg.block)
+            ledger_factory = lambda pseq, pos, job: BlockLedger(shared_pool, job, pseq)  # noqa: E731
+        else:
+            ledger_factory = lambda pseq, pos, job: BlockLedger(BlockPool(_budget(cfg, job), cfg.block), job, pseq)  # noqa: E731
+    eng = Engine(model, hw, jobs, concurrency=int(cfg.workload["concurrency"]) if mode == "serving" else 1,
+                 arrival_rate=arrival_rate, seed=seed, ledger_factory=ledger_factory, need_bytes=need,
+                 kv_capacity=capacity, shared_pool=shared_pool)
+    res = eng.run()
+    recs = res.records()
+    if shared_pool is not None:
+        # One pool for all problems: report its evictions once (on the first record).
+        for r in recs:
+            r["evictions"] = 0
+        if recs:
+            recs[0]["evictions"] = int(shared_pool.evictions)
+    if mode == "isolated":
+        tl = pd.concat([pd.DataFrame({"pos": r["pos"], "t_s": r["kv_times"], "kv_bytes": r["kv_bytes"]}) for r in recs],
+                       ignore_index=True) if recs else pd.DataFrame(columns=["pos", "t_s", "kv_bytes"])
+        return recs, None, None, tl
+    tl = pd.DataFrame({"pos": -1, "t_s": res.timeline_t, "kv_bytes": res.timeline_b})
+    peak = float(res.timeline_b.max()) if res.timeline_b.size else 0.0
+    _run_engine.last = res  # type: ignore[attr-defined]
+    return recs, res.makespan, peak, tl
+
+
+def _baseline_latency(tf, name, model, hw, mode, problems, workload, seed, arrival_rate) -> float:
+    wl = {k: v for k, v in workload.items()}
+    key = (id(tf), name, model, _hw_key(hw), mode, None if problems is None else tuple(int(p) for p in problems),
+           _freeze(wl), seed, arrival_rate)
+    hit = _BASE_CACHE.get(key)
+    if hit is None:
+        r = simulate(tf.trace if tf.trace is not None else tf.path, policy=name, params={}, model_preset=model,
+                     hardware=hw, mode=mode, problems=problems, workload=wl, seed=seed,
+                     arrival_rate=arrival_rate, baselines=False)
+        hit = _BASE_CACHE[key] = r.summary["latency_mean_s"]
+    return hit
+
+
+# ---------------------------------------------------------------------------- token eviction
+_FULL_CACHE: dict = {}
+
+
+def _long_arrays(ld, li: int):
+    return (np.asarray(ld.K[li], dtype=np.float64), np.asarray(ld.V[li], dtype=np.float64),
+            np.asarray(ld.Q[li], dtype=np.float64))
+
+
+def token_quality(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
+    """Attention-output error and mass recall of a token policy on every recorded (sequence, layer)."""
+    rows = []
+    for ld in tf.longs:
+        n_lay = len(ld.layers) if max_layers is None else min(len(ld.layers), int(max_layers))
+        for li in range(n_lay):
+            K, V, Q = _long_arrays(ld, li)
+            fkey = (id(tf), ld.pos, li)
+            full = _FULL_CACHE.get(fkey)
+            if full is None:
+                full = _FULL_CACHE[fkey] = FullAttention(K, V, Q, ld.prompt_len)
+            rng = np.random.default_rng([int(seed), ld.pos, li])
+            res = run_token_eviction(pol, K, V, Q, ld.prompt_len, rng, record=True)
+            met = attention_metrics(res, full=full)
+            sizes = _cache_sizes(res, ld.prompt_len, K.shape[0])
+            rows.append({"seq": ld.pos, "layer": int(ld.layers[li]), "T": int(K.shape[0]),
+                         "prompt_len": ld.prompt_len, "evictions": res.n_evictions,
+                         "attn_output_rel_error": met["attn_output_rel_error"],
+                         "attn_mass_recall": met["attn_mass_recall"],
+                         "mean_cache_tokens": float(np.mean(sizes)) if sizes.size else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def _cache_sizes(res, P: int, T: int) -> np.ndarray:
+    """Tokens the query at each decode position t = P..T-1 attends over."""
+    t = np.arange(P, T)
+    size = t + 1.0
+    ev = list(res.event_positions)
+    n_after = list(getattr(res, "_n_after", []))
+    if not n_after and res.steps:
+        n_after = [int(k.shape[1]) for _, k in res.steps]
+    for i, e in enumerate(ev):
+        end = ev[i + 1] if i + 1 < len(ev) else T
+        sel = (t >= e) & (t < end)
+        size[sel] = n_after[i] + (t[sel] - e)
+    return size
+
+
+def _long_latency(model, hw, P: int, sizes: np.ndarray, evictions: list, window: int) -> dict:
+    """One long decode: prefill of P tokens, then one decode step per token over its (evicted) cache."""
+    pre = float(hw.time(batch_terms(model, [float(P)], [0.0])))
+    ctx = np.asarray(sizes, np.float64) - 1.0  # cached tokens before each step
+    dec = float(np.sum(hw.time(batch_terms(model, np.ones((ctx.size, 1)), ctx[:, None])))) if ctx.size else 0.0
+    ev = float(sum(float(hw.time(eviction_scoring_terms(model, c, max(window, 1)))) for c in evictions))
+    return {"prefill_s": pre, "decode_s": dec, "evict_s": ev, "latency_s": pre + dec + ev}
+
+
+def _simulate_token(tf, cfg, model, hw, seed, info) -> SimResult:
+    if not tf.longs:
+        raise ConfigError(f"policy {cfg.policy!r}: the trace {tf.path} has no long-decode sequences (long/)")
+    pol = cfg.token
+    q = token_quality(tf, pol, seed, cfg.workload.get("max_long_layers"))
+    max_ctx = max(int(ld.prompt_len + ld.gen_len) for ld in tf.longs)
+    hw.check_query(model, max_context=max_ctx, max_new=max(int(ld.prompt_len) for ld in tf.longs), max_batch=1)
+    rows = []
+    from policies import get_policy
+    full_pol = get_policy("full")
+    for ld in tf.longs:
+        K, V, Q = _long_arrays(ld, 0)
+        rng = np.random.default_rng([int(seed), ld.pos, 0])
+        res = run_token_eviction(pol, K, V, Q, ld.prompt_len, rng, record=False)
+        sizes = _cache_sizes(res, ld.prompt_len, K.shape[0])
+        cands = [n - pol.buffer for n in _pre_eviction_sizes(res, pol)]
+        lat = _long_latency(model, hw, ld.prompt_len, sizes, cands, getattr(pol, "window", 0) or pol.buffer)
+        fres = run_token_eviction(full_pol, K, V, Q, ld.prompt_len, None, record=False)
+        flat = _long_latency(model, hw, ld.prompt_len, _cache_sizes(fres, ld.prompt_len, K.shape[0]), [], 1)
+        rows.append({"pos": ld.pos, "latency_s": lat["latency_s"], "prefill_s": lat["prefill_s"],
+                     "decode_s": lat["decode_s"], "evict_s": lat["evict_s"], "full_latency_s": flat["latency_s"],
+                     "evictions": res.n_evictions, "gen_tokens": ld.gen_len,
+                     "peak_kv_bytes": float(sizes.max() if sizes.size else ld.prompt_len) * model.kv_bytes_per_token})
+    df = pd.DataFrame(rows)
+    lat = df["latency_s"].to_numpy()
+    summary = {k: None for k in SUMMARY_KEYS}
+    summary.update({
+        "latency_mean_s": float(lat.mean()), "latency_p50_s": float(np.percentile(lat, 50)),
+        "latency_p95_s": float(np.percentile(lat, 95)),
+        "speedup_vs_full": float(df["full_latency_s"].mean() / lat.mean()),
+        "peak_kv_bytes": float(df["peak_kv_bytes"].max()), "evictions": int(df["evictions"].sum()),
+        "recompute_tokens": 0, "kv_reuse": None, "mean_exit_layer": None, "accuracy": None,
+        "attn_output_rel_error": float(q["attn_output_rel_error"].mean()),
+        "attn_mass_recall": float(q["attn_mass_recall"].mean()),
+        "budget": int(pol.budget), "buffer": int(pol.buffer),
+        "throughput_tokens_per_s": float(df["gen_tokens"].sum() / lat.sum()),
+        "n_sequences": len(df), "n_layers_evaluated": len(q),
+        "decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name, "mode": "isolated",
+        "verify_reuses_kv": None,
+    })
+    return SimResult(summary=summary, problems=df, branches=pd.DataFrame(), kv_timeline=pd.DataFrame(
+        columns=["pos", "t_s", "kv_bytes"]), info=info, token=q)
+
+
+def _pre_eviction_sizes(res, pol) -> list:
+    """Cache length when each eviction fired: the kept size of the previous event plus what accrued."""
+    ev = list(res.event_positions)
+    n_after = list(getattr(res, "_n_after", []))
+    out = []
+    prev_t, prev_n = res.prompt_len - 1, res.prompt_len
+    for i, e in enumerate(ev):
+        out.append(prev_n + (e - prev_t))
+        prev_t, prev_n = e, (n_after[i] if i < len(n_after) else pol.budget + pol.buffer)
+    return out
+
+
+# ---------------------------------------------------------------------------- evaluate / compare
+def evaluate(trace, policy: str = "asks", params: dict | None = None, model_preset=None, hardware="local-cpu",
+             mode: str = "isolated", problems=None, workload: dict | None = None, seed: int = 0,
+             arrival_rate: float | None = None) -> dict:
+    """Metrics of one configuration as plain Python scalars (docs/sim-api.md)."""
+    r = simulate(trace, policy=policy, params=params, model_preset=model_preset, hardware=hardware, mode=mode,
+                 problems=problems, workload=workload, seed=seed, arrival_rate=arrival_rate)
+    return clean({k: r.summary.get(k) for k in r.summary})
+
+
+def token_budgets(tf, pol_name: str, compressions) -> dict:
+    """Budget K for each compression ratio r: ``K = max(sinks + 1, round(T_mean / r) - buffer)``."""
+    from policies import policy_defaults
+    d = policy_defaults(pol_name)
+    T = float(np.mean([ld.prompt_len + ld.gen_len for ld in tf.longs])) if tf.longs else 0.0
+    out = {}
+    for r in compressions:
+        K = max(int(d.get("sinks", 4)) + 1, int(round(T / float(r))) - int(d.get("buffer", 16)))
+        out[f"{r}x"] = K
+    return out
+
+
+def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: str = "isolated",
+                     policies=None, workload: dict | None = None, seed: int = 0, problems=None,
+                     progress: bool = False) -> dict:
+    """``{"policies": {NAME: metrics}}`` for every registered policy at its defaults (docs/sim-api.md).
+
+    Token-eviction policies also get ``budgets`` = ``{"2x": {budget, attn_output_rel_error,
+    attn_mass_recall, ...}, ...}`` at the workload's ``token_compressions``.
+    """
+    tf = features.load(default_trace_path() if trace is None else trace)
+    names = list(policies) if policies is not None else list_policies()
+    out: dict = {}
+    it = names
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(names, desc="compare", unit="policy")
+    from .decisions import workload_options, policy_kind
+    opts = workload_options(workload)
+    for name in it:
+        kind = policy_kind(name)
+        if kind == "token":
+            if not tf.longs:
+                continue
+            res = {}
+            budgets = token_budgets(tf, name, opts["token_compressions"])
+            for label, K in budgets.items():
+                r = simulate(tf.trace if tf.trace is not None else tf.path, policy=name, params={"budget": K}
+                             if name != "full" else {}, model_preset=model_preset, hardware=hardware, mode="isolated",
+                             workload=workload, seed=seed)
+                res[label] = clean({"budget": K, **{k: r.summary.get(k) for k in
+                                                     ("attn_output_rel_error", "attn_mass_recall", "latency_mean_s",
+                                                      "speedup_vs_full", "peak_kv_bytes", "evictions")}})
+            default_label = "4x" if "4x" in res else next(iter(res))
+            base = dict(res[default_label])
+            entry = {k: None for k in SUMMARY_KEYS}
+            entry.update(base)
+            entry["budgets"] = res
+            entry["kind"] = kind
+            out[name] = clean(entry)
+        else:
+            m = evaluate(tf.trace if tf.trace is not None else tf.path, policy=name, params={},
+                         model_preset=model_preset, hardware=hardware, mode=mode, workload=workload, seed=seed,
+                         problems=problems)
+            m["kind"] = kind
+            out[name] = m
+    return {"policies": out}

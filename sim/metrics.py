@@ -1,0 +1,154 @@
+"""Per-problem and aggregate metrics (DESIGN §5), as pandas DataFrames and plain dicts."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy.stats import rankdata
+
+# Keys every summary holds (docs/sim-api.md); None where not applicable.
+SUMMARY_KEYS = ("asks_gate_auc", "latency_mean_s", "latency_p50_s", "latency_p95_s", "speedup_vs_no_kv",
+                "speedup_vs_exact_prefix", "kv_reuse", "skip_rate", "mean_exit_layer", "cgee_error_rate",
+                "accuracy", "peak_kv_bytes", "evictions", "recompute_tokens", "attn_output_rel_error",
+                "attn_mass_recall")
+
+
+def roc_auc(scores, labels) -> float:
+    """ROC AUC of ``scores`` for binary ``labels`` (Mann-Whitney U with average ranks for ties).
+
+    ``AUC = (sum of the positives' ranks - n_pos (n_pos + 1) / 2) / (n_pos n_neg)``;
+    NaN when only one class is present or no finite score.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels, dtype=bool)
+    ok = np.isfinite(s)
+    s, y = s[ok], y[ok]
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    r = rankdata(s)
+    return float((r[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def clean(x):
+    """Plain JSON-able Python value: numpy scalars unwrapped, NaN/inf → None."""
+    if isinstance(x, dict):
+        return {str(k): clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return [clean(v) for v in x.tolist()]
+    if isinstance(x, (np.bool_, bool)):
+        return bool(x)
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        v = float(x)
+        return v if math.isfinite(v) else None
+    return x
+
+
+def problem_row(f, dec, res: dict, L: int) -> dict:
+    """One row of the per-problem frame."""
+    plan = dec.plan
+    share = dec.share
+    prompt_ctx = int((plan.reused + plan.computed).sum())
+    answers = np.asarray(dec.answers)
+    nonempty = answers[answers != ""]
+    own_ans = f.gen["own"]["answer"]
+    changed = int(np.sum(share & (answers != own_ans)))
+    # Majority vote (self-consistency): most frequent non-empty answer, ties to the earliest branch.
+    vote = ""
+    if nonempty.size:
+        vals, first_idx, counts = np.unique(nonempty, return_index=True, return_counts=True)
+        best = max(range(len(vals)), key=lambda i: (counts[i], -first_idx[i]))
+        vote = str(vals[best])
+    exits = dec.exit_layers
+    gen_tokens = int(f.eff(share, "len").sum())
+    row = {
+        "pos": f.pos, "problem_index": f.index, "n_branches": f.B,
+        "latency_s": res["latency_s"], "gate_s": res["gate_s"], "prefill_s": res["prefill_s"],
+        "decode_s": res["decode_s"], "verify_s": res["verify_s"], "ttft_s": res["ttft_s"],
+        "queue_s": res.get("queue_s", 0.0),
+        "peak_kv_bytes": res["peak_kv_bytes"], "iterations": res["iterations"],
+        "prompt_tokens": prompt_ctx, "reused_tokens": int(plan.reused.sum()),
+        "computed_tokens": int(plan.computed.sum()), "gate_tokens": int(plan.gate_tokens.sum()),
+        "kv_reuse": float(plan.reused.sum()) / prompt_ctx if prompt_ctx else float("nan"),
+        "shared_branches": int(share.sum()), "answer_changes": changed,
+        "gen_tokens": gen_tokens,
+        "skipped": bool(dec.skipped),
+        "verified_branches": 0 if dec.skipped else f.B,
+        "exit_layer_sum": float(np.sum(exits)) if exits is not None else (0.0 if dec.skipped else float(L * f.B)),
+        "selected": dec.selected, "full_selected": dec.full_selected, "cgee_differs": bool(dec.differs),
+        "correct": bool(dec.correct[dec.selected]) if dec.selected >= 0 else False,
+        "vote_answer": vote, "vote_correct": vote == f.truth and vote != "",
+        "answer_diversity": len(set(nonempty.tolist())) / f.B if f.B else float("nan"),
+        "evictions": int(res.get("evictions", 0)), "recompute_tokens": int(res.get("recompute_tokens", 0)),
+    }
+    return row
+
+
+def branch_rows(f, dec) -> list[dict]:
+    """Per-branch rows (for the gate-quality and exit-layer figures)."""
+    out = []
+    own, cf = f.gen["own"], f.gen["cf"]
+    for b in range(f.B):
+        out.append({"pos": f.pos, "branch": b, "sigma": float(dec.sigma[b]), "shared": bool(dec.share[b]),
+                    "cf_same_answer": bool(cf["answer"][b] == own["answer"][b]),
+                    "exit_layer": int(dec.exit_layers[b]) if dec.exit_layers is not None else
+                    (0 if dec.skipped else f.L),
+                    "selected": b == dec.selected})
+    return out
+
+
+def summarize(df: pd.DataFrame, branches: pd.DataFrame, *, cfg, L: int, makespan: float | None = None,
+              peak_kv_bytes: float | None = None) -> dict:
+    """Aggregate metrics over problems (the keys of :data:`SUMMARY_KEYS` and more)."""
+    lat = df["latency_s"].to_numpy()
+    n = len(df)
+    has_exit = cfg.exit is not None
+    is_asks = getattr(cfg.sharing, "name", "") == "asks"
+    verified = float(df["verified_branches"].sum())
+    total_time = float(makespan) if makespan is not None else float(lat.sum())
+    auc = float("nan")
+    if is_asks and len(branches):
+        nr = branches[branches["branch"] > 0]
+        auc = roc_auc(nr["sigma"].to_numpy(), nr["cf_same_answer"].to_numpy())
+    shared = float(df["shared_branches"].sum())
+    out = {
+        "asks_gate_auc": auc if is_asks else None,
+        "latency_mean_s": float(lat.mean()) if n else float("nan"),
+        "latency_p50_s": float(np.percentile(lat, 50)) if n else float("nan"),
+        "latency_p95_s": float(np.percentile(lat, 95)) if n else float("nan"),
+        "speedup_vs_no_kv": None, "speedup_vs_exact_prefix": None,
+        "kv_reuse": float(df["reused_tokens"].sum() / df["prompt_tokens"].sum()) if n and df["prompt_tokens"].sum() else float("nan"),
+        "skip_rate": float(df["skipped"].mean()) if has_exit and n else None,
+        "mean_exit_layer": (float(df["exit_layer_sum"].sum() / verified) if verified else float("nan")),
+        "cgee_error_rate": float(df["cgee_differs"].mean()) if has_exit and n else None,
+        "accuracy": float(df["correct"].mean()) if n else float("nan"),
+        "peak_kv_bytes": float(peak_kv_bytes if peak_kv_bytes is not None else (df["peak_kv_bytes"].max() if n else 0.0)),
+        "evictions": int(df["evictions"].sum()),
+        "recompute_tokens": int(df["recompute_tokens"].sum()),
+        "attn_output_rel_error": None, "attn_mass_recall": None,
+        "vote_accuracy": float(df["vote_correct"].mean()) if n else float("nan"),
+        "ttft_mean_s": float(df["ttft_s"].mean()) if n else float("nan"),
+        "throughput_problems_per_s": n / total_time if total_time > 0 else float("nan"),
+        "throughput_tokens_per_s": float(df["gen_tokens"].sum()) / total_time if total_time > 0 else float("nan"),
+        "gate_s_mean": float(df["gate_s"].mean()) if n else float("nan"),
+        "prefill_s_mean": float(df["prefill_s"].mean()) if n else float("nan"),
+        "decode_s_mean": float(df["decode_s"].mean()) if n else float("nan"),
+        "verify_s_mean": float(df["verify_s"].mean()) if n else float("nan"),
+        "queue_s_mean": float(df["queue_s"].mean()) if n else float("nan"),
+        "answer_changes": int(df["answer_changes"].sum()),
+        "answer_change_rate": float(df["answer_changes"].sum() / shared) if shared else None,
+        "answer_diversity": float(df["answer_diversity"].mean()) if n else float("nan"),
+        "n_problems": n,
+        "layers": L,
+    }
+    return out
+
+
+def exit_histogram(branches: pd.DataFrame) -> pd.Series:
+    """Count of verification passes by exit layer (0 = verification skipped)."""
+    return branches["exit_layer"].value_counts().sort_index()
