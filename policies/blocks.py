@@ -1,6 +1,8 @@
 """KV block eviction under a block budget: RSBCM, LRU, FIFO, and the BlockPool that runs them."""
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Hashable
 
@@ -26,6 +28,19 @@ class _BlockPolicy(PolicyBase):
 
     def victim_order(self, ids, score, depth, last_used, inserted) -> np.ndarray:
         """Indices into the given blocks, first = evict first (deterministic)."""
+        raise NotImplementedError
+
+    def victim(self, score, depth, last_used, inserted, mask) -> int:
+        """The first victim among ``mask``ed entries in one O(n) pass.
+
+        Equals ``victim_order(...)[0]`` restricted to ``mask`` when ``inserted`` has no ties
+        (the pool's insertion counter), which is all the pool needs.
+        """
+        key = np.where(mask, self._primary(score, depth, last_used, inserted), np.inf)
+        best = key.min()
+        return int(np.argmin(np.where(mask & (key == best), inserted, np.inf)))
+
+    def _primary(self, score, depth, last_used, inserted) -> np.ndarray:
         raise NotImplementedError
 
     @staticmethod
@@ -85,6 +100,9 @@ class RSBCM(_BlockPolicy):
         ins = self._vec("inserted", inserted, n)
         return np.lexsort((_id_ranks(ids), ins, om))
 
+    def _primary(self, score, depth, last_used, inserted):
+        return self.omega(score, depth)
+
 
 @register
 @dataclass
@@ -98,6 +116,9 @@ class LRU(_BlockPolicy):
         return np.lexsort((_id_ranks(ids), self._vec("inserted", inserted, n),
                            self._vec("last_used", last_used, n)))
 
+    def _primary(self, score, depth, last_used, inserted):
+        return last_used
+
 
 @register
 @dataclass
@@ -110,16 +131,22 @@ class FIFO(_BlockPolicy):
         n = len(ids)
         return np.lexsort((_id_ranks(ids), self._vec("inserted", inserted, n)))
 
+    def _primary(self, score, depth, last_used, inserted):
+        return inserted
+
 
 class BlockPool:
     """A KV block pool holding at most ``budget_blocks`` blocks, evicting with ``policy``.
 
     ``access`` returns True on a hit; on a miss the block is (re)inserted — the caller
-    computes (or recomputes) its KV — after evicting the policy's first victims if the pool
+    computes (or recomputes) its KV — after evicting the policy's first victim if the pool
     is full. ``refetches`` counts misses on blocks that had been evicted before: recompute
     that the eviction policy caused. Blocks can be pinned (in use by a running step), in
     which case they are never chosen as victims; a pool whose blocks are all pinned
     cannot admit a new block and ``access`` raises PolicyError.
+
+    Resident blocks live in fixed slots of numpy arrays, so choosing a victim is one
+    O(budget) pass (``policy.victim``, equal to ``victim_order(...)[0]``).
     """
 
     def __init__(self, budget_blocks: int, policy: _BlockPolicy):
@@ -127,10 +154,16 @@ class BlockPool:
             raise PolicyError(f"BlockPool: budget_blocks: must be an integer >= 0, got {budget_blocks!r}")
         if not isinstance(policy, _BlockPolicy):
             raise PolicyError(f"BlockPool: policy: must be a block policy (rsbcm, lru, fifo), got {policy!r}")
-        self.budget = int(budget_blocks)
+        self.budget = n = int(budget_blocks)
         self.policy = policy
-        self._meta: dict[Hashable, list[float]] = {}  # id -> [score, depth, last_used, insertion no.]
-        self._pinned: set[Hashable] = set()
+        self._slot: dict[Hashable, int] = {}          # resident id -> slot
+        self._ids: list[Hashable | None] = [None] * n
+        self._free = list(range(n))                   # heap of free slots, lowest first
+        self._score = np.zeros(n)
+        self._depth = np.zeros(n)
+        self._last = np.zeros(n)
+        self._ins = np.full(n, np.inf)                # insertion counter; inf = empty slot
+        self._pinned = np.zeros(n, bool)
         self._evicted: set[Hashable] = set()
         self._seq = 0
         self.evictions = 0
@@ -142,23 +175,23 @@ class BlockPool:
 
     @property
     def size(self) -> int:
-        return len(self._meta)
+        return len(self._slot)
 
     def __contains__(self, block_id: Hashable) -> bool:
-        return block_id in self._meta
+        return block_id in self._slot
 
     def blocks(self) -> list[Hashable]:
-        return list(self._meta)
+        return list(self._slot)
 
     def access(self, block_id: Hashable, score: float = 0.0, depth: int = 0, now: float = 0.0) -> bool:
         """Touch a block: True = hit, False = miss (the caller computes its KV)."""
-        if not np.isfinite(score) or not np.isfinite(now):
+        if not (math.isfinite(score) and math.isfinite(now)):
             raise PolicyError(f"BlockPool: score/now: must be finite, got score={score!r}, now={now!r}")
         if depth < 0:
             raise PolicyError(f"BlockPool: depth: must be >= 0, got {depth!r}")
-        meta = self._meta.get(block_id)
-        if meta is not None:
-            meta[0], meta[1], meta[2] = float(score), float(depth), float(now)
+        i = self._slot.get(block_id)
+        if i is not None:
+            self._score[i], self._depth[i], self._last[i] = score, depth, now
             self.hits += 1
             return True
         self.misses += 1
@@ -167,43 +200,60 @@ class BlockPool:
             self._evicted.discard(block_id)
         if self.budget == 0:
             return False  # nothing can be held: computed, used, dropped
-        while len(self._meta) >= self.budget:
+        if not self._free:
             self._evict_one(now)
+        i = heapq.heappop(self._free)
+        self._slot[block_id] = i
+        self._ids[i] = block_id
         # "inserted" is an insertion counter: older insertion = smaller, never tied.
-        self._meta[block_id] = [float(score), float(depth), float(now), float(self._seq)]
+        self._score[i], self._depth[i], self._last[i], self._ins[i] = score, depth, now, self._seq
         self._seq += 1
-        self.peak = max(self.peak, len(self._meta))
+        self.peak = max(self.peak, len(self._slot))
         return False
 
     def update(self, block_id: Hashable, score: float | None = None, depth: int | None = None) -> None:
         """Change a resident block's score or depth (e.g. once its branch is verified)."""
-        meta = self._meta.get(block_id)
-        if meta is None:
+        i = self._slot.get(block_id)
+        if i is None:
             return
         if score is not None:
-            meta[0] = float(score)
+            self._score[i] = score
         if depth is not None:
-            meta[1] = float(depth)
+            self._depth[i] = depth
 
     def pin(self, block_id: Hashable) -> None:
-        self._pinned.add(block_id)
+        """Protect a resident block from eviction (no effect on absent blocks)."""
+        i = self._slot.get(block_id)
+        if i is not None:
+            self._pinned[i] = True
 
     def unpin(self, block_id: Hashable) -> None:
-        self._pinned.discard(block_id)
+        i = self._slot.get(block_id)
+        if i is not None:
+            self._pinned[i] = False
 
     def free(self, block_id: Hashable) -> bool:
         """Release a block that is no longer needed (not an eviction). True if it was held."""
-        self._pinned.discard(block_id)
-        return self._meta.pop(block_id, None) is not None
+        i = self._slot.pop(block_id, None)
+        if i is None:
+            return False
+        self._release(i)
+        return True
+
+    def _release(self, i: int) -> None:
+        self._ids[i] = None
+        self._ins[i] = np.inf
+        self._pinned[i] = False
+        heapq.heappush(self._free, i)
 
     def _evict_one(self, now: float) -> None:
-        ids = [i for i in self._meta if i not in self._pinned]
-        if not ids:
+        movable = ~self._pinned & np.isfinite(self._ins)
+        if not movable.any():
             raise PolicyError(f"BlockPool: budget_blocks: all {self.budget} blocks are pinned; cannot admit another")
-        m = np.array([self._meta[i] for i in ids], dtype=np.float64)
-        order = self.policy.victim_order(ids, m[:, 0], m[:, 1], m[:, 2], m[:, 3])
-        victim = ids[int(order[0])]
-        del self._meta[victim]
+        i = self.policy.victim(self._score, self._depth, self._last, self._ins, movable)
+        victim = self._ids[i]
+        del self._slot[victim]
+        self._release(i)
         self._evicted.add(victim)
         self.evictions += 1
         self.evicted_log.append((victim, float(now)))

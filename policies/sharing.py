@@ -44,13 +44,19 @@ def _as_id_lists(policy: PolicyBase, prompt_ids: Sequence) -> list[np.ndarray]:
     return out
 
 
-def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common token prefix of two id arrays."""
-    n = min(a.shape[0], b.shape[0])
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n
+def lcp_matrix(ids: list[np.ndarray]) -> np.ndarray:
+    """(B, B) longest-common-prefix lengths of every pair of id arrays (vectorised)."""
+    n = len(ids)
+    lens = np.array([a.shape[0] for a in ids], dtype=np.int64)
+    width = int(lens.max()) if n else 0
+    if n == 0 or width == 0:
+        return np.zeros((n, n), dtype=np.int64)
+    M = np.zeros((n, width), dtype=np.int64)
+    for b, a in enumerate(ids):
+        M[b, : a.shape[0]] = a
+    diff = M[:, None, :] != M[None, :, :]
+    first = np.where(diff.any(axis=2), diff.argmax(axis=2), width)
+    return np.minimum(first, np.minimum(lens[:, None], lens[None, :]))
 
 
 def _exact_prefix(ids: list[np.ndarray], block_size: int,
@@ -63,15 +69,18 @@ def _exact_prefix(ids: list[np.ndarray], block_size: int,
     n = len(ids)
     reused = np.zeros(n, dtype=np.int64)
     source = np.full(n, -1, dtype=np.int64)
-    for b in range(1, n):
-        best, best_src = 0, -1
-        for s in range(b):
-            if sources_ok is not None and not sources_ok[s]:
-                continue
-            lcp = (common_prefix_len(ids[b], ids[s]) // block_size) * block_size
-            if lcp > best:
-                best, best_src = lcp, s
-        reused[b], source[b] = best, best_src
+    if n < 2:
+        return reused, source
+    r = (lcp_matrix(ids) // block_size) * block_size
+    earlier = np.tril(np.ones((n, n), bool), k=-1)          # [b, s]: s < b
+    if sources_ok is not None:
+        earlier &= np.asarray(sources_ok, bool)[None, :]
+    r = np.where(earlier, r, -1)
+    best = r.argmax(axis=1)                                   # first maximum = lowest source
+    val = r[np.arange(n), best]
+    ok = val > 0
+    reused[ok] = val[ok]
+    source[ok] = best[ok]
     return reused, source
 
 

@@ -119,13 +119,13 @@ def run_token_eviction(pol: TokenPolicy, K, V, Q, prompt_len: int,
     last = P - 1          # newest position in the cache
     state = pol.init_state(H, P)
     pending = 0           # first query whose attention is not yet observed (H2O)
-    B, Kb = pol.buffer, pol.budget
+    B = pol.buffer
     if pol.evicts:
         for t in range(P - 1 + B, T, B):
             cache = np.concatenate([cache, np.tile(np.arange(last + 1, t + 1), (H, 1))], axis=1)
             last = t
             n = cache.shape[1]
-            if n <= Kb + B:
+            if not pol.should_evict(n, t - P + 1):
                 continue
             if pol.needs_history:
                 _observe(pol, state, K, Q, cache, pending, t)

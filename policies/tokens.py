@@ -74,6 +74,15 @@ class TokenPolicy(PolicyBase):
         """Re-index the state after an eviction: ``slots`` (H_kv, n_new) are old slot indices."""
 
     # ---- the decision ----------------------------------------------------------------
+    def should_evict(self, cache_len: int, generated: int) -> bool:
+        """The shared schedule: evict when ``generated % buffer == 0`` and ``cache_len > budget + buffer``.
+
+        ``cache_len``: tokens cached (per head) after appending the current token;
+        ``generated``: decode tokens so far, the current one included.
+        """
+        return (self.evicts and generated > 0 and generated % self.buffer == 0
+                and cache_len > self.budget + self.buffer)
+
     def reserved_values(self) -> int:
         """N_v, candidates kept for their value range (0 except VASE)."""
         return 0

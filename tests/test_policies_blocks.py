@@ -127,3 +127,21 @@ def test_bad_inputs():
     with pytest.raises(PolicyError, match="score: contains NaN"):
         RSBCM().victim_order([0, 1], [np.nan, 1.0], [0, 0], [0, 0], [0, 1])
     assert RSBCM().victim_order([], [], [], [], []).tolist() == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["rsbcm", "lru", "fifo"]),
+       st.lists(st.tuples(st.sampled_from([0.0, 0.3, 0.6]), st.integers(0, 2), st.integers(0, 3), st.booleans()),
+                min_size=1, max_size=20))
+def test_fast_victim_equals_first_of_victim_order(name, rows):
+    pol = get_policy(name)
+    score = np.array([r[0] for r in rows])
+    depth = np.array([r[1] for r in rows])
+    last = np.array([r[2] for r in rows], dtype=float)
+    ins = np.random.default_rng(len(rows)).permutation(len(rows)).astype(float)   # no ties, like the pool
+    mask = np.array([r[3] for r in rows])
+    if not mask.any():
+        return
+    sub = np.flatnonzero(mask)
+    order = pol.victim_order(sub, score[sub], depth[sub], last[sub], ins[sub])
+    assert pol.victim(score, depth, last, ins, mask) == sub[order[0]]

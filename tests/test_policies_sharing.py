@@ -188,3 +188,24 @@ def test_asks_bad_inputs_raise_clear_errors():
 def test_trace_column_follows_pooling_and_similarity():
     assert get_policy("asks").trace_column == "cos_mean_raw"
     assert get_policy("asks", pooling="last", similarity="centered").trace_column == "cos_last_centered"
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads(), st.integers(1, 8))
+def test_exact_prefix_matches_a_naive_scan(w, bs):
+    prompts = w[0]
+
+    def lcp(a, b):
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    plan = get_policy("exact-prefix", block_size=bs).plan(prompts)
+    for b in range(len(prompts)):
+        best, src = 0, -1
+        for s in range(b):
+            r = lcp(prompts[b], prompts[s]) // bs * bs
+            if r > best:
+                best, src = r, s
+        assert (plan.reused[b], plan.source[b]) == (best, src)
