@@ -88,6 +88,7 @@ def register(sub) -> None:
     p.add_argument("--dataset", default="gsm8k")
     p.add_argument("--layout", default="persona-prefix")
     p.add_argument("--policies", default=None, help="comma list (default: all end-to-end policies)")
+    p.add_argument("--repeats", type=int, default=2, help="runs per (problem, policy); the fastest is kept (default 2)")
     p.add_argument("--no-sweep", action="store_true", help="skip the op sweep (prefill lengths, decode batches)")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_cmd_run)

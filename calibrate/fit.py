@@ -167,3 +167,53 @@ def default_base(name: str) -> HardwareProfile:
         return load_hardware(name)
     except PresetError:
         return HardwareProfile(name=name, peak_flops=2.0e11, mem_bw=2.0e10, mem_capacity=16e9, source="default")
+
+
+def split_problems(problems: list[int], holdout: float, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Seeded split into (fit, held-out); both non-empty when there are >= 2 problems and 0 < holdout < 1."""
+    if not 0.0 <= holdout < 1.0:
+        raise ValueError(f"--holdout: must be in [0, 1), got {holdout}")
+    ps = sorted(int(p) for p in problems)
+    if holdout == 0 or len(ps) < 2:
+        return ps, []
+    perm = np.random.default_rng(seed).permutation(len(ps))
+    n_hold = min(len(ps) - 1, max(1, int(round(holdout * len(ps)))))
+    hold = sorted(ps[i] for i in perm[:n_hold])
+    return [p for p in ps if p not in hold], hold
+
+
+def fit_run_dir(dir_: Path, name: str = "local-cpu", out: Path | None = None, holdout: float = 0.5,
+                seed: int = 0) -> dict:
+    """``rksim calibrate fit DIR``: fit on the fit split's phases and the op sweep; write the preset."""
+    from sim.profiles import model_from_manifest
+
+    dir_ = Path(dir_)
+    for f in ("phases.parquet", "run.json"):
+        if not (dir_ / f).is_file():
+            raise FileNotFoundError(f"{dir_ / f}: missing (not a 'rksim calibrate run' directory)")
+    run = json.loads((dir_ / "run.json").read_text())
+    phases = pd.read_parquet(dir_ / "phases.parquet")
+    fit_p, hold_p = split_problems(run["problems"], holdout, seed)
+    use = phases[(phases["problem"] < 0) | phases["problem"].isin(fit_p)]
+    use = use[use["kind"] != "host"]
+    model = model_from_manifest({"model": run["model"]})
+    terms = phase_terms(model, use)
+    base = default_base(name)
+    import dataclasses
+    base = dataclasses.replace(base, name=name)
+    res = fit_profile(base, terms, use["seconds"].to_numpy())
+    frange = fitted_range(model, use)
+    path = Path(out) if out else PRESET_DIR / "hardware" / f"{name}.yaml"
+    notes = (f"fitted on {len(use)} phases of {run['model']['name']} ({run['model']['dtype']}) on "
+             f"{run['device']} with {run.get('threads')} threads; fit problems {fit_p}, held out {hold_p}")
+    write_preset(path, res, frange, device=run["device"],
+                 fitted_on={"run": str(dir_.resolve()), "created": run.get("created"),
+                            "model": run["model"]["name"], "dtype": run["model"]["dtype"],
+                            "threads": run.get("threads")}, notes=notes)
+    info = {"preset": str(path.resolve()), "path": str(path), "name": name, "fit_problems": fit_p,
+            "holdout_problems": hold_p, "n_phases": res.n, "rel_rms": res.rel_rms,
+            "rel_median_abs": res.rel_median_abs, "fitted_range": frange,
+            "coefficients": {k: getattr(res.profile, k) for k in FIT_PARAMS},
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    atomic_write_text(dir_ / "fit.json", json.dumps(info, indent=2) + "\n")
+    return {**info, "n_fit_problems": len(fit_p)}

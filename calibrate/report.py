@@ -1,0 +1,122 @@
+"""Fidelity report: simulated vs measured per-problem latency and speedups on held-out problems.
+
+``calibrate fit`` splits the run's problems (seeded) into a fit set and a
+held-out set and fits the hardware profile on the fit set's phases (plus the
+op sweep). Here every held-out (problem, policy) is *simulated* by charging
+the cost model (``sim.cost`` terms, the fitted ``HardwareProfile``) for
+every operation the real run executed — the decisions it took, its batch
+shapes, its context lengths, the layers each verification ran — and compared
+with the measured end-to-end seconds of that run.
+
+Metrics (all on held-out problems only):
+
+- ``mean_abs_pct_error``: per policy ``|mean(sim) - mean(meas)| / mean(meas)``
+  of the end-to-end latency, averaged over policies;
+- ``median_abs_pct_error``, ``p90_abs_pct_error``: of ``|sim - meas| / meas``
+  over every held-out (problem, policy);
+- ``speedup_ratio_error``: per policy the speedup over No-KV
+  ``mean(meas no-kv) / mean(meas policy)`` against the simulated one,
+  ``|S_sim / S_meas - 1|``, averaged over the non-baseline policies;
+- ``decision_parity``: share of decision records the policies reproduce on replay;
+- ``n_fit``, ``n_holdout``: problems in each split.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calibrate.fit import phase_terms, predict
+
+
+def _load(dir_: Path):
+    for f in ("phases.parquet", "decisions.parquet", "run.json"):
+        if not (dir_ / f).is_file():
+            raise FileNotFoundError(f"{dir_ / f}: missing (run 'rksim calibrate run --out {dir_}' first)")
+    if not (dir_ / "fit.json").is_file():
+        raise FileNotFoundError(f"{dir_ / 'fit.json'}: missing (run 'rksim calibrate fit {dir_}' first)")
+    return (pd.read_parquet(dir_ / "phases.parquet"), pd.read_parquet(dir_ / "decisions.parquet"),
+            json.loads((dir_ / "run.json").read_text()), json.loads((dir_ / "fit.json").read_text()))
+
+
+def simulate_records(phases: pd.DataFrame, hw, model) -> pd.DataFrame:
+    """Per (problem, policy): the cost model's seconds for the operations the run executed."""
+    ph = phases[phases["problem"] >= 0].copy()
+    ph["sim_seconds"] = predict(hw, phase_terms(model, ph))
+    return ph.groupby(["problem", "policy"], as_index=False).agg(sim=("sim_seconds", "sum"),
+                                                                 phase_sum=("seconds", "sum"))
+
+
+def fidelity_report(dir_: Path, hardware: str | None = None) -> dict:
+    from sim.profiles import load_hardware, model_from_manifest
+
+    dir_ = Path(dir_)
+    phases, dec, run, fit = _load(dir_)
+    hw = load_hardware(hardware or fit["preset"])
+    model = model_from_manifest({"model": run["model"]})
+    hold = set(int(p) for p in fit["holdout_problems"])
+    if not hold:
+        raise ValueError(f"{dir_ / 'fit.json'}: holdout_problems: empty; refit with --holdout > 0")
+    sim = simulate_records(phases, hw, model)
+    df = dec[["problem", "policy", "seconds"]].merge(sim, on=["problem", "policy"], how="left")
+    df = df[df["problem"].isin(hold)].rename(columns={"seconds": "measured"})
+    if df.empty or df["sim"].isna().any():
+        raise ValueError(f"{dir_}: held-out problems have no timed phases")
+    df["abs_pct_error"] = (df["sim"] - df["measured"]).abs() / df["measured"]
+    per_pol = df.groupby("policy").agg(measured=("measured", "mean"), sim=("sim", "mean"),
+                                       phase_sum=("phase_sum", "mean"))
+    per_pol["mean_abs_pct_error"] = (per_pol["sim"] - per_pol["measured"]).abs() / per_pol["measured"]
+    speed = {}
+    if "no-kv" in per_pol.index:
+        base = per_pol.loc["no-kv"]
+        for pol, row in per_pol.iterrows():
+            if pol == "no-kv":
+                continue
+            s_meas = base["measured"] / row["measured"]
+            s_sim = base["sim"] / row["sim"]
+            speed[pol] = {"measured": float(s_meas), "simulated": float(s_sim),
+                          "error": float(abs(s_sim / s_meas - 1.0))}
+    rep = {
+        "mean_abs_pct_error": float(per_pol["mean_abs_pct_error"].mean()),
+        "median_abs_pct_error": float(df["abs_pct_error"].median()),
+        "p90_abs_pct_error": float(df["abs_pct_error"].quantile(0.9)),
+        "speedup_ratio_error": float(np.mean([v["error"] for v in speed.values()])) if speed else None,
+        "decision_parity": float(run.get("decision_parity", float("nan"))),
+        "n_fit": int(len(fit["fit_problems"])),
+        "n_holdout": int(len(hold)),
+        "hardware": hw.name,
+        "unaccounted_host_share": float(1.0 - df["phase_sum"].sum() / df["measured"].sum()),
+        "per_policy": {p: {"measured_s": float(r["measured"]), "simulated_s": float(r["sim"]),
+                           "abs_pct_error": float(r["mean_abs_pct_error"])} for p, r in per_pol.iterrows()},
+        "speedup_vs_no_kv": speed,
+    }
+    _scatter(df, dir_ / "report.html", rep)
+    return rep
+
+
+def _scatter(df: pd.DataFrame, path: Path, rep: dict) -> None:
+    import plotly.express as px
+    from calibrate.fit import atomic_write_text
+
+    fig = px.scatter(df, x="measured", y="sim", color="policy", hover_data=["problem", "abs_pct_error"],
+                     labels={"measured": "measured end-to-end latency (s)", "sim": "simulated latency (s)"},
+                     title=(f"held-out problems: mean error {rep['mean_abs_pct_error']:.1%}, "
+                            f"median per problem {rep['median_abs_pct_error']:.1%}"))
+    hi = float(max(df["measured"].max(), df["sim"].max())) * 1.05
+    fig.add_shape(type="line", x0=0, y0=0, x1=hi, y1=hi, line=dict(dash="dash", color="grey"))
+    atomic_write_text(path, fig.to_html(include_plotlyjs="cdn", full_html=True))
+
+
+def format_report(rep: dict) -> str:
+    lines = [f"hardware {rep['hardware']}: {rep['n_fit']} fit / {rep['n_holdout']} held-out problems",
+             f"mean |error| of mean latency  {rep['mean_abs_pct_error']:.2%}",
+             f"median / p90 |error| per problem  {rep['median_abs_pct_error']:.2%} / {rep['p90_abs_pct_error']:.2%}"]
+    if rep["speedup_ratio_error"] is not None:
+        lines.append(f"speedup-ratio error  {rep['speedup_ratio_error']:.2%}")
+    lines.append(f"decision parity  {rep['decision_parity']:.1%}")
+    lines.append(f"{'policy':<14}{'measured s':>12}{'simulated s':>13}{'error':>8}")
+    for p, r in rep["per_policy"].items():
+        lines.append(f"{p:<14}{r['measured_s']:>12.3f}{r['simulated_s']:>13.3f}{r['abs_pct_error']:>8.1%}")
+    return "\n".join(lines)
