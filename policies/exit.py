@@ -73,15 +73,18 @@ class CGEE(PolicyBase):
     confidence : {"vote", "mean_prob"}, default "vote"
         Which confidence the caller passes: ``branches.vote_share`` or
         ``branches.mean_prob`` (mean token probability of the generation).
-    theta : float, default 0.5
-        Entropy threshold in nats (full vocabulary). 0.5 nats means the lens puts roughly
-        >= 0.9 of its mass on one token: the Yes/No decision is settled.
+    theta : float, default 1.0
+        Entropy threshold in nats (full vocabulary; ln 49152 = 10.8 is uniform).
     eps : float, default 0.05
         Entropy stability between consecutive layers, nats.
-    l_min : int, default 15
-        First layer allowed to exit. Early layers under the logit lens echo the input
-        token with near-zero entropy; 15 is half of SmolLM2-135M's 30 layers — measure
-        it per model (the entropy profile of a trace shows where the echo ends).
+    l_min : int, default 24
+        First layer allowed to exit. Measured on SmolLM2-135M (30 layers; 16 GSM8K
+        questions, a right and a wrong answer each, normed lens): layers 21-25 already
+        put ~all their mass on Yes/No with entropy 0.1-0.5 nats but lean Yes while the
+        last layer leans No, so exits there flip selections (6 of 16 problems with
+        l_min <= 22, eps 0.1); with l_min 24, theta 1.0, eps 0.05, 19% of the passes
+        exit early and no selection changes. Early layers echo the input token with
+        near-zero entropy (layer 1: 0.08 nats). Re-measure per model.
     lens : {"norm", "nonorm"}, default "norm"
         Which trace columns the caller passes: ``entropy, p_yes, p_no`` (logit lens with
         the final norm, the paper) or ``entropy_nonorm, p_yes_nonorm, p_no_nonorm`` (the
@@ -98,9 +101,9 @@ class CGEE(PolicyBase):
     tau_conf: float = 0.6
     delta_rel: float = 0.5
     confidence: str = "vote"
-    theta: float = 0.5
+    theta: float = 1.0
     eps: float = 0.05
-    l_min: int = 15
+    l_min: int = 24
     lens: str = "norm"
     level1_rule: str = "paper"
     nb_conf: float = 0.63
@@ -168,10 +171,10 @@ class CGEE(PolicyBase):
 
         ``H_prev`` is the entropy at layer ``l - 1`` (None at layer 1).
         """
+        if not np.isfinite(H_l) or (H_prev is not None and not np.isfinite(H_prev)):
+            raise self._fail("entropy", f"NaN or inf at layer {l}")
         if H_prev is None or l < max(self.l_min, 2):
             return False
-        if not (np.isfinite(H_l) and np.isfinite(H_prev)):
-            raise self._fail("entropy", f"NaN or inf at layer {l}")
         return bool(H_l < self.theta and abs(H_l - H_prev) < self.eps)
 
     def exit_layer(self, entropy_row: np.ndarray) -> int:
