@@ -26,6 +26,7 @@ class EvictionResult:
     steps: list[tuple[int, np.ndarray]] = field(default_factory=list)
     kept_final: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
     event_positions: list[int] = field(default_factory=list)  # kept even with record=False
+    size_after_eviction: int = 0                                # budget + buffer
 
     @property
     def n_evictions(self) -> int:
@@ -48,14 +49,12 @@ class EvictionResult:
         """Cache length (per head) seen by each decode query, positions prompt_len..T-1."""
         t = np.arange(self.prompt_len, self.seq_len)
         out = t + 1
-        for i, e in enumerate(self.event_positions):
-            nxt = self.event_positions[i + 1] if i + 1 < len(self.event_positions) else self.seq_len
-            m = (t >= e) & (t < nxt)
-            n_after = self._n_after[i]
-            out[m] = n_after + (t[m] - e)
+        if self.event_positions:
+            ev = np.asarray(self.event_positions)
+            i = np.searchsorted(ev, t, side="right") - 1      # latest eviction at or before t
+            after = i >= 0
+            out[after] = self.size_after_eviction + (t[after] - ev[i[after]])
         return out
-
-    _n_after: list[int] = field(default_factory=list, repr=False)
 
 
 def _check_inputs(pol: TokenPolicy, K, V, Q, prompt_len: int):
@@ -138,7 +137,7 @@ def run_token_eviction(pol: TokenPolicy, K, V, Q, prompt_len: int,
             cache = np.take_along_axis(cache, slots, axis=1)
             pol.compact(state, slots)
             res.event_positions.append(t)
-            res._n_after.append(cache.shape[1])
+            res.size_after_eviction = cache.shape[1]
             if record:
                 res.steps.append((t, cache.copy()))
     tail = np.tile(np.arange(last + 1, T, dtype=np.int64), (H, 1))

@@ -310,3 +310,29 @@ def test_sampling_without_replacement_respects_weights(w, seed):
     k = int(np.count_nonzero(w)) or 1
     got = sample_without_replacement(w[None], k, allowed, rng(seed))[0]
     assert len(set(got)) == k and (w[got] > 0).all() or w.sum() == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(TOKEN_POLICIES[1:]), st.integers(0, 40), st.integers(0, 60), st.integers(1, 20),
+       st.integers(1, 10), st.integers(0, 4), st.integers(0, 3))
+def test_schedule_and_kept_sets_for_random_shapes(name, P, n_dec, budget, buffer, sinks, seed):
+    T = P + n_dec
+    K, V, Q = layer(T=max(T, 1), H=2, Hq=4, D=8, seed=seed)
+    K, V, Q = K[:T], V[:T], Q[:T]
+    pol = get_policy(name, budget=max(budget, sinks), buffer=buffer, sinks=sinks)
+    res = run_token_eviction(pol, K, V, Q, P, rng(seed))
+    expect_events = []
+    n = P
+    for t in range(P, T):
+        n += 1
+        if (t - P + 1) % buffer == 0 and n > pol.budget + buffer:
+            expect_events.append(t)
+            n = pol.budget + buffer
+    assert res.event_positions == expect_events
+    assert res.kept_final.shape == (2, n)
+    for h in range(2):
+        assert (np.diff(res.kept_final[h]) > 0).all()
+    if T:
+        assert (res.kept_final[:, :min(sinks, n)] == np.arange(min(sinks, n))).all() or not expect_events
+        assert len(res.cache_sizes()) == n_dec
+    assert pol.should_evict(pol.budget + buffer + 1, buffer) and not pol.should_evict(pol.budget + buffer, buffer)
