@@ -96,6 +96,7 @@ class Engine:
         self.events = 0
         self.iterations = 0
         self.busy = 0.0
+        self.tokens = [0.0, 0.0, 0.0, 0.0]  # new tokens computed, by item kind (token conservation checks)
 
     # ------------------------------------------------------------------ submission
     def _submit(self, item: _Item):
@@ -125,6 +126,8 @@ class Engine:
                 self._pool_hook(it)
             tup = [(it.n, it.c, it.layers, it.probes, it.logits, it.copy) for it in batch]
             dt = self.cost.seconds(tup)
+            for it in batch:
+                self.tokens[it.kind] += it.n
             yield env.timeout(dt)
             self.iterations += 1
             self.busy += dt
@@ -326,6 +329,7 @@ class EngineResult:
         self.iterations = eng.iterations
         self.makespan = float(eng.env.now)
         self.busy = eng.busy
+        self.tokens = dict(zip(KIND_NAMES, eng.tokens))
 
     def records(self) -> list[dict]:
         out = []
