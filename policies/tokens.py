@@ -101,8 +101,8 @@ class TokenPolicy(PolicyBase):
         Parameters
         ----------
         K, V : (n, H_kv, D) the cache of one layer in slot order (oldest first).
-        Q_window : (w, H_q, D) the latest queries (w <= ``window``; may be empty when the
-            policy's window is 0).
+        Q_window : (w, H_q, D) the latest queries, oldest first; only the last ``window``
+            are used (may be empty when the policy's window is 0).
         cand_len : int, candidates are slots ``0 .. cand_len - 1`` (all but the recent buffer).
         rng : numpy Generator (required by stochastic policies).
         state : the dict from :meth:`init_state` (H2O).
@@ -127,6 +127,8 @@ class TokenPolicy(PolicyBase):
         q_pos = (np.arange(n - Qw.shape[0], n) if q_pos is None else np.asarray(q_pos, dtype=np.int64))
         if k_pos.shape not in ((n,), (H, n)) or q_pos.shape != (Qw.shape[0],):
             raise self._fail("k_pos/q_pos", f"must have shapes ({n},) or ({H}, {n}), and ({Qw.shape[0]},)")
+        if self.window and Qw.shape[0] > self.window:  # a runner may record more; only the latest count
+            Qw, q_pos = Qw[-self.window:], q_pos[-self.window:]
         if self.stochastic and rng is None and not getattr(self, "deterministic", False):
             raise self._fail("rng", "a numpy.random.Generator is required by this stochastic policy")
         state = {} if state is None else state
@@ -159,14 +161,8 @@ class TokenPolicy(PolicyBase):
         return top_k(sc, k, allowed)
 
 
-def _window_probs(K, Qw, k_pos, q_pos, cand_len: int, over: str = "cache") -> np.ndarray:
-    """Attention probabilities of the window queries, (H_kv, g, w, n_keys).
-
-    ``over="cache"``: softmax over every visible cached key (SnapKV, VASE);
-    ``over="candidates"``: softmax over the candidates only (R-KV's code).
-    """
-    if over == "candidates":
-        K, k_pos = K[:cand_len], k_pos[..., :cand_len]
+def _window_probs(K, Qw, k_pos, q_pos) -> np.ndarray:
+    """Attention probabilities of the window queries over every visible cached key, (H_kv, g, w, n)."""
     return softmax_last(window_logits(K, Qw, k_pos, q_pos))
 
 
@@ -291,7 +287,7 @@ class SnapKV(TokenPolicy):
 
     def scores(self, K, V, Q, cand_len, k_pos, q_pos, rng, state):
         _need_window(self, Q)
-        p = _window_probs(K, Q, k_pos, q_pos, cand_len)[..., :cand_len]  # (H, g, w, c)
+        p = _window_probs(K, Q, k_pos, q_pos)[..., :cand_len]  # (H, g, w, c)
         return avg_pool(p.mean(axis=2), self.kernel).mean(axis=1)
 
 
@@ -456,7 +452,7 @@ class VASEAttnV(_VASE):
 
     def scores(self, K, V, Q, cand_len, k_pos, q_pos, rng, state):
         _need_window(self, Q)
-        p = _window_probs(K, Q, k_pos, q_pos, cand_len)[..., :cand_len].mean(axis=2)
+        p = _window_probs(K, Q, k_pos, q_pos)[..., :cand_len].mean(axis=2)
         if self.pool:
             p = avg_pool(p, self.kernel)
         return p.mean(axis=1)

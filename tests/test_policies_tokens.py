@@ -336,3 +336,11 @@ def test_schedule_and_kept_sets_for_random_shapes(name, P, n_dec, budget, buffer
         assert (res.kept_final[:, :min(sinks, n)] == np.arange(min(sinks, n))).all() or not expect_events
         assert len(res.cache_sizes()) == n_dec
     assert pol.should_evict(pol.budget + buffer + 1, buffer) and not pol.should_evict(pol.budget + buffer, buffer)
+
+
+def test_select_uses_only_the_latest_window_queries():
+    K, V, Q = layer(T=60)
+    pol = get_policy("vase-attnv", budget=16, buffer=8, deterministic=True)   # window = 8
+    a = pol.select(K, V, Q[-8:], 52)
+    b = pol.select(K, V, Q[-32:], 52)       # a runner recording 32 queries
+    assert np.array_equal(a, b)
