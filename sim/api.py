@@ -326,18 +326,8 @@ def token_quality(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
 
 
 def _cache_sizes(res, P: int, T: int) -> np.ndarray:
-    """Tokens the query at each decode position t = P..T-1 attends over."""
-    t = np.arange(P, T)
-    size = t + 1.0
-    ev = list(res.event_positions)
-    n_after = list(getattr(res, "_n_after", []))
-    if not n_after and res.steps:
-        n_after = [int(k.shape[1]) for _, k in res.steps]
-    for i, e in enumerate(ev):
-        end = ev[i + 1] if i + 1 < len(ev) else T
-        sel = (t >= e) & (t < end)
-        size[sel] = n_after[i] + (t[sel] - e)
-    return size
+    """Tokens the query at each decode position t = P..T-1 attends over (``EvictionResult.cache_sizes``)."""
+    return np.asarray(res.cache_sizes(), dtype=np.float64)
 
 
 def _long_latency(model, hw, P: int, sizes: np.ndarray, evictions: list, window: int) -> dict:
@@ -394,14 +384,12 @@ def _simulate_token(tf, cfg, model, hw, seed, info) -> SimResult:
 
 
 def _pre_eviction_sizes(res, pol) -> list:
-    """Cache length when each eviction fired: the kept size of the previous event plus what accrued."""
-    ev = list(res.event_positions)
-    n_after = list(getattr(res, "_n_after", []))
+    """Cache length when each eviction fired (what the eviction scored): previous kept size plus what accrued."""
     out = []
-    prev_t, prev_n = res.prompt_len - 1, res.prompt_len
-    for i, e in enumerate(ev):
-        out.append(prev_n + (e - prev_t))
-        prev_t, prev_n = e, (n_after[i] if i < len(n_after) else pol.budget + pol.buffer)
+    prev = None
+    for e in res.event_positions:
+        out.append(e + 1 if prev is None else res.size_after_eviction + (e - prev))
+        prev = e
     return out
 
 

@@ -1,0 +1,160 @@
+"""rksim simulate / compare / demo end to end; golden and determinism; one-line errors. No torch."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from sim.api import default_trace_path, evaluate
+from sim.metrics import SUMMARY_KEYS, roc_auc
+from sim.synthetic import write_synthetic_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLED = default_trace_path()
+HAS_BUNDLED = (BUNDLED / "manifest.json").is_file()
+COMPARE_KEYS = ("latency_mean_s", "latency_p50_s", "latency_p95_s", "speedup_vs_no_kv", "speedup_vs_exact_prefix",
+                "kv_reuse", "skip_rate", "mean_exit_layer", "cgee_error_rate", "accuracy", "peak_kv_bytes",
+                "evictions", "recompute_tokens", "asks_gate_auc")
+
+
+@pytest.fixture(scope="module")
+def syn(tmp_path_factory):
+    return str(write_synthetic_trace(tmp_path_factory.mktemp("cli") / "t", n_problems=3, seed=7))
+
+
+def _rksim(*args, env_extra=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONHASHSEED="0", HF_HUB_OFFLINE="1")
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def _err(capsys, argv) -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err.startswith("rksim: error:") and "\n" not in err
+    return err
+
+
+def test_simulate_json(syn, capsys):
+    assert main(["simulate", "--trace", syn, "--policy", "asks", "--set", "tau=0.8", "--hardware", "h100-sxm",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for k in SUMMARY_KEYS:
+        assert k in out
+    assert out["decisions_model"] == "synthetic-tiny" and out["hardware"] == "h100-sxm"
+    assert out["info"]["params"] == {"tau": 0.8}
+    assert out["verify_reuses_kv"] is True
+
+
+def test_simulate_other_target_says_which_model_decided(syn, capsys):
+    assert main(["simulate", "--trace", syn, "--policy", "cgee", "--model-preset", "qwen2.5-7b", "--hardware",
+                 "h100-sxm", "--workload", "verify_reuses_kv=false"]) == 0
+    out = capsys.readouterr().out
+    assert "decisions from the trace's model synthetic-tiny; costs from qwen2.5-7b on h100-sxm" in out
+    assert "verify_reuses_kv=False" in out
+
+
+def test_simulate_serving(syn, capsys):
+    assert main(["simulate", "--trace", syn, "--policy", "rksc", "--hardware", "h100-sxm", "--mode", "serving",
+                 "--arrival-rate", "20", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mode"] == "serving" and out["latency_mean_s"] > 0
+
+
+def test_bad_inputs_one_line(syn, capsys):
+    assert "--set" in _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--set", "tua=0.8",
+                                    "--hardware", "h100-sxm"])
+    e = _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--set", "tau=high", "--hardware", "h100-sxm"])
+    assert "tau" in e and "--set" in e
+    assert "KEY=VALUE" in _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--set", "tau"])
+    e = _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--hardware", "h100x"])
+    assert "unknown hardware preset 'h100x'" in e and "h100-sxm" in e
+    e = _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--model-preset", "qwen9", "--hardware", "l4"])
+    assert "unknown model preset 'qwen9'" in e
+    assert "unknown policy" in _err(capsys, ["simulate", "--trace", syn, "--policy", "nope", "--hardware", "l4"])
+    assert "--workload" in _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--hardware", "l4",
+                                         "--workload", "bogus=1"])
+    assert "--trace" in _err(capsys, ["simulate", "--trace", "/nonexistent/x", "--policy", "asks"])
+    assert "--policies" in _err(capsys, ["compare", "--trace", syn, "--policies", "asks,zzz", "--hardware", "l4"])
+
+
+def test_out_of_calibration_refused(syn, tmp_path, capsys):
+    hw = tmp_path / "tiny-fit.yaml"
+    hw.write_text("peak_flops: 1.0e11\nmem_bw: 1.0e10\nmem_capacity: 1.0e10\ncalibrated: true\n"
+                  "fitted_range:\n  max_context_tokens: 40\n  models: [synthetic-tiny]\n")
+    e = _err(capsys, ["simulate", "--trace", syn, "--policy", "no-kv", "--hardware", str(hw)])
+    assert "outside the calibrated range" in e and "refusing to extrapolate" in e
+
+
+def test_compare_json_has_every_key(syn, capsys):
+    assert main(["compare", "--trace", syn, "--hardware", "h100-sxm", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    pols = out["policies"]
+    from policies import list_policies
+    assert set(pols) == set(list_policies())
+    for name, m in pols.items():
+        for k in COMPARE_KEYS:
+            assert k in m, (name, k)
+    assert pols["asks"]["asks_gate_auc"] is None or 0 <= pols["asks"]["asks_gate_auc"] <= 1
+    assert pols["no-kv"]["speedup_vs_no_kv"] == pytest.approx(1.0)
+    assert pols["exact-prefix"]["speedup_vs_exact_prefix"] == pytest.approx(1.0)
+    for name in list_policies("token"):
+        b = pols[name]["budgets"]
+        assert set(b) == {"2x", "4x", "8x"}
+        for v in b.values():
+            assert 0 <= v["attn_mass_recall"] <= 1 + 1e-9 and v["attn_output_rel_error"] >= 0
+    assert pols["full"]["budgets"]["4x"]["attn_output_rel_error"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_golden_same_inputs_identical_bytes(syn):
+    a = _rksim("compare", "--trace", syn, "--hardware", "h100-sxm", "--json")
+    b = _rksim("compare", "--trace", syn, "--hardware", "h100-sxm", "--json")
+    assert a.returncode == 0, a.stderr
+    assert a.stdout == b.stdout
+    c = _rksim("simulate", "--trace", syn, "--policy", "asks", "--hardware", "h100-sxm", "--mode", "serving",
+               "--arrival-rate", "30", "--seed", "5", "--json")
+    d = _rksim("simulate", "--trace", syn, "--policy", "asks", "--hardware", "h100-sxm", "--mode", "serving",
+               "--arrival-rate", "30", "--seed", "5", "--json")
+    assert c.returncode == 0, c.stderr
+    assert c.stdout == d.stdout
+
+
+def test_golden_baseline_numbers(tmp_path):
+    # The synthetic trace and the datasheet H100 profile fully determine these (no policy defaults involved).
+    t = write_synthetic_trace(tmp_path / "g", n_problems=2, seed=11)
+    m = evaluate(str(t), "no-kv", {}, hardware="h100-sxm")
+    e = evaluate(str(t), "exact-prefix", {}, hardware="h100-sxm")
+    blob = json.dumps({"no-kv": {k: m[k] for k in ("latency_mean_s", "peak_kv_bytes", "kv_reuse")},
+                       "exact-prefix": {k: e[k] for k in ("latency_mean_s", "peak_kv_bytes", "kv_reuse")}},
+                      sort_keys=True)
+    assert m["kv_reuse"] == 0.0 and e["speedup_vs_exact_prefix"] == pytest.approx(1.0)
+    assert hashlib.sha256(blob.encode()).hexdigest() == GOLDEN_SHA, blob
+
+
+GOLDEN_SHA = "3e3149cc6e24635e8ca8a56fb7673ce93e93c0f9b684958240008782f1b8a8f3"
+
+
+def test_roc_auc_definition():
+    assert roc_auc([0.1, 0.2, 0.8, 0.9], [0, 0, 1, 1]) == 1.0
+    assert roc_auc([0.9, 0.8, 0.2, 0.1], [0, 0, 1, 1]) == 0.0
+    assert roc_auc([0.5, 0.5, 0.5, 0.5], [0, 1, 0, 1]) == 0.5
+    assert roc_auc([0.1, 0.3], [1, 1]) != roc_auc([0.1, 0.3], [1, 1])  # single class -> NaN
+    assert roc_auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == 0.75
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_BUNDLED, reason="bundled trace not present")
+def test_demo_end_to_end(tmp_path):
+    r = _rksim("demo", "--out", str(tmp_path / "demo"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    html = (tmp_path / "demo" / "report.html").read_text()
+    assert html.count("plotly-graph-div") >= 6
+    assert "qwen2.5-7b on h100-sxm" in r.stdout and "local-cpu" in r.stdout
