@@ -5,19 +5,14 @@ import numpy as np
 
 from .base import PolicyError
 from .token_loop import EvictionResult
-
-
-def _logits(Qs: np.ndarray, Ks: np.ndarray) -> np.ndarray:
-    """Qs (w, H_q, D), Ks (H_kv, n, D) -> (H_kv, g, w, n) scaled logits."""
-    w, Hq, D = Qs.shape
-    H = Ks.shape[0]
-    g = Hq // H
-    q = Qs.reshape(w, H, g, D).transpose(1, 2, 0, 3).reshape(H, g * w, D)
-    return (np.matmul(q, Ks.transpose(0, 2, 1)) / np.sqrt(D)).reshape(H, g, w, -1)
+from .token_scoring import window_logits
 
 
 def _attend(logits: np.ndarray, Vs: np.ndarray):
-    """Masked logits (H, g, w, n), Vs (H, n, D) -> outputs (w, H*g, D), lse (w, H*g)."""
+    """Masked logits (H, g, w, n), Vs (H, n, D) -> outputs (w, H*g, D), lse (w, H*g).
+
+    Every row has at least its own position visible, so no row is all ``-inf``.
+    """
     m = logits.max(axis=-1, keepdims=True)
     e = np.exp(logits - m)
     s = e.sum(axis=-1, keepdims=True)
@@ -46,13 +41,11 @@ class FullAttention:
             raise PolicyError(f"token metrics: prompt_len: must be in 0..{T}, got {prompt_len}")
         self.prompt_len, self.seq_len = int(prompt_len), T
         self.K, self.V, self.Q = K, V, Q
-        Kh, Vh = K.transpose(1, 0, 2), V.transpose(1, 0, 2)
+        Vh = V.transpose(1, 0, 2)
         outs, lses = [], []
         for a in range(prompt_len, T, chunk):
             b = min(a + chunk, T)
-            lg = _logits(Q[a:b], Kh[:, :b])
-            causal = np.arange(b)[None, :] <= np.arange(a, b)[:, None]
-            o, lse = _attend(np.where(causal, lg, -np.inf), Vh[:, :b])
+            o, lse = _attend(window_logits(K[:b], Q[a:b], np.arange(b), np.arange(a, b)), Vh[:, :b])
             outs.append(o)
             lses.append(lse)
         Hq, D = Q.shape[1], V.shape[2]
@@ -88,19 +81,16 @@ def attention_metrics(res: EvictionResult, K=None, V=None, Q=None, prompt_len: i
     n_dec = T - P
     err = np.zeros(n_dec)
     rec = np.ones(n_dec)
-    Kh, Vh = full.K.transpose(1, 0, 2), full.V.transpose(1, 0, 2)
-    H = Kh.shape[0]
+    Vh = full.V.transpose(1, 0, 2)
+    H = Vh.shape[0]
     ev = res.event_positions
     for i, (e, kept) in enumerate(res.steps):
         end = ev[i + 1] if i + 1 < len(ev) else T
         recent = np.arange(e + 1, end)
         pos = np.concatenate([kept, np.tile(recent, (H, 1))], axis=1)          # (H, n)
-        Ks = np.take_along_axis(Kh, pos[..., None], axis=1)
-        Vs = np.take_along_axis(Vh, pos[..., None], axis=1)
-        qpos = np.arange(e, end)
-        lg = _logits(full.Q[e:end], Ks)
-        vis = pos[:, None, None, :] <= qpos[None, None, :, None]
-        o, lse = _attend(np.where(vis, lg, -np.inf), Vs)
+        Ks = full.K[pos.T, np.arange(H)[None, :]]                            # (n, H, D)
+        Vs = np.take_along_axis(Vh, pos[..., None], axis=1)                   # (H, n, D)
+        o, lse = _attend(window_logits(Ks, full.Q[e:end], pos, np.arange(e, end)), Vs)
         of = full.o[e - P:end - P]
         num = np.linalg.norm(of - o, axis=2)
         den = np.linalg.norm(of, axis=2)
