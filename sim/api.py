@@ -6,6 +6,7 @@ timeline (for the CLI and the HTML report).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ def load_presets() -> dict[str, list[str]]:
 
 # ---------------------------------------------------------------------------- caches
 _PRESET_CACHE: dict = {}
+_TRACE_MODEL: dict = {}
 _FP_CACHE: dict = {}
 _DEC_CACHE: dict = {}
 _BASE_CACHE: dict = {}
@@ -80,23 +82,45 @@ def _freeze(d) -> tuple:
 
 
 # ---------------------------------------------------------------------------- result
-@dataclass
 class SimResult:
-    """Everything one simulation produced."""
+    """Everything one simulation produced (DataFrames built on first access)."""
 
-    summary: dict
-    problems: pd.DataFrame
-    branches: pd.DataFrame
-    kv_timeline: pd.DataFrame          # t_s, kv_bytes (serving: global; isolated: per problem, t from its start)
-    info: dict = field(default_factory=dict)
-    token: pd.DataFrame | None = None  # token policies: per (sequence, layer) metrics
+    def __init__(self, summary: dict, rows: list, brows: list, timeline: list, info: dict, token=None):
+        self.summary, self.info, self.token = summary, info, token
+        self._rows, self._brows, self._timeline = rows, brows, timeline
+        self._cache: dict = {}
+
+    @property
+    def problems(self) -> pd.DataFrame:
+        """One row per problem (latency and phases, reuse, decisions, accuracy, ...)."""
+        if "p" not in self._cache:
+            self._cache["p"] = pd.DataFrame(self._rows)
+        return self._cache["p"]
+
+    @property
+    def branches(self) -> pd.DataFrame:
+        """One row per (problem, branch): sigma, shared, exit layer, selected."""
+        if "b" not in self._cache:
+            self._cache["b"] = pd.DataFrame(self._brows)
+        return self._cache["b"]
+
+    @property
+    def kv_timeline(self) -> pd.DataFrame:
+        """KV bytes after every iteration (``pos`` = problem; -1 = the whole server in serving mode)."""
+        if "t" not in self._cache:
+            parts = [pd.DataFrame({"pos": p, "t_s": t, "kv_bytes": b}) for p, t, b in self._timeline]
+            self._cache["t"] = (pd.concat(parts, ignore_index=True) if parts
+                                else pd.DataFrame(columns=["pos", "t_s", "kv_bytes"]))
+        return self._cache["t"]
 
     def to_json_dict(self) -> dict:
         return clean({**self.summary, "info": self.info})
 
 
 def _targets(tf, model_preset, hardware):
-    trace_model = model_from_manifest(tf.manifest)
+    trace_model = _TRACE_MODEL.get(id(tf))
+    if trace_model is None:
+        trace_model = _TRACE_MODEL[id(tf)] = model_from_manifest(tf.manifest)
     if model_preset is None:
         model = trace_model
     elif isinstance(model_preset, ModelShape):
@@ -133,18 +157,23 @@ def _scale_job(job, L_trace: int, L_target: int, l_min):
     return job
 
 
+_SIG_CACHE: dict = {}
+
+
 def _decisions(tf, cfg, probs, L_target: int):
-    """(ProblemDecision, Job) per problem, memoised per configuration."""
-    key0 = (id(tf), cfg.policy, _freeze(cfg.params), _freeze(cfg.workload), L_target)
+    """(ProblemDecision, Job) per problem, memoised per distinct decision (see ``decision_key``)."""
+    from .decisions import decision_key
+    sig_cache = _SIG_CACHE.setdefault(id(tf), {})
+    wl = (_freeze(cfg.workload), L_target)
     out = []
     for f in probs:
-        key = key0 + (f.pos,)
+        key = (id(tf), decision_key(f, cfg, sig_cache)) + wl
         hit = _DEC_CACHE.get(key)
         if hit is None:
             dec = decide(f, cfg)
             job = _scale_job(job_for(f, cfg, dec, tf.n_layers), tf.n_layers, L_target,
                              getattr(cfg.exit, "l_min", None))
-            hit = _DEC_CACHE[key] = (dec, job)
+            hit = _DEC_CACHE[key] = (dec, job, key)
         out.append(hit)
     return out
 
@@ -196,34 +225,39 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     if cfg.kind == "token":
         return _simulate_token(tf, cfg, model, hw, seed, info)
     L = model.n_layers
-    pairs = _decisions(tf, cfg, probs, L)
-    jobs = [(f.pos, job) for f, (_, job) in zip(probs, pairs)]
+    triples = _decisions(tf, cfg, probs, L)
+    jobs = [(f.pos, job) for f, (_, job, _) in zip(probs, triples)]
     conc = int(cfg.workload["concurrency"]) if mode == "serving" else 1
     _check_range(hw, model, jobs, max((j.B for _, j in jobs), default=0) * conc)
-    rows, brows = [], []
-    timeline = []
+    rows, brows, timeline = [], [], []
     makespan = peak = None
     if mode == "isolated" and not engine:
         fp = _fastpath(model, hw)
-        for f, (dec, job) in zip(probs, pairs):
-            led = BlockLedger(BlockPool(_budget(cfg, job), cfg.block), job, f.pos) if cfg.block is not None else None
-            res = fp.run(job, led)
-            rows.append(problem_row(f, dec, res, tf.n_layers))
-            brows.extend(branch_rows(f, dec))
-            timeline.append(pd.DataFrame({"pos": f.pos, "t_s": res["kv_times"], "kv_bytes": res["kv_bytes"]}))
+        hk = (model, _hw_key(hw))
+        for f, (dec, job, dkey) in zip(probs, triples):
+            # The block pool is deterministic given the job, budget and block policy: memoise it too.
+            budget = _budget(cfg, job) if cfg.block is not None else None
+            rkey = (dkey, hk, budget, _freeze(dataclasses.asdict(cfg.block)) if cfg.block is not None else None)
+            hit = _ROW_CACHE.get(rkey)
+            if hit is None:
+                led = BlockLedger(BlockPool(budget, cfg.block), job, f.pos) if cfg.block is not None else None
+                res = fp.run(job, led)
+                hit = _ROW_CACHE[rkey] = (problem_row(f, dec, res, tf.n_layers), branch_rows(f, dec), res)
+            row, br, res = hit
+            rows.append(row)
+            brows.extend(br)
+            timeline.append((f.pos, res["kv_times"], res["kv_bytes"]))
     else:
-        res_list, makespan, peak, tl = _run_engine(tf, cfg, model, hw, probs, pairs, mode, seed, arrival_rate)
+        res_list, makespan, peak, tl = _run_engine(tf, cfg, model, hw, probs, triples, mode, seed, arrival_rate)
         for r in res_list:
             f = tf.problems[r["pos"]]
-            dec = pairs[r["pseq"] % len(pairs)][0]
+            dec = triples[r["pseq"] % len(triples)][0]
             rows.append(problem_row(f, dec, r, tf.n_layers))
             brows.extend(branch_rows(f, dec))
-        timeline.append(tl)
+        timeline.extend(tl)
         if mode == "isolated":
             makespan = peak = None
-    df = pd.DataFrame(rows)
-    bdf = pd.DataFrame(brows)
-    summary = summarize(df, bdf, cfg=cfg, L=tf.n_layers, makespan=makespan, peak_kv_bytes=peak)
+    summary = summarize(rows, brows, cfg=cfg, L=tf.n_layers, makespan=makespan, peak_kv_bytes=peak)
     if baselines:
         base = {}
         for name in ("no-kv", "exact-prefix"):
@@ -233,12 +267,14 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
         summary["speedup_vs_exact_prefix"] = base["exact-prefix"] / lat if lat and lat > 0 else None
     summary.update({"decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name,
                     "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"])})
-    tl = pd.concat(timeline, ignore_index=True) if timeline else pd.DataFrame(columns=["pos", "t_s", "kv_bytes"])
-    return SimResult(summary=summary, problems=df, branches=bdf, kv_timeline=tl, info=info)
+    return SimResult(summary, rows, brows, timeline, info)
 
 
-def _run_engine(tf, cfg, model, hw, probs, pairs, mode, seed, arrival_rate):
-    jobs = [(f.pos, job) for f, (_, job) in zip(probs, pairs)]
+_ROW_CACHE: dict = {}
+
+
+def _run_engine(tf, cfg, model, hw, probs, triples, mode, seed, arrival_rate):
+    jobs = [(f.pos, job) for f, (_, job, _) in zip(probs, triples)]
     n_req = cfg.workload.get("n_requests") if mode == "serving" else None
     if n_req is not None:
         if isinstance(n_req, bool) or not isinstance(n_req, (int, np.integer)) or n_req < 1:
@@ -271,10 +307,8 @@ def _run_engine(tf, cfg, model, hw, probs, pairs, mode, seed, arrival_rate):
         if recs:
             recs[0]["evictions"] = int(shared_pool.evictions)
     if mode == "isolated":
-        tl = pd.concat([pd.DataFrame({"pos": r["pos"], "t_s": r["kv_times"], "kv_bytes": r["kv_bytes"]}) for r in recs],
-                       ignore_index=True) if recs else pd.DataFrame(columns=["pos", "t_s", "kv_bytes"])
-        return recs, None, None, tl
-    tl = pd.DataFrame({"pos": -1, "t_s": res.timeline_t, "kv_bytes": res.timeline_b})
+        return recs, None, None, [(r["pos"], r["kv_times"], r["kv_bytes"]) for r in recs]
+    tl = [(-1, res.timeline_t, res.timeline_b)]
     peak = float(res.timeline_b.max()) if res.timeline_b.size else 0.0
     _run_engine.last = res  # type: ignore[attr-defined]
     return recs, res.makespan, peak, tl
@@ -379,8 +413,7 @@ def _simulate_token(tf, cfg, model, hw, seed, info) -> SimResult:
         "decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name, "mode": "isolated",
         "verify_reuses_kv": None,
     })
-    return SimResult(summary=summary, problems=df, branches=pd.DataFrame(), kv_timeline=pd.DataFrame(
-        columns=["pos", "t_s", "kv_bytes"]), info=info, token=q)
+    return SimResult(summary, rows, [], [], info, token=q)
 
 
 def _pre_eviction_sizes(res, pol) -> list:

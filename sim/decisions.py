@@ -135,6 +135,40 @@ def make_config(policy: str, params: dict | None, workload: dict | None) -> SimC
     return cfg
 
 
+def decision_key(f, cfg: SimConfig, cache: dict) -> tuple:
+    """A key equal for two configurations iff the policies must decide the same on problem ``f``.
+
+    Thresholds enter the key only through their comparisons with the trace values they
+    are compared with (DESIGN §4: ASKS shares iff ``sigma >= tau``; CGEE's layer exit
+    tests ``H_l < theta`` and ``|H_l - H_(l-1)| < eps``), so a threshold sweep calls the
+    policy once per distinct outcome. The policy objects still make every decision.
+    """
+    sh, ex = cfg.sharing, cfg.exit
+    sp = dataclasses.asdict(sh)
+    if sh.name == "asks":
+        tau = sp.pop("tau")
+        skey = (f.pos, "sigma", sh.trace_column, sp["alpha"], sp["layer_weights"])
+        sig = cache.get(skey)
+        if sig is None:
+            sig = cache[skey] = np.asarray(sh.sigma(f.cos[sh.trace_column]), np.float64)
+        sp["tau_vs_sigma"] = np.sign(sig - float(tau)).astype(np.int8).tobytes() if float(tau) <= 1.0 else b"off"
+    key = (f.pos, sh.name, tuple(sorted((k, repr(v)) for k, v in sp.items())))
+    if ex is not None:
+        ep = dataclasses.asdict(ex)
+        theta, eps = float(ep.pop("theta")), float(ep.pop("eps"))
+        # Both share patterns' entropies are compared (the plan picks one per branch).
+        hkey = (f.pos, "H", ex.lens)
+        H = cache.get(hkey)
+        if H is None:
+            norm = ex.lens == "norm"
+            H = cache[hkey] = (f.lens[("own", norm)]["entropy"], f.lens[("cf", norm)]["entropy"],
+                               np.abs(np.diff(f.lens[("own", norm)]["entropy"], axis=1)),
+                               np.abs(np.diff(f.lens[("cf", norm)]["entropy"], axis=1)))
+        pat = b"".join(np.packbits(x < t).tobytes() for x, t in ((H[0], theta), (H[1], theta), (H[2], eps), (H[3], eps)))
+        key += ("cgee", tuple(sorted((k, repr(v)) for k, v in ep.items())), pat)
+    return key
+
+
 def policy_kind(name: str) -> str:
     from policies import policy_class
     return policy_class(name).kind

@@ -102,51 +102,64 @@ def branch_rows(f, dec) -> list[dict]:
     return out
 
 
-def summarize(df: pd.DataFrame, branches: pd.DataFrame, *, cfg, L: int, makespan: float | None = None,
+def columns(rows: list[dict]) -> dict:
+    """List of row dicts -> dict of numpy columns (cheaper than a DataFrame inside sweeps)."""
+    if not rows:
+        return {}
+    return {k: np.asarray([r[k] for r in rows]) for k in rows[0]}
+
+
+def summarize(rows: list[dict], brows: list[dict], *, cfg, L: int, makespan: float | None = None,
               peak_kv_bytes: float | None = None) -> dict:
     """Aggregate metrics over problems (the keys of :data:`SUMMARY_KEYS` and more)."""
-    lat = df["latency_s"].to_numpy()
-    n = len(df)
+    c = columns(rows)
+    n = len(rows)
+    nan = float("nan")
+    if n == 0:
+        raise ValueError("problems: no problem selected")
+    lat = c["latency_s"].astype(np.float64)
     has_exit = cfg.exit is not None
     is_asks = getattr(cfg.sharing, "name", "") == "asks"
-    verified = float(df["verified_branches"].sum())
+    verified = float(c["verified_branches"].sum())
     total_time = float(makespan) if makespan is not None else float(lat.sum())
-    auc = float("nan")
-    if is_asks and len(branches):
-        nr = branches[branches["branch"] > 0]
-        auc = roc_auc(nr["sigma"].to_numpy(), nr["cf_same_answer"].to_numpy())
-    shared = float(df["shared_branches"].sum())
-    out = {
+    auc = nan
+    if is_asks and brows:
+        sig = np.array([r["sigma"] for r in brows if r["branch"] > 0], dtype=np.float64)
+        lab = np.array([r["cf_same_answer"] for r in brows if r["branch"] > 0], dtype=bool)
+        auc = roc_auc(sig, lab)
+    shared = float(c["shared_branches"].sum())
+    prompt = float(c["prompt_tokens"].sum())
+    gen = float(c["gen_tokens"].sum())
+    return {
         "asks_gate_auc": auc if is_asks else None,
-        "latency_mean_s": float(lat.mean()) if n else float("nan"),
-        "latency_p50_s": float(np.percentile(lat, 50)) if n else float("nan"),
-        "latency_p95_s": float(np.percentile(lat, 95)) if n else float("nan"),
+        "latency_mean_s": float(lat.mean()),
+        "latency_p50_s": float(np.percentile(lat, 50)),
+        "latency_p95_s": float(np.percentile(lat, 95)),
         "speedup_vs_no_kv": None, "speedup_vs_exact_prefix": None,
-        "kv_reuse": float(df["reused_tokens"].sum() / df["prompt_tokens"].sum()) if n and df["prompt_tokens"].sum() else float("nan"),
-        "skip_rate": float(df["skipped"].mean()) if has_exit and n else None,
-        "mean_exit_layer": (float(df["exit_layer_sum"].sum() / verified) if verified else float("nan")),
-        "cgee_error_rate": float(df["cgee_differs"].mean()) if has_exit and n else None,
-        "accuracy": float(df["correct"].mean()) if n else float("nan"),
-        "peak_kv_bytes": float(peak_kv_bytes if peak_kv_bytes is not None else (df["peak_kv_bytes"].max() if n else 0.0)),
-        "evictions": int(df["evictions"].sum()),
-        "recompute_tokens": int(df["recompute_tokens"].sum()),
+        "kv_reuse": float(c["reused_tokens"].sum()) / prompt if prompt else nan,
+        "skip_rate": float(c["skipped"].mean()) if has_exit else None,
+        "mean_exit_layer": float(c["exit_layer_sum"].sum()) / verified if verified else nan,
+        "cgee_error_rate": float(c["cgee_differs"].mean()) if has_exit else None,
+        "accuracy": float(c["correct"].mean()),
+        "peak_kv_bytes": float(peak_kv_bytes if peak_kv_bytes is not None else c["peak_kv_bytes"].max()),
+        "evictions": int(c["evictions"].sum()),
+        "recompute_tokens": int(c["recompute_tokens"].sum()),
         "attn_output_rel_error": None, "attn_mass_recall": None,
-        "vote_accuracy": float(df["vote_correct"].mean()) if n else float("nan"),
-        "ttft_mean_s": float(df["ttft_s"].mean()) if n else float("nan"),
-        "throughput_problems_per_s": n / total_time if total_time > 0 else float("nan"),
-        "throughput_tokens_per_s": float(df["gen_tokens"].sum()) / total_time if total_time > 0 else float("nan"),
-        "gate_s_mean": float(df["gate_s"].mean()) if n else float("nan"),
-        "prefill_s_mean": float(df["prefill_s"].mean()) if n else float("nan"),
-        "decode_s_mean": float(df["decode_s"].mean()) if n else float("nan"),
-        "verify_s_mean": float(df["verify_s"].mean()) if n else float("nan"),
-        "queue_s_mean": float(df["queue_s"].mean()) if n else float("nan"),
-        "answer_changes": int(df["answer_changes"].sum()),
-        "answer_change_rate": float(df["answer_changes"].sum() / shared) if shared else None,
-        "answer_diversity": float(df["answer_diversity"].mean()) if n else float("nan"),
+        "vote_accuracy": float(c["vote_correct"].mean()),
+        "ttft_mean_s": float(c["ttft_s"].mean()),
+        "throughput_problems_per_s": n / total_time if total_time > 0 else nan,
+        "throughput_tokens_per_s": gen / total_time if total_time > 0 else nan,
+        "gate_s_mean": float(c["gate_s"].mean()),
+        "prefill_s_mean": float(c["prefill_s"].mean()),
+        "decode_s_mean": float(c["decode_s"].mean()),
+        "verify_s_mean": float(c["verify_s"].mean()),
+        "queue_s_mean": float(c["queue_s"].mean()),
+        "answer_changes": int(c["answer_changes"].sum()),
+        "answer_change_rate": float(c["answer_changes"].sum()) / shared if shared else None,
+        "answer_diversity": float(c["answer_diversity"].mean()),
         "n_problems": n,
         "layers": L,
     }
-    return out
 
 
 def exit_histogram(branches: pd.DataFrame) -> pd.Series:

@@ -1,0 +1,133 @@
+"""Simulator speed: fast-path configurations/s/core, engine events/s/core (serving), `rksim compare` wall time.
+
+Usage::
+
+    .venv/bin/python bench/bench_sim.py --out runs/bench [--trace PATH] [--repeats 3]
+
+Writes ``DIR/sim.json`` (medians of ``--repeats`` runs) and prints a table.
+CPU time (``time.process_time``) is used for the per-core rates; goals:
+fast path >= 1,000 configurations/s/core, engine >= 100,000 events/s/core.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def _grids():
+    """Sweep-like grids (what `rksim sweep` evaluates): one per kind of parameter."""
+    taus = [round(x, 4) for x in np.linspace(0.5, 1.0, 101)]
+    thetas = [round(x, 3) for x in np.linspace(0.1, 4.0, 20)]
+    epss = [0.01, 0.05, 0.1, 0.2, 0.5]
+    return {
+        "asks_tau": ("asks", [{"tau": t} for t in taus]),
+        "cgee_theta_eps": ("cgee", [{"theta": t, "eps": e} for t in thetas for e in epss]),
+        "rksc_tau_theta": ("rksc", [{"tau": t, "theta": th} for t in taus[::10] for th in thetas]),
+    }
+
+
+def bench_fastpath(trace, hardware, repeats: int) -> dict:
+    from sim import api
+    out = {}
+    for name, (pol, grid) in _grids().items():
+        rates = []
+        for _ in range(repeats):
+            api._DEC_CACHE.clear()
+            api._FP_CACHE.clear()
+            api._BASE_CACHE.clear()
+            api.evaluate(trace, pol, grid[0], hardware=hardware)  # loads the trace features once (cached)
+            t0 = time.process_time()
+            for p in grid:
+                api.evaluate(trace, pol, p, hardware=hardware)
+            dt = time.process_time() - t0
+            rates.append(len(grid) / dt)
+        out[name] = {"configs": len(grid), "configs_per_s_per_core": float(np.median(rates))}
+    out["median_configs_per_s_per_core"] = float(np.median([v["configs_per_s_per_core"] for v in out.values()]))
+    return out
+
+
+def bench_engine(trace, hardware, repeats: int, n_requests: int, concurrency: int) -> dict:
+    from sim import api, features
+    from sim.decisions import make_config
+    from sim.engine import Engine
+    tf = features.load(trace)
+    _, model, hw = api._targets(tf, None, hardware)
+    cfg = make_config("rksc", {}, {"concurrency": concurrency})
+    pairs = api._decisions(tf, cfg, tf.problems, model.n_layers)
+    jobs = [(f.pos, j) for f, (_, j, _) in zip(tf.problems, pairs)]
+    jobs = [jobs[i % len(jobs)] for i in range(n_requests)]
+    rates, evs, its = [], 0, 0
+    for _ in range(repeats):
+        eng = Engine(model, hw, jobs, concurrency=concurrency)
+        t0 = time.process_time()
+        res = eng.run()
+        dt = time.process_time() - t0
+        rates.append(res.events / dt)
+        evs, its = res.events, res.iterations
+    return {"events_per_s_per_core": float(np.median(rates)), "events": int(evs), "iterations": int(its),
+            "requests": n_requests, "concurrency": concurrency, "policy": "rksc", "block_pool": False}
+
+
+def bench_compare(trace, hardware, repeats: int) -> dict:
+    root = Path(__file__).resolve().parent.parent
+    walls = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "app.cli", "compare", "--trace", str(trace), "--hardware", hardware, "--json"], cwd=root,
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONHASHSEED="0"))
+        walls.append(time.perf_counter() - t0)
+        if r.returncode != 0:
+            raise SystemExit(f"rksim compare failed: {r.stderr.strip().splitlines()[-1] if r.stderr else r.returncode}")
+    return {"wall_s": float(np.median(walls)), "hardware": hardware}
+
+
+def main(argv=None) -> int:
+    from sim.api import default_trace_path
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--trace", default=str(default_trace_path()))
+    ap.add_argument("--hardware", default="local-cpu")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=64, help="serving-mode requests for the engine benchmark")
+    ap.add_argument("--concurrency", type=int, default=8)
+    a = ap.parse_args(argv)
+    if not (Path(a.trace) / "manifest.json").is_file():
+        print(f"--trace {a.trace}: no trace there", file=sys.stderr)
+        return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    fp = bench_fastpath(a.trace, a.hardware, a.repeats)
+    en = bench_engine(a.trace, a.hardware, a.repeats, a.requests, a.concurrency)
+    cm = bench_compare(a.trace, a.hardware, max(1, min(a.repeats, 2)))
+    result = {"trace": str(a.trace), "hardware": a.hardware, "fastpath": fp, "engine_serving": en,
+              "compare": cm, "goals": {"fastpath_configs_per_s_per_core": 1000, "engine_events_per_s_per_core": 100000},
+              "cpu": os.cpu_count()}
+    path = a.out / "sim.json"
+    fd, tmp = tempfile.mkstemp(dir=a.out, prefix="sim.json", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(result, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    import pandas as pd
+    rows = [{"metric": f"fast path {k} (configs/s/core)", "value": v["configs_per_s_per_core"]}
+            for k, v in fp.items() if isinstance(v, dict)]
+    rows.append({"metric": "engine serving (events/s/core)", "value": en["events_per_s_per_core"]})
+    rows.append({"metric": "rksim compare wall (s)", "value": cm["wall_s"]})
+    print(pd.DataFrame(rows).to_string(index=False))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
