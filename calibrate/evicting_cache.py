@@ -1,25 +1,28 @@
 """A ``transformers`` cache that evicts tokens during decode exactly as a ``policies/`` token policy says.
 
 Built on ``DynamicCache`` / ``DynamicLayer`` (transformers 5.x): every layer's
-keys and values live in ``[1, H_kv, S, D]`` tensors as usual; on an eviction
-event the cache hands numpy views of that layer's K, V (``(S, H_kv, D)``) and
-of the last queries (``(w, H_q, D)``, post-RoPE, recorded by the attention
-hook below) to ``policy.select`` and keeps, per KV head, the rows it returns
-(plus the recent buffer), with one ``torch.gather``.
+keys and values live in ``[1, H_kv, S, D]`` tensors as usual. The schedule is
+the one of ``policies.token_loop.run_token_eviction`` (what the simulator
+replays): at decode position ``t`` with ``s = t - P + 1`` generated tokens, if
+``s % buffer == 0`` and the cache holds more than ``budget + buffer`` tokens,
+the candidates (all but the last ``buffer``) are cut to ``budget`` per KV head
+by ``policy.select``, and *the query at t already sees the reduced cache*.
 
-Because kept tokens keep their original positions (RoPE was applied when they
-were cached), the decode loop passes explicit ``position_ids``; the cache only
-tracks which original position each kept row holds (``positions``).
+That last point is why the eviction runs inside the attention call: an
+attention function registered as ``rksim_sdpa`` (Hugging Face's
+``sdpa_attention_forward``, preceded by a hook) receives the layer's query of
+position ``t`` and its keys/values after the cache update; the hook records
+the new K, V, Q rows (float16, exactly what a trace stores), runs the
+policy's decision on those recorded arrays — the same gathers, windows and
+state updates as ``run_token_eviction`` — gathers the kept rows of the
+torch tensors per KV head, and hands the reduced K, V to attention. Replaying
+the recorded K/V/Q with ``run_token_eviction`` therefore takes the very same
+decisions (``tests/test_calibrate.py`` checks it on a real model).
 
-Queries are recorded by an attention function registered as ``rksim_sdpa``:
-it is Hugging Face's ``sdpa_attention_forward`` unchanged, preceded by a copy
-of the query of the last position into the cache when one listens. The mask
-function registered under the same name is ``sdpa_mask``, so numerics are
-those of ``sdpa``.
+Kept tokens keep their original positions (RoPE was applied when they were
+cached), so the decode loop passes explicit ``position_ids``.
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import numpy as np
 import torch
@@ -32,9 +35,9 @@ ATTN_IMPL = "rksim_sdpa"
 
 
 def _rksim_sdpa(module, query, key, value, attention_mask, **kwargs):
-    sink = getattr(module, "_rksim_q_sink", None)
-    if sink is not None:
-        sink(module.layer_idx, query)
+    hook = getattr(module, "_rksim_hook", None)
+    if hook is not None:
+        key, value = hook(module.layer_idx, query, key, value)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -42,122 +45,123 @@ ALL_ATTENTION_FUNCTIONS.register(ATTN_IMPL, _rksim_sdpa)
 ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPL, sdpa_mask)
 
 
-def use_recording_attention(model) -> None:
-    """Switch ``model`` to ``rksim_sdpa`` (numerically ``sdpa``) so a cache can record queries."""
+def use_recording_attention(model) -> str:
+    """Switch ``model`` to ``rksim_sdpa`` (numerically ``sdpa``); returns the previous implementation."""
     impl = getattr(model.config, "_attn_implementation", None)
     if impl not in ("sdpa", ATTN_IMPL):
         raise ValueError(f"model attention implementation {impl!r}: the evicting cache needs 'sdpa'")
     model.config._attn_implementation = ATTN_IMPL
-    for sub in model.modules():
-        cfg = getattr(sub, "config", None)
-        if cfg is not None and cfg is not model.config and hasattr(cfg, "_attn_implementation"):
-            cfg._attn_implementation = ATTN_IMPL
+    return impl
 
 
-def attention_modules(model) -> list[torch.nn.Module]:
-    return [layer.self_attn for layer in model.model.layers]
+class LayerEviction:
+    """One layer's eviction state: recorded K/V/Q (float16), kept positions, policy state, rng."""
 
+    def __init__(self, policy, n_kv_heads: int, rng: np.random.Generator | None):
+        self.pol, self.H, self.rng = policy, n_kv_heads, rng
+        self.K: list[np.ndarray] = []   # per position (H_kv, D) float16
+        self.V: list[np.ndarray] = []
+        self.Q: list[np.ndarray] = []   # per position (H_q, D) float16
+        self.cache: np.ndarray | None = None  # (H_kv, n) positions held, slot order
+        self.state = None
+        self.pending = 0
+        self.events: list[tuple[int, np.ndarray]] = []
 
-class EvictingLayer(DynamicLayer):
-    """A ``DynamicLayer`` that remembers the original position of each cached row, per KV head."""
-
-    def __init__(self):
-        super().__init__()
-        self.positions: torch.Tensor | None = None  # (H_kv, S) int64
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        start = self.get_seq_length()
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
-        n_new = key_states.shape[-2]
-        h = key_states.shape[1]
-        base = 0 if self.positions is None or self.positions.numel() == 0 else int(self.positions[0, -1]) + 1
-        new = torch.arange(base, base + n_new, dtype=torch.long).unsqueeze(0).expand(h, n_new)
-        self.positions = new.clone() if start == 0 else torch.cat([self.positions, new], dim=1)
-        return keys, values
-
-    def keep(self, idx: torch.Tensor) -> None:
-        """Keep rows ``idx`` ((H_kv, n) indices into the current rows, per head), in the given order."""
-        b, h, _, d = self.keys.shape
-        g = idx.unsqueeze(0).unsqueeze(-1).expand(b, h, idx.shape[1], d)
-        self.keys = torch.gather(self.keys, 2, g)
-        self.values = torch.gather(self.values, 2, g)
-        self.positions = torch.gather(self.positions, 1, idx)
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return np.stack(self.K), np.stack(self.V), np.stack(self.Q)
 
 
 class EvictingCache(DynamicCache):
-    """KV cache for one sequence (batch 1) whose layers evict on ``maybe_evict``.
+    """KV cache for one sequence (batch 1) evicting with ``policy`` on every layer.
 
     Parameters
     ----------
     n_layers : decoder layers of the model.
-    select : ``select(layer, K, V, Q_window, cand_len) -> (H_kv, k)`` indices in ``[0, cand_len)``, the
-        rows to keep among the first ``cand_len`` (the candidates); the rows after ``cand_len`` (the
-        recent buffer) are always kept. ``K, V``: ``(S, H_kv, D)``; ``Q_window``: ``(w, H_q, D)``.
-    q_window : how many recent queries per layer to retain for ``select``.
+    policy : a token-eviction policy from ``policies`` (``full`` never evicts).
+    prompt_len : P, tokens of the prompt (prefilled in one forward).
+    rngs : one ``numpy.random.Generator`` per layer (stochastic policies), or None.
+    record_layers : 0-based layers whose decisions are kept in ``events`` (default: all).
     """
 
-    def __init__(self, n_layers: int, select: Callable, q_window: int = 32):
-        super().__init__(ddp_cache_data=None)
-        self.layers = [EvictingLayer() for _ in range(n_layers)]
+    def __init__(self, n_layers: int, policy, prompt_len: int, n_kv_heads: int, rngs=None):
+        super().__init__()
+        self.layers = [DynamicLayer() for _ in range(n_layers)]
         self.layer_class_to_replicate = None
-        self.select = select
-        self.q_window = int(q_window)
-        self._q: list[list[torch.Tensor]] = [[] for _ in range(n_layers)]
-        self.events: list[dict] = []  # one per (eviction step, layer): kept original positions
+        self.policy = policy
+        self.P = int(prompt_len)
+        self.ev = [LayerEviction(policy, n_kv_heads, None if rngs is None else rngs[i]) for i in range(n_layers)]
         self._attached: list[torch.nn.Module] = []
+        self._prev_impl = None
+        self.n_events = 0
 
-    # -- query recording
-    def _sink(self, layer_idx: int, query: torch.Tensor) -> None:
-        # query: [1, H_q, q_len, D]; keep the last q_window positions, as (H_q, D) rows
-        q = query[0].detach()
-        buf = self._q[layer_idx]
-        for t in range(max(0, q.shape[1] - self.q_window), q.shape[1]):
-            buf.append(q[:, t, :].clone())
-        del buf[: max(0, len(buf) - self.q_window)]
-
+    # -- wiring
     def attach(self, model) -> "EvictingCache":
-        use_recording_attention(model)
-        for m in attention_modules(model):
-            m._rksim_q_sink = self._sink
-            self._attached.append(m)
+        self._prev_impl = use_recording_attention(model)
+        self._model = model
+        for layer in model.model.layers:
+            layer.self_attn._rksim_hook = self._hook
+            self._attached.append(layer.self_attn)
         return self
 
     def detach(self) -> None:
         for m in self._attached:
-            m._rksim_q_sink = None
+            m._rksim_hook = None
         self._attached.clear()
+        if self._prev_impl is not None:
+            self._model.config._attn_implementation = self._prev_impl
+            self._prev_impl = None
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.detach()
+        return False
 
-    # -- views for the policy
-    def numpy_kv(self, layer_idx: int) -> tuple[np.ndarray, np.ndarray]:
-        lay = self.layers[layer_idx]
-        return lay.keys[0].permute(1, 0, 2).numpy(), lay.values[0].permute(1, 0, 2).numpy()
+    # -- the hook: record, maybe evict, return what attention sees
+    def _hook(self, li: int, query, key, value):
+        from policies.token_loop import _gather, _observe
 
-    def numpy_q(self, layer_idx: int) -> np.ndarray:
-        buf = self._q[layer_idx]
-        return torch.stack(buf, 0).numpy() if buf else np.zeros((0, 0, 0), np.float32)
-
-    def positions(self, layer_idx: int) -> np.ndarray:
-        return self.layers[layer_idx].positions.numpy()
-
-    def evict(self, layer_idx: int, cand_len: int, step: int) -> np.ndarray:
-        """One eviction decision on one layer: candidates are rows ``[0, cand_len)``; returns kept positions."""
-        lay = self.layers[layer_idx]
-        K, V = self.numpy_kv(layer_idx)
-        keep = np.asarray(self.select(layer_idx, K, V, self.numpy_q(layer_idx), cand_len))
-        h, s = lay.positions.shape
-        if keep.ndim != 2 or keep.shape[0] != h:
-            raise ValueError(f"evicting cache: policy.select returned shape {keep.shape}, expected ({h}, k)")
-        if keep.size and (keep.min() < 0 or keep.max() >= cand_len):
-            raise ValueError(f"evicting cache: policy.select returned an index outside [0, {cand_len})")
-        recent = np.broadcast_to(np.arange(cand_len, s), (h, s - cand_len))
-        idx = torch.from_numpy(np.ascontiguousarray(np.concatenate([keep, recent], axis=1), dtype=np.int64))
-        lay.keep(idx)
-        kept_pos = lay.positions.numpy().copy()
-        self.events.append({"step": int(step), "layer": int(layer_idx), "kept": kept_pos})
-        return kept_pos
+        ev = self.ev[li]
+        q_len = query.shape[2]
+        t0 = len(ev.K)  # position of the first new row
+        newk = key[0, :, -q_len:, :].transpose(0, 1).to(torch.float16).numpy()
+        newv = value[0, :, -q_len:, :].transpose(0, 1).to(torch.float16).numpy()
+        newq = query[0].transpose(0, 1).to(torch.float16).numpy()
+        ev.K.extend(newk)
+        ev.V.extend(newv)
+        ev.Q.extend(newq)
+        pos_new = np.tile(np.arange(t0, t0 + q_len, dtype=np.int64), (ev.H, 1))
+        ev.cache = pos_new if ev.cache is None else np.concatenate([ev.cache, pos_new], axis=1)
+        if ev.state is None:
+            ev.state = self.policy.init_state(ev.H, self.P)
+            ev.pending = 0  # as run_token_eviction: the prompt's queries count too (H2O)
+        t = t0 + q_len - 1
+        pol = self.policy
+        s = t - self.P + 1
+        if not pol.evicts or q_len != 1 or s <= 0 or s % pol.buffer:
+            return key, value
+        n = ev.cache.shape[1]
+        if n <= pol.budget + pol.buffer:
+            return key, value
+        # Exactly run_token_eviction's event at position t, on the recorded float16 arrays.
+        K = np.stack(ev.K).astype(np.float64)
+        V = np.stack(ev.V).astype(np.float64)
+        Q = np.stack(ev.Q).astype(np.float64)
+        if pol.needs_history:
+            _observe(pol, ev.state, K, Q, ev.cache, ev.pending, t)
+            ev.pending = t
+        cand = n - pol.buffer
+        w = min(pol.window, t + 1)
+        keep = pol.select(_gather(K, ev.cache), _gather(V, ev.cache), Q[t + 1 - w: t + 1], cand, ev.rng, ev.state,
+                          k_pos=ev.cache, q_pos=np.arange(t + 1 - w, t + 1))
+        slots = np.concatenate([keep, np.tile(np.arange(cand, n), (ev.H, 1))], axis=1)
+        ev.cache = np.take_along_axis(ev.cache, slots, axis=1)
+        pol.compact(ev.state, slots)
+        ev.events.append((t, ev.cache.copy()))
+        self.n_events += 1
+        idx = torch.from_numpy(slots).unsqueeze(0).unsqueeze(-1).expand(1, ev.H, slots.shape[1], key.shape[-1])
+        lay = self.layers[li]
+        lay.keys = torch.gather(key, 2, idx)
+        lay.values = torch.gather(value, 2, idx)
+        return lay.keys, lay.values
