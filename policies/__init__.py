@@ -6,7 +6,7 @@ from .base import POLICY_KINDS, PolicyError
 from .blocks import FIFO, LRU, RSBCM, BlockPool
 from .composite import RKSC
 from .exit import CGEE, CGEEDecision, yes_score
-from .registry import POLICY_NAMES, get_policy, list_policies, policy_class, policy_defaults
+from .registry import POLICY_NAMES, get_policy, list_policies, param_choices, policy_class, policy_defaults
 from .sharing import ASKS, ExactPrefix, NoKV, SharingPlan, layer_weights, pooled_cosine
 from .token_loop import EvictionResult, run_token_eviction
 from .token_metrics import FullAttention, attention_metrics
@@ -14,7 +14,7 @@ from .tokens import (H2O, RKV, CurDKV, FullCache, RandomEviction, SnapKV, Stream
                      VASEAttnV, VASEDKV)
 
 __all__ = [
-    "POLICY_KINDS", "POLICY_NAMES", "PolicyError", "get_policy", "list_policies", "policy_class",
+    "POLICY_KINDS", "POLICY_NAMES", "PolicyError", "get_policy", "list_policies", "param_choices", "policy_class",
     "policy_defaults",
     "NoKV", "ExactPrefix", "ASKS", "SharingPlan", "layer_weights", "pooled_cosine",
     "CGEE", "CGEEDecision", "yes_score",

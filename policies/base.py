@@ -48,6 +48,8 @@ class PolicyBase:
         return PolicyError(f"policy {self.name!r}: {field}: {what}")
 
     def _check_choice(self, field: str, choices: tuple[str, ...]) -> None:
+        # The class's ``choices`` table (read by the dashboard and sweeps) must say the same.
+        assert getattr(type(self), "choices", {}).get(field, choices) == choices, (type(self).__name__, field)
         value = getattr(self, field)
         if value not in choices:
             raise self._fail(field, f"{value!r} is not one of {', '.join(map(repr, choices))}")

@@ -77,6 +77,7 @@ class RSBCM(_BlockPolicy):
     """
 
     name: ClassVar[str] = "rsbcm"
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {'score_source': ('given', 'unscored')}
     score_source: str = "given"
     unscored_value: float = 0.0
 

@@ -98,6 +98,7 @@ class CGEE(PolicyBase):
 
     kind: ClassVar[str] = "exit"
     name: ClassVar[str] = "cgee"
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {'confidence': ('vote', 'mean_prob'), 'lens': ('norm', 'nonorm'), 'level1_rule': ('paper', 'notebook')}
     tau_conf: float = 0.6
     delta_rel: float = 0.5
     confidence: str = "vote"

@@ -34,6 +34,24 @@ def policy_defaults(name: str) -> dict[str, Any]:
     return params_of(policy_class(name))
 
 
+def param_choices(name: str) -> dict[str, tuple[str, ...]]:
+    """The allowed values of each string-valued parameter of a policy (e.g. ``pooling: mean | last``).
+
+    A composite policy (``rksc``) takes its components' parameters, so it offers their choices too.
+    """
+    cls = policy_class(name)
+    classes = [cls]
+    if cls.kind == "composite":
+        classes += [c for c in _REGISTRY.values() if c.kind != "composite"]
+    fields = set(policy_defaults(name))
+    out: dict[str, tuple[str, ...]] = {}
+    for c in classes:
+        for k, v in getattr(c, "choices", {}).items():
+            if k in fields:
+                out.setdefault(k, tuple(v))
+    return out
+
+
 def get_policy(name: str, **params: Any):
     """Build a policy by registry name; unknown parameters raise PolicyError listing valid ones."""
     cls = policy_class(name)

@@ -235,6 +235,7 @@ class ASKS(PolicyBase):
 
     kind: ClassVar[str] = "sharing"
     name: ClassVar[str] = "asks"
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {'pooling': ('mean', 'last'), 'similarity': ('cosine', 'centered'), 'layer_weights': ('paper', 'code')}
     tau: float = 0.9
     alpha: float = 1.0
     pooling: str = "mean"

@@ -91,3 +91,18 @@ def test_import_policies_loads_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_param_choices_cover_every_string_parameter_and_are_enforced():
+    import pytest
+    from policies import PolicyError, get_policy, list_policies, param_choices, policy_defaults
+    for name in list_policies():
+        choices = param_choices(name)
+        for field, default in policy_defaults(name).items():
+            if isinstance(default, str):
+                assert field in choices and default in choices[field], (name, field)
+        for field, allowed in choices.items():
+            for v in allowed:
+                get_policy(name, **{field: v})
+            with pytest.raises(PolicyError, match=field):
+                get_policy(name, **{field: "no-such-choice"})
