@@ -336,8 +336,22 @@ def _long_arrays(ld, li: int):
             np.asarray(ld.Q[li], dtype=np.float64))
 
 
+_TOKQ_CACHE: dict = {}
+
+
 def token_quality(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
-    """Attention-output error and mass recall of a token policy on every recorded (sequence, layer)."""
+    """Attention-output error and mass recall of a token policy on every recorded (sequence, layer).
+
+    Independent of the cost target: memoised per (trace, policy parameters, seed).
+    """
+    key = (id(tf), pol.name, _freeze(dataclasses.asdict(pol)), int(seed), max_layers)
+    hit = _TOKQ_CACHE.get(key)
+    if hit is None:
+        hit = _TOKQ_CACHE[key] = _token_quality(tf, pol, seed, max_layers)
+    return hit
+
+
+def _token_quality(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
     rows = []
     for ld in tf.longs:
         n_lay = len(ld.layers) if max_layers is None else min(len(ld.layers), int(max_layers))
