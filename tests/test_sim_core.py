@@ -319,3 +319,31 @@ def test_bad_configs_name_the_key(syn):
 
 def test_no_torch_imported():
     assert "torch" not in sys.modules
+
+
+def test_serving_admission_queues_when_kv_memory_is_short(syn, tmp_path):
+    tf = features.load(syn)
+    m = model_from_manifest(tf.manifest)
+    one = simulate(syn, "no-kv", {}, hardware="h100-sxm", baselines=False)
+    need = float(one.problems["peak_kv_bytes"].max())
+    hw = tmp_path / "small.yaml"
+    # Room for the weights and one problem's KV: problems must wait for each other.
+    hw.write_text(f"peak_flops: 1.0e15\nmem_bw: 3.0e12\nmem_capacity: {m.weight_bytes + 1.5 * need:.6e}\n")
+    r = simulate(syn, "no-kv", {}, hardware=str(hw), mode="serving", baselines=False,
+                 workload={"concurrency": 5})
+    assert r.problems["queue_s"].max() > 0
+    assert r.summary["peak_kv_bytes"] <= 1.5 * need
+
+
+def test_sim_layering_no_torch_calibrate_app():
+    import ast
+    for py in (Path(__file__).resolve().parent.parent / "sim").glob("*.py"):
+        tree = ast.parse(py.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for n in names:
+                assert n.split(".")[0] not in ("torch", "transformers", "calibrate", "app"), (py.name, n)
