@@ -162,12 +162,13 @@ _SIG_CACHE: dict = {}
 
 def _decisions(tf, cfg, probs, L_target: int):
     """(ProblemDecision, Job) per problem, memoised per distinct decision (see ``decision_key``)."""
-    from .decisions import decision_key
+    from .decisions import decision_key, static_key
     sig_cache = _SIG_CACHE.setdefault(id(tf), {})
     wl = (_freeze(cfg.workload), L_target)
+    static = static_key(cfg)
     out = []
     for f in probs:
-        key = (id(tf), decision_key(f, cfg, sig_cache)) + wl
+        key = (id(tf), decision_key(f, cfg, sig_cache, static)) + wl
         hit = _DEC_CACHE.get(key)
         if hit is None:
             dec = decide(f, cfg)

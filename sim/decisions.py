@@ -135,7 +135,21 @@ def make_config(policy: str, params: dict | None, workload: dict | None) -> SimC
     return cfg
 
 
-def decision_key(f, cfg: SimConfig, cache: dict) -> tuple:
+def static_key(cfg: SimConfig) -> tuple:
+    """The threshold-free part of :func:`decision_key` (same for every problem of a configuration)."""
+    sh, ex = cfg.sharing, cfg.exit
+    sp = dataclasses.asdict(sh)
+    tau = sp.pop("tau", None)
+    key = (sh.name, tuple(sorted((k, repr(v)) for k, v in sp.items())))
+    theta = eps = None
+    if ex is not None:
+        ep = dataclasses.asdict(ex)
+        theta, eps = float(ep.pop("theta")), float(ep.pop("eps"))
+        key += ("cgee", tuple(sorted((k, repr(v)) for k, v in ep.items())))
+    return key, (None if tau is None else float(tau)), theta, eps
+
+
+def decision_key(f, cfg: SimConfig, cache: dict, static: tuple | None = None) -> tuple:
     """A key equal for two configurations iff the policies must decide the same on problem ``f``.
 
     Thresholds enter the key only through their comparisons with the trace values they
@@ -144,28 +158,23 @@ def decision_key(f, cfg: SimConfig, cache: dict) -> tuple:
     policy once per distinct outcome. The policy objects still make every decision.
     """
     sh, ex = cfg.sharing, cfg.exit
-    sp = dataclasses.asdict(sh)
-    if sh.name == "asks":
-        tau = sp.pop("tau")
-        skey = (f.pos, "sigma", sh.trace_column, sp["alpha"], sp["layer_weights"])
+    base, tau, theta, eps = static if static is not None else static_key(cfg)
+    key = (f.pos,) + base
+    if tau is not None:
+        skey = (f.pos, "sigma", sh.trace_column, sh.alpha, sh.layer_weights)
         sig = cache.get(skey)
         if sig is None:
             sig = cache[skey] = np.asarray(sh.sigma(f.cos[sh.trace_column]), np.float64)
-        sp["tau_vs_sigma"] = np.sign(sig - float(tau)).astype(np.int8).tobytes() if float(tau) <= 1.0 else b"off"
-    key = (f.pos, sh.name, tuple(sorted((k, repr(v)) for k, v in sp.items())))
+        key += (np.sign(sig - tau).astype(np.int8).tobytes() if tau <= 1.0 else b"off",)
     if ex is not None:
-        ep = dataclasses.asdict(ex)
-        theta, eps = float(ep.pop("theta")), float(ep.pop("eps"))
-        # Both share patterns' entropies are compared (the plan picks one per branch).
         hkey = (f.pos, "H", ex.lens)
         H = cache.get(hkey)
         if H is None:
             norm = ex.lens == "norm"
-            H = cache[hkey] = (f.lens[("own", norm)]["entropy"], f.lens[("cf", norm)]["entropy"],
-                               np.abs(np.diff(f.lens[("own", norm)]["entropy"], axis=1)),
-                               np.abs(np.diff(f.lens[("cf", norm)]["entropy"], axis=1)))
-        pat = b"".join(np.packbits(x < t).tobytes() for x, t in ((H[0], theta), (H[1], theta), (H[2], eps), (H[3], eps)))
-        key += ("cgee", tuple(sorted((k, repr(v)) for k, v in ep.items())), pat)
+            own, cf = f.lens[("own", norm)]["entropy"], f.lens[("cf", norm)]["entropy"]
+            H = cache[hkey] = (own, cf, np.abs(np.diff(own, axis=1)), np.abs(np.diff(cf, axis=1)))
+        key += (np.packbits(H[0] < theta).tobytes(), np.packbits(H[1] < theta).tobytes(),
+                np.packbits(H[2] < eps).tobytes(), np.packbits(H[3] < eps).tobytes())
     return key
 
 
