@@ -18,7 +18,6 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXP
     os.environ.setdefault(_v, "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -46,76 +45,103 @@ def _pin_one_core() -> str:
         return "not pinned"
 
 
-def _timed(fn, repeats: int) -> tuple[list[float], object]:
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return times, out
+def _local_once(trace: str, policy: str, grid_args: list[str], hardware: str):
+    """In a fresh process pinned to one core: load the trace (untimed), then time one sweep.
+
+    A fresh process per run, because the simulator memoises decisions across
+    calls: a second sweep of the same grid in one process would be a cache read.
+    """
+    pin = _pin_one_core()
+    from sim.api import evaluate
+
+    opts = SweepOptions(mode="isolated", hardware=hardware)
+    evaluate(trace, policy=policy, params={}, **opts.kwargs())  # trace load, outside the timing
+    grid = parse_grids(grid_args)
+    t0 = time.perf_counter()
+    df = run_sweep(trace, policy, grid, opts, evaluate=evaluate, progress=False)
+    dt = time.perf_counter() - t0
+    return dt, pin, df
+
+
+def _warm_worker(trace: str, policy: str, hardware: str) -> bool:
+    from sim.api import evaluate
+
+    evaluate(trace, policy=policy, params={}, **SweepOptions(mode="isolated", hardware=hardware).kwargs())
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path, help="folder for sweep.json")
     ap.add_argument("--trace", default=str(ROOT / "examples" / "trace-gsm8k-persona"))
+    ap.add_argument("--hardware", default="local-cpu")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-dask", action="store_true", help="skip the Dask measurement")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
     import pandas as pd
 
     from sim.api import evaluate
 
-    opts = SweepOptions(mode="isolated")
+    opts = SweepOptions(mode="isolated", hardware=args.hardware)
     t0 = time.perf_counter()
-    evaluate(args.trace, policy="asks", params={}, **opts.kwargs())  # loads and caches the trace
+    evaluate(args.trace, policy="no-kv", params={}, **opts.kwargs())
     load_s = time.perf_counter() - t0
-
-    result: dict = {"trace": os.path.relpath(args.trace, ROOT) if args.trace.startswith(str(ROOT)) else args.trace,
-                    "mode": "isolated", "hardware": opts.hardware, "goal_local_configs_per_s": 1000,
-                    "trace_load_s": round(load_s, 3), "policies": {}}
+    trace_label = os.path.relpath(args.trace, ROOT) if args.trace.startswith(str(ROOT)) else args.trace
+    result: dict = {"trace": trace_label, "mode": "isolated", "hardware": opts.hardware,
+                    "goal_local_configs_per_s": 1000, "trace_load_s": round(load_s, 3),
+                    "repeats": args.repeats, "cpus_visible": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                    "policies": {}}
     rows = []
-    # Dask first: the local measurement then pins this process to one core.
-    dask_frames: dict[str, pd.DataFrame] = {}
+    ctx = mp.get_context("spawn")
+    local_df: dict[str, pd.DataFrame] = {}
+    for policy, g in GRIDS.items():
+        n = parse_grids(g).size
+        times = []
+        pin = ""
+        for _ in range(args.repeats):
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as ex:
+                dt, pin, df = ex.submit(_local_once, args.trace, policy, g, args.hardware).result()
+            times.append(dt)
+            local_df[policy] = df
+        med = statistics.median(times)
+        result["policies"][policy] = {"n_configs": n, "grid": g, "local_1_core": {
+            "seconds": [round(t, 4) for t in times], "configs_per_s": round(n / med, 1), "pinning": pin}}
+
     if not args.no_dask:
         from sim.dist import open_client
 
-        t0 = time.perf_counter()
-        with open_client(workers=2) as client:
-            start_s = time.perf_counter() - t0
-            result["dask_cluster_start_s"] = round(start_s, 3)
-            for policy, g in GRIDS.items():
-                grid = parse_grids(g)
-                # warm-up: every worker loads the trace once
-                run_sweep(args.trace, policy, list(grid.configs())[:8], opts, evaluate=evaluate,
-                          backend="dask", client=client, progress=False, chunk_size=1)
-                times, df = _timed(lambda: run_sweep(args.trace, policy, grid, opts, evaluate=evaluate,
-                                                     backend="dask", client=client, progress=False),
-                                   args.repeats)
-                dask_frames[policy] = df
-                med = statistics.median(times)
-                result["policies"].setdefault(policy, {})["dask_2_workers"] = {
-                    "n_configs": grid.size, "seconds": [round(t, 4) for t in times],
-                    "configs_per_s": round(grid.size / med, 1)}
-    pin = _pin_one_core()
-    result["local_pinning"] = pin
-    for policy, g in GRIDS.items():
-        grid = parse_grids(g)
-        times, df = _timed(lambda: run_sweep(args.trace, policy, grid, opts, evaluate=evaluate,
-                                             progress=False), args.repeats)
-        med = statistics.median(times)
-        entry = result["policies"].setdefault(policy, {})
-        entry["local_1_core"] = {"n_configs": grid.size, "seconds": [round(t, 4) for t in times],
-                                 "configs_per_s": round(grid.size / med, 1)}
-        if policy in dask_frames:
+        starts = []
+        for policy, g in GRIDS.items():
+            grid = parse_grids(g)
+            times = []
+            df = None
+            for _ in range(args.repeats):
+                # A new cluster per run: fresh worker processes, no memoised decisions from the last run.
+                t0 = time.perf_counter()
+                with open_client(workers=2) as client:
+                    client.run(_warm_worker, args.trace, policy, args.hardware)  # each worker loads the trace
+                    starts.append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    df = run_sweep(args.trace, policy, grid, opts, evaluate=evaluate, backend="dask",
+                                   client=client, progress=False)
+                    times.append(time.perf_counter() - t0)
+            med = statistics.median(times)
+            entry = result["policies"][policy]
+            entry["dask_2_workers"] = {"seconds": [round(t, 4) for t in times],
+                                       "configs_per_s": round(grid.size / med, 1)}
             try:
-                pd.testing.assert_frame_equal(df, dask_frames[policy], check_exact=True)
+                pd.testing.assert_frame_equal(local_df[policy], df, check_exact=True)
                 entry["dask_equals_local"] = True
             except AssertionError:
                 entry["dask_equals_local"] = False
-        rows.append({"policy": policy, "configs": grid.size,
+        result["dask_cluster_start_and_trace_load_s_median"] = round(statistics.median(starts), 3)
+    for policy, entry in result["policies"].items():
+        rows.append({"policy": policy, "configs": entry["n_configs"],
                      "local 1 core (configs/s)": entry["local_1_core"]["configs_per_s"],
                      "dask 2 workers (configs/s)": entry.get("dask_2_workers", {}).get("configs_per_s"),
                      "dask == local": entry.get("dask_equals_local")})
@@ -130,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
     atomic_write_json(args.out / "sweep.json", result)
     print(pd.DataFrame(rows).to_string(index=False))
-    print(f"trace load {load_s:.2f} s; local {pin}; wrote {args.out / 'sweep.json'}")
+    print(f"trace load {load_s:.2f} s; wrote {args.out / 'sweep.json'}")
     return 0
 
 
