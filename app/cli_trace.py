@@ -30,6 +30,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU intra-op threads (default 1: robust on shared cores; 0 = torch default)")
     p.add_argument("--target-prefix-tokens", type=int, default=0,
                    help="pad the shared problem text with neutral text to this root prompt length (0 = off)")
     p.add_argument("--no-hidden-vectors", action="store_true", help="do not store the pooled hidden vectors")
@@ -66,6 +68,7 @@ def capture_config(args):
         model=args.model, dataset=args.dataset, problems=args.problems, problem_start=args.problem_start,
         branches=args.branches, layout=args.layout, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_p=args.top_p, seed=args.seed, device=args.device, dtype=args.dtype,
+        threads=args.threads,
         target_prefix_tokens=args.target_prefix_tokens, hidden_vectors=not args.no_hidden_vectors,
         long_decode=args.long_decode, long_decode_seqs=args.long_decode_seqs,
         long_decode_layers=args.long_decode_layers, tree_depth=args.tree_depth, tree_step=args.tree_step,

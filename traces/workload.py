@@ -72,10 +72,10 @@ PARAPHRASES = (
 BANKS = {"persona-prefix": PERSONAS, "hint-suffix": HINTS, "paraphrase": PARAPHRASES}
 PARAPHRASE_HINT = "Think step by step."
 
-# What the shared part asks for, by answer kind.
+# What the shared part asks for, by answer kind (no example value: a small model copies it).
 TASK = {
-    "number": "Give the final answer as a number at the end, like 'The answer is 42.'",
-    "choice": "Answer with the letter of the correct option, like 'The answer is (B).'",
+    "number": "Explain briefly, then end with \"The answer is\" followed by the final number.",
+    "choice": "End with \"The answer is\" followed by the letter of the correct option.",
 }
 
 _VAR, _PROB, _GEN = "\u2063RKSIMVAR\u2063", "\u2063RKSIMPROB\u2063", "\u2063RKSIMGEN\u2063"
