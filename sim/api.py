@@ -26,7 +26,7 @@ from .metrics import SUMMARY_KEYS, branch_rows, clean, problem_row, summarize
 from .profiles import (HardwareProfile, ModelShape, OutOfCalibrationError, load_hardware, load_model,
                        model_from_manifest)
 from .profiles import load_presets as _load_presets
-from .workload import BlockLedger, blocks, probes_for
+from .workload import BlockLedger, RecordingLedger, ReplayLedger, blocks, ledger_key, probes_for
 
 MODES = ("isolated", "serving")
 
@@ -241,7 +241,16 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
             rkey = (dkey, hk, budget, _freeze(dataclasses.asdict(cfg.block)) if cfg.block is not None else None)
             hit = _ROW_CACHE.get(rkey)
             if hit is None:
-                led = BlockLedger(BlockPool(budget, cfg.block), job, f.pos) if cfg.block is not None else None
+                led = None
+                if cfg.block is not None:
+                    lk = ledger_key(job, budget, cfg.block)
+                    rec = _LEDGER_CACHE.get(lk)
+                    if rec is None:
+                        led = RecordingLedger(BlockPool(budget, cfg.block), job, f.pos)
+                        _LEDGER_CACHE[lk] = led
+                    else:
+                        led = ReplayLedger(rec)
+                        led.memo_key = lk
                 res = fp.run(job, led)
                 hit = _ROW_CACHE[rkey] = (problem_row(f, dec, res, tf.n_layers), branch_rows(f, dec), res)
             row, br, res = hit
@@ -272,6 +281,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
 
 
 _ROW_CACHE: dict = {}
+_LEDGER_CACHE: dict = {}
 
 
 def _run_engine(tf, cfg, model, hw, probs, triples, mode, seed, arrival_rate):

@@ -66,11 +66,20 @@ class FastPath:
         if J == 0:
             return np.zeros(0), np.zeros(0), np.zeros(0)
         key = None
+        lkey = getattr(ledger, "memo_key", None)
         if ledger is None:
             key = (job.ctx.tobytes(), job.gen.tobytes(), job.own.tobytes(), job.bs)
             hit = self._decode_memo.get(key)
             if hit is not None:
                 return hit
+        elif lkey is not None:
+            # A replayed pool: its decode-time touches are those recorded; skip the per-step walk.
+            hit = self._decode_memo.get(("ledger", lkey))
+            if hit is not None:
+                out, n_calls = hit
+                ledger.pool.i += n_calls
+                return out
+            calls0 = ledger.pool.i
         j = np.arange(1, J + 1, dtype=np.float64)[:, None]
         mask = j <= steps[None, :]
         c = job.ctx[None, :] + j - 1.0
@@ -108,6 +117,8 @@ class FastPath:
         out = (dts, np.cumsum(dts), mem)
         if key is not None:
             self._decode_memo[key] = out
+        elif lkey is not None:
+            self._decode_memo[("ledger", lkey)] = (out, ledger.pool.i - calls0)
         return out
 
     # ------------------------------------------------------------------ one job

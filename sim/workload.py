@@ -210,3 +210,77 @@ class BlockLedger:
     def release(self) -> None:
         for bid in list(self._created):
             self.pool.free(bid)
+
+
+def ledger_key(job: Job, budget: int, block_policy) -> tuple:
+    """Everything the sequence of pool touches of a job depends on (not its exit layers or probes)."""
+    import dataclasses
+    parts = (job.ctx, job.reused, job.source, job.own, job.gen, job.v_cached, job.has_prefill, job.gate > 0,
+             job.score)
+    return (b"|".join(np.ascontiguousarray(a).tobytes() for a in parts), job.bs, job.verify_on, job.v_reuse,
+            int(budget), block_policy.name, tuple(sorted(dataclasses.asdict(block_policy).items())))
+
+
+class _SizeLog:
+    """Stands in for the pool of a replayed ledger: size / evictions as they were after each touch."""
+
+    def __init__(self, sizes: list, evictions: int):
+        self._sizes, self.evictions, self.i = sizes, evictions, 0
+
+    @property
+    def size(self) -> int:
+        return self._sizes[self.i]
+
+
+class RecordingLedger(BlockLedger):
+    """A :class:`BlockLedger` that records what each call returned and the pool size after it."""
+
+    def __init__(self, pool, job: Job, tag):
+        super().__init__(pool, job, tag)
+        self.log: list = []
+        self.sizes: list = [pool.size]
+
+    def _rec(self, r: int) -> int:
+        self.log.append(r)
+        self.sizes.append(self.pool.size)
+        return r
+
+    def on_prefill(self, b):
+        return self._rec(super().on_prefill(b))
+
+    def on_decode(self, b, step):
+        return self._rec(super().on_decode(b, step))
+
+    def on_verify(self, b):
+        return self._rec(super().on_verify(b))
+
+
+class ReplayLedger:
+    """Replays a :class:`RecordingLedger`'s results for a job with the same :func:`ledger_key`.
+
+    The block pool's decisions do not depend on exit layers or probes, so a threshold
+    sweep over CGEE need not run the pool again for every exit pattern.
+    """
+
+    def __init__(self, rec: RecordingLedger):
+        self.job = rec.job
+        self._log = rec.log
+        self.pool = _SizeLog(rec.sizes, rec.pool.evictions)
+        self.recompute_tokens = rec.recompute_tokens
+
+    def _next(self) -> int:
+        r = self._log[self.pool.i]
+        self.pool.i += 1
+        return r
+
+    def on_prefill(self, b):
+        return self._next()
+
+    def on_decode(self, b, step):
+        return self._next()
+
+    def on_verify(self, b):
+        return self._next()
+
+    def is_boundary(self, b: int, step: int) -> bool:
+        return (int(self.job.ctx[b]) + step - 1) % self.job.bs == 0

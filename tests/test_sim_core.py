@@ -26,7 +26,7 @@ HAS_BUNDLED = (BUNDLED / "manifest.json").is_file()
 POLICIES = [("no-kv", {}, None), ("exact-prefix", {}, None), ("asks", {"tau": 0.8}, None),
             ("asks", {"tau": 0.5, "similarity": "centered"}, {"verify_reuses_kv": False}),
             ("cgee", {}, {"verify_reuses_kv": False}), ("cgee", {"theta": 3.0, "l_min": 2}, None),
-            ("rksc", {"tau": 0.8}, None), ("lru", {}, None), ("fifo", {"budget_frac": 0.3}, None),
+            ("rksc", {"tau": 0.8}, None), ("rksc", {"tau": 0.8, "theta": 2.5, "l_min": 3}, None), ("lru", {}, None), ("fifo", {"budget_frac": 0.3}, None),
             ("rsbcm", {"budget_blocks": 5}, {"verify_reuses_kv": True})]
 
 
