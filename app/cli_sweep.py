@@ -156,7 +156,8 @@ def _cmd_tune(args) -> int:
     print(f"policy {res.policy}: {'maximise' if spec.maximize else 'minimise'} {spec.objective}"
           f"{' subject to ' + ' and '.join(cons) if cons else ''}")
     print(f"split (seed {spec.seed}): tune problems {res.tune_problems}, held-out {res.held_problems}")
-    print(f"searched {res.grid_size} grid configurations + refinement, {res.n_evaluations} evaluations; "
+    print(f"searched {res.grid_size} grid configurations{' + refinement' if spec.refine else ''}, "
+          f"{res.n_evaluations} evaluations; "
           f"chosen from the {res.source} search{'' if res.feasible else ' — NO configuration met the constraints on the tune split'}")
     print("chosen: " + "  ".join(f"{k}={v}" for k, v in res.params.items()))
     with pd.option_context("display.width", 200, "display.max_columns", 50):

@@ -182,7 +182,11 @@ class TuneResult:
             row.update({k: m.get(k) for k in keys})
             row["accuracy_no_kv"] = base.get("accuracy")
             rows[name] = row
-        return pd.DataFrame.from_dict(rows, orient="index")
+        df = pd.DataFrame.from_dict(rows, orient="index")
+        df = df.astype(object).where(df.notna(), np.nan).infer_objects()  # None -> NaN
+        # metrics that do not apply to this policy (NaN on both splits) are left out
+        keep = [c for c in df.columns if c == self.spec.objective or not df[c].isna().all()]
+        return df[keep]
 
 
 def _num(v) -> float:
