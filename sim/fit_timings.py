@@ -109,6 +109,23 @@ def design(tf):
             rng["ctx"] = max(rng["ctx"], info["ctx"])
             rng["new"] = max(rng["new"], info["new"])
             rng["batch"] = max(rng["batch"], int(info["batch"]))
+    # Long-decode shards carry their own timings.parquet (long_prefill / long_decode).
+    import pandas as pd
+    for ld in getattr(tf.trace, "long_decodes", []) or []:
+        path = os.path.join(str(ld.root), ld.rel, "timings.parquet")
+        if not os.path.isfile(path):
+            continue
+        for r in pd.read_parquet(path).itertuples(index=False):
+            out = _row_terms(m, str(r.phase), int(r.n_new), int(r.n_cached), int(r.batch), None)
+            if out is None or not (r.seconds > 0):
+                continue
+            t, info = out
+            rows.append(t)
+            secs.append(float(r.seconds))
+            names.append(str(r.phase))
+            rng["ctx"] = max(rng["ctx"], info["ctx"])
+            rng["new"] = max(rng["new"], info["new"])
+            rng["batch"] = max(rng["batch"], int(info["batch"]))
     if not rows:
         raise ValueError(f"{tf.path}: timings.parquet: no measured phase this fit can model")
     return m, np.array(rows), np.array(secs), names, rng
