@@ -128,9 +128,31 @@ def _fmt_table(policies: dict):
     return df
 
 
+def _flagged(msg: str) -> str:
+    """Prefix a library error with the command-line flag it is about."""
+    if msg.startswith("unknown hardware preset") or msg.startswith("hardware preset"):
+        flag = "--hardware"
+    elif msg.startswith("unknown model preset") or msg.startswith("model preset"):
+        flag = "--model-preset"
+    elif msg.startswith("unknown policy"):
+        flag = "--policy"
+    elif msg.startswith("workload option"):
+        flag = "--workload"
+    elif msg.startswith("arrival_rate"):
+        flag = "--arrival-rate"
+    elif msg.startswith("mode"):
+        flag = "--mode"
+    elif msg.startswith("policy '"):
+        flag = "--set"
+    else:
+        return msg
+    return f"{flag}: {msg}"
+
+
 def _cmd_simulate(args) -> int:
     from sim.api import simulate
     from sim.decisions import ConfigError
+    from sim.profiles import PresetError
     from sim.metrics import clean
 
     trace = _check_trace(args.trace)
@@ -139,10 +161,8 @@ def _cmd_simulate(args) -> int:
         r = simulate(trace, policy=args.policy, params=params, model_preset=args.model_preset,
                      hardware=args.hardware, mode=args.mode, workload=_workload(args), seed=args.seed,
                      arrival_rate=args.arrival_rate, engine=args.engine)
-    except ConfigError as exc:
-        msg = str(exc)
-        flag = "--set" if "parameter" in msg or "policy '" in msg else ("--workload" if "workload" in msg else "--policy")
-        raise ValueError(f"{flag}: {msg}") from None
+    except (ConfigError, PresetError) as exc:
+        raise ValueError(_flagged(str(exc))) from None
     if args.json:
         print(json.dumps(r.to_json_dict(), indent=2, sort_keys=True))
     else:
@@ -158,11 +178,12 @@ def run_compare(trace, model_preset, hardware, mode="isolated", workload=None, s
                 progress=True) -> dict:
     from sim.api import compare_policies
     from sim.decisions import ConfigError
+    from sim.profiles import PresetError
     try:
         return compare_policies(trace, model_preset=model_preset, hardware=hardware, mode=mode, workload=workload,
                                 seed=seed, policies=policies, progress=progress)
-    except ConfigError as exc:
-        raise ValueError(f"--workload: {exc}" if "workload" in str(exc) else str(exc)) from None
+    except (ConfigError, PresetError) as exc:
+        raise ValueError(_flagged(str(exc))) from None
 
 
 def _cmd_compare(args) -> int:

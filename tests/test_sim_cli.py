@@ -76,9 +76,12 @@ def test_bad_inputs_one_line(syn, capsys):
     assert "tau" in e and "--set" in e
     assert "KEY=VALUE" in _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--set", "tau"])
     e = _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--hardware", "h100x"])
-    assert "unknown hardware preset 'h100x'" in e and "h100-sxm" in e
+    assert "--hardware" in e and "unknown hardware preset 'h100x'" in e and "h100-sxm" in e
     e = _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--model-preset", "qwen9", "--hardware", "l4"])
-    assert "unknown model preset 'qwen9'" in e
+    assert "--model-preset" in e and "unknown model preset 'qwen9'" in e
+    assert "--arrival-rate" in _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--hardware", "l4",
+                                             "--arrival-rate", "2"])
+    assert "--hardware" in _err(capsys, ["compare", "--trace", syn, "--hardware", "tpu9"])
     assert "unknown policy" in _err(capsys, ["simulate", "--trace", syn, "--policy", "nope", "--hardware", "l4"])
     assert "--workload" in _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--hardware", "l4",
                                          "--workload", "bogus=1"])
