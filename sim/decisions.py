@@ -152,10 +152,11 @@ def static_key(cfg: SimConfig) -> tuple:
 def decision_key(f, cfg: SimConfig, cache: dict, static: tuple | None = None) -> tuple:
     """A key equal for two configurations iff the policies must decide the same on problem ``f``.
 
-    Thresholds enter the key only through their comparisons with the trace values they
-    are compared with (DESIGN §4: ASKS shares iff ``sigma >= tau``; CGEE's layer exit
-    tests ``H_l < theta`` and ``|H_l - H_(l-1)| < eps``), so a threshold sweep calls the
-    policy once per distinct outcome. The policy objects still make every decision.
+    Thresholds enter the key only through what they decide: ASKS's ``sign(sigma - tau)``
+    per branch (``sigma`` from ``policy.sigma``), CGEE's exit layer of every branch's own
+    and counterfactual verification (from the policy's own vectorised layer-exit rule), so a
+    threshold sweep calls ``plan``/``decide`` once per distinct outcome. The policy objects
+    still make every decision.
     """
     sh, ex = cfg.sharing, cfg.exit
     base, tau, theta, eps = static if static is not None else static_key(cfg)
@@ -173,8 +174,13 @@ def decision_key(f, cfg: SimConfig, cache: dict, static: tuple | None = None) ->
             norm = ex.lens == "norm"
             own, cf = f.lens[("own", norm)]["entropy"], f.lens[("cf", norm)]["entropy"]
             H = cache[hkey] = (own, cf, np.abs(np.diff(own, axis=1)), np.abs(np.diff(cf, axis=1)))
-        key += (np.packbits(H[0] < theta).tobytes(), np.packbits(H[1] < theta).tobytes(),
-                np.packbits(H[2] < eps).tobytes(), np.packbits(H[3] < eps).tobytes())
+        exits = getattr(ex, "_exit_layers", None)
+        if exits is not None:
+            # The policy's own (vectorised) layer-exit rule, for both generations of every branch.
+            key += (exits(H[0]).tobytes(), exits(H[1]).tobytes())
+        else:
+            key += (np.packbits(H[0] < theta).tobytes(), np.packbits(H[1] < theta).tobytes(),
+                    np.packbits(H[2] < eps).tobytes(), np.packbits(H[3] < eps).tobytes())
     return key
 
 

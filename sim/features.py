@@ -71,6 +71,7 @@ class TraceFeatures:
 
 
 _CACHE: dict = {}
+_RAW: dict = {}  # path as given -> resolved key (resolving costs a syscall per call)
 
 
 def _gen_arrays(df, prefix: str) -> dict:
@@ -120,7 +121,11 @@ def load(trace) -> TraceFeatures:
     from traces.store import load_trace  # no torch: the store is pure pyarrow/numpy
 
     if isinstance(trace, (str, os.PathLike)):
+        raw = _RAW.get(str(trace))
+        if raw is not None and raw in _CACHE:
+            return _CACHE[raw]
         key = ("path", str(Path(trace).resolve()))
+        _RAW[str(trace)] = key
         hit = _CACHE.get(key)
         if hit is not None:
             return hit
