@@ -251,3 +251,24 @@ class ScalarCost:
         t = flops / self.rate_c
         tm = byts / self.rate_m
         return (t if t > tm else tm) + kernels * self.pk + lmax * self.pl
+
+
+def decode_steps_terms(m: ModelShape, contexts, mask) -> OpTerms:
+    """Terms of many decode iterations at once; ``contexts (J, B)`` cached tokens, ``mask (J, B)`` present.
+
+    Same as :func:`decode_step_terms` row by row, reduced in closed form: with
+    ``k_j`` sequences and ``S_j = sum_b (c_jb + 1)``::
+
+        flops_j = k_j (2 P L + 2 d V) + 4 H Dh L S_j
+        bytes_j = s [ (L P + d V) [k_j > 0] + L 2 Hkv Dh S_j + 2 d k_j ]
+    """
+    c = np.asarray(contexts, dtype=np.float64)
+    w = np.asarray(mask, dtype=bool)
+    k = w.sum(axis=-1).astype(np.float64)
+    S = np.where(w, c + 1.0, 0.0).sum(axis=-1)
+    L, d, V, s = float(m.n_layers), float(m.hidden_size), float(m.vocab_size), float(m.dtype_bytes)
+    P = float(m.params_per_layer)
+    anyk = (k > 0).astype(np.float64)
+    flops = k * (2.0 * P * L + 2.0 * d * V) + 4.0 * m.n_heads * m.head_dim * L * S
+    bytes_ = s * ((L * P + d * V) * anyk + L * 2.0 * m.n_kv_heads * m.head_dim * S + 2.0 * d * k)
+    return OpTerms(flops, bytes_, anyk * (K_LAYER * L + K_FWD), anyk * L)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cost import batch_terms
+from .cost import ScalarCost, batch_terms, decode_steps_terms
 from .workload import Job, blocks
 
 
@@ -55,6 +55,7 @@ class FastPath:
 
     def __init__(self, model, hw):
         self.m, self.hw = model, hw
+        self.sc = ScalarCost(model, hw)  # small iterations (waves, verification): plain floats beat numpy
         self.kvtok = float(model.kv_bytes_per_token)
         self._memo: dict = {}
         self._decode_memo: dict = {}
@@ -108,7 +109,10 @@ class FastPath:
                     e += 1
                 size = ledger.pool.size
                 sizes[st - 1] = size
-        dts = np.asarray(self.hw.time(batch_terms(self.m, n, c, mask=mask)), np.float64)
+        if sizes is None or not np.any(n != 1.0):
+            dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask)), np.float64)
+        else:  # recompute folded into some steps: the general form
+            dts = np.asarray(self.hw.time(batch_terms(self.m, n, c, mask=mask)), np.float64)
         if sizes is None:
             stored = np.minimum(j, steps[None, :])
             mem = blocks(job.own[None, :] + stored, job.bs).sum(axis=1) * job.bs * self.kvtok
@@ -152,12 +156,11 @@ class FastPath:
                     r = ledger.on_prefill(int(b))
                     n_p[i] += r
                     c_p[i] -= r
-            n = np.concatenate([job.gate[gates].astype(np.float64), n_p])
-            c = np.concatenate([np.zeros(gates.size), c_p])
-            logits = np.concatenate([np.zeros(gates.size), (n_p > 0).astype(np.float64)])
-            copy = np.concatenate([np.zeros(gates.size), job.copy[pre].astype(np.float64)])
-            dt = float(hw.time(batch_terms(m, n, c, logits=logits, copy_tokens=copy)))
-            share = _attribute(dt, item_times(m, hw, n, c, logits=logits, copy=copy))
+            items = ([(float(job.gate[b]), 0.0, None, 0.0, 0.0, 0.0) for b in gates]
+                     + [(float(n_p[i]), float(c_p[i]), None, 0.0, 1.0 if n_p[i] > 0 else 0.0, float(job.copy[b]))
+                        for i, b in enumerate(pre)])
+            dt = self.sc.seconds(items)
+            share = _attribute(dt, np.array([self.sc.seconds([it]) for it in items]))
             phase["gate"] += float(share[: gates.size].sum())
             phase["prefill"] += float(share[gates.size:].sum())
             t += dt
@@ -183,7 +186,8 @@ class FastPath:
                     r = ledger.on_verify(b)
                     n[b] += r
                     c[b] -= r
-            dt = float(hw.time(batch_terms(m, n, c, layers=job.v_layers, probes=job.v_probes, logits=job.v_head)))
+            dt = self.sc.seconds([(float(n[b]), float(c[b]), float(job.v_layers[b]), float(job.v_probes[b]),
+                                   float(job.v_head[b]), 0.0) for b in range(B)])
             phase["verify"] = dt
             t += dt
             iters += 1

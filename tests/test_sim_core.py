@@ -347,3 +347,15 @@ def test_sim_layering_no_torch_calibrate_app():
                 names = [node.module]
             for n in names:
                 assert n.split(".")[0] not in ("torch", "transformers", "calibrate", "app"), (py.name, n)
+
+
+def test_decode_steps_closed_form_equals_batch_terms():
+    rng = np.random.default_rng(5)
+    m = load_model("mistral-7b")
+    c = rng.integers(0, 5000, size=(40, 7)).astype(float)
+    mask = rng.random((40, 7)) < 0.7
+    mask[3] = False
+    a = C.decode_steps_terms(m, c, mask)
+    b = C.batch_terms(m, np.ones_like(c), c, mask=mask)
+    for f in ("flops", "bytes", "kernels", "layers"):
+        np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=1e-12)
