@@ -177,7 +177,11 @@ def decision_key(f, cfg: SimConfig, cache: dict, static: tuple | None = None) ->
         exits = getattr(ex, "_exit_layers", None)
         if exits is not None:
             # The policy's own (vectorised) layer-exit rule, for both generations of every branch.
-            key += (exits(H[0]).tobytes(), exits(H[1]).tobytes())
+            ekey = (f.pos, "exit", ex.lens, theta, eps, ex.l_min)
+            e = cache.get(ekey)
+            if e is None:
+                e = cache[ekey] = (exits(H[0]).tobytes(), exits(H[1]).tobytes())
+            key += e
         else:
             key += (np.packbits(H[0] < theta).tobytes(), np.packbits(H[1] < theta).tobytes(),
                     np.packbits(H[2] < eps).tobytes(), np.packbits(H[3] < eps).tobytes())
