@@ -17,8 +17,10 @@ def _cmd_run(args) -> int:
 
     cfg = RunConfig.from_args(args)
     summary = run_calibration(cfg, Path(args.out))
+    par = summary.get("decision_parity")
     print(f"wrote {args.out}: {summary['n_problems']} problems x {len(summary['policies'])} policies, "
-          f"{summary['n_phases']} timed phases, parity {summary['decision_parity']:.3f}")
+          f"{summary['n_phases']} timed phases, decision parity vs the simulator "
+          f"{'n/a' if par is None else f'{par:.1%}'} {summary.get('parity_by_decision', '')}")
     return 0
 
 
@@ -72,7 +74,8 @@ def _model_flags(p) -> None:
     p.add_argument("--model", default="smollm2-135m", help="model preset or local Hugging Face directory")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (default 1: two threads oversubscribe a shared 2-core CPU)")
 
 
 def register(sub) -> None:
@@ -89,6 +92,7 @@ def register(sub) -> None:
     p.add_argument("--layout", default="persona-prefix")
     p.add_argument("--policies", default=None, help="comma list (default: all end-to-end policies)")
     p.add_argument("--repeats", type=int, default=2, help="runs per (problem, policy); the fastest is kept (default 2)")
+    p.add_argument("--no-capture", action="store_true", help="skip the parity trace (DIR/trace)")
     p.add_argument("--no-sweep", action="store_true", help="skip the op sweep (prefill lengths, decode batches)")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_cmd_run)

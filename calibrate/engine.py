@@ -220,3 +220,102 @@ def verify(model, ids: list[int], past, yes: list[int], no: list[int], exit_poli
     den = py[exit_l - 1] + pn[exit_l - 1]
     score = py[exit_l - 1] / den if den > 0 else 0.5
     return VerifyResult(score=float(score), exit_layer=exit_l, entropy=ent, p_yes=py, p_no=pn)
+
+
+@torch.no_grad()
+def gate_batch(lm, spans: list[list[int]], pad_id: int, timer: PhaseTimer | None = None):
+    """ASKS gate: one full-depth pass over the variant spans only (left-padded batch, no LM head).
+
+    Returns mean- and last-token-pooled hidden states, ``(B, L, d)`` float32 each, pooled
+    with ``traces.capture_ops.pool_span`` (layer l = output of decoder block l).
+    """
+    from traces import capture_ops as CO
+
+    ids, mask, pos = CO.left_pad(spans, pad_id, lm.device)
+    T = ids.shape[1]
+    with _phase(timer, "gate") as row:
+        out = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                       output_hidden_states=True, logits_to_keep=1)
+        if row is not None:
+            row.items([T] * len(spans), [0] * len(spans), logits=0)
+    # hidden_states[L] is final-normed in HF outputs; the gate pools raw block outputs like capture does
+    return CO.pool_span(out.hidden_states, [(0, len(s)) for s in spans], [T - len(s) for s in spans])
+
+
+@dataclass
+class BatchVerify:
+    scores: np.ndarray       # (B,) p_yes / (p_yes + p_no) at the exit layer
+    exit_layer: np.ndarray   # (B,) 1..L
+    entropy: np.ndarray      # (B, L) NaN where the lens was not evaluated
+    p_yes: np.ndarray
+    p_no: np.ndarray
+    probes: np.ndarray       # (B,) logit-lens probes evaluated
+
+
+@torch.no_grad()
+def verify_batch(lm, seqs: list[list[int]], yes: list[int], no: list[int], pad_id: int, exit_policy=None,
+                 timer: PhaseTimer | None = None) -> BatchVerify:
+    """Verification passes of all branches, one left-padded batch, run layer by layer.
+
+    Without ``exit_policy`` every row runs all L layers and is scored at layer L. With a
+    CGEE policy, from layer ``max(l_min, 2) - 1`` on each live row's last position goes
+    through the logit lens (``lm_head(final_norm(h_l))``, the statistics of
+    ``traces.capture_ops``); a row for which ``exit_policy.should_exit(l, H_l, H_{l-1})``
+    holds is scored at layer l and *removed from the batch*: the layers above are never
+    computed for it, and the pass ends when no row is left. Per-row results do not depend
+    on which other rows share the batch (same padded length), so scores equal the
+    capture's full-depth lens wherever the pass reaches the same layer.
+    """
+    from policies import yes_score
+    from traces import capture_ops as CO
+
+    model = lm.model
+    L = LW.n_layers(model)
+    B = len(seqs)
+    ids, mask, pos = CO.left_pad(seqs, pad_id, lm.device)
+    T = ids.shape[1]
+    yes_t = torch.as_tensor(list(yes), device=lm.device)
+    no_t = torch.as_tensor(list(no), device=lm.device)
+    ent = np.full((B, L), np.nan)
+    py = np.full((B, L), np.nan)
+    pn = np.full((B, L), np.nan)
+    exit_l = np.full(B, L, np.int64)
+    probes = np.zeros(B, np.int64)
+    first_probe = max(int(exit_policy.l_min), 2) - 1 if exit_policy is not None else L
+    alive = np.arange(B)
+    with _phase(timer, "verify") as row:
+        st = LW.begin(model, ids, None, position_ids=pos, attention_mask=mask)
+        for l in range(1, L + 1):
+            h = LW.step(model, st)
+            probe = (exit_policy is not None and first_probe <= l < L) or l == L
+            if not probe:
+                continue
+            logits = LW.lens_logits(model, h[:, -1, :])
+            e, ly, ln, _ = CO._lens_stats(logits, yes_t, no_t)
+            e = e.double().numpy()
+            a = ly.exp().double().numpy()
+            b_ = ln.exp().double().numpy()
+            ent[alive, l - 1], py[alive, l - 1], pn[alive, l - 1] = e, a, b_
+            if l == L:
+                break
+            probes[alive] += 1
+            stop = np.array([exit_policy.should_exit(l, float(ent[r, l - 1]),
+                                                     None if l < 2 or np.isnan(ent[r, l - 2]) else float(ent[r, l - 2]))
+                             for r in alive], bool)
+            if stop.any():
+                exit_l[alive[stop]] = l
+                keep = torch.as_tensor(np.flatnonzero(~stop))
+                alive = alive[~stop]
+                if alive.size == 0:
+                    break
+                st.hidden = st.hidden.index_select(0, keep)
+                st.position_ids = st.position_ids.index_select(0, keep)
+                st.position_embeddings = tuple(x.index_select(0, keep) for x in st.position_embeddings)
+                if st.mask is not None and st.mask.shape[0] > 1:
+                    st.mask = st.mask.index_select(0, keep)
+        if row is not None:
+            row.items([T] * B, [0] * B, layers=exit_l.tolist(), probes=probes.tolist(),
+                      logits=(exit_l == L).astype(int).tolist())
+    rows = np.arange(B)
+    scores = yes_score(py[rows, exit_l - 1], pn[rows, exit_l - 1])
+    return BatchVerify(scores, exit_l, ent, py, pn, probes)

@@ -43,3 +43,45 @@ def replay_agreement(dec: pd.DataFrame, pols: dict) -> float:
     """Share of decision records whose every replayed decision matches."""
     ok = [all(replay_one(rec, pols[rec["policy"]]).values()) for rec in dec.to_dict("records")]
     return float(np.mean(ok)) if ok else float("nan")
+
+
+def parity_vs_trace(dec: pd.DataFrame, trace_path, pols: dict, policy_params: dict) -> pd.DataFrame:
+    """Per (problem, policy, decision): does the simulator's replay of ``trace_path`` decide as the run did?
+
+    The trace must hold the same problems, branches, seeds and sampling settings (``calibrate run
+    --capture`` captures it with ``traces.capture`` on the same loaded model). The simulator is
+    ``sim.api.simulate`` with ``verify_reuses_kv = False`` (the runner recomputes verification).
+    Decisions compared: the sharing plan (which branches share the root's KV, tokens reused), the
+    CGEE skip, every branch's exit layer, and the selected branch.
+    """
+    from sim.api import simulate
+    from traces.store import load_trace
+
+    tr = load_trace(trace_path)
+    pos_of = {int(p.index): i for i, p in enumerate(tr.problems)}
+    rows = []
+    for rec in dec.to_dict("records"):
+        pol = rec["policy"]
+        pos = pos_of.get(int(rec["problem"]))
+        if pos is None:
+            continue
+        r = simulate(tr, pol, params=policy_params.get(pol, {}), hardware="h200", problems=[pos],
+                     workload={"verify_reuses_kv": False}, baselines=False)
+        br = r.branches.sort_values("branch")
+        pr = r.problems.iloc[0]
+        got = {
+            "shared": [bool(x) for x in br["shared"]] == [bool(x) for x in rec["share_root"]],
+            "reused": int(pr["reused_tokens"]) == int(np.sum(rec["reused"])),
+            "skipped": bool(pr["skipped"]) == bool(rec["skipped"]),
+            "exit_layer": [int(x) for x in br["exit_layer"]] ==
+                          ([int(x) for x in rec["exit_layer"]] if not rec["skipped"] else [0] * len(br)),
+            "selected": int(np.flatnonzero(br["selected"].to_numpy())[0]) == int(rec["selected"]),
+        }
+        own = tr.problems[pos].branches
+        got_tokens = [list(map(int, g)) for g in (own["cf_gen_ids"] if False else own["gen_ids"])]
+        for k, v in got.items():
+            rows.append({"problem": int(rec["problem"]), "policy": pol, "decision": k, "match": bool(v)})
+        if not any(rec["share_root"]):
+            rows.append({"problem": int(rec["problem"]), "policy": pol, "decision": "gen_tokens",
+                         "match": got_tokens == [list(map(int, g)) for g in rec["gen_ids"]]})
+    return pd.DataFrame(rows)

@@ -52,7 +52,7 @@ class RunConfig:
     model: str = "smollm2-135m"
     device: str = "cpu"
     seed: int = 0
-    threads: int | None = None
+    threads: int | None = 1     # intra-op threads; 1 on a shared CPU (2 oversubscribe, see traces/capture.py)
     problems: int = 6
     branches: int = 4
     max_new_tokens: int = 24
@@ -64,6 +64,7 @@ class RunConfig:
     policies: tuple = E2E_POLICIES
     params: dict = field(default_factory=dict)   # policy name -> parameter dict
     sweep: bool = True
+    capture: bool = True       # also capture a trace of the same problems/seeds (DIR/trace) for parity and report
     repeats: int = 2          # each (problem, policy) runs this many times; the fastest run's phases are kept
     sweep_prefill: tuple = (16, 64, 256, 1024, 2048)
     sweep_decode_batch: tuple = (1, 2, 4, 8)
@@ -83,7 +84,8 @@ class RunConfig:
             raise ValueError("--branches: must be >= 2")
         return cls(model=a.model, device=a.device, seed=a.seed, threads=a.threads, problems=a.problems,
                    branches=a.branches, max_new_tokens=a.max_new_tokens, dataset=a.dataset, layout=a.layout,
-                   policies=pols, sweep=not a.no_sweep, repeats=a.repeats)
+                   policies=pols, sweep=not a.no_sweep, repeats=a.repeats,
+                   capture=not a.no_capture)
 
 
 DEFAULT_PARAMS = {
@@ -126,18 +128,18 @@ class _StepClock:
             self.timer.rows.append(row)
 
 
-def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffix, eos) -> dict:
+def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffix, stop, pad_id) -> dict:
     """One problem under one policy, end to end. Returns the decision record."""
     import torch
-    from policies import NoKV, pooled_cosine
+    from policies import NoKV
     from traces import capture_ops as CO
     from traces.answers import extract_answer, is_correct
+    from traces.capture import STREAM_BRANCH
     from traces.workload import verification_ids
 
     from calibrate import engine as E
     from calibrate import kv as KV
 
-    model = lm.model
     ids = [np.asarray(b.prompt_ids, dtype=np.int64) for b in prompts.branches]
     spans = np.array([[b.variant_start, b.variant_end] for b in prompts.branches], dtype=np.int64)
     B = len(ids)
@@ -146,39 +148,58 @@ def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffi
     asks = getattr(pol, "asks", pol if getattr(pol, "name", "") == "asks" else None)
     cos = None
     if asks is not None and asks.tau <= 1.0:
-        pooled = []
-        for b in range(B):
-            m_, l_ = E.gate_pooled(model, ids[b][spans[b, 0]:spans[b, 1]].tolist(), timer, branch=b)
-            pooled.append(m_ if asks.pooling == "mean" else l_)
         if asks.similarity == "centered":
             raise ValueError("calibrate run: asks similarity='centered' needs the reference means; use 'cosine'")
-        cos = pooled_cosine(np.stack(pooled))
+        mean, last = E.gate_batch(lm, [ids[b][spans[b, 0]:spans[b, 1]].tolist() for b in range(B)], pad_id, timer)
+        pooled = mean if asks.pooling == "mean" else last
+        cos = CO.cosine(pooled, pooled[:1])
+        cos[0] = 1.0  # the root against itself, exactly (as capture stores it)
     plan = sharing.plan(ids, cos=cos, variant_spans=spans)
 
-    # --- prompts: prefill what the plan says to compute, reuse the rest as views
-    caches, firsts = [None] * B, [None] * B
     with torch.inference_mode():
-        for b in range(B):
-            if plan.share_root[b]:
-                caches[b], firsts[b] = caches[0], firsts[0]
-                continue
-            r = int(plan.reused[b])
-            past = KV.prefix_view(caches[int(plan.source[b])], r) if r > 0 else None
-            with timer.phase("prefill", branch=b) as row:
-                x = torch.tensor([ids[b][r:].tolist()], dtype=torch.long)
-                pos = torch.arange(r, len(ids[b])).unsqueeze(0)
-                logits, cache, _ = CO.prefill(lm, x, position_ids=pos, cache=past) if past is not None else \
-                    CO.prefill(lm, x, position_ids=pos)
-                row.items([len(ids[b]) - r], [r])
-            caches[b], firsts[b] = cache, logits
-        # --- decode all branches as one batch
-        with timer.phase("assemble", kind="copy") as row:
-            batch, mask, lens = KV.left_padded_batch(caches)
-            row.cand = int(sum(lens))
-        gens = [CO.make_generator(lm, CO.seed_for(cfg.seed, problem.index, b, 0)) for b in range(B)]
+        # --- prompts: one left-padded batch for the branches that compute their whole prompt
+        # (the root always does), a view of the source's first `reused` tokens for the others,
+        # the root's KV itself for the branches ASKS let share it.
+        full = [b for b in range(B) if plan.reused[b] == 0 and not plan.share_root[b]]
+        x, mask, pos = CO.left_pad([ids[b].tolist() for b in full], pad_id, lm.device)
+        T0 = x.shape[1]
+        with timer.phase("prefill") as row:
+            logits, cache, _ = CO.prefill(lm, x, mask, pos)
+            row.items([T0] * len(full), [0] * len(full))
+        if len(full) == B:
+            batch, bmask, first, lens = cache, mask, logits, [T0] * B
+            next_pos = mask.sum(1)
+        else:
+            row_of = {b: i for i, b in enumerate(full)}
+            per, firsts = [None] * B, [None] * B
+            for b in full:  # each row without its left padding: views
+                i, pad = row_of[b], T0 - len(ids[b])
+                per[b] = KV.cache_from([(k[i:i + 1, :, pad:], v[i:i + 1, :, pad:]) for k, v in KV.kv_list(cache)])
+                firsts[b] = logits[i:i + 1]
+            for b in range(B):
+                if b in row_of:
+                    continue
+                if plan.share_root[b]:
+                    per[b], firsts[b] = per[0], firsts[0]
+                    continue
+                r = int(plan.reused[b])
+                past = KV.prefix_view(per[int(plan.source[b])], r)
+                with timer.phase("prefill", branch=b) as row:
+                    xb = torch.tensor([ids[b][r:].tolist()], dtype=torch.long)
+                    pb = torch.arange(r, len(ids[b])).unsqueeze(0)
+                    firsts[b], per[b], _ = CO.prefill(lm, xb, position_ids=pb, cache=past)
+                    row.items([len(ids[b]) - r], [r])
+            with timer.phase("assemble", kind="copy") as row:
+                batch, bmask, lens0 = KV.left_padded_batch(per)
+                row.cand = int(sum(lens0))
+            first = torch.cat(firsts, 0)
+            lens = [bmask.shape[1]] * B
+            next_pos = torch.tensor([KV.seq_len(c) for c in per])
+        # --- decode all branches as one batch (the capture's sampling streams)
+        gens = [CO.make_generator(lm, CO.seed_for(cfg.seed, problem.index, b, STREAM_BRANCH)) for b in range(B)]
         clock = _StepClock(timer, B, lens)
-        res = CO.sample_decode(lm, torch.cat(firsts, 0), batch, mask, torch.tensor(lens), cfg.max_new_tokens,
-                               gens, cfg.temperature, cfg.top_p, stop_ids=sorted(eos), step_hook=clock.hook)
+        res = CO.sample_decode(lm, first, batch, bmask, next_pos, cfg.max_new_tokens, gens, cfg.temperature,
+                               cfg.top_p, stop_ids=sorted(stop), step_hook=clock.hook)
         clock.close()
     tok = lm.tokenizer
     answers = [extract_answer(tok.decode(g, skip_special_tokens=True), problem.answer_kind,
@@ -192,19 +213,18 @@ def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffi
     if exit_pol is not None:
         conf = vote if exit_pol.confidence == "vote" else mean_prob
         skipped, winner = exit_pol.skip(conf, answers)
+    L = lm.n_layers
     exit_layers = np.zeros(B, np.int64)
-    entropy = [[float("nan")] * lm.n_layers for _ in range(B)]
     scores = np.full(B, np.nan)
+    entropy = np.full((B, L), np.nan)
     if skipped:
         selected = winner
     else:
-        for b in range(B):
-            # a branch that decoded on the root's KV verifies the root's prompt + its own generation
-            p_ids = ids[0] if plan.share_root[b] else ids[b]
-            v_ids, _ = verification_ids(p_ids.tolist(), res.gen_ids[b], suffix, sorted(eos))
-            vr = E.verify(model, v_ids, None, yes, no, exit_pol, timer, branch=b)
-            exit_layers[b], scores[b] = vr.exit_layer, vr.score
-            entropy[b] = vr.entropy
+        # recomputed from scratch: the branch's own prompt + its generation (also for a branch that
+        # decoded on the root's KV, as capture scores the counterfactual generation)
+        vseqs = [verification_ids(ids[b].tolist(), res.gen_ids[b], suffix, sorted(stop))[0] for b in range(B)]
+        vr = E.verify_batch(lm, vseqs, yes, no, pad_id, exit_pol, timer)
+        exit_layers, scores, entropy = vr.exit_layer, vr.scores, vr.entropy
         selected = int(np.argmax(scores))
     seconds = time.perf_counter() - t_start
     sel_ans = answers[selected]
@@ -213,12 +233,12 @@ def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffi
         "share_root": plan.share_root.tolist(), "reused": plan.reused.tolist(), "computed": plan.computed.tolist(),
         "source": plan.source.tolist(), "gate_tokens": plan.gate_tokens.tolist(),
         "sigma": [float(s) for s in plan.sigma],
-        "skipped": bool(skipped), "winner": int(winner), "exit_layer": exit_layers.tolist(),
+        "skipped": bool(skipped), "winner": int(winner), "exit_layer": [int(x) for x in exit_layers],
         "scores": [float(s) for s in scores], "selected": int(selected),
         "answers": answers, "gen_len": [len(g) for g in res.gen_ids], "prompt_len": [len(i) for i in ids],
         "gen_ids": [list(map(int, g)) for g in res.gen_ids],
         "prompt_ids": [i.tolist() for i in ids], "spans": spans.tolist(),
-        "cos": None if cos is None else cos.tolist(), "entropy": entropy,
+        "cos": None if cos is None else cos.tolist(), "entropy": entropy.tolist(),
         "vote_share": vote.tolist(), "mean_prob": mean_prob.tolist(),
         "answer": sel_ans, "correct": bool(is_correct(sel_ans, problem.truth, problem.answer_kind)),
         "truth": problem.truth, "seconds": float(seconds),
@@ -290,16 +310,16 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
                           target_prefix_tokens=cfg.target_prefix_tokens)
     yes, no = yes_no_ids(lm.tokenizer)
     suffix = verify_suffix_ids(lm.tokenizer, wcfg.verify_prompt)
-    eos = {int(lm.tokenizer.eos_token_id)}
-    im_end = lm.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(im_end, int) and im_end >= 0:
-        eos.add(im_end)
+    from traces.capture import _stop_ids
+    eos = set(_stop_ids(lm.tokenizer))   # the capture's stop tokens and pad id: same computation paths
+    tk = lm.tokenizer
+    pad_id = tk.pad_token_id if tk.pad_token_id is not None else (tk.eos_token_id or 0)
     pols = {name: make_policy(name, cfg.params.get(name)) for name in cfg.policies}
     # warm-up: first calls allocate and pick kernels; not part of any measurement
     timer.enabled = False
     pp0 = build_prompts(lm.tokenizer, problems[0].prompt_text(), problems[0].answer_kind, wcfg, problems[0].index)
     run_problem(lm, pp0, problems[0], make_policy("no-kv"), dataclasses.replace(cfg, max_new_tokens=2), timer,
-                yes, no, suffix, eos)
+                yes, no, suffix, eos, pad_id)
     timer.enabled = True
     timer.rows.clear()
     records = []
@@ -312,7 +332,7 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
         best_rows, rec = None, None
         for _ in range(cfg.repeats):
             mark = len(timer.rows)
-            r = run_problem(lm, pp, p, pols[name], cfg, timer, yes, no, suffix, eos)
+            r = run_problem(lm, pp, p, pols[name], cfg, timer, yes, no, suffix, eos, pad_id)
             rows = timer.rows[mark:]
             del timer.rows[mark:]
             if rec is not None and r["gen_ids"] != rec["gen_ids"]:
@@ -338,7 +358,22 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
         "n_phases": int(len(phases)), "problems": [int(p.index) for p in problems],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    summary["decision_parity"] = float(decision_parity(out, dec, pols)) if len(dec) else float("nan")
+    summary["replay_parity"] = float(decision_parity(out, dec, pols)) if len(dec) else float("nan")
+    summary["decision_parity"] = None
+    if cfg.capture:
+        from calibrate.parity import parity_vs_trace
+        from traces.capture import CaptureConfig, run_capture
+
+        ccfg = CaptureConfig(model=cfg.model, dataset=cfg.dataset, problems=cfg.problems, branches=cfg.branches,
+                             layout=cfg.layout, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                             top_p=cfg.top_p, seed=cfg.seed, device=cfg.device, threads=torch.get_num_threads(),
+                             target_prefix_tokens=cfg.target_prefix_tokens, hidden_vectors=False)
+        run_capture(ccfg, out / "trace", command="rksim calibrate run (parity capture)", progress=progress, lm=lm)
+        par = parity_vs_trace(dec, out / "trace", pols, summary["policy_params"])
+        _write_parquet(out / "parity.parquet", par)
+        summary["decision_parity"] = float(par["match"].mean()) if len(par) else None
+        summary["parity_by_decision"] = {k: float(v) for k, v in par.groupby("decision")["match"].mean().items()}
+        summary["parity_by_policy"] = {k: float(v) for k, v in par.groupby("policy")["match"].mean().items()}
     atomic_write_json(out / "run.json", summary)
     return summary
 
