@@ -1,0 +1,97 @@
+"""Calibration benchmark: fidelity of the simulator against real runs, real speedups, eviction quality.
+
+Writes ``DIR/calibrate.json`` and prints a short table. Steps (all on the real
+default model, 1 CPU thread):
+
+1. ``calibrate run`` (problems x every end-to-end policy, op sweep, parity capture),
+   ``calibrate fit`` (preset written to ``DIR/calibrate/local-cpu.yaml``, not to the
+   repository), ``calibrate report`` on the held-out problems;
+2. ``calibrate speedup`` on the RKSC paper's shape (prefix ~1,024 tokens, B = 8,
+   32 new tokens);
+3. ``calibrate quality`` for the token-eviction policies at 2x, 4x, 8x.
+
+Goals (from the issue): mean latency error <= 2%, per-problem median <= 5%,
+speedup-ratio error <= 3%, RKSC >= 3x faster than No-KV on the paper's shape.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+GOALS = {"mean_abs_pct_error": 0.02, "median_abs_pct_error": 0.05, "speedup_ratio_error": 0.03,
+         "rksc_speedup_vs_no_kv": 3.0}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--problems", type=int, default=6)
+    ap.add_argument("--speedup-problems", type=int, default=1)
+    ap.add_argument("--quality-problems", type=int, default=1)
+    ap.add_argument("--long-decode", type=int, default=96)
+    args = ap.parse_args(argv)
+
+    from calibrate.fit import fit_run_dir
+    from calibrate.quality import QualityConfig, run_quality
+    from calibrate.report import fidelity_report
+    from calibrate.runner import RunConfig, run_calibration
+    from calibrate.speedup import SpeedupConfig, run_speedup
+    from traces.store import atomic_write_json
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.out / "calibrate"
+    if work.exists():
+        shutil.rmtree(work)
+    t0 = time.perf_counter()
+    run = run_calibration(RunConfig(problems=args.problems), work / "run")
+    fit = fit_run_dir(work / "run", name="local-cpu", out=work / "local-cpu.yaml")
+    rep = fidelity_report(work / "run")
+    t_fid = time.perf_counter() - t0
+    sp = run_speedup(SpeedupConfig(problems=args.speedup_problems), work / "speedup")
+    t_sp = time.perf_counter() - t0 - t_fid
+    q = run_quality(QualityConfig(problems=args.quality_problems, long_decode=args.long_decode), work / "quality")
+    t_q = time.perf_counter() - t0 - t_fid - t_sp
+    rksc_x = sp["speedup_vs_no_kv"].get("rksc")
+    res = {
+        "fidelity": {k: rep[k] for k in ("mean_abs_pct_error", "median_abs_pct_error", "p90_abs_pct_error",
+                                         "speedup_ratio_error", "decision_parity", "n_fit", "n_holdout",
+                                         "unaccounted_host_share")},
+        "fidelity_per_policy": rep["per_policy"],
+        "fit": {"rel_rms": fit["rel_rms"], "rel_median_abs": fit["rel_median_abs"], **fit["coefficients"],
+                "fitted_range": fit["fitted_range"]},
+        "parity_by_decision": run.get("parity_by_decision"),
+        "speedup": {"speedup_vs_no_kv": sp["speedup_vs_no_kv"], "speedup_vs_exact_prefix": sp["speedup_vs_exact_prefix"],
+                    "latency_s": sp["latency_s"], "shape": sp["shape"],
+                    **{k: v for k, v in sp.items() if k.startswith(("cgee_", "rksc_"))}},
+        "quality": {"spearman_proxy_vs_kl": q["spearman_proxy_vs_kl"], "full_accuracy": q["full_accuracy"],
+                    "table": q["table"]},
+        "goals": GOALS,
+        "goals_met": {
+            "mean_abs_pct_error": rep["mean_abs_pct_error"] <= GOALS["mean_abs_pct_error"],
+            "median_abs_pct_error": rep["median_abs_pct_error"] <= GOALS["median_abs_pct_error"],
+            "speedup_ratio_error": (rep["speedup_ratio_error"] or 0) <= GOALS["speedup_ratio_error"],
+            "rksc_speedup_vs_no_kv": bool(rksc_x is not None and rksc_x >= GOALS["rksc_speedup_vs_no_kv"]),
+        },
+        "seconds": {"fidelity": t_fid, "speedup": t_sp, "quality": t_q, "total": time.perf_counter() - t0},
+    }
+    atomic_write_json(args.out / "calibrate.json", res)
+    f = res["fidelity"]
+    print(f"{'metric':<34}{'value':>10}{'goal':>8}")
+    print(f"{'mean |error| of mean latency':<34}{f['mean_abs_pct_error']:>10.2%}{'<=2%':>8}")
+    print(f"{'median |error| per problem':<34}{f['median_abs_pct_error']:>10.2%}{'<=5%':>8}")
+    print(f"{'speedup-ratio error':<34}{(f['speedup_ratio_error'] or 0):>10.2%}{'<=3%':>8}")
+    print(f"{'decision parity':<34}{f['decision_parity']:>10.1%}{'100%':>8}")
+    print(f"{'RKSC speedup vs No-KV (paper shape)':<34}{(rksc_x or 0):>10.2f}{'>=3x':>8}")
+    print(f"{'Spearman(proxy, KL)':<34}{(q['spearman_proxy_vs_kl'] or 0):>10.2f}")
+    print(f"total {res['seconds']['total']:.0f} s -> {args.out / 'calibrate.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

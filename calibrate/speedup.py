@@ -1,0 +1,137 @@
+"""Measured speedups on the RKSC paper's workload shape (``rksim calibrate speedup``).
+
+Shape: each branch prompt is padded with neutral text to ~``prefix_tokens``
+(1,024 in the paper) around its variant segment, ``branches`` = 8, each branch
+generates ``step_tokens`` = 32 tokens; layout ``persona-prefix`` (the variation
+sits at the start, so exact prefix caching shares almost nothing and semantic
+sharing is what can win). Every policy runs end to end through
+:func:`calibrate.runner.run_problem` — the same code as ``calibrate run`` —
+on the same problems and seeds:
+
+- ``no-kv`` (baseline), ``exact-prefix``, each RKSC component alone
+  (``asks``; ``cgee`` on No-KV sharing) and ``rksc`` (ASKS + CGEE);
+- speedup = mean No-KV latency / mean policy latency;
+- CGEE skip rate (share of problems whose verification was skipped) and
+  CGEE-induced error (the selected branch differs from the one full-depth
+  verification of the same generations selects: ``cgee`` against ``no-kv``,
+  ``rksc`` against ``asks``).
+
+RSBCM acts only under a KV block budget (tree search / memory pressure); the
+isolated problems here fit in memory, so its effect is not part of these
+numbers (``depth`` is recorded for the tree workload; see docs/calibration.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+SPEEDUP_POLICIES = ("no-kv", "exact-prefix", "asks", "cgee", "rksc")
+
+
+@dataclass
+class SpeedupConfig:
+    model: str = "smollm2-135m"
+    device: str = "cpu"
+    seed: int = 0
+    threads: int | None = 1
+    problems: int = 1
+    branches: int = 8
+    prefix_tokens: int = 1024
+    step_tokens: int = 32
+    depth: int = 3
+    layout: str = "persona-prefix"
+    policies: tuple = SPEEDUP_POLICIES
+
+    @classmethod
+    def from_args(cls, a) -> "SpeedupConfig":
+        if a.problems < 1 or a.branches < 2 or a.prefix_tokens < 0 or a.step_tokens < 1:
+            raise ValueError("--problems >= 1, --branches >= 2, --prefix-tokens >= 0, --step-tokens >= 1 required")
+        return cls(model=a.model, device=a.device, seed=a.seed, threads=a.threads, problems=a.problems,
+                   branches=a.branches, prefix_tokens=a.prefix_tokens, step_tokens=a.step_tokens, depth=a.depth)
+
+
+def run_speedup(cfg: SpeedupConfig, out: Path, progress: bool = True) -> dict:
+    import torch
+    from tqdm import tqdm
+    from traces.capture import _stop_ids
+    from traces.datasets import load_dataset
+    from traces.models import load_model
+    from traces.store import atomic_write_json
+    from traces.workload import WorkloadConfig, build_prompts, verify_suffix_ids, yes_no_ids
+
+    from calibrate.runner import RunConfig, _write_parquet, make_policy, run_problem
+    from calibrate.timing import PhaseTimer
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    lm = load_model(cfg.model, device=cfg.device)
+    tk = lm.tokenizer
+    pad_id = tk.pad_token_id if tk.pad_token_id is not None else (tk.eos_token_id or 0)
+    stop = set(_stop_ids(tk))
+    yes, no = yes_no_ids(tk)
+    wcfg = WorkloadConfig(layout=cfg.layout, n_branches=cfg.branches, seed=cfg.seed,
+                          target_prefix_tokens=cfg.prefix_tokens)
+    suffix = verify_suffix_ids(tk, wcfg.verify_prompt)
+    rcfg = RunConfig(model=cfg.model, device=cfg.device, seed=cfg.seed, branches=cfg.branches,
+                     max_new_tokens=cfg.step_tokens, layout=cfg.layout, target_prefix_tokens=cfg.prefix_tokens)
+    timer = PhaseTimer(sync=lm.sync)
+    problems = load_dataset("gsm8k", limit=cfg.problems)
+    # warm-up (allocations, kernel choice), not measured
+    pp0 = build_prompts(tk, problems[0].prompt_text(), problems[0].answer_kind, wcfg, problems[0].index)
+    timer.enabled = False
+    run_problem(lm, pp0, problems[0], make_policy("no-kv"), dataclasses.replace(rcfg, max_new_tokens=2), timer,
+                yes, no, suffix, stop, pad_id)
+    timer.enabled = True
+    recs = []
+    for p in tqdm(problems, desc="calibrate speedup", disable=not progress):
+        pp = build_prompts(tk, p.prompt_text(), p.answer_kind, wcfg, p.index)
+        for name in cfg.policies:
+            timer.context = {"problem": int(p.index), "policy": name}
+            rec = run_problem(lm, pp, p, make_policy(name), rcfg, timer, yes, no, suffix, stop, pad_id)
+            rec["shared_prefix_tokens"] = int(pp.shared_prefix_tokens)
+            recs.append(rec)
+    dec = pd.DataFrame(recs)
+    _write_parquet(out / "speedup_decisions.parquet", dec)
+    _write_parquet(out / "speedup_phases.parquet", timer.frame())
+    lat = dec.groupby("policy")["seconds"].mean()
+    sel = dec.pivot(index="problem", columns="policy", values="selected")
+    res = {
+        "shape": {"prefix_tokens": cfg.prefix_tokens, "branches": cfg.branches, "step_tokens": cfg.step_tokens,
+                  "depth": cfg.depth, "layout": cfg.layout, "problems": cfg.problems,
+                  "prompt_tokens_mean": float(np.mean([np.mean(x) for x in dec["prompt_len"]]))},
+        "latency_s": {k: float(v) for k, v in lat.items()},
+        "speedup_vs_no_kv": {k: float(lat["no-kv"] / v) for k, v in lat.items() if "no-kv" in lat},
+        "speedup_vs_exact_prefix": {k: float(lat["exact-prefix"] / v) for k, v in lat.items()
+                                    if "exact-prefix" in lat},
+        "phase_seconds": {pol: {ph: float(s) for ph, s in g.groupby("phase")["seconds"].sum().items()}
+                          for pol, g in timer.frame().groupby("policy")},
+    }
+    for name, ref in (("cgee", "no-kv"), ("rksc", "asks")):
+        if name in sel and ref in sel:
+            d = dec[dec["policy"] == name]
+            res[f"{name}_skip_rate"] = float(d["skipped"].mean())
+            res[f"{name}_mean_exit_layer"] = float(np.mean([np.mean(x) for x, s in zip(d["exit_layer"], d["skipped"])
+                                                            if not s])) if (~d["skipped"]).any() else None
+            res[f"{name}_induced_error"] = float((sel[name] != sel[ref]).mean())
+    res["threads"] = torch.get_num_threads()
+    res["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    atomic_write_json(out / "speedup.json", res)
+    return res
+
+
+def format_speedup(res: dict) -> str:
+    lines = [f"shape: {res['shape']}", f"{'policy':<14}{'latency s':>11}{'vs no-kv':>10}{'vs exact':>10}"]
+    for k, v in res["latency_s"].items():
+        lines.append(f"{k:<14}{v:>11.2f}{res['speedup_vs_no_kv'].get(k, float('nan')):>10.2f}"
+                     f"{res['speedup_vs_exact_prefix'].get(k, float('nan')):>10.2f}")
+    for k in ("cgee", "rksc"):
+        if f"{k}_skip_rate" in res:
+            lines.append(f"{k}: skip rate {res[f'{k}_skip_rate']:.2f}, induced error {res[f'{k}_induced_error']:.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,223 @@
+"""calibrate: real runner, decision parity with the simulator, evicting cache, report, CLI.
+
+Fast tests use a tiny random Llama; ``slow`` ones the real SmolLM2-135M (a few tokens each).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from calibrate import layerwise as LW  # noqa: E402
+from calibrate.evicting_cache import EvictingCache  # noqa: E402
+from policies import get_policy, run_token_eviction  # noqa: E402
+
+REPORT_KEYS = {"mean_abs_pct_error", "median_abs_pct_error", "p90_abs_pct_error", "speedup_ratio_error",
+               "decision_parity", "n_fit", "n_holdout"}
+TOKEN_POLICIES = ["streamingllm", "h2o", "snapkv", "rkv", "curdkv", "random", "vase-attnv", "vase-dkv"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      tie_word_embeddings=True)
+    cfg._attn_implementation = "sdpa"
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_layerwise_equals_model_forward(tiny):
+    ids = torch.randint(0, 300, (2, 17))
+    with torch.inference_mode():
+        ref = tiny(ids, output_hidden_states=True)
+        st = LW.begin(tiny, ids)
+        for l in range(1, 4):
+            h = LW.step(tiny, st)
+            if l < 3:
+                assert torch.equal(h, ref.hidden_states[l])
+        assert torch.equal(LW.final_logits(tiny, st.hidden), ref.logits)
+
+
+def test_layerwise_stops_early(tiny):
+    calls = []
+    hooks = [layer.register_forward_hook(lambda m, a, o, i=i: calls.append(i)) for i, layer in enumerate(tiny.model.layers)]
+    try:
+        with torch.inference_mode():
+            st = LW.begin(tiny, torch.randint(0, 300, (1, 5)))
+            LW.step(tiny, st)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert calls == [0]  # layers 2 and 3 never ran
+
+
+def _evict_run(model, pol, P=24, T=30, seed=0):
+    L = model.config.num_hidden_layers
+    rngs = [np.random.default_rng([seed, l]) for l in range(L)]
+    c = EvictingCache(L, pol, P, model.config.num_key_value_heads, rngs).attach(model)
+    ids = torch.randint(0, 300, (1, P), generator=torch.Generator().manual_seed(seed))
+    with c, torch.inference_mode():
+        out = model(ids, cache=c, use_cache=True)
+        tok = out.logits[0, -1].argmax()
+        for i in range(T):
+            out = model(tok.view(1, 1), cache=c, use_cache=True, position_ids=torch.tensor([[P + i]]))
+            tok = out.logits[0, -1].argmax()
+    return c, rngs
+
+
+@pytest.mark.parametrize("name", TOKEN_POLICIES)
+def test_evicting_cache_decides_as_the_simulator_loop(tiny, name):
+    pol = get_policy(name, budget=8, buffer=4)
+    c, _ = _evict_run(tiny, pol)
+    assert c.n_events > 0
+    for li in range(tiny.config.num_hidden_layers):
+        K, V, Q = c.ev[li].arrays()
+        res = run_token_eviction(pol, K, V, Q, 24, np.random.default_rng([0, li]))
+        assert len(res.steps) == len(c.ev[li].events)
+        for (t1, k1), (t2, k2) in zip(res.steps, c.ev[li].events):
+            assert t1 == t2 and np.array_equal(k1, k2)
+        # the torch cache really holds what the loop keeps: same positions, same length
+        assert np.array_equal(c.ev[li].cache, res.kept_final)
+        assert c.layers[li].keys.shape[2] == res.kept_final.shape[1] < 24 + 30
+
+
+def test_full_cache_never_evicts(tiny):
+    c, _ = _evict_run(tiny, get_policy("full"))
+    assert c.n_events == 0 and c.layers[0].keys.shape[2] == 24 + 30
+
+
+def _fake_run_dir(tmp_path: Path) -> Path:
+    """A calibration directory with synthetic phases and decisions (no model)."""
+    from calibrate.timing import PhaseRow, phases_frame
+
+    rows, recs = [], []
+    rng = np.random.default_rng(0)
+    for prob in range(4):
+        for pol, scale in (("no-kv", 1.0), ("exact-prefix", 0.8), ("rksc", 0.4)):
+            ctx = {"problem": prob, "policy": pol}
+            t = 0.0
+            for n in (100 * scale, 40):
+                r = PhaseRow("prefill", **ctx).items([int(n)], [0])
+                r.seconds = 2e-3 * n * (1 + 0.01 * rng.normal())
+                rows.append(r)
+                t += r.seconds
+            for s in range(5):
+                r = PhaseRow("decode", **ctx).items([1, 1], [120 + s, 110 + s])
+                r.seconds = 0.05 * (1 + 0.01 * rng.normal())
+                rows.append(r)
+                t += r.seconds
+            recs.append({"problem": prob, "policy": pol, "seconds": t * 1.02})
+    for n in (16, 64, 256):
+        r = PhaseRow("sweep-prefill", problem=-1, policy="sweep").items([n], [0])
+        r.seconds = 2e-3 * n
+        rows.append(r)
+    d = tmp_path / "run"
+    d.mkdir()
+    phases_frame(rows).to_parquet(d / "phases.parquet")
+    pd.DataFrame(recs).to_parquet(d / "decisions.parquet")
+    model = {"name": "smollm2-135m", "n_layers": 30, "hidden_size": 576, "n_heads": 9, "n_kv_heads": 3,
+             "head_dim": 64, "intermediate_size": 1536, "vocab_size": 49152, "dtype": "float32", "source": "x"}
+    (d / "run.json").write_text(json.dumps({"model": model, "device": "cpu", "threads": 1, "problems": [0, 1, 2, 3],
+                                            "decision_parity": 1.0, "created": "now"}))
+    return d
+
+
+def test_fit_and_report_json_keys(tmp_path):
+    from calibrate.fit import fit_run_dir
+    from calibrate.report import fidelity_report
+
+    d = _fake_run_dir(tmp_path)
+    info = fit_run_dir(d, name="test-cpu", out=tmp_path / "test-cpu.yaml", holdout=0.5)
+    assert len(info["holdout_problems"]) == 2 and set(info["fit_problems"]).isdisjoint(info["holdout_problems"])
+    rep = fidelity_report(d)
+    assert REPORT_KEYS <= set(rep)
+    assert rep["n_fit"] == 2 and rep["n_holdout"] == 2 and rep["decision_parity"] == 1.0
+    assert 0 <= rep["median_abs_pct_error"] <= rep["p90_abs_pct_error"]
+    assert set(rep["speedup_vs_no_kv"]) == {"exact-prefix", "rksc"}
+    html = (d / "report.html").read_text()
+    assert "<html>" in html and "plotly" in html.lower()
+
+
+def test_report_refuses_without_fit(tmp_path):
+    from calibrate.report import fidelity_report
+
+    d = _fake_run_dir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="fit.json"):
+        fidelity_report(d)
+
+
+# ----------------------------------------------------------------------------- real model (slow)
+
+@pytest.mark.slow
+def test_tiny_real_run_parity_fit_report_cli(tmp_path):
+    """CLI end to end on 2 problems x 3 branches x 6 tokens: every policy, parity 100% with the simulator."""
+    from app.cli import main
+
+    out = tmp_path / "cal"
+    rc = main(["calibrate", "run", "--problems", "2", "--branches", "3", "--max-new-tokens", "6",
+               "--repeats", "1", "--no-sweep", "--out", str(out)])
+    assert rc == 0
+    run = json.loads((out / "run.json").read_text())
+    par = pd.read_parquet(out / "parity.parquet")
+    assert set(par["policy"]) == {"no-kv", "exact-prefix", "asks", "cgee", "rksc"}
+    assert set(par["decision"]) >= {"shared", "reused", "skipped", "exit_layer", "selected", "gen_tokens"}
+    assert par["match"].all(), par[~par["match"]].to_string()
+    assert run["decision_parity"] == 1.0 and run["replay_parity"] == 1.0
+    dec = pd.read_parquet(out / "decisions.parquet")
+    cg = dec[dec["policy"] == "cgee"]
+    # level 2 really stopped some pass before layer L, or level 1 skipped the whole verification
+    assert any(r["skipped"] or min(r["exit_layer"]) < 30 for r in cg.to_dict("records"))
+    ph = pd.read_parquet(out / "phases.parquet")
+    assert (ph["seconds"] > 0).all() and {"prefill", "decode", "verify", "gate"} <= set(ph["phase"])
+    assert main(["calibrate", "fit", str(out), "--name", "tiny", "--out", str(tmp_path / "tiny.yaml")]) == 0
+    assert main(["calibrate", "report", str(out), "--json"]) == 0
+    from calibrate.report import fidelity_report
+    assert REPORT_KEYS <= set(fidelity_report(out))
+
+
+@pytest.mark.slow
+def test_real_model_eviction_parity():
+    """On SmolLM2 the evicting cache's decisions replay identically through run_token_eviction."""
+    from traces.models import load_model
+    from traces.workload import pad_ids
+
+    torch.set_num_threads(1)
+    lm = load_model("smollm2-135m", device="cpu")
+    P, T = 32, 16
+    ids = pad_ids(lm.tokenizer, P)
+    for name in ("vase-attnv", "h2o"):
+        pol = get_policy(name, budget=12, buffer=8)
+        L = lm.n_layers
+        c = EvictingCache(L, pol, P, lm.n_kv_heads, [np.random.default_rng([1, l]) for l in range(L)]).attach(lm.model)
+        with c, torch.inference_mode():
+            out = lm.model(torch.tensor([ids]), cache=c, use_cache=True)
+            tok = out.logits[0, -1].argmax()
+            for i in range(T):
+                out = lm.model(tok.view(1, 1), cache=c, use_cache=True, position_ids=torch.tensor([[P + i]]))
+                tok = out.logits[0, -1].argmax()
+        assert c.n_events == 2 * L
+        for li in (0, L - 1):
+            res = run_token_eviction(pol, *c.ev[li].arrays(), P, np.random.default_rng([1, li]))
+            assert [t for t, _ in res.steps] == [t for t, _ in c.ev[li].events]
+            assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(res.steps, c.ev[li].events))
+
+
+@pytest.mark.slow
+def test_quality_cli_tiny(tmp_path):
+    from app.cli import main
+
+    out = tmp_path / "q"
+    assert main(["calibrate", "quality", "--problems", "1", "--long-decode", "32", "--policies",
+                 "streamingllm,vase-dkv", "--compression", "2,4", "--out", str(out), "--json"]) == 0
+    res = json.loads((out / "quality.json").read_text())
+    assert len(res["table"]) == 4 and res["spearman_proxy_vs_kl"] is not None
+    df = pd.read_parquet(out / "quality.parquet")
+    ev = df[df["policy"] != "full"]
+    assert (ev["kl_mean"] >= 0).all() and (ev["evictions"] > 0).all()
