@@ -220,7 +220,9 @@ def _cmd_demo(args) -> int:
         label = f"{model or 'trace model'} on {hw}"
         comp = run_compare(trace, model, hw, seed=args.seed, progress=sys.stderr.isatty())
         results[label] = {"model": model, "hardware": hw, "compare": comp}
-        print(f"\n== {label} (isolated; verify_reuses_kv=True; decisions from the trace's model)")
+        any_m = next((m for m in comp["policies"].values() if m.get("decisions_model")), {})
+        print(f"\n== {label} (isolated; verify_reuses_kv=True; decisions from the trace's model "
+              f"{any_m.get('decisions_model', '?')}, costs from {any_m.get('cost_model', '?')} on {hw})")
         with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
             print(_fmt_table(comp["policies"]).to_string())
     # Detail runs for the figures (the first target).
