@@ -76,13 +76,29 @@ def capture_config(args):
     )
 
 
-def cmd_capture(args, argv: list[str] | None = None) -> int:
+def _command(args) -> str:
+    """The command line as typed, or (when called in-process) an equivalent one built from ``args``."""
+    if sys.argv[1:2] == ["capture"]:
+        return "rksim " + shlex.join(sys.argv[1:])
+    parts = ["capture"]
+    for k, v in vars(args).items():
+        if k in ("func", "command") or v is None or v is False:
+            continue
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            parts.append(flag)
+        else:
+            parts += [flag, ",".join(map(str, v)) if isinstance(v, list) else str(v)]
+    return "rksim " + shlex.join(parts)
+
+
+def cmd_capture(args) -> int:
     from traces.capture import run_capture
     from traces.store import load_trace
 
     cfg = capture_config(args)
     cfg.check()
-    command = "rksim " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = _command(args)
     m = run_capture(cfg, args.out, command=command, progress=not args.no_progress)
     tr = load_trace(args.out, verify=True)
     info = tr.info()

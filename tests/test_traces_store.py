@@ -278,3 +278,18 @@ def test_any_single_byte_flip_is_named(tmp_path_factory, pos):
     f.write_bytes(bytes(b))
     msg = _err(root)
     assert msg.startswith(f.relative_to(root).as_posix() + ":")
+
+
+def test_manifest_field_fault(trace):
+    m = json.loads((trace / "manifest.json").read_text())
+    m["model"]["n_layers"] = "thirty"
+    m["manifest_sha256"] = manifest_self_hash(m)
+    (trace / "manifest.json").write_text(json.dumps(m))
+    assert _err(trace) == "manifest.json: model.n_layers: expected an integer >= 1, got 'thirty'"
+
+
+def test_edited_manifest_is_named(trace):
+    m = json.loads((trace / "manifest.json").read_text())
+    m["n_branches"] = 4  # edited without updating its own checksum
+    (trace / "manifest.json").write_text(json.dumps(m))
+    assert _err(trace).startswith("manifest.json: manifest_sha256:")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import hashlib
+import json
 import platform
 import sys
 from dataclasses import asdict, dataclass, field
@@ -38,7 +39,7 @@ import torch
 from traces import capture_ops as ops
 from traces.answers import extract_answer, is_correct
 from traces.datasets import Problem, load_dataset
-from traces.models import DEFAULT_MODEL, LoadedModel, load_model
+from traces.models import DEFAULT_MODEL, LoadedModel, load_model, model_folder, resolve_device, torch_dtype
 from traces.store import TraceWriter, long_dir, problem_dir, tree_dir
 from traces.workload import (
     REFERENCE_DIR, VERIFY_PROMPT, TreeConfig, WorkloadConfig, build_prompts, neutral_texts,
@@ -435,13 +436,20 @@ def run_capture(cfg: CaptureConfig, out: str | Path, command: str = "", progress
         # On a shared CPU two intra-op threads oversubscribe the cores: measured 6.4 s vs
         # 0.27 s per decode step (batch 8) with 2 vs 1 threads under load.
         torch.set_num_threads(int(cfg.threads))
+    # Resolve and check the config against DIR before the (slow) model load.
     if lm is None:
-        lm = load_model(cfg.model, cfg.device, cfg.dtype)
-    layers = cfg.layers_for(lm.n_layers)
-    resolved = {"device": lm.device.type, "dtype": str(lm.dtype).replace("torch.", ""),
-                "long_decode_layers": layers}
+        folder, _, _ = model_folder(cfg.model)
+        n_layers = int(json.loads((folder / "config.json").read_text())["num_hidden_layers"])
+        dev = resolve_device(cfg.device)
+        dtype = str(torch_dtype(cfg.dtype, dev)).replace("torch.", "")
+    else:
+        n_layers, dev, dtype = lm.n_layers, lm.device, str(lm.dtype).replace("torch.", "")
+    layers = cfg.layers_for(n_layers)
+    resolved = {"device": dev.type, "dtype": dtype, "long_decode_layers": layers}
     fingerprint = {**asdict(cfg), "resolved": resolved}
     writer = TraceWriter(out, fingerprint)
+    if lm is None:
+        lm = load_model(cfg.model, cfg.device, cfg.dtype)
     tok = lm.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     yes, no = yes_no_ids(tok)

@@ -50,7 +50,8 @@ def resolve_device(device: str = "auto") -> torch.device:
     raise ValueError(f"--device: {device!r} is not auto, cpu or cuda")
 
 
-def _dtype(dtype: Any, device: torch.device) -> torch.dtype:
+def torch_dtype(dtype: Any, device: torch.device) -> torch.dtype:
+    """The dtype to load with: ``dtype`` (torch dtype or name), else fp32 on CPU, bf16 on CUDA."""
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):
@@ -190,10 +191,12 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "auto", dtype: Any = Non
     dtype : None = float32 on CPU, bfloat16 on CUDA; or a torch dtype / name.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # keep CLI stderr to our own lines
     t0 = time.perf_counter()
     dev = resolve_device(device)
-    dt = _dtype(dtype, dev)
+    dt = torch_dtype(dtype, dev)
     folder, name, source = model_folder(spec)
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dt, attn_implementation="sdpa")

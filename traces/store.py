@@ -291,10 +291,10 @@ def _require(obj: Mapping, keys: Iterable[str], rel: str, prefix: str = "") -> N
             raise TraceError(rel, prefix + k, "missing")
 
 
-def _int(obj: Mapping, key: str, rel: str, lo: int = 0) -> int:
+def _int(obj: Mapping, key: str, rel: str, lo: int = 0, prefix: str = "") -> int:
     v = obj.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise TraceError(rel, key, f"expected an integer >= {lo}, got {v!r}")
+        raise TraceError(rel, prefix + key, f"expected an integer >= {lo}, got {v!r}")
     return v
 
 
@@ -629,7 +629,7 @@ def _check_manifest(m: dict) -> None:
         raise TraceError(rel, "model", "expected an object")
     _require(m["model"], S.MODEL_REQUIRED, rel, "model.")
     for k in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim", "vocab_size"):
-        _int(m["model"], k, rel, 1)
+        _int(m["model"], k, rel, 1, "model.")
     _int(m, "n_problems", rel, 0)
     _int(m, "n_branches", rel, 1)
     if not isinstance(m["files"], dict):
