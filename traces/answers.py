@@ -89,22 +89,16 @@ def extract_choice(text: str, n_choices: int = 4, choices: tuple[str, ...] = (),
         r"(?:answer|option|choice)\s*(?:is|would be|should be|=|:)?\s*(?:option\s*|choice\s*)?"
         r"[\(\[\*\s]*(" + cls + (r"|[" + "".join(digit_map) + "]" if digit_map else "") + r")(?![A-Za-z])",
         re.IGNORECASE)
-    hits = [m.group(1) for m in explicit.finditer(text)]
-    # "Answer: b" is fine in any case, but "answer is a ..." (article) is not
-    good = []
+    # "Answer: b" counts in any case, but "answer is a tricky one" (article) does not
+    hits = []
     for m in explicit.finditer(text):
         g = m.group(1)
-        tail = text[m.end():m.end() + 2]
-        if g.islower() and g == "a" and re.match(r"\s[a-z]", tail):
+        article = g in ("a", "A", "I") and re.match(r"\s[a-z]", text[m.end():m.end() + 2])
+        if article and not re.search(r"[:=(]\s*" + g + "$", text[m.start():m.end()]):
             continue
-        if g.isupper() and g in ("A", "I") and re.match(r"\s[a-z]", tail) and "(" not in text[m.start():m.end()]:
-            if not re.search(r"[:=]\s*" + g + "$", text[m.start():m.end()]):
-                continue
-        good.append(g)
-    hits = good
+        hits.append(g)
     if hits:
-        g = hits[-1]
-        return digit_map.get(g, g.upper())
+        return digit_map.get(hits[-1], hits[-1].upper())
     # 2. a line that starts with a label: "B) ...", "(C)", "D.", "**A**"
     m = re.search(r"(?m)^\s*[\*\(\[]*([" + letters + r"])[\)\]\.:\*](?:\s|$)", text)
     if m:
