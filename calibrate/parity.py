@@ -78,10 +78,16 @@ def parity_vs_trace(dec: pd.DataFrame, trace_path, pols: dict, policy_params: di
             "selected": int(np.flatnonzero(br["selected"].to_numpy())[0]) == int(rec["selected"]),
         }
         own = tr.problems[pos].branches
-        got_tokens = [list(map(int, g)) for g in (own["cf_gen_ids"] if False else own["gen_ids"])]
+        got_tokens = [list(map(int, g)) for g in own["gen_ids"]]
         for k, v in got.items():
-            rows.append({"problem": int(rec["problem"]), "policy": pol, "decision": k, "match": bool(v)})
+            rows.append({"problem": int(rec["problem"]), "policy": pol, "decision": k, "match": bool(v),
+                         "detail": float("nan")})
+        if any(np.isfinite(rec["sigma"])):
+            # not a decision: how far the live gate's sigma is from the trace's (see docs/calibration.md)
+            diff = float(np.nanmax(np.abs(np.asarray(rec["sigma"], float) - br["sigma"].to_numpy(float))))
+            rows.append({"problem": int(rec["problem"]), "policy": pol, "decision": "sigma_info",
+                         "match": diff == 0.0, "detail": diff})
         if not any(rec["share_root"]):
             rows.append({"problem": int(rec["problem"]), "policy": pol, "decision": "gen_tokens",
-                         "match": got_tokens == [list(map(int, g)) for g in rec["gen_ids"]]})
+                         "match": got_tokens == [list(map(int, g)) for g in rec["gen_ids"]], "detail": float("nan")})
     return pd.DataFrame(rows)

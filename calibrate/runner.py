@@ -371,9 +371,12 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
         run_capture(ccfg, out / "trace", command="rksim calibrate run (parity capture)", progress=progress, lm=lm)
         par = parity_vs_trace(dec, out / "trace", pols, summary["policy_params"])
         _write_parquet(out / "parity.parquet", par)
-        summary["decision_parity"] = float(par["match"].mean()) if len(par) else None
-        summary["parity_by_decision"] = {k: float(v) for k, v in par.groupby("decision")["match"].mean().items()}
-        summary["parity_by_policy"] = {k: float(v) for k, v in par.groupby("policy")["match"].mean().items()}
+        dpar = par[par["decision"] != "sigma_info"]
+        summary["decision_parity"] = float(dpar["match"].mean()) if len(dpar) else None
+        summary["parity_by_decision"] = {k: float(v) for k, v in dpar.groupby("decision")["match"].mean().items()}
+        summary["parity_by_policy"] = {k: float(v) for k, v in dpar.groupby("policy")["match"].mean().items()}
+        sig = par[par["decision"] == "sigma_info"]["detail"]
+        summary["asks_sigma_max_abs_diff_vs_trace"] = float(sig.max()) if len(sig) else None
     atomic_write_json(out / "run.json", summary)
     return summary
 

@@ -16,9 +16,11 @@ on the same problems and seeds:
   verification of the same generations selects: ``cgee`` against ``no-kv``,
   ``rksc`` against ``asks``).
 
-RSBCM acts only under a KV block budget (tree search / memory pressure); the
-isolated problems here fit in memory, so its effect is not part of these
-numbers (``depth`` is recorded for the tree workload; see docs/calibration.md).
+RSBCM acts under a KV block budget: the ``tree`` section runs a real tree
+search (``calibrate.tree``: depth ``depth``, ``tree_expand`` best nodes expand
+into ``tree_branching`` children of ``step_tokens`` tokens) unconstrained, then
+under a budget of half its peak blocks with RSBCM, LRU and FIFO, and reports
+measured time, recomputed tokens, evictions and refetches.
 """
 from __future__ import annotations
 
@@ -46,6 +48,9 @@ class SpeedupConfig:
     depth: int = 3
     layout: str = "persona-prefix"
     policies: tuple = SPEEDUP_POLICIES
+    tree_expand: int = 2
+    tree_branching: int = 3
+    tree_budget_frac: float = 0.5
 
     @classmethod
     def from_args(cls, a) -> "SpeedupConfig":
@@ -120,10 +125,40 @@ def run_speedup(cfg: SpeedupConfig, out: Path, progress: bool = True) -> dict:
             res[f"{name}_mean_exit_layer"] = float(np.mean([np.mean(x) for x, s in zip(d["exit_layer"], d["skipped"])
                                                             if not s])) if (~d["skipped"]).any() else None
             res[f"{name}_induced_error"] = float((sel[name] != sel[ref]).mean())
+    if cfg.depth > 0:
+        res["tree"] = _tree_section(lm, problems[0], cfg, timer, stop, yes, no, suffix, pad_id)
     res["threads"] = torch.get_num_threads()
     res["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     atomic_write_json(out / "speedup.json", res)
     return res
+
+
+def _tree_section(lm, problem, cfg: SpeedupConfig, timer, stop, yes, no, suffix, pad_id) -> dict:
+    """RSBCM vs LRU vs FIFO on a real tree search under a KV block budget (``calibrate.tree``).
+
+    The budget is ``tree_budget_frac`` of the unconstrained run's peak blocks. The prompt is
+    the problem's unpadded root prompt (a padded 1,024-token prompt would make every tree
+    verification pass 1,000+ tokens and the benchmark too long for 2 cores).
+    """
+    from policies import get_policy
+    from traces.workload import WorkloadConfig, build_prompts
+
+    from calibrate.tree import run_tree
+
+    w = WorkloadConfig(layout=cfg.layout, n_branches=1, seed=cfg.seed, shuffle_variants=False)
+    prompt = build_prompts(lm.tokenizer, problem.prompt_text(), problem.answer_kind, w, problem.index).branches[0].prompt_ids
+    kw = dict(depth=cfg.depth, expand_k=cfg.tree_expand, branching=cfg.tree_branching, step_tokens=cfg.step_tokens,
+              seed=cfg.seed, stop=stop, yes=yes, no=no, suffix=suffix, pad_id=pad_id)
+    timer.context = {"problem": int(problem.index), "policy": "tree-unconstrained"}
+    free = run_tree(lm, prompt, problem, get_policy("rsbcm"), None, timer=timer, **kw)
+    budget = max(1, int(round(cfg.tree_budget_frac * free.peak_blocks)))
+    out = {"prompt_tokens": len(prompt), "unconstrained": dataclasses.asdict(free), "budget_blocks": budget,
+           "budget_frac": cfg.tree_budget_frac}
+    for name in ("rsbcm", "lru", "fifo"):
+        timer.context = {"problem": int(problem.index), "policy": f"tree-{name}"}
+        r = run_tree(lm, prompt, problem, get_policy(name), budget, timer=timer, **kw)
+        out[name] = dataclasses.asdict(r)
+    return out
 
 
 def format_speedup(res: dict) -> str:
@@ -134,4 +169,12 @@ def format_speedup(res: dict) -> str:
     for k in ("cgee", "rksc"):
         if f"{k}_skip_rate" in res:
             lines.append(f"{k}: skip rate {res[f'{k}_skip_rate']:.2f}, induced error {res[f'{k}_induced_error']:.2f}")
+    if "tree" in res:
+        t = res["tree"]
+        lines.append(f"tree (depth {res['shape']['depth']}, budget {t['budget_blocks']} blocks = "
+                     f"{t['budget_frac']:.0%} of the unconstrained peak):")
+        for k in ("rsbcm", "lru", "fifo"):
+            r = t[k]
+            lines.append(f"  {k:<6} {r['seconds']:7.2f} s  recompute {r['recompute_tokens']:5d} tok  "
+                         f"evictions {r['evictions']:3d}  refetches {r['refetches']:3d}")
     return "\n".join(lines)
