@@ -166,13 +166,13 @@ def _cmd_tune(args) -> int:
 
 
 def _cmd_pareto(args) -> int:
-    from sim.pareto import figure, frontier
+    from sim.pareto import collapse_ties, figure, frontier
     from sim.sweep import param_columns, read_sweep
 
     df, meta = read_sweep(args.file)
     front = frontier(df, args.x, args.y, minimize_x=args.minimize_x, maximize_y=args.maximize_y)
     cols = (["config_id"] if "config_id" in front.columns else []) + param_columns(front) + [args.x, args.y]
-    table = front[cols]
+    table = front[cols] if args.all_ties else collapse_ties(front[cols], args.x, args.y)
     if args.out:
         title = None
         if meta.get("policy"):
@@ -180,14 +180,18 @@ def _cmd_pareto(args) -> int:
         fig = figure(df, front, args.x, args.y, title=title)
         _atomic_write_text(Path(args.out), fig.to_html(include_plotlyjs=True, full_html=True), "--out")
     if args.json:
-        _print_json({"x": args.x, "y": args.y, "n_points": int(len(df)), "n_frontier": int(len(front)),
+        _print_json({"x": args.x, "y": args.y, "n_configs": int(len(df)), "n_frontier_configs": int(len(front)),
+                     "n_frontier_points": int(front[[args.x, args.y]].drop_duplicates().shape[0]),
                      "frontier": _clean(table.to_dict("records"))})
         return 0
     import pandas as pd
 
+    shown = table.drop(columns=["tied_config_ids"], errors="ignore")
     with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
-        print(table.to_string(index=False))
-    print(f"{len(front)} of {len(df)} configurations on the frontier"
+        print(shown.to_string(index=False))
+    n_distinct = int(front[[args.x, args.y]].drop_duplicates().shape[0])
+    print(f"{len(front)} of {len(df)} configurations on the frontier ({n_distinct} distinct point{'s' if n_distinct != 1 else ''}"
+          f"{'' if args.all_ties else '; each shown once with n_tied, --all-ties lists every configuration'})"
           + (f"; figure: {args.out}" if args.out else ""))
     return 0
 
@@ -271,5 +275,7 @@ def register(sub) -> None:
                     help="larger y is better (default: from the metric's name)")
     gy.add_argument("--minimize-y", dest="maximize_y", action="store_const", const=False)
     p.add_argument("--out", default=None, help="write the figure to this HTML file")
+    p.add_argument("--all-ties", action="store_true",
+                   help="list every configuration on the frontier (default: one row per distinct point)")
     p.add_argument("--json", action="store_true", help="print the frontier as JSON")
     p.set_defaults(func=_cmd_pareto)

@@ -112,6 +112,24 @@ def frontier(df: pd.DataFrame, x: str, y: str, minimize_x: bool | None = None,
     return front.sort_values(keys, ascending=asc, kind="mergesort")
 
 
+def collapse_ties(front: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """One row per distinct (x, y) of the frontier: its first configuration (in row order), plus
+    ``n_tied`` (how many configurations reach that point) and ``tied_config_ids`` (all of them).
+
+    Sweeps of thresholds often map many configurations onto one outcome (every tau between two
+    adjacent similarities makes the same decisions); the table names each outcome once.
+    """
+    groups: dict[tuple, list] = {}
+    for idx in sorted(front.index):  # original row order: the first is the representative
+        groups.setdefault((front.at[idx, x], front.at[idx, y]), []).append(idx)
+    by_rep = {g[0]: g for g in groups.values()}
+    reps = [i for i in front.index if i in by_rep]  # in the frontier's order (by x)
+    out = front.loc[reps].assign(n_tied=[len(by_rep[i]) for i in reps])
+    if "config_id" in front.columns:
+        out = out.assign(tied_config_ids=[list(front.loc[by_rep[i], "config_id"]) for i in reps])
+    return out
+
+
 def figure(df: pd.DataFrame, front: pd.DataFrame, x: str, y: str, title: str | None = None):
     """Plotly figure: every configuration as a point, the frontier as a line over it."""
     import plotly.graph_objects as go

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.pareto import (default_minimise, figure, frontier, pareto_mask,
+from sim.pareto import (collapse_ties, default_minimise, figure, frontier, pareto_mask,
                         pareto_mask_bruteforce)
 
 
@@ -34,6 +34,15 @@ def test_hand_made_table():
     front = frontier(df, "cgee_error_rate", "speedup_vs_no_kv")
     assert list(front["config_id"]) == ["a", "c", "d", "h", "g", "k"]
     assert list(front.index) == [0, 2, 3, 7, 6, 10]  # original rows kept
+
+
+def test_ties_collapse_to_one_row_per_point():
+    front = frontier(hand_table(), "cgee_error_rate", "speedup_vs_no_kv")
+    c = collapse_ties(front, "cgee_error_rate", "speedup_vs_no_kv")
+    assert list(c["config_id"]) == ["a", "c", "h", "g", "k"]
+    assert list(c["n_tied"]) == [1, 2, 1, 1, 1]
+    assert c.loc[2, "tied_config_ids"] == ["c", "d"]
+    assert collapse_ties(front.iloc[:0], "cgee_error_rate", "speedup_vs_no_kv").empty
 
 
 def test_orientation_flags():

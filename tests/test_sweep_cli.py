@@ -75,13 +75,21 @@ def test_pareto_cli(asks_sweep, tmp_path, capsys):
     got = json.loads(capsys.readouterr().out)
     df, _ = read_sweep(asks_sweep)
     mask = pareto_mask_bruteforce(df["latency_mean_s"], df["accuracy"], True, True)
-    assert sorted(r["config_id"] for r in got["frontier"]) == sorted(df.loc[mask, "config_id"])
-    assert got["n_points"] == len(df) and got["n_frontier"] == int(mask.sum()) >= 1
+    tied = [cid for r in got["frontier"] for cid in r["tied_config_ids"]]
+    assert sorted(tied) == sorted(df.loc[mask, "config_id"])  # every frontier configuration, once
+    assert [r["config_id"] for r in got["frontier"]] == [ids[0] for ids in (r["tied_config_ids"] for r in got["frontier"])]
+    points = {(r["latency_mean_s"], r["accuracy"]) for r in got["frontier"]}
+    assert len(points) == len(got["frontier"]) == got["n_frontier_points"]
+    assert got["n_configs"] == len(df) and got["n_frontier_configs"] == int(mask.sum()) >= 1
     html = fig.read_text()
     assert "Pareto frontier" in html and "plotly" in html
     rc = main(["pareto", str(asks_sweep)])
     assert rc == 0
     assert "on the frontier" in capsys.readouterr().out
+    rc = main(["pareto", str(asks_sweep), "--x", "latency_mean_s", "--y", "accuracy", "--all-ties", "--json"])
+    assert rc == 0
+    every = json.loads(capsys.readouterr().out)["frontier"]
+    assert sorted(r["config_id"] for r in every) == sorted(tied)
 
 
 def test_tune_cli_json(tmp_path, capsys):
