@@ -135,7 +135,7 @@ def _cmd_tune(args) -> int:
     _validate_backend(args)
     spec = TuneSpec(objective=args.objective, direction=args.direction,
                     max_cgee_error=args.max_cgee_error, max_accuracy_drop=args.max_accuracy_drop,
-                    split=args.split, seed=args.seed, refine=not args.no_refine,
+                    split=args.split, seed=args.seed, refine=args.refine,
                     refine_maxiter=args.refine_iters)
     grid = _grid(args, args.policy, _n_layers(args.trace))
     res = tune(args.trace, args.policy, spec, grid, _options(args), backend=args.backend,
@@ -156,10 +156,12 @@ def _cmd_tune(args) -> int:
     print(f"policy {res.policy}: {'maximise' if spec.maximize else 'minimise'} {spec.objective}"
           f"{' subject to ' + ' and '.join(cons) if cons else ''}")
     print(f"split (seed {spec.seed}): tune problems {res.tune_problems}, held-out {res.held_problems}")
-    print(f"searched {res.grid_size} grid configurations{' + refinement' if spec.refine else ''}, "
+    print(f"searched {res.grid_size} grid configurations{' + refinement' if res.refinement_ran else ''}, "
           f"{res.n_evaluations} evaluations; "
           f"chosen from the {res.source} search{'' if res.feasible else ' — NO configuration met the constraints on the tune split'}")
     print("chosen: " + "  ".join(f"{k}={v}" for k, v in res.params.items()))
+    for note in res.notes:
+        print(f"note: {note}")
     with pd.option_context("display.width", 200, "display.max_columns", 50):
         print(res.table().to_string(float_format=lambda v: f"{v:.4g}"))
     return 0
@@ -255,7 +257,10 @@ def register(sub) -> None:
                    help="constraint: accuracy >= accuracy(no-kv) - X on the same split")
     p.add_argument("--split", type=float, default=0.5, help="share of problems in the tune split (default 0.5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the split and of the refinement")
-    p.add_argument("--no-refine", action="store_true", help="grid search only")
+    rg = p.add_mutually_exclusive_group()
+    rg.add_argument("--refine", dest="refine", action="store_const", const=True, default=None,
+                    help="refine the grid winner with differential evolution (default, except token-eviction policies)")
+    rg.add_argument("--no-refine", dest="refine", action="store_const", const=False, help="grid search only")
     p.add_argument("--refine-iters", type=int, default=20, help="differential evolution generations (default 20)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", default=None, help="also write the JSON result to this file")

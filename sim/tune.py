@@ -18,6 +18,10 @@ Procedure (``rksim tune``)
    rounded to 6 significant digits before evaluation so that the chosen
    thresholds print and reproduce exactly. A refined point replaces the grid
    winner only if it is strictly better on the tune split.
+   Refinement is off by default for token-eviction policies (``vase-*``...):
+   each of their evaluations replays every long decode (seconds, not
+   milliseconds), and the problem split does not divide long decodes, so
+   their "held-out" row is the same sequences (the result notes both).
 4. **Report** the chosen values and the metrics of both splits; the held-out
    numbers are the honest ones (nothing was chosen on them).
 
@@ -75,7 +79,7 @@ class TuneSpec:
     max_accuracy_drop: float | None = None
     split: float = 0.5
     seed: int = 0
-    refine: bool = True
+    refine: bool | None = None  # None: on, except for token-eviction policies (see module doc)
     refine_maxiter: int = 20
     refine_popsize: int = 8
 
@@ -145,6 +149,8 @@ class TuneResult:
     grid_size: int
     n_evaluations: int
     grid_best: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    refinement_ran: bool = False
 
     def to_json(self) -> dict:
         return {
@@ -162,6 +168,8 @@ class TuneResult:
             "baseline_no_kv": {"tune": self.baseline_tune, "held_out": self.baseline_held},
             "grid_size": self.grid_size,
             "n_evaluations": self.n_evaluations,
+            "notes": self.notes,
+            "refinement_ran": self.refinement_ran,
         }
 
     def table(self) -> pd.DataFrame:
@@ -257,6 +265,17 @@ def tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
 
         validate_params(policy, configs)
     tune_idx, held_idx = split_problems(n_problems, spec.split, spec.seed)
+    from policies import policy_class
+
+    notes: list[str] = []
+    refine = spec.refine
+    if policy_class(policy).kind == "token":
+        notes.append("token-eviction policies are judged on the trace's long decodes, which the problem "
+                     "split does not divide: both rows use the same sequences (no held-out check)")
+        if refine is None:
+            refine = False  # each evaluation replays every long decode: seconds, not milliseconds
+            notes.append("refinement off by default for token-eviction policies (pass --refine to force it)")
+    refine = True if refine is None else refine
     base_opts = dataclasses.asdict(options)
     opts_tune = SweepOptions(**{**base_opts, "problems": tuple(tune_idx)})
     opts_held = SweepOptions(**{**base_opts, "problems": tuple(held_idx)})
@@ -294,7 +313,8 @@ def tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
 
     numeric = [k for k, vals in grid.axes.items()
                if len(vals) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)]
-    if spec.refine and numeric:
+    refinement_ran = bool(refine and numeric)
+    if refinement_ran:
         is_int = [all(isinstance(v, int) for v in grid.axes[k]) for k in numeric]
         bounds = [(min(grid.axes[k]), max(grid.axes[k])) for k in numeric]
         cache: dict[str, tuple[float, float, dict]] = {}
@@ -336,4 +356,5 @@ def tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
     return TuneResult(policy=policy, spec=spec, tune_problems=tune_idx, held_problems=held_idx,
                       params=best_params, source=source, feasible=best_v == 0, tune=best_m, held=held,
                       baseline_tune=base_tune, baseline_held=base_held, grid_size=len(configs),
-                      n_evaluations=n_eval, grid_best=grid_best)
+                      n_evaluations=n_eval, grid_best=grid_best, notes=notes,
+                      refinement_ran=refinement_ran)

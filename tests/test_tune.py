@@ -146,3 +146,24 @@ def test_default_grids():
     with pytest.raises(ValueError, match="no default grid"):
         default_grid("lru", 30)
     assert np.all(np.diff(default_grid("asks", 30).axes["tau"]) > 0)
+
+
+def test_token_policy_notes_and_no_default_refinement():
+    calls = []
+
+    def fake_token(trace, policy, params, problems=None, **kw):
+        calls.append(params)
+        if policy == "no-kv":
+            return {"accuracy": 0.5, "attn_output_rel_error": None}
+        return {"accuracy": None, "attn_output_rel_error": 1.0 / params["budget"] + 0.001 * params["n_value"]}
+
+    grid = parse_grids(["budget=64,128,256", "n_value=0,8"])
+    res = tune("unused", "vase-dkv", TuneSpec(objective="attn_output_rel_error"), grid, evaluate=fake_token,
+               n_problems=N, n_layers=30, progress=False, validate=False)
+    assert not res.refinement_ran and res.source == "grid"
+    assert res.params == {"budget": 256, "n_value": 0}  # minimised (an error)
+    assert len(calls) == 2 + 6 + 1  # baselines, grid, held-out: no refinement
+    assert any("long decodes" in n for n in res.notes)
+    forced = tune("unused", "vase-dkv", TuneSpec(objective="attn_output_rel_error", refine=True, refine_maxiter=2),
+                  grid, evaluate=fake_token, n_problems=N, n_layers=30, progress=False, validate=False)
+    assert forced.refinement_ran and forced.params["budget"] == 256
