@@ -52,7 +52,7 @@ _BASE_CACHE: dict = {}
 def clear_caches() -> None:
     """Forget every memoised decision, job result and summary (the trace features stay loaded)."""
     for c in (_PRESET_CACHE, _FP_CACHE, _DEC_CACHE, _BASE_CACHE, _SIG_CACHE, _ROW_CACHE, _SUMMARY_CACHE,
-              _LEDGER_CACHE, _TOKQ_CACHE, _TRACE_MODEL):
+              _LEDGER_CACHE, _TOKQ_CACHE, _TOKSIZE_CACHE, _TRACE_MODEL):
         c.clear()
 
 
@@ -370,6 +370,7 @@ def _long_arrays(ld, li: int):
 
 
 _TOKQ_CACHE: dict = {}
+_TOKSIZE_CACHE: dict = {}
 
 
 def token_quality(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
@@ -398,6 +399,10 @@ def _token_quality(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
             res = run_token_eviction(pol, K, V, Q, ld.prompt_len, rng, record=True)
             met = attention_metrics(res, full=full)
             sizes = _cache_sizes(res, ld.prompt_len, K.shape[0])
+            if li == 0:
+                # The cache the first recorded layer keeps prices the whole long decode (all layers alike).
+                _TOKSIZE_CACHE[(id(tf), pol.name, _freeze(dataclasses.asdict(pol)), int(seed), ld.pos)] = (
+                    sizes, [n - pol.buffer for n in _pre_eviction_sizes(res, pol)], res.n_evictions)
             rows.append({"seq": ld.pos, "layer": int(ld.layers[li]), "T": int(K.shape[0]),
                          "prompt_len": ld.prompt_len, "evictions": res.n_evictions,
                          "attn_output_rel_error": met["attn_output_rel_error"],
@@ -428,20 +433,22 @@ def _simulate_token(tf, cfg, model, hw, seed, info) -> SimResult:
     max_ctx = max(int(ld.prompt_len + ld.gen_len) for ld in tf.longs)
     hw.check_query(model, max_context=max_ctx, max_new=max(int(ld.prompt_len) for ld in tf.longs), max_batch=1)
     rows = []
-    from policies import get_policy
-    full_pol = get_policy("full")
     for ld in tf.longs:
-        K, V, Q = _long_arrays(ld, 0)
-        rng = np.random.default_rng([int(seed), ld.pos, 0])
-        res = run_token_eviction(pol, K, V, Q, ld.prompt_len, rng, record=False)
-        sizes = _cache_sizes(res, ld.prompt_len, K.shape[0])
-        cands = [n - pol.buffer for n in _pre_eviction_sizes(res, pol)]
+        T = ld.prompt_len + ld.gen_len
+        key = (id(tf), pol.name, _freeze(dataclasses.asdict(pol)), int(seed), ld.pos)
+        if key not in _TOKSIZE_CACHE:  # max_long_layers = 0: run the first layer for the sizes only
+            K, V, Q = _long_arrays(ld, 0)
+            res = run_token_eviction(pol, K, V, Q, ld.prompt_len, np.random.default_rng([int(seed), ld.pos, 0]),
+                                     record=False)
+            _TOKSIZE_CACHE[key] = (_cache_sizes(res, ld.prompt_len, T),
+                                   [n - pol.buffer for n in _pre_eviction_sizes(res, pol)], res.n_evictions)
+        sizes, cands, n_ev = _TOKSIZE_CACHE[key]
         lat = _long_latency(model, hw, ld.prompt_len, sizes, cands, getattr(pol, "window", 0) or pol.buffer)
-        fres = run_token_eviction(full_pol, K, V, Q, ld.prompt_len, None, record=False)
-        flat = _long_latency(model, hw, ld.prompt_len, _cache_sizes(fres, ld.prompt_len, K.shape[0]), [], 1)
+        full_sizes = np.arange(ld.prompt_len, T, dtype=np.float64) + 1.0  # full cache: every token so far
+        flat = _long_latency(model, hw, ld.prompt_len, full_sizes, [], 1)
         rows.append({"pos": ld.pos, "latency_s": lat["latency_s"], "prefill_s": lat["prefill_s"],
                      "decode_s": lat["decode_s"], "evict_s": lat["evict_s"], "full_latency_s": flat["latency_s"],
-                     "evictions": res.n_evictions, "gen_tokens": ld.gen_len,
+                     "evictions": n_ev, "gen_tokens": ld.gen_len,
                      "peak_kv_bytes": float(sizes.max() if sizes.size else ld.prompt_len) * model.kv_bytes_per_token})
     df = pd.DataFrame(rows)
     lat = df["latency_s"].to_numpy()
