@@ -123,8 +123,10 @@ def _cmd_sweep(args) -> int:
             "options": options.kwargs(), "backend": args.backend, "n_configs": len(df),
             "argv": " ".join(sys.argv)}
     write_parquet(df, out, meta)
+    rate = len(df) / max(wall, 1e-9)
+    speed = f"{rate:.0f} configs/s" if rate >= 10 else f"{1 / rate:.2f} s/config"
     print(f"wrote {out}: {len(df)} configurations x {df.shape[1]} columns "
-          f"({wall:.2f} s, {len(df) / max(wall, 1e-9):.0f} configs/s, backend {args.backend})")
+          f"({wall:.2f} s, {speed}, backend {args.backend})")
     return 0
 
 
