@@ -85,7 +85,7 @@ def register(sub) -> None:
 
     p = csub.add_parser("run", help="execute every policy end to end on a real model, timing each phase")
     _model_flags(p)
-    p.add_argument("--problems", type=int, default=6, help="problems to run (default 6)")
+    p.add_argument("--problems", type=int, default=4, help="problems to run (default 4; half are held out)")
     p.add_argument("--branches", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--dataset", default="gsm8k")

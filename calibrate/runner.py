@@ -53,7 +53,7 @@ class RunConfig:
     device: str = "cpu"
     seed: int = 0
     threads: int | None = 1     # intra-op threads; 1 on a shared CPU (2 oversubscribe, see traces/capture.py)
-    problems: int = 6
+    problems: int = 4
     branches: int = 4
     max_new_tokens: int = 24
     temperature: float = 0.7
@@ -67,7 +67,7 @@ class RunConfig:
     capture: bool = True       # also capture a trace of the same problems/seeds (DIR/trace) for parity and report
     repeats: int = 2          # each (problem, policy) runs this many times; the fastest run's phases are kept
     sweep_prefill: tuple = (16, 64, 256, 1024, 2048)
-    sweep_decode_batch: tuple = (1, 2, 4, 8)
+    sweep_decode_batch: tuple = (1, 2, 4, 8, 16, 32)   # 32 = 8 branches x 4 problems in flight (serving mode)
     sweep_decode_ctx: tuple = (64, 512)
 
     @classmethod

@@ -59,6 +59,9 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
     from calibrate import engine as E
     from calibrate import kv as KV
 
+    if timer is None:
+        from calibrate.timing import PhaseTimer
+        timer = PhaseTimer(sync=lm.sync)
     L = lm.n_layers
     n_nodes_max = 1 + branching * (1 + expand_k * max(depth - 1, 0))
     unconstrained = n_nodes_max * (math.ceil((len(prompt) + step_tokens) / block_size) + 1)

@@ -58,6 +58,22 @@ def test_layerwise_stops_early(tiny):
     assert calls == [0]  # layers 2 and 3 never ran
 
 
+def test_kv_reuse_is_a_view_not_a_copy(tiny):
+    from calibrate import kv as KV
+    from transformers.cache_utils import DynamicCache
+
+    with torch.inference_mode():
+        c = DynamicCache()
+        tiny(torch.randint(0, 300, (1, 20)), cache=c, use_cache=True)
+        pre = KV.prefix_view(c, 16)
+        wide = KV.expand_view(c, 4)
+        for li in range(3):
+            assert KV.shares_storage(pre.layers[li].keys, c.layers[li].keys)
+            assert KV.shares_storage(wide.layers[li].values, c.layers[li].values)
+            assert wide.layers[li].keys.stride(0) == 0          # expand: no memory per extra row
+        assert KV.seq_len(pre) == 16 and wide.layers[0].keys.shape[0] == 4
+
+
 def _evict_run(model, pol, P=24, T=30, seed=0):
     L = model.config.num_hidden_layers
     rngs = [np.random.default_rng([seed, l]) for l in range(L)]
