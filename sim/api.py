@@ -248,15 +248,16 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     if mode == "isolated" and not engine:
         fp = _fastpath(model, hw)
         hk = (model, _hw_key(hw))
+        bkey = (cfg.block.name, _freeze(dataclasses.asdict(cfg.block))) if cfg.block is not None else None
         for f, (dec, job, dkey) in zip(probs, triples):
             # The block pool is deterministic given the job, budget and block policy: memoise it too.
             budget = _budget(cfg, job) if cfg.block is not None else None
-            rkey = (dkey, hk, budget, _freeze(dataclasses.asdict(cfg.block)) if cfg.block is not None else None)
+            rkey = (dkey, hk, budget, bkey)
             hit = _ROW_CACHE.get(rkey)
             if hit is None:
                 led = None
                 if cfg.block is not None:
-                    lk = ledger_key(job, budget, cfg.block)
+                    lk = ledger_key(job, budget, bkey)
                     rec = _LEDGER_CACHE.get(lk)
                     if rec is None:
                         led = RecordingLedger(BlockPool(budget, cfg.block), job, f.pos)

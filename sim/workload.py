@@ -212,13 +212,17 @@ class BlockLedger:
             self.pool.free(bid)
 
 
-def ledger_key(job: Job, budget: int, block_policy) -> tuple:
-    """Everything the sequence of pool touches of a job depends on (not its exit layers or probes)."""
-    import dataclasses
-    parts = (job.ctx, job.reused, job.source, job.own, job.gen, job.v_cached, job.has_prefill, job.gate > 0,
-             job.score)
-    return (b"|".join(np.ascontiguousarray(a).tobytes() for a in parts), job.bs, job.verify_on, job.v_reuse,
-            int(budget), block_policy.name, tuple(sorted(dataclasses.asdict(block_policy).items())))
+def ledger_key(job: Job, budget: int, block_params: tuple) -> tuple:
+    """Everything the sequence of pool touches of a job depends on (not its exit layers or probes).
+
+    ``block_params``: a hashable form of the block policy's name and parameters.
+    """
+    k = job.__dict__.get("_ledger_bytes")
+    if k is None:
+        parts = (job.ctx, job.reused, job.source, job.own, job.gen, job.v_cached, job.has_prefill, job.gate > 0,
+                 job.score)
+        k = job.__dict__["_ledger_bytes"] = b"|".join(np.ascontiguousarray(a).tobytes() for a in parts)
+    return (k, job.bs, job.verify_on, job.v_reuse, int(budget), block_params)
 
 
 class _SizeLog:
