@@ -119,6 +119,8 @@ class _StepClock:
 
     def close(self):
         from calibrate.timing import PhaseRow
+        if not self.timer.enabled:
+            return
         self.timer.sync()
         end = time.perf_counter()
         for i, t0 in enumerate(self.marks):
