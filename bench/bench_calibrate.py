@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--problems", type=int, default=6)
     ap.add_argument("--speedup-problems", type=int, default=1)
     ap.add_argument("--quality-problems", type=int, default=1)
-    ap.add_argument("--long-decode", type=int, default=96)
+    ap.add_argument("--long-decode", type=int, default=64)
     args = ap.parse_args(argv)
 
     from calibrate.fit import fit_run_dir
