@@ -242,13 +242,13 @@ def pool_span(hidden: Sequence[torch.Tensor], spans: Sequence[tuple[int, int]], 
     -------
     (mean, last): float32 arrays (n, L, d).
     """
-    layers = torch.stack([h.float() for h in hidden[1:]], dim=1)  # (n, L, T, d)
-    n, L = layers.shape[:2]
-    d = layers.shape[-1]
+    hs = hidden[1:]
+    n, L, d = hs[0].shape[0], len(hs), hs[0].shape[-1]
     mean = np.zeros((n, L, d), np.float32)
     last = np.zeros((n, L, d), np.float32)
     for i, ((s, e), off) in enumerate(zip(spans, offsets)):
-        seg = layers[i, :, off + s: off + e, :]
+        # one row at a time: never a float32 copy of every layer's full sequence
+        seg = torch.stack([h[i, off + s: off + e, :] for h in hs]).float()  # (L, e - s, d)
         mean[i] = seg.mean(dim=1).cpu().numpy()
         last[i] = seg[:, -1, :].cpu().numpy()
     return mean, last
