@@ -4,8 +4,9 @@ Runs the real ``sim.api.evaluate`` (isolated mode, the fast path) on the
 bundled trace over ASKS and CGEE grids, and writes ``DIR/sweep.json``:
 medians of ``--repeats`` timed runs, after one untimed warm-up (trace loading
 and the workers' start are reported separately). Also checks that the Dask
-rows equal the local rows exactly. Goal: >= 1,000 configurations/s locally on
-one core.
+rows equal the local rows exactly, and times a bare loop of ``evaluate`` calls
+on the same grid (the sweep layer's own overhead is the difference). Goal:
+>= 1,000 configurations/s locally on one core.
 
     .venv/bin/python bench/bench_sweep.py --out runs/bench
 """
@@ -63,6 +64,20 @@ def _local_once(trace: str, policy: str, grid_args: list[str], hardware: str):
     return dt, pin, df
 
 
+def _direct_once(trace: str, policy: str, grid_args: list[str], hardware: str) -> float:
+    """Same as :func:`_local_once` but calling ``evaluate`` in a bare loop: the sweep layer's overhead."""
+    _pin_one_core()
+    from sim.api import evaluate
+
+    kw = SweepOptions(mode="isolated", hardware=hardware).kwargs()
+    evaluate(trace, policy=policy, params={}, **kw)
+    configs = list(parse_grids(grid_args).configs())
+    t0 = time.perf_counter()
+    for c in configs:
+        evaluate(trace, policy=policy, params=c, **kw)
+    return time.perf_counter() - t0
+
+
 def _warm_worker(trace: str, policy: str, hardware: str) -> bool:
     from sim.api import evaluate
 
@@ -109,8 +124,14 @@ def main(argv: list[str] | None = None) -> int:
             times.append(dt)
             local_df[policy] = df
         med = statistics.median(times)
+        direct = []
+        for _ in range(args.repeats):
+            with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as ex:
+                direct.append(ex.submit(_direct_once, args.trace, policy, g, args.hardware).result())
         result["policies"][policy] = {"n_configs": n, "grid": g, "local_1_core": {
-            "seconds": [round(t, 4) for t in times], "configs_per_s": round(n / med, 1), "pinning": pin}}
+            "seconds": [round(t, 4) for t in times], "configs_per_s": round(n / med, 1), "pinning": pin},
+            "evaluate_loop_1_core": {"seconds": [round(t, 4) for t in direct],
+                                     "configs_per_s": round(n / statistics.median(direct), 1)}}
 
     if not args.no_dask:
         from sim.dist import open_client
@@ -143,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     for policy, entry in result["policies"].items():
         rows.append({"policy": policy, "configs": entry["n_configs"],
                      "local 1 core (configs/s)": entry["local_1_core"]["configs_per_s"],
+                     "bare evaluate loop (configs/s)": entry["evaluate_loop_1_core"]["configs_per_s"],
                      "dask 2 workers (configs/s)": entry.get("dask_2_workers", {}).get("configs_per_s"),
                      "dask == local": entry.get("dask_equals_local")})
     local_rates = [v["local_1_core"]["configs_per_s"] for v in result["policies"].values()]
