@@ -241,8 +241,8 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     L = model.n_layers
     triples = _decisions(tf, cfg, probs, L)
     jobs = [(f.pos, job) for f, (_, job, _) in zip(probs, triples)]
-    conc = int(cfg.workload["concurrency"]) if mode == "serving" else 1
-    _check_range(hw, model, jobs, max((j.B for _, j in jobs), default=0) * conc)
+    # Serving mode: the batch an iteration reaches is only known while it runs; the engine checks it.
+    _check_range(hw, model, jobs, max((j.B for _, j in jobs), default=0))
     rows, brows, timeline = [], [], []
     makespan = peak = None
     if mode == "isolated" and not engine:
@@ -331,7 +331,8 @@ def _run_engine(tf, cfg, model, hw, probs, triples, mode, seed, arrival_rate):
             ledger_factory = lambda pseq, pos, job: BlockLedger(BlockPool(_budget(cfg, job), cfg.block), job, pseq)  # noqa: E731
     eng = Engine(model, hw, jobs, concurrency=int(cfg.workload["concurrency"]) if mode == "serving" else 1,
                  arrival_rate=arrival_rate, seed=seed, ledger_factory=ledger_factory, need_bytes=need,
-                 kv_capacity=capacity, shared_pool=shared_pool)
+                 kv_capacity=capacity, shared_pool=shared_pool,
+                 max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name)
     res = eng.run()
     recs = res.records()
     if shared_pool is not None:

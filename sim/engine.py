@@ -70,7 +70,7 @@ class Engine:
 
     def __init__(self, model, hw, jobs, *, concurrency: int = 1, arrival_rate: float | None = None,
                  seed: int = 0, ledger_factory=None, need_bytes=None, kv_capacity: float | None = None,
-                 shared_pool=None):
+                 shared_pool=None, max_batch: int | None = None, hw_name: str = ""):
         self.m, self.hw = model, hw
         self.cost = ScalarCost(model, hw)
         self.kvtok = float(model.kv_bytes_per_token)
@@ -83,6 +83,8 @@ class Engine:
         self.need = need_bytes
         self.capacity = kv_capacity
         self.shared_pool = shared_pool
+        self.max_batch = max_batch  # a calibrated profile's fitted batch: larger iterations are refused
+        self.hw_name = hw_name or getattr(hw, "name", "")
         self.prefill_q: list = []
         self.decode_q: list = []
         self._wake = None
@@ -121,6 +123,12 @@ class Engine:
                 batch, self.prefill_q = self.prefill_q, []
             else:
                 batch, self.decode_q = self.decode_q, []
+            if self.max_batch is not None and len(batch) > self.max_batch:
+                from .profiles import OutOfCalibrationError
+                raise OutOfCalibrationError(
+                    f"hardware {self.hw_name}: an iteration batched {len(batch)} sequences at t = {env.now:.3f} s, "
+                    f"outside the calibrated range (fitted_range.max_batch = {self.max_batch}); refusing to "
+                    f"extrapolate (lower the arrival rate or concurrency)")
             batch.sort(key=lambda it: (it.pseq, it.b, it.kind))
             for it in batch:
                 self._pool_hook(it)

@@ -359,3 +359,16 @@ def test_decode_steps_closed_form_equals_batch_terms():
     b = C.batch_terms(m, np.ones_like(c), c, mask=mask)
     for f in ("flops", "bytes", "kernels", "layers"):
         np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=1e-12)
+
+
+def test_serving_batch_beyond_fitted_range_is_refused(syn, tmp_path):
+    tf = features.load(syn)
+    B = tf.problems[0].B
+    hw = tmp_path / "fit.yaml"
+    hw.write_text("peak_flops: 1.0e12\nmem_bw: 1.0e11\nmem_capacity: 1.0e11\ncalibrated: true\n"
+                  f"fitted_range:\n  max_batch: {B}\n  max_context_tokens: 100000\n")
+    simulate(syn, "asks", {"tau": 0.8}, hardware=str(hw), mode="serving", baselines=False,
+             workload={"concurrency": 1})
+    with pytest.raises(OutOfCalibrationError, match="max_batch"):
+        simulate(syn, "asks", {"tau": 0.8}, hardware=str(hw), mode="serving", baselines=False,
+                 workload={"concurrency": 3})
