@@ -100,9 +100,9 @@ def verify_batch(lm, seqs: list[list[int]], yes: list[int], no: list[int], pad_i
                 continue
             logits = LW.lens_logits(model, h[:, -1, :])
             e, ly, ln, _ = CO._lens_stats(logits, yes_t, no_t)
-            e = e.double().numpy()
-            a = ly.exp().double().numpy()
-            b_ = ln.exp().double().numpy()
+            e = e.double().cpu().numpy()
+            a = ly.exp().double().cpu().numpy()
+            b_ = ln.exp().double().cpu().numpy()
             ent[alive, l - 1], py[alive, l - 1], pn[alive, l - 1] = e, a, b_
             if l == L:
                 break
@@ -112,7 +112,7 @@ def verify_batch(lm, seqs: list[list[int]], yes: list[int], no: list[int], pad_i
                              for r in alive], bool)
             if stop.any():
                 exit_l[alive[stop]] = l
-                keep = torch.as_tensor(np.flatnonzero(~stop))
+                keep = torch.as_tensor(np.flatnonzero(~stop), device=h.device)
                 alive = alive[~stop]
                 if alive.size == 0:
                     break

@@ -125,9 +125,9 @@ class EvictingCache(DynamicCache):
         ev = self.ev[li]
         q_len = query.shape[2]
         t0 = len(ev.K)  # position of the first new row
-        newk = key[0, :, -q_len:, :].transpose(0, 1).to(torch.float16).numpy()
-        newv = value[0, :, -q_len:, :].transpose(0, 1).to(torch.float16).numpy()
-        newq = query[0].transpose(0, 1).to(torch.float16).numpy()
+        newk = key[0, :, -q_len:, :].transpose(0, 1).to(torch.float16).cpu().numpy()
+        newv = value[0, :, -q_len:, :].transpose(0, 1).to(torch.float16).cpu().numpy()
+        newq = query[0].transpose(0, 1).to(torch.float16).cpu().numpy()
         ev.K.extend(newk)
         ev.V.extend(newv)
         ev.Q.extend(newq)
@@ -160,7 +160,7 @@ class EvictingCache(DynamicCache):
         pol.compact(ev.state, slots)
         ev.events.append((t, ev.cache.copy()))
         self.n_events += 1
-        idx = torch.from_numpy(slots).unsqueeze(0).unsqueeze(-1).expand(1, ev.H, slots.shape[1], key.shape[-1])
+        idx = torch.from_numpy(slots).to(key.device).unsqueeze(0).unsqueeze(-1).expand(1, ev.H, slots.shape[1], key.shape[-1])
         lay = self.layers[li]
         lay.keys = torch.gather(key, 2, idx)
         lay.values = torch.gather(value, 2, idx)

@@ -69,7 +69,7 @@ def left_padded_batch(caches: list[DynamicCache]) -> tuple[DynamicCache, torch.T
             ks.append(k)
             vs.append(v)
         per_layer.append((torch.cat(ks, 0), torch.cat(vs, 0)))
-    mask = torch.zeros(len(caches), S, dtype=torch.long)
+    mask = torch.zeros(len(caches), S, dtype=torch.long, device=per_layer[0][0].device)
     for i, n in enumerate(lens):
         mask[i, S - n:] = 1
     return cache_from(per_layer), mask, lens

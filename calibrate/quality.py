@@ -85,7 +85,8 @@ def _decode(lm, prompt: list[int], cache, T: int, stop: set[int], forced: list[i
     import torch
     m = lm.model
     P = len(prompt)
-    out = m(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
+    dev = lm.device
+    out = m(input_ids=torch.tensor([prompt], device=dev), cache=cache, use_cache=True, logits_to_keep=1)
     logps, gen = [], []
     steps = len(forced) if forced is not None else T
     for i in range(steps):
@@ -95,8 +96,8 @@ def _decode(lm, prompt: list[int], cache, T: int, stop: set[int], forced: list[i
         gen.append(tok)
         if (forced is None and tok in stop) or i == steps - 1:
             break
-        out = m(input_ids=torch.tensor([[tok]]), cache=cache, use_cache=True,
-                position_ids=torch.tensor([[P + i]]), logits_to_keep=1)
+        out = m(input_ids=torch.tensor([[tok]], device=dev), cache=cache, use_cache=True,
+                position_ids=torch.tensor([[P + i]], device=dev), logits_to_keep=1)
     return gen, torch.stack(logps)
 
 

@@ -187,8 +187,8 @@ def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffi
                 r = int(plan.reused[b])
                 past = KV.prefix_view(per[int(plan.source[b])], r)
                 with timer.phase("prefill", branch=b) as row:
-                    xb = torch.tensor([ids[b][r:].tolist()], dtype=torch.long)
-                    pb = torch.arange(r, len(ids[b])).unsqueeze(0)
+                    xb = torch.tensor([ids[b][r:].tolist()], dtype=torch.long, device=lm.device)
+                    pb = torch.arange(r, len(ids[b]), device=lm.device).unsqueeze(0)
                     firsts[b], per[b], _ = CO.prefill(lm, xb, position_ids=pb, cache=past)
                     row.items([len(ids[b]) - r], [r])
             with timer.phase("assemble", kind="copy") as row:
@@ -196,7 +196,7 @@ def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffi
                 row.cand = int(sum(lens0))
             first = torch.cat(firsts, 0)
             lens = [bmask.shape[1]] * B
-            next_pos = torch.tensor([KV.seq_len(c) for c in per])
+            next_pos = torch.tensor([KV.seq_len(c) for c in per], device=lm.device)
         # --- decode all branches as one batch (the capture's sampling streams)
         gens = [CO.make_generator(lm, CO.seed_for(cfg.seed, problem.index, b, STREAM_BRANCH)) for b in range(B)]
         clock = _StepClock(timer, B, lens)
@@ -256,23 +256,24 @@ def op_sweep(lm, cfg: RunConfig, timer) -> None:
     from calibrate import kv as KV
 
     tok = lm.tokenizer
+    dev = lm.device
     timer.context = {"problem": -1, "policy": "sweep"}
     with torch.inference_mode():
         for n in cfg.sweep_prefill:
-            x = torch.tensor([pad_ids(tok, n)], dtype=torch.long)
+            x = torch.tensor([pad_ids(tok, n)], dtype=torch.long, device=dev)
             with timer.phase("sweep-prefill") as row:
                 CO.prefill(lm, x)
                 row.items([n], [0])
         for ctx in cfg.sweep_decode_ctx:
-            x = torch.tensor([pad_ids(tok, ctx, offset=3)], dtype=torch.long)
+            x = torch.tensor([pad_ids(tok, ctx, offset=3)], dtype=torch.long, device=dev)
             _, base, _ = CO.prefill(lm, x)
             for bsz in cfg.sweep_decode_batch:
                 cache = KV.expand_view(base, bsz)
-                mask = torch.ones(bsz, ctx, dtype=torch.long)
-                step = torch.full((bsz, 1), 13, dtype=torch.long)
+                mask = torch.ones(bsz, ctx, dtype=torch.long, device=dev)
+                step = torch.full((bsz, 1), 13, dtype=torch.long, device=dev)
                 for s in range(3):
-                    mask = torch.cat([mask, torch.ones(bsz, 1, dtype=torch.long)], 1)
-                    pos = torch.full((bsz, 1), ctx + s, dtype=torch.long)
+                    mask = torch.cat([mask, torch.ones(bsz, 1, dtype=torch.long, device=dev)], 1)
+                    pos = torch.full((bsz, 1), ctx + s, dtype=torch.long, device=dev)
                     with timer.phase("sweep-decode") as row:
                         out = lm.model(input_ids=step, attention_mask=mask, position_ids=pos, cache=cache,
                                        use_cache=True, logits_to_keep=1)

@@ -63,6 +63,7 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
         from calibrate.timing import PhaseTimer
         timer = PhaseTimer(sync=lm.sync)
     L = lm.n_layers
+    dev = lm.device
     n_nodes_max = 1 + branching * (1 + expand_k * max(depth - 1, 0))
     unconstrained = n_nodes_max * (math.ceil((len(prompt) + step_tokens) / block_size) + 1)
     pool = BlockPool(unconstrained if budget_blocks is None else int(budget_blocks), block_policy)
@@ -108,8 +109,8 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
                     # evicted (or never computed this far): recompute over the KV before it
                     past = KV.cache_from([(torch.cat([p[l][0] for p in parts], 2), torch.cat([p[l][1] for p in parts], 2))
                                           for l in range(L)]) if parts else None
-                    ids = torch.tensor([toks[lo:hi]], dtype=torch.long)
-                    posi = torch.arange(pos, pos + hi - lo).unsqueeze(0)
+                    ids = torch.tensor([toks[lo:hi]], dtype=torch.long, device=dev)
+                    posi = torch.arange(pos, pos + hi - lo, device=dev).unsqueeze(0)
                     ts = time.perf_counter()
                     again = bid in ever
                     ctx_ = timer.phase("recompute" if again else "prefill") if timer is not None else None
@@ -135,7 +136,7 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
         # the prompt's KV (all but its last token): one prefill, cut into blocks and admitted to the pool
         n0 = len(prompt) - 1
         with timer.phase("prefill") as row:
-            _, c0, _ = CO.prefill(lm, torch.tensor([prompt[:-1]]))
+            _, c0, _ = CO.prefill(lm, torch.tensor([prompt[:-1]], device=dev))
             row.items([n0], [0])
         for k in range(math.ceil(n0 / block_size)):
             lo, hi = k * block_size, min((k + 1) * block_size, n0)
@@ -156,8 +157,8 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
                     row.cand = n_ctx
                 seq = list(prompt) + nodes[p]["path"]
                 with timer.phase("prefill") as row:
-                    logits, cache, _ = CO.prefill(lm, torch.tensor([[seq[-1]]]),
-                                                  position_ids=torch.tensor([[n_ctx]]), cache=KV.cache_from(ctx_kv))
+                    logits, cache, _ = CO.prefill(lm, torch.tensor([[seq[-1]]], device=dev),
+                                                  position_ids=torch.tensor([[n_ctx]], device=dev), cache=KV.cache_from(ctx_kv))
                     row.items([1], [n_ctx])
                 # the parent's last token now has KV: complete its tail block
                 tail = nodes[p]["tokens"]
@@ -174,10 +175,10 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
                 gens = [CO.make_generator(lm, CO.seed_for(seed, problem.index, 1000 * tree_index + i, STREAM_TREE))
                         for i in new_ids]
                 batch = KV.expand_view(cache, branching)
-                mask = torch.ones(branching, n_ctx + 1, dtype=torch.long)
+                mask = torch.ones(branching, n_ctx + 1, dtype=torch.long, device=dev)
                 sc = _Clock(timer, branching, n_ctx + 1)
                 res = CO.sample_decode(lm, logits.expand(branching, -1), batch, mask,
-                                       torch.full((branching,), n_ctx + 1), step_tokens, gens, temperature, top_p,
+                                       torch.full((branching,), n_ctx + 1, device=dev), step_tokens, gens, temperature, top_p,
                                        sorted(stop), step_hook=sc.hook)
                 sc.close()
                 for i, (nid, g) in enumerate(zip(new_ids, res.gen_ids)):

@@ -243,3 +243,33 @@ def test_quality_cli_tiny(tmp_path):
     df = pd.read_parquet(out / "quality.parquet")
     ev = df[df["policy"] != "full"]
     assert (ev["kl_mean"] >= 0).all() and (ev["evictions"] > 0).all()
+
+
+@pytest.mark.slow
+def test_tree_block_pool_recomputes_evicted_blocks():
+    """RSBCM tree mode: under a tight budget evicted blocks are recomputed for real; unconstrained: none."""
+    from policies import get_policy
+    from traces.capture import _stop_ids
+    from traces.datasets import load_dataset
+    from traces.models import load_model
+    from traces.workload import WorkloadConfig, build_prompts, verify_suffix_ids, yes_no_ids
+
+    from calibrate.timing import PhaseTimer
+    from calibrate.tree import run_tree
+
+    torch.set_num_threads(1)
+    lm = load_model("smollm2-135m", device="cpu")
+    tk = lm.tokenizer
+    p = load_dataset("gsm8k", limit=1)[0]
+    prompt = build_prompts(tk, p.prompt_text(), p.answer_kind, WorkloadConfig(n_branches=1, shuffle_variants=False),
+                           0).branches[0].prompt_ids
+    yes, no = yes_no_ids(tk)
+    kw = dict(depth=2, expand_k=1, branching=2, step_tokens=20, stop=set(_stop_ids(tk)), yes=yes, no=no,
+              suffix=verify_suffix_ids(tk), pad_id=tk.pad_token_id)
+    free = run_tree(lm, prompt, p, get_policy("rsbcm"), None, **kw)
+    assert free.evictions == 0 and free.recompute_tokens == 0
+    t = PhaseTimer()
+    tight = run_tree(lm, prompt, p, get_policy("fifo"), 8, timer=t, **kw)
+    assert tight.peak_blocks <= 8 and tight.evictions > 0 and tight.refetches > 0
+    rec = t.frame()
+    assert tight.recompute_tokens == int(rec.loc[rec["phase"] == "recompute", "n_new"].sum()) > 0
