@@ -31,7 +31,7 @@ GOALS = {"mean_abs_pct_error": 0.02, "median_abs_pct_error": 0.05, "speedup_rati
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
-    ap.add_argument("--problems", type=int, default=6)
+    ap.add_argument("--problems", type=int, default=4)
     ap.add_argument("--speedup-problems", type=int, default=1)
     ap.add_argument("--quality-problems", type=int, default=1)
     ap.add_argument("--long-decode", type=int, default=64)
