@@ -388,6 +388,15 @@ def token_quality(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
 
 
 def _token_quality(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
+    # One BLAS thread: the matmuls of the attention metrics then reduce in a fixed order, so the
+    # same inputs give bit-identical numbers whatever the machine's thread count (and spinning
+    # BLAS threads only burn CPU on a shared machine).
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _token_quality_rows(tf, pol, seed, max_layers)
+
+
+def _token_quality_rows(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
     rows = []
     for ld in tf.longs:
         n_lay = len(ld.layers) if max_layers is None else min(len(ld.layers), int(max_layers))
