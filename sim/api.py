@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +22,7 @@ from .decisions import ConfigError, decide, job_for, make_config
 from .engine import Engine
 from .fastpath import FastPath
 from .metrics import SUMMARY_KEYS, branch_rows, clean, problem_row, summarize
-from .profiles import (HardwareProfile, ModelShape, OutOfCalibrationError, load_hardware, load_model,
-                       model_from_manifest)
+from .profiles import HardwareProfile, ModelShape, load_hardware, load_model, model_from_manifest
 from .profiles import load_presets as _load_presets
 from .workload import BlockLedger, RecordingLedger, ReplayLedger, blocks, ledger_key, probes_for
 
@@ -345,7 +343,6 @@ def _run_engine(tf, cfg, model, hw, probs, triples, mode, seed, arrival_rate):
         return recs, None, None, [(r["pos"], r["kv_times"], r["kv_bytes"]) for r in recs]
     tl = [(-1, res.timeline_t, res.timeline_b)]
     peak = float(res.timeline_b.max()) if res.timeline_b.size else 0.0
-    _run_engine.last = res  # type: ignore[attr-defined]
     return recs, res.makespan, peak, tl
 
 

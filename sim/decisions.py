@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from policies import BlockPool, PolicyError, get_policy, list_policies, policy_defaults, yes_score
+from policies import BlockPool, PolicyError, get_policy, list_policies, yes_score
 
 from .workload import build_job
 

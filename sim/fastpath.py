@@ -35,14 +35,6 @@ def _key(job: Job) -> bytes:
     return b"|".join(np.ascontiguousarray(a, dtype=np.int64).tobytes() for a in parts) + bytes([job.verify_on, job.v_reuse]) + str(job.bs).encode()
 
 
-def item_times(m, hw, n, c, layers=None, probes=0, logits=1, copy=0) -> np.ndarray:
-    """Stand-alone time of each item (used to attribute a shared iteration to phases)."""
-    n = np.asarray(n, np.float64)[:, None]
-    bc = lambda x: np.broadcast_to(np.asarray(x, np.float64), n.shape[:1])[:, None]  # noqa: E731
-    return np.asarray(hw.time(batch_terms(m, n, bc(c), layers=None if layers is None else bc(layers),
-                                          probes=bc(probes), logits=bc(logits), copy_tokens=bc(copy))), np.float64)
-
-
 def _attribute(dt: float, alone: np.ndarray) -> np.ndarray:
     tot = float(alone.sum())
     if tot <= 0:

@@ -1,7 +1,6 @@
 """Simulator core: presets, cost formulas, fast path = engine, invariants. No torch."""
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -9,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from policies import BlockPool, get_policy
+from policies import BlockPool
 from sim import cost as C
 from sim import features
 from sim.api import default_trace_path, evaluate, simulate
@@ -19,7 +18,7 @@ from sim.fastpath import FastPath
 from sim.profiles import (HardwareProfile, OutOfCalibrationError, PresetError, list_presets, load_hardware,
                           load_model, model_from_manifest)
 from sim.synthetic import write_synthetic_trace
-from sim.workload import BlockLedger, Job, blocks
+from sim.workload import BlockLedger, Job
 
 BUNDLED = default_trace_path()
 HAS_BUNDLED = (BUNDLED / "manifest.json").is_file()
