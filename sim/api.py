@@ -201,9 +201,13 @@ def _check_range(hw, model, jobs, batch_items: int) -> None:
 
 
 def _budget(cfg, job) -> int:
+    """Block budget of one isolated problem: explicit, or ``budget_frac`` x its unconstrained peak blocks."""
     if cfg.budget_blocks is not None:
         return int(cfg.budget_blocks)
-    return int(math.ceil(cfg.budget_frac * float(blocks(job.own + job.decode_steps, job.bs).sum())))
+    peak = job.__dict__.get("_peak_blocks")
+    if peak is None:
+        peak = job.__dict__["_peak_blocks"] = float(blocks(job.own + job.decode_steps, job.bs).sum())
+    return int(math.ceil(cfg.budget_frac * peak))
 
 
 def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = None, model_preset=None,
