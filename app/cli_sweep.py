@@ -99,7 +99,7 @@ def _validate_backend(args) -> None:
 
 
 def _cmd_sweep(args) -> int:
-    from sim.sweep import default_evaluate, run_sweep, validate_params, write_parquet
+    from sim.sweep import default_evaluate, run_sweep, single_thread_blas, validate_params, write_parquet
 
     _check_trace(args.trace)
     _validate_backend(args)
@@ -114,7 +114,9 @@ def _cmd_sweep(args) -> int:
     options = _options(args)
     evaluate = default_evaluate()
     # One evaluation here, before any worker starts: a bad trace, preset or mode fails now, in one line.
-    evaluate(args.trace, policy=args.policy, params=dict(configs[0]), **options.kwargs())
+    # (With one BLAS thread like the sweep itself: the simulator memoises what it computes.)
+    with single_thread_blas():
+        evaluate(args.trace, policy=args.policy, params=dict(configs[0]), **options.kwargs())
     t0 = time.perf_counter()
     df = run_sweep(args.trace, args.policy, configs, options, evaluate=evaluate, backend=args.backend,
                    workers=args.workers, scheduler=args.scheduler, progress=not args.quiet)

@@ -22,7 +22,9 @@ under the key ``rksim.sweep`` in the Parquet schema metadata
 The unit of work shipped to a Dask worker holds plain data only — the trace
 *path*, the policy name, a list of ``(config_id, params)`` and the options;
 each worker process loads the trace itself once (``sim.api`` caches it per
-process), so a sweep never moves arrays over the network.
+process), so a sweep never moves arrays over the network. Every backend
+evaluates with one BLAS thread (:func:`single_thread_blas`), so rows are the
+same floats whatever the core count.
 """
 from __future__ import annotations
 
@@ -30,9 +32,10 @@ import dataclasses
 import json
 import math
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -116,9 +119,31 @@ def validate_params(policy: str, configs: Sequence[dict], flag: str = "--grid") 
             raise ValueError(f"{flag}: policy {policy!r} refuses {c}: {exc}") from None
 
 
+@contextmanager
+def single_thread_blas() -> Iterator[None]:
+    """Limit BLAS/OpenMP thread pools to one thread while configurations are evaluated.
+
+    A multi-threaded BLAS splits reductions by thread count, so the last bits of
+    matmul-heavy metrics (the token-eviction attention errors) would depend on
+    how many cores the evaluating process sees. Dask workers start with one BLAS
+    thread (``distributed`` sets ``OMP_NUM_THREADS=1`` and friends); the local
+    backend and tuning run under this limit too, so every backend gives the same
+    floats on any machine with the same BLAS build.
+    """
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        yield
+
+
 def evaluate_chunk(evaluate: EvaluateFn, trace: Any, policy: str,
                    items: Sequence[tuple[str, dict]], options: dict) -> list[tuple[str, dict]]:
-    """Evaluate ``items`` = [(config_id, params), ...]; the task a Dask worker runs."""
+    """Evaluate ``items`` = [(config_id, params), ...] with one BLAS thread; the task a Dask worker runs."""
+    with single_thread_blas():
+        return _evaluate_items(evaluate, trace, policy, items, options)
+
+
+def _evaluate_items(evaluate, trace, policy, items, options) -> list[tuple[str, dict]]:
     out = []
     for cid, params in items:
         try:
@@ -213,10 +238,11 @@ def _run_local(evaluate, trace, policy, items, opts, progress) -> dict[str, dict
     from tqdm.auto import tqdm
 
     results: dict[str, dict] = {}
-    for item in tqdm(items, desc=f"sweep {policy}", unit="config", disable=not progress,
-                     mininterval=0.5):
-        (cid, metrics), = evaluate_chunk(evaluate, trace, policy, [item], opts)
-        results[cid] = metrics
+    with single_thread_blas():
+        for item in tqdm(items, desc=f"sweep {policy}", unit="config", disable=not progress,
+                         mininterval=0.5):
+            (cid, metrics), = _evaluate_items(evaluate, trace, policy, [item], opts)
+            results[cid] = metrics
     return results
 
 

@@ -242,7 +242,25 @@ def tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
          n_problems: int | None = None, n_layers: int | None = None, backend: str = "local",
          workers: int | None = None, scheduler: str | None = None, progress: bool = True,
          validate: bool = True) -> TuneResult:
-    """Tune ``policy`` on one split, report on the other (see module doc)."""
+    """Tune ``policy`` on one split, report on the other (see module doc).
+
+    ``grid=None`` uses :func:`default_grid`; ``n_problems``/``n_layers`` are read
+    from the trace when not given. Runs with one BLAS thread
+    (:func:`sim.sweep.single_thread_blas`), like every sweep.
+    """
+    from sim.sweep import single_thread_blas
+
+    with single_thread_blas():
+        return _tune(trace, policy, spec, grid, options, evaluate=evaluate, n_problems=n_problems,
+                     n_layers=n_layers, backend=backend, workers=workers, scheduler=scheduler,
+                     progress=progress, validate=validate)
+
+
+def _tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
+         options: SweepOptions | None = None, *, evaluate: Callable | None = None,
+         n_problems: int | None = None, n_layers: int | None = None, backend: str = "local",
+         workers: int | None = None, scheduler: str | None = None, progress: bool = True,
+         validate: bool = True) -> TuneResult:
     import os
 
     from scipy.optimize import differential_evolution

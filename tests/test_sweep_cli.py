@@ -11,7 +11,7 @@ import pytest
 from app.cli import main
 from sim.api import default_trace_path, evaluate
 from sim.pareto import pareto_mask_bruteforce
-from sim.sweep import read_sweep
+from sim.sweep import read_sweep, single_thread_blas
 
 TRACE = str(default_trace_path())
 HW = "h100-sxm"  # a shipped preset: these tests do not depend on the local-cpu fit
@@ -47,7 +47,8 @@ def test_sweep_rows_equal_evaluate(asks_sweep):
         row = df.iloc[i]
         params = {"tau": row["param.tau"], "alpha": int(row["param.alpha"]),
                   "similarity": row["param.similarity"]}
-        m = evaluate(TRACE, policy="asks", params=params, hardware=HW)
+        with single_thread_blas():  # as the sweep evaluates
+            m = evaluate(TRACE, policy="asks", params=params, hardware=HW)
         for k in SIM_API_KEYS:
             assert _same(m[k], None if pd.isna(row[k]) else row[k].item() if hasattr(row[k], "item") else row[k]), k
     # a higher tau shares less: never more KV reuse at the same alpha/similarity
@@ -56,6 +57,7 @@ def test_sweep_rows_equal_evaluate(asks_sweep):
         assert np.all(np.diff(reuse) <= 1e-12)
 
 
+@pytest.mark.slow
 def test_sweep_dask_equals_local_on_the_real_simulator(asks_sweep, tmp_path):
     out = tmp_path / "asks-dask.parquet"
     rc = main(["sweep", "--trace", TRACE, "--hardware", HW, "--policy", "asks", "--grid", "tau=0.9:1.0:0.02",
@@ -65,6 +67,32 @@ def test_sweep_dask_equals_local_on_the_real_simulator(asks_sweep, tmp_path):
     local, _ = read_sweep(asks_sweep)
     dist, meta = read_sweep(out)
     assert meta["backend"] == "dask"
+    pd.testing.assert_frame_equal(local, dist, check_exact=True)
+
+
+@pytest.mark.slow
+def test_token_eviction_sweep_dask_equals_local_bit_for_bit(tmp_path):
+    """Matmul-heavy metrics: equal only because every backend evaluates with one BLAS thread.
+
+    Each sweep runs as its own ``rksim`` process, as a user runs it: the simulator memoises
+    what earlier tests in this process computed (with whatever BLAS threads they had).
+    """
+    import subprocess
+    import sys
+
+    outs = {}
+    for backend in ("local", "dask"):
+        outs[backend] = tmp_path / f"vase-{backend}.parquet"
+        cmd = [sys.executable, "-m", "app.cli", "sweep", "--trace", TRACE, "--hardware", HW,
+               "--policy", "vase-attnv", "--grid", "budget=64,128", "--grid", "n_value=0,16",
+               "--backend", backend, "--quiet", "--out", str(outs[backend])]
+        if backend == "dask":
+            cmd += ["--workers", "2"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+    local, _ = read_sweep(outs["local"])
+    dist, _ = read_sweep(outs["dask"])
+    assert local["attn_output_rel_error"].notna().all()
     pd.testing.assert_frame_equal(local, dist, check_exact=True)
 
 
@@ -108,7 +136,8 @@ def test_tune_cli_json(tmp_path, capsys):
     if res["chosen"]["feasible"]:
         assert res["metrics"]["tune"]["cgee_error_rate"] <= 0.01
     # the reported held-out metrics are evaluate() on the held-out problems
-    m = evaluate(TRACE, policy="cgee", params=chosen, problems=held_p, hardware=HW)
+    with single_thread_blas():
+        m = evaluate(TRACE, policy="cgee", params=chosen, problems=held_p, hardware=HW)
     for k in SIM_API_KEYS:
         assert _same(m[k], res["metrics"]["held_out"][k]), k
     assert res["metrics"]["tune"]["speedup_vs_no_kv"] >= res["grid_best"]["score"] - 1e-12
