@@ -304,6 +304,9 @@ def _tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
     base_tune = ev({}, opts_tune, "no-kv")
     base_held = ev({}, opts_held, "no-kv")
     acc_tune = _num(base_tune.get("accuracy"))
+    if spec.objective not in base_tune:  # before the sweep: every policy reports the same keys
+        raise ValueError(f"--objective {spec.objective!r}: evaluate returns no such metric "
+                         f"(metrics: {', '.join(sorted(base_tune))})")
 
     df = run_sweep(trace, policy, configs, opts_tune, evaluate=evaluate, backend=backend,
                    workers=workers, scheduler=scheduler, progress=progress)
