@@ -120,6 +120,11 @@ class SimResult:
                                 else pd.DataFrame(columns=["pos", "t_s", "kv_bytes"]))
         return self._cache["t"]
 
+    @property
+    def aggregate(self) -> pd.DataFrame:
+        """The summary as a one-row DataFrame (index: the policy)."""
+        return pd.DataFrame([clean(self.summary)], index=[self.info.get("policy", "")])
+
     def to_json_dict(self) -> dict:
         return clean({**self.summary, "info": self.info})
 

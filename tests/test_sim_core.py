@@ -178,6 +178,7 @@ def _check_equal(trace, hw_name, policy, params, workload):
     np.testing.assert_allclose(res_eng.kv_timeline["t_s"], res_fast.kv_timeline["t_s"], rtol=1e-9)
     for k in ("latency_mean_s", "peak_kv_bytes", "kv_reuse", "accuracy"):
         assert res_eng.summary[k] == pytest.approx(res_fast.summary[k], rel=1e-9)
+    assert res_fast.aggregate.loc[policy, "latency_mean_s"] == res_fast.summary["latency_mean_s"]
 
 
 @pytest.mark.parametrize("policy,params,workload", POLICIES)
