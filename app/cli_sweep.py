@@ -12,18 +12,7 @@ from sim.grid import DEFAULT_MAX_CONFIGS  # stdlib-only module: keeps `rksim --h
 
 
 def _print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=True, default=_json_default, allow_nan=False))
-
-
-def _json_default(v):
-    try:
-        import numpy as np
-
-        if isinstance(v, np.generic):
-            return v.item()
-    except ImportError:  # pragma: no cover
-        pass
-    return str(v)
+    print(json.dumps(_clean(obj), indent=2, sort_keys=True, allow_nan=False))
 
 
 def _clean(obj):
@@ -70,25 +59,16 @@ def _check_trace(path: str) -> None:
         raise ValueError(f"--trace {path!r}: no such file or directory")
 
 
-def _grid(args, policy: str, n_layers_of=None):
+def _grid(args):
+    """The --grid flags, or the policy's default grid (its l_min values need the trace's depth)."""
     from sim.grid import parse_grids
 
     if args.grid:
         return parse_grids(args.grid, max_configs=args.max_configs)
     from sim.tune import default_grid
+    from traces.store import load_trace
 
-    if n_layers_of is None:
-        raise ValueError("--grid: give at least one --grid key=... flag")
-    return default_grid(policy, n_layers_of())
-
-
-def _n_layers(trace: str):
-    def get() -> int:
-        from traces.store import load_trace
-
-        return load_trace(trace, verify=False).n_layers
-
-    return get
+    return default_grid(args.policy, load_trace(args.trace, verify=False).n_layers)
 
 
 def _validate_backend(args) -> None:
@@ -108,7 +88,7 @@ def _cmd_sweep(args) -> int:
         raise ValueError(f"--out {args.out!r}: the sweep is written as Parquet; name it *.parquet")
     if not out.parent.exists():
         raise ValueError(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist")
-    grid = _grid(args, args.policy, _n_layers(args.trace))
+    grid = _grid(args)
     configs = list(grid.configs())
     validate_params(args.policy, configs)
     options = _options(args)
@@ -141,7 +121,7 @@ def _cmd_tune(args) -> int:
                     max_cgee_error=args.max_cgee_error, max_accuracy_drop=args.max_accuracy_drop,
                     split=args.split, seed=args.seed, refine=args.refine,
                     refine_maxiter=args.refine_iters)
-    grid = _grid(args, args.policy, _n_layers(args.trace))
+    grid = _grid(args)
     res = tune(args.trace, args.policy, spec, grid, _options(args), backend=args.backend,
                workers=args.workers, scheduler=args.scheduler, progress=not args.quiet and not args.json)
     js = _clean(res.to_json())
