@@ -54,21 +54,28 @@ def _options(args):
                         arrival_rate=args.arrival_rate)
 
 
-def _check_trace(path: str) -> None:
+def _check_trace(path: str):
+    """The trace, opened cheaply (manifest and sizes; the simulator verifies checksums when it loads it)."""
+    from traces.errors import TraceError
+    from traces.store import load_trace
+
     if not Path(path).exists():
         raise ValueError(f"--trace {path!r}: no such file or directory")
+    try:
+        return load_trace(path, verify=False)
+    except TraceError as exc:
+        raise ValueError(f"--trace {path!r}: {exc}") from None
 
 
-def _grid(args):
+def _grid(args, trace):
     """The --grid flags, or the policy's default grid (its l_min values need the trace's depth)."""
     from sim.grid import parse_grids
 
     if args.grid:
         return parse_grids(args.grid, max_configs=args.max_configs)
     from sim.tune import default_grid
-    from traces.store import load_trace
 
-    return default_grid(args.policy, load_trace(args.trace, verify=False).n_layers)
+    return default_grid(args.policy, trace.n_layers)
 
 
 def _validate_backend(args) -> None:
@@ -81,14 +88,14 @@ def _validate_backend(args) -> None:
 def _cmd_sweep(args) -> int:
     from sim.sweep import default_evaluate, run_sweep, single_thread_blas, validate_params, write_parquet
 
-    _check_trace(args.trace)
+    trace = _check_trace(args.trace)
     _validate_backend(args)
     out = Path(args.out)
     if out.suffix != ".parquet":
         raise ValueError(f"--out {args.out!r}: the sweep is written as Parquet; name it *.parquet")
     if not out.parent.exists():
         raise ValueError(f"--out {args.out!r}: folder {str(out.parent)!r} does not exist")
-    grid = _grid(args)
+    grid = _grid(args, trace)
     configs = list(grid.configs())
     validate_params(args.policy, configs)
     options = _options(args)
@@ -115,14 +122,15 @@ def _cmd_sweep(args) -> int:
 def _cmd_tune(args) -> int:
     from sim.tune import TuneSpec, tune
 
-    _check_trace(args.trace)
+    trace = _check_trace(args.trace)
     _validate_backend(args)
     spec = TuneSpec(objective=args.objective, direction=args.direction,
                     max_cgee_error=args.max_cgee_error, max_accuracy_drop=args.max_accuracy_drop,
                     split=args.split, seed=args.seed, refine=args.refine,
                     refine_maxiter=args.refine_iters)
-    grid = _grid(args)
-    res = tune(args.trace, args.policy, spec, grid, _options(args), backend=args.backend,
+    grid = _grid(args, trace)
+    res = tune(args.trace, args.policy, spec, grid, _options(args), n_problems=len(trace.problems),
+               n_layers=trace.n_layers, backend=args.backend,
                workers=args.workers, scheduler=args.scheduler, progress=not args.quiet and not args.json)
     js = _clean(res.to_json())
     if args.out:

@@ -181,5 +181,9 @@ def test_bad_trace_and_out(tmp_path, capsys):
     assert rc == 2 and "--trace" in capsys.readouterr().err
     rc = main(["sweep", "--trace", TRACE, "--hardware", HW, "--policy", "asks", "--grid", "tau=1", "--out", str(tmp_path / "s.csv")])
     assert rc == 2 and "*.parquet" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    rc = main(["tune", "--trace", str(tmp_path / "empty"), "--policy", "asks"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--trace" in err and "manifest.json" in err
     rc = main(["pareto", str(tmp_path / "none.parquet")])
     assert rc == 2 and "none.parquet" in capsys.readouterr().err
