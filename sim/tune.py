@@ -54,7 +54,7 @@ import pandas as pd
 
 from sim.grid import Grid, config_id, parse_grids
 from sim.pareto import default_minimise
-from sim.sweep import SweepOptions, default_evaluate, param_column, run_sweep
+from sim.sweep import SweepOptions, default_evaluate, run_sweep
 
 # Default grids per policy (values as --grid strings; "{L}" stands for the trace's layer count).
 # Chosen from the parameters' meaning (docs/policies.md) and the papers' settings; see docs/sweeps.md.
