@@ -127,3 +127,77 @@ def verify_batch(lm, seqs: list[list[int]], yes: list[int], no: list[int], pad_i
     rows = np.arange(B)
     scores = yes_score(py[rows, exit_l - 1], pn[rows, exit_l - 1])
     return BatchVerify(scores, exit_l, ent, py, pn, probes)
+
+
+@torch.no_grad()
+def verify_batch_reuse(lm, cache, mask, next_pos, gen_ids: list[list[int]], suffix: list[int], yes: list[int],
+                       no: list[int], exit_policy=None, timer: PhaseTimer | None = None) -> BatchVerify:
+    """Verification that reads each branch's KV from generation (``verify_reuses_kv``).
+
+    ``cache``/``mask`` are the decode batch after ``sample_decode`` (row b holds its prompt and
+    its generated tokens but the last; a row that stopped early holds filler after its end,
+    masked out here). Each row feeds its last generated token and the verification prompt
+    (``1 + len(suffix)`` tokens) over its own KV; with a CGEE policy the layers run one by
+    one and exited rows leave the batch (their upper layers and cache rows are dropped).
+    """
+    from policies import yes_score
+    from traces import capture_ops as CO
+
+    model = lm.model
+    L = LW.n_layers(model)
+    B = len(gen_ids)
+    dev = mask.device
+    S = int(cache.get_seq_length())
+    T0 = mask.shape[1]  # padded prompt length of the batch; the decode appended S - T0 columns
+    m = torch.cat([mask, torch.ones(B, S - T0, dtype=mask.dtype, device=dev)], 1)
+    for b, g in enumerate(gen_ids):
+        m[b, T0 + max(len(g) - 1, 0):] = 0   # filler fed after the row stopped
+    n_new = 1 + len(suffix)
+    x = torch.tensor([[g[-1]] + list(suffix) for g in gen_ids], dtype=torch.long, device=dev)
+    m = torch.cat([m, torch.ones(B, n_new, dtype=m.dtype, device=dev)], 1)
+    start = torch.as_tensor([int(p) + len(g) - 1 for p, g in zip(next_pos.tolist(), gen_ids)], device=dev)
+    pos = start[:, None] + torch.arange(n_new, device=dev)[None, :]
+    yes_t = torch.as_tensor(list(yes), device=dev)
+    no_t = torch.as_tensor(list(no), device=dev)
+    ent = np.full((B, L), np.nan)
+    py = np.full((B, L), np.nan)
+    pn = np.full((B, L), np.nan)
+    exit_l = np.full(B, L, np.int64)
+    probes = np.zeros(B, np.int64)
+    first_probe = max(int(exit_policy.l_min), 2) - 1 if exit_policy is not None else L
+    alive = np.arange(B)
+    with _phase(timer, "verify") as row:
+        st = LW.begin(model, x, cache, position_ids=pos, attention_mask=m)
+        for l in range(1, L + 1):
+            h = LW.step(model, st, cache)
+            if not ((exit_policy is not None and first_probe <= l < L) or l == L):
+                continue
+            e, ly, ln, _ = CO._lens_stats(LW.lens_logits(model, h[:, -1, :]), yes_t, no_t)
+            ent[alive, l - 1] = e.double().cpu().numpy()
+            py[alive, l - 1] = ly.exp().double().cpu().numpy()
+            pn[alive, l - 1] = ln.exp().double().cpu().numpy()
+            if l == L:
+                break
+            probes[alive] += 1
+            stop = np.array([exit_policy.should_exit(l, float(ent[r, l - 1]),
+                                                     None if np.isnan(ent[r, l - 2]) else float(ent[r, l - 2]))
+                             for r in alive], bool)
+            if stop.any():
+                exit_l[alive[stop]] = l
+                keep = torch.as_tensor(np.flatnonzero(~stop), device=dev)
+                alive = alive[~stop]
+                if alive.size == 0:
+                    break
+                st.hidden = st.hidden.index_select(0, keep)
+                st.position_ids = st.position_ids.index_select(0, keep)
+                st.position_embeddings = tuple(t.index_select(0, keep) for t in st.position_embeddings)
+                if st.mask is not None and st.mask.shape[0] > 1:
+                    st.mask = st.mask.index_select(0, keep)
+                for lay in cache.layers[l:]:   # the layers still to run see only the live rows
+                    lay.keys = lay.keys.index_select(0, keep)
+                    lay.values = lay.values.index_select(0, keep)
+        if row is not None:
+            row.items([n_new] * B, [S] * B, layers=exit_l.tolist(), probes=probes.tolist(),
+                      logits=(exit_l == L).astype(int).tolist())
+    rows = np.arange(B)
+    return BatchVerify(yes_score(py[rows, exit_l - 1], pn[rows, exit_l - 1]), exit_l, ent, py, pn, probes)

@@ -64,6 +64,7 @@ class RunConfig:
     policies: tuple = E2E_POLICIES
     params: dict = field(default_factory=dict)   # policy name -> parameter dict
     sweep: bool = True
+    verify_reuses_kv: bool = False  # True: verification reads the branch's KV (No-KV and CGEE-on-No-KV still recompute)
     capture: bool = True       # also capture a trace of the same problems/seeds (DIR/trace) for parity and report
     repeats: int = 2          # each (problem, policy) runs this many times; the fastest run's phases are kept
     sweep_prefill: tuple = (16, 64, 256, 1024, 2048)
@@ -224,8 +225,11 @@ def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffi
     else:
         # recomputed from scratch: the branch's own prompt + its generation (also for a branch that
         # decoded on the root's KV, as capture scores the counterfactual generation)
-        vseqs = [verification_ids(ids[b].tolist(), res.gen_ids[b], suffix, sorted(stop))[0] for b in range(B)]
-        vr = E.verify_batch(lm, vseqs, yes, no, pad_id, exit_pol, timer)
+        if cfg.verify_reuses_kv and getattr(sharing, "name", "") != "no-kv":
+            vr = E.verify_batch_reuse(lm, res.cache, bmask, next_pos, res.gen_ids, suffix, yes, no, exit_pol, timer)
+        else:
+            vseqs = [verification_ids(ids[b].tolist(), res.gen_ids[b], suffix, sorted(stop))[0] for b in range(B)]
+            vr = E.verify_batch(lm, vseqs, yes, no, pad_id, exit_pol, timer)
         exit_layers, scores, entropy = vr.exit_layer, vr.scores, vr.entropy
         selected = int(np.argmax(scores))
     seconds = time.perf_counter() - t_start
