@@ -103,6 +103,23 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_demo)
 
+    p = sub.add_parser("tree", help="RSBCM vs LRU vs FIFO on a trace's tree search under a KV block budget",
+                       description="Replay the trace's tree (trees/tNNNNN) with each block policy under one budget "
+                                   "(sim/tree.py, docs/simulator.md 'Tree search (RSBCM)').")
+    _trace_arg(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--budget-frac", type=float, default=None, metavar="F",
+                   help="budget = round(F x the unconstrained peak blocks), at least 1 (default 0.5)")
+    g.add_argument("--budget-blocks", type=int, default=None, metavar="N", help="budget in blocks")
+    p.add_argument("--tree", type=int, default=0, metavar="I", help="tree index in the trace (default 0)")
+    p.add_argument("--block-size", type=int, default=16, metavar="T", help="tokens per KV block (default 16)")
+    p.add_argument("--model-preset", default=None, metavar="X",
+                   help="cost target model: preset name or YAML/JSON file (default: the trace's own model)")
+    p.add_argument("--hardware", default=DEFAULT_HARDWARE, metavar="Y",
+                   help=f"hardware preset name or YAML/JSON file (default {DEFAULT_HARDWARE})")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_tree)
+
 
 def _workload(args) -> dict:
     return parse_sets(args.workload, "--workload")
@@ -232,4 +249,30 @@ def _cmd_demo(args) -> int:
                                 seed=args.seed)
     path = write_report(out_dir / "report.html", trace, results, details)
     print(f"\nwrote {path} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _cmd_tree(args) -> int:
+    from sim.profiles import PresetError
+    from sim.tree import compare_tree
+
+    trace = _check_trace(args.trace)
+    frac = 0.5 if args.budget_blocks is None and args.budget_frac is None else args.budget_frac
+    try:
+        df = compare_tree(trace, budget_blocks=args.budget_blocks, budget_frac=frac, model_preset=args.model_preset,
+                          hardware=args.hardware, tree=args.tree, block_size=args.block_size)
+    except PresetError as exc:
+        raise ValueError(_flagged(str(exc))) from None
+    if args.json:
+        from sim.metrics import clean
+        print(json.dumps(clean({"policies": df.to_dict(orient="index")}), indent=2, sort_keys=True))
+    else:
+        import pandas as pd
+        r = df.iloc[0]
+        print(f"tree {r['tree']} ({r['n_nodes']} nodes), budget {r['budget_blocks']} blocks of {r['block_size']} tokens; "
+              f"costs: {r['cost_model']} on {r['hardware']}")
+        cols = ["latency_s", "latency_vs_rsbcm", "verify_s", "prefill_s", "decode_s", "recompute_s", "evictions",
+                "refetches", "recompute_tokens", "peak_blocks", "peak_kv_bytes"]
+        with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
+            print(df[cols].to_string())
     return 0
