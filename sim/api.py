@@ -178,9 +178,10 @@ def _decisions(tf, cfg, probs, L_target: int):
     sig_cache = _SIG_CACHE.setdefault(id(tf), {})
     wl = (_freeze(cfg.workload), L_target)
     static = static_key(cfg)
+    scaled = tf.n_layers != L_target
     out = []
     for f in probs:
-        key = (id(tf), decision_key(f, cfg, sig_cache, static)) + wl
+        key = (id(tf), decision_key(f, cfg, sig_cache, static, scaled)) + wl
         hit = _DEC_CACHE.get(key)
         if hit is None:
             dec = decide(f, cfg)

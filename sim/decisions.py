@@ -135,31 +135,61 @@ def make_config(policy: str, params: dict | None, workload: dict | None) -> SimC
     return cfg
 
 
+# CGEE parameters that act only through the level-1 skip outcome (which the key holds instead).
+_SKIP_ONLY = frozenset({"tau_conf", "delta_rel", "level1_rule", "nb_conf", "nb_margin"})
+
+
 def static_key(cfg: SimConfig) -> tuple:
-    """The threshold-free part of :func:`decision_key` (same for every problem of a configuration)."""
+    """The threshold-free part of :func:`decision_key` (same for every problem of a configuration).
+
+    Returns ``(base, tau, theta, eps, l_min, level1)``: ``base`` names the policies and their
+    parameters that no key below resolves; ``level1`` the parameters of CGEE's skip rule.
+    Memoised on the config (its policy objects are not changed after :func:`make_config`).
+    """
+    hit = cfg.__dict__.get("_static_key")
+    if hit is not None:
+        return hit
     sh, ex = cfg.sharing, cfg.exit
     sp = dataclasses.asdict(sh)
     tau = sp.pop("tau", None)
     key = (sh.name, tuple(sorted((k, repr(v)) for k, v in sp.items())))
-    theta = eps = None
+    theta = eps = l_min = level1 = None
     if ex is not None:
         ep = dataclasses.asdict(ex)
-        theta, eps = float(ep.pop("theta")), float(ep.pop("eps"))
-        key += ("cgee", tuple(sorted((k, repr(v)) for k, v in ep.items())))
-    return key, (None if tau is None else float(tau)), theta, eps
+        theta, eps, l_min = float(ep.pop("theta")), float(ep.pop("eps")), ep.pop("l_min")
+        # What the skip rule reads; its outcome (not these values) enters the decision key.
+        level1 = tuple(sorted((k, repr(v)) for k, v in ep.items()))
+        key += ("cgee", tuple((k, v) for k, v in level1 if k not in _SKIP_ONLY))
+    out = cfg.__dict__["_static_key"] = (key, (None if tau is None else float(tau)), theta, eps, l_min, level1)
+    return out
 
 
-def decision_key(f, cfg: SimConfig, cache: dict, static: tuple | None = None) -> tuple:
+def _plan_of(f, cfg: SimConfig, cache: dict, skey: tuple):
+    """The sharing policy's plan for ``f`` and its effective answers, memoised per sharing outcome ``skey``."""
+    hit = cache.get(skey)
+    if hit is None:
+        sh = cfg.sharing
+        cos = f.cos[sh.trace_column] if getattr(sh, "name", "") == "asks" else None
+        plan = sh.plan(f.prompt_ids, cos=cos, variant_spans=f.spans)
+        share = np.asarray(plan.share_root, bool)
+        hit = cache[skey] = (share, f.eff(share, "answer"), {})
+    return hit
+
+
+def decision_key(f, cfg: SimConfig, cache: dict, static: tuple | None = None, scaled: bool = False) -> tuple:
     """A key equal for two configurations iff the policies must decide the same on problem ``f``.
 
     Thresholds enter the key only through what they decide: ASKS's ``sign(sigma - tau)``
-    per branch (``sigma`` from ``policy.sigma``), CGEE's exit layer of every branch's own
-    and counterfactual verification (from the policy's own vectorised layer-exit rule), so a
-    threshold sweep calls ``plan``/``decide`` once per distinct outcome. The policy objects
-    still make every decision.
+    per branch (``sigma`` from ``policy.sigma``), CGEE's level-1 outcome (``policy.skip`` on
+    the confidences of the branches the sharing plan produces) and, unless it skipped, the
+    exit layer of every branch's own and counterfactual verification (from the policy's own
+    vectorised layer-exit rule) with ``l_min`` (it sets the logit-lens probes). A threshold
+    sweep so calls ``plan``/``decide`` once per distinct outcome; the policy objects still
+    make every decision. ``scaled``: exit layers are mapped onto a deeper or shallower
+    target, whose probe counts depend on ``l_min`` even for a skipped verification.
     """
     sh, ex = cfg.sharing, cfg.exit
-    base, tau, theta, eps = static if static is not None else static_key(cfg)
+    base, tau, theta, eps, l_min, level1 = static if static is not None else static_key(cfg)
     key = (f.pos,) + base
     if tau is not None:
         skey = (f.pos, "sigma", sh.trace_column, sh.alpha, sh.layer_weights)
@@ -168,6 +198,17 @@ def decision_key(f, cfg: SimConfig, cache: dict, static: tuple | None = None) ->
             sig = cache[skey] = np.asarray(sh.sigma(f.cos[sh.trace_column]), np.float64)
         key += (np.sign(sig - tau).astype(np.int8).tobytes() if tau <= 1.0 else b"off",)
     if ex is not None:
+        share, answers, skips = _plan_of(f, cfg, cache, ("plan",) + key)
+        skipped = skips.get(level1)
+        if skipped is None:
+            conf = _confidence(f, share, answers, ex.trace_columns["confidence"])
+            skipped = skips[level1] = bool(ex.skip(conf, list(answers))[0])
+        key += (skipped,)
+        if skipped and not scaled:
+            return key  # no verification: exit thresholds and l_min decide nothing
+        key += (l_min,)
+        if skipped:
+            return key
         hkey = (f.pos, "H", ex.lens)
         H = cache.get(hkey)
         if H is None:
@@ -177,13 +218,13 @@ def decision_key(f, cfg: SimConfig, cache: dict, static: tuple | None = None) ->
         exits = getattr(ex, "_exit_layers", None)
         if exits is not None:
             # The policy's own (vectorised) layer-exit rule, for both generations of every branch.
-            ekey = (f.pos, "exit", ex.lens, theta, eps, ex.l_min)
+            ekey = (f.pos, "exit", ex.lens, theta, eps, l_min)
             e = cache.get(ekey)
             if e is None:
                 e = cache[ekey] = (exits(H[0]).tobytes(), exits(H[1]).tobytes())
             key += e
         else:
-            key += (np.packbits(H[0] < theta).tobytes(), np.packbits(H[1] < theta).tobytes(),
+            key += (theta, eps, np.packbits(H[0] < theta).tobytes(), np.packbits(H[1] < theta).tobytes(),
                     np.packbits(H[2] < eps).tobytes(), np.packbits(H[3] < eps).tobytes())
     return key
 
