@@ -187,7 +187,7 @@ def tree_spec(trace, tree: int = 0) -> TreeSpec:
     if not trace.trees:
         raise TreeError(f"{trace.path}: manifest.json: shards.trees: the trace has no tree (capture with --trees N)")
     if isinstance(tree, bool) or not isinstance(tree, (int, np.integer)) or not 0 <= tree < len(trace.trees):
-        raise TreeError(f"tree: {tree!r} is not a tree index of {trace.path} (0..{len(trace.trees) - 1})")
+        raise TreeError(f"--tree: {tree!r} is not a tree index of {trace.path} (0..{len(trace.trees) - 1})")
     tt = trace.trees[int(tree)]
     tok = (trace.manifest.get("capture") or {}).get("tokens") or {}
     for key in ("verify_suffix_ids", "stop_ids"):
