@@ -50,7 +50,7 @@ _BASE_CACHE: dict = {}
 def clear_caches() -> None:
     """Forget every memoised decision, job result and summary (the trace features stay loaded)."""
     for c in (_PRESET_CACHE, _FP_CACHE, _DEC_CACHE, _BASE_CACHE, _SIG_CACHE, _ROW_CACHE, _SUMMARY_CACHE,
-              _LEDGER_CACHE, _TOKQ_CACHE, _TOKSIZE_CACHE, _TRACE_MODEL):
+              _LEDGER_CACHE, _TOKQ_CACHE, _TOKSIZE_CACHE, _TRACE_MODEL, _TARGET_IDS, _RANGE_OK):
         c.clear()
 
 
@@ -86,6 +86,41 @@ def _fastpath(model: ModelShape, hw: HardwareProfile) -> FastPath:
 
 def _freeze(d) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in (d or {}).items()))
+
+
+def _wl_key(cfg) -> tuple:
+    """``_freeze(cfg.workload)``, computed once per config."""
+    k = cfg.__dict__.get("_wl_key")
+    if k is None:
+        k = cfg.__dict__["_wl_key"] = _freeze(cfg.workload)
+    return k
+
+
+_TARGET_IDS: dict = {}
+
+
+def _target_id(model: ModelShape, hw: HardwareProfile) -> int:
+    """A small int standing for ``(model, _hw_key(hw))`` in per-problem memo keys (hashing the
+    model's dataclass for every problem of every configuration was a visible cost)."""
+    key = (model, _hw_key(hw))
+    t = _TARGET_IDS.get(key)
+    if t is None:
+        t = _TARGET_IDS[key] = len(_TARGET_IDS)
+    return t
+
+
+def _clean_flat(d: dict) -> dict:
+    """:func:`sim.metrics.clean` of a flat dict of scalars, with a fast lane for plain values."""
+    out = {}
+    for k, v in d.items():
+        t = type(v)
+        if t is float:
+            out[k] = v if math.isfinite(v) else None
+        elif v is None or t is int or t is bool or t is str:
+            out[k] = v
+        else:
+            out[k] = clean(v)
+    return out
 
 
 # ---------------------------------------------------------------------------- result
@@ -176,7 +211,7 @@ def _decisions(tf, cfg, probs, L_target: int):
     """(ProblemDecision, Job) per problem, memoised per distinct decision (see ``decision_key``)."""
     from .decisions import decision_key, static_key
     sig_cache = _SIG_CACHE.setdefault(id(tf), {})
-    wl = (_freeze(cfg.workload), L_target)
+    wl = (_wl_key(cfg), L_target)
     static = static_key(cfg)
     scaled = tf.n_layers != L_target
     out = []
@@ -192,7 +227,14 @@ def _decisions(tf, cfg, probs, L_target: int):
     return out
 
 
+_RANGE_OK: dict = {}
+
+
 def _check_range(hw, model, jobs, batch_items: int) -> None:
+    # Jobs are memoised objects (held by _DEC_CACHE): the same jobs on the same target pass again.
+    okey = (tuple(id(j) for _, j in jobs), id(hw), id(model), batch_items)
+    if okey in _RANGE_OK:
+        return
     max_ctx = max_new = 0
     for _, j in jobs:
         if not j.B:
@@ -204,6 +246,7 @@ def _check_range(hw, model, jobs, batch_items: int) -> None:
                 max(int(j.computed.max()), int(j.gate.max()), int(j.v_new.max()) if j.verify_on else 0))
         max_ctx, max_new = max(max_ctx, rng[0]), max(max_new, rng[1])
     hw.check_query(model, max_context=max_ctx, max_new=max_new, max_batch=batch_items)
+    _RANGE_OK[okey] = (hw, model, [j for _, j in jobs])  # kept alive so the ids in the key stay theirs
 
 
 def _budget(cfg, job) -> int:
@@ -255,7 +298,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     makespan = peak = None
     if mode == "isolated" and not engine:
         fp = _fastpath(model, hw)
-        hk = (model, _hw_key(hw))
+        hk = _target_id(model, hw)
         bkey = (cfg.block.name, _freeze(dataclasses.asdict(cfg.block))) if cfg.block is not None else None
         for f, (dec, job, dkey) in zip(probs, triples):
             # The block pool is deterministic given the job, budget and block policy: memoise it too.
@@ -301,7 +344,8 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     if baselines:
         base = {}
         for name in ("no-kv", "exact-prefix"):
-            base[name] = _baseline_latency(tf, name, model, hw, mode, problems, cfg.workload, seed, arrival_rate)
+            base[name] = _baseline_latency(tf, name, model, hw, mode, problems, cfg.workload, seed, arrival_rate,
+                                           wl_key=_wl_key(cfg))
         lat = summary["latency_mean_s"]
         summary["speedup_vs_no_kv"] = base["no-kv"] / lat if lat and lat > 0 else None
         summary["speedup_vs_exact_prefix"] = base["exact-prefix"] / lat if lat and lat > 0 else None
@@ -356,10 +400,10 @@ def _run_engine(tf, cfg, model, hw, probs, triples, mode, seed, arrival_rate):
     return recs, res.makespan, peak, tl
 
 
-def _baseline_latency(tf, name, model, hw, mode, problems, workload, seed, arrival_rate) -> float:
+def _baseline_latency(tf, name, model, hw, mode, problems, workload, seed, arrival_rate, wl_key=None) -> float:
     wl = {k: v for k, v in workload.items()}
-    key = (id(tf), name, model, _hw_key(hw), mode, None if problems is None else tuple(int(p) for p in problems),
-           _freeze(wl), seed, arrival_rate)
+    key = (id(tf), name, _target_id(model, hw), mode, None if problems is None else tuple(int(p) for p in problems),
+           _freeze(wl) if wl_key is None else wl_key, seed, arrival_rate)
     hit = _BASE_CACHE.get(key)
     if hit is None:
         r = simulate(tf.trace if tf.trace is not None else tf.path, policy=name, params={}, model_preset=model,
@@ -505,7 +549,7 @@ def evaluate(trace, policy: str = "asks", params: dict | None = None, model_pres
     """Metrics of one configuration as plain Python scalars (docs/sim-api.md)."""
     r = simulate(trace, policy=policy, params=params, model_preset=model_preset, hardware=hardware, mode=mode,
                  problems=problems, workload=workload, seed=seed, arrival_rate=arrival_rate)
-    return clean({k: r.summary.get(k) for k in r.summary})
+    return _clean_flat(r.summary)
 
 
 def token_budgets(tf, pol_name: str, compressions) -> dict:

@@ -97,6 +97,17 @@ def workload_options(workload: dict | None) -> dict:
     return opts
 
 
+_DEFAULT_POLICIES: dict = {}
+
+
+def _default_policy(name: str):
+    """A policy at its defaults, built once (policy objects hold only their parameters)."""
+    pol = _DEFAULT_POLICIES.get(name)
+    if pol is None:
+        pol = _DEFAULT_POLICIES[name] = get_policy(name)
+    return pol
+
+
 def make_config(policy: str, params: dict | None, workload: dict | None) -> SimConfig:
     """Build the policy objects of a configuration (unknown keys raise naming them)."""
     params = dict(params or {})
@@ -125,9 +136,9 @@ def make_config(policy: str, params: dict | None, workload: dict | None) -> SimC
     if kind == "sharing":
         cfg.sharing = base
     elif kind == "exit":
-        cfg.sharing, cfg.exit = get_policy(opts["base_sharing"]), base
+        cfg.sharing, cfg.exit = _default_policy(opts["base_sharing"]), base
     elif kind == "block":
-        cfg.sharing, cfg.block = get_policy(opts["block_sharing"]), base
+        cfg.sharing, cfg.block = _default_policy(opts["block_sharing"]), base
     elif kind == "composite":
         cfg.sharing, cfg.exit, cfg.block = base.asks, base.cgee, base.rsbcm
     elif kind == "token":
@@ -137,6 +148,11 @@ def make_config(policy: str, params: dict | None, workload: dict | None) -> SimC
 
 # CGEE parameters that act only through the level-1 skip outcome (which the key holds instead).
 _SKIP_ONLY = frozenset({"tau_conf", "delta_rel", "level1_rule", "nb_conf", "nb_margin"})
+
+
+def _fields(obj) -> dict:
+    """A leaf policy's parameters by name (``dataclasses.asdict`` without its deep copy)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
 def static_key(cfg: SimConfig) -> tuple:
@@ -150,12 +166,12 @@ def static_key(cfg: SimConfig) -> tuple:
     if hit is not None:
         return hit
     sh, ex = cfg.sharing, cfg.exit
-    sp = dataclasses.asdict(sh)
+    sp = _fields(sh)
     tau = sp.pop("tau", None)
     key = (sh.name, tuple(sorted((k, repr(v)) for k, v in sp.items())))
     theta = eps = l_min = level1 = None
     if ex is not None:
-        ep = dataclasses.asdict(ex)
+        ep = _fields(ex)
         theta, eps, l_min = float(ep.pop("theta")), float(ep.pop("eps")), ep.pop("l_min")
         # What the skip rule reads; its outcome (not these values) enters the decision key.
         level1 = tuple(sorted((k, repr(v)) for k, v in ep.items()))
