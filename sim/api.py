@@ -18,7 +18,7 @@ from policies import BlockPool, FullAttention, attention_metrics, list_policies,
 
 from . import features
 from .cost import batch_terms, eviction_scoring_terms
-from .decisions import ConfigError, decide, job_for, make_config
+from .decisions import ConfigError, _fields, decide, job_for, make_config
 from .engine import Engine
 from .fastpath import FastPath
 from .metrics import SUMMARY_KEYS, branch_rows, clean, problem_row, summarize
@@ -299,7 +299,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     if mode == "isolated" and not engine:
         fp = _fastpath(model, hw)
         hk = _target_id(model, hw)
-        bkey = (cfg.block.name, _freeze(dataclasses.asdict(cfg.block))) if cfg.block is not None else None
+        bkey = (cfg.block.name, _freeze(_fields(cfg.block))) if cfg.block is not None else None
         for f, (dec, job, dkey) in zip(probs, triples):
             # The block pool is deterministic given the job, budget and block policy: memoise it too.
             budget = _budget(cfg, job) if cfg.block is not None else None

@@ -155,6 +155,7 @@ class BlockLedger:
         self.clock = 0
         self.recompute_tokens = 0
         self.owner_cache: dict = {}
+        self._owner_lists: dict = {}
         self._created: set = set()  # blocks ever computed: a later miss on one of them is recompute
 
     def owner(self, b: int, k: int) -> int:
@@ -170,23 +171,34 @@ class BlockLedger:
             self.owner_cache[key] = o
         return o
 
+    def _owners(self, b: int, nblk: int) -> list:
+        """``owner(b, k)`` for ``k < nblk`` (a list per branch, grown as the branch's context grows)."""
+        lst = self._owner_lists.get(b)
+        if lst is None:
+            lst = self._owner_lists[b] = []
+        for k in range(len(lst), nblk):
+            lst.append(self.owner(b, k))
+        return lst
+
     def _touch(self, b: int, upto_tokens: int) -> int:
         """Touch blocks of branch ``b`` covering positions ``[0, upto_tokens)``; return recompute tokens."""
-        j, pool = self.job, self.pool
+        j = self.job
         bs = j.bs
         rec = 0
         nblk = -(-upto_tokens // bs)
         score = float(j.score[b])
         prompt_blocks = -(-int(j.ctx[b]) // bs)
+        owners = self._owners(b, nblk)
+        access, created, tag, clock = self.pool.access, self._created, self.tag, self.clock
         for k in range(nblk):
-            o = self.owner(b, k)
-            bid = (self.tag, o, k)
-            self.clock += 1
-            fresh = bid not in self._created  # never computed before: computed now, not recompute
-            hit = pool.access(bid, score=score, depth=0 if k < prompt_blocks else 1, now=float(self.clock))
-            self._created.add(bid)
+            bid = (tag, owners[k], k)
+            clock += 1
+            fresh = bid not in created  # never computed before: computed now, not recompute
+            hit = access(bid, score, 0 if k < prompt_blocks else 1, float(clock))
+            created.add(bid)
             if not hit and not fresh:
                 rec += min(bs, upto_tokens - k * bs)
+        self.clock = clock
         self.recompute_tokens += rec
         return rec
 
