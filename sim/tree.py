@@ -436,7 +436,7 @@ def simulate_tree(trace=None, policy: str = "rsbcm", params: dict | None = None,
         "correct": bool(nodes["correct"].iloc[best]) if "correct" in nodes else False,
         "eviction_order": [list(b) for b, _ in pool.evicted_log],
         "cost_model": model.name, "hardware": hw.name,
-        "decisions_model": (spec.manifest or {}).get("model", {}).get("name", "") if spec.manifest else "",
+        "decisions_model": str(((spec.manifest or {}).get("model") or {}).get("name", "")),
     }
 
 
