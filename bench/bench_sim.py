@@ -30,9 +30,15 @@ def _grids():
     taus = [round(x, 4) for x in np.linspace(0.5, 1.0, 101)]
     thetas = [round(x, 3) for x in np.linspace(0.1, 4.0, 20)]
     epss = [0.01, 0.05, 0.1, 0.2, 0.5]
+    # The README's CGEE sweep (tau_conf x delta_rel x theta x eps x l_min): 4,480 configurations.
+    cgee5 = [{"tau_conf": a, "delta_rel": d, "theta": t, "eps": e, "l_min": lm}
+             for a in (0.5, 0.6, 0.7, 0.8, 1.1) for d in (0.3, 0.5)
+             for t in [float(round(x, 4)) for x in np.arange(0.25, 2.0 + 1e-9, 0.25)]
+             for e in (0.02, 0.05, 0.1, 0.2) for lm in range(16, 30)]
     return {
         "asks_tau": ("asks", [{"tau": t} for t in taus]),
         "cgee_theta_eps": ("cgee", [{"theta": t, "eps": e} for t in thetas for e in epss]),
+        "cgee_sweep_5d": ("cgee", cgee5),
         "rksc_tau_theta": ("rksc", [{"tau": t, "theta": th} for t in taus[::10] for th in thetas]),
     }
 

@@ -209,10 +209,12 @@ _SIG_CACHE: dict = {}
 
 def _decisions(tf, cfg, probs, L_target: int):
     """(ProblemDecision, Job) per problem, memoised per distinct decision (see ``decision_key``)."""
-    from .decisions import decision_key, static_key
+    from .decisions import decision_key, prefetch_exits, static_key
     sig_cache = _SIG_CACHE.setdefault(id(tf), {})
     wl = (_wl_key(cfg), L_target)
     static = static_key(cfg)
+    if cfg.exit is not None:
+        prefetch_exits(probs, cfg, sig_cache, static)
     scaled = tf.n_layers != L_target
     out = []
     for f in probs:

@@ -192,6 +192,42 @@ def _plan_of(f, cfg: SimConfig, cache: dict, skey: tuple):
     return hit
 
 
+def prefetch_exits(probs, cfg: SimConfig, cache: dict, static: tuple | None = None) -> None:
+    """Fill :func:`decision_key`'s exit-layer memo for every problem of ``probs`` with one call.
+
+    The policy's vectorised layer-exit rule works row by row, so stacking every problem's own
+    and counterfactual entropy rows into one matrix gives each row the layer it gets alone;
+    a sweep then calls it once per (theta, eps, l_min) instead of twice per problem.
+    """
+    ex = cfg.exit
+    exits = getattr(ex, "_exit_layers", None)
+    if exits is None or not probs:
+        return
+    _, _, theta, eps, l_min, _ = static if static is not None else static_key(cfg)
+    first = probs[0]
+    if (first.pos, "exit", ex.lens, theta, eps, l_min) in cache:
+        return
+    skey = ("H-stack", ex.lens, tuple(f.pos for f in probs))
+    stack = cache.get(skey)
+    if stack is None:
+        norm = ex.lens == "norm"
+        parts, bounds, at = [], [], 0
+        for f in probs:
+            own, cf = f.lens[("own", norm)]["entropy"], f.lens[("cf", norm)]["entropy"]
+            if own.shape[1] != first.lens[("own", norm)]["entropy"].shape[1] or own.shape != cf.shape:
+                return  # ragged layers: leave it to decision_key, problem by problem
+            parts += [own, cf]
+            bounds.append((f.pos, at, at + own.shape[0], at + 2 * own.shape[0]))
+            at += 2 * own.shape[0]
+        stack = cache[skey] = (np.concatenate(parts, axis=0) if parts else None, bounds)
+    H, bounds = stack
+    if H is None or H.shape[0] == 0:
+        return
+    e = exits(H)
+    for pos, a, b, c in bounds:
+        cache[(pos, "exit", ex.lens, theta, eps, l_min)] = (e[a:b].tobytes(), e[b:c].tobytes())
+
+
 def decision_key(f, cfg: SimConfig, cache: dict, static: tuple | None = None, scaled: bool = False) -> tuple:
     """A key equal for two configurations iff the policies must decide the same on problem ``f``.
 
