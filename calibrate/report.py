@@ -123,11 +123,17 @@ def fidelity_report(dir_: Path, hardware: str | None = None) -> dict:
     source = "cost-model replay of the executed operations (no trace: run without --no-capture for the simulator)"
     primary, df_primary = replay, df_replay
     if (dir_ / "trace" / "manifest.json").is_file():
-        s2 = simulate_with_sim(dir_ / "trace", dec[dec["problem"].isin(hold)], str(hw_path), run.get("policy_params", {}))
-        d2 = df[["problem", "policy", "measured"]].merge(s2, on=["problem", "policy"], how="inner")
-        if len(d2) == len(df):
-            primary, df_primary = _errors(d2)
-            source = "sim.api.simulate on the run's trace (decisions from the trace, costs from the fitted profile)"
+        from sim.profiles import OutOfCalibrationError
+        try:
+            s2 = simulate_with_sim(dir_ / "trace", dec[dec["problem"].isin(hold)], str(hw_path),
+                                   run.get("policy_params", {}))
+        except OutOfCalibrationError as exc:  # e.g. a run without the op sweep: a narrow fitted range
+            source = f"cost-model replay of the executed operations (the simulator refused: {exc})"
+        else:
+            d2 = df[["problem", "policy", "measured"]].merge(s2, on=["problem", "policy"], how="inner")
+            if len(d2) == len(df):
+                primary, df_primary = _errors(d2)
+                source = "sim.api.simulate on the run's trace (decisions from the trace, costs from the fitted profile)"
     par = run.get("decision_parity")
     rep = {
         **{k: primary[k] for k in ("mean_abs_pct_error", "median_abs_pct_error", "p90_abs_pct_error",
