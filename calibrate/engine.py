@@ -39,15 +39,12 @@ def gate_batch(lm, spans: list[list[int]], pad_id: int, timer: PhaseTimer | None
     """
     from traces import capture_ops as CO
 
-    ids, mask, pos = CO.left_pad(spans, pad_id, lm.device)
-    T = ids.shape[1]
+    T = max((len(s) for s in spans), default=0)
     with _phase(timer, "gate") as row:
-        out = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                       output_hidden_states=True, logits_to_keep=1)
+        pooled = CO.gate_pool(lm, spans, pad_id)  # the very computation capture records
         if row is not None:
             row.items([T] * len(spans), [0] * len(spans), logits=0)
-    # hidden_states[L] is final-normed in HF outputs; the gate pools raw block outputs like capture does
-    return CO.pool_span(out.hidden_states, [(0, len(s)) for s in spans], [T - len(s) for s in spans])
+    return pooled
 
 
 @dataclass

@@ -165,10 +165,8 @@ def reference_means(lm: LoadedModel, pad_id: int) -> tuple[np.ndarray, np.ndarra
         a, b, c = _encode(tok, pre), _encode(tok, t), _encode(tok, post)
         seqs.append(a + b + c)
         spans.append((len(a), len(a) + len(b)))
-    ids, mask, pos = ops.left_pad(seqs, pad_id, lm.device)
-    _, _, hs = ops.prefill(lm, ids, mask, pos, hidden_states=True)
-    T = ids.shape[1]
-    mean, last = ops.pool_span(hs, spans, [T - len(s) for s in seqs])
+    # Pooled exactly as the ASKS gate pools a variant span: the text alone, one batch.
+    mean, last = ops.gate_pool(lm, [sq[a:b] for sq, (a, b) in zip(seqs, spans)], pad_id)
     return mean.mean(0).astype(np.float32), last.mean(0).astype(np.float32)
 
 
@@ -196,13 +194,14 @@ def capture_problem(ctx: _Ctx, prob: Problem) -> tuple[dict, dict, dict]:
     seqs = [b.prompt_ids for b in br]
     lens = [len(s) for s in seqs]
 
-    # 1. prefill with hidden states -> ASKS signals
+    # 1. ASKS signals: the gate's pass over the variant spans only (traces.capture_ops.gate_pool,
+    # which the real runner's gate calls too), then the prompts' prefill
+    span_ids = [b.prompt_ids[b.variant_start:b.variant_end] for b in br]
+    with timer.phase("gate", n_new=sum(len(x) for x in span_ids), batch=B):
+        mean, last = ops.gate_pool(lm, span_ids, ctx.pad_id)
     ids, mask, pos = ops.left_pad(seqs, ctx.pad_id, lm.device)
     with timer.phase("prefill", n_new=sum(lens), batch=B):
-        logits, cache, hs = ops.prefill(lm, ids, mask, pos, hidden_states=True)
-    T = ids.shape[1]
-    mean, last = ops.pool_span(hs, [(b.variant_start, b.variant_end) for b in br], [T - n for n in lens])
-    del hs
+        logits, cache, _ = ops.prefill(lm, ids, mask, pos)
     cos = {
         "cos_mean_raw": ops.cosine(mean, mean[:1]),
         "cos_mean_centered": ops.cosine(mean - ctx.ref_mean, (mean - ctx.ref_mean)[:1]),
@@ -251,12 +250,6 @@ def capture_problem(ctx: _Ctx, prob: Problem) -> tuple[dict, dict, dict]:
                                    zip(dataclasses.astuple(lens_own), dataclasses.astuple(lens_cf1))])
     else:
         lens_cf = lens_own
-
-    # 5. the ASKS gate's own cost: a full-depth pass over each non-root variant span
-    if B > 1:
-        spans = [b.prompt_ids[b.variant_start:b.variant_end] for b in br[1:]]
-        with timer.phase("gate", n_new=sum(len(s) for s in spans), batch=B - 1):
-            ops.forward_tokens(lm, spans, ctx.pad_id)
 
     # answers
     own_ans = _answers(_texts(tok, own.gen_ids), prob)

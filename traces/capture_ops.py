@@ -254,6 +254,26 @@ def pool_span(hidden: Sequence[torch.Tensor], spans: Sequence[tuple[int, int]], 
     return mean, last
 
 
+@torch.no_grad()
+def gate_pool(lm: LoadedModel, spans: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ASKS gate's computation: one full-depth pass over the variant spans *only*.
+
+    The spans (token ids, one list per branch) form one left-padded batch; no KV
+    is kept and no LM head runs beyond the last position. Capture records the ASKS
+    signals with this function and the real runner's gate calls it too, so a trace
+    and a real run see bit-identical similarities (decision parity).
+
+    Returns
+    -------
+    (mean, last): float32 arrays (n, L, d), pooled per layer with :func:`pool_span`.
+    """
+    ids, mask, pos = left_pad([list(x) for x in spans], pad_id, lm.device)
+    T = ids.shape[1]
+    out = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                   output_hidden_states=True, logits_to_keep=1)
+    return pool_span(out.hidden_states, [(0, len(x)) for x in spans], [T - len(x) for x in spans])
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Cosine along the last axis, float64; 0 where a vector is zero."""
     a = a.astype(np.float64)
