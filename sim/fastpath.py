@@ -148,9 +148,11 @@ class FastPath:
                     r = ledger.on_prefill(int(b))
                     n_p[i] += r
                     c_p[i] -= r
+            # LM head only for a branch computing prompt tokens of its own (as the engine): recompute of
+            # evicted blocks in a copy-only prefill yields no token (the first one is the source's).
             items = ([(float(job.gate[b]), 0.0, None, 0.0, 0.0, 0.0) for b in gates]
-                     + [(float(n_p[i]), float(c_p[i]), None, 0.0, 1.0 if n_p[i] > 0 else 0.0, float(job.copy[b]))
-                        for i, b in enumerate(pre)])
+                     + [(float(n_p[i]), float(c_p[i]), None, 0.0, 1.0 if job.computed[b] > 0 else 0.0,
+                         float(job.copy[b])) for i, b in enumerate(pre)])
             dt = self.sc.seconds(items)
             share = _attribute(dt, np.array([self.sc.seconds([it]) for it in items]))
             phase["gate"] += float(share[: gates.size].sum())

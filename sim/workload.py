@@ -10,8 +10,10 @@ Per branch ``b``:
 * **prefill item**: ``computed_b`` new tokens over ``reused_b`` cached ones,
   plus a copy of ``copy_b`` tokens of KV (copy-on-write of the root's last,
   partial block when the branch shares the root's prompt KV). It waits for
-  the branch's gate and for its KV source's prefill. A branch with nothing to
-  compute or copy has no item: its first token comes from the source's logits;
+  the branch's gate and for its KV source's prefill. It pays the LM head only
+  when ``computed_b > 0`` (tokens of evicted blocks it recomputes do not make
+  it produce a token). A branch with nothing to compute or copy has no item:
+  its first token comes from the source's logits;
 * ``gen_b - 1`` **decode steps** (the prefill produced token 1); step ``j``
   attends over ``ctx_b + j`` keys, ``ctx_b = reused_b + computed_b``;
 * after *every* branch finished (selection needs all of them), unless CGEE

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from policies import BlockPool
+from policies import BlockPool, get_policy
 from sim import cost as C
 from sim import features
 from sim.api import default_trace_path, evaluate, simulate
@@ -193,14 +193,10 @@ def test_fast_path_equals_engine_bundled(policy, params, workload):
     _check_equal(str(BUNDLED), "h100-sxm", policy, params, workload)
 
 
-@settings(max_examples=15, deadline=None)
-@given(st.integers(0, 10_000))
-def test_fast_path_equals_engine_random_jobs(seed):
-    rng = np.random.default_rng(seed)
-    m, hw = load_model("qwen3-4b"), load_hardware("l4")
-    B, L, bs = int(rng.integers(1, 6)), m.n_layers, int(rng.choice([4, 16]))
+def _random_job(rng, L: int) -> Job:
+    """A random job: branches sharing the root, exact-prefix chains, gates (the root's too, as ASKS charges it)."""
+    B, bs = int(rng.integers(1, 6)), int(rng.choice([4, 16]))
     plen = rng.integers(5, 80, B)
-    plen[0] = max(plen[0], 5)
     share = np.zeros(B, bool)
     share[1:] = rng.random(B - 1) < 0.4
     reused = np.where(share, plen[0], 0)
@@ -216,18 +212,88 @@ def test_fast_path_equals_engine_random_jobs(seed):
     computed = np.where(share, 0, plen - reused)
     ctx = reused + computed
     gen = rng.integers(0, 40, B)
-    verify_on = bool(rng.random() < 0.7)
     lay = rng.integers(1, L + 1, B)
-    job = Job(B=B, L=L, bs=bs, reused=reused, computed=computed, copy=np.where(share, ctx % bs, 0),
-              gate=np.where(np.arange(B) > 0, rng.integers(0, 9, B), 0) * (rng.random() < 0.5), source=source,
-              share=share, ctx=ctx, gen=gen, own=computed + np.where(share, ctx % bs, 0), verify_on=verify_on,
-              v_new=rng.integers(1, 30, B), v_cached=ctx + np.maximum(gen - 1, 0), v_layers=lay,
-              v_probes=rng.integers(0, 4, B), v_head=(lay == L).astype(int), v_kv_tokens=np.zeros(B, int),
-              v_reuse=True, score=rng.random(B))
+    # No gate, gates on the non-root branches only, or on every branch (the root's span is pooled too).
+    gated = [np.zeros(B, bool), np.arange(B) > 0, np.ones(B, bool)][int(rng.integers(0, 3))]
+    return Job(B=B, L=L, bs=bs, reused=reused, computed=computed, copy=np.where(share, ctx % bs, 0),
+               gate=np.where(gated, rng.integers(0, 9, B), 0), source=source,
+               share=share, ctx=ctx, gen=gen, own=computed + np.where(share, ctx % bs, 0),
+               verify_on=bool(rng.random() < 0.7), v_new=rng.integers(1, 30, B),
+               v_cached=ctx + np.maximum(gen - 1, 0), v_layers=lay, v_probes=rng.integers(0, 4, B),
+               v_head=(lay == L).astype(int), v_kv_tokens=np.zeros(B, int), v_reuse=True, score=rng.random(B))
+
+
+_EQUAL_KEYS = ("latency_s", "gate_s", "prefill_s", "decode_s", "verify_s", "ttft_s", "peak_kv_bytes")
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000))
+def test_fast_path_equals_engine_random_jobs(seed):
+    rng = np.random.default_rng(seed)
+    m, hw = load_model("qwen3-4b"), load_hardware("l4")
+    job = _random_job(rng, m.n_layers)
     a = FastPath(m, hw).run(job)
     r = Engine(m, hw, [(0, job)]).run().records()[0]
-    for k in ("latency_s", "gate_s", "prefill_s", "decode_s", "verify_s", "ttft_s", "peak_kv_bytes"):
+    for k in _EQUAL_KEYS:
         assert r[k] == pytest.approx(a[k], rel=1e-9, abs=1e-300), k
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from(["lru", "fifo", "rsbcm"]), st.integers(0, 12))
+def test_fast_path_equals_engine_random_jobs_block_pool(seed, block, budget):
+    """Same with a block pool: recompute folded into prefill, decode and verification items alike."""
+    rng = np.random.default_rng(seed)
+    m, hw = load_model("qwen3-4b"), load_hardware("l4")
+    job = _random_job(rng, m.n_layers)
+    pol = get_policy(block)
+    a = FastPath(m, hw).run(job, BlockLedger(BlockPool(budget, pol), job, 0))
+    r = Engine(m, hw, [(0, job)], ledger_factory=lambda pseq, pos, j: BlockLedger(
+        BlockPool(budget, pol), j, pseq)).run().records()[0]
+    for k in _EQUAL_KEYS + ("recompute_tokens", "evictions", "iterations"):
+        assert r[k] == pytest.approx(a[k], rel=1e-9, abs=1e-300), k
+    np.testing.assert_allclose(r["kv_bytes"], a["kv_bytes"], rtol=1e-9)
+    np.testing.assert_allclose(r["kv_times"], a["kv_times"], rtol=1e-9)
+
+
+def test_fast_path_equals_engine_root_gate_recompute_in_copy_prefill():
+    """The root has an ASKS gate, so it prefills in wave 2 next to a branch computing its own prompt; that
+    branch evicts the root's blocks, and a branch sharing the root's KV (nothing computed, a copy of the
+    partial block) recomputes them in wave 3. Its prefill item then has new tokens but no LM head (its
+    first token is the root's): fast path and engine must charge it alike."""
+    m, hw = load_model("qwen3-4b"), load_hardware("l4")
+    bs, L = 4, m.n_layers
+    share = np.array([False, False, True])
+    reused = np.array([0, 0, 10])
+    computed = np.array([10, 9, 0])
+    ctx = reused + computed
+    copy = np.where(share, ctx % bs, 0)
+    gen = np.array([6, 6, 6])
+    lay = np.full(3, L)
+    job = Job(B=3, L=L, bs=bs, reused=reused, computed=computed, copy=copy, gate=np.array([3, 3, 3]),
+              source=np.array([-1, -1, 0]), share=share, ctx=ctx, gen=gen, own=computed + copy, verify_on=True,
+              v_new=np.full(3, 5), v_cached=ctx + gen - 1, v_layers=lay, v_probes=np.zeros(3, int),
+              v_head=np.ones(3, int), v_kv_tokens=np.zeros(3, int), v_reuse=True, score=np.array([.9, .5, .7]))
+    wave, _ = job.waves()
+    assert wave.tolist() == [2, 2, 3]
+    pol = get_policy("lru")
+    led = BlockLedger(BlockPool(3, pol), job, 0)
+    fp = FastPath(m, hw)
+    a = fp.run(job, led)
+    r = Engine(m, hw, [(0, job)], ledger_factory=lambda pseq, pos, j: BlockLedger(
+        BlockPool(3, pol), j, pseq)).run().records()[0]
+    # LRU evicted the root's 3 blocks for branch 1's: branch 2 recomputes the root's 2 full blocks (its
+    # third, partial one is its own copy).
+    pre2 = BlockLedger(BlockPool(3, pol), job, 0)
+    pre2.on_prefill(0), pre2.on_prefill(1)
+    assert pre2.on_prefill(2) == 8
+    for k in _EQUAL_KEYS + ("recompute_tokens", "evictions", "iterations"):
+        assert r[k] == pytest.approx(a[k], rel=1e-9, abs=1e-300), k
+    # Iterations 1-3 are the gates, wave 2 and wave 3; wave 3 is branch 2's item alone: 8 recomputed tokens
+    # over the 2 still cached and the 2-token copy, without an LM head.
+    want = fp.sc.seconds([(8.0, 2.0, None, 0.0, 0.0, 2.0)])
+    for res in (a, r):
+        assert res["kv_times"][2] - res["kv_times"][1] == pytest.approx(want, rel=1e-9)
+    assert want < fp.sc.seconds([(8.0, 2.0, None, 0.0, 1.0, 2.0)])  # the LM head is visible at this tolerance
 
 
 # ----------------------------------------------------------------------------- invariants
