@@ -212,7 +212,10 @@ class ASKS(PolicyBase):
     length, computed = 0, zero-copy); else it falls back to exact-prefix reuse (against
     the root and the earlier branches that hold their own prompt's KV). The gate pass
     over the variant span (``end - start`` tokens, full depth) is charged for every
-    non-root branch. One refinement: where exact prefix would already reuse *more* tokens
+    branch, the root's included: sigma compares each branch's pooled span with the
+    root's, so the real gate runs the root's span too (one batched pass over all spans,
+    ``traces.capture_ops.gate_pool``). A single branch has nothing to compare: no gate.
+    One refinement: where exact prefix would already reuse *more* tokens
     than the root's whole prompt, exact prefix is kept (so ASKS never reuses fewer tokens
     than exact prefix). With ``tau > 1`` the gate cannot pass, is not run, and the plan
     equals :class:`ExactPrefix` exactly.
@@ -284,7 +287,7 @@ class ASKS(PolicyBase):
                 raise self._fail("variant_spans", "each row must be 0 <= start <= end <= prompt length")
             sig = self.sigma(c)
             sigma[1:] = sig[1:]
-            gate[1:] = spans[1:, 1] - spans[1:, 0]
+            gate[:] = spans[:, 1] - spans[:, 0]  # the root's span is pooled too (the reference)
             share[1:] = (sig[1:] >= self.tau) & (exact_reused[1:] <= lens[0])
         elif n > 1 and cos is not None:
             # Gate disabled (tau > 1): no gate pass is run; sigma still reported for analysis.
