@@ -9,8 +9,9 @@ the block policy (``rsbcm``: evict the lowest ``omega = score / (depth + 1)``;
 ``lru``; ``fifo``). A block the pool evicted and that is needed again is
 recomputed and charged.
 
-The walk is the real runner's (``calibrate/tree.py``), touch for touch, so the
-pool makes the same decisions for the same tree and budget:
+There is one walk: the real runner (``calibrate/tree.py``) drives the same
+:class:`TreeBlocks`, :func:`select_frontier` and :func:`unconstrained_budget`,
+so the pool makes the same decisions for the same tree and budget:
 
 1. root verification (``prompt + verify``, from scratch);
 2. prompt prefill of ``len(prompt) - 1`` tokens; its blocks are admitted
@@ -28,9 +29,9 @@ pool makes the same decisions for the same tree and budget:
    scores are written onto the children's resident blocks (``BlockPool.update``).
 
 The pool clock is logical: one tick per touch. :class:`TreeBlocks` holds the
-block bookkeeping alone (pure Python, no torch) so the real runner can drive
-the very same object; :func:`walk_tree` drives it from a trace and records the
-operations; :func:`simulate_tree` prices them with ``sim.cost``.
+block bookkeeping alone (pure Python, no torch); the real runner drives it with
+hooks that do the torch work, :func:`walk_tree` drives it from a trace and
+records the operations, :func:`simulate_tree` prices them with ``sim.cost``.
 """
 from __future__ import annotations
 
@@ -70,12 +71,29 @@ class Touch:
 class TreeBlocks:
     """Block bookkeeping of the tree walk: a ``BlockPool``, the logical clock, what is held and how long.
 
-    Pure Python (no torch): the simulator drives it from a trace, and the real
-    runner can drive it with live results. Each method touches blocks exactly as
-    ``calibrate/tree.py`` does and returns what the caller must compute.
+    Pure Python (no torch). This is the one walk: the simulator drives it from a
+    trace (:func:`walk_tree`), the real runner (``calibrate/tree.py``) drives it
+    with live results and does the torch work in the hooks. Each method touches
+    blocks in the walk's order and returns (or hands to its hook) what the
+    caller must compute.
+
+    Hooks (all optional; the runner keeps the real KV tensors in step with
+    ``held`` through them):
+
+    - ``on_drop(block)``: a held block's KV is gone (evicted, or never admitted
+      under budget 0); called once per block leaving ``held``.
+    - ``admit(..., on_block=f)``: ``f(block, lo, hi)`` for each admitted block,
+      tokens ``[lo, hi)`` of the node, after its touch and before evictions are
+      dropped;
+    - ``path(..., on_block=f)``: ``f(block, lo, hi, pos, phase)`` for each block of
+      the path, ``pos`` its first position in the sequence, ``phase`` None on a hit
+      (use the held KV), else ``"prefill"`` / ``"recompute"`` (compute it over the
+      blocks before it);
+    - ``tail(..., on_block=f)``: ``f(block, lo, hi)``, the tail block now holding
+      tokens ``[lo, hi)`` of the node.
     """
 
-    def __init__(self, pool: BlockPool, block_size: int):
+    def __init__(self, pool: BlockPool, block_size: int, on_drop=None):
         self.pool = pool
         self.bs = int(block_size)
         self.clock = 0.0
@@ -83,6 +101,7 @@ class TreeBlocks:
         self.ever: set = set()                # blocks computed at least once
         self.touches: list[Touch] = []
         self.recompute_tokens = 0
+        self.on_drop = on_drop
         self._n_log = 0
 
     def _access(self, bid, score: float, depth: int) -> bool:
@@ -91,24 +110,31 @@ class TreeBlocks:
         self.touches.append(Touch(bid, float(score), int(depth), self.clock, bool(hit)))
         return hit
 
+    def _forget(self, bid) -> None:
+        if self.held.pop(bid, None) is not None and self.on_drop is not None:
+            self.on_drop(bid)
+
     def _drop_evicted(self, bid) -> None:
         log = self.pool.evicted_log
         for victim, _ in log[self._n_log:]:
-            self.held.pop(victim, None)
+            self._forget(victim)
         self._n_log = len(log)
         if bid not in self.pool:          # budget 0: computed, used, dropped
-            self.held.pop(bid, None)
+            self._forget(bid)
 
-    def admit(self, node: int, n_tokens: int, score: float, depth: int) -> None:
+    def admit(self, node: int, n_tokens: int, score: float, depth: int, on_block=None) -> None:
         """Freshly computed KV of ``n_tokens`` tokens of ``node`` (prompt prefill, a child's decode)."""
         for k in range(math.ceil(n_tokens / self.bs)):
             bid = (node, k)
+            lo, hi = k * self.bs, min((k + 1) * self.bs, n_tokens)
             self._access(bid, score, depth)
             self.ever.add(bid)
-            self.held[bid] = min((k + 1) * self.bs, n_tokens) - k * self.bs
+            self.held[bid] = hi - lo
+            if on_block is not None:
+                on_block(bid, lo, hi)
             self._drop_evicted(bid)
 
-    def path(self, segments) -> tuple[list[tuple[str, int, int]], int]:
+    def path(self, segments, on_block=None) -> tuple[list[tuple[str, int, int]], int]:
         """Touch the blocks of a path; ``segments`` = ``[(node, n_use, score, depth), ...]`` root first.
 
         Returns ``(computes, n_ctx)``: each compute is ``(phase, n_new, n_cached)`` with phase
@@ -122,24 +148,30 @@ class TreeBlocks:
                 bid = (node, k)
                 have = self.held.get(bid)
                 hit = self._access(bid, score, depth)
+                phase = None
                 if not (hit and have is not None and have >= hi - lo):
                     again = bid in self.ever
                     if again:
                         self.recompute_tokens += hi - lo
-                    out.append(("recompute" if again else "prefill", hi - lo, pos))
+                    phase = "recompute" if again else "prefill"
+                    out.append((phase, hi - lo, pos))
                     self.ever.add(bid)
                     self.held[bid] = hi - lo
+                if on_block is not None:
+                    on_block(bid, lo, hi, pos, phase)
                 self._drop_evicted(bid)
                 pos += hi - lo
         return out, pos
 
-    def tail(self, node: int, n_tokens: int, score: float, depth: int) -> None:
+    def tail(self, node: int, n_tokens: int, score: float, depth: int, on_block=None) -> None:
         """The node's last token now has KV (prefilled to expand it): its tail block holds all its tokens."""
         k = (n_tokens - 1) // self.bs
         bid = (node, k)
         self._access(bid, score, depth)
         self.ever.add(bid)
         self.held[bid] = n_tokens - k * self.bs
+        if on_block is not None:
+            on_block(bid, k * self.bs, n_tokens)
         self._drop_evicted(bid)
 
     def scored(self, node: int, n_tokens: int, score: float) -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from app.cli import main
 from sim.api import default_trace_path
 from sim.profiles import load_model
-from sim.tree import BLOCK_POLICIES, TreeError, TreeSpec, compare_tree, simulate_tree, walk_tree
+from sim.tree import BLOCK_POLICIES, TreeError, TreeSpec, _structure, compare_tree, simulate_tree, walk_tree
 
 BUNDLED = default_trace_path()
 HAS_BUNDLED = (BUNDLED / "manifest.json").is_file()
@@ -216,3 +216,77 @@ def test_cli_tree_end_to_end(capsys):
         assert main(["tree", "--trace", str(BUNDLED), *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert flag in err and len(err.splitlines()) == 1
+
+
+def _drive_like_the_runner(spec, policy, budget, bs):
+    """Drive TreeBlocks through its hooks the way calibrate/tree.py does, with token ids standing in for KV.
+
+    ``store`` plays the runner's dict of K/V tensors: a block's "KV" is the token ids it covers, so an
+    assembled context must equal the sequence itself. Returns the TreeBlocks and the contexts built.
+    """
+    from policies import BlockPool, get_policy
+    from sim.tree import TreeBlocks
+
+    parent, depth, ntok, score, toks, children, levels = _structure(spec)
+    store: dict = {}
+    tb = TreeBlocks(BlockPool(budget, get_policy(policy)), bs, on_drop=lambda b: store.pop(b))
+    seqs = {0: list(toks[0])}
+    ctxs = []
+
+    def put(bid, lo, hi):
+        store[bid] = list(toks[bid[0]][lo:hi])
+
+    def in_step():
+        assert store.keys() == tb.held.keys()
+        assert all(len(store[b]) == n for b, n in tb.held.items())
+
+    tb.admit(0, ntok[0] - 1, score[0], 0, on_block=put)
+    in_step()
+    for d, frontier in enumerate(levels, start=1):
+        for p in frontier:
+            sp, parts, phases = [], [], []
+            n = p
+            while n >= 0:
+                sp.insert(0, n)
+                n = parent[n]
+
+            def block(bid, lo, hi, pos, phase):
+                assert pos == sum(map(len, parts))
+                if phase is None:
+                    parts.append(store[bid][:hi - lo])
+                else:
+                    phases.append((phase, hi - lo, pos))
+                    put(bid, lo, hi)
+                    parts.append(store[bid])
+
+            computes, n_ctx = tb.path([(s, ntok[s] - (s == p), score[s], depth[s]) for s in sp], on_block=block)
+            in_step()
+            assert phases == computes
+            ctx = [t for q in parts for t in q]
+            assert ctx == seqs[p][:-1] and n_ctx == len(ctx)
+            ctxs.append(ctx)
+            tb.tail(p, ntok[p], score[p], depth[p], on_block=put)
+            in_step()
+            for c in children[p]:
+                seqs[c] = seqs[p] + toks[c]
+                tb.admit(c, ntok[c] - 1, 0.0, d, on_block=put)
+                in_step()
+        for c in (c for p in frontier for c in children[p]):
+            tb.scored(c, ntok[c], score[c])
+    return tb, ctxs
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_trees(), st.integers(0, 30), st.sampled_from([2, 4, 16]), st.sampled_from(BLOCK_POLICIES))
+def test_hooks_keep_the_runners_kv_in_step(spec, budget, bs, policy):
+    """The runner's hooks (calibrate/tree.py): the KV it holds is exactly TreeBlocks.held, every context it
+    assembles from held and (re)computed blocks is the path's sequence, and the hook-driven walk is the
+    trace walk, touch for touch."""
+    tb, ctxs = _drive_like_the_runner(spec, policy, budget, bs)
+    assert len(ctxs) == sum(len(f) for f in _structure(spec)[-1])
+    if budget == 0:
+        assert not tb.held and tb.pool.peak == 0
+    else:
+        w = walk_tree(spec, policy, budget_blocks=budget, block_size=bs)
+        assert tb.touches == w.blocks.touches and tb.recompute_tokens == w.blocks.recompute_tokens
+        assert tb.pool.evicted_log == w.blocks.pool.evicted_log
