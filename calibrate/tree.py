@@ -18,14 +18,19 @@ is prefilled to get the first logits; the children decode on that KV
 ``expand``-ed to ``branching`` rows (no copy). A generated block's score is
 its node's verification score, its depth the node's depth; the prompt's
 blocks have depth 0 and the root's score.
+
+The walk itself -- which blocks are touched, with which (score, depth), hit
+or (re)compute, what is evicted, the frontier and the unconstrained budget --
+is ``sim.tree``'s (``TreeBlocks``, ``select_frontier``,
+``unconstrained_budget``), the very code the simulator replays a trace with.
+This module does the torch work in its hooks: it keeps each held block's K/V
+tensors in step with ``TreeBlocks.held``, computes the blocks the walk asks
+for, decodes, verifies and times every phase.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
-
-import numpy as np
 
 
 @dataclass
@@ -58,25 +63,23 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
 
     from calibrate import engine as E
     from calibrate import kv as KV
+    from calibrate.runner import _StepClock
+    from sim.tree import TreeBlocks, select_frontier, unconstrained_budget
 
     if timer is None:
         from calibrate.timing import PhaseTimer
         timer = PhaseTimer(sync=lm.sync)
     L = lm.n_layers
     dev = lm.device
-    n_nodes_max = 1 + branching * (1 + expand_k * max(depth - 1, 0))
-    unconstrained = n_nodes_max * (math.ceil((len(prompt) + step_tokens) / block_size) + 1)
+    unconstrained = unconstrained_budget(len(prompt), depth, expand_k, branching, step_tokens, block_size)
     pool = BlockPool(unconstrained if budget_blocks is None else int(budget_blocks), block_policy)
+    # the walk (touches, hits, recompute decisions, evictions) is sim.tree's; the real KV of every
+    # block it holds lives here, kept in step through its hooks
     store: dict = {}          # block id -> list of (k, v) per layer, each [1, H, n, D]
-    ever: set = set()         # blocks computed at least once: computing one again is recompute
+    tb = TreeBlocks(pool, block_size, on_drop=lambda bid: store.pop(bid, None))
     nodes = [{"node": 0, "parent": -1, "depth": 0, "tokens": list(prompt), "path": [], "score": 0.0, "done": False}]
-    clock = [0.0]
-    rec_tok, rec_s = 0, 0.0
+    rec_s = 0.0
     t0 = time.perf_counter()
-
-    def tick() -> float:
-        clock[0] += 1.0
-        return clock[0]
 
     def segs(n: int) -> list[int]:
         out = []
@@ -85,50 +88,36 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
             n = nodes[n]["parent"]
         return out[::-1]
 
-    def drop_evicted():
-        for bid in [b for b in store if b not in pool]:
-            del store[bid]
-
-    def path_kv(n: int, upto_last: bool):
-        """KV (list per layer) of node n's full sequence, all tokens but the last if upto_last."""
-        nonlocal rec_tok, rec_s
+    def path_kv(p: int):
+        """KV (list of blocks, each a list per layer) of node p's sequence but its last token, and its length."""
         parts: list[list] = []
-        pos = 0
-        seq_nodes = segs(n)
-        for si, sn in enumerate(seq_nodes):
-            toks = nodes[sn]["tokens"]
-            n_use = len(toks) - 1 if (upto_last and si == len(seq_nodes) - 1) else len(toks)
-            for k in range(math.ceil(n_use / block_size)):
-                lo, hi = k * block_size, min((k + 1) * block_size, n_use)
-                bid = (sn, k)
-                have = store.get(bid)
-                hit = pool.access(bid, score=float(nodes[sn]["score"]), depth=int(nodes[sn]["depth"]), now=tick())
-                if hit and have is not None and have[0][0].shape[2] >= hi - lo:
-                    parts.append([(kk[:, :, : hi - lo], vv[:, :, : hi - lo]) for kk, vv in have])
-                else:
-                    # evicted (or never computed this far): recompute over the KV before it
-                    past = KV.cache_from([(torch.cat([p[l][0] for p in parts], 2), torch.cat([p[l][1] for p in parts], 2))
-                                          for l in range(L)]) if parts else None
-                    ids = torch.tensor([toks[lo:hi]], dtype=torch.long, device=dev)
-                    posi = torch.arange(pos, pos + hi - lo, device=dev).unsqueeze(0)
-                    ts = time.perf_counter()
-                    again = bid in ever
-                    ctx_ = timer.phase("recompute" if again else "prefill") if timer is not None else None
-                    with (ctx_ if ctx_ is not None else _Null()) as row:
-                        _, cache, _ = CO.prefill(lm, ids, position_ids=posi, cache=past) if past is not None else \
-                            CO.prefill(lm, ids, position_ids=posi)
-                        if row is not None:
-                            row.items([hi - lo], [pos])
-                    if again:
-                        rec_s += time.perf_counter() - ts
-                        rec_tok += hi - lo
-                    ever.add(bid)
-                    new = [(lay.keys[:, :, -(hi - lo):], lay.values[:, :, -(hi - lo):]) for lay in cache.layers]
-                    store[bid] = new
-                    parts.append(new)
-                drop_evicted()
-                pos += hi - lo
-        return parts, pos
+
+        def block(bid, lo, hi, pos, phase):
+            nonlocal rec_s
+            if phase is None:       # resident and long enough
+                parts.append([(kk[:, :, : hi - lo], vv[:, :, : hi - lo]) for kk, vv in store[bid]])
+                return
+            # first time, or evicted since: compute it over the KV before it
+            toks = nodes[bid[0]]["tokens"]
+            past = KV.cache_from([(torch.cat([q[l][0] for q in parts], 2), torch.cat([q[l][1] for q in parts], 2))
+                                  for l in range(L)]) if parts else None
+            ids = torch.tensor([toks[lo:hi]], dtype=torch.long, device=dev)
+            posi = torch.arange(pos, pos + hi - lo, device=dev).unsqueeze(0)
+            ts = time.perf_counter()
+            with timer.phase(phase) as row:
+                _, cache, _ = CO.prefill(lm, ids, position_ids=posi, cache=past) if past is not None else \
+                    CO.prefill(lm, ids, position_ids=posi)
+                row.items([hi - lo], [pos])
+            if phase == "recompute":
+                rec_s += time.perf_counter() - ts
+            new = [(lay.keys[:, :, -(hi - lo):], lay.values[:, :, -(hi - lo):]) for lay in cache.layers]
+            store[bid] = new
+            parts.append(new)
+
+        sp = segs(p)
+        _, n_ctx = tb.path([(s, len(nodes[s]["tokens"]) - (s == p), float(nodes[s]["score"]), int(nodes[s]["depth"]))
+                            for s in sp], on_block=block)
+        return parts, n_ctx
 
     with torch.inference_mode():
         v0 = verification_ids(prompt, [], suffix, sorted(stop))[0]
@@ -138,19 +127,15 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
         with timer.phase("prefill") as row:
             _, c0, _ = CO.prefill(lm, torch.tensor([prompt[:-1]], device=dev))
             row.items([n0], [0])
-        for k in range(math.ceil(n0 / block_size)):
-            lo, hi = k * block_size, min((k + 1) * block_size, n0)
-            pool.access((0, k), score=float(nodes[0]["score"]), depth=0, now=tick())
-            store[(0, k)] = [(lay.keys[:, :, lo:hi], lay.values[:, :, lo:hi]) for lay in c0.layers]
-            ever.add((0, k))
-            drop_evicted()
+        tb.admit(0, n0, nodes[0]["score"], 0, on_block=lambda bid, lo, hi: store.__setitem__(
+            bid, [(lay.keys[:, :, lo:hi], lay.values[:, :, lo:hi]) for lay in c0.layers]))
         frontier = [0]
         for d in range(1, depth + 1):
             if not frontier:
                 break
             level = []
             for p in frontier:
-                parts, n_ctx = path_kv(p, upto_last=True)
+                parts, n_ctx = path_kv(p)
                 with timer.phase("assemble", kind="copy") as row:
                     ctx_kv = [(torch.cat([q[l][0] for q in parts], 2), torch.cat([q[l][1] for q in parts], 2))
                               for l in range(L)]
@@ -160,79 +145,45 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
                     logits, cache, _ = CO.prefill(lm, torch.tensor([[seq[-1]]], device=dev),
                                                   position_ids=torch.tensor([[n_ctx]], device=dev), cache=KV.cache_from(ctx_kv))
                     row.items([1], [n_ctx])
-                # the parent's last token now has KV: complete its tail block
-                tail = nodes[p]["tokens"]
-                k_last = (len(tail) - 1) // block_size
-                lo = k_last * block_size
-                bid = (p, k_last)
-                pool.access(bid, score=float(nodes[p]["score"]), depth=int(nodes[p]["depth"]), now=tick())
-                ever.add(bid)
-                if True:  # the block now holds the parent's last token too
-                    store[bid] = [(lay.keys[:, :, n_ctx - (len(tail) - 1 - lo):], lay.values[:, :, n_ctx - (len(tail) - 1 - lo):])
-                                  for lay in cache.layers]
-                drop_evicted()
+                # the parent's last token now has KV: its tail block holds tokens [lo, hi) of p, the cache's last hi - lo
+                tb.tail(p, len(nodes[p]["tokens"]), nodes[p]["score"], nodes[p]["depth"],
+                        on_block=lambda bid, lo, hi: store.__setitem__(
+                            bid, [(lay.keys[:, :, n_ctx + 1 - (hi - lo):], lay.values[:, :, n_ctx + 1 - (hi - lo):])
+                                  for lay in cache.layers]))
                 new_ids = list(range(len(nodes) + len(level), len(nodes) + len(level) + branching))
                 gens = [CO.make_generator(lm, CO.seed_for(seed, problem.index, 1000 * tree_index + i, STREAM_TREE))
                         for i in new_ids]
                 batch = KV.expand_view(cache, branching)
                 mask = torch.ones(branching, n_ctx + 1, dtype=torch.long, device=dev)
-                sc = _Clock(timer, branching, n_ctx + 1)
+                sc = _StepClock(timer, branching, [n_ctx + 1] * branching)
                 res = CO.sample_decode(lm, logits.expand(branching, -1), batch, mask,
                                        torch.full((branching,), n_ctx + 1, device=dev), step_tokens, gens, temperature, top_p,
                                        sorted(stop), step_hook=sc.hook)
                 sc.close()
+                base = n_ctx + 1
                 for i, (nid, g) in enumerate(zip(new_ids, res.gen_ids)):
                     node = {"node": nid, "parent": p, "depth": d, "tokens": list(g), "path": nodes[p]["path"] + list(g),
                             "score": 0.0, "done": bool(g and g[-1] in stop)}
                     level.append(node)
-                    # store the generated tokens' KV (all but the last, which was never fed)
-                    fed = len(g) - 1
-                    base = n_ctx + 1
-                    for k in range(math.ceil(fed / block_size)):
-                        lo, hi = k * block_size, min((k + 1) * block_size, fed)
-                        pool.access((nid, k), score=0.0, depth=d, now=tick())
-                        ever.add((nid, k))
-                        store[(nid, k)] = [(lay.keys[i:i + 1, :, base + lo: base + hi], lay.values[i:i + 1, :, base + lo: base + hi])
-                                           for lay in res.cache.layers]
-                        drop_evicted()
+                    # the generated tokens' KV (all but the last, which was never fed), row i of the batch
+                    tb.admit(nid, len(g) - 1, 0.0, d, on_block=lambda bid, lo, hi, i=i: store.__setitem__(
+                        bid, [(lay.keys[i:i + 1, :, base + lo: base + hi], lay.values[i:i + 1, :, base + lo: base + hi])
+                              for lay in res.cache.layers]))
             # verification of the level (recomputed sequences), then the scores tag the blocks
             vseqs = [verification_ids(prompt, n["path"], suffix, sorted(stop))[0] for n in level]
             vr = E.verify_batch(lm, vseqs, yes, no, pad_id, None, timer)
             for n, s in zip(level, vr.scores):
                 n["score"] = float(s)
                 nodes.append(n)
-                for k in range(math.ceil(max(len(n["tokens"]) - 1, 0) / block_size)):
-                    pool.update((n["node"], k), score=float(s))
-            open_ = [n["node"] for n in level if not n["done"]]
-            frontier = sorted(open_, key=lambda i: (-nodes[i]["score"], i))[:expand_k]
+                tb.scored(n["node"], len(n["tokens"]), n["score"])
+            frontier = select_frontier([n["node"] for n in level], {n["node"]: n["score"] for n in level},
+                                       {n["node"]: n["done"] for n in level}, expand_k)
     tok = lm.tokenizer
     leaves = [n for n in nodes[1:]]
     best = max(leaves, key=lambda n: (n["score"], -n["node"])) if leaves else nodes[0]
     ans = extract_answer(tok.decode(best["path"], skip_special_tokens=True), problem.answer_kind)
     return TreeResult(policy=block_policy.name, budget_blocks=int(pool.budget), seconds=time.perf_counter() - t0,
-                      recompute_tokens=int(rec_tok), recompute_seconds=float(rec_s), evictions=int(pool.evictions),
-                      refetches=int(pool.refetches), n_nodes=len(nodes), best_score=float(best["score"]),
-                      best_answer=ans, correct=bool(is_correct(ans, problem.truth, problem.answer_kind)),
-                      peak_blocks=int(pool.peak))
-
-
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
-
-
-class _Clock:
-    def __init__(self, timer, B, ctx):
-        from calibrate.runner import _StepClock
-        self.c = _StepClock(timer, B, [ctx] * B) if timer is not None else None
-
-    def hook(self, t, feed):
-        if self.c is not None:
-            self.c.hook(t, feed)
-
-    def close(self):
-        if self.c is not None:
-            self.c.close()
+                      recompute_tokens=int(tb.recompute_tokens), recompute_seconds=float(rec_s),
+                      evictions=int(pool.evictions), refetches=int(pool.refetches), n_nodes=len(nodes),
+                      best_score=float(best["score"]), best_answer=ans,
+                      correct=bool(is_correct(ans, problem.truth, problem.answer_kind)), peak_blocks=int(pool.peak))
