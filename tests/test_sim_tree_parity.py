@@ -1,8 +1,11 @@
 """Decision parity of tree mode: calibrate.tree.run_tree (real model, real BlockPool) vs sim.tree.walk_tree.
 
 The real runner grows a tree on SmolLM2-135M under a block budget; the simulator replays the tree
-it grew. Every pool touch (block, score, depth, time, hit), every eviction, and every operation the
-runner timed (items of each verify / prefill / recompute / decode / assemble phase) must be equal.
+it grew. Both drive the one walk (sim.tree.TreeBlocks / select_frontier / unconstrained_budget);
+this checks that the runner feeds it the same segments, scores and depths as the trace replay and
+that what it really computes and times follows it: every pool touch (block, score, depth, time,
+hit), every eviction, and every operation the runner timed (items of each verify / prefill /
+recompute / decode / assemble phase) must be equal.
 Slow (real model, ~40 s on one core); the rest of tree mode is tested without torch in test_sim_tree.py.
 """
 from __future__ import annotations
