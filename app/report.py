@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import html
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -11,18 +9,9 @@ import pandas as pd
 
 
 def _atomic_write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from traces.store import atomic_write_text
+
+    atomic_write_text(path, text)
     return path
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
+
+from traces.store import atomic_write_text as _atomic_write
 
 
 def _flatten(prefix: str, obj, out: dict) -> None:
@@ -21,13 +21,6 @@ def _flatten(prefix: str, obj, out: dict) -> None:
             _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
     else:
         out[prefix] = obj
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:

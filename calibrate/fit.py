@@ -18,13 +18,13 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from traces.store import atomic_write_text
 from scipy.optimize import least_squares
 
 from sim import cost as C
@@ -124,21 +124,6 @@ def fitted_range(model: ModelShape, phases: pd.DataFrame) -> dict:
 def _yaml_dump(obj) -> str:
     import yaml
     return yaml.safe_dump(obj, sort_keys=False, default_flow_style=None, width=100)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_on: dict, notes: str) -> dict:

@@ -154,7 +154,7 @@ def fidelity_report(dir_: Path, hardware: str | None = None) -> dict:
 
 def _scatter(df: pd.DataFrame, path: Path, rep: dict) -> None:
     import plotly.express as px
-    from calibrate.fit import atomic_write_text
+    from traces.store import atomic_write_text
 
     fig = px.scatter(df, x="measured", y="sim", color="policy", hover_data=["problem", "abs_pct_error"],
                      labels={"measured": "measured end-to-end latency (s)", "sim": "simulated latency (s)"},
@@ -162,7 +162,7 @@ def _scatter(df: pd.DataFrame, path: Path, rep: dict) -> None:
                             f"median per problem {rep['median_abs_pct_error']:.1%}"))
     hi = float(max(df["measured"].max(), df["sim"].max())) * 1.05
     fig.add_shape(type="line", x0=0, y0=0, x1=hi, y1=hi, line=dict(dash="dash", color="grey"))
-    atomic_write_text(path, fig.to_html(include_plotlyjs="cdn", full_html=True))
+    atomic_write_text(path, fig.to_html(include_plotlyjs=True, full_html=True))
 
 
 def format_report(rep: dict) -> str:

@@ -89,6 +89,11 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> str:
     return atomic_write_bytes(path, json_bytes(obj))
 
 
+def atomic_write_text(path: str | os.PathLike, text: str) -> str:
+    """UTF-8 text through :func:`atomic_write_bytes` (reports, presets, HTML)."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
