@@ -48,6 +48,10 @@ SHARD = "shard.json"
 
 # --------------------------------------------------------------------------- writing
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> str:
     """Write ``data`` to ``path`` atomically; return its sha256 (hex).
 
@@ -62,6 +66,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> str:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the user's usual mode
         os.replace(tmp, path)
     except BaseException:
         try:
