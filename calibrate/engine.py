@@ -71,16 +71,29 @@ def verify_batch(lm, seqs: list[list[int]], yes: list[int], no: list[int], pad_i
     on which other rows share the batch (same padded length), so scores equal the
     capture's full-depth lens wherever the pass reaches the same layer.
     """
+    from traces import capture_ops as CO
+
+    ids, mask, pos = CO.left_pad(seqs, pad_id, lm.device)
+    T = ids.shape[1]
+    return _layerwise_verify(lm, ids, None, pos, mask, yes, no, exit_policy, timer, n_new=T, n_cached=0)
+
+
+def _layerwise_verify(lm, x, cache, pos, mask, yes, no, exit_policy, timer, n_new: int, n_cached: int
+                      ) -> BatchVerify:
+    """The verification pass of both entry points, one decoder layer at a time (CGEE level 2).
+
+    ``cache`` is None when the whole sequence is recomputed, else each row's generation KV,
+    whose upper layers drop the rows that exit.
+    """
     from policies import yes_score
     from traces import capture_ops as CO
 
     model = lm.model
     L = LW.n_layers(model)
-    B = len(seqs)
-    ids, mask, pos = CO.left_pad(seqs, pad_id, lm.device)
-    T = ids.shape[1]
-    yes_t = torch.as_tensor(list(yes), device=lm.device)
-    no_t = torch.as_tensor(list(no), device=lm.device)
+    B = x.shape[0]
+    dev = x.device
+    yes_t = torch.as_tensor(list(yes), device=dev)
+    no_t = torch.as_tensor(list(no), device=dev)
     ent = np.full((B, L), np.nan)
     py = np.full((B, L), np.nan)
     pn = np.full((B, L), np.nan)
@@ -89,18 +102,15 @@ def verify_batch(lm, seqs: list[list[int]], yes: list[int], no: list[int], pad_i
     first_probe = max(int(exit_policy.l_min), 2) - 1 if exit_policy is not None else L
     alive = np.arange(B)
     with _phase(timer, "verify") as row:
-        st = LW.begin(model, ids, None, position_ids=pos, attention_mask=mask)
+        st = LW.begin(model, x, cache, position_ids=pos, attention_mask=mask)
         for l in range(1, L + 1):
-            h = LW.step(model, st)
-            probe = (exit_policy is not None and first_probe <= l < L) or l == L
-            if not probe:
+            h = LW.step(model, st, cache) if cache is not None else LW.step(model, st)
+            if not ((exit_policy is not None and first_probe <= l < L) or l == L):
                 continue
-            logits = LW.lens_logits(model, h[:, -1, :])
-            e, ly, ln, _ = CO._lens_stats(logits, yes_t, no_t)
-            e = e.double().cpu().numpy()
-            a = ly.exp().double().cpu().numpy()
-            b_ = ln.exp().double().cpu().numpy()
-            ent[alive, l - 1], py[alive, l - 1], pn[alive, l - 1] = e, a, b_
+            e, ly, ln, _ = CO._lens_stats(LW.lens_logits(model, h[:, -1, :]), yes_t, no_t)
+            ent[alive, l - 1] = e.double().cpu().numpy()
+            py[alive, l - 1] = ly.exp().double().cpu().numpy()
+            pn[alive, l - 1] = ln.exp().double().cpu().numpy()
             if l == L:
                 break
             probes[alive] += 1
@@ -109,21 +119,24 @@ def verify_batch(lm, seqs: list[list[int]], yes: list[int], no: list[int], pad_i
                              for r in alive], bool)
             if stop.any():
                 exit_l[alive[stop]] = l
-                keep = torch.as_tensor(np.flatnonzero(~stop), device=h.device)
+                keep = torch.as_tensor(np.flatnonzero(~stop), device=dev)
                 alive = alive[~stop]
                 if alive.size == 0:
                     break
                 st.hidden = st.hidden.index_select(0, keep)
                 st.position_ids = st.position_ids.index_select(0, keep)
-                st.position_embeddings = tuple(x.index_select(0, keep) for x in st.position_embeddings)
+                st.position_embeddings = tuple(t.index_select(0, keep) for t in st.position_embeddings)
                 if st.mask is not None and st.mask.shape[0] > 1:
                     st.mask = st.mask.index_select(0, keep)
+                if cache is not None:
+                    for lay in cache.layers[l:]:   # the layers still to run see only the live rows
+                        lay.keys = lay.keys.index_select(0, keep)
+                        lay.values = lay.values.index_select(0, keep)
         if row is not None:
-            row.items([T] * B, [0] * B, layers=exit_l.tolist(), probes=probes.tolist(),
+            row.items([n_new] * B, [n_cached] * B, layers=exit_l.tolist(), probes=probes.tolist(),
                       logits=(exit_l == L).astype(int).tolist())
     rows = np.arange(B)
-    scores = yes_score(py[rows, exit_l - 1], pn[rows, exit_l - 1])
-    return BatchVerify(scores, exit_l, ent, py, pn, probes)
+    return BatchVerify(yes_score(py[rows, exit_l - 1], pn[rows, exit_l - 1]), exit_l, ent, py, pn, probes)
 
 
 @torch.no_grad()
@@ -137,11 +150,6 @@ def verify_batch_reuse(lm, cache, mask, next_pos, gen_ids: list[list[int]], suff
     (``1 + len(suffix)`` tokens) over its own KV; with a CGEE policy the layers run one by
     one and exited rows leave the batch (their upper layers and cache rows are dropped).
     """
-    from policies import yes_score
-    from traces import capture_ops as CO
-
-    model = lm.model
-    L = LW.n_layers(model)
     B = len(gen_ids)
     dev = mask.device
     S = int(cache.get_seq_length())
@@ -154,47 +162,4 @@ def verify_batch_reuse(lm, cache, mask, next_pos, gen_ids: list[list[int]], suff
     m = torch.cat([m, torch.ones(B, n_new, dtype=m.dtype, device=dev)], 1)
     start = torch.as_tensor([int(p) + len(g) - 1 for p, g in zip(next_pos.tolist(), gen_ids)], device=dev)
     pos = start[:, None] + torch.arange(n_new, device=dev)[None, :]
-    yes_t = torch.as_tensor(list(yes), device=dev)
-    no_t = torch.as_tensor(list(no), device=dev)
-    ent = np.full((B, L), np.nan)
-    py = np.full((B, L), np.nan)
-    pn = np.full((B, L), np.nan)
-    exit_l = np.full(B, L, np.int64)
-    probes = np.zeros(B, np.int64)
-    first_probe = max(int(exit_policy.l_min), 2) - 1 if exit_policy is not None else L
-    alive = np.arange(B)
-    with _phase(timer, "verify") as row:
-        st = LW.begin(model, x, cache, position_ids=pos, attention_mask=m)
-        for l in range(1, L + 1):
-            h = LW.step(model, st, cache)
-            if not ((exit_policy is not None and first_probe <= l < L) or l == L):
-                continue
-            e, ly, ln, _ = CO._lens_stats(LW.lens_logits(model, h[:, -1, :]), yes_t, no_t)
-            ent[alive, l - 1] = e.double().cpu().numpy()
-            py[alive, l - 1] = ly.exp().double().cpu().numpy()
-            pn[alive, l - 1] = ln.exp().double().cpu().numpy()
-            if l == L:
-                break
-            probes[alive] += 1
-            stop = np.array([exit_policy.should_exit(l, float(ent[r, l - 1]),
-                                                     None if np.isnan(ent[r, l - 2]) else float(ent[r, l - 2]))
-                             for r in alive], bool)
-            if stop.any():
-                exit_l[alive[stop]] = l
-                keep = torch.as_tensor(np.flatnonzero(~stop), device=dev)
-                alive = alive[~stop]
-                if alive.size == 0:
-                    break
-                st.hidden = st.hidden.index_select(0, keep)
-                st.position_ids = st.position_ids.index_select(0, keep)
-                st.position_embeddings = tuple(t.index_select(0, keep) for t in st.position_embeddings)
-                if st.mask is not None and st.mask.shape[0] > 1:
-                    st.mask = st.mask.index_select(0, keep)
-                for lay in cache.layers[l:]:   # the layers still to run see only the live rows
-                    lay.keys = lay.keys.index_select(0, keep)
-                    lay.values = lay.values.index_select(0, keep)
-        if row is not None:
-            row.items([n_new] * B, [S] * B, layers=exit_l.tolist(), probes=probes.tolist(),
-                      logits=(exit_l == L).astype(int).tolist())
-    rows = np.arange(B)
-    return BatchVerify(yes_score(py[rows, exit_l - 1], pn[rows, exit_l - 1]), exit_l, ent, py, pn, probes)
+    return _layerwise_verify(lm, x, cache, pos, m, yes, no, exit_policy, timer, n_new=n_new, n_cached=S)

@@ -97,26 +97,16 @@ def design(tf):
     m = model_from_manifest(tf.manifest)
     rows, secs, names = [], [], []
     rng = {"ctx": 0.0, "new": 0.0, "batch": 0}
-    for f, tim in zip(tf.problems, tf.timings):
-        for r in tim.itertuples(index=False):
-            out = _row_terms(m, str(r.phase), int(r.n_new), int(r.n_cached), int(r.batch), f)
-            if out is None or not (r.seconds > 0):
-                continue
-            t, info = out
-            rows.append(t)
-            secs.append(float(r.seconds))
-            names.append(str(r.phase))
-            rng["ctx"] = max(rng["ctx"], info["ctx"])
-            rng["new"] = max(rng["new"], info["new"])
-            rng["batch"] = max(rng["batch"], int(info["batch"]))
-    # Long-decode shards carry their own timings.parquet (long_prefill / long_decode).
+    # Problem shards' timings, then the long-decode shards' own timings.parquet (long_prefill / long_decode).
     import pandas as pd
+    sources = [(tim, f) for f, tim in zip(tf.problems, tf.timings)]
     for ld in getattr(tf.trace, "long_decodes", []) or []:
         path = os.path.join(str(ld.root), ld.rel, "timings.parquet")
-        if not os.path.isfile(path):
-            continue
-        for r in pd.read_parquet(path).itertuples(index=False):
-            out = _row_terms(m, str(r.phase), int(r.n_new), int(r.n_cached), int(r.batch), None)
+        if os.path.isfile(path):
+            sources.append((pd.read_parquet(path), None))
+    for tim, f in sources:
+        for r in tim.itertuples(index=False):
+            out = _row_terms(m, str(r.phase), int(r.n_new), int(r.n_cached), int(r.batch), f)
             if out is None or not (r.seconds > 0):
                 continue
             t, info = out
