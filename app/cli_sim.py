@@ -16,42 +16,8 @@ TABLE_COLS = ["latency_mean_s", "speedup_vs_no_kv", "speedup_vs_exact_prefix", "
               "recompute_tokens", "attn_output_rel_error", "attn_mass_recall"]
 
 
-def parse_value(text: str):
-    """A ``--set`` value: int, float, true/false, none, a comma list of those, else the string."""
-    t = text.strip()
-    low = t.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    if low in ("none", "null"):
-        return None
-    try:
-        return int(t)
-    except ValueError:
-        pass
-    try:
-        v = float(t)
-        if math.isfinite(v):
-            return v
-    except ValueError:
-        pass
-    if "," in t:
-        return [parse_value(x) for x in t.split(",")]
-    return t
-
-
-def parse_sets(items, flag: str) -> dict:
-    out = {}
-    for it in items or []:
-        if "=" not in it:
-            raise ValueError(f"{flag} {it!r}: expected KEY=VALUE")
-        k, v = it.split("=", 1)
-        k = k.strip()
-        if not k:
-            raise ValueError(f"{flag} {it!r}: empty key")
-        out[k] = parse_value(v)
-    return out
+# One parser for --set/--workload values, shared with the dashboard (app/params.py).
+from app.params import parse_sets, parse_value  # noqa: E402,F401
 
 
 def _trace_arg(p) -> None:

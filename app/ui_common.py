@@ -1,0 +1,113 @@
+"""Streamlit pieces every dashboard page uses: cached backend calls, the path pickers, the error line.
+
+Results are cached with ``st.cache_data`` (keyed on the call's arguments, owned by the
+Streamlit server, cleared with it); the pages keep their state in ``st.session_state``.
+"""
+from __future__ import annotations
+
+import math
+
+import streamlit as st
+
+from app import params as P
+from app import ui_backend as B
+from app import ui_paths
+
+# ------------------------------------------------------------------ cached backend calls
+_cache = st.cache_data(show_spinner=False, max_entries=512)
+run = _cache(B.run)
+trace_facts = _cache(B.trace_facts)
+observed_sigmas = _cache(B.observed_sigmas)
+hardware_that_serves = _cache(B.hardware_that_serves)
+compare = _cache(B.compare)
+token_curve = _cache(B.token_curve)
+problem_list = _cache(B.problem_list)
+problem_branches = _cache(B.problem_branches)
+problem_sigma = _cache(B.problem_sigma)
+problem_lens = _cache(B.problem_lens)
+exit_layers = _cache(B.exit_layers)
+value_ranges = _cache(B.value_ranges)
+read_sweep = _cache(B.read_sweep)
+run_small_sweep = _cache(B.run_small_sweep)
+calibration_run = _cache(B.calibration_run)
+calibration_serve = _cache(B.calibration_serve)
+listing = st.cache_data(show_spinner=False, ttl=30)(lambda kind, roots: ui_paths.listing(kind, [ui_paths.Path(r) for r in roots]))
+
+
+def roots() -> list[str]:
+    return [str(r) for r in ui_paths.roots_from()]
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an error's message (the simulator's messages already name the field)."""
+    msg = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    return (msg.strip().splitlines() or [type(exc).__name__])[0]
+
+
+def error(exc_or_text) -> None:
+    st.error(exc_or_text if isinstance(exc_or_text, str) else one_line(exc_or_text), icon="⚠️")
+
+
+def pick(kind: str, label: str, key: str, help: str | None = None, query_param: str | None = None) -> str | None:
+    """A select box of the ``kind`` entries under the trace roots; returns the chosen path.
+
+    A ``?query_param=`` in the URL may preselect an entry, but only a listed one: anything else
+    (``..``, an absolute path) is refused with one line and the box keeps its default.
+    """
+    items = listing(kind, tuple(roots()))
+    if not items:
+        st.info(f"No {kind} under the trace roots ({', '.join(roots())}). "
+                f"Start with `rksim dashboard --trace-root DIR` to look elsewhere.")
+        return None
+    labels = list(items)
+    if query_param and key not in st.session_state:
+        asked = st.query_params.get(query_param)
+        if asked:
+            try:
+                path = ui_paths.resolve(kind, asked, [ui_paths.Path(r) for r in roots()])
+                st.session_state[key] = next(k for k, v in items.items() if v == path or k == asked)
+            except ui_paths.PathRefused as exc:
+                error(exc)
+    if st.session_state.get(key) not in labels:
+        st.session_state.pop(key, None)
+        default = next((i for i, k in enumerate(labels) if k.endswith("trace-gsm8k-persona")), 0)
+        st.session_state[key] = labels[default]
+    choice = st.selectbox(label, labels, key=key, help=help)
+    try:
+        return ui_paths.resolve(kind, choice, [ui_paths.Path(r) for r in roots()])
+    except ui_paths.PathRefused as exc:  # a stale session value
+        error(exc)
+        return None
+
+
+def text_number(label: str, key: str, flag: str, default="", help: str | None = None, **check):
+    """A text box for a number, validated by :func:`app.params.number` (the CLI's check).
+
+    Returns ``(value, ok)``; a bad value shows one line under the box and ``ok`` is False.
+    """
+    raw = st.text_input(label, value=str(default), key=key, help=help)
+    try:
+        return P.number(raw, flag, **check), True
+    except ValueError as exc:
+        error(exc)
+        return None, False
+
+
+def target_controls(prefix: str, trace: str | None, sidebar: bool = True):
+    """Target model, hardware and seed pickers; returns ``(model or None, hardware, seed, ok)``."""
+    where = st.sidebar if sidebar else st.container()
+    pr = B.presets()
+    models = ["(the trace's own model)"] + pr["models"]
+    hw = pr["hardware"]
+    m = where.selectbox("target model", models, key=f"{prefix}.model",
+                        help="cost model's model; decisions always come from the trace's own model")
+    dh = B.default_hardware()
+    h = where.selectbox("hardware", hw, index=hw.index(dh) if dh in hw else 0, key=f"{prefix}.hardware")
+    with where:
+        seed, ok = text_number("simulator seed", f"{prefix}.seed", "--seed", default="0", lo=0, integer=True,
+                               help="seed of arrivals and stochastic policies (the CLI's --seed)")
+    return (None if m == models[0] else m), h, (seed if ok else 0), ok
+
+
+def finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

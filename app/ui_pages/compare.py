@@ -1,0 +1,36 @@
+"""Compare: the `rksim compare` table for the chosen trace and target, downloadable as CSV."""
+from __future__ import annotations
+
+import streamlit as st
+
+from app import ui_backend as B
+from app import ui_common as U
+
+
+def page() -> None:
+    st.title("Compare")
+    with st.sidebar:
+        trace = U.pick("trace", "trace", key="trace", query_param="trace")
+    if trace is None:
+        return
+    model, hardware, seed, ok = U.target_controls("compare", trace)
+    mode = st.sidebar.radio("mode", ["isolated", "serving"], horizontal=True, key="compare.mode")
+    if not ok:
+        return
+    st.caption("Every registered policy at its defaults (token-eviction policies at 4x compression), "
+               "as `rksim compare --trace ... --model-preset ... --hardware ...` prints it.")
+    try:
+        with st.spinner("comparing every policy..."):
+            df = U.compare(trace, model, hardware, mode, None, int(seed))
+    except ValueError as exc:
+        U.error(exc)
+        if B.out_of_calibration(exc):
+            serves = U.hardware_that_serves(trace, model)
+            st.info("Hardware that would serve this model: " + (", ".join(serves) or "none shipped"))
+        return
+    st.dataframe(df, width="stretch", key="compare.table")
+    name = f"compare-{model or 'trace-model'}-{hardware}-{mode}.csv"
+    st.download_button("download CSV", df.to_csv().encode(), file_name=name, mime="text/csv", key="compare.csv")
+
+
+page()

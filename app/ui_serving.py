@@ -1,0 +1,38 @@
+"""The serving-at-capacity controls (issue 9), shared by the What-if and Serving pages.
+
+Each box is checked by :func:`app.params.number` with the bounds of the CLI flag of the same
+name; :func:`app.ui_backend.serving_kwargs` routes the values to the simulator.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from app import ui_common as U
+
+# name, label, CLI flag, default text, check
+SPEC = [("arrival_rate", "arrival rate (problems/s, empty = closed loop)", "--arrival-rate", "",
+         dict(lo=0, lo_open=True, allow_none=True)),
+        ("concurrency", "concurrency (problems in flight)", "--concurrency", "4", dict(lo=1, integer=True)),
+        ("n_requests", "requests (empty = each problem once)", "--requests", "",
+         dict(lo=1, integer=True, allow_none=True)),
+        ("max_num_seqs", "max_num_seqs (empty = the hardware preset's)", "--max-num-seqs", "",
+         dict(lo=1, integer=True, allow_none=True)),
+        ("max_num_batched_tokens", "max_num_batched_tokens (empty = preset)", "--max-num-batched-tokens", "",
+         dict(lo=1, integer=True, allow_none=True)),
+        ("gpu_memory_utilization", "gpu_memory_utilization (0–1, empty = 0.90)", "--gpu-memory-utilization", "",
+         dict(lo=0, hi=1, lo_open=True, allow_none=True)),
+        ("decode_tokens", "decode tokens per long sequence (empty = recorded)", "--decode-tokens", "",
+         dict(lo=1, integer=True, allow_none=True))]
+
+
+def controls(key: str) -> tuple[dict, bool]:
+    """Render the boxes; returns ``(options, all valid)``."""
+    st.caption("Serving: problems arrive at one server and contend for its batch and KV memory (simpy engine).")
+    c = st.columns(2)
+    opts, ok = {}, True
+    for i, (name, lab, flag, default, check) in enumerate(SPEC):
+        with c[i % 2]:
+            v, good = U.text_number(lab, f"{key}.{name}", flag, default=default, **check)
+        ok &= good
+        opts[name] = v
+    return opts, ok
