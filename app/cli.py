@@ -13,19 +13,73 @@ import os
 import sys
 
 # Order sets the order in --help.
-_AREAS = ["app.cli_trace", "app.cli_sim", "app.cli_sweep", "app.cli_calibrate"]
+_AREAS = ["app.cli_trace", "app.cli_sim", "app.cli_sweep", "app.cli_calibrate", "app.cli_app"]
 
 
 class CLIError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
+def version() -> str:
+    """The installed rksim's version (pyproject's, when run from a checkout that is not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as _v
+
+    try:
+        return _v("rksim")
+    except PackageNotFoundError:  # pragma: no cover - a bare checkout
+        import re
+        from pathlib import Path
+
+        m = re.search(r'^version\s*=\s*"([^"]+)"', (Path(__file__).parents[1] / "pyproject.toml").read_text(), re.M)
+        return m.group(1) if m else "0"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every flag's help ends with its default, unless the text already says it ("default ...")."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.help is argparse.SUPPRESS or "default" in text.lower() or "%(default)" in text:
+            return text
+        if not action.option_strings or action.default is None or action.default is argparse.SUPPRESS or \
+                action.default is False or \
+                isinstance(action, (argparse._StoreTrueAction, argparse._HelpAction, argparse._VersionAction)):
+            return text
+        d = action.default
+        shown = ",".join(map(str, d)) if isinstance(d, (list, tuple)) else str(d)
+        if isinstance(d, list) and not d:
+            return text
+        return f"{text} (default {shown})".strip()
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of rksim and of every sub-command: one help format everywhere."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def walk(parser: argparse.ArgumentParser, path: tuple = ()):
+    """``(command path, parser, help line)`` of the parser and every sub-command under it."""
+    yield path, parser, None
+    for act in parser._actions:
+        if isinstance(act, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in act._choices_actions}
+            for name, sub in act.choices.items():
+                for p, s, h in walk(sub, path + (name,)):
+                    yield p, s, (helps.get(name) if p == path + (name,) else h)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="rksim",
         description="What would KV sharing, early exit and KV eviction buy on my model and hardware?",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"rksim {version()}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for name in _AREAS:
         try:
@@ -35,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         mod.register(sub)
+    # A sub-command registered with a help line only gets it as its description too.
+    for _path, p, help_line in walk(parser):
+        if not p.description and help_line:
+            p.description = help_line[0].upper() + help_line[1:] + "."
     return parser
 
 
@@ -45,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
+    except BrokenPipeError:  # `rksim policies | head`
+        return 0
     except CLIError as exc:
         print(f"rksim: error: {exc}", file=sys.stderr)
         return 2

@@ -26,16 +26,16 @@ def _trace_arg(p) -> None:
 
 
 def _target_args(p) -> None:
-    p.add_argument("--model-preset", default=None, metavar="X",
+    p.add_argument("--model-preset", default=None, metavar="NAME",
                    help="cost target model: preset name or YAML/JSON file (default: the trace's own model)")
-    p.add_argument("--hardware", default=DEFAULT_HARDWARE, metavar="Y",
+    p.add_argument("--hardware", default=DEFAULT_HARDWARE, metavar="NAME",
                    help=f"hardware preset name or YAML/JSON file (default {DEFAULT_HARDWARE})")
     p.add_argument("--mode", choices=("isolated", "serving"), default="isolated",
                    help="isolated: one problem at a time (per-problem latency); serving: arrivals and contention")
-    p.add_argument("--workload", action="append", default=[], metavar="K=V",
+    p.add_argument("--workload", action="append", default=[], metavar="KEY=VALUE",
                    help="workload option, repeatable (verify_reuses_kv, concurrency, block_size, kv_budget_frac, ...; "
-                        "see docs/simulator.md)")
-    p.add_argument("--seed", type=int, default=0, help="seed of arrivals and stochastic policies (default 0)")
+                        "see docs/simulator.md; default: the defaults listed there)")
+    p.add_argument("--seed", type=int, default=0, help="simulator seed: arrivals and stochastic policies (default 0)")
 
 
 def register(sub) -> None:
@@ -44,8 +44,8 @@ def register(sub) -> None:
                                    "(docs/simulator.md).")
     _trace_arg(p)
     p.add_argument("--policy", required=True, help="policy registry name (see `rksim compare`)")
-    p.add_argument("--set", action="append", default=[], metavar="K=V", dest="sets",
-                   help="policy parameter, repeatable (e.g. --set tau=0.8)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                   help="policy parameter, repeatable (e.g. --set tau=0.8; default: the policy's defaults, see `rksim policies`)")
     _target_args(p)
     p.add_argument("--arrival-rate", type=float, default=None, metavar="R",
                    help="serving mode: Poisson arrivals, problems/s (default: closed loop)")
@@ -57,7 +57,7 @@ def register(sub) -> None:
                        description="Compare every registered policy on a trace (JSON: {\"policies\": {NAME: {...}}}).")
     _trace_arg(p)
     _target_args(p)
-    p.add_argument("--policies", default=None, metavar="A,B", help="comma list of policies (default: all)")
+    p.add_argument("--policies", default=None, metavar="NAME,NAME", help="comma list of policies (default: all)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_compare)
 
@@ -66,7 +66,7 @@ def register(sub) -> None:
                                    "qwen2.5-7b on h100-sxm, print the tables, write an HTML report.")
     _trace_arg(p)
     p.add_argument("--out", default="runs/demo", metavar="DIR", help="output directory (default runs/demo)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="simulator seed: arrivals and stochastic policies")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("tree", help="RSBCM vs LRU vs FIFO on a trace's tree search under a KV block budget",
@@ -76,12 +76,12 @@ def register(sub) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--budget-frac", type=float, default=None, metavar="F",
                    help="budget = round(F x the unconstrained peak blocks), at least 1 (default 0.5)")
-    g.add_argument("--budget-blocks", type=int, default=None, metavar="N", help="budget in blocks")
+    g.add_argument("--budget-blocks", type=int, default=None, metavar="N", help="budget in blocks (default: from --budget-frac)")
     p.add_argument("--tree", type=int, default=0, metavar="I", help="tree index in the trace (default 0)")
     p.add_argument("--block-size", type=int, default=16, metavar="T", help="tokens per KV block (default 16)")
-    p.add_argument("--model-preset", default=None, metavar="X",
+    p.add_argument("--model-preset", default=None, metavar="NAME",
                    help="cost target model: preset name or YAML/JSON file (default: the trace's own model)")
-    p.add_argument("--hardware", default=DEFAULT_HARDWARE, metavar="Y",
+    p.add_argument("--hardware", default=DEFAULT_HARDWARE, metavar="NAME",
                    help=f"hardware preset name or YAML/JSON file (default {DEFAULT_HARDWARE})")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_tree)

@@ -59,6 +59,9 @@ def _check_trace(path: str):
     from traces.errors import TraceError
     from traces.store import load_trace
 
+    if path is None:  # the bundled trace, as in every command (app.cli_sim._trace_arg)
+        from app.cli_sim import _check_trace as _bundled
+        path = _bundled(None)
     if not Path(path).exists():
         raise ValueError(f"--trace {path!r}: no such file or directory")
     try:
@@ -89,6 +92,7 @@ def _cmd_sweep(args) -> int:
     from sim.sweep import default_evaluate, run_sweep, single_thread_blas, validate_params, write_parquet
 
     trace = _check_trace(args.trace)
+    args.trace = str(trace.path)
     _validate_backend(args)
     out = Path(args.out)
     if out.suffix != ".parquet":
@@ -123,6 +127,7 @@ def _cmd_tune(args) -> int:
     from sim.tune import TuneSpec, tune
 
     trace = _check_trace(args.trace)
+    args.trace = str(trace.path)
     _validate_backend(args)
     spec = TuneSpec(objective=args.objective, direction=args.direction,
                     max_cgee_error=args.max_cgee_error, max_accuracy_drop=args.max_accuracy_drop,
@@ -211,22 +216,29 @@ def _positive_int(text: str) -> int:
 
 
 def _sim_flags(p) -> None:
-    p.add_argument("--trace", required=True, help="trace directory")
-    p.add_argument("--policy", required=True, help="policy registry name (asks, cgee, vase-dkv, ...)")
+    from app.cli_sim import _trace_arg
+    _trace_arg(p)
+    p.add_argument("--policy", required=True, help="policy registry name (asks, cgee, vase-dkv, ...; see `rksim policies`)")
     p.add_argument("--grid", action="append", metavar="KEY=SPEC",
-                   help="a parameter's values: key=start:stop:step (stop inclusive) or key=v1,v2,...; repeat per key")
+                   help="a parameter's values: key=start:stop:step (stop inclusive) or key=v1,v2,...; repeat per key "
+                        "(default: the policy's default grid, sim/tune.py)")
     p.add_argument("--max-configs", type=_positive_int, default=DEFAULT_MAX_CONFIGS, metavar="N",
                    help=f"refuse grids larger than N configurations (default {DEFAULT_MAX_CONFIGS:,})")
-    p.add_argument("--mode", choices=("isolated", "serving"), default="isolated")
-    p.add_argument("--model-preset", default=None, help="cost target model (default: the trace's model)")
-    p.add_argument("--hardware", default="local-cpu", help="hardware preset or JSON/YAML file")
+    p.add_argument("--mode", choices=("isolated", "serving"), default="isolated",
+                   help="isolated: one problem at a time; serving: arrivals and contention")
+    p.add_argument("--model-preset", default=None, metavar="NAME",
+                   help="cost target model: preset name or YAML/JSON file (default: the trace's own model)")
+    p.add_argument("--hardware", default="local-cpu", metavar="NAME", help="hardware preset or JSON/YAML file")
     p.add_argument("--workload", action="append", metavar="KEY=VALUE",
-                   help="workload option, e.g. verify_reuses_kv=false; repeatable")
-    p.add_argument("--arrival-rate", type=float, default=None, help="serving mode: Poisson problems/s")
-    p.add_argument("--sim-seed", type=int, default=0, help="the simulator's seed (evaluate(seed=...))")
-    p.add_argument("--backend", choices=("local", "dask"), default="local")
-    p.add_argument("--scheduler", default=None, metavar="ADDR", help="Dask scheduler address (tcp://host:8786)")
-    p.add_argument("--workers", type=int, default=None, help="LocalCluster worker processes (default 2)")
+                   help="workload option, e.g. verify_reuses_kv=false; repeatable (default: docs/simulator.md's)")
+    p.add_argument("--arrival-rate", type=float, default=None, metavar="R",
+                   help="serving mode: Poisson arrivals, problems/s (default: closed loop)")
+    p.add_argument("--seed", "--sim-seed", type=int, default=0, dest="sim_seed", metavar="N",
+                   help="simulator seed: arrivals and stochastic policies (evaluate(seed=...))")
+    p.add_argument("--backend", choices=("local", "dask"), default="local",
+                   help="local: this process; dask: a LocalCluster or --scheduler")
+    p.add_argument("--scheduler", default=None, metavar="ADDR", help="Dask scheduler address (tcp://host:8786; default: a LocalCluster)")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="LocalCluster worker processes (default 2)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -234,44 +246,46 @@ def register(sub) -> None:
     p = sub.add_parser("sweep", help="evaluate a policy over a parameter grid into a Parquet file",
                        description="Evaluate a policy at every configuration of a grid (docs/sweeps.md).")
     _sim_flags(p)
-    p.add_argument("--out", required=True, help="output FILE.parquet (written atomically)")
+    p.add_argument("--out", required=True, metavar="FILE", help="output FILE.parquet (written atomically)")
     p.set_defaults(func=_cmd_sweep)
 
     p = sub.add_parser("tune", help="choose thresholds on one split of the problems, report on the held-out split",
                        description="Grid search then scipy refinement on a tune split; metrics on a held-out split.")
     _sim_flags(p)
-    p.add_argument("--objective", default="speedup_vs_no_kv", help="metric to optimise (default speedup_vs_no_kv)")
+    p.add_argument("--objective", default="speedup_vs_no_kv", metavar="METRIC",
+                   help="metric to optimise (default speedup_vs_no_kv)")
     p.add_argument("--direction", choices=("max", "min"), default=None,
                    help="maximise or minimise the objective (default: from its name)")
     p.add_argument("--max-cgee-error", type=float, default=None, metavar="E",
-                   help="constraint: cgee_error_rate <= E")
+                   help="constraint: cgee_error_rate <= E (default: none)")
     p.add_argument("--max-accuracy-drop", type=float, default=None, metavar="X",
-                   help="constraint: accuracy >= accuracy(no-kv) - X on the same split")
-    p.add_argument("--split", type=float, default=0.5, help="share of problems in the tune split (default 0.5)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split and of the refinement")
+                   help="constraint: accuracy >= accuracy(no-kv) - X on the same split (default: none)")
+    p.add_argument("--split", type=float, default=0.5, metavar="F", help="share of problems in the tune split (default 0.5)")
+    p.add_argument("--split-seed", type=int, default=0, dest="seed", metavar="N",
+                   help="seed of the split and of the refinement (the simulator's is --seed)")
     rg = p.add_mutually_exclusive_group()
     rg.add_argument("--refine", dest="refine", action="store_const", const=True, default=None,
                     help="refine the grid winner with differential evolution (default, except token-eviction policies)")
     rg.add_argument("--no-refine", dest="refine", action="store_const", const=False, help="grid search only")
-    p.add_argument("--refine-iters", type=int, default=20, help="differential evolution generations (default 20)")
+    p.add_argument("--refine-iters", type=int, default=20, metavar="N", help="differential evolution generations (default 20)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--out", default=None, help="also write the JSON result to this file")
+    p.add_argument("--out", default=None, metavar="FILE", help="also write the JSON result to this file (default: none)")
     p.set_defaults(func=_cmd_tune)
 
     p = sub.add_parser("pareto", help="Pareto frontier of a sweep: plotly figure and table",
                        description="Non-dominated configurations of a sweep file (docs/sweeps.md).")
     p.add_argument("file", help="sweep FILE.parquet")
-    p.add_argument("--x", default="cgee_error_rate", help="x metric (default cgee_error_rate)")
-    p.add_argument("--y", default="speedup_vs_no_kv", help="y metric (default speedup_vs_no_kv)")
+    p.add_argument("--x", default="cgee_error_rate", metavar="METRIC", help="x metric (default cgee_error_rate)")
+    p.add_argument("--y", default="speedup_vs_no_kv", metavar="METRIC", help="y metric (default speedup_vs_no_kv)")
     gx = p.add_mutually_exclusive_group()
     gx.add_argument("--minimize-x", dest="minimize_x", action="store_const", const=True, default=None,
                     help="smaller x is better (default: from the metric's name)")
-    gx.add_argument("--maximize-x", dest="minimize_x", action="store_const", const=False)
+    gx.add_argument("--maximize-x", dest="minimize_x", action="store_const", const=False, help="larger x is better")
     gy = p.add_mutually_exclusive_group()
     gy.add_argument("--maximize-y", dest="maximize_y", action="store_const", const=True, default=None,
                     help="larger y is better (default: from the metric's name)")
-    gy.add_argument("--minimize-y", dest="maximize_y", action="store_const", const=False)
-    p.add_argument("--out", default=None, help="write the figure to this HTML file")
+    gy.add_argument("--minimize-y", dest="maximize_y", action="store_const", const=False, help="smaller y is better")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the figure to this HTML file (default: none)")
     p.add_argument("--all-ties", action="store_true",
                    help="list every configuration on the frontier (default: one row per distinct point)")
     p.add_argument("--json", action="store_true", help="print the frontier as JSON")

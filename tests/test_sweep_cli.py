@@ -124,7 +124,7 @@ def test_tune_cli_json(tmp_path, capsys):
     out = tmp_path / "tune.json"
     rc = main(["tune", "--trace", TRACE, "--hardware", HW, "--policy", "cgee", "--objective", "speedup_vs_no_kv",
                "--max-cgee-error", "0.01", "--grid", "tau_conf=0.5:1.0:0.25", "--grid", "theta=0,0.5,2",
-               "--grid", "l_min=10,20", "--refine-iters", "3", "--seed", "7", "--json", "--out", str(out)])
+               "--grid", "l_min=10,20", "--refine-iters", "3", "--split-seed", "7", "--json", "--out", str(out)])
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
     assert json.loads(out.read_text()) == res
