@@ -37,7 +37,8 @@ def register(sub) -> None:
 def streamlit_argv(roots: list[str] | None, port_: int, host: str) -> list[str]:
     """The ``streamlit run`` command line (the roots travel as the script's own arguments)."""
     argv = [sys.executable, "-m", "streamlit", "run", str(APP), "--server.port", str(port_),
-            "--server.address", host, "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+            "--server.address", host, "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--client.toolbarMode", "minimal"]
     if roots:
         argv.append("--")
         for r in roots:

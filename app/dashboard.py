@@ -13,9 +13,11 @@ from pathlib import Path
 import streamlit as st
 
 HERE = Path(__file__).resolve().parent
-PAGES = [("ui_pages/whatif.py", "What-if", "🧪"), ("ui_pages/serving.py", "Serving", "🚦"),
-         ("ui_pages/explorer.py", "Trace explorer", "🔎"), ("ui_pages/sweeps.py", "Sweeps", "📈"),
-         ("ui_pages/calibration.py", "Calibration", "🎯"), ("ui_pages/compare.py", "Compare", "📋")]
+PAGES = [("ui_pages/whatif.py", "What-if", ":material/science:"), ("ui_pages/serving.py", "Serving", ":material/dns:"),
+         ("ui_pages/explorer.py", "Trace explorer", ":material/search:"),
+         ("ui_pages/sweeps.py", "Sweeps", ":material/scatter_plot:"),
+         ("ui_pages/calibration.py", "Calibration", ":material/target:"),
+         ("ui_pages/compare.py", "Compare", ":material/table:")]
 
 
 def main() -> None:

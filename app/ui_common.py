@@ -31,6 +31,7 @@ read_sweep = _cache(B.read_sweep)
 run_small_sweep = _cache(B.run_small_sweep)
 calibration_run = _cache(B.calibration_run)
 calibration_serve = _cache(B.calibration_serve)
+param_ranges = _cache(B.param_ranges)
 listing = st.cache_data(show_spinner=False, ttl=30)(lambda kind, roots: ui_paths.listing(kind, [ui_paths.Path(r) for r in roots]))
 
 
@@ -45,7 +46,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def error(exc_or_text) -> None:
-    st.error(exc_or_text if isinstance(exc_or_text, str) else one_line(exc_or_text), icon="⚠️")
+    st.error(exc_or_text if isinstance(exc_or_text, str) else one_line(exc_or_text), icon=":material/error:")
 
 
 def pick(kind: str, label: str, key: str, help: str | None = None, query_param: str | None = None) -> str | None:

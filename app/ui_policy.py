@@ -75,8 +75,13 @@ def _sigma_rug(sig: np.ndarray, tau: float, lo: float, hi: float):
     return fig
 
 
-def controls(policy: str, trace: str, facts: dict, key: str) -> tuple[dict | None, list[str]]:
-    """Render one policy's controls; returns ``(params, notes)`` or ``(None, notes)`` on a bad value."""
+def controls(policy: str, trace: str, facts: dict, key: str, deferred: list | None = None) -> tuple[dict | None, list[str]]:
+    """Render one policy's controls; returns ``(params, notes)`` or ``(None, notes)`` on a bad value.
+
+    Figures that belong to a control (tau's sigma marks) are drawn into a placeholder now and filled
+    by the caller after its KPIs (``deferred`` gets ``(placeholder, draw)`` pairs), so a slider's
+    KPIs reach the browser before any figure; without ``deferred`` they are drawn at once.
+    """
     from policies import param_choices, policy_defaults
 
     defaults = dict(policy_defaults(policy))
@@ -84,7 +89,7 @@ def controls(policy: str, trace: str, facts: dict, key: str) -> tuple[dict | Non
     if kind in ("block", "composite"):
         defaults.update(BLOCK_EXTRA)
     choices = param_choices(policy)
-    ranges = B.param_ranges(policy)
+    ranges = U.param_ranges(policy)
     sig = None
     notes: list[str] = []
     if "tau" in defaults:
@@ -116,13 +121,20 @@ def controls(policy: str, trace: str, facts: dict, key: str) -> tuple[dict | Non
                 default = lo
             v0 = min(max(default, lo), hi)
             v0 = int(round(v0)) if integer else float(v0)
-            val = col.slider(field, min_value=lo, max_value=hi, value=v0, step=step, key=wkey,
+            fmt = None if integer else ("%.3f" if step < 0.01 else "%.2f")
+            val = col.slider(field, min_value=lo, max_value=hi, value=v0, step=step, key=wkey, format=fmt,
                              help=f"range {B.range_text(ranges.get(field)) or 'any'}; default {default}")
             params[field] = int(val) if integer else float(val)
             if field == "tau" and sig is not None and sig.size:
-                with col:
-                    st.plotly_chart(_sigma_rug(sig, float(val), lo, hi), key=f"{wkey}.rug",
-                                    config={"displayModeBar": False})
+                slot = col.empty()
+
+                def draw(slot=slot, val=float(val), lo=lo, hi=hi, wkey=wkey):
+                    slot.plotly_chart(_sigma_rug(sig, val, lo, hi), key=f"{wkey}.rug",
+                                      config={"displayModeBar": False})
+                if deferred is None:
+                    draw()
+                else:
+                    deferred.append(draw)
                 share = float(np.mean(sig >= val))
                 notes.append(f"observed sigmas lie in {sig.min():.3f}–{sig.max():.3f}: tau {val:.3f} shares "
                              f"{share:.0%} of the non-root branches"

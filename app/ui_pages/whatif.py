@@ -52,10 +52,12 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
     """Policy controls and their results: a slider change re-runs only this fragment."""
     configs: dict[str, dict] = {}
     bad = False
-    tabs = st.tabs(chosen) if chosen else []
+    top = st.container()  # the KPIs go above the controls (filled once the results exist)
+    deferred: list = []   # control figures, drawn after the KPIs
+    tabs = st.tabs([f"tune {n}" for n in chosen]) if chosen else []
     for pol, tab in zip(chosen, tabs):
         with tab:
-            params, notes = ui_policy.controls(pol, trace, facts, key=f"whatif.p.{pol}")
+            params, notes = ui_policy.controls(pol, trace, facts, key=f"whatif.p.{pol}", deferred=deferred)
             for n in notes:
                 st.caption(n)
         if params is None:
@@ -84,7 +86,7 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
     if not results:
         return
     info = next(iter(results.values()))["info"]
-    st.caption(f"{info.get('note', '')}. Figures marked 'target' are the cost model's ({info.get('cost_model')} "
+    top.caption(f"{info.get('note', '')}. Figures marked 'target' are the cost model's ({info.get('cost_model')} "
                f"on {info.get('hardware')}); 'trace model' ones come from the trace's own model "
                f"({info.get('decisions_model')}, {facts['n_layers']} layers) and do not change with the target.")
     not_applied = sorted({k for r in results.values() for k in r["not_applied"]})
@@ -96,15 +98,18 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
     kpi_keys = B.serving_kpis(ref or {}) if mode == "serving" else B.KPI_BRANCH
     shown = [n for n in branch if n not in B.BASELINES]
     if shown:
-        cols = st.columns(len(shown))
-        for col, n in zip(cols, shown):
-            with col:
-                _kpis(n, branch[n]["summary"], kpi_keys, ref)
-        for n in shown:
-            why = B.why_it_loses(n, B.policy_kind(n), branch[n]["summary"], ref or {}, "exact prefix", facts,
-                                 nokv=branch.get("no-kv", {}).get("summary"))
-            if why:
-                st.info(why)
+        with top:
+            cols = st.columns(len(shown))
+            for col, n in zip(cols, shown):
+                with col:
+                    _kpis(n, branch[n]["summary"], kpi_keys[:4], ref)
+            for n in shown:
+                why = B.why_it_loses(n, B.policy_kind(n), branch[n]["summary"], ref or {}, "exact prefix", facts,
+                                     nokv=branch.get("no-kv", {}).get("summary"))
+                if why:
+                    st.info(why, icon=":material/trending_down:")
+    for draw in deferred:
+        draw()
         st.subheader("Side by side")
         st.dataframe(_table(branch, kpi_keys + [k for k in B.TABLE_BRANCH if k not in kpi_keys]), width="stretch")
         from app.report import fig_latency_breakdown
@@ -121,19 +126,21 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
                                         labels={"t_s": "time (s)", "kv_bytes": "KV cache in use (bytes)"},
                                         title="KV cache in use on the server"), key="whatif.kv")
     if token:
-        _token_view(trace, token, configs, seed, facts)
+        _token_view(trace, token, configs, seed, facts, top)
 
 
-def _token_view(trace: str, token: dict, configs: dict, seed: int, facts: dict) -> None:
+def _token_view(trace: str, token: dict, configs: dict, seed: int, facts: dict, top) -> None:
     import plotly.express as px
 
     st.subheader("Token eviction (long decodes)")
     st.caption(f"Quality (error, recall) is measured on the trace's {facts['n_longs']} recorded long decodes of "
                f"{facts['model']}; KV size, speedup and throughput are the target's, against a full cache.")
-    cols = st.columns(len(token))
-    for col, (n, r) in zip(cols, token.items()):
-        with col:
-            _kpis(n, r["summary"], B.KPI_TOKEN, None)
+    with top:
+        st.markdown("**Token eviction** (long decodes, against a full cache)")
+        cols = st.columns(len(token))
+        for col, (n, r) in zip(cols, token.items()):
+            with col:
+                _kpis(n, r["summary"], B.KPI_TOKEN, None)
     T = max(facts["long_T"] or [512])
     budgets = sorted({b for b in (16, 32, 64, 128, 256, 384, T // 2) if 1 <= b < T})
     with st.spinner("error against budget..."):
