@@ -110,6 +110,7 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
                     st.info(why, icon=":material/trending_down:")
     for draw in deferred:
         draw()
+    if shown:
         st.subheader("Side by side")
         st.dataframe(_table(branch, kpi_keys + [k for k in B.TABLE_BRANCH if k not in kpi_keys]), width="stretch")
         from app.report import fig_latency_breakdown
