@@ -105,9 +105,25 @@ def target_controls(prefix: str, trace: str | None, sidebar: bool = True):
     dh = B.default_hardware()
     h = where.selectbox("hardware", hw, index=hw.index(dh) if dh in hw else 0, key=f"{prefix}.hardware")
     with where:
-        seed, ok = text_number("simulator seed", f"{prefix}.seed", "--seed", default="0", lo=0, integer=True,
+        seed, ok = text_number("simulator seed", f"{prefix}.seed", "--seed", default="0", lo=0, hi=2**32 - 1,
+                               integer=True,
                                help="seed of arrivals and stochastic policies (the CLI's --seed)")
     return (None if m == models[0] else m), h, (seed if ok else 0), ok
+
+
+def refusal_advice(trace: str, name: str, model, hardware: str, mode: str) -> str:
+    """One sentence for a target the hardware profile refuses: which hardware would serve it, or, where this
+    hardware serves it one problem at a time, that the serving load went past the calibrated range."""
+    serves = hardware_that_serves(trace, model)
+    if hardware in serves:
+        return (f"{hardware} serves {name} one problem at a time; in {mode} mode the load went past its "
+                f"calibrated range: lower the arrival rate or concurrency"
+                + (f", or choose hardware fitted for more ({', '.join(h for h in serves if h != hardware)})."
+                   if len(serves) > 1 else "."))
+    if serves:
+        return (f"{name} on {hardware} is outside what that hardware profile was fitted for. "
+                f"Hardware that would serve it: {', '.join(serves)} (choose it in the sidebar).")
+    return f"No shipped hardware preset serves {name}; fit one with `rksim calibrate fit`."
 
 
 def finite(v) -> bool:

@@ -124,7 +124,12 @@ def controls(policy: str, trace: str, facts: dict, key: str, deferred: list | No
             fmt = None if integer else ("%.3f" if step < 0.01 else "%.2f")
             val = col.slider(field, min_value=lo, max_value=hi, value=v0, step=step, key=wkey, format=fmt,
                              help=f"range {B.range_text(ranges.get(field)) or 'any'}; default {default}")
-            params[field] = int(val) if integer else float(val)
+            try:  # a slider cannot send a value outside its span, but a stale or forged session value can
+                val = P.number(val, f"policy {policy!r}: {field}", lo=lo, hi=hi, integer=integer)
+            except ValueError as exc:
+                U.error(exc)
+                return None, notes
+            params[field] = val
             if field == "tau" and sig is not None and sig.size:
                 slot = col.empty()
 

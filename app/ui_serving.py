@@ -9,20 +9,22 @@ import streamlit as st
 
 from app import ui_common as U
 
-# name, label, CLI flag, default text, check
+# name, label, CLI flag, default text, check. The upper bounds keep a typed size from building work in
+# proportion to itself on the dashboard's server (the CLI, run by its own user, takes any size).
+MAX_REQUESTS = 100_000
 SPEC = [("arrival_rate", "arrival rate (problems/s, empty = closed loop)", "--arrival-rate", "",
          dict(lo=0, lo_open=True, allow_none=True)),
-        ("concurrency", "concurrency (problems in flight)", "--concurrency", "4", dict(lo=1, integer=True)),
-        ("n_requests", "requests (empty = each problem once)", "--requests", "",
-         dict(lo=1, integer=True, allow_none=True)),
+        ("concurrency", "concurrency (problems in flight)", "--concurrency", "4", dict(lo=1, hi=4096, integer=True)),
+        ("n_requests", f"requests (empty = each problem once; at most {MAX_REQUESTS:,})", "--requests", "",
+         dict(lo=1, hi=MAX_REQUESTS, integer=True, allow_none=True)),
         ("max_num_seqs", "max_num_seqs (empty = the hardware preset's)", "--max-num-seqs", "",
-         dict(lo=1, integer=True, allow_none=True)),
+         dict(lo=1, hi=65536, integer=True, allow_none=True)),
         ("max_num_batched_tokens", "max_num_batched_tokens (empty = preset)", "--max-num-batched-tokens", "",
-         dict(lo=1, integer=True, allow_none=True)),
+         dict(lo=1, hi=1 << 24, integer=True, allow_none=True)),
         ("gpu_memory_utilization", "gpu_memory_utilization (0–1, empty = 0.90)", "--gpu-memory-utilization", "",
          dict(lo=0, hi=1, lo_open=True, allow_none=True)),
-        ("decode_tokens", "decode tokens per long sequence (empty = recorded)", "--decode-tokens", "",
-         dict(lo=1, integer=True, allow_none=True))]
+        ("decode_tokens", "decode tokens per long sequence (empty = recorded; at most 131,072)", "--decode-tokens", "",
+         dict(lo=1, hi=131072, integer=True, allow_none=True))]
 
 
 def controls(key: str) -> tuple[dict, bool]:

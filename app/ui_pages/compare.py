@@ -25,8 +25,7 @@ def page() -> None:
     except ValueError as exc:
         U.error(exc)
         if B.out_of_calibration(exc):
-            serves = U.hardware_that_serves(trace, model)
-            st.info("Hardware that would serve this model: " + (", ".join(serves) or "none shipped"))
+            st.info(U.refusal_advice(trace, model or "the trace's model", model, hardware, mode))
         return
     st.dataframe(df, width="stretch", key="compare.table")
     name = f"compare-{model or 'trace-model'}-{hardware}-{mode}.csv"

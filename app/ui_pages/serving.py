@@ -23,8 +23,7 @@ def _results(trace: str, chosen: list[str], model, hardware: str, seed: int, ser
         except ValueError as exc:
             U.error(f"{n}: {U.one_line(exc)}")
             if B.out_of_calibration(exc):
-                serves = U.hardware_that_serves(trace, model)
-                st.info("Hardware that would serve this model: " + (", ".join(serves) or "none shipped"))
+                st.info(U.refusal_advice(trace, model or "the trace's model", model, hardware, "serving"))
                 return
     if not results:
         return

@@ -78,10 +78,7 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
             U.error(f"{name}: {U.one_line(exc)}")
     if refused is not None:
         U.error(refused)
-        serves = U.hardware_that_serves(trace, model)
-        st.info(f"{model or facts['model']} on {hardware} is outside what that hardware profile was fitted for. "
-                + (f"Hardware that would serve it: {', '.join(serves)} (choose it in the sidebar)." if serves else
-                   "No shipped hardware preset serves it; fit one with `rksim calibrate fit`."))
+        st.info(U.refusal_advice(trace, model or facts["model"], model, hardware, mode))
         return
     if not results:
         return
