@@ -47,8 +47,6 @@ def streamlit_argv(roots: list[str] | None, port_: int, host: str) -> list[str]:
 
 
 def _cmd_dashboard(args) -> int:
-    import subprocess
-
     roots = None
     if args.trace_root:
         roots = []
@@ -60,11 +58,11 @@ def _cmd_dashboard(args) -> int:
     # the app's modules resolve from this checkout even when rksim runs from another folder
     root = str(APP.parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    print(f"rksim dashboard on http://{args.host}:{args.port}/ (Ctrl-C stops it)", file=sys.stderr)
-    try:
-        return subprocess.call(streamlit_argv(roots, args.port, args.host), env=env)
-    except KeyboardInterrupt:
-        return 0
+    print(f"rksim dashboard on http://{args.host}:{args.port}/ (Ctrl-C stops it)", file=sys.stderr, flush=True)
+    argv = streamlit_argv(roots, args.port, args.host)
+    # Streamlit replaces this process: a signal to `rksim dashboard` reaches the server itself.
+    os.execve(argv[0], argv, env)
+    return 0  # pragma: no cover
 
 
 def policy_rows(kind: str | None = None) -> list[dict]:

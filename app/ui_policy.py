@@ -63,14 +63,15 @@ def span(policy: str, field: str, default, facts: dict, sig: np.ndarray | None, 
     return float(lo), float(max(hi, lo + step)), float(step), False
 
 
-def _sigma_rug(sig: np.ndarray, tau: float, lo: float, hi: float):
+def _sigma_rug(sig: np.ndarray, lo: float, hi: float):
+    """The observed sigmas as tick marks on the tau slider's span (drawn once: it does not depend on tau,
+    so moving the slider re-sends an identical figure and the browser does not re-plot it)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     fig.add_scatter(x=sig, y=np.zeros_like(sig), mode="markers", marker=dict(symbol="line-ns-open", size=14),
                     name="observed sigma", hovertemplate="sigma %{x:.4f}<extra></extra>")
-    fig.add_vline(x=tau, line_color="crimson", annotation_text=f"tau {tau:.3f}")
-    fig.update_layout(height=110, margin=dict(l=10, r=10, t=10, b=25), showlegend=False,
+    fig.update_layout(height=90, margin=dict(l=8, r=8, t=4, b=22), showlegend=False,
                       xaxis=dict(range=[lo, hi], title=None), yaxis=dict(visible=False))
     return fig
 
@@ -133,8 +134,8 @@ def controls(policy: str, trace: str, facts: dict, key: str, deferred: list | No
             if field == "tau" and sig is not None and sig.size:
                 slot = col.empty()
 
-                def draw(slot=slot, val=float(val), lo=lo, hi=hi, wkey=wkey):
-                    slot.plotly_chart(_sigma_rug(sig, val, lo, hi), key=f"{wkey}.rug",
+                def draw(slot=slot, lo=lo, hi=hi, wkey=wkey):
+                    slot.plotly_chart(_sigma_rug(sig, lo, hi), key=f"{wkey}.rug",
                                       config={"displayModeBar": False})
                 if deferred is None:
                     draw()

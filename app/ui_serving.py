@@ -27,12 +27,12 @@ SPEC = [("arrival_rate", "arrival rate (problems/s, empty = closed loop)", "--ar
          dict(lo=1, hi=131072, integer=True, allow_none=True))]
 
 
-def controls(key: str) -> tuple[dict, bool]:
-    """Render the boxes; returns ``(options, all valid)``."""
+def controls(key: str, skip: tuple[str, ...] = ()) -> tuple[dict, bool]:
+    """Render the boxes (except ``skip``, set elsewhere on the page); returns ``(options, all valid)``."""
     st.caption("Serving: problems arrive at one server and contend for its batch and KV memory (simpy engine).")
     c = st.columns(2)
     opts, ok = {}, True
-    for i, (name, lab, flag, default, check) in enumerate(SPEC):
+    for i, (name, lab, flag, default, check) in enumerate([s for s in SPEC if s[0] not in skip]):
         with c[i % 2]:
             v, good = U.text_number(lab, f"{key}.{name}", flag, default=default, **check)
         ok &= good

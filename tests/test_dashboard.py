@@ -185,7 +185,7 @@ def test_whatif_serving_controls_validate_like_the_cli(env, capsys):
     at.text_input(key="whatif.p.asks.exact").set_value("tau=abc").run()
     _ok(at)
     assert main(["simulate", "--policy", "asks", "--set", "tau=abc"]) == 2
-    cli = capsys.readouterr().err.strip().removeprefix("rksim: error: ").removeprefix("--set: ")
+    cli = capsys.readouterr().err.strip().splitlines()[-1].removeprefix("rksim: error: ").removeprefix("--set: ")
     assert any(e.value == cli for e in at.error), ([e.value for e in at.error], cli)
 
 

@@ -75,7 +75,7 @@ def page() -> None:
     chosen = st.multiselect("policies (at their defaults; tune them on What-if)", names,
                             default=["no-kv", "exact-prefix", "asks", "rsbcm"], key="serving.policies")
     with st.expander("serving controls", expanded=True):
-        serving, sok = ui_serving.controls("serving.srv")
+        serving, sok = ui_serving.controls("serving.srv", skip=("concurrency",))
     if not (ok and sok) or not chosen:
         st.warning("Fix the value above (or choose a policy) to see results.")
         return

@@ -8,6 +8,8 @@ import streamlit as st
 from app import ui_backend as B
 from app import ui_common as U
 
+X_PREFS = ("cgee_error_rate", "attn_output_rel_error", "answer_change_rate", "accuracy", "kv_reuse")
+Y_PREFS = ("speedup_vs_no_kv", "speedup_vs_full", "speedup_vs_exact_prefix", "latency_mean_s")
 SMALL_MAX = 400  # configurations a sweep started from the page may have (the CLI has no such cap)
 EXAMPLE_GRIDS = {"asks": "tau=0.96:0.99:0.002", "cgee": "theta=0,0.25,0.5,1,2\nl_min=8,15,22,26",
                  "rksc": "tau=0.96:0.99:0.005\ntheta=0.5,1,2", "h2o": "budget=32,64,128,256"}
@@ -43,15 +45,18 @@ def _frontier(df: pd.DataFrame, meta: dict, trace_label: str | None) -> None:
     from sim.pareto import figure
 
     numeric = [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c]) and not c.startswith("param.")
-               and df[c].notna().any()]
+               and df[c].nunique(dropna=True) > 1]  # a metric the sweep does not move is no axis
     if len(numeric) < 2:
-        st.info("This sweep has fewer than two numeric metrics to draw.")
+        st.info("This sweep has fewer than two metrics that vary across its configurations.")
         return
+
+    def first(prefs, other=None):
+        return next((numeric.index(k) for k in prefs if k in numeric and k != other),
+                    next(i for i, k in enumerate(numeric) if k != other))
+
     c = st.columns(2)
-    x = c[0].selectbox("x axis", numeric, index=numeric.index("cgee_error_rate") if "cgee_error_rate" in numeric
-                       else 0, key="sweeps.x", format_func=B.label)
-    yi = numeric.index("speedup_vs_no_kv") if "speedup_vs_no_kv" in numeric else 1
-    y = c[1].selectbox("y axis", numeric, index=yi, key="sweeps.y", format_func=B.label)
+    x = c[0].selectbox("x axis", numeric, index=first(X_PREFS), key="sweeps.x", format_func=B.label)
+    y = c[1].selectbox("y axis", numeric, index=first(Y_PREFS, x), key="sweeps.y", format_func=B.label)
     if x == y:
         U.error("--x and --y: choose two different metrics")
         return

@@ -1,6 +1,10 @@
 """What-if: several policies side by side against No-KV and exact prefix, on one trace and target."""
 from __future__ import annotations
 
+import json
+import os
+import time
+
 import pandas as pd
 import streamlit as st
 
@@ -50,6 +54,7 @@ def _table(results: dict, keys: list[str]) -> pd.DataFrame:
 def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mode: str, workload: dict,
             seed: int, serving: dict) -> None:
     """Policy controls and their results: a slider change re-runs only this fragment."""
+    t0, wall0 = time.perf_counter(), time.time()
     configs: dict[str, dict] = {}
     bad = False
     top = st.container()  # the KPIs go above the controls (filled once the results exist)
@@ -105,11 +110,12 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
                                      nokv=branch.get("no-kv", {}).get("summary"))
                 if why:
                     st.info(why, icon=":material/trending_down:")
+    t_kpi = time.perf_counter()
     for draw in deferred:
         draw()
     if shown:
         st.subheader("Side by side")
-        st.dataframe(_table(branch, kpi_keys + [k for k in B.TABLE_BRANCH if k not in kpi_keys]), width="stretch")
+        st.table(_table(branch, kpi_keys + [k for k in B.TABLE_BRANCH if k not in kpi_keys]))
         from app.report import fig_latency_breakdown
 
         summ = {n: {**r["summary"], "kind": B.policy_kind(n)} for n, r in branch.items()}
@@ -125,6 +131,17 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
                                         title="KV cache in use on the server"), key="whatif.kv")
     if token:
         _token_view(trace, token, configs, seed, facts, top)
+    _log_timing(t0, t_kpi, wall0)
+
+
+def _log_timing(t0: float, t_kpi: float, wall0: float) -> None:
+    """With ``$RKSIM_DASH_TIMING`` = a file, append this fragment run's server-side seconds (the browser
+    test reads them to split its slider -> KPI latency into server and browser time)."""
+    path = os.environ.get("RKSIM_DASH_TIMING")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"start_wall": wall0, "to_kpis_s": t_kpi - t0,
+                                "total_s": time.perf_counter() - t0}) + "\n")
 
 
 def _token_view(trace: str, token: dict, configs: dict, seed: int, facts: dict, top) -> None:
