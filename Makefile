@@ -45,7 +45,7 @@ capture: $(STAMP)
 	$(PY) scripts/make_example_trace.py
 
 app: $(STAMP)
-	$(VENV)/bin/streamlit run app/dashboard.py
+	$(RKSIM) dashboard
 
 clean:
 	rm -rf runs .pytest_cache

@@ -134,10 +134,28 @@ def test_dashboard_in_a_real_browser(tmp_path):
                     kpi.wait_for(timeout=60_000)
                 if path == "compare":
                     page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=120_000)
+                    page.get_by_text("download CSV").first.wait_for(timeout=60_000)
                 if path == "sweeps":
                     page.get_by_text("configurations on the frontier").first.wait_for(timeout=60_000)
                 _no_exception(page, title)
                 page.screenshot(path=str(OUT / f"{path or 'whatif'}.png"), full_page=True)
+
+            # --- Sweeps: a click on a frontier point, then its configuration opens in What-if
+            page.set_viewport_size({"width": 1400, "height": 1000})
+            page.goto(f"{base}/sweeps", timeout=30_000)
+            page.get_by_text("configurations on the frontier").first.wait_for(timeout=60_000)
+            point = page.locator(".js-plotly-plot .scatterlayer .trace").nth(1).locator(".point").first
+            point.wait_for(timeout=30_000)
+            point.click(force=True)
+            page.get_by_text("selected: asks").first.wait_for(timeout=30_000)
+            chosen = page.get_by_text("selected: asks").first.inner_text()
+            page.get_by_role("button", name="open this configuration in What-if").click()
+            page.get_by_role("heading", name="What-if").first.wait_for(timeout=60_000)
+            exact = page.locator('[data-testid="stTextInput"]').filter(has_text="exact values").first.locator("input")
+            exact.wait_for(timeout=60_000)
+            tau_sent = chosen.split("tau=")[1].split()[0]
+            assert exact.input_value() == f"tau={tau_sent}", (exact.input_value(), chosen)
+            _no_exception(page, "What-if from Sweeps")
 
             # --- Serving: move the concurrency slider, the throughput KPI follows
             page.goto(f"{base}/serving", timeout=30_000)
