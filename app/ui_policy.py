@@ -141,11 +141,6 @@ def controls(policy: str, trace: str, facts: dict, key: str, deferred: list | No
                     draw()
                 else:
                     deferred.append(draw)
-                share = float(np.mean(sig >= val))
-                notes.append(f"observed sigmas lie in {sig.min():.3f}–{sig.max():.3f}: tau {val:.3f} shares "
-                             f"{share:.0%} of the non-root branches"
-                             + (" (every one: any tau below the lowest sigma does the same)" if share == 1 else
-                                " (none: the plan equals exact prefix)" if share == 0 else ""))
         else:
             text = col.text_input(f"{field} (empty = default)", value="", key=wkey)
             params[field] = P.parse_value(text) if text.strip() else default
@@ -158,4 +153,19 @@ def controls(policy: str, trace: str, facts: dict, key: str, deferred: list | No
     except ValueError as exc:
         U.error(exc)
         return None, notes
+    if sig is not None and sig.size and isinstance(params.get("tau"), (int, float)):
+        notes.append(tau_note(sig, float(params["tau"])))
     return changed, notes
+
+
+def tau_note(sig: np.ndarray, tau: float) -> str:
+    """What a tau does on this trace, in words (the sigmas it is compared with)."""
+    share = float(np.mean(sig >= tau))
+    txt = (f"observed sigmas lie in {sig.min():.3f}–{sig.max():.3f}: tau {tau:.3f} shares {share:.0%} of the "
+           f"non-root branches")
+    if share == 1:
+        return txt + " — every one: any tau below the lowest sigma does the same"
+    if share == 0:
+        return txt + (" — none: exact prefix's reuse plus the gate's cost (tau > 1 turns the gate off)" if tau <= 1
+                      else " — none, and tau > 1 runs no gate: exactly exact prefix")
+    return txt

@@ -127,7 +127,10 @@ def test_whatif_shows_what_the_simulator_computes_for_several_policies(env):
     ref = evaluate(str(BUNDLED), policy="asks", params={"tau": s.max}, hardware="local-cpu")
     assert _metric(at, f"asks · {B.label('speedup_vs_exact_prefix')}") == B.fmt("speedup_vs_exact_prefix",
                                                                               ref["speedup_vs_exact_prefix"])
-    assert any("none: the plan equals exact prefix" in c.value for c in at.caption)
+    assert any("none: exact prefix's reuse plus the gate's cost" in c.value for c in at.caption)
+    at.text_input(key="whatif.p.asks.exact").set_value("tau=-0.5").run()  # typed: the note says what it does
+    assert any("tau -0.500 shares 100%" in c.value for c in at.caption), [c.value for c in at.caption]
+    at.text_input(key="whatif.p.asks.exact").set_value("").run()
     # ... and a policy that loses says why, from the phase breakdown
     assert any(i.value.startswith("asks is ") and "gate" in i.value for i in at.info), [i.value for i in at.info]
 
