@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,18 @@ def test_dashboard_flags_and_bad_port(capsys):
     assert "--port: 'abc' is not a number" in capsys.readouterr().err.replace("argument ", "")
     assert main(["dashboard", "--trace-root", "/no/such/folder"]) == 2
     assert "--trace-root '/no/such/folder': no such folder" in capsys.readouterr().err
+
+
+def test_dashboard_starts_streamlit_on_loopback_with_the_roots():
+    from app.cli_app import APP, streamlit_argv
+
+    argv = streamlit_argv(["/data/a", "/data/b"], 9000, "127.0.0.1")
+    assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4] == str(APP)
+    assert argv[argv.index("--server.address") + 1] == "127.0.0.1"
+    assert argv[argv.index("--server.port") + 1] == "9000"
+    # the roots travel as the script's own arguments, read by app.ui_paths.roots_from
+    from app.ui_paths import roots_from
+
+    script_args = argv[argv.index("--") + 1:]
+    assert roots_from(script_args, {}) == [Path("/data/a"), Path("/data/b")]
+    assert "--" not in streamlit_argv(None, 8501, "127.0.0.1")
