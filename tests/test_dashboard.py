@@ -72,6 +72,13 @@ def root(tmp_path_factory):
     (r / "cal-serve" / "summary.json").write_text(json.dumps(
         {"scheduling_parity": 0.97, "makespan_error": 0.031, "throughput_error": 0.028,
          "e2e_median_abs_pct_error": 0.044, "n_iterations": 212, "preemptions": 3}))
+    import shutil
+
+    shutil.copytree(BUNDLED, r / "damaged-trace")
+    f = r / "damaged-trace" / "problems" / "p00003" / "asks.parquet"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
     outside = tmp_path_factory.mktemp("outside")
     (outside / "manifest.json").write_text("{}")
     os.symlink(outside, r / "escape")
@@ -311,6 +318,16 @@ def test_a_traversal_in_the_url_is_refused_in_one_line(env):
     assert any("'../../../etc': not a trace under the trace roots" in e.value for e in at.error)
     assert at.sidebar.selectbox(key="trace").value.endswith("trace-gsm8k-persona")  # default kept, page works
     assert at.metric
+
+
+@pytest.mark.parametrize("page", ["whatif", "serving", "explorer", "compare"])
+def test_a_damaged_trace_is_one_line_naming_the_file(env, page):
+    at = _app(page)
+    sb = at.sidebar.selectbox(key="trace")
+    sb.set_value(next(o for o in sb.options if o.endswith("damaged-trace"))).run()
+    _ok(at)
+    assert any("problems/p00003/asks.parquet" in e.value and "\n" not in e.value for e in at.error), \
+        [e.value for e in at.error]
 
 
 def test_roots_from_the_command_line():

@@ -26,6 +26,13 @@ def _lens_figure(arr: np.ndarray, what: str, hline: float | None, l_min: int, hi
 
 @st.fragment
 def _problem(trace: str, facts: dict, pos: int) -> None:
+    try:
+        _problem_body(trace, facts, pos)
+    except ValueError as exc:  # a damaged shard (TraceError names the file and field)
+        U.error(exc)
+
+
+def _problem_body(trace: str, facts: dict, pos: int) -> None:
     import plotly.express as px
 
     br = U.problem_branches(trace, pos)
@@ -111,7 +118,10 @@ def page() -> None:
     i = st.selectbox("problem", range(len(labels)), format_func=lambda j: labels[j], key="explorer.problem")
     st.markdown(f"**truth:** {probs.iloc[i]['truth']}")
     _problem(trace, facts, int(i))
-    _value_ranges(trace, facts)
+    try:
+        _value_ranges(trace, facts)
+    except ValueError as exc:
+        U.error(exc)
 
 
 page()
