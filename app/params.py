@@ -74,16 +74,22 @@ def number(value: Any, flag: str, lo: float | None = None, hi: float | None = No
             value = None
         else:
             try:
-                value = float(text)
+                value = int(text)  # exact, however many digits (a float would round 2**53 + 1)
             except ValueError:
-                raise ValueError(f"{flag}: {text!r} is not a number") from None
+                try:
+                    value = float(text)
+                except ValueError:
+                    raise ValueError(f"{flag}: {text!r} is not a number") from None
     if value is None:
         if allow_none:
             return None
         raise ValueError(f"{flag}: a value is required")
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
         raise ValueError(f"{flag}: {value!r} is not a number")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an integer beyond the float range
+        raise ValueError(f"{flag}: {str(value)[:12]}... ({len(str(value))} digits) is out of range") from None
     if not math.isfinite(v):
         raise ValueError(f"{flag}: must be a finite number, got {value!r}")
     if integer and v != int(v):
@@ -92,7 +98,9 @@ def number(value: Any, flag: str, lo: float | None = None, hi: float | None = No
         raise ValueError(f"{flag}: must be {'>' if lo_open else '>='} {lo:g}, got {value!r}")
     if hi is not None and (v > hi or (hi_open and v == hi)):
         raise ValueError(f"{flag}: must be {'<' if hi_open else '<='} {hi:g}, got {value!r}")
-    return int(v) if integer else v
+    if integer:
+        return int(value) if isinstance(value, int) else int(v)
+    return v
 
 
 def positive_int(value, flag: str = "value", allow_none: bool = False):

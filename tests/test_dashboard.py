@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app" / "dashboard.py"
@@ -405,6 +407,9 @@ def test_number_parsing_is_the_clis():
     from app import params as P
 
     assert P.number("4.0", "--x", integer=True) == 4
+    assert P.number(str(2**53 + 1), "--seed", integer=True) == 2**53 + 1  # exact, not through a float
+    with pytest.raises(ValueError, match="out of range"):
+        P.number("9" * 400, "--x", integer=True)
     for bad, msg in (("abc", "'abc' is not a number"), ("nan", "finite"), ("inf", "finite"), ("4.5", "integer"),
                      ("", "a value is required"), ("-1", ">= 0")):
         with pytest.raises(ValueError, match=msg):
@@ -413,3 +418,20 @@ def test_number_parsing_is_the_clis():
     assert P.parse_sets(P.split_sets("tau=0.8; l_min=20\nalpha=none"), "--set") == {"tau": 0.8, "l_min": 20,
                                                                                      "alpha": None}
     assert math.isnan(float("nan")) and P.parse_value("nan") == "nan"  # a policy then refuses it by name
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.text(max_size=30), st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                      st.integers().map(str)),
+       integer=st.booleans(), lo=st.one_of(st.none(), st.floats(-10, 10)), hi=st.one_of(st.none(), st.floats(-10, 10)))
+def test_number_never_raises_anything_but_one_line_naming_the_flag(text, integer, lo, hi):
+    from app import params as P
+
+    try:
+        v = P.number(text, "--flag", lo=lo, hi=hi, integer=integer)
+    except ValueError as exc:
+        msg = str(exc)
+        assert msg.startswith("--flag: ") and "\n" not in msg
+        return
+    assert math.isfinite(v) and (lo is None or v >= lo) and (hi is None or v <= hi)
+    assert isinstance(v, int) if integer else isinstance(v, float)
