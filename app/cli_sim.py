@@ -12,7 +12,8 @@ DEMO_TARGETS = ((None, "local-cpu"), ("qwen2.5-7b", "h100-sxm"))
 
 # Columns of the printed comparison table (all in the JSON too).
 TABLE_COLS = ["latency_mean_s", "speedup_vs_no_kv", "speedup_vs_exact_prefix", "kv_reuse", "asks_gate_auc",
-              "skip_rate", "mean_exit_layer", "cgee_error_rate", "accuracy", "peak_kv_bytes", "evictions",
+              "skip_rate", "mean_exit_layer", "cgee_error_rate", "cgee_branch_disagreement_rate", "accuracy",
+              "peak_kv_bytes", "evictions",
               "recompute_tokens", "attn_output_rel_error", "attn_mass_recall"]
 
 

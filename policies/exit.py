@@ -19,7 +19,8 @@ class CGEEDecision:
     scores: np.ndarray        # (B,) p_yes / (p_yes + p_no) at the exit layer; NaN when skipped
     selected: int             # chosen branch (winner when skipped, else argmax scores)
     full_selected: int        # argmax of the full-depth scores (layer L)
-    differs: bool             # selected != full_selected (a CGEE-induced change)
+    differs: bool             # CGEE-induced error: the selected answer != full verification's answer
+    branch_differs: bool      # selected != full_selected (branch-level disagreement)
 
     @property
     def layers_run(self) -> int:
@@ -32,6 +33,18 @@ def yes_score(p_yes: np.ndarray, p_no: np.ndarray) -> np.ndarray:
     den = p_yes + p_no
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(den > 0, p_yes / np.where(den > 0, den, 1.0), 0.5)
+
+
+def answer_differs(selected: int, full_selected: int, answers: Sequence | None) -> bool:
+    """A CGEE-induced error (DESIGN §4): the selected branch's answer differs from the answer of
+    the branch full-depth verification selects. Two branches with the same answer are the same
+    outcome for the user. Without ``answers`` only branches can be compared: ``selected != full_selected``.
+    """
+    if selected == full_selected:
+        return False
+    if answers is None or selected < 0 or full_selected < 0:
+        return True
+    return bool(answers[selected] != answers[full_selected])
 
 
 def _argmax_first(x: np.ndarray) -> int:
@@ -206,7 +219,9 @@ class CGEE(PolicyBase):
         ----------
         conf : (B,) confidence per branch (see ``confidence``).
         entropy, p_yes, p_no : (B, L) per-branch, per-layer logit-lens values.
-        answers : optional (B,) extracted answers, to find the runner-up answer.
+        answers : optional (B,) extracted answers, to find the runner-up answer and to tell
+            whether the selection changes the answer (``differs``; without them ``differs`` is
+            the branch-level ``branch_differs``).
         full_scores : optional (B,) full-depth verification scores; default: the score at
             layer L from ``p_yes, p_no`` (correct for ``lens="norm"``).
         """
@@ -217,7 +232,9 @@ class CGEE(PolicyBase):
         py = self._array("p_yes", p_yes, ndim=2, shape=(B, L))
         pn = self._array("p_no", p_no, ndim=2, shape=(B, L))
         if B == 0:
-            return CGEEDecision(False, -1, np.zeros(0, np.int64), np.zeros(0), -1, -1, False)
+            return CGEEDecision(False, -1, np.zeros(0, np.int64), np.zeros(0), -1, -1, False, False)
+        if answers is not None and len(answers) != B:
+            raise self._fail("answers", f"must have one entry per branch ({B}), got {len(answers)}")
         if L == 0:
             raise self._fail("entropy", "needs at least one layer")
         if full_scores is None:
@@ -228,7 +245,7 @@ class CGEE(PolicyBase):
         skipped, w = self.skip(c, answers)
         if skipped:
             return CGEEDecision(True, w, np.zeros(B, np.int64), np.full(B, np.nan), w, full_sel,
-                                w != full_sel)
+                                answer_differs(w, full_sel, answers), w != full_sel)
         layers = self._exit_layers(H)
         rows = np.arange(B)
         scores = yes_score(py[rows, layers - 1], pn[rows, layers - 1])
@@ -236,4 +253,5 @@ class CGEE(PolicyBase):
             # The full-depth pass's score is the given one, whatever lens the early exits use.
             scores = np.where(layers == L, full, scores)
         sel = _argmax_first(scores)
-        return CGEEDecision(False, w, layers, scores, sel, full_sel, sel != full_sel)
+        return CGEEDecision(False, w, layers, scores, sel, full_sel, answer_differs(sel, full_sel, answers),
+                            sel != full_sel)

@@ -299,8 +299,9 @@ class ProblemDecision:
     exit_layers: np.ndarray | None   # None: full-depth verification (no exit policy)
     selected: int
     full_selected: int
-    differs: bool
+    differs: bool            # CGEE-induced error: the selected answer != full verification's
     sigma: np.ndarray
+    branch_differs: bool = False  # selected branch != full verification's branch
 
 
 def decide(f, cfg: SimConfig) -> ProblemDecision:
@@ -325,7 +326,8 @@ def decide(f, cfg: SimConfig) -> ProblemDecision:
                       full_scores=None if ex.lens == "norm" else full)
         return ProblemDecision(plan, share, answers, correct, conf, bool(d.skipped),
                                None if d.skipped else np.asarray(d.exit_layer, np.int64),
-                               int(d.selected), int(d.full_selected), bool(d.differs), np.asarray(plan.sigma))
+                               int(d.selected), int(d.full_selected), bool(d.differs), np.asarray(plan.sigma),
+                               bool(d.branch_differs))
     sel = int(np.argmax(full)) if f.B else -1
     conf = f.eff(share, "mean_prob")
     return ProblemDecision(plan, share, answers, correct, conf, False, None, sel, sel, False, np.asarray(plan.sigma))

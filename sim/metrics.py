@@ -10,7 +10,7 @@ from scipy.stats import rankdata
 # Keys every summary holds (docs/sim-api.md); None where not applicable.
 SUMMARY_KEYS = ("asks_gate_auc", "latency_mean_s", "latency_p50_s", "latency_p95_s", "speedup_vs_no_kv",
                 "speedup_vs_exact_prefix", "kv_reuse", "skip_rate", "mean_exit_layer", "cgee_error_rate",
-                "accuracy", "peak_kv_bytes", "evictions", "recompute_tokens", "attn_output_rel_error",
+                "cgee_branch_disagreement_rate", "accuracy", "peak_kv_bytes", "evictions", "recompute_tokens", "attn_output_rel_error",
                 "attn_mass_recall")
 
 
@@ -81,6 +81,7 @@ def problem_row(f, dec, res: dict, L: int) -> dict:
         "verified_branches": 0 if dec.skipped else f.B,
         "exit_layer_sum": float(np.sum(exits)) if exits is not None else (0.0 if dec.skipped else float(L * f.B)),
         "selected": dec.selected, "full_selected": dec.full_selected, "cgee_differs": bool(dec.differs),
+        "cgee_branch_differs": bool(dec.branch_differs),
         "correct": bool(dec.correct[dec.selected]) if dec.selected >= 0 else False,
         "vote_answer": vote, "vote_correct": vote == f.truth and vote != "",
         "answer_diversity": len(set(nonempty.tolist())) / f.B if f.B else float("nan"),
@@ -139,7 +140,9 @@ def summarize(rows: list[dict], brows: list[dict], *, cfg, L: int, makespan: flo
         "kv_reuse": float(c["reused_tokens"].sum()) / prompt if prompt else nan,
         "skip_rate": float(c["skipped"].mean()) if has_exit else None,
         "mean_exit_layer": float(c["exit_layer_sum"].sum()) / verified if verified else nan,
+        # DESIGN §4: an error is a changed *answer*; a changed branch with the same answer is not.
         "cgee_error_rate": float(c["cgee_differs"].mean()) if has_exit else None,
+        "cgee_branch_disagreement_rate": float(c["cgee_branch_differs"].mean()) if has_exit else None,
         "accuracy": float(c["correct"].mean()),
         "peak_kv_bytes": float(peak_kv_bytes if peak_kv_bytes is not None else c["peak_kv_bytes"].max()),
         "evictions": int(c["evictions"].sum()),
