@@ -68,6 +68,7 @@ class TraceFeatures:
     longs: list
     timings: list                  # per problem DataFrame of measured phases
     trace: object = None
+    vocab_size: int | None = None  # the trace model's V (manifest model.vocab_size)
 
 
 _CACHE: dict = {}
@@ -116,6 +117,14 @@ def problem_features(p, pos: int, L: int) -> ProblemFeatures:
         gen={"own": own, "cf": cf}, cos=cos, lens=lens)
 
 
+def _vocab_size(manifest: dict) -> int | None:
+    v = (manifest.get("model") or {}).get("vocab_size")
+    try:
+        return int(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
 def load(trace) -> TraceFeatures:
     """Features of ``trace`` (a path or a loaded ``traces.store.Trace``), cached per process."""
     from traces.store import load_trace  # no torch: the store is pure pyarrow/numpy
@@ -144,6 +153,7 @@ def load(trace) -> TraceFeatures:
         longs.append(LongFeatures(pos=i, meta=meta, layers=list(ld.layers), prompt_len=int(meta["prompt_len"]),
                                   gen_len=int(meta["gen_len"]), K=ld.K, V=ld.V, Q=ld.Q))
     tf = TraceFeatures(path=str(getattr(tr, "path", "")), manifest=tr.manifest, model_name=tr.model_name,
-                       n_layers=L, problems=probs, longs=longs, timings=[p.timings for p in tr.problems], trace=tr)
+                       n_layers=L, problems=probs, longs=longs, timings=[p.timings for p in tr.problems], trace=tr,
+                       vocab_size=_vocab_size(tr.manifest))
     _CACHE[key] = tf
     return tf
