@@ -59,6 +59,18 @@ def test_exact_prefix_rounds_down_to_blocks_and_picks_earliest_best_source():
     assert plan1.reused.tolist() == [0, 37, 45, 0]
 
 
+def test_exact_prefix_whole_prompt_match_recomputes_the_last_position_as_vllm():
+    # vLLM caps a prefix-cache hit at n - 1 tokens (the last position's logits must exist),
+    # then rounds down to whole blocks: a 32-token prompt fully cached recomputes its last block.
+    p = list(range(32))
+    plan = get_policy("exact-prefix", block_size=16).plan([p, p, p + [7]])
+    assert plan.reused.tolist() == [0, 16, 32] and plan.computed.tolist() == [32, 16, 1]
+    assert plan.source.tolist() == [-1, 0, 0]
+    one = get_policy("exact-prefix", block_size=1).plan([p, p])   # SGLang's radix cache (page 1)
+    assert one.reused.tolist() == [0, 31] and one.computed.tolist() == [32, 1]
+    assert (get_policy("exact-prefix").plan([[5], [5]]).computed == 1).all()   # a 1-token prompt: no hit
+
+
 def test_hand_computed_three_layer_sigma():
     cos = np.array([[1.0, 1.0, 1.0], [0.2, 0.5, 0.9]])
     pol = get_policy("asks", alpha=2.0)
@@ -205,7 +217,7 @@ def test_exact_prefix_matches_a_naive_scan(w, bs):
     for b in range(len(prompts)):
         best, src = 0, -1
         for s in range(b):
-            r = lcp(prompts[b], prompts[s]) // bs * bs
+            r = min(lcp(prompts[b], prompts[s]), len(prompts[b]) - 1) // bs * bs  # vLLM: hit <= n - 1
             if r > best:
                 best, src = r, s
         assert (plan.reused[b], plan.source[b]) == (best, src)
