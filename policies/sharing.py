@@ -7,6 +7,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from .base import PolicyBase, PolicyError, register
+from .similarity import cosine
 
 
 @dataclass
@@ -196,15 +197,8 @@ def pooled_cosine(pooled: np.ndarray, reference: np.ndarray | None = None, root:
         h = h - mu[None]
     if h.shape[0] == 0:
         return np.zeros((0, h.shape[1]))
-    r = h[root][None]
-    dot = np.einsum("bld,bld->bl", h, np.broadcast_to(r, h.shape))
-    norms = np.linalg.norm(h, axis=2) * np.linalg.norm(r, axis=2)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cos = np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0), 0.0)
-    cos = np.clip(cos, -1.0, 1.0)
-    same = np.all(h == r, axis=2)
-    cos[same] = 1.0  # identical spans -> sigma exactly 1 (so tau = 1 shares them)
-    return cos
+    # The one cosine (policies.similarity): identical spans -> exactly 1, so tau = 1 shares them.
+    return cosine(h, h[root][None])
 
 
 @register

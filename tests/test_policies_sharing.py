@@ -221,3 +221,42 @@ def test_exact_prefix_matches_a_naive_scan(w, bs):
             if r > best:
                 best, src = r, s
         assert (plan.reused[b], plan.source[b]) == (best, src)
+
+
+def test_one_cosine_gives_exactly_one_for_identical_float32_vectors():
+    # a.b / (|a||b|) in float64 gives 0.9999999999999994 for ~1 in 6 identical float32 vectors
+    from policies import cosine
+    a = np.random.default_rng(0).standard_normal((2000, 576)).astype(np.float32)
+    assert (cosine(a, a.copy()) == 1.0).all()
+    b = np.random.default_rng(1).standard_normal((2000, 576))
+    c = cosine(a, b)
+    want = (a * b).sum(1) / np.linalg.norm(a.astype(np.float64), axis=1) / np.linalg.norm(b, axis=1)
+    assert np.allclose(c, want, rtol=0, atol=1e-12) and (np.abs(c) <= 1).all()
+    assert cosine(np.zeros(4), np.ones(4)) == 0.0 and cosine(np.zeros(4), np.zeros(4)) == 1.0
+    opp = cosine(-a, a)
+    assert (opp >= -1.0).all() and np.allclose(opp, -1.0, rtol=0, atol=1e-12)
+
+
+def test_capture_and_live_gate_use_the_one_cosine():
+    CO = pytest.importorskip("traces.capture_ops")   # imports torch
+    a = np.random.default_rng(0).standard_normal((2000, 8, 64)).astype(np.float32)
+    assert (CO.cosine(a, a.copy()) == 1.0).all()    # capture's and calibrate/runner.py's gate cosine
+    b = np.random.default_rng(2).standard_normal((2000, 8, 64)).astype(np.float32)
+    from policies import cosine
+    assert np.array_equal(CO.cosine(a, b[:1]), cosine(a, b[:1]))
+
+
+def test_replay_gives_identical_spans_sigma_one(tmp_path):
+    # The synthetic trace's last branch has the root's variant tokens, but its stored
+    # cos_last_* columns are 0.95 / below 1 (as an old capture's 1 - 6e-16): replay restores 1.
+    from sim import features
+    from sim.decisions import decide, make_config
+    from sim.synthetic import write_synthetic_trace
+    tf = features.load(str(write_synthetic_trace(tmp_path / "t", n_problems=2, seed=3)))
+    for f in tf.problems:
+        last = f.B - 1
+        for col in ("cos_mean_raw", "cos_mean_centered", "cos_last_raw", "cos_last_centered"):
+            assert (f.cos[col][last] == 1.0).all() and (f.cos[col][0] == 1.0).all(), col
+        d = decide(f, make_config("asks", {"tau": 1.0, "pooling": "last"}, None))
+        assert d.sigma[last] == 1.0 and d.share[last]
+        assert not d.share[1:last].any()
