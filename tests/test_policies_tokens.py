@@ -139,16 +139,67 @@ def test_deterministic_policies_ignore_the_generator(name):
     assert np.array_equal(a.kept_final, b.kept_final)
 
 
-def test_vase_dkv_deterministic_compat_is_top_k_of_leverage():
+def test_vase_dkv_deterministic_compat_is_top_k_of_its_sampling_score():
+    # deterministic=True (the paper's public code) keeps the top-K of the very score that
+    # the stochastic mode samples from, with the same projection G drawn from the generator.
+    from policies.token_scoring import top_k
     K, V, Q = layer(T=50, H=1, Hq=1, D=8)
-    K, V = K.astype(np.float64), V.astype(np.float64)
-    pol = get_policy("vase-dkv", budget=10, buffer=4, n_value=0, sinks=0, deterministic=True, rank=5)
-    keep = pol.select(K, V, Q[:0], 46, rng(5))
-    G = rng(5).standard_normal((8, 5))
-    kg = ((K[:46, 0] @ G) ** 2).sum(1)
-    vg = ((V[:46, 0] @ G) ** 2).sum(1)
-    want = np.sort(np.argsort(-(kg / kg.sum() * vg / vg.sum()), kind="stable")[:10])
-    assert keep[0].tolist() == want.tolist()
+    kw = dict(budget=10, buffer=4, n_value=0, sinks=0, rank=5)
+    keep = get_policy("vase-dkv", deterministic=True, **kw).select(K, V, Q[:0], 46, rng(5))
+    pol = get_policy("vase-dkv", **kw)
+    sc = pol.scores(K.astype(np.float64), V.astype(np.float64), Q[:0], 46, np.arange(50), np.arange(0), rng(5), {})
+    assert keep[0].tolist() == np.sort(top_k(sc, 10, np.ones_like(sc, bool))[0]).tolist()
+
+
+def test_cur_leverage_is_normalised_within_local_windows_by_hand():
+    # One head, D = 1, no projection (rank 0), windows of 2 candidates: squared norms
+    # k^2 = v^2 = [1, 9, 100, 100] -> per window [0.1, 0.9 | 0.5, 0.5] -> products
+    # [0.01, 0.81 | 0.25, 0.25]: token 1 leads although token 2 and 3 are 10x larger.
+    K = np.array([1.0, 3.0, 10.0, 10.0, 0.0, 0.0])[:, None, None]
+    pol = lambda b, w: get_policy("curdkv", budget=b, buffer=2, sinks=0, rank=0, local_window=w)  # noqa: E731
+    assert pol(1, 2).select(K, K, K[:0], 4).tolist() == [[1]]
+    assert pol(2, 2).select(K, K, K[:0], 4).tolist() == [[1, 2]]      # tie 2 = 3 -> lower index
+    assert pol(1, 0).select(K, K, K[:0], 4).tolist() == [[2]]         # one window: the largest norm
+
+
+@pytest.mark.parametrize("name", ["curdkv", "vase-dkv"])
+def test_cur_leverage_spreads_kept_tokens_along_the_sequence(name):
+    # Keys and values 8x larger on the first 32 of 96 candidates. Leverage normalised over all
+    # candidates keeps only those; normalised within 16-token windows (kvpress CURPress,
+    # local_window_size=16, the default) keeps tokens from (almost) every window.
+    for seed in range(3):
+        K, V, Q = layer(T=104, seed=seed)
+        K, V = K.astype(np.float64), V.astype(np.float64)
+        K[:32] *= 8
+        V[:32] *= 8
+        kw = dict(budget=16, buffer=8, sinks=0)
+        if name == "vase-dkv":
+            kw.update(n_value=0, deterministic=True)
+        keep = get_policy(name, **kw).select(K, V, Q[:0], 96, rng(seed))
+        for h in range(2):
+            assert len(set((keep[h] // 16).tolist())) >= 5, (seed, h, keep[h])
+            assert (keep[h] < 32).sum() <= 8, (seed, h, keep[h])
+        flat = get_policy(name, local_window=0, **kw).select(K, V, Q[:0], 96, rng(seed))
+        assert (flat < 32).all()
+
+
+@pytest.mark.parametrize("name", ["vase-attnv", "vase-dkv"])
+def test_lower_temperature_concentrates_the_kept_set_monotonically(name):
+    # p ∝ score^(1/T): as T falls the draw concentrates on the top-K (the deterministic set),
+    # down to T = 0.001 where score^(1/T) underflows to 0 for every token in linear space.
+    K, V, Q = layer(T=100)
+    kw = dict(budget=16, buffer=8, n_value=0, sinks=0)
+    top = get_policy(name, deterministic=True, **kw)
+    jac = []
+    for T in (4, 2, 1, 0.5, 0.25, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001):
+        pol = get_policy(name, temperature=T, **kw)
+        j = []
+        for s in range(40):   # the same generator states at every T (common random numbers)
+            a, b = top.select(K, V, Q[-8:], 92, rng(s)), pol.select(K, V, Q[-8:], 92, rng(s))
+            j += [len(set(a[h]) & set(b[h])) / len(set(a[h]) | set(b[h])) for h in range(2)]
+        jac.append(float(np.mean(j)))
+    assert all(y >= x and (y > x or x == 1.0) for x, y in zip(jac, jac[1:])), jac
+    assert jac[0] < 0.3 and jac[-1] >= 0.99, jac
 
 
 def test_curdkv_uses_a_fixed_projection():
