@@ -289,20 +289,71 @@ def test_budget_larger_than_sequence_keeps_everything(name):
     assert res.kept_final.tolist() == [list(range(50))] * 2
 
 
-def test_all_equal_scores():
-    K = np.zeros((60, 1, 8))
-    V = np.ones((60, 1, 8))
-    Q = np.zeros((60, 2, 8))
-    snap = run_token_eviction(get_policy("snapkv", budget=8, buffer=4, sinks=0), K, V, Q, 10)
-    for t, kept in snap.steps:   # uniform attention; pooling zero-pads the ends so the centre wins, ties -> lower index
-        assert kept.shape == (1, 12)
-    va = run_token_eviction(get_policy("vase-attnv", budget=8, buffer=4), K, V, Q, 10, rng(0))
-    vb = run_token_eviction(get_policy("vase-attnv", budget=8, buffer=4), K, V, Q, 10, rng(1))
-    assert va.kept_final.shape == vb.kept_final.shape == (1, va.kept_final.shape[1])
-    s = get_policy("snapkv", budget=8, buffer=4, sinks=0, kernel=1).select(K[:30], V[:30], Q[:30], 26)
-    assert s[0].tolist() == list(range(8))   # all tie: lowest positions
-    m = attention_metrics(snap, K, V, Q, 10)
-    assert m["attn_output_rel_error"] == pytest.approx(0.0, abs=1e-12)
+def test_all_equal_scores_keep_the_lowest_positions_deterministic_or_a_uniform_draw():
+    # The tie-break rule: equal scores -> the lowest slots (top_k), and an equal-weight draw is
+    # uniform. K = 0 gives every visible key the same attention; V random so kept sets matter.
+    n, cand = 30, 26
+    K = np.zeros((n, 1, 8))
+    V = np.random.default_rng(0).standard_normal((n, 1, 8))
+    Q = np.zeros((n, 2, 8))
+    sel = lambda name, **kw: get_policy(name, budget=8, buffer=4, sinks=0, **kw).select(  # noqa: E731
+        K, V, Q[-4:], cand, rng(0))[0].tolist()
+    assert sel("snapkv", window=4, kernel=1) == list(range(8))
+    # (with kernel 5 the zero-padded ends score less, but the interior's pooled values differ in
+    # the last bit, so they no longer tie exactly: no tie rule to check there)
+    assert set(sel("snapkv", window=4, kernel=5)).isdisjoint({0, 1, cand - 2, cand - 1})
+    assert sel("vase-attnv", pool=False, n_value=0, deterministic=True) == list(range(8))
+    ones = np.ones((n, 1, 8))
+    cur = lambda **kw: get_policy("curdkv", budget=8, buffer=4, sinks=0, **kw).select(  # noqa: E731
+        ones, ones, Q[:0], cand)[0].tolist()
+    assert cur(local_window=0) == list(range(8))
+    # 16-token windows over 26 candidates: equal norms score 1/16^2 in the first window and 1/10^2
+    # in the short last one (kvpress CURPress alike), so the last window wins, lowest slots first
+    assert cur() == list(range(16, 24))
+    # equal value ranges (V constant per token): the N_v reservation takes the lowest non-sink slots
+    flat = np.repeat(np.arange(n, dtype=np.float64)[:, None, None], 8, axis=2)   # max - min = 0 everywhere
+    keep = get_policy("vase-attnv", budget=8, buffer=4, sinks=2, n_value=3, deterministic=True, pool=False).select(
+        K, flat, Q[-4:], cand)[0].tolist()
+    assert keep == list(range(8))
+    # stochastic: equal weights -> every candidate equally likely
+    counts = np.zeros(cand)
+    for s in range(400):
+        counts[get_policy("vase-attnv", budget=8, buffer=4, sinks=0, n_value=0, pool=False).select(
+            K, V, Q[-4:], cand, rng(s))[0]] += 1
+    assert np.abs(counts / 400 - 8 / cand).max() < 0.09
+
+
+def test_pool_false_scores_window_attention_without_pooling():
+    # pool=False is SnapKV's score with kernel 1; pool=True pools with kernel 5 and keeps another set.
+    K, V, Q = layer(T=80)
+    kw = dict(budget=16, buffer=8, window=8, sinks=0)
+    raw = get_policy("vase-attnv", pool=False, n_value=0, deterministic=True, **kw).select(K, V, Q[-8:], 72)
+    pooled = get_policy("vase-attnv", pool=True, n_value=0, deterministic=True, **kw).select(K, V, Q[-8:], 72)
+    assert np.array_equal(raw, get_policy("snapkv", kernel=1, **kw).select(K, V, Q[-8:], 72))
+    assert np.array_equal(pooled, get_policy("snapkv", kernel=5, **kw).select(K, V, Q[-8:], 72))
+    assert not np.array_equal(raw, pooled)
+
+
+def test_value_frac_default_reserves_an_eighth_of_the_budget_for_value_ranges():
+    for name in ("vase-attnv", "vase-dkv"):
+        for budget, want in ((128, 16), (24, 3), (40, 5), (4, 0)):
+            assert get_policy(name, budget=budget).reserved_values() == want, (name, budget)
+        assert get_policy(name, budget=24, n_value=7).reserved_values() == 7     # n_value overrides
+    # in a selection: with the default value_frac the 3 largest value ranges are kept, whatever
+    # the attention says (here K = 0: attention is uniform, so only the reservation singles them out)
+    n, cand = 60, 52
+    K = np.zeros((n, 1, 8))
+    V = np.zeros((n, 1, 8))
+    big = [20, 33, 47]
+    V[big, 0, 0] = [5.0, 6.0, 7.0]
+    keep = get_policy("vase-attnv", budget=24, buffer=8, sinks=4, pool=False, deterministic=True).select(
+        K, V, np.zeros((8, 2, 8)), cand)[0].tolist()
+    # sinks 0-3, the reservation 20, 33, 47, then 17 tied scores -> the lowest free slots 4-19, 21
+    assert keep == sorted(set(range(22)) | set(big))
+    # without the reservation only the tie rule decides: the large ranges 33 and 47 are dropped
+    none = get_policy("vase-attnv", budget=24, buffer=8, sinks=4, pool=False, deterministic=True,
+                      value_frac=0.0).select(K, V, np.zeros((8, 2, 8)), cand)[0].tolist()
+    assert none == list(range(24))
 
 
 def test_nan_inputs_raise_clear_errors():
