@@ -90,8 +90,11 @@ def test_skip_rule_properties(conf, tau_conf, delta_rel, scale):
     assert conf[w] == conf.max() and (conf[:w] < conf[w]).all()          # first argmax
     if skipped:  # lower thresholds never withdraw a skip
         assert pol(tau_conf / 2, delta_rel / 2).skip(conf)[0] and pol(0.0, 0.0).skip(conf)[0]
-    # the margin test alone is scale-free (relative to p(w))
-    assert pol(0.0, delta_rel).skip(conf)[0] == pol(0.0, delta_rel).skip(conf * scale)[0]
+    # the margin test alone is scale-free (relative to p(w)); away from the exact boundary,
+    # where scaling may move the last bit
+    second = np.sort(conf)[-2] if conf.size > 1 else 0.0
+    if abs((conf[w] - second) / conf[w] - delta_rel) > 1e-9:
+        assert pol(0.0, delta_rel).skip(conf)[0] == pol(0.0, delta_rel).skip(conf * scale)[0]
     # only the best runner-up counts: a new branch below the runner-up changes nothing ...
     low = np.append(conf, conf.min() / 2)
     if conf.size > 1:
