@@ -28,7 +28,6 @@ import datetime as _dt
 import hashlib
 import json
 import platform
-import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ import torch
 from traces import capture_ops as ops
 from traces.answers import extract_answer, is_correct
 from traces.datasets import Problem, load_dataset
+from traces.merge import parse_shard
 from traces.models import DEFAULT_MODEL, LoadedModel, load_model, model_folder, resolve_device, torch_dtype
 from traces.store import TraceWriter, long_dir, problem_dir, tree_dir
 from traces.workload import (
@@ -122,19 +122,6 @@ class CaptureConfig:
         if bad:
             raise ValueError(f"--long-decode-layers: {bad} outside 1..{L} (the model has {L} layers)")
         return ls
-
-
-def parse_shard(spec: str) -> tuple[int, int]:
-    """``"I/N"`` -> (I, N) with 0 <= I < N; a bad spec raises a one-line ``--shard`` error."""
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(spec))
-    if m is None:
-        raise ValueError(f"--shard: {spec!r} is not I/N (part I of N, counting from 0, e.g. 0/4)")
-    i, n = int(m.group(1)), int(m.group(2))
-    if n < 1:
-        raise ValueError(f"--shard: {spec}: N must be >= 1")
-    if i >= n:
-        raise ValueError(f"--shard: {spec}: I must be in 0..{n - 1} (parts count from 0)")
-    return i, n
 
 
 @dataclass
