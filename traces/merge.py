@@ -96,14 +96,21 @@ def _short(v: Any) -> str:
 
 
 def _shard_of(tr: Trace, label: str) -> tuple[int, int]:
-    spec = tr.manifest["capture"].get("shard")
+    cap = tr.manifest["capture"]
+    if not isinstance(cap, dict):
+        raise TraceError(f"{label}/manifest.json", "capture", "expected an object")
+    spec = cap.get("shard")
     if spec is None:
         raise TraceError(label, "capture.shard",
                          "not a part (captured without --shard I/N); merge joins the parts of one sharded capture")
     try:
-        return parse_shard(spec)
+        shard = parse_shard(spec)
     except ValueError as exc:
         raise TraceError(label, "capture.shard", str(exc)) from None
+    for k in ("problem_start", "problems", "long_decode", "long_decode_seqs", "tree_depth", "trees"):
+        if isinstance(cap.get(k), bool) or not isinstance(cap.get(k), int):
+            raise TraceError(f"{label}/manifest.json", f"capture.{k}", f"expected an integer, got {cap.get(k)!r}")
+    return shard
 
 
 def _unsharded(d: dict) -> dict:
