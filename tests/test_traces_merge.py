@@ -138,6 +138,18 @@ def test_bad_inputs_one_line_nothing_written(run, tmp_path, capsys):
     run_capture(tiny(str(run["folder"]), seed=6, shard="2/3"), other, progress=False, lm=run["lm"])
     e = merge(p0, p1, str(other))
     assert f"{other}: capture.seed: 6 here, 5 in {p0}" in e
+    # another model: of another shape, the model block names it; of the same shape with other
+    # weights (and another folder), the reference arrays it computed differ
+    from traces.models import load_model
+
+    for family, seed, what in (("gemma3", 0, "model.architecture: 'Gemma3ForCausalLM' here, 'LlamaForCausalLM'"),
+                               ("llama", 1, "reference_mean.npy: values: differ")):
+        folder = save_tiny(tmp_path / f"{family}{seed}" / "hf", family=family, seed=seed)
+        cfg = tiny(str(folder), shard="2/3")
+        cfg.model = str(run["folder"])  # the same --model string: only the model itself differs
+        p = tmp_path / f"{family}{seed}-part"
+        run_capture(cfg, p, progress=False, lm=load_model(str(folder), device="cpu"))
+        assert what in merge(p0, p1, str(p))
     # another N
     n2 = tmp_path / "n2"
     run_capture(tiny(str(run["folder"]), shard="1/2"), n2, progress=False, lm=run["lm"])

@@ -113,8 +113,12 @@ def _shard_of(tr: Trace, label: str) -> tuple[int, int]:
     return shard
 
 
+def _without(d: dict, key: str) -> dict:
+    return {k: v for k, v in d.items() if k != key}
+
+
 def _unsharded(d: dict) -> dict:
-    return {k: v for k, v in d.items() if k != "shard"}
+    return _without(d, "shard")
 
 
 def _compare(ref: dict, other: dict, ref_label: str, label: str, prefix: str) -> None:
@@ -134,10 +138,12 @@ def check_parts(parts: Sequence[Trace], labels: Sequence[str]) -> list[tuple[int
     ref_cfg = json.loads((ref.path / CONFIG).read_text())
     for tr, lab, (i, n) in zip(parts, labels, shards):
         m = tr.manifest
-        _compare(ref.manifest["model"], m["model"], ref_label, lab, "model.")
+        # model.source (a local folder's path) may differ between machines; the model itself is
+        # pinned by its whole block and by the reference arrays it computed (compared below)
+        _compare(_without(ref.manifest["model"], "source"), _without(m["model"], "source"), ref_label, lab, "model.")
         _compare(_unsharded(ref.manifest["capture"]), _unsharded(m["capture"]), ref_label, lab, "capture.")
         cfg = json.loads((tr.path / CONFIG).read_text())
-        _compare(_unsharded(ref_cfg), _unsharded(cfg), ref_label, lab, f"{CONFIG}:")
+        _compare(_unsharded(ref_cfg), _unsharded(cfg), ref_label, lab, f"{CONFIG}.")
         rest = {k: v for k, v in ref.manifest.items() if k not in _PER_SITTING and k != "model"}
         _compare(rest, {k: m.get(k, "<absent>") for k in rest}, ref_label, lab, "")
         if n != shards[0][1]:
@@ -241,6 +247,7 @@ def merge_traces(parts: Sequence[str | os.PathLike], out: str | os.PathLike, com
             "has_tree": bool(new_shards["trees"]),
             "merged_from": [{"path": lab, "shard": t.manifest["capture"]["shard"], "command": t.manifest["command"],
                              "created": t.manifest["created"], "device": t.manifest["device"],
+                             "model_source": t.manifest["model"]["source"],
                              "versions": t.manifest["versions"], "manifest_sha256": t.manifest["manifest_sha256"]}
                             for t, lab in sorted(zip(traces, labels), key=lambda x: _shard_of(x[0], x[1]))],
         })
