@@ -45,11 +45,11 @@ def register(sub) -> None:
     p.add_argument("--tree-branching", type=int, default=3, help="children per expanded node")
     p.add_argument("--tree-step", type=int, default=32, help="tokens generated per tree node")
     p.add_argument("--trees", type=int, default=1, help="number of trees (first problems)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", required=True, help="trace directory")
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="capture part I of N (counting from 0): every N-th problem, long decode and tree from "
                    "position I; join the parts with `rksim trace merge`")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--out", required=True, help="trace directory")
     p.set_defaults(func=cmd_capture)
 
     t = sub.add_parser("trace", help="validate, describe or merge traces")
