@@ -67,20 +67,15 @@ def kept_indices(keys: torch.Tensor, kept_keys: torch.Tensor) -> list[list[int]]
 
 
 def main(qkv_dir: str, out_json: str) -> int:
-    import kvpress
+    from importlib.metadata import version
 
     torch.manual_seed(0)  # no press here draws; kept for any that would
     qkv = Path(qkv_dir)
     meta = json.loads((qkv / "meta.json").read_text())
     H, Hq, D = meta["n_kv_heads"], meta["n_heads"], meta["head_dim"]
     ratio = float(meta["compression"])
-    result = {"kvpress_version": kvpress.__version__ if hasattr(kvpress, "__version__") else "0.5.5",
+    result = {"kvpress_version": version("kvpress"), "transformers_version": version("transformers"),
               "torch_version": torch.__version__, "compression": ratio, "kept": {}}
-    try:
-        import transformers
-        result["transformers_version"] = transformers.__version__
-    except ImportError:  # pragma: no cover
-        pass
     for name in presses(ratio):
         result["kept"][name] = {}
     for layer in meta["layers"]:
