@@ -28,7 +28,8 @@ except ImportError:  # pragma: no cover - older policy library
 
 # Shown in this order; the rest of each result is in the raw JSON expander.
 KEY_METRICS = ["latency_mean_s", "latency_p95_s", "speedup_vs_no_kv", "speedup_vs_exact_prefix", "kv_reuse",
-               "asks_gate_auc", "skip_rate", "mean_exit_layer", "cgee_error_rate", "accuracy", "peak_kv_bytes",
+               "asks_gate_auc", "skip_rate", "mean_exit_layer", "cgee_error_rate", "cgee_branch_disagreement_rate",
+               "accuracy", "peak_kv_bytes",
                "evictions", "recompute_tokens", "attn_output_rel_error", "attn_mass_recall"]
 
 

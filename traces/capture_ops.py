@@ -275,12 +275,10 @@ def gate_pool(lm: LoadedModel, spans: Sequence[Sequence[int]], pad_id: int) -> t
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine along the last axis, float64; 0 where a vector is zero."""
-    a = a.astype(np.float64)
-    b = b.astype(np.float64)
-    num = (a * b).sum(-1)
-    den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
-    return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0).clip(-1.0, 1.0)
+    """The ASKS gate's cosine: :func:`policies.similarity.cosine` (the one rule capture, the live
+    gate and replay share: float64, clipped to [-1, 1], exactly 1 for identical vectors)."""
+    from policies.similarity import cosine as _cosine
+    return _cosine(a, b)
 
 
 @dataclass
