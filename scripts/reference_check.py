@@ -21,9 +21,9 @@ whole prompt, every query of the prompt already seen):
   the w window tokens are kept as the recent buffer.
 - StreamingLLM: 4 sinks + the most recent; ``StreamingLLM(budget=n_kept)`` over all T.
 - CUR: ``CURPress(use_local_approximation=True, local_window_size=16)`` (no random
-  projection: kvpress's default) against ``CurDKV(local_window=16)`` with its projection
-  off — pending until CurDKV has both (branch ``policyfix``); ``cur-defaults`` compares
-  both libraries' defaults for information.
+  projection: kvpress's default) against ``CurDKV(local_window=16, rank=0)`` (rank 0 = no
+  projection); ``cur-defaults`` compares both libraries' defaults (CurDKV projects with a
+  fixed Gaussian G of rank 20) for information.
 - H2O vs ``ObservedAttentionPress``: the attention of all T queries, observed as the
   decode loop observes it (``policies.token_loop._observe``); ``h2o-mean``
   (``mean_over_queries=True``) divides each token's sum by the T - j queries that saw it
@@ -35,7 +35,6 @@ Usage: ``python scripts/reference_check.py [--kvpress-python .venv-refcheck/bin/
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
@@ -49,7 +48,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 COMPRESSION = 0.5
-PENDING = "pending policyfix"
 
 # project config -> (kvpress config, minimum Jaccard on every head; None = information only).
 # SnapKV / CUR / observed attention: kvpress's eager softmax is float32, the project's
@@ -120,27 +118,8 @@ def load_qkv(qdir: Path, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 # ------------------------------------------------------------------ 2. project side (numpy)
 
-def _curdkv_local16(budget: int):
-    """CurDKV with 16-token local windows and no projection, or a note saying what is missing."""
-    from policies import PolicyError, get_policy, policy_class
-
-    fields = {f.name: f for f in dataclasses.fields(policy_class("curdkv"))}
-    if "local_window" not in fields:
-        return "CurDKV has no local_window yet"
-    base = dict(budget=budget, local_window=16, sinks=4)
-    for off in ({k: False for k in ("project", "projection", "use_projection") if k in fields},
-                {"rank": None}, {"rank": 0}):
-        if not off:
-            continue
-        try:
-            return get_policy("curdkv", **base, **off)
-        except (PolicyError, TypeError, ValueError):
-            continue
-    return "CurDKV cannot turn its projection off (kvpress's CURPress does not project by default)"
-
-
-def project_kept(name: str, Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray | str:
-    """(H_kv, n_kept) ascending kept positions of the project's policy ``name``, or why it is pending."""
+def project_kept(name: str, Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """(H_kv, n_kept) ascending kept positions of the project's policy ``name``."""
     from policies import get_policy
     from policies.token_loop import _observe
 
@@ -157,9 +136,8 @@ def project_kept(name: str, Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.n
         return get_policy("streamingllm", budget=n, sinks=4).select(K, V, Q[:0], T)
     if name == "cur-defaults":
         return get_policy("curdkv", budget=n).select(K, V, Q[:0], T)
-    if name == "cur-local16":
-        pol = _curdkv_local16(n)
-        return pol if isinstance(pol, str) else pol.select(K, V, Q[:0], T)
+    if name == "cur-local16":  # rank 0: no projection, as CURPress's use_random_leverage=False
+        return get_policy("curdkv", budget=n, sinks=4, local_window=16, rank=0).select(K, V, Q[:0], T)
     if name in ("h2o-sum", "h2o-mean"):
         pol = get_policy("h2o", budget=n, mean_over_queries=name == "h2o-mean")
         state = pol.init_state(H, T)
@@ -183,15 +161,11 @@ def compare(meta: dict, qdir: Path, ref: dict) -> list[dict]:
         for proj, (kv, thr) in PAIRS.items():
             mine = project_kept(proj, Q, K, V)
             theirs = ref["kept"][kv][str(layer)]
-            note = mine if isinstance(mine, str) else ""
             for h in range(K.shape[1]):
-                if note:
-                    j, status = None, PENDING
-                else:
-                    j = jaccard(mine[h], theirs[h])
-                    status = "info" if thr is None else ("ok" if j >= thr else "REGRESSION")
+                j = jaccard(mine[h], theirs[h])
+                status = "info" if thr is None else ("ok" if j >= thr else "REGRESSION")
                 rows.append({"project": proj, "kvpress": kv, "layer": int(layer), "kv_head": h,
-                             "jaccard": j, "threshold": thr, "status": status, "note": note,
+                             "jaccard": j, "threshold": thr, "status": status,
                              "n_kept": len(theirs[h])})
     return rows
 
@@ -200,13 +174,13 @@ def summary_table(rows: list[dict]):
     import pandas as pd
 
     df = pd.DataFrame(rows)
-    df["cell"] = df["jaccard"].map(lambda j: "–" if j is None or j != j else f"{j:.3f}")
+    df["cell"] = df["jaccard"].map(lambda j: f"{j:.3f}")
     wide = df.pivot_table(index=["project", "kvpress"], columns=["layer", "kv_head"], values="cell",
                           aggfunc="first", sort=False)
     wide.columns = [f"L{l} h{h}" for l, h in wide.columns]
     st = df.groupby(["project", "kvpress"], sort=False).agg(
-        threshold=("threshold", "first"), status=("status", lambda s: "REGRESSION" if (s == "REGRESSION").any()
-                                                  else s.iloc[0]))
+        threshold=("threshold", "first"),
+        status=("status", lambda s: "REGRESSION" if (s == "REGRESSION").any() else s.iloc[0]))
     st["threshold"] = st["threshold"].map(lambda t: "–" if t is None or t != t else f"{t:.2f}")
     return wide.join(st).reset_index()
 
@@ -229,8 +203,7 @@ def write_report(out: Path, meta: dict, ref: dict, rows: list[dict]) -> tuple[st
             f"{meta['compression']} (n_kept = {n_kept(meta['T'])} per KV head); Jaccard of kept sets per "
             f"layer (L) and KV head (h). kvpress side: transformers {ref.get('transformers_version')}, "
             f"torch {ref.get('torch_version')}.\n\n")
-    notes = sorted({f"- {r['project']}: {r['note']}" for r in rows if r["note"]})
-    md = head + markdown(table) + "\n\n" + ("\n".join(notes) + "\n\n" if notes else "") + (
+    md = head + markdown(table) + "\n\n" + (
         "**REGRESSION**: a checked pair is under its threshold.\n" if failed else "No regression.\n")
     atomic_write_text(out / "report.md", md)
     atomic_write_json(out / "report.json", {
@@ -238,7 +211,7 @@ def write_report(out: Path, meta: dict, ref: dict, rows: list[dict]) -> tuple[st
         "kvpress_version": ref.get("kvpress_version"), "transformers_version": ref.get("transformers_version"),
         "thresholds": {k: v[1] for k, v in PAIRS.items()}, "pairs": {k: v[0] for k, v in PAIRS.items()},
         "regression": failed, "rows": rows})
-    return table.to_string(index=False) + ("\n" + "\n".join(notes) if notes else ""), failed
+    return table.to_string(index=False), failed
 
 
 def main(argv: list[str] | None = None) -> int:
