@@ -69,6 +69,7 @@ def kept_indices(keys: torch.Tensor, kept_keys: torch.Tensor) -> list[list[int]]
 def main(qkv_dir: str, out_json: str) -> int:
     from importlib.metadata import version
 
+    torch.set_num_threads(1)  # a shared CPU; the tensors are small
     torch.manual_seed(0)  # no press here draws; kept for any that would
     qkv = Path(qkv_dir)
     meta = json.loads((qkv / "meta.json").read_text())
