@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: install run test test-fast bench capture app clean
+.PHONY: install run test test-fast bench capture app clean reference-check
 
 install: $(STAMP)
 
@@ -47,6 +47,19 @@ bench: $(STAMP)
 # Re-creates the bundled example trace (the exact command is in its manifest).
 capture: $(STAMP)
 	$(PY) scripts/make_example_trace.py
+
+# The project's token policies against kvpress 0.5.5's presses on real SmolLM2 Q/K/V (not part of
+# `make test`: kvpress pins its own transformers, so it lives in its own venv; CPU torch from the
+# pinned wheel first, so pip never pulls the CUDA build). Report: runs/reference-check/report.{md,json}.
+REFVENV ?= .venv-refcheck
+$(REFVENV)/.kvpress-installed: Makefile
+	test -x $(REFVENV)/bin/python || python3 -m venv $(REFVENV)
+	$(REFVENV)/bin/python -m pip install -q torch==2.13.0
+	$(REFVENV)/bin/python -m pip install -q kvpress==0.5.5
+	touch $@
+
+reference-check: $(STAMP) $(REFVENV)/.kvpress-installed
+	$(PY) scripts/reference_check.py --kvpress-python $(REFVENV)/bin/python --out runs/reference-check
 
 app: $(STAMP)
 	$(VENV)/bin/streamlit run app/dashboard.py

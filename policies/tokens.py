@@ -226,14 +226,30 @@ class H2O(TokenPolicy):
     recent part of H2O is the loop's buffer; ``sinks`` defaults to 0 as in H2O.
     The real runner must call :meth:`observe` after every step with the step's
     attention summed per KV head.
+
+    Parameters
+    ----------
+    mean_over_queries : bool, default False
+        Divide each token's sum by the number of observed queries that saw it,
+        ``score_j = sum_t a_{t,j} / (n_q - p_j)`` with ``n_q`` queries observed (positions
+        ``0 .. n_q - 1``, as both decode loops observe them) and ``p_j`` the token's
+        position: the *mean* attention it received, as kvpress's
+        ``ObservedAttentionPress`` scores. The plain sum (H2O's paper and code) favours
+        old tokens, which more queries have seen; the mean does not.
     """
 
     name: ClassVar[str] = "h2o"
     needs_history: ClassVar[bool] = True
     sinks: int = 0
+    mean_over_queries: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_bool("mean_over_queries")
 
     def init_state(self, n_kv_heads: int, n_cached: int) -> dict[str, Any]:
-        return {"acc": np.zeros((n_kv_heads, n_cached))}
+        # mass: total attention observed per KV head (never compacted) = group size * queries
+        return {"acc": np.zeros((n_kv_heads, n_cached)), "mass": np.zeros(n_kv_heads)}
 
     def observe(self, state, attn):
         acc = state["acc"]
@@ -242,6 +258,7 @@ class H2O(TokenPolicy):
             acc = np.concatenate([acc, np.zeros((acc.shape[0], n - acc.shape[1]))], axis=1)
         acc[:, :n] += attn
         state["acc"] = acc
+        state["mass"] = state.get("mass", 0.0) + attn.sum(axis=1)
 
     def compact(self, state, slots):
         acc = state["acc"]
@@ -257,6 +274,14 @@ class H2O(TokenPolicy):
         out = np.zeros((K.shape[1], cand_len))
         m = min(cand_len, acc.shape[1])
         out[:, :m] = acc[:, :m]
+        if self.mean_over_queries:
+            g = Q.shape[1] // K.shape[1]  # Q_window may hold no query but still has H_q heads
+            if g < 1:
+                raise self._fail("Q_window", "mean_over_queries needs the query head count (shape (0, H_q, D))")
+            # every query softmaxes to 1 per query head: mass = g * n_q exactly up to rounding
+            n_q = np.rint(np.asarray(state.get("mass", 0.0), dtype=np.float64) / g).reshape(-1, 1)
+            pos = np.broadcast_to(k_pos[..., :cand_len], out.shape)
+            out = out / np.maximum(n_q - pos, 1.0)
         return out
 
 
