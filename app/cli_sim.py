@@ -12,7 +12,8 @@ DEMO_TARGETS = ((None, "local-cpu"), ("qwen2.5-7b", "h100-sxm"))
 
 # Columns of the printed comparison table (all in the JSON too).
 TABLE_COLS = ["latency_mean_s", "speedup_vs_no_kv", "speedup_vs_exact_prefix", "kv_reuse", "asks_gate_auc",
-              "skip_rate", "mean_exit_layer", "cgee_error_rate", "accuracy", "peak_kv_bytes", "evictions",
+              "skip_rate", "mean_exit_layer", "cgee_error_rate", "cgee_branch_disagreement_rate", "accuracy",
+              "peak_kv_bytes", "evictions",
               "recompute_tokens", "attn_output_rel_error", "attn_mass_recall"]
 
 
@@ -102,13 +103,23 @@ def _check_trace(path):
     return str(path)
 
 
+def _trace_model_note(summaries) -> str:
+    """The footnote for figures marked * (the trace model's own: sim.metrics.TRACE_MODEL_FIGURES)."""
+    for m in summaries:
+        if m.get("trace_model_figures"):
+            return (f"* the trace model's own figures ({m.get('decisions_model')}), not {m.get('cost_model')}'s: "
+                    "replay keeps its answers, confidences, entropies and generation lengths")
+    return ""
+
+
 def _fmt_table(policies: dict):
     import pandas as pd
     df = pd.DataFrame({k: {c: v.get(c) for c in TABLE_COLS} for k, v in policies.items()}).T
     df = df.apply(pd.to_numeric, errors="coerce")
     if "peak_kv_bytes" in df:
         df["peak_kv_MB"] = df.pop("peak_kv_bytes") / 1e6
-    return df
+    marked = {k for v in policies.values() for k in (v.get("trace_model_figures") or [])}
+    return df.rename(columns={c: c + "*" for c in df.columns if c in marked})
 
 
 def _flagged(msg: str) -> str:
@@ -153,7 +164,11 @@ def _cmd_simulate(args) -> int:
         s = clean(r.summary)
         print(f"{args.policy} on {r.info['cost_model']} / {r.info['hardware']} ({args.mode}); {r.info['note']}; "
               f"verify_reuses_kv={r.info['verify_reuses_kv']}")
-        print(pd.Series({k: v for k, v in s.items() if not isinstance(v, (dict, list))}).to_string())
+        marked = set(s.get("trace_model_figures") or [])
+        print(pd.Series({k + ("*" if k in marked else ""): v for k, v in s.items()
+                         if not isinstance(v, (dict, list))}).to_string())
+        if marked:
+            print(_trace_model_note([s]))
     return 0
 
 
@@ -186,6 +201,9 @@ def _cmd_compare(args) -> int:
         import pandas as pd
         with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
             print(_fmt_table(out["policies"]).to_string())
+        note = _trace_model_note(out["policies"].values())
+        if note:
+            print(note)
     return 0
 
 
@@ -208,6 +226,9 @@ def _cmd_demo(args) -> int:
               f"{any_m.get('decisions_model', '?')}, costs from {any_m.get('cost_model', '?')} on {hw})")
         with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
             print(_fmt_table(comp["policies"]).to_string())
+        note = _trace_model_note(comp["policies"].values())
+        if note:
+            print(note)
     # Detail runs for the figures (the first target).
     details = {}
     for pol in ("no-kv", "exact-prefix", "asks", "cgee", "rksc", "lru", "rsbcm"):

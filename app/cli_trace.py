@@ -1,4 +1,4 @@
-"""``rksim capture``, ``rksim trace validate``, ``rksim trace info`` (torch only inside capture)."""
+"""``rksim capture``, ``rksim trace validate|info|merge`` (torch only inside capture)."""
 from __future__ import annotations
 
 import argparse
@@ -47,9 +47,12 @@ def register(sub) -> None:
     p.add_argument("--trees", type=int, default=1, help="number of trees (first problems)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out", required=True, help="trace directory")
+    p.add_argument("--shard", default=None, metavar="I/N",
+                   help="capture part I of N (counting from 0): every N-th problem, long decode and tree from "
+                   "position I; join the parts with `rksim trace merge` (default: the whole capture)")
     p.set_defaults(func=cmd_capture)
 
-    t = sub.add_parser("trace", help="validate or describe a trace")
+    t = sub.add_parser("trace", help="validate, describe or merge traces")
     tsub = t.add_subparsers(dest="trace_command", metavar="ACTION")
     tsub.required = True
     v = tsub.add_parser("validate", help="verify checksums, shapes, dtypes, finiteness, schema version")
@@ -59,6 +62,12 @@ def register(sub) -> None:
     i.add_argument("path", help="trace directory")
     i.add_argument("--json", action="store_true", help="print JSON")
     i.set_defaults(func=cmd_info)
+    mg = tsub.add_parser("merge", help="join the parts of a capture made with --shard I/N into one trace",
+                         description="Check that the parts are of one capture (model, capture config, seeds), "
+                         "complete and disjoint; write one trace equal to the unsharded capture (atomic).")
+    mg.add_argument("parts", nargs="+", metavar="PART", help="part trace directories (any order)")
+    mg.add_argument("--out", required=True, help="merged trace directory (must not exist or be empty)")
+    mg.set_defaults(func=cmd_merge)
 
 
 def capture_config(args):
@@ -72,7 +81,7 @@ def capture_config(args):
         target_prefix_tokens=args.target_prefix_tokens, hidden_vectors=not args.no_hidden_vectors,
         long_decode=args.long_decode, long_decode_seqs=args.long_decode_seqs,
         long_decode_layers=args.long_decode_layers, tree_depth=args.tree_depth, tree_step=args.tree_step,
-        tree_expand=args.tree_expand, tree_branching=args.tree_branching, trees=args.trees,
+        tree_expand=args.tree_expand, tree_branching=args.tree_branching, trees=args.trees, shard=args.shard,
     )
 
 
@@ -127,4 +136,16 @@ def cmd_info(args) -> int:
         w = max(map(len, info))
         for k, v in info.items():
             print(f"{k:<{w}}  {v}")
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from traces.merge import merge_traces
+    from traces.store import load_trace
+
+    command = "rksim " + shlex.join(sys.argv[1:]) if sys.argv[1:3] == ["trace", "merge"] else ""
+    merge_traces(args.parts, args.out, command=command)
+    tr = load_trace(args.out, verify=False)
+    print(f"wrote {args.out}: {len(tr.problems)} problems, {len(tr.long_decodes)} long decodes, {len(tr.trees)} trees "
+          f"from {len(args.parts)} parts, {len(tr.manifest['files'])} files")
     return 0

@@ -32,7 +32,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "kv_reuse": ("prompt tokens reused from cache (share)", "trace"),
     "skip_rate": ("verifications skipped (share)", "trace"),
     "mean_exit_layer": ("mean exit layer (trace model's layers)", "trace"),
-    "cgee_error_rate": ("selection changed by early exit (share)", "trace"),
+    "cgee_error_rate": ("answer changed by early exit (share)", "trace"),
+    "cgee_branch_disagreement_rate": ("selected branch changed by early exit (share)", "trace"),
     "accuracy": ("accuracy of the selected answer (share)", "trace"),
     "asks_gate_auc": ("ASKS gate AUC (sigma vs answer kept)", "trace"),
     "evictions": ("KV blocks/tokens evicted (count)", "trace"),
@@ -61,7 +62,8 @@ KPI_SERVING = ["throughput_tokens_per_s", "throughput_problems_per_s", "ttft_p50
                "e2e_p99_s", "queue_p50_s", "preemptions", "recompute_tokens", "max_running_seqs",
                "mean_running_seqs", "kv_capacity_bytes", "peak_kv_bytes", "prefix_hit_rate"]
 TABLE_BRANCH = ["latency_mean_s", "latency_p95_s", "speedup_vs_no_kv", "speedup_vs_exact_prefix", "kv_reuse",
-                "skip_rate", "mean_exit_layer", "cgee_error_rate", "accuracy", "peak_kv_bytes", "evictions",
+                "skip_rate", "mean_exit_layer", "cgee_error_rate", "cgee_branch_disagreement_rate", "accuracy",
+                "peak_kv_bytes", "evictions",
                 "recompute_tokens", "asks_gate_auc"]
 PHASES = ("gate", "prefill", "decode", "verify", "queue")
 BASELINES = ("no-kv", "exact-prefix")

@@ -8,16 +8,16 @@ replays): at decode position ``t`` with ``s = t - P + 1`` generated tokens, if
 the candidates (all but the last ``buffer``) are cut to ``budget`` per KV head
 by ``policy.select``, and *the query at t already sees the reduced cache*.
 
-That last point is why the eviction runs inside the attention call: an
-attention function registered as ``rksim_sdpa`` (Hugging Face's
-``sdpa_attention_forward``, preceded by a hook) receives the layer's query of
-position ``t`` and its keys/values after the cache update; the hook records
-the new K, V, Q rows (float16, exactly what a trace stores), runs the
-policy's decision on those recorded arrays — the same gathers, windows and
-state updates as ``run_token_eviction`` — gathers the kept rows of the
-torch tensors per KV head, and hands the reduced K, V to attention. Replaying
-the recorded K/V/Q with ``run_token_eviction`` therefore takes the very same
-decisions (``tests/test_calibrate.py`` checks it on a real model).
+That last point is why the eviction runs inside the attention call: the tap
+of ``traces.capture_qkv`` (the one way rksim sees Q/K/V, shared with capture's
+``QKVRecorder``) receives the layer's query of position ``t`` and its
+keys/values after the cache update; the hook records the new K, V, Q rows
+(float16, exactly what a trace stores), runs the policy's decision on those
+recorded arrays — the same gathers, windows and state updates as
+``run_token_eviction`` — gathers the kept rows of the torch tensors per KV
+head, and hands the reduced K, V to attention. Replaying the recorded K/V/Q
+with ``run_token_eviction`` therefore takes the very same decisions
+(``tests/test_calibrate.py`` checks it on a real model).
 
 Kept tokens keep their original positions (RoPE was applied when they were
 cached), so the decode loop passes explicit ``position_ids``.
@@ -27,31 +27,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-ATTN_IMPL = "rksim_sdpa"
-
-
-def _rksim_sdpa(module, query, key, value, attention_mask, **kwargs):
-    hook = getattr(module, "_rksim_hook", None)
-    if hook is not None:
-        key, value = hook(module.layer_idx, query, key, value)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-ALL_ATTENTION_FUNCTIONS.register(ATTN_IMPL, _rksim_sdpa)
-ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPL, sdpa_mask)
-
-
-def use_recording_attention(model) -> str:
-    """Switch ``model`` to ``rksim_sdpa`` (numerically ``sdpa``); returns the previous implementation."""
-    impl = getattr(model.config, "_attn_implementation", None)
-    if impl not in ("sdpa", ATTN_IMPL):
-        raise ValueError(f"model attention implementation {impl!r}: the evicting cache needs 'sdpa'")
-    model.config._attn_implementation = ATTN_IMPL
-    return impl
+from traces.capture_qkv import ATTN_IMPL, AttentionTap, new_rows  # noqa: F401  (ATTN_IMPL: re-exported)
 
 
 class LayerEviction:
@@ -90,26 +67,18 @@ class EvictingCache(DynamicCache):
         self.policy = policy
         self.P = int(prompt_len)
         self.ev = [LayerEviction(policy, n_kv_heads, None if rngs is None else rngs[i]) for i in range(n_layers)]
-        self._attached: list[torch.nn.Module] = []
-        self._prev_impl = None
+        self._tap: AttentionTap | None = None
         self.n_events = 0
 
     # -- wiring
     def attach(self, model) -> "EvictingCache":
-        self._prev_impl = use_recording_attention(model)
-        self._model = model
-        for layer in model.model.layers:
-            layer.self_attn._rksim_hook = self._hook
-            self._attached.append(layer.self_attn)
+        self._tap = AttentionTap(model, self._hook).attach()
         return self
 
     def detach(self) -> None:
-        for m in self._attached:
-            m._rksim_hook = None
-        self._attached.clear()
-        if self._prev_impl is not None:
-            self._model.config._attn_implementation = self._prev_impl
-            self._prev_impl = None
+        if self._tap is not None:
+            self._tap.detach()
+            self._tap = None
 
     def __enter__(self):
         return self
@@ -125,9 +94,7 @@ class EvictingCache(DynamicCache):
         ev = self.ev[li]
         q_len = query.shape[2]
         t0 = len(ev.K)  # position of the first new row
-        newk = key[0, :, -q_len:, :].transpose(0, 1).to(torch.float16).cpu().numpy()
-        newv = value[0, :, -q_len:, :].transpose(0, 1).to(torch.float16).cpu().numpy()
-        newq = query[0].transpose(0, 1).to(torch.float16).cpu().numpy()
+        newq, newk, newv = (x.to(torch.float16).cpu().numpy() for x in new_rows(query, key, value))
         ev.K.extend(newk)
         ev.V.extend(newv)
         ev.Q.extend(newq)

@@ -8,6 +8,7 @@ from .composite import RKSC
 from .exit import CGEE, CGEEDecision, yes_score
 from .registry import POLICY_NAMES, get_policy, list_policies, param_choices, policy_class, policy_defaults
 from .sharing import ASKS, ExactPrefix, NoKV, SharingPlan, layer_weights, pooled_cosine
+from .similarity import cosine, identical_spans
 from .token_loop import EvictionResult, run_token_eviction
 from .token_metrics import FullAttention, attention_metrics
 from .tokens import (H2O, RKV, CurDKV, FullCache, RandomEviction, SnapKV, StreamingLLM, TokenPolicy,
@@ -17,6 +18,7 @@ __all__ = [
     "POLICY_KINDS", "POLICY_NAMES", "PolicyError", "get_policy", "list_policies", "param_choices", "policy_class",
     "policy_defaults",
     "NoKV", "ExactPrefix", "ASKS", "SharingPlan", "layer_weights", "pooled_cosine",
+    "cosine", "identical_spans",
     "CGEE", "CGEEDecision", "yes_score",
     "RSBCM", "LRU", "FIFO", "BlockPool",
     "RKSC",

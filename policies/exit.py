@@ -1,6 +1,7 @@
 """Confidence-gated early exit (CGEE) for the verification passes (DESIGN §4)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
@@ -19,7 +20,8 @@ class CGEEDecision:
     scores: np.ndarray        # (B,) p_yes / (p_yes + p_no) at the exit layer; NaN when skipped
     selected: int             # chosen branch (winner when skipped, else argmax scores)
     full_selected: int        # argmax of the full-depth scores (layer L)
-    differs: bool             # selected != full_selected (a CGEE-induced change)
+    differs: bool             # CGEE-induced error: the selected answer != full verification's answer
+    branch_differs: bool      # selected != full_selected (branch-level disagreement)
 
     @property
     def layers_run(self) -> int:
@@ -32,6 +34,18 @@ def yes_score(p_yes: np.ndarray, p_no: np.ndarray) -> np.ndarray:
     den = p_yes + p_no
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(den > 0, p_yes / np.where(den > 0, den, 1.0), 0.5)
+
+
+def answer_differs(selected: int, full_selected: int, answers: Sequence | None) -> bool:
+    """A CGEE-induced error (DESIGN §4): the selected branch's answer differs from the answer of
+    the branch full-depth verification selects. Two branches with the same answer are the same
+    outcome for the user. Without ``answers`` only branches can be compared: ``selected != full_selected``.
+    """
+    if selected == full_selected:
+        return False
+    if answers is None or selected < 0 or full_selected < 0:
+        return True
+    return bool(answers[selected] != answers[full_selected])
 
 
 def _argmax_first(x: np.ndarray) -> int:
@@ -74,7 +88,14 @@ class CGEE(PolicyBase):
         Which confidence the caller passes: ``branches.vote_share`` or
         ``branches.mean_prob`` (mean token probability of the generation).
     theta : float, default 1.0
-        Entropy threshold in nats (full vocabulary; ln 49152 = 10.8 is uniform).
+        Entropy threshold: nats (full vocabulary; ln 49152 = 10.8 is uniform), or with
+        ``theta_unit="ln_v"`` a fraction of the vocabulary's maximum entropy ``ln V``.
+    theta_unit : {"nats", "ln_v"}, default "nats"
+        ``"ln_v"``: the threshold is ``theta * ln(vocab_size)`` nats, so one value means the
+        same on another tokenizer (ln V = 10.8 for SmolLM2, 11.9 for Qwen2.5, 12.5 for Gemma 3).
+    vocab_size : int or None, default None
+        V of the model whose entropies are tested; needed with ``theta_unit="ln_v"`` (the
+        simulator fills it from the trace's manifest, a real runner from its model).
     eps : float, default 0.05
         Entropy stability between consecutive layers, nats.
     l_min : int, default 26
@@ -102,7 +123,7 @@ class CGEE(PolicyBase):
 
     kind: ClassVar[str] = "exit"
     name: ClassVar[str] = "cgee"
-    choices: ClassVar[dict[str, tuple[str, ...]]] = {'confidence': ('vote', 'mean_prob'), 'lens': ('norm', 'nonorm'), 'level1_rule': ('paper', 'notebook')}
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {'confidence': ('vote', 'mean_prob'), 'lens': ('norm', 'nonorm'), 'level1_rule': ('paper', 'notebook'), 'theta_unit': ('nats', 'ln_v')}
     tau_conf: float = 0.6
     delta_rel: float = 0.5
     confidence: str = "vote"
@@ -113,6 +134,8 @@ class CGEE(PolicyBase):
     level1_rule: str = "paper"
     nb_conf: float = 0.63
     nb_margin: float = 0.08
+    theta_unit: str = "nats"
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         self._check_number("tau_conf")
@@ -125,6 +148,20 @@ class CGEE(PolicyBase):
         self._check_choice("level1_rule", ("paper", "notebook"))
         self._check_number("nb_conf")
         self._check_number("nb_margin")
+        self._check_choice("theta_unit", ("nats", "ln_v"))
+        if self.theta_unit == "ln_v":
+            self._check_number("theta", lo=0, hi=1)
+        if self.vocab_size is not None:
+            self._check_number("vocab_size", lo=2, integer=True)
+
+    @property
+    def theta_nats(self) -> float:
+        """The entropy threshold in nats: ``theta``, or ``theta * ln(vocab_size)`` with ``theta_unit="ln_v"``."""
+        if self.theta_unit == "nats":
+            return float(self.theta)
+        if self.vocab_size is None:
+            raise self._fail("vocab_size", "is needed with theta_unit='ln_v' (theta is a fraction of ln V)")
+        return float(self.theta) * math.log(int(self.vocab_size))
 
     @property
     def trace_columns(self) -> dict[str, str]:
@@ -180,7 +217,7 @@ class CGEE(PolicyBase):
             raise self._fail("entropy", f"NaN or inf at layer {l}")
         if H_prev is None or l < max(self.l_min, 2):
             return False
-        return bool(H_l < self.theta and abs(H_l - H_prev) < self.eps)
+        return bool(H_l < self.theta_nats and abs(H_l - H_prev) < self.eps)
 
     def exit_layer(self, entropy_row: np.ndarray) -> int:
         """Level 2 over one pass's per-layer entropies (L,): the 1-based exit layer (L if none)."""
@@ -193,7 +230,7 @@ class CGEE(PolicyBase):
             raise self._fail("entropy", "needs at least one layer")
         ok = np.zeros((B, L), bool)
         if L >= 2:
-            ok[:, 1:] = (H[:, 1:] < self.theta) & (np.abs(np.diff(H, axis=1)) < self.eps)
+            ok[:, 1:] = (H[:, 1:] < self.theta_nats) & (np.abs(np.diff(H, axis=1)) < self.eps)
         ok[:, : max(self.l_min, 2) - 1] = False  # column j is layer j + 1
         first = np.where(ok.any(axis=1), ok.argmax(axis=1) + 1, L)
         return first.astype(np.int64)
@@ -206,7 +243,9 @@ class CGEE(PolicyBase):
         ----------
         conf : (B,) confidence per branch (see ``confidence``).
         entropy, p_yes, p_no : (B, L) per-branch, per-layer logit-lens values.
-        answers : optional (B,) extracted answers, to find the runner-up answer.
+        answers : optional (B,) extracted answers, to find the runner-up answer and to tell
+            whether the selection changes the answer (``differs``; without them ``differs`` is
+            the branch-level ``branch_differs``).
         full_scores : optional (B,) full-depth verification scores; default: the score at
             layer L from ``p_yes, p_no`` (correct for ``lens="norm"``).
         """
@@ -217,7 +256,9 @@ class CGEE(PolicyBase):
         py = self._array("p_yes", p_yes, ndim=2, shape=(B, L))
         pn = self._array("p_no", p_no, ndim=2, shape=(B, L))
         if B == 0:
-            return CGEEDecision(False, -1, np.zeros(0, np.int64), np.zeros(0), -1, -1, False)
+            return CGEEDecision(False, -1, np.zeros(0, np.int64), np.zeros(0), -1, -1, False, False)
+        if answers is not None and len(answers) != B:
+            raise self._fail("answers", f"must have one entry per branch ({B}), got {len(answers)}")
         if L == 0:
             raise self._fail("entropy", "needs at least one layer")
         if full_scores is None:
@@ -228,7 +269,7 @@ class CGEE(PolicyBase):
         skipped, w = self.skip(c, answers)
         if skipped:
             return CGEEDecision(True, w, np.zeros(B, np.int64), np.full(B, np.nan), w, full_sel,
-                                w != full_sel)
+                                answer_differs(w, full_sel, answers), w != full_sel)
         layers = self._exit_layers(H)
         rows = np.arange(B)
         scores = yes_score(py[rows, layers - 1], pn[rows, layers - 1])
@@ -236,4 +277,5 @@ class CGEE(PolicyBase):
             # The full-depth pass's score is the given one, whatever lens the early exits use.
             scores = np.where(layers == L, full, scores)
         sel = _argmax_first(scores)
-        return CGEEDecision(False, w, layers, scores, sel, full_sel, sel != full_sel)
+        return CGEEDecision(False, w, layers, scores, sel, full_sel, answer_differs(sel, full_sel, answers),
+                            sel != full_sel)

@@ -7,6 +7,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from .base import PolicyBase, PolicyError, register
+from .similarity import cosine
 
 
 @dataclass
@@ -63,6 +64,12 @@ def _exact_prefix(ids: list[np.ndarray], block_size: int,
                   sources_ok: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per branch: block-rounded longest common prefix with any earlier branch, and that branch.
 
+    ``reused_b = floor(min(LCP, n_b - 1) / block_size) * block_size``: the hit is capped at
+    ``n_b - 1`` tokens, as vLLM's prefix cache caps it (``max_cache_hit_length =
+    num_tokens - 1``), so the last prompt position is always computed and its logits exist
+    to sample the first token. At a whole-prompt match of whole blocks this recomputes the
+    last block (vLLM's block-aligned hit; with ``block_size=1``, SGLang's radix cache, just
+    the last token).
     ``sources_ok[b']`` False excludes branch b' as a source (its KV is not its own prompt's).
     Ties go to the lowest branch index.
     """
@@ -71,7 +78,9 @@ def _exact_prefix(ids: list[np.ndarray], block_size: int,
     source = np.full(n, -1, dtype=np.int64)
     if n < 2:
         return reused, source
-    r = (lcp_matrix(ids) // block_size) * block_size
+    lens = np.array([a.shape[0] for a in ids], dtype=np.int64)
+    cap = np.maximum(lens - 1, 0)[:, None]                    # row b: what branch b may reuse
+    r = (np.minimum(lcp_matrix(ids), cap) // block_size) * block_size
     earlier = np.tril(np.ones((n, n), bool), k=-1)          # [b, s]: s < b
     if sources_ok is not None:
         earlier &= np.asarray(sources_ok, bool)[None, :]
@@ -107,9 +116,11 @@ class NoKV(PolicyBase):
 class ExactPrefix(PolicyBase):
     """Exact prefix caching (vLLM automatic prefix caching / SGLang radix tree).
 
-    Branch b reuses ``floor(max_{b' < b} LCP(ids_b, ids_b') / block_size) * block_size``
+    Branch b reuses ``floor(min(max_{b' < b} LCP(ids_b, ids_b'), n_b - 1) / block_size) * block_size``
     tokens of KV, from the earliest branch attaining the maximum; the rest is computed.
-    A whole-prompt match whose length is a multiple of ``block_size`` computes 0 tokens.
+    The cap at ``n_b - 1`` is vLLM's (the last position must be computed to give the logits
+    of the first generated token), so a whole-prompt match of whole blocks recomputes its
+    last block, never 0 tokens.
 
     Parameters
     ----------
@@ -186,15 +197,8 @@ def pooled_cosine(pooled: np.ndarray, reference: np.ndarray | None = None, root:
         h = h - mu[None]
     if h.shape[0] == 0:
         return np.zeros((0, h.shape[1]))
-    r = h[root][None]
-    dot = np.einsum("bld,bld->bl", h, np.broadcast_to(r, h.shape))
-    norms = np.linalg.norm(h, axis=2) * np.linalg.norm(r, axis=2)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cos = np.where(norms > 0, dot / np.where(norms > 0, norms, 1.0), 0.0)
-    cos = np.clip(cos, -1.0, 1.0)
-    same = np.all(h == r, axis=2)
-    cos[same] = 1.0  # identical spans -> sigma exactly 1 (so tau = 1 shares them)
-    return cos
+    # The one cosine (policies.similarity): identical spans -> exactly 1, so tau = 1 shares them.
+    return cosine(h, h[root][None])
 
 
 @register

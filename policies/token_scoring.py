@@ -69,19 +69,30 @@ def top_k(score: np.ndarray, k: int, allowed: np.ndarray) -> np.ndarray:
     return np.lexsort((idx, -s, ~allowed), axis=-1)[:, :k]
 
 
+def gumbel_top_k(logw: np.ndarray, k: int, allowed: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Per row, draw ``k`` allowed entries without replacement with probability ∝ ``exp(logw)``.
+
+    Gumbel-top-k: the ``k`` largest ``logw + Gumbel`` — the same distribution as drawing one
+    entry at a time proportionally to ``exp(logw)``, removing it, and repeating. Working with
+    log-weights never underflows (``score ** (1 / T)`` does at small T). Entries with
+    ``logw = -inf`` (zero weight) come only after every positive one, uniformly among
+    themselves. One ``(H, n)`` Gumbel draw per call, so results depend only on the
+    generator's state.
+    """
+    g = rng.gumbel(size=logw.shape)
+    key = np.where(allowed, logw + g, -np.inf)
+    tie = np.where(allowed & np.isneginf(logw), g, -np.inf)
+    # primary: disallowed last; then larger key; then (zero weight) larger Gumbel
+    return np.lexsort((-tie, -key, ~allowed), axis=-1)[:, :k]
+
+
 def sample_without_replacement(weight: np.ndarray, k: int, allowed: np.ndarray,
                                rng: np.random.Generator) -> np.ndarray:
     """Per row, draw ``k`` allowed entries without replacement with probability ∝ weight.
 
-    Gumbel-top-k: the ``k`` largest ``log(weight) + Gumbel`` — the same distribution as
-    drawing one entry at a time proportionally to weight, removing it, and repeating.
-    Zero-weight entries come only after every positive one, uniformly among themselves.
-    One ``(H, n)`` Gumbel draw per call, so results depend only on the generator's state.
+    :func:`gumbel_top_k` of ``log(weight)`` (weights must be >= 0; zero-weight entries come
+    after every positive one, uniformly among themselves).
     """
-    g = rng.gumbel(size=weight.shape)
     with np.errstate(divide="ignore"):
-        key = np.log(weight) + g
-    key = np.where(allowed, key, -np.inf)
-    tie = np.where(allowed & (weight <= 0), g, -np.inf)
-    # primary: disallowed last; then larger key; then (zero weight) larger Gumbel
-    return np.lexsort((-tie, -key, ~allowed), axis=-1)[:, :k]
+        logw = np.log(np.where(weight > 0, weight, 0.0))
+    return gumbel_top_k(logw, k, allowed, rng)

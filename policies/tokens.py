@@ -11,7 +11,8 @@ how the K are chosen:
 2. VASE only: the ``n_value`` candidates with the largest value range
    ``max(v) - min(v)`` over the head dimension are kept;
 3. the rest are the top-k of the policy's score (deterministic policies) or drawn without
-   replacement with probability ∝ ``score ** (1 / temperature)`` (stochastic ones).
+   replacement with probability ∝ ``score ** (1 / temperature)`` (stochastic ones),
+   computed in log space as ``log(score) / temperature`` (Gumbel-top-k).
 
 Stochastic choices draw from the ``numpy.random.Generator`` passed in.
 """
@@ -23,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import PolicyBase, register
-from .token_scoring import (avg_pool, max_pool, sample_without_replacement, softmax_last,
+from .token_scoring import (avg_pool, gumbel_top_k, max_pool, sample_without_replacement, softmax_last,
                             top_k, window_logits)
 
 
@@ -225,14 +226,30 @@ class H2O(TokenPolicy):
     recent part of H2O is the loop's buffer; ``sinks`` defaults to 0 as in H2O.
     The real runner must call :meth:`observe` after every step with the step's
     attention summed per KV head.
+
+    Parameters
+    ----------
+    mean_over_queries : bool, default False
+        Divide each token's sum by the number of observed queries that saw it,
+        ``score_j = sum_t a_{t,j} / (n_q - p_j)`` with ``n_q`` queries observed (positions
+        ``0 .. n_q - 1``, as both decode loops observe them) and ``p_j`` the token's
+        position: the *mean* attention it received, as kvpress's
+        ``ObservedAttentionPress`` scores. The plain sum (H2O's paper and code) favours
+        old tokens, which more queries have seen; the mean does not.
     """
 
     name: ClassVar[str] = "h2o"
     needs_history: ClassVar[bool] = True
     sinks: int = 0
+    mean_over_queries: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_bool("mean_over_queries")
 
     def init_state(self, n_kv_heads: int, n_cached: int) -> dict[str, Any]:
-        return {"acc": np.zeros((n_kv_heads, n_cached))}
+        # mass: total attention observed per KV head (never compacted) = group size * queries
+        return {"acc": np.zeros((n_kv_heads, n_cached)), "mass": np.zeros(n_kv_heads)}
 
     def observe(self, state, attn):
         acc = state["acc"]
@@ -241,6 +258,7 @@ class H2O(TokenPolicy):
             acc = np.concatenate([acc, np.zeros((acc.shape[0], n - acc.shape[1]))], axis=1)
         acc[:, :n] += attn
         state["acc"] = acc
+        state["mass"] = state.get("mass", 0.0) + attn.sum(axis=1)
 
     def compact(self, state, slots):
         acc = state["acc"]
@@ -256,6 +274,14 @@ class H2O(TokenPolicy):
         out = np.zeros((K.shape[1], cand_len))
         m = min(cand_len, acc.shape[1])
         out[:, :m] = acc[:, :m]
+        if self.mean_over_queries:
+            g = Q.shape[1] // K.shape[1]  # Q_window may hold no query but still has H_q heads
+            if g < 1:
+                raise self._fail("Q_window", "mean_over_queries needs the query head count (shape (0, H_q, D))")
+            # every query softmaxes to 1 per query head: mass = g * n_q exactly up to rounding
+            n_q = np.rint(np.asarray(state.get("mass", 0.0), dtype=np.float64) / g).reshape(-1, 1)
+            pos = np.broadcast_to(k_pos[..., :cand_len], out.shape)
+            out = out / np.maximum(n_q - pos, 1.0)
         return out
 
 
@@ -343,13 +369,41 @@ class RKV(TokenPolicy):
         return lam * A - (1.0 - lam) * R
 
 
-def _leverage(K: np.ndarray, V: np.ndarray, G: np.ndarray) -> np.ndarray:
-    """CUR leverage ``||k G||^2 * ||v G||^2``, each factor normalised over the candidates."""
-    kg = (np.einsum("nhd,dr->hnr", K, G) ** 2).sum(axis=2)
-    vg = (np.einsum("nhd,dr->hnr", V, G) ** 2).sum(axis=2)
-    kg = kg / np.maximum(kg.sum(axis=1, keepdims=True), 1e-300)
-    vg = vg / np.maximum(vg.sum(axis=1, keepdims=True), 1e-300)
-    return kg * vg
+def _window_normalise(x: np.ndarray, window: int) -> np.ndarray:
+    """Divide each entry of ``x`` (H, n) by the sum of its window of ``window`` consecutive slots.
+
+    Windows start at slot 0; the last one may be shorter (kvpress ``CURPress`` zero-pads it,
+    which leaves its sum unchanged). ``window = 0``: one window over all ``n`` slots.
+    """
+    H, n = x.shape
+    if window <= 0 or window >= n:
+        return x / np.maximum(x.sum(axis=1, keepdims=True), 1e-300)
+    m = -(-n // window) * window
+    xp = np.zeros((H, m))
+    xp[:, :n] = x
+    xp = xp.reshape(H, m // window, window)
+    xp = xp / np.maximum(xp.sum(axis=2, keepdims=True), 1e-300)
+    return xp.reshape(H, m)[:, :n]
+
+
+def _leverage(K: np.ndarray, V: np.ndarray, G: np.ndarray | None, window: int) -> np.ndarray:
+    """CUR leverage ``lk_j * lv_j`` (kvpress ``CURPress``, ``leverage_type="kv_product"``).
+
+    ``lk_j = ||k_j G||^2 / sum_{i in win(j)} ||k_i G||^2`` and the same for values, where
+    ``win(j)`` is token j's window of ``window`` consecutive candidates (``use_local_approximation``;
+    0 = all candidates) and ``G`` is the (D, rank) projection (None: none, ``||k_j||^2``).
+    Normalising within local windows is what spreads the kept tokens along the sequence;
+    over all candidates it is a constant factor that changes neither ranking nor sampling.
+    The product is normalised over the candidates (a distribution; the order is unchanged).
+    """
+    if G is None:
+        kg = (K.transpose(1, 0, 2) ** 2).sum(axis=2)
+        vg = (V.transpose(1, 0, 2) ** 2).sum(axis=2)
+    else:
+        kg = (np.einsum("nhd,dr->hnr", K, G) ** 2).sum(axis=2)
+        vg = (np.einsum("nhd,dr->hnr", V, G) ** 2).sum(axis=2)
+    s = _window_normalise(kg, window) * _window_normalise(vg, window)
+    return s / np.maximum(s.sum(axis=1, keepdims=True), 1e-300)
 
 
 @register
@@ -357,13 +411,19 @@ def _leverage(K: np.ndarray, V: np.ndarray, G: np.ndarray) -> np.ndarray:
 class CurDKV(TokenPolicy):
     """CurDKV: CUR leverage with a fixed Gaussian projection, deterministic top-k.
 
-    ``score_j = ||k_j G||^2 / sum_i ||k_i G||^2 * ||v_j G||^2 / sum_i ||v_i G||^2``
-    over the candidates, ``G`` (D, rank) standard normal drawn once from ``g_seed``.
+    ``score_j = ||k_j G||^2 / sum_{i in win(j)} ||k_i G||^2 * ||v_j G||^2 / sum_{i in win(j)} ||v_i G||^2``
+    where ``win(j)`` is j's window of ``local_window`` consecutive candidates (kvpress
+    ``CURPress``: ``use_local_approximation=True, local_window_size=16``) and ``G`` (D, rank)
+    is standard normal, drawn once from ``g_seed``.
 
     Parameters
     ----------
     rank : int, default 20
+        Columns of G; 0 = no projection (leverage of K and V themselves, kvpress's default
+        ``use_random_leverage=False``).
     g_seed : int, default 0
+    local_window : int, default 16
+        Leverage normalisation window (tokens); 0 = over all candidates (no spreading).
     sinks : int, default 4
     """
 
@@ -371,15 +431,17 @@ class CurDKV(TokenPolicy):
     sinks: int = 4
     rank: int = 20
     g_seed: int = 0
+    local_window: int = 16
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_number("rank", lo=1, integer=True)
+        self._check_number("rank", lo=0, integer=True)
         self._check_number("g_seed", lo=0, integer=True)
+        self._check_number("local_window", lo=0, integer=True)
 
     def scores(self, K, V, Q, cand_len, k_pos, q_pos, rng, state):
-        G = np.random.default_rng(self.g_seed).standard_normal((K.shape[2], self.rank))
-        return _leverage(K[:cand_len], V[:cand_len], G)
+        G = np.random.default_rng(self.g_seed).standard_normal((K.shape[2], self.rank)) if self.rank else None
+        return _leverage(K[:cand_len], V[:cand_len], G, self.local_window)
 
 
 @dataclass
@@ -414,7 +476,11 @@ class _VASE(TokenPolicy):
             return top_k(sc, k, allowed)
         if (sc < 0).any():
             raise self._fail("scores", "negative scores cannot be sampled")
-        return sample_without_replacement(sc ** (1.0 / self.temperature), k, allowed, rng)
+        # p ∝ score^(1/T) = exp(log(score) / T), in log space: score ** (1/T) underflows to 0
+        # for every token at small T, which made a *lower* temperature uniformly random.
+        with np.errstate(divide="ignore"):
+            logw = np.log(sc) / float(self.temperature)
+        return gumbel_top_k(logw, k, allowed, rng)
 
 
 @register
@@ -463,26 +529,29 @@ class VASEAttnV(_VASE):
 class VASEDKV(_VASE):
     """VASE-DKV: sinks + N_v largest value ranges + sampling ∝ CUR leverage.
 
-    ``score_j = ||k_j G||^2 / sum_i ||k_i G||^2 * ||v_j G||^2 / sum_i ||v_i G||^2`` over the
-    candidates, with ``G`` (D, rank) standard normal redrawn from the generator at every
+    ``score_j`` is CurDKV's window-normalised leverage (``local_window`` tokens, as kvpress
+    ``CURPress``), with ``G`` (D, rank) standard normal redrawn from the generator at every
     eviction. ``deterministic=True`` reproduces the paper's public code (top-K of the
     leverage, G still redrawn).
 
     Parameters
     ----------
-    rank : int, default 20
+    rank : int, default 20 (0 = no projection)
+    local_window : int, default 16 (0 = normalise over all candidates)
     value_frac, n_value, temperature, deterministic, sinks : as VASE-AttnV
     """
 
     name: ClassVar[str] = "vase-dkv"
     rank: int = 20
+    local_window: int = 16
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_number("rank", lo=1, integer=True)
+        self._check_number("rank", lo=0, integer=True)
+        self._check_number("local_window", lo=0, integer=True)
 
     def scores(self, K, V, Q, cand_len, k_pos, q_pos, rng, state):
         if rng is None:
             raise self._fail("rng", "VASE-DKV draws its projection from a numpy.random.Generator")
-        G = rng.standard_normal((K.shape[2], self.rank))
-        return _leverage(K[:cand_len], V[:cand_len], G)
+        G = rng.standard_normal((K.shape[2], self.rank)) if self.rank else None
+        return _leverage(K[:cand_len], V[:cand_len], G, self.local_window)

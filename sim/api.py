@@ -18,10 +18,10 @@ from policies import BlockPool, FullAttention, attention_metrics, list_policies,
 
 from . import features
 from .cost import batch_terms, eviction_scoring_terms
-from .decisions import ConfigError, _fields, decide, job_for, make_config
+from .decisions import ConfigError, _fields, decide, job_for, make_config, scale_layers
 from .engine import Engine
 from .fastpath import FastPath
-from .metrics import SUMMARY_KEYS, branch_rows, clean, problem_row, summarize
+from .metrics import SUMMARY_KEYS, branch_rows, clean, mark_trace_model_figures, problem_row, summarize
 from .profiles import HardwareProfile, ModelShape, load_hardware, load_model, model_from_manifest
 from .profiles import load_presets as _load_presets
 from .workload import BlockLedger, RecordingLedger, ReplayLedger, blocks, ledger_key, probes_for
@@ -195,8 +195,7 @@ def _scale_job(job, L_trace: int, L_target: int, l_min):
     if L_trace == L_target:
         job.L = L_target
         return job
-    lay = np.minimum(np.ceil(job.v_layers * L_target / L_trace).astype(np.int64), L_target)
-    job.v_layers = np.maximum(lay, 1)
+    job.v_layers = scale_layers(job.v_layers, L_trace, L_target)
     job.v_head = (job.v_layers == L_target).astype(np.int64)
     if l_min is not None:
         job.v_probes = probes_for(job.v_layers, L_target, int(math.ceil(l_min * L_target / L_trace)))
@@ -209,7 +208,8 @@ _SIG_CACHE: dict = {}
 
 def _decisions(tf, cfg, probs, L_target: int):
     """(ProblemDecision, Job) per problem, memoised per distinct decision (see ``decision_key``)."""
-    from .decisions import decision_key, prefetch_exits, static_key
+    from .decisions import bind_vocab, decision_key, in_target_units, prefetch_exits, static_key
+    bind_vocab(cfg, tf.vocab_size)  # CGEE theta as a fraction of ln V: the trace model's V
     sig_cache = _SIG_CACHE.setdefault(id(tf), {})
     wl = (_wl_key(cfg), L_target)
     static = static_key(cfg)
@@ -224,6 +224,7 @@ def _decisions(tf, cfg, probs, L_target: int):
             dec = decide(f, cfg)
             job = _scale_job(job_for(f, cfg, dec, tf.n_layers), tf.n_layers, L_target,
                              getattr(cfg.exit, "l_min", None))
+            dec = in_target_units(dec, tf.n_layers, L_target)  # exit layers as the job runs them
             hit = _DEC_CACHE[key] = (dec, job, key)
         out.append(hit)
     return out
@@ -319,7 +320,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
                         led = ReplayLedger(rec)
                         led.memo_key = lk
                 res = fp.run(job, led)
-                hit = _ROW_CACHE[rkey] = (problem_row(f, dec, res, tf.n_layers), branch_rows(f, dec), res)
+                hit = _ROW_CACHE[rkey] = (problem_row(f, dec, res, L), branch_rows(f, dec, L), res)
             row, br, res = hit
             rows.append(row)
             brows.extend(br)
@@ -329,20 +330,20 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
         for r in res_list:
             f = tf.problems[r["pos"]]
             dec = triples[r["pseq"] % len(triples)][0]
-            rows.append(problem_row(f, dec, r, tf.n_layers))
-            brows.extend(branch_rows(f, dec))
+            rows.append(problem_row(f, dec, r, L))
+            brows.extend(branch_rows(f, dec, L))
         timeline.extend(tl)
         if mode == "isolated":
             makespan = peak = None
     if mode == "isolated" and not engine:
         # Rows are memoised objects: the same rows (by identity) give the same summary.
-        skey = (tuple(map(id, rows)), cfg.exit is not None, getattr(cfg.sharing, "name", ""), tf.n_layers)
+        skey = (tuple(map(id, rows)), cfg.exit is not None, getattr(cfg.sharing, "name", ""), L)
         summary = _SUMMARY_CACHE.get(skey)
         if summary is None:
-            summary = _SUMMARY_CACHE[skey] = summarize(rows, brows, cfg=cfg, L=tf.n_layers)
+            summary = _SUMMARY_CACHE[skey] = summarize(rows, brows, cfg=cfg, L=L)
         summary = dict(summary)
     else:
-        summary = summarize(rows, brows, cfg=cfg, L=tf.n_layers, makespan=makespan, peak_kv_bytes=peak)
+        summary = summarize(rows, brows, cfg=cfg, L=L, makespan=makespan, peak_kv_bytes=peak)
     if baselines:
         base = {}
         for name in ("no-kv", "exact-prefix"):
@@ -353,6 +354,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
         summary["speedup_vs_exact_prefix"] = base["exact-prefix"] / lat if lat and lat > 0 else None
     summary.update({"decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name,
                     "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"])})
+    mark_trace_model_figures(summary)
     return SimResult(summary, rows, brows, timeline, info)
 
 
@@ -531,6 +533,7 @@ def _simulate_token(tf, cfg, model, hw, seed, info) -> SimResult:
         "decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name, "mode": "isolated",
         "verify_reuses_kv": None,
     })
+    mark_trace_model_figures(summary)
     return SimResult(summary, rows, [], [], info, token=q)
 
 

@@ -172,7 +172,9 @@ def static_key(cfg: SimConfig) -> tuple:
     theta = eps = l_min = level1 = None
     if ex is not None:
         ep = _fields(ex)
-        theta, eps, l_min = float(ep.pop("theta")), float(ep.pop("eps")), ep.pop("l_min")
+        # theta in nats: the unit and vocabulary act only through it.
+        ep.pop("theta"), ep.pop("theta_unit", None), ep.pop("vocab_size", None)
+        theta, eps, l_min = ex.theta_nats, float(ep.pop("eps")), ep.pop("l_min")
         # What the skip rule reads; its outcome (not these values) enters the decision key.
         level1 = tuple(sorted((k, repr(v)) for k, v in ep.items()))
         key += ("cgee", tuple((k, v) for k, v in level1 if k not in _SKIP_ONLY))
@@ -281,6 +283,47 @@ def decision_key(f, cfg: SimConfig, cache: dict, static: tuple | None = None, sc
     return key
 
 
+def bind_vocab(cfg: SimConfig, vocab_size) -> SimConfig:
+    """Give CGEE the trace model's vocabulary when its ``theta`` is a fraction of ``ln V``.
+
+    The entropies replayed are the trace model's, so ``theta * ln V`` uses that model's V
+    whatever the cost target. A ``vocab_size`` set by the user must agree. Call before
+    :func:`static_key` (it reads the threshold in nats).
+    """
+    ex = cfg.exit
+    if ex is None or getattr(ex, "theta_unit", "nats") != "ln_v":
+        return cfg
+    if vocab_size is None:
+        raise ConfigError(f"policy {cfg.policy!r}: theta_unit: 'ln_v' needs the trace's model.vocab_size "
+                          "(manifest.json has none); state theta in nats")
+    if ex.vocab_size is None:
+        cfg.exit = dataclasses.replace(ex, vocab_size=int(vocab_size))
+        cfg.__dict__.pop("_static_key", None)
+    elif int(ex.vocab_size) != int(vocab_size):
+        raise ConfigError(f"policy {cfg.policy!r}: vocab_size: {ex.vocab_size} differs from the trace model's "
+                          f"vocabulary ({vocab_size}); the entropies tested are the trace model's")
+    return cfg
+
+
+def scale_layers(layers: np.ndarray, L_trace: int, L_target: int) -> np.ndarray:
+    """Layers recorded on a ``L_trace``-deep model mapped onto a ``L_target``-deep one.
+
+    Same fraction of depth, rounded up: ``min(ceil(l * L_target / L_trace), L_target)``, at
+    least 1; a full-depth pass (``l = L_trace``) maps to ``L_target``.
+    """
+    lay = np.asarray(layers, np.int64)
+    if L_trace == L_target:
+        return lay
+    return np.maximum(np.minimum(np.ceil(lay * L_target / L_trace).astype(np.int64), L_target), 1)
+
+
+def in_target_units(dec: "ProblemDecision", L_trace: int, L_target: int) -> "ProblemDecision":
+    """The decision with its exit layers in the cost target's depth (what its job runs)."""
+    if L_trace == L_target or dec.exit_layers is None:
+        return dec
+    return dataclasses.replace(dec, exit_layers=scale_layers(dec.exit_layers, L_trace, L_target))
+
+
 def policy_kind(name: str) -> str:
     from policies import policy_class
     return policy_class(name).kind
@@ -299,8 +342,9 @@ class ProblemDecision:
     exit_layers: np.ndarray | None   # None: full-depth verification (no exit policy)
     selected: int
     full_selected: int
-    differs: bool
+    differs: bool            # CGEE-induced error: the selected answer != full verification's
     sigma: np.ndarray
+    branch_differs: bool = False  # selected branch != full verification's branch
 
 
 def decide(f, cfg: SimConfig) -> ProblemDecision:
@@ -325,7 +369,8 @@ def decide(f, cfg: SimConfig) -> ProblemDecision:
                       full_scores=None if ex.lens == "norm" else full)
         return ProblemDecision(plan, share, answers, correct, conf, bool(d.skipped),
                                None if d.skipped else np.asarray(d.exit_layer, np.int64),
-                               int(d.selected), int(d.full_selected), bool(d.differs), np.asarray(plan.sigma))
+                               int(d.selected), int(d.full_selected), bool(d.differs), np.asarray(plan.sigma),
+                               bool(d.branch_differs))
     sel = int(np.argmax(full)) if f.B else -1
     conf = f.eff(share, "mean_prob")
     return ProblemDecision(plan, share, answers, correct, conf, False, None, sel, sel, False, np.asarray(plan.sigma))

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from policies.similarity import identical_spans
+
 _COS_COLS = ("cos_mean_raw", "cos_mean_centered", "cos_last_raw", "cos_last_centered")
 _LENS = ("entropy", "p_yes", "p_no")
 
@@ -68,6 +70,7 @@ class TraceFeatures:
     longs: list
     timings: list                  # per problem DataFrame of measured phases
     trace: object = None
+    vocab_size: int | None = None  # the trace model's V (manifest model.vocab_size)
 
 
 _CACHE: dict = {}
@@ -103,17 +106,33 @@ def problem_features(p, pos: int, L: int) -> ProblemFeatures:
             except ValueError:
                 d = p.lens("own", norm=norm)
             lens[(g, norm)] = {k: np.asarray(d[k], dtype=np.float64) for k in _LENS}
+    prompt_ids = [np.asarray(x, dtype=np.int64) for x in br["prompt_ids"]]
+    spans = np.stack([br["variant_start"].to_numpy(dtype=np.int64), br["variant_end"].to_numpy(dtype=np.int64)], 1)
+    # Identical variant spans give sigma exactly 1 (DESIGN §4). The gate pools each span on its
+    # own, so equal span tokens mean equal pooled vectors; traces captured before the one cosine
+    # (policies.similarity.cosine) stored 1 - 6e-16 for some of them, which tau = 1 would refuse.
+    same = identical_spans(prompt_ids, spans) if B else np.zeros(0, bool)
     cos = {}
     for c in _COS_COLS:
         pooling, kind = c.split("_")[1], c.split("_")[2]
-        cos[c] = np.asarray(p.cos(pooling, "cosine" if kind == "raw" else "centered"), dtype=np.float64)
+        v = np.array(p.cos(pooling, "cosine" if kind == "raw" else "centered"), dtype=np.float64)
+        v[same] = 1.0
+        cos[c] = v
     return ProblemFeatures(
         pos=pos, index=int(p.index), truth=str(p.truth), B=B, L=L,
-        prompt_ids=[np.asarray(x, dtype=np.int64) for x in br["prompt_ids"]],
+        prompt_ids=prompt_ids,
         prompt_len=br["prompt_len"].to_numpy(dtype=np.int64),
-        spans=np.stack([br["variant_start"].to_numpy(dtype=np.int64), br["variant_end"].to_numpy(dtype=np.int64)], 1),
+        spans=spans,
         verify_len=br["verify_prompt_len"].to_numpy(dtype=np.int64),
         gen={"own": own, "cf": cf}, cos=cos, lens=lens)
+
+
+def _vocab_size(manifest: dict) -> int | None:
+    v = (manifest.get("model") or {}).get("vocab_size")
+    try:
+        return int(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def load(trace) -> TraceFeatures:
@@ -144,6 +163,7 @@ def load(trace) -> TraceFeatures:
         longs.append(LongFeatures(pos=i, meta=meta, layers=list(ld.layers), prompt_len=int(meta["prompt_len"]),
                                   gen_len=int(meta["gen_len"]), K=ld.K, V=ld.V, Q=ld.Q))
     tf = TraceFeatures(path=str(getattr(tr, "path", "")), manifest=tr.manifest, model_name=tr.model_name,
-                       n_layers=L, problems=probs, longs=longs, timings=[p.timings for p in tr.problems], trace=tr)
+                       n_layers=L, problems=probs, longs=longs, timings=[p.timings for p in tr.problems], trace=tr,
+                       vocab_size=_vocab_size(tr.manifest))
     _CACHE[key] = tf
     return tf

@@ -10,8 +10,31 @@ from scipy.stats import rankdata
 # Keys every summary holds (docs/sim-api.md); None where not applicable.
 SUMMARY_KEYS = ("asks_gate_auc", "latency_mean_s", "latency_p50_s", "latency_p95_s", "speedup_vs_no_kv",
                 "speedup_vs_exact_prefix", "kv_reuse", "skip_rate", "mean_exit_layer", "cgee_error_rate",
-                "accuracy", "peak_kv_bytes", "evictions", "recompute_tokens", "attn_output_rel_error",
+                "cgee_branch_disagreement_rate", "accuracy", "peak_kv_bytes", "evictions", "recompute_tokens", "attn_output_rel_error",
                 "attn_mass_recall")
+
+
+# Figures that are the trace model's own whatever the cost target: they come from what the
+# trace's model generated and decided (answers, confidences, entropies, hidden states, K/V),
+# not from the cost model. When the cost target is another model they are marked
+# (``trace_model_figures`` in every summary), so nobody reads them as the target's.
+TRACE_MODEL_FIGURES = ("accuracy", "vote_accuracy", "skip_rate", "asks_gate_auc", "cgee_error_rate",
+                       "cgee_branch_disagreement_rate", "answer_changes", "answer_change_rate",
+                       "answer_diversity", "gen_tokens_per_branch", "attn_output_rel_error", "attn_mass_recall")
+
+
+def mark_trace_model_figures(summary: dict) -> dict:
+    """Add ``trace_model_figures`` to ``summary`` (in place; also returned).
+
+    The list names the keys of :data:`TRACE_MODEL_FIGURES` the summary holds (not None) when
+    ``summary["cost_model"]`` differs from ``summary["decisions_model"]``; empty when the trace's
+    model is also the cost target.
+    """
+    dm, cm = summary.get("decisions_model"), summary.get("cost_model")
+    other = dm is not None and cm is not None and dm != cm
+    summary["trace_model_figures"] = ([k for k in TRACE_MODEL_FIGURES if summary.get(k) is not None]
+                                      if other else [])
+    return summary
 
 
 def roc_auc(scores, labels) -> float:
@@ -50,7 +73,7 @@ def clean(x):
 
 
 def problem_row(f, dec, res: dict, L: int) -> dict:
-    """One row of the per-problem frame."""
+    """One row of the per-problem frame; ``L`` is the cost target's depth (exit layers are in it)."""
     plan = dec.plan
     share = dec.share
     prompt_ctx = int((plan.reused + plan.computed).sum())
@@ -81,6 +104,7 @@ def problem_row(f, dec, res: dict, L: int) -> dict:
         "verified_branches": 0 if dec.skipped else f.B,
         "exit_layer_sum": float(np.sum(exits)) if exits is not None else (0.0 if dec.skipped else float(L * f.B)),
         "selected": dec.selected, "full_selected": dec.full_selected, "cgee_differs": bool(dec.differs),
+        "cgee_branch_differs": bool(dec.branch_differs),
         "correct": bool(dec.correct[dec.selected]) if dec.selected >= 0 else False,
         "vote_answer": vote, "vote_correct": vote == f.truth and vote != "",
         "answer_diversity": len(set(nonempty.tolist())) / f.B if f.B else float("nan"),
@@ -89,15 +113,19 @@ def problem_row(f, dec, res: dict, L: int) -> dict:
     return row
 
 
-def branch_rows(f, dec) -> list[dict]:
-    """Per-branch rows (for the gate-quality and exit-layer figures)."""
+def branch_rows(f, dec, L: int | None = None) -> list[dict]:
+    """Per-branch rows (for the gate-quality and exit-layer figures).
+
+    ``L``: depth of the cost target (a full-depth pass's exit layer; default the trace's).
+    """
+    L = f.L if L is None else int(L)
     out = []
     own, cf = f.gen["own"], f.gen["cf"]
     for b in range(f.B):
         out.append({"pos": f.pos, "branch": b, "sigma": float(dec.sigma[b]), "shared": bool(dec.share[b]),
                     "cf_same_answer": bool(cf["answer"][b] == own["answer"][b]),
                     "exit_layer": int(dec.exit_layers[b]) if dec.exit_layers is not None else
-                    (0 if dec.skipped else f.L),
+                    (0 if dec.skipped else L),
                     "selected": b == dec.selected})
     return out
 
@@ -111,7 +139,10 @@ def columns(rows: list[dict]) -> dict:
 
 def summarize(rows: list[dict], brows: list[dict], *, cfg, L: int, makespan: float | None = None,
               peak_kv_bytes: float | None = None) -> dict:
-    """Aggregate metrics over problems (the keys of :data:`SUMMARY_KEYS` and more)."""
+    """Aggregate metrics over problems (the keys of :data:`SUMMARY_KEYS` and more).
+
+    ``L`` is the cost target's depth: ``layers`` and ``mean_exit_layer`` are in its units.
+    """
     c = columns(rows)
     n = len(rows)
     nan = float("nan")
@@ -130,6 +161,7 @@ def summarize(rows: list[dict], brows: list[dict], *, cfg, L: int, makespan: flo
     shared = float(c["shared_branches"].sum())
     prompt = float(c["prompt_tokens"].sum())
     gen = float(c["gen_tokens"].sum())
+    n_branches = float(c["n_branches"].sum())
     return {
         "asks_gate_auc": auc if is_asks else None,
         "latency_mean_s": float(lat.mean()),
@@ -139,7 +171,9 @@ def summarize(rows: list[dict], brows: list[dict], *, cfg, L: int, makespan: flo
         "kv_reuse": float(c["reused_tokens"].sum()) / prompt if prompt else nan,
         "skip_rate": float(c["skipped"].mean()) if has_exit else None,
         "mean_exit_layer": float(c["exit_layer_sum"].sum()) / verified if verified else nan,
+        # DESIGN §4: an error is a changed *answer*; a changed branch with the same answer is not.
         "cgee_error_rate": float(c["cgee_differs"].mean()) if has_exit else None,
+        "cgee_branch_disagreement_rate": float(c["cgee_branch_differs"].mean()) if has_exit else None,
         "accuracy": float(c["correct"].mean()),
         "peak_kv_bytes": float(peak_kv_bytes if peak_kv_bytes is not None else c["peak_kv_bytes"].max()),
         "evictions": int(c["evictions"].sum()),
@@ -157,6 +191,7 @@ def summarize(rows: list[dict], brows: list[dict], *, cfg, L: int, makespan: flo
         "answer_changes": int(c["answer_changes"].sum()),
         "answer_change_rate": float(c["answer_changes"].sum()) / shared if shared else None,
         "answer_diversity": float(c["answer_diversity"].mean()),
+        "gen_tokens_per_branch": gen / n_branches if n_branches else nan,
         "n_problems": n,
         "layers": L,
     }

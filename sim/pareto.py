@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 # A metric whose name contains one of these (or ends in _s, seconds) is a cost: smaller is better.
-_MINIMISE_HINTS = ("error", "latency", "bytes", "evictions", "recompute", "ttft", "exit_layer",
+_MINIMISE_HINTS = ("error", "disagreement", "latency", "bytes", "evictions", "recompute", "ttft", "exit_layer",
                    "time")
 # ... unless it contains one of these (recall, speedup, accuracy are benefits).
 _MAXIMISE_HINTS = ("speedup", "accuracy", "recall", "reuse", "throughput", "auc", "skip_rate")

@@ -32,8 +32,10 @@ name marks it as a cost (:func:`sim.pareto.default_minimise`: errors,
 latencies, bytes...) or ``direction`` says otherwise. Constraints enter as
 penalties — a configuration is *feasible* when its violation is 0:
 
-* ``max_cgee_error = E``: ``cgee_error_rate <= E``. A policy that does not
-  exit early (metric NaN/None) induces no CGEE error and satisfies it.
+* ``max_cgee_error = E``: ``cgee_error_rate <= E`` (problems whose selected
+  *answer* differs from full-depth verification's, DESIGN §4; the branch-level
+  ``cgee_branch_disagreement_rate`` is reported, not constrained). A policy
+  that does not exit early (metric NaN/None) induces no CGEE error and satisfies it.
 * ``max_accuracy_drop = X``: ``accuracy >= accuracy(no-kv) - X`` on the same
   split, where ``no-kv`` (full recompute, full-depth verification of every
   branch) is the reference that changes no decision.
@@ -179,7 +181,8 @@ class TuneResult:
             keys.append("cgee_error_rate")
         keys += ["accuracy"]
         for k in ("speedup_vs_no_kv", "speedup_vs_exact_prefix", "latency_mean_s", "kv_reuse",
-                  "skip_rate", "mean_exit_layer", "cgee_error_rate", "attn_output_rel_error",
+                  "skip_rate", "mean_exit_layer", "cgee_error_rate", "cgee_branch_disagreement_rate",
+                  "attn_output_rel_error",
                   "attn_mass_recall"):
             if k not in keys and k in self.tune:
                 keys.append(k)

@@ -12,7 +12,8 @@ import pytest
 
 from app.cli import build_parser, main, walk
 
-METAVAR = re.compile(r"^[A-Z][A-Z0-9_]*(=[A-Z][A-Z0-9_]*)?$|^[A-Z]+(,[A-Z]+)*$")
+# upper-case words, joined by = , or / where a value has parts (KEY=VALUE, NAME,NAME, I/N)
+METAVAR = re.compile(r"^[A-Z][A-Z0-9_]*([=,/][A-Z][A-Z0-9_]*)*$")
 SKIP = (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)
 
 

@@ -70,15 +70,88 @@ def test_skip_needs_both_conditions(conf, skip):
     assert pol.skip(np.array(conf)) == (skip, 0)
 
 
+def test_skip_boundaries_are_inclusive_and_the_margin_is_relative():
+    pol = get_policy("cgee", confidence="mean_prob", tau_conf=0.8, delta_rel=0.5)
+    assert pol.skip(np.array([0.8, 0.4])) == (True, 0)      # p(w) = tau_conf, margin = delta_rel exactly
+    assert pol.skip(np.array([0.4, 0.8])) == (True, 1)      # the winner is the argmax, wherever it is
+    assert pol.skip(np.array([0.8, 0.41]))[0] is False      # margin just below
+    assert pol.skip(np.array([0.79, 0.1]))[0] is False      # confidence just below
+    # relative, not absolute: the same absolute gap 0.2 passes at 0.4 / 0.2 but not at 0.9 / 0.7
+    rel = get_policy("cgee", confidence="mean_prob", tau_conf=0.0, delta_rel=0.5)
+    assert rel.skip(np.array([0.4, 0.2]))[0] and not rel.skip(np.array([0.9, 0.7]))[0]
+
+
 @settings(max_examples=200, deadline=None)
-@given(arrays(np.float64, st.integers(1, 8), elements=st.floats(0, 1)), st.floats(0, 1), st.floats(0, 1))
-def test_skip_iff_both_conditions(conf, tau_conf, delta_rel):
-    pol = get_policy("cgee", confidence="mean_prob", tau_conf=tau_conf, delta_rel=delta_rel)
-    skipped, w = pol.skip(conf)
-    pw = conf[w]
-    p2 = np.sort(conf)[-2] if conf.size > 1 else 0.0
-    assert w == int(np.argmax(conf))
-    assert skipped == (pw > 0 and pw >= tau_conf and (pw - p2) / pw >= delta_rel)
+@given(arrays(np.float64, st.integers(1, 8), elements=st.floats(0.01, 1)), st.floats(0, 1), st.floats(0, 1),
+       st.floats(0.1, 10))
+def test_skip_rule_properties(conf, tau_conf, delta_rel, scale):
+    pol = lambda t, d: get_policy("cgee", confidence="mean_prob", tau_conf=t, delta_rel=d)  # noqa: E731
+    skipped, w = pol(tau_conf, delta_rel).skip(conf)
+    assert conf[w] == conf.max() and (conf[:w] < conf[w]).all()          # first argmax
+    if skipped:  # lower thresholds never withdraw a skip
+        assert pol(tau_conf / 2, delta_rel / 2).skip(conf)[0] and pol(0.0, 0.0).skip(conf)[0]
+    # the margin test alone is scale-free (relative to p(w)); away from the exact boundary,
+    # where scaling may move the last bit
+    second = np.sort(conf)[-2] if conf.size > 1 else 0.0
+    if abs((conf[w] - second) / conf[w] - delta_rel) > 1e-9:
+        assert pol(0.0, delta_rel).skip(conf)[0] == pol(0.0, delta_rel).skip(conf * scale)[0]
+    # only the best runner-up counts: a new branch below the runner-up changes nothing ...
+    low = np.append(conf, conf.min() / 2)
+    if conf.size > 1:
+        assert pol(tau_conf, delta_rel).skip(low) == (skipped, w)
+    # ... a branch as confident as the winner (another answer, mean_prob) blocks any positive margin
+    if delta_rel > 0:
+        assert not pol(tau_conf, delta_rel).skip(np.append(conf, conf[w]))[0]
+
+
+def test_mean_prob_with_answers_takes_the_runner_up_answer_not_the_runner_up_branch():
+    pol = get_policy("cgee", confidence="mean_prob", tau_conf=0.6, delta_rel=0.5)
+    conf = np.array([0.9, 0.85, 0.2])
+    # without answers the runner-up is branch 1 (0.85): margin 0.06, no skip
+    assert pol.skip(conf) == (False, 0)
+    # branch 1 gives the winner's answer: the best *other* answer is branch 2's 0.2 -> skip
+    assert pol.skip(conf, answers=["12", "12", "7"]) == (True, 0)
+    # every branch agrees: no other answer (p(second) = 0) -> skip
+    assert pol.skip(conf, answers=["12"] * 3) == (True, 0)
+    # a different answer at 0.85 -> no skip
+    assert pol.skip(conf, answers=["12", "7", "12"]) == (False, 0)
+    d = pol.decide(conf, np.full((3, 4), 2.0), np.full((3, 4), 0.5), np.full((3, 4), 0.5), answers=["12", "12", "7"])
+    assert d.skipped and d.selected == 0
+
+
+def test_cgee_error_compares_answers_not_branches():
+    # Skip selects branch 0; full verification prefers branch 2.
+    pol = get_policy("cgee", confidence="mean_prob", tau_conf=0.6, delta_rel=0.5)
+    H = np.full((3, 4), 2.0)
+    py = np.array([[0.2] * 4, [0.1] * 4, [0.9] * 4])
+    conf = np.array([0.9, 0.3, 0.2])
+    same = pol.decide(conf, H, py, 1 - py, answers=["42", "5", "42"])      # same answer: no error
+    assert same.skipped and same.selected == 0 and same.full_selected == 2
+    assert same.branch_differs and not same.differs
+    other = pol.decide(conf, H, py, 1 - py, answers=["42", "5", "41"])     # another answer: an error
+    assert other.branch_differs and other.differs
+    assert pol.decide(conf, H, py, 1 - py).differs                        # no answers: branches only
+    # layer-exit level: an early exit that picks another branch with the same answer is no error
+    ex = get_policy("cgee", tau_conf=2.0, l_min=2, theta=0.5, eps=0.1)
+    H2 = np.array([[1.0, 0.2, 0.2, 0.2], [2.0, 2.0, 2.0, 2.0]])
+    py2 = np.array([[0.1, 0.9, 0.9, 0.2], [0.5, 0.5, 0.5, 0.6]])
+    d = ex.decide(np.array([0.5, 0.5]), H2, py2, 1 - py2, answers=["3", "3"])
+    assert d.selected == 0 and d.full_selected == 1 and d.branch_differs and not d.differs
+
+
+def test_theta_as_a_fraction_of_max_entropy():
+    H = np.array([0.0, 0.0, 1.25, 1.195, 1.185, 1.17])
+    nats = get_policy("cgee", l_min=3, theta=1.0, eps=0.05)
+    frac = get_policy("cgee", l_min=3, theta=0.1, eps=0.05, theta_unit="ln_v", vocab_size=151936)
+    assert frac.theta_nats == pytest.approx(0.1 * np.log(151936))               # 1.19 nats (Qwen2.5)
+    assert nats.exit_layer(H) == 6 and frac.exit_layer(H) == 5                 # 1.185 < 1.193 at layer 5
+    small = get_policy("cgee", l_min=3, theta=0.1, eps=0.05, theta_unit="ln_v", vocab_size=49152)
+    assert small.theta_nats == pytest.approx(1.0803, abs=1e-4) and small.exit_layer(H) == 6
+    assert frac.should_exit(5, 1.185, 1.195) and not small.should_exit(5, 1.185, 1.195)
+    with pytest.raises(PolicyError, match="vocab_size"):
+        get_policy("cgee", theta=0.1, theta_unit="ln_v").exit_layer(H)
+    with pytest.raises(PolicyError, match="theta"):
+        get_policy("cgee", theta=2.0, theta_unit="ln_v", vocab_size=100)
 
 
 def test_vote_share_infers_the_runner_up_answer():

@@ -59,6 +59,18 @@ def test_exact_prefix_rounds_down_to_blocks_and_picks_earliest_best_source():
     assert plan1.reused.tolist() == [0, 37, 45, 0]
 
 
+def test_exact_prefix_whole_prompt_match_recomputes_the_last_position_as_vllm():
+    # vLLM caps a prefix-cache hit at n - 1 tokens (the last position's logits must exist),
+    # then rounds down to whole blocks: a 32-token prompt fully cached recomputes its last block.
+    p = list(range(32))
+    plan = get_policy("exact-prefix", block_size=16).plan([p, p, p + [7]])
+    assert plan.reused.tolist() == [0, 16, 32] and plan.computed.tolist() == [32, 16, 1]
+    assert plan.source.tolist() == [-1, 0, 0]
+    one = get_policy("exact-prefix", block_size=1).plan([p, p])   # SGLang's radix cache (page 1)
+    assert one.reused.tolist() == [0, 31] and one.computed.tolist() == [32, 1]
+    assert (get_policy("exact-prefix").plan([[5], [5]]).computed == 1).all()   # a 1-token prompt: no hit
+
+
 def test_hand_computed_three_layer_sigma():
     cos = np.array([[1.0, 1.0, 1.0], [0.2, 0.5, 0.9]])
     pol = get_policy("asks", alpha=2.0)
@@ -205,7 +217,46 @@ def test_exact_prefix_matches_a_naive_scan(w, bs):
     for b in range(len(prompts)):
         best, src = 0, -1
         for s in range(b):
-            r = lcp(prompts[b], prompts[s]) // bs * bs
+            r = min(lcp(prompts[b], prompts[s]), len(prompts[b]) - 1) // bs * bs  # vLLM: hit <= n - 1
             if r > best:
                 best, src = r, s
         assert (plan.reused[b], plan.source[b]) == (best, src)
+
+
+def test_one_cosine_gives_exactly_one_for_identical_float32_vectors():
+    # a.b / (|a||b|) in float64 gives 0.9999999999999994 for ~1 in 6 identical float32 vectors
+    from policies import cosine
+    a = np.random.default_rng(0).standard_normal((2000, 576)).astype(np.float32)
+    assert (cosine(a, a.copy()) == 1.0).all()
+    b = np.random.default_rng(1).standard_normal((2000, 576))
+    c = cosine(a, b)
+    want = (a * b).sum(1) / np.linalg.norm(a.astype(np.float64), axis=1) / np.linalg.norm(b, axis=1)
+    assert np.allclose(c, want, rtol=0, atol=1e-12) and (np.abs(c) <= 1).all()
+    assert cosine(np.zeros(4), np.ones(4)) == 0.0 and cosine(np.zeros(4), np.zeros(4)) == 1.0
+    opp = cosine(-a, a)
+    assert (opp >= -1.0).all() and np.allclose(opp, -1.0, rtol=0, atol=1e-12)
+
+
+def test_capture_and_live_gate_use_the_one_cosine():
+    CO = pytest.importorskip("traces.capture_ops")   # imports torch
+    a = np.random.default_rng(0).standard_normal((2000, 8, 64)).astype(np.float32)
+    assert (CO.cosine(a, a.copy()) == 1.0).all()    # capture's and calibrate/runner.py's gate cosine
+    b = np.random.default_rng(2).standard_normal((2000, 8, 64)).astype(np.float32)
+    from policies import cosine
+    assert np.array_equal(CO.cosine(a, b[:1]), cosine(a, b[:1]))
+
+
+def test_replay_gives_identical_spans_sigma_one(tmp_path):
+    # The synthetic trace's last branch has the root's variant tokens, but its stored
+    # cos_last_* columns are 0.95 / below 1 (as an old capture's 1 - 6e-16): replay restores 1.
+    from sim import features
+    from sim.decisions import decide, make_config
+    from sim.synthetic import write_synthetic_trace
+    tf = features.load(str(write_synthetic_trace(tmp_path / "t", n_problems=2, seed=3)))
+    for f in tf.problems:
+        last = f.B - 1
+        for col in ("cos_mean_raw", "cos_mean_centered", "cos_last_raw", "cos_last_centered"):
+            assert (f.cos[col][last] == 1.0).all() and (f.cos[col][0] == 1.0).all(), col
+        d = decide(f, make_config("asks", {"tau": 1.0, "pooling": "last"}, None))
+        assert d.sigma[last] == 1.0 and d.share[last]
+        assert not d.share[1:last].any()

@@ -139,16 +139,67 @@ def test_deterministic_policies_ignore_the_generator(name):
     assert np.array_equal(a.kept_final, b.kept_final)
 
 
-def test_vase_dkv_deterministic_compat_is_top_k_of_leverage():
+def test_vase_dkv_deterministic_compat_is_top_k_of_its_sampling_score():
+    # deterministic=True (the paper's public code) keeps the top-K of the very score that
+    # the stochastic mode samples from, with the same projection G drawn from the generator.
+    from policies.token_scoring import top_k
     K, V, Q = layer(T=50, H=1, Hq=1, D=8)
-    K, V = K.astype(np.float64), V.astype(np.float64)
-    pol = get_policy("vase-dkv", budget=10, buffer=4, n_value=0, sinks=0, deterministic=True, rank=5)
-    keep = pol.select(K, V, Q[:0], 46, rng(5))
-    G = rng(5).standard_normal((8, 5))
-    kg = ((K[:46, 0] @ G) ** 2).sum(1)
-    vg = ((V[:46, 0] @ G) ** 2).sum(1)
-    want = np.sort(np.argsort(-(kg / kg.sum() * vg / vg.sum()), kind="stable")[:10])
-    assert keep[0].tolist() == want.tolist()
+    kw = dict(budget=10, buffer=4, n_value=0, sinks=0, rank=5)
+    keep = get_policy("vase-dkv", deterministic=True, **kw).select(K, V, Q[:0], 46, rng(5))
+    pol = get_policy("vase-dkv", **kw)
+    sc = pol.scores(K.astype(np.float64), V.astype(np.float64), Q[:0], 46, np.arange(50), np.arange(0), rng(5), {})
+    assert keep[0].tolist() == np.sort(top_k(sc, 10, np.ones_like(sc, bool))[0]).tolist()
+
+
+def test_cur_leverage_is_normalised_within_local_windows_by_hand():
+    # One head, D = 1, no projection (rank 0), windows of 2 candidates: squared norms
+    # k^2 = v^2 = [1, 9, 100, 100] -> per window [0.1, 0.9 | 0.5, 0.5] -> products
+    # [0.01, 0.81 | 0.25, 0.25]: token 1 leads although token 2 and 3 are 10x larger.
+    K = np.array([1.0, 3.0, 10.0, 10.0, 0.0, 0.0])[:, None, None]
+    pol = lambda b, w: get_policy("curdkv", budget=b, buffer=2, sinks=0, rank=0, local_window=w)  # noqa: E731
+    assert pol(1, 2).select(K, K, K[:0], 4).tolist() == [[1]]
+    assert pol(2, 2).select(K, K, K[:0], 4).tolist() == [[1, 2]]      # tie 2 = 3 -> lower index
+    assert pol(1, 0).select(K, K, K[:0], 4).tolist() == [[2]]         # one window: the largest norm
+
+
+@pytest.mark.parametrize("name", ["curdkv", "vase-dkv"])
+def test_cur_leverage_spreads_kept_tokens_along_the_sequence(name):
+    # Keys and values 8x larger on the first 32 of 96 candidates. Leverage normalised over all
+    # candidates keeps only those; normalised within 16-token windows (kvpress CURPress,
+    # local_window_size=16, the default) keeps tokens from (almost) every window.
+    for seed in range(3):
+        K, V, Q = layer(T=104, seed=seed)
+        K, V = K.astype(np.float64), V.astype(np.float64)
+        K[:32] *= 8
+        V[:32] *= 8
+        kw = dict(budget=16, buffer=8, sinks=0)
+        if name == "vase-dkv":
+            kw.update(n_value=0, deterministic=True)
+        keep = get_policy(name, **kw).select(K, V, Q[:0], 96, rng(seed))
+        for h in range(2):
+            assert len(set((keep[h] // 16).tolist())) >= 5, (seed, h, keep[h])
+            assert (keep[h] < 32).sum() <= 8, (seed, h, keep[h])
+        flat = get_policy(name, local_window=0, **kw).select(K, V, Q[:0], 96, rng(seed))
+        assert (flat < 32).all()
+
+
+@pytest.mark.parametrize("name", ["vase-attnv", "vase-dkv"])
+def test_lower_temperature_concentrates_the_kept_set_monotonically(name):
+    # p ∝ score^(1/T): as T falls the draw concentrates on the top-K (the deterministic set),
+    # down to T = 0.001 where score^(1/T) underflows to 0 for every token in linear space.
+    K, V, Q = layer(T=100)
+    kw = dict(budget=16, buffer=8, n_value=0, sinks=0)
+    top = get_policy(name, deterministic=True, **kw)
+    jac = []
+    for T in (4, 2, 1, 0.5, 0.25, 0.1, 0.05, 0.02, 0.01, 0.005, 0.002, 0.001):
+        pol = get_policy(name, temperature=T, **kw)
+        j = []
+        for s in range(40):   # the same generator states at every T (common random numbers)
+            a, b = top.select(K, V, Q[-8:], 92, rng(s)), pol.select(K, V, Q[-8:], 92, rng(s))
+            j += [len(set(a[h]) & set(b[h])) / len(set(a[h]) | set(b[h])) for h in range(2)]
+        jac.append(float(np.mean(j)))
+    assert all(y >= x and (y > x or x == 1.0) for x, y in zip(jac, jac[1:])), jac
+    assert jac[0] < 0.3 and jac[-1] >= 0.99, jac
 
 
 def test_curdkv_uses_a_fixed_projection():
@@ -238,20 +289,71 @@ def test_budget_larger_than_sequence_keeps_everything(name):
     assert res.kept_final.tolist() == [list(range(50))] * 2
 
 
-def test_all_equal_scores():
-    K = np.zeros((60, 1, 8))
-    V = np.ones((60, 1, 8))
-    Q = np.zeros((60, 2, 8))
-    snap = run_token_eviction(get_policy("snapkv", budget=8, buffer=4, sinks=0), K, V, Q, 10)
-    for t, kept in snap.steps:   # uniform attention; pooling zero-pads the ends so the centre wins, ties -> lower index
-        assert kept.shape == (1, 12)
-    va = run_token_eviction(get_policy("vase-attnv", budget=8, buffer=4), K, V, Q, 10, rng(0))
-    vb = run_token_eviction(get_policy("vase-attnv", budget=8, buffer=4), K, V, Q, 10, rng(1))
-    assert va.kept_final.shape == vb.kept_final.shape == (1, va.kept_final.shape[1])
-    s = get_policy("snapkv", budget=8, buffer=4, sinks=0, kernel=1).select(K[:30], V[:30], Q[:30], 26)
-    assert s[0].tolist() == list(range(8))   # all tie: lowest positions
-    m = attention_metrics(snap, K, V, Q, 10)
-    assert m["attn_output_rel_error"] == pytest.approx(0.0, abs=1e-12)
+def test_all_equal_scores_keep_the_lowest_positions_deterministic_or_a_uniform_draw():
+    # The tie-break rule: equal scores -> the lowest slots (top_k), and an equal-weight draw is
+    # uniform. K = 0 gives every visible key the same attention; V random so kept sets matter.
+    n, cand = 30, 26
+    K = np.zeros((n, 1, 8))
+    V = np.random.default_rng(0).standard_normal((n, 1, 8))
+    Q = np.zeros((n, 2, 8))
+    sel = lambda name, **kw: get_policy(name, budget=8, buffer=4, sinks=0, **kw).select(  # noqa: E731
+        K, V, Q[-4:], cand, rng(0))[0].tolist()
+    assert sel("snapkv", window=4, kernel=1) == list(range(8))
+    # (with kernel 5 the zero-padded ends score less, but the interior's pooled values differ in
+    # the last bit, so they no longer tie exactly: no tie rule to check there)
+    assert set(sel("snapkv", window=4, kernel=5)).isdisjoint({0, 1, cand - 2, cand - 1})
+    assert sel("vase-attnv", pool=False, n_value=0, deterministic=True) == list(range(8))
+    ones = np.ones((n, 1, 8))
+    cur = lambda **kw: get_policy("curdkv", budget=8, buffer=4, sinks=0, **kw).select(  # noqa: E731
+        ones, ones, Q[:0], cand)[0].tolist()
+    assert cur(local_window=0) == list(range(8))
+    # 16-token windows over 26 candidates: equal norms score 1/16^2 in the first window and 1/10^2
+    # in the short last one (kvpress CURPress alike), so the last window wins, lowest slots first
+    assert cur() == list(range(16, 24))
+    # equal value ranges (V constant per token): the N_v reservation takes the lowest non-sink slots
+    flat = np.repeat(np.arange(n, dtype=np.float64)[:, None, None], 8, axis=2)   # max - min = 0 everywhere
+    keep = get_policy("vase-attnv", budget=8, buffer=4, sinks=2, n_value=3, deterministic=True, pool=False).select(
+        K, flat, Q[-4:], cand)[0].tolist()
+    assert keep == list(range(8))
+    # stochastic: equal weights -> every candidate equally likely
+    counts = np.zeros(cand)
+    for s in range(400):
+        counts[get_policy("vase-attnv", budget=8, buffer=4, sinks=0, n_value=0, pool=False).select(
+            K, V, Q[-4:], cand, rng(s))[0]] += 1
+    assert np.abs(counts / 400 - 8 / cand).max() < 0.09
+
+
+def test_pool_false_scores_window_attention_without_pooling():
+    # pool=False is SnapKV's score with kernel 1; pool=True pools with kernel 5 and keeps another set.
+    K, V, Q = layer(T=80)
+    kw = dict(budget=16, buffer=8, window=8, sinks=0)
+    raw = get_policy("vase-attnv", pool=False, n_value=0, deterministic=True, **kw).select(K, V, Q[-8:], 72)
+    pooled = get_policy("vase-attnv", pool=True, n_value=0, deterministic=True, **kw).select(K, V, Q[-8:], 72)
+    assert np.array_equal(raw, get_policy("snapkv", kernel=1, **kw).select(K, V, Q[-8:], 72))
+    assert np.array_equal(pooled, get_policy("snapkv", kernel=5, **kw).select(K, V, Q[-8:], 72))
+    assert not np.array_equal(raw, pooled)
+
+
+def test_value_frac_default_reserves_an_eighth_of_the_budget_for_value_ranges():
+    for name in ("vase-attnv", "vase-dkv"):
+        for budget, want in ((128, 16), (24, 3), (40, 5), (4, 0)):
+            assert get_policy(name, budget=budget).reserved_values() == want, (name, budget)
+        assert get_policy(name, budget=24, n_value=7).reserved_values() == 7     # n_value overrides
+    # in a selection: with the default value_frac the 3 largest value ranges are kept, whatever
+    # the attention says (here K = 0: attention is uniform, so only the reservation singles them out)
+    n, cand = 60, 52
+    K = np.zeros((n, 1, 8))
+    V = np.zeros((n, 1, 8))
+    big = [20, 33, 47]
+    V[big, 0, 0] = [5.0, 6.0, 7.0]
+    keep = get_policy("vase-attnv", budget=24, buffer=8, sinks=4, pool=False, deterministic=True).select(
+        K, V, np.zeros((8, 2, 8)), cand)[0].tolist()
+    # sinks 0-3, the reservation 20, 33, 47, then 17 tied scores -> the lowest free slots 4-19, 21
+    assert keep == sorted(set(range(22)) | set(big))
+    # without the reservation only the tie rule decides: the large ranges 33 and 47 are dropped
+    none = get_policy("vase-attnv", budget=24, buffer=8, sinks=4, pool=False, deterministic=True,
+                      value_frac=0.0).select(K, V, np.zeros((8, 2, 8)), cand)[0].tolist()
+    assert none == list(range(24))
 
 
 def test_nan_inputs_raise_clear_errors():

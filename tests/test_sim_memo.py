@@ -76,3 +76,21 @@ def test_thresholds_that_decide_nothing_reuse_decisions():
     b = api.evaluate(trace, "cgee", {"tau_conf": 1.1, "delta_rel": 0.5})
     assert len(api._DEC_CACHE) == n
     assert a == b and a["skip_rate"] == 0.0
+
+
+def test_targets_of_other_depths_and_theta_units_share_no_wrong_memo():
+    """Exit layers are reported in each target's depth: interleaving a 28-layer and the 30-layer
+    trace model, and theta in nats or as a fraction of ln V, gives exactly the cold numbers."""
+    trace = str(BUNDLED)
+    p = {"theta": 1.0, "eps": 0.05, "l_min": 16, "tau_conf": 0.5}
+    frac = {**p, "theta": 1.0 / np.log(49152), "theta_unit": "ln_v"}
+    runs = [("cgee", p, "qwen2.5-7b"), ("cgee", p, None), ("cgee", frac, "qwen2.5-7b"), ("rksc", p, None),
+            ("rksc", p, "qwen2.5-7b"), ("cgee", frac, None)]
+    api.clear_caches()
+    warm = [api.evaluate(trace, pol, q, model_preset=m, hardware="h100-sxm") for pol, q, m in runs]
+    assert warm[0]["layers"] == 28 and warm[1]["layers"] == 30
+    assert warm[0]["mean_exit_layer"] < warm[1]["mean_exit_layer"] <= 30
+    assert warm[2]["mean_exit_layer"] == warm[0]["mean_exit_layer"]       # theta 1.0 nats either way
+    for (pol, q, m), w in zip(runs, warm):
+        api.clear_caches()
+        assert api.evaluate(trace, pol, q, model_preset=m, hardware="h100-sxm") == w, (pol, q, m)

@@ -293,3 +293,45 @@ def test_edited_manifest_is_named(trace):
     m["n_branches"] = 4  # edited without updating its own checksum
     (trace / "manifest.json").write_text(json.dumps(m))
     assert _err(trace).startswith("manifest.json: manifest_sha256:")
+
+
+# --------------------------------------------------------------------------- merge (no torch)
+def _as_part(root: Path, shard: str = "0/1", **capture) -> Path:
+    """Mark a synthetic trace as part ``shard`` of a capture (as ``rksim capture --shard`` would)."""
+    m = json.loads((root / "manifest.json").read_text())
+    m["capture"].update({"shard": shard, "problem_start": 0, "problems": 2, "long_decode": 6, "long_decode_seqs": 1,
+                         "tree_depth": 1, "trees": 1, **capture})
+    (root / "manifest.json").write_text(json.dumps(m))
+    rehash(root)
+    return root
+
+
+def test_merge_single_part_is_the_trace(tmp_path):
+    from traces.merge import merge_traces
+
+    part = _as_part(make_synthetic_trace(tmp_path / "p"))
+    out = tmp_path / "m"
+    m = merge_traces([part], out)
+    tr = load_trace(out)  # validates
+    assert len(tr.problems) == 2 and len(tr.long_decodes) == 1 and len(tr.trees) == 1
+    assert "shard" not in m["capture"] and m["merged_from"][0]["shard"] == "0/1"
+    src = {p.relative_to(part).as_posix(): p.read_bytes() for p in part.rglob("*") if p.is_file()}
+    got = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert sorted(got) == sorted(src)
+    assert all(got[k] == src[k] for k in src if k != "manifest.json")
+    assert m["files"] == json.loads((part / "manifest.json").read_text())["files"]  # checksums recomputed, equal
+
+
+def test_merge_refuses_non_parts_and_bad_parts(tmp_path):
+    from traces.merge import merge_traces
+
+    plain = make_synthetic_trace(tmp_path / "plain")
+    with pytest.raises(TraceError, match="plain: capture.shard: not a part"):
+        merge_traces([plain], tmp_path / "m")
+    part = _as_part(make_synthetic_trace(tmp_path / "p"), problems="2")
+    with pytest.raises(TraceError, match=r"p/manifest.json: capture.problems: expected an integer, got '2'"):
+        merge_traces([part], tmp_path / "m")
+    part = _as_part(make_synthetic_trace(tmp_path / "q"), problems=3)  # holds 2 of 3 problems
+    with pytest.raises(TraceError, match=r"q: shards.problems: positions \[0, 1\], part 0/1 of 3 must hold \[0, 1, 2\]"):
+        merge_traces([part], tmp_path / "m")
+    assert not (tmp_path / "m").exists()

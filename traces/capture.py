@@ -39,6 +39,7 @@ import torch
 from traces import capture_ops as ops
 from traces.answers import extract_answer, is_correct
 from traces.datasets import Problem, load_dataset
+from traces.merge import parse_shard
 from traces.models import DEFAULT_MODEL, LoadedModel, load_model, model_folder, resolve_device, torch_dtype
 from traces.store import TraceWriter, long_dir, problem_dir, tree_dir
 from traces.workload import (
@@ -78,6 +79,7 @@ class CaptureConfig:
     tree_expand: int = 2
     tree_branching: int = 3
     trees: int = 1
+    shard: str | None = None        # "I/N": every N-th problem from position I (rksim trace merge joins parts)
 
     def check(self) -> None:
         pos = {"problems": 1, "branches": 1, "max_new_tokens": 1, "long_decode": 0, "long_decode_seqs": 0,
@@ -93,6 +95,22 @@ class CaptureConfig:
         WorkloadConfig(layout=self.layout, n_branches=self.branches)  # validates the layout
         if self.tree_depth:
             TreeConfig(self.tree_depth, self.tree_step, self.tree_expand, self.tree_branching)
+        if self.shard is not None:
+            i, n = parse_shard(self.shard)
+            if i >= int(self.problems):
+                raise ValueError(f"--shard: {self.shard} takes no problem of --problems {self.problems} "
+                                 f"(positions {i}, {i + n}, ... are all past the last one)")
+
+    def shard_parts(self) -> tuple[int, int]:
+        """(I, N) of ``--shard I/N``; (0, 1) for an unsharded capture."""
+        return parse_shard(self.shard) if self.shard is not None else (0, 1)
+
+    def fingerprint_dict(self) -> dict:
+        """``asdict`` without ``shard`` when unset, so unsharded configs read as before shards existed."""
+        d = asdict(self)
+        if d.get("shard") is None:
+            d.pop("shard", None)
+        return d
 
     def layers_for(self, L: int) -> list[int]:
         if not self.long_decode:
@@ -142,7 +160,7 @@ def _device_str(lm: LoadedModel) -> str:
 
 def _stop_ids(tok) -> list[int]:
     ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    for t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+    for t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"):  # ChatML, Llama 3, Gemma
         i = tok.convert_tokens_to_ids(t)
         if isinstance(i, int) and i != tok.unk_token_id and i >= 0:
             ids.add(i)
@@ -441,7 +459,7 @@ def run_capture(cfg: CaptureConfig, out: str | Path, command: str = "", progress
         n_layers, dev, dtype = lm.n_layers, lm.device, str(lm.dtype).replace("torch.", "")
     layers = cfg.layers_for(n_layers)
     resolved = {"device": dev.type, "dtype": dtype, "long_decode_layers": layers}
-    fingerprint = {**asdict(cfg), "resolved": resolved}
+    fingerprint = {**cfg.fingerprint_dict(), "resolved": resolved}
     writer = TraceWriter(out, fingerprint)
     if lm is None:
         lm = load_model(cfg.model, cfg.device, cfg.dtype)
@@ -453,12 +471,22 @@ def run_capture(cfg: CaptureConfig, out: str | Path, command: str = "", progress
     ctx = _Ctx(lm, cfg, pad_id, _stop_ids(tok), yes, no, verify_suffix_ids(tok, cfg.verify_prompt), rm, rl,
                WorkloadConfig(layout=cfg.layout, n_branches=cfg.branches, seed=cfg.seed,
                               target_prefix_tokens=cfg.target_prefix_tokens, verify_prompt=cfg.verify_prompt))
-    jobs = ([("p", i) for i in range(cfg.problems)] + [("s", j) for j in range(n_long)]
-            + [("t", k) for k in range(n_tree)])
+    # --shard I/N: every N-th problem, long decode and tree from position I. A job keeps its
+    # position (which problem, which seeds), so a part's shards equal the same shards of an
+    # unsharded capture; its directories are numbered 0.. within the part (merge renumbers).
+    si, sn = cfg.shard_parts()
+    own = [("p", i) for i in range(si, cfg.problems, sn)]
+    own += [("s", j) for j in range(si, n_long, sn)] + [("t", k) for k in range(si, n_tree, sn)]
+    local = {"p": 0, "s": 0, "t": 0}
+    jobs = []
+    for kind, i in own:
+        jobs.append((kind, i, local[kind]))
+        local[kind] += 1
     shards = {"problems": [], "long": [], "trees": []}
-    bar = tqdm(jobs, desc="capture", unit="shard", disable=not progress, dynamic_ncols=True)
-    for kind, i in bar:
-        rel = {"p": problem_dir, "s": long_dir, "t": tree_dir}[kind](i)
+    bar = tqdm(jobs, desc="capture" if sn == 1 else f"capture {cfg.shard}", unit="shard", disable=not progress,
+               dynamic_ncols=True)
+    for kind, i, li in bar:
+        rel = {"p": problem_dir, "s": long_dir, "t": tree_dir}[kind](li)
         shards[{"p": "problems", "s": "long", "t": "trees"}[kind]].append(rel)
         if writer.shard_complete(rel):
             bar.set_postfix_str(f"{rel} done")
@@ -475,7 +503,7 @@ def run_capture(cfg: CaptureConfig, out: str | Path, command: str = "", progress
             after_shard(rel)
     bar.close()
     ref = REFERENCE_DIR / "neutral.json"
-    capture = {**asdict(cfg), **{k: v for k, v in resolved.items() if k != "long_decode_layers"},
+    capture = {**cfg.fingerprint_dict(), **{k: v for k, v in resolved.items() if k != "long_decode_layers"},
                "long_decode_layers": layers,
                "tokens": {"pad_id": pad_id, "stop_ids": ctx.stop_ids, "yes_ids": yes, "no_ids": no,
                           "verify_suffix_ids": ctx.suffix},
@@ -490,8 +518,9 @@ def run_capture(cfg: CaptureConfig, out: str | Path, command: str = "", progress
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command or " ".join(sys.argv),
         "model": lm.info(), "device": _device_str(lm), "dataset": cfg.dataset, "layout": cfg.layout,
-        "n_problems": cfg.problems, "n_branches": cfg.branches, "capture": capture, "versions": _versions(),
-        "shards": shards, "long_decode_layers": layers, "has_hidden_vectors": bool(cfg.hidden_vectors),
-        "has_counterfactual": True, "has_verification_lens": True, "has_tree": bool(n_tree),
+        "n_problems": len(shards["problems"]), "n_branches": cfg.branches, "capture": capture,
+        "versions": _versions(), "shards": shards, "long_decode_layers": layers,
+        "has_hidden_vectors": bool(cfg.hidden_vectors), "has_counterfactual": True, "has_verification_lens": True,
+        "has_tree": bool(shards["trees"]),
     }
     return writer.finalize(manifest)

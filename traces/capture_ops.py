@@ -275,12 +275,10 @@ def gate_pool(lm: LoadedModel, spans: Sequence[Sequence[int]], pad_id: int) -> t
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Cosine along the last axis, float64; 0 where a vector is zero."""
-    a = a.astype(np.float64)
-    b = b.astype(np.float64)
-    num = (a * b).sum(-1)
-    den = np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1)
-    return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0).clip(-1.0, 1.0)
+    """The ASKS gate's cosine: :func:`policies.similarity.cosine` (the one rule capture, the live
+    gate and replay share: float64, clipped to [-1, 1], exactly 1 for identical vectors)."""
+    from policies.similarity import cosine as _cosine
+    return _cosine(a, b)
 
 
 @dataclass
@@ -366,12 +364,15 @@ def forward_tokens(lm: LoadedModel, seqs: Sequence[Sequence[int]], pad_id: int) 
 
 
 class QKVRecorder:
-    """Records post-RoPE Q, K and V of chosen layers during a forward/decode.
+    """Records Q, K and V of chosen layers exactly as the attention call receives them.
 
-    A forward pre-hook on each chosen layer's ``self_attn`` (with kwargs)
-    recomputes ``q_proj``/``k_proj``/``v_proj`` from the attention input and
-    applies the same rotary embedding the layer applies, so K and V equal what
-    the layer writes to its cache and Q what it attends with. Keeps row 0 only.
+    A tap (:class:`traces.capture_qkv.AttentionTap`) inside each chosen layer's
+    attention call reads the new positions' query and the new rows of the
+    updated key/value cache: post-projection, post-``q_norm``/``k_norm`` where
+    the architecture has them (Qwen3, Gemma 3), post-RoPE — nothing is
+    recomputed, so K and V are what the layer caches and Q what it attends
+    with, on any architecture. Keeps batch row 0 only; float32 on the CPU.
+    The real runner's evicting cache records through the same tap.
     """
 
     def __init__(self, lm: LoadedModel, layers: Sequence[int]):
@@ -380,37 +381,27 @@ class QKVRecorder:
         self.q: dict[int, list[torch.Tensor]] = {l: [] for l in self.layers}
         self.k: dict[int, list[torch.Tensor]] = {l: [] for l in self.layers}
         self.v: dict[int, list[torch.Tensor]] = {l: [] for l in self.layers}
-        self.handles = []
+        self._tap = None
+
+    def _record(self, li: int, query, key, value) -> None:
+        from traces.capture_qkv import new_rows
+
+        q, k, v = new_rows(query, key, value)  # (t, H, D) each
+        l = li + 1
+        self.q[l].append(q.to(torch.float32).cpu())
+        self.k[l].append(k.to(torch.float32).cpu())
+        self.v[l].append(v.to(torch.float32).cpu())
 
     def __enter__(self):
-        import importlib
+        from traces.capture_qkv import AttentionTap
 
-        mod = importlib.import_module(type(self.lm.layers[0].self_attn).__module__)
-        rope = getattr(mod, "apply_rotary_pos_emb")
-
-        def make(l):
-            def pre(attn, args, kwargs):
-                h = args[0] if args else kwargs["hidden_states"]
-                cos, sin = kwargs.get("position_embeddings") or args[1]
-                shape = (*h.shape[:-1], -1, self.lm.head_dim)
-                q = attn.q_proj(h).view(shape).transpose(1, 2)
-                k = attn.k_proj(h).view(shape).transpose(1, 2)
-                v = attn.v_proj(h).view(shape).transpose(1, 2)
-                q, k = rope(q, k, cos, sin)
-                # (1, H, t, D) -> (t, H, D), row 0
-                self.q[l].append(q[0].transpose(0, 1).to(torch.float32).cpu())
-                self.k[l].append(k[0].transpose(0, 1).to(torch.float32).cpu())
-                self.v[l].append(v[0].transpose(0, 1).to(torch.float32).cpu())
-            return pre
-
-        for l in self.layers:
-            self.handles.append(self.lm.layers[l - 1].self_attn.register_forward_pre_hook(make(l), with_kwargs=True))
+        self._tap = AttentionTap(self.lm.model, self._record, [l - 1 for l in self.layers]).attach()
         return self
 
     def __exit__(self, *exc):
-        for h in self.handles:
-            h.remove()
-        self.handles = []
+        if self._tap is not None:
+            self._tap.detach()
+            self._tap = None
         return False
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

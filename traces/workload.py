@@ -174,9 +174,19 @@ def _encode(tok, text: str) -> list[int]:
 def _render(tok, messages: list[dict], add_generation_prompt: bool) -> str:
     if getattr(tok, "chat_template", None):
         return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    # No template: a plain, readable fallback.
+    # No template (a base model such as Gemma-3-270M): a plain, readable fallback, opened
+    # with the BOS token where the tokenizer itself would start a sequence with it (a chat
+    # template writes it; without it Gemma 3 degenerates into repeating the prompt's last line).
     parts = [f"{m['role'].capitalize()}: {m['content']}\n" for m in messages]
-    return "".join(parts) + ("Assistant: " if add_generation_prompt else "")
+    return _bos_text(tok) + "".join(parts) + ("Assistant: " if add_generation_prompt else "")
+
+
+def _bos_text(tok) -> str:
+    bos, bid = getattr(tok, "bos_token", None), getattr(tok, "bos_token_id", None)
+    if not bos or bid is None:
+        return ""
+    ids = list(tok.encode("x", add_special_tokens=True))
+    return bos if ids and ids[0] == bid else ""
 
 
 def _messages(layout: str) -> list[dict]:
