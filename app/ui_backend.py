@@ -163,10 +163,29 @@ def _simulate_params() -> set[str]:
 
 
 # Serving controls (issue 9). Each goes to sim.api.simulate as a keyword where that build of the
-# simulator takes it, else into the workload where the workload knows it, else it is reported as
-# "not applied by this simulator" (never silently dropped).
-SERVING_OPTIONS = ("arrival_rate", "concurrency", "n_requests", "max_num_seqs", "max_num_batched_tokens",
-                   "gpu_memory_utilization", "decode_tokens")
+# simulator takes it (arrival_rate), else into its ``serving=`` settings where it has them
+# (sim.capacity.ServingConfig: scheduler, max_num_seqs, ...), else into the workload where the workload
+# knows it (concurrency, n_requests), else it is reported as "not applied by this simulator" (never
+# silently dropped).
+SERVING_OPTIONS = ("arrival_rate", "concurrency", "n_requests", "scheduler", "max_num_seqs",
+                   "max_num_batched_tokens", "gpu_memory_utilization", "kv_capacity_bytes", "decode_tokens")
+
+
+def _serving_fields() -> set[str]:
+    try:
+        from sim.capacity import ServingConfig
+    except ImportError:  # a simulator without serving at capacity
+        return set()
+    return set(ServingConfig.__dataclass_fields__)
+
+
+def scheduler_choices() -> tuple[str, ...]:
+    """The serving scheduler's policies (``vllm-v1``, ``prefill-first``), or () where there is none."""
+    try:
+        from sim.scheduler import POLICIES
+    except ImportError:
+        return ()
+    return tuple(POLICIES)
 
 
 def serving_kwargs(options: dict) -> tuple[dict, dict, list[str]]:
@@ -174,16 +193,21 @@ def serving_kwargs(options: dict) -> tuple[dict, dict, list[str]]:
     from sim.decisions import WORKLOAD_DEFAULTS
 
     sig = _simulate_params()
-    kw, wl, skipped = {}, {}, []
+    fields = _serving_fields() if "serving" in sig else set()
+    kw, wl, sv, skipped = {}, {}, {}, []
     for k, v in options.items():
         if v is None:
             continue
-        if k in sig:
+        if k in sig and k != "serving":
             kw[k] = v
+        elif k in fields:
+            sv[k] = v
         elif k in WORKLOAD_DEFAULTS:
             wl[k] = v
         else:
             skipped.append(k)
+    if sv:
+        kw["serving"] = sv
     return kw, wl, skipped
 
 
@@ -415,18 +439,29 @@ def default_minimise(metric: str) -> bool:
 
 
 # ------------------------------------------------------------------ calibration folders
+SERVE_SUMMARIES = ("serve.json", "summary.json")  # calibrate/serve.py's SUMMARY_FILE, and the issue's name
+
+
+def _serve_summary(folder: Path) -> Path | None:
+    for name in SERVE_SUMMARIES:
+        p = folder / name
+        if p.is_file():
+            try:
+                if "scheduling_parity" in json.loads(p.read_text()):
+                    return p
+            except (OSError, ValueError):
+                continue
+    return None
+
+
 def calibration_kind(folder: Path) -> str | None:
-    """``"run"`` for a ``calibrate run`` folder, ``"serve"`` for a ``calibrate serve`` one, else None."""
+    """``"serve"`` for a ``calibrate serve`` folder (its summary holds ``scheduling_parity``; it also has a
+    run.json and phases.parquet for ``calibrate fit``), ``"run"`` for a ``calibrate run`` one, else None."""
     folder = Path(folder)
-    if (folder / "run.json").is_file() and (folder / "phases.parquet").is_file():
+    if _serve_summary(folder) is not None:
+        return "serve"
+    if all((folder / f).is_file() for f in ("run.json", "phases.parquet", "decisions.parquet")):
         return "run"
-    s = folder / "summary.json"
-    if s.is_file():
-        try:
-            if "scheduling_parity" in json.loads(s.read_text()):
-                return "serve"
-        except (OSError, ValueError):
-            return None
     return None
 
 
@@ -463,13 +498,22 @@ def calibration_run(folder: str) -> dict:
 
 
 def calibration_serve(folder: str) -> dict:
-    """The ``summary.json`` of a ``calibrate serve`` folder, and its per-iteration table if present."""
+    """A ``calibrate serve`` folder: its summary, the per-iteration real and simulated seconds (on the run's
+    clock), and the per-problem end-to-end pairs of its comparison, where present."""
     d = Path(folder)
-    out = {"summary": json.loads((d / "summary.json").read_text()), "iterations": None}
-    for name in ("iterations.parquet", "iterations_measured.parquet"):
-        if (d / name).is_file():
-            out["iterations"] = pd.read_parquet(d / name)
-            break
+    path = _serve_summary(d)
+    if path is None:
+        raise ValueError(f"{d}: no serve.json with scheduling_parity (not a `calibrate serve` folder)")
+    s = json.loads(path.read_text())
+    out = {"summary": s, "iterations": None, "e2e": None}
+    clock = f"{s.get('clock', 'wall')}_s"
+    if (d / "iterations.parquet").is_file():
+        it = pd.read_parquet(d / "iterations.parquet")
+        if {clock, "sim_s"} <= set(it.columns):
+            out["iterations"] = it.rename(columns={clock: "measured_s", "sim_s": "simulated_s"})
+    c = s.get("comparison") or {}
+    if c.get("e2e_real_s") and len(c["e2e_real_s"]) == len(c.get("e2e_sim_s") or []):
+        out["e2e"] = pd.DataFrame({"measured_s": c["e2e_real_s"], "simulated_s": c["e2e_sim_s"]})
     return out
 
 

@@ -23,6 +23,8 @@ SPEC = [("arrival_rate", "arrival rate (problems/s, empty = closed loop)", "--ar
          dict(lo=1, hi=1 << 24, integer=True, allow_none=True)),
         ("gpu_memory_utilization", "gpu_memory_utilization (0–1, empty = 0.90)", "--gpu-memory-utilization", "",
          dict(lo=0, hi=1, lo_open=True, allow_none=True)),
+        ("kv_capacity_bytes", "KV capacity in bytes (empty = memory x utilisation - weights - reserve)",
+         "--kv-capacity-bytes", "", dict(lo=0, hi=1e18, allow_none=True)),
         ("decode_tokens", "decode tokens per long sequence (empty = recorded; at most 131,072)", "--decode-tokens", "",
          dict(lo=1, hi=131072, integer=True, allow_none=True))]
 
@@ -32,6 +34,13 @@ def controls(key: str, skip: tuple[str, ...] = ()) -> tuple[dict, bool]:
     st.caption("Serving: problems arrive at one server and contend for its batch and KV memory (simpy engine).")
     c = st.columns(2)
     opts, ok = {}, True
+    from app import ui_backend as B
+
+    sched = B.scheduler_choices()
+    if sched:
+        opts["scheduler"] = c[0].selectbox("scheduler", list(sched), key=f"{key}.scheduler",
+                                           help="vllm-v1: running decodes first, chunked prefill; "
+                                                "prefill-first: the older rule")
     for i, (name, lab, flag, default, check) in enumerate([s for s in SPEC if s[0] not in skip]):
         with c[i % 2]:
             v, good = U.text_number(lab, f"{key}.{name}", flag, default=default, **check)

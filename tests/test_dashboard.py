@@ -70,10 +70,19 @@ def root(tmp_path_factory):
     assert main(["sweep", "--trace", str(BUNDLED), "--policy", "asks", "--grid", "tau=0.96:0.99:0.005",
                  "--quiet", "--out", str(r / "sweep-asks.parquet")]) == 0
     _calibration_run(r / "cal-run")
-    (r / "cal-serve").mkdir()
-    (r / "cal-serve" / "summary.json").write_text(json.dumps(
-        {"scheduling_parity": 0.97, "makespan_error": 0.031, "throughput_error": 0.028,
-         "e2e_median_abs_pct_error": 0.044, "n_iterations": 212, "preemptions": 3}))
+    # a `calibrate serve` folder as calibrate/serve.py writes it: serve.json (errors: parity a share,
+    # makespan/throughput signed fractions, the e2e median in percent), iterations.parquet, and a run.json +
+    # phases.parquet for `calibrate fit` (which must not make it look like a `calibrate run` folder)
+    sv = r / "cal-serve"
+    sv.mkdir()
+    (sv / "serve.json").write_text(json.dumps(
+        {"scheduling_parity": 0.97, "makespan_error": -0.031, "throughput_error": 0.028,
+         "e2e_median_abs_pct_error": 4.4, "n_iterations": 3, "preemptions": 1, "clock": "cpu",
+         "comparison": {"e2e_real_s": [1.0, 2.0], "e2e_sim_s": [1.1, 1.9]}}))
+    pd.DataFrame({"iteration": [0, 1, 2], "cpu_s": [0.1, 0.2, 0.3], "wall_s": [0.11, 0.21, 0.31],
+                  "sim_s": [0.1, 0.19, 0.33]}).to_parquet(sv / "iterations.parquet")
+    (sv / "run.json").write_text(json.dumps({"kind": "calibrate serve", "problems": []}))
+    (sv / "phases.parquet").write_bytes((r / "cal-run" / "phases.parquet").read_bytes())
     import shutil
 
     shutil.copytree(BUNDLED, r / "damaged-trace")
@@ -274,7 +283,13 @@ def test_calibration_page_run_and_serve_folders(env):
     assert _metric(at, "decision parity vs the simulator") == "100.00%"
     at.selectbox(key="cal.folder").set_value(next(o for o in sb.options if o.endswith("cal-serve"))).run()
     _ok(at)
+    assert not at.error, [e.value for e in at.error]
     assert _metric(at, "scheduling parity") == "97.00%"
+    assert _metric(at, "makespan error (sim vs real)") == "-3.10%"
+    assert _metric(at, "median |error| end to end") == "4.40%"
+    titles = [json.loads(c.proto.spec).get("layout", {}).get("title", {}).get("text") or ""
+              for c in at.get("plotly_chart")]
+    assert any(t.startswith("per iteration") for t in titles) and any(t.startswith("per problem") for t in titles)
 
 
 def test_calibration_page_without_folders(monkeypatch):

@@ -12,6 +12,10 @@ from app import ui_backend as B
 from app import ui_common as U
 
 
+def _signed(v) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{100 * v:+.2f}%"
+
+
 def _pct(v) -> str:
     return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{100 * v:.2f}%"
 
@@ -67,20 +71,26 @@ def _serve_folder(path: str) -> None:
     rep = U.calibration_serve(path)
     s = rep["summary"]
     c = st.columns(4)
+    # calibrate/serve.py: parity a share, makespan/throughput errors signed fractions (sim - real) / real,
+    # the e2e median already in percent
     c[0].metric("scheduling parity", _pct(s.get("scheduling_parity")))
-    c[1].metric("makespan error", _pct(s.get("makespan_error")))
-    c[2].metric("throughput error", _pct(s.get("throughput_error")))
-    c[3].metric("median |error| end to end", _pct(s.get("e2e_median_abs_pct_error")))
-    st.caption(f"{s.get('n_iterations', '?')} iterations, {s.get('preemptions', '?')} preemptions")
+    c[1].metric("makespan error (sim vs real)", _signed(s.get("makespan_error")))
+    c[2].metric("throughput error (sim vs real)", _signed(s.get("throughput_error")))
+    e2e = s.get("e2e_median_abs_pct_error")
+    c[3].metric("median |error| end to end", "n/a" if not U.finite(e2e) else f"{e2e:.2f}%")
+    st.caption(f"{s.get('n_iterations', '?')} iterations, {s.get('preemptions', '?')} preemptions, clock "
+               f"{s.get('clock', '?')}; the real continuous-batching loop against the simulator's replay")
+    for key, df, title in (("cal.serve_iter", rep["iterations"], "per iteration"),
+                           ("cal.serve_e2e", rep["e2e"], "per problem, end to end")):
+        if df is None or not len(df):
+            continue
+        fig = px.scatter(df, x="measured_s", y="simulated_s", title=f"{title}: simulated against measured (s)",
+                         labels={"measured_s": "measured (s)", "simulated_s": "simulated (s)"})
+        hi = float(max(df["measured_s"].max(), df["simulated_s"].max())) * 1.05
+        fig.add_shape(type="line", x0=0, y0=0, x1=hi, y1=hi, line=dict(dash="dash", color="grey"))
+        st.plotly_chart(fig, key=key)
     flat = {k: v for k, v in s.items() if not isinstance(v, (dict, list))}
     st.dataframe(pd.DataFrame({"value": flat}).astype(str), width="stretch", key="cal.serve_summary")
-    it = rep["iterations"]
-    if it is not None and len(it):
-        num = [c for c in it.columns if pd.api.types.is_numeric_dtype(it[c])]
-        if {"measured_s", "simulated_s"} <= set(it.columns):
-            st.plotly_chart(px.scatter(it, x="measured_s", y="simulated_s", title="per iteration: simulated "
-                                       "against measured (s)"), key="cal.serve_scatter")
-        st.dataframe(it[num] if num else it, width="stretch", key="cal.serve_iters")
 
 
 def page() -> None:
