@@ -83,12 +83,12 @@ def fmt(key: str, v) -> str:
         return f"{v / 1e6:.3g} MB"
     if key.startswith("speedup"):
         return f"{v:.3f}x"
-    if key.endswith("_s") and not isinstance(v, bool):
-        return f"{v:.4g} s"
-    if key == "throughput_tokens_per_s":
+    if key == "throughput_tokens_per_s":  # before the "_s" = seconds rule: these end in "per_s"
         return f"{v:.4g} tokens/s"
     if key == "throughput_problems_per_s":
         return f"{v:.4g} problems/s"
+    if key.endswith("_s") and not isinstance(v, bool):
+        return f"{v:.4g} s"
     lab = METRICS.get(key, ("",))[0]
     if "(share)" in lab:
         return f"{100 * v:.1f}%"
