@@ -278,6 +278,25 @@ def token_curve(trace: str, policy: str, budgets: list[int], params: dict, seed:
     return pd.DataFrame(rows)
 
 
+def capacity_note(info: dict, summary: dict) -> str | None:
+    """What KV capacity and budget a run had, where the simulator reports them (serving at capacity)."""
+    parts = []
+    cap = info.get("kv_capacity_bytes", summary.get("kv_capacity_bytes"))
+    if U_finite(cap):
+        src = info.get("capacity_source")
+        parts.append(f"KV capacity {cap / 1e6:,.0f} MB" + (f" ({src})" if src else ""))
+    b = info.get("kv_budget_blocks")
+    if U_finite(b):
+        parts.append(f"block budget {int(b):,} blocks")
+    if summary.get("budget") is not None:
+        parts.append(f"token budget K = {summary['budget']}")
+    return "; ".join(parts) or None
+
+
+def U_finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def serving_kpis(summary: dict) -> list[str]:
     """The serving-at-capacity KPIs this simulator reports, else today's serving metrics."""
     if summary.get("ttft_p50_s") is not None:

@@ -31,8 +31,11 @@ def _load_from_sweep() -> None:
         st.session_state["trace"] = load["trace_label"]
 
 
-def _kpis(name: str, s: dict, keys: list[str], ref: dict | None) -> None:
+def _kpis(name: str, s: dict, keys: list[str], ref: dict | None, info: dict | None = None) -> None:
     st.markdown(f"**{name}**")
+    note = B.capacity_note(info or {}, s)
+    if note:
+        st.caption(note)
     for k in keys:
         if k not in s:
             continue
@@ -104,7 +107,7 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
             cols = st.columns(len(shown))
             for col, n in zip(cols, shown):
                 with col:
-                    _kpis(n, branch[n]["summary"], kpi_keys[:4], ref)
+                    _kpis(n, branch[n]["summary"], kpi_keys[:4], ref, branch[n]["info"])
             for n in shown:
                 why = B.why_it_loses(n, B.policy_kind(n), branch[n]["summary"], ref or {}, "exact prefix", facts,
                                      nokv=branch.get("no-kv", {}).get("summary"))
@@ -155,7 +158,7 @@ def _token_view(trace: str, token: dict, configs: dict, seed: int, facts: dict, 
         cols = st.columns(len(token))
         for col, (n, r) in zip(cols, token.items()):
             with col:
-                _kpis(n, r["summary"], B.KPI_TOKEN, None)
+                _kpis(n, r["summary"], B.KPI_TOKEN, None, r["info"])
     T = max(facts["long_T"] or [512])
     budgets = sorted({b for b in (16, 32, 64, 128, 256, 384, T // 2) if 1 <= b < T})
     with st.spinner("error against budget..."):
