@@ -283,8 +283,7 @@ def capacity_note(info: dict, summary: dict) -> str | None:
     parts = []
     cap = info.get("kv_capacity_bytes", summary.get("kv_capacity_bytes"))
     if U_finite(cap):
-        src = info.get("capacity_source")
-        parts.append(f"KV capacity {cap / 1e6:,.0f} MB" + (f" ({src})" if src else ""))
+        parts.append(f"KV capacity {cap / 1e6:,.0f} MB")  # info["capacity_source"] says how (long)
     b = info.get("kv_budget_blocks")
     if U_finite(b):
         parts.append(f"block budget {int(b):,} blocks")
