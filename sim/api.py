@@ -207,7 +207,11 @@ class SimResult:
         return pd.DataFrame([clean(self.summary)], index=[self.info.get("policy", "")])
 
     def to_json_dict(self) -> dict:
-        return clean({**self.summary, "info": self.info})
+        """The summary's keys, ``info``, and (serving) ``timeline``: KV bytes and running sequences over time."""
+        out = {**self.summary, "info": {k: v for k, v in self.info.items() if k != "timeline"}}
+        if "timeline" in self.info:
+            out["timeline"] = self.info["timeline"]
+        return clean(out)
 
 
 def _targets(lt: LoadedTrace, model_preset, hardware):
