@@ -655,7 +655,8 @@ def _simulate_token(lt, cfg, model, hw, seed, info, *, mode, sv, cap, sched_cfg,
     from policies import get_policy
     full_pol = get_policy("full")
     q = token_quality(lt, pol, seed, cfg.workload.get("max_long_layers"))
-    extrapolated = sv.decode_tokens is not None and any(sv.decode_tokens != ld.gen_len for ld in tf.longs)
+    # longer than recorded: the policy's steady state is held past the trace (quality stays the recorded one's)
+    extrapolated = sv.decode_tokens is not None and any(sv.decode_tokens > ld.gen_len for ld in tf.longs)
     max_ctx = max(int(ld.prompt_len + _decode_len(ld, sv)) for ld in tf.longs)
     hw.check_query(model, max_context=max_ctx, max_new=max(int(ld.prompt_len) for ld in tf.longs), max_batch=1)
     window = getattr(pol, "window", 0) or pol.buffer
@@ -703,7 +704,7 @@ def _simulate_token(lt, cfg, model, hw, seed, info, *, mode, sv, cap, sched_cfg,
     if mode == "serving":
         serve = _serve_longs(lt, cfg, model, hw, longs, sched_cfg, cap, seed, arrival_rate, token=True)
         full = _serve_longs(lt, cfg, model, hw, longs, sched_cfg, cap, seed, arrival_rate, token=False)
-        summary.update(serve["summary"])
+        summary.update({k: v for k, v in serve["summary"].items() if k != "length_extrapolated"})
         summary["throughput_vs_full"] = (serve["summary"]["throughput_tokens_per_s"]
                                          / full["summary"]["throughput_tokens_per_s"]
                                          if full["summary"]["throughput_tokens_per_s"] else None)
