@@ -302,10 +302,10 @@ def _user_budget(cfg, params, workload) -> tuple:
     """The block budget the user asked for: ``("blocks", n)``, ``("frac", f)`` or ``None`` (the device's capacity)."""
     params, workload = params or {}, workload or {}
     if cfg.budget_blocks is not None:
-        return ("blocks", check_block_budget("budget_blocks" if "budget_blocks" in params else
+        return ("blocks", check_block_budget(f"policy {cfg.policy!r}: budget_blocks" if "budget_blocks" in params else
                                              "workload option 'kv_budget_blocks'", cfg.budget_blocks))
     if "budget_frac" in params or "kv_budget_frac" in workload:
-        return ("frac", check_budget_frac("budget_frac" if "budget_frac" in params else
+        return ("frac", check_budget_frac(f"policy {cfg.policy!r}: budget_frac" if "budget_frac" in params else
                                           "workload option 'kv_budget_frac'", cfg.budget_frac))
     return None
 
