@@ -147,7 +147,6 @@ class BlockManager:
         self._heap: list = []
         self.req_blocks: dict = {}  # req_id -> [Block]
         self._n_keyed: dict = {}    # req_id -> blocks of the request already keyed
-        self._keys: dict = {}       # req_id -> chain keys computed so far
         self.tick = 0.0
         self.evictions = 0
         self.hits = 0              # blocks found in the cache
@@ -189,7 +188,10 @@ class BlockManager:
 
     # ------------------------------------------------------------------ keys
     def _key_of(self, req, k: int) -> int:
-        keys = self._keys.setdefault(req.req_id, [])
+        # the chain keys live on the request (its content never changes, preempted or not)
+        keys = req.__dict__.get("_keys")
+        if keys is None:
+            keys = req.__dict__["_keys"] = []
         while len(keys) <= k:
             parent = keys[-1] if keys else ROOT_KEY
             keys.append(block_key(parent, req.block_content(len(keys))))
@@ -348,7 +350,6 @@ class BlockManager:
         rid = req.req_id
         blks = self.req_blocks.pop(rid, [])
         self._n_keyed.pop(rid, None)
-        self._keys.pop(rid, None)
         for b in reversed(blks):
             b.ref -= 1
             if b.ref > 0:
