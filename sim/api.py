@@ -359,6 +359,10 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     ubudget = _user_budget(cfg, params, workload) if cfg.block is not None else None
     probs = _select(tf, problems)
     sched_cfg = sv.scheduler_config(hw.name) if mode == "serving" else ISOLATED_SCHEDULER
+    fitted_batch = (hw.fitted_range or {}).get("max_batch")
+    if mode == "serving" and fitted_batch is not None and sched_cfg.max_num_seqs > int(fitted_batch):
+        # a calibrated profile answers batches up to its fitted size: larger batches wait (queue), never fail
+        sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=int(fitted_batch))
     cap = _capacity_info(model, hw, sv, sched_cfg, bs)
     info = {"policy": policy, "params": dict(params or {}), "components": cfg.describe(),
             "decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name,

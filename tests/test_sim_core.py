@@ -404,7 +404,7 @@ def test_decode_steps_closed_form_equals_batch_terms():
         np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=1e-12)
 
 
-def test_serving_batch_beyond_fitted_range_is_refused(syn, tmp_path):
+def test_serving_batch_beyond_fitted_range_queues(syn, tmp_path):
     tf = features.load(syn)
     B = tf.problems[0].B
     hw = tmp_path / "fit.yaml"
@@ -412,6 +412,12 @@ def test_serving_batch_beyond_fitted_range_is_refused(syn, tmp_path):
                   f"fitted_range:\n  max_batch: {B}\n  max_context_tokens: 100000\n")
     simulate(syn, "asks", {"tau": 0.8}, hardware=str(hw), mode="serving", baselines=False,
              workload={"concurrency": 1})
-    with pytest.raises(OutOfCalibrationError, match="max_batch"):
-        simulate(syn, "asks", {"tau": 0.8}, hardware=str(hw), mode="serving", baselines=False,
+    # A large batch waits, it never fails: the scheduler runs at most the fitted batch at once.
+    r = simulate(syn, "asks", {"tau": 0.8}, hardware=str(hw), mode="serving", baselines=False,
                  workload={"concurrency": 3})
+    assert r.summary["max_num_seqs"] == B and r.summary["max_running_seqs"] <= B
+    # Isolated mode batches a problem's B branches by definition: a profile fitted on fewer is refused.
+    small = tmp_path / "fit_small.yaml"
+    small.write_text(hw.read_text().replace(f"max_batch: {B}", f"max_batch: {B - 1}"))
+    with pytest.raises(OutOfCalibrationError, match="max_batch"):
+        simulate(syn, "asks", {"tau": 0.8}, hardware=str(small), baselines=False)
