@@ -34,16 +34,13 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
+from .capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
 from .cost import ScalarCost
 from .kvcache import UNLIMITED, BlockManager
 from .scheduler import Request, Scheduler, SchedulerConfig
 from .workload import KIND_NAMES, Job
 
 SCORE_AT = {"mean_prob": "generation", "vote_share": "branches", "verify_score": "verification"}
-
-
-class CapacityError(ValueError):
-    """A single request needs more KV blocks than the whole capacity (message says by how much)."""
 
 
 class _Prob:

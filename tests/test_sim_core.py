@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from policies import BlockPool, get_policy
 from sim import cost as C
 from sim import features
 from sim.api import default_trace_path, evaluate, simulate
@@ -18,8 +17,7 @@ from sim.fastpath import FastPath
 from sim.profiles import (HardwareProfile, OutOfCalibrationError, PresetError, list_presets, load_hardware,
                           load_model, model_from_manifest)
 from sim.synthetic import write_synthetic_trace
-from sim.capacity import CapacityError as _CapErr  # noqa: F401
-from sim.engine import CapacityError
+from sim.capacity import CapacityError
 from sim.scheduler import SchedulerConfig
 from sim.workload import Job
 
