@@ -318,13 +318,13 @@ def _capacity_info(model, hw, sv: ServingConfig, sched_cfg, bs: int) -> dict:
     return cap
 
 
-def _refuse_if_too_big(peaks, probs, cap: dict, model, hw) -> None:
+def _refuse_if_too_big(peaks, positions, cap: dict, model, hw, what: str = "problem") -> None:
     """Isolated mode: a problem whose KV peak exceeds the capacity is refused, saying by how much."""
     kvcap = cap["kv_capacity_bytes"]
-    for f, peak in zip(probs, peaks):
+    for pos, peak in zip(positions, peaks):
         if peak > kvcap:
             raise CapacityError(
-                f"problem {f.pos}: needs {peak / 1e9:.3f} GB of KV at its peak but {model.name} on {hw.name} has "
+                f"{what} {pos}: needs {peak / 1e9:.3f} GB of KV at its peak but {model.name} on {hw.name} has "
                 f"{kvcap / 1e9:.3f} GB of KV capacity ({cap['mem_capacity_bytes'] / 1e9:.3f} GB x "
                 f"{cap['gpu_memory_utilization']:g} - {cap['weight_bytes'] / 1e9:.3f} GB weights - "
                 f"{cap['activation_reserve_bytes'] / 1e9:.3f} GB activation reserve): {(peak - kvcap) / 1e9:.3f} GB "
@@ -400,14 +400,14 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
             rows.append(row)
             brows.extend(br)
             timeline.append((f.pos, res["kv_times"], res["kv_bytes"]))
-        _refuse_if_too_big([r["peak_kv_bytes"] for r in rows], probs, cap, model, hw)
+        _refuse_if_too_big([r["peak_kv_bytes"] for r in rows], [f.pos for f in probs], cap, model, hw)
         info["kv_budget_blocks"] = None
     elif mode == "isolated":
         fp = _fastpath(lt, model, hw)
         for f, (dec, job, dkey) in zip(probs, triples):
             unc = fp.run(job)
             if cfg.block is None:
-                _refuse_if_too_big([unc["peak_kv_bytes"]], [f], cap, model, hw)
+                _refuse_if_too_big([unc["peak_kv_bytes"]], [f.pos], cap, model, hw)
             budget = _isolated_budget(ubudget, job, cap)
             rkey = ("engine", dkey, _target_id(lt, model, hw), budget, _block_key(cfg))
             hit = lt.rows.get(rkey)
@@ -682,8 +682,7 @@ def _simulate_token(lt, cfg, model, hw, seed, info, *, mode, sv, cap, sched_cfg,
         longs[ld.pos] = (ld.prompt_len, T, sizes, ev_s, full_sizes)
     df = pd.DataFrame(rows)
     if mode == "isolated":
-        _refuse_if_too_big(df["peak_kv_bytes"].tolist(), [type("P", (), {"pos": int(p)}) for p in df["pos"]],
-                           cap, model, hw)
+        _refuse_if_too_big(df["peak_kv_bytes"].tolist(), df["pos"].tolist(), cap, model, hw, what="long decode")
     lat = df["latency_s"].to_numpy()
     summary = {k: None for k in SUMMARY_KEYS}
     summary.update({
