@@ -325,9 +325,11 @@ def _refuse_if_too_big(peaks, positions, cap: dict, model, hw, what: str = "prob
         if peak > kvcap:
             raise CapacityError(
                 f"{what} {pos}: needs {peak / 1e9:.3f} GB of KV at its peak but {model.name} on {hw.name} has "
-                f"{kvcap / 1e9:.3f} GB of KV capacity ({cap['mem_capacity_bytes'] / 1e9:.3f} GB x "
-                f"{cap['gpu_memory_utilization']:g} - {cap['weight_bytes'] / 1e9:.3f} GB weights - "
-                f"{cap['activation_reserve_bytes'] / 1e9:.3f} GB activation reserve): {(peak - kvcap) / 1e9:.3f} GB "
+                f"{kvcap / 1e9:.3f} GB of KV capacity ("
+                + ("given" if cap["capacity_source"].startswith("given") else
+                   f"{cap['mem_capacity_bytes'] / 1e9:.3f} GB x {cap['gpu_memory_utilization']:g} - "
+                   f"{cap['weight_bytes'] / 1e9:.3f} GB weights - {cap['activation_reserve_bytes'] / 1e9:.3f} GB "
+                   f"activation reserve") + f"): {(peak - kvcap) / 1e9:.3f} GB "
                 f"short (use --mode serving to queue, a smaller model, or a larger --gpu-memory-utilization)")
 
 
