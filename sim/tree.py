@@ -457,6 +457,14 @@ def simulate_tree(trace=None, policy: str = "rsbcm", params: dict | None = None,
     nodes = spec.nodes
     best = w.best_node
     bytes_per_block = block_size * model.kv_bytes_per_token
+    from .capacity import CapacityError, kv_capacity
+    cap = kv_capacity(model, hw)
+    if pool.peak * bytes_per_block > cap["kv_capacity_bytes"]:
+        # the tree runs alone on the device, like isolated mode: a KV peak past the capacity cannot run
+        raise TreeError(str(CapacityError(
+            f"tree {spec.name}: holds {pool.peak * bytes_per_block / 1e9:.3f} GB of KV at its peak but {model.name} "
+            f"on {hw.name} has {cap['kv_capacity_bytes'] / 1e9:.3f} GB of KV capacity: "
+            f"{(pool.peak * bytes_per_block - cap['kv_capacity_bytes']) / 1e9:.3f} GB short (lower --budget-blocks)")))
     return {
         "policy": policy, "params": dict(params or {}), "tree": spec.name,
         "latency_s": float(sum(phases.values())), **phases,
@@ -471,6 +479,7 @@ def simulate_tree(trace=None, policy: str = "rsbcm", params: dict | None = None,
         "correct": bool(nodes["correct"].iloc[best]) if "correct" in nodes else False,
         "eviction_order": [list(b) for b, _ in pool.evicted_log],
         "cost_model": model.name, "hardware": hw.name,
+        "kv_capacity_bytes": float(cap["kv_capacity_bytes"]), "capacity_source": cap["capacity_source"],
         "decisions_model": str(((spec.manifest or {}).get("model") or {}).get("name", "")),
     }
 

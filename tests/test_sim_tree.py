@@ -306,3 +306,14 @@ def test_huge_budget_and_block_size_bounds():
         simulate_tree(None, "rsbcm", block_size=10 ** 9)
     with pytest.raises(TreeError, match="--budget-blocks"):
         simulate_tree(None, "rsbcm", budget_blocks=10 ** 15)
+
+
+def test_tree_refused_when_its_kv_peak_exceeds_the_capacity(tmp_path):
+    import pytest
+    from sim.tree import TreeError, simulate_tree
+    hw = tmp_path / "tiny.yaml"
+    hw.write_text("peak_flops: 1.0e13\nmem_bw: 1.0e11\nmem_capacity: 1.7e9\n")   # weights fit, KV does not
+    with pytest.raises(TreeError, match="short"):
+        simulate_tree(None, "rsbcm", hardware=str(hw))
+    r = simulate_tree(None, "rsbcm", hardware="h100-sxm")
+    assert 0 < r["peak_kv_bytes"] <= r["kv_capacity_bytes"]
