@@ -46,7 +46,7 @@ SCORE_AT = {"mean_prob": "generation", "vote_share": "branches", "verify_score":
 class _Prob:
     __slots__ = ("pseq", "pos", "job", "ids", "arrival", "admitted", "end", "first", "gate_left", "src_ready",
                  "started", "gen_done", "n_gen_done", "verify_left", "phase", "times", "mem", "peak", "iterations",
-                 "recompute", "hit_tokens", "prompt_tokens", "user_done", "reqs", "vstart", "ext")
+                 "recompute", "hit_tokens", "prompt_tokens", "user_done", "reqs", "vstart", "ext", "qsum", "qn")
 
     def __init__(self, pseq, pos, job, ids):
         self.pseq, self.pos, self.job, self.ids = pseq, pos, job, ids
@@ -71,6 +71,7 @@ class _Prob:
         self.reqs = {}
         self.vstart = np.where(job.gen > 0, job.ctx + job.gen - 1, job.ctx)
         self.ext = np.zeros(B, bool)     # the branch's request was extended by its verification prompt
+        self.qsum, self.qn = 0.0, 0      # waiting of its branch requests: first scheduled - ready
         self.admitted = None
 
 
@@ -193,6 +194,7 @@ class Engine:
         long = j.__dict__.get("_long")
         if long is not None:
             req.kv_cap = long.cap
+        req.arrival = self.env.now   # ready to run (gate done, source's first token out)
         p.reqs[b] = req
         self._add(req)
 
@@ -368,6 +370,8 @@ class Engine:
                             p.recompute += planned - it.cache_hit
                         p.hit_tokens += it.cache_hit
                         p.prompt_tokens += int(j.ctx[b])
+                        p.qsum += start - req.arrival
+                        p.qn += 1
                     if it.num_new == 0 and req.data[1] == 1:
                         b = req.data[2]
                         if np.isnan(p.first[b]):
@@ -540,7 +544,10 @@ class EngineResult:
             first = p.first
             out.append({
                 "pseq": p.pseq, "pos": p.pos, "arrival_s": p.arrival, "admitted_s": adm, "end_s": p.end,
-                "latency_s": p.end - p.arrival, "service_s": p.end - adm, "queue_s": adm - p.arrival,
+                "latency_s": p.end - p.arrival, "service_s": p.end - adm,
+                # waiting for the scheduler (memory, sequence or token caps): the problem's first admission
+                # after arrival plus its branches' mean wait between ready and first scheduled
+                "queue_s": (adm - p.arrival) + (p.qsum / p.qn if p.qn else 0.0),
                 **{f"{k}_s": v for k, v in p.phase.items()},
                 "ttft_s": float(np.nanmean(first)) if len(first) and not np.isnan(first).all() else 0.0,
                 "first_token_times": first, "peak_kv_bytes": p.peak, "iterations": p.iterations,

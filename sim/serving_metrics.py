@@ -2,8 +2,9 @@
 throughput, queueing, preemptions, running sequences, KV use and the timelines the report draws.
 
 All latencies are measured from each problem's (request's) *arrival*: ``ttft`` = first token (mean
-over the problem's branches) - arrival; ``e2e`` = answer - arrival; ``queue`` = first scheduled -
-arrival.
+over the problem's branches) - arrival; ``e2e`` = answer - arrival; ``queue`` = (first scheduled -
+arrival) + the mean over its branches of (first scheduled - ready), ready = gate done and KV source's
+first token out: the time spent waiting for memory, sequence or token caps.
 """
 from __future__ import annotations
 

@@ -98,6 +98,10 @@ def test_serving_queues_instead_of_failing(syn):
     r = api.simulate(syn, "no-kv", {}, hardware="h100-sxm", mode="serving", baselines=False,
                      workload={"concurrency": 4, "n_requests": 12}, serving={"kv_capacity_bytes": 1.2 * need})
     assert len(r.problems) == 12 and r.summary["peak_kv_bytes"] <= 1.2 * need
+    assert r.summary["queue_mean_s"] > 0                    # branches waited for blocks
+    free = api.simulate(syn, "no-kv", {}, hardware="h100-sxm", mode="serving", baselines=False,
+                        workload={"concurrency": 4, "n_requests": 12}, serving=UNLIMITED)
+    assert free.summary["queue_mean_s"] == 0.0
 
 
 def test_capacity_is_the_devices_bytes_times_utilisation_minus_weights_and_reserve():
