@@ -290,3 +290,30 @@ def test_hooks_keep_the_runners_kv_in_step(spec, budget, bs, policy):
         w = walk_tree(spec, policy, budget_blocks=budget, block_size=bs)
         assert tb.touches == w.blocks.touches and tb.recompute_tokens == w.blocks.recompute_tokens
         assert tb.pool.evicted_log == w.blocks.pool.evicted_log
+
+
+def test_huge_budget_and_block_size_bounds():
+    """A budget of 10^9 blocks allocates nothing per block (issue 10 item 8); absurd sizes are refused by name."""
+    import tracemalloc
+    import pytest
+    from sim.tree import TreeError, simulate_tree
+    tracemalloc.start()
+    r = simulate_tree(None, "rsbcm", budget_blocks=10 ** 9, budget_frac=None)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert r["evictions"] == 0 and peak < 200_000_000
+    with pytest.raises(TreeError, match="--block-size"):
+        simulate_tree(None, "rsbcm", block_size=10 ** 9)
+    with pytest.raises(TreeError, match="--budget-blocks"):
+        simulate_tree(None, "rsbcm", budget_blocks=10 ** 15)
+
+
+def test_tree_refused_when_its_kv_peak_exceeds_the_capacity(tmp_path):
+    import pytest
+    from sim.tree import TreeError, simulate_tree
+    hw = tmp_path / "tiny.yaml"
+    hw.write_text("peak_flops: 1.0e13\nmem_bw: 1.0e11\nmem_capacity: 1.7e9\n")   # weights fit, KV does not
+    with pytest.raises(TreeError, match="short"):
+        simulate_tree(None, "rsbcm", hardware=str(hw))
+    r = simulate_tree(None, "rsbcm", hardware="h100-sxm")
+    assert 0 < r["peak_kv_bytes"] <= r["kv_capacity_bytes"]
