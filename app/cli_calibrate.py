@@ -70,6 +70,18 @@ def _cmd_speedup(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    from calibrate.serve import ServeConfig, format_serve, run_serve
+
+    cfg = ServeConfig.from_args(args)
+    res = run_serve(cfg, Path(args.out), progress=not args.json)
+    if args.json:
+        _print_json({k: v for k, v in res.items() if k not in ("config", "model", "versions")})
+    else:
+        print(format_serve(res))
+    return 0
+
+
 def _model_flags(p) -> None:
     p.add_argument("--model", default="smollm2-135m", help="model preset or local Hugging Face directory")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
@@ -130,3 +142,25 @@ def register(sub) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_speedup)
+
+    p = csub.add_parser("serve", help="a real continuous-batching run under a binding KV capacity, replayed by the simulator")
+    _model_flags(p)
+    # numbers are read as text and checked by calibrate.serve.ServeConfig (one line naming the flag)
+    p.add_argument("--problems", default="3", metavar="N", help="problems to serve (default 3)")
+    p.add_argument("--capacity-tokens", required=True, metavar="C", help="KV capacity in tokens (whole blocks)")
+    p.add_argument("--concurrency", required=True, metavar="K", help="closed-loop users")
+    p.add_argument("--branches", default="2", metavar="B", help="requests (branches) per problem (default 2)")
+    p.add_argument("--max-new-tokens", default="32", metavar="T", help="tokens generated per request at most (default 32)")
+    p.add_argument("--block-size", default="16", metavar="T", help="tokens per KV block (default 16, vLLM's)")
+    p.add_argument("--max-num-seqs", default="256", metavar="S", help="running sequences at most (default 256)")
+    p.add_argument("--max-num-batched-tokens", default="2048", metavar="M", help="tokens per iteration (default 2048)")
+    p.add_argument("--scheduler", default="vllm-v1", help="vllm-v1 (chunked prefill, decodes first) or prefill-first")
+    p.add_argument("--block-policy", default="lru", help="eviction order of cached blocks: lru, fifo, rsbcm")
+    p.add_argument("--no-prefix-caching", action="store_true", help="no block is ever reused")
+    p.add_argument("--hardware", default="local-cpu", help="hardware profile the replay prices iterations with")
+    p.add_argument("--clock", default="cpu", help="measured clock the errors use: cpu (thread CPU time) or wall")
+    p.add_argument("--dataset", default="gsm8k")
+    p.add_argument("--layout", default="hint-suffix")
+    p.add_argument("--out", default="runs/calibrate-serve", help="run folder, written atomically (default runs/calibrate-serve)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_serve)

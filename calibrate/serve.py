@@ -57,6 +57,7 @@ import pandas as pd
 
 SUMMARY_FILE = "serve.json"
 CLOCKS = ("cpu", "wall")
+SCHEDULERS = ("vllm-v1", "prefill-first")
 
 
 @dataclass
@@ -100,8 +101,31 @@ class ServeConfig:
             raise ValueError(f"--clock: {self.clock!r} is not one of {', '.join(CLOCKS)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads: must be >= 1, got {self.threads}")
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"--scheduler: {self.scheduler!r} is not one of {', '.join(SCHEDULERS)}")
+        if self.temperature < 0:
+            raise ValueError(f"--temperature: must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"--top-p: must be in (0, 1], got {self.top_p}")
+
+    def validate_targets(self) -> None:
+        """Names that would otherwise fail after the model loaded: layout, block policy, replay presets."""
+        from sim.profiles import load_hardware, load_model
+        from traces.workload import LAYOUTS
+
+        from calibrate.serve_sched import block_policy
+
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"--layout: {self.layout!r} is not one of {', '.join(LAYOUTS)}")
+        block_policy(self.block_policy)
+        try:
+            load_hardware(self.hardware)
+        except ValueError as exc:
+            raise ValueError(f"--hardware: {exc}") from None
+        try:
+            load_model(self.model_preset or self.model)
+        except ValueError as exc:
+            raise ValueError(f"--model: the replay needs a sim model preset of the same name ({exc})") from None
 
     @property
     def num_blocks(self) -> int:
@@ -109,13 +133,42 @@ class ServeConfig:
 
     @classmethod
     def from_args(cls, a) -> "ServeConfig":
+        """From the CLI namespace; numeric flags arrive as text so a bad value is one line naming its flag."""
         kw = {}
         for f in dataclasses.fields(cls):
-            if hasattr(a, f.name) and getattr(a, f.name) is not None:
-                kw[f.name] = getattr(a, f.name)
+            v = getattr(a, f.name, None)
+            if v is None:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if f.type in ("int", "int | None"):
+                v = _int_flag(flag, v)
+            elif f.type == "float":
+                v = _float_flag(flag, v)
+            kw[f.name] = v
         if getattr(a, "no_prefix_caching", False):
             kw["prefix_caching"] = False
+        if kw.get("scheduler") is not None and kw["scheduler"] not in SCHEDULERS:
+            raise ValueError(f"--scheduler: {kw['scheduler']!r} is not one of {', '.join(SCHEDULERS)}")
         return cls(**kw)
+
+
+def _int_flag(flag: str, v) -> int:
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return int(v)
+    try:
+        return int(str(v).strip())
+    except ValueError:
+        raise ValueError(f"{flag}: must be an integer, got {v!r}") from None
+
+
+def _float_flag(flag: str, v) -> float:
+    try:
+        x = float(str(v).strip())
+    except ValueError:
+        raise ValueError(f"{flag}: must be a number, got {v!r}") from None
+    if not np.isfinite(x):
+        raise ValueError(f"{flag}: must be finite, got {v!r}")
+    return x
 
 
 # --------------------------------------------------------------------------- requests
@@ -224,8 +277,12 @@ def _clocks() -> tuple[float, float]:
 
 
 def real_loop(lm, cfg: ServeConfig, reqs: list[Request], stop_ids, progress: bool = True,
-              record: bool = True) -> list[dict]:
-    """Serve ``reqs`` closed-loop on the real model; one record per iteration."""
+              record: bool = True, logits_hook=None) -> list[dict]:
+    """Serve ``reqs`` closed-loop on the real model; one record per iteration.
+
+    ``logits_hook(rid, logits)``, if given, sees every row of logits a token is sampled from
+    (tests compare them with a plain forward of the same tokens).
+    """
     import torch
     from tqdm import tqdm
     from traces import capture_ops as CO
@@ -266,6 +323,9 @@ def real_loop(lm, cfg: ServeConfig, reqs: list[Request], stop_ids, progress: boo
             items.append(Item(key=rid, tokens=toks[start:end], start=start,
                               slots=kv.slots(step.block_tables[rid], end), sample=samples))
         logits = run_iteration(lm, kv, items)
+        if logits_hook is not None:
+            for rid, lg in logits.items():
+                logits_hook(rid, lg)
         sampled = {rid: int(CO.sample_tokens(lg[None, :], [by_rid[rid].gen], cfg.temperature, cfg.top_p)[0])
                    for rid, lg in logits.items()}
         w2, c2 = _clocks()
@@ -426,14 +486,32 @@ def requests_frame(reqs: list[Request]) -> pd.DataFrame:
     } for r in reqs])
 
 
+def serve_requests(lm, cfg: ServeConfig, reqs: list[Request], stop, progress: bool = False, logits_hook=None):
+    """The real loop over ``reqs``, then their replay and the comparison.
+
+    Returns ``(rows, requests, sim_rows, sim_info, comparison, loop_wall_s)``.
+    """
+    from calibrate.serve_replay import replay
+
+    check_capacity(cfg, reqs)
+    t0 = time.perf_counter()
+    rows = pd.DataFrame(real_loop(lm, cfg, reqs, stop, progress=progress, logits_hook=logits_hook))
+    loop_wall = time.perf_counter() - t0
+    rq = requests_frame(reqs)
+    sim_rows, sim_req, sim_info = replay(cfg, rq)
+    rq = rq.merge(sim_req, on="rid", how="left")
+    if not (rq["sim_gen_len"] == rq["gen_len"]).all():
+        raise RuntimeError("calibrate serve: the replay generated other lengths than the real run")
+    return rows, rq, sim_rows, sim_info, compare(rows, sim_rows, rq, cfg.clock), loop_wall
+
+
 def run_serve(cfg: ServeConfig, out: Path | None = None, progress: bool = True, lm=None) -> dict:
     """Real run, replay, comparison; writes the run folder when ``out`` is given. Returns the summary."""
     import torch
     from traces.capture import _stop_ids
     from traces.models import load_model
 
-    from calibrate.serve_replay import replay
-
+    cfg.validate_targets()
     if out is not None:
         check_out(Path(out))
     if cfg.threads:
@@ -446,14 +524,7 @@ def run_serve(cfg: ServeConfig, out: Path | None = None, progress: bool = True, 
         wcfg = dataclasses.replace(cfg, problems=1, concurrency=1, max_new_tokens=2)
         real_loop(lm, wcfg, build_requests(lm, wcfg), stop, progress=False, record=False)
     reqs = build_requests(lm, cfg)
-    check_capacity(cfg, reqs)
-    t0 = time.perf_counter()
-    rows = pd.DataFrame(real_loop(lm, cfg, reqs, stop, progress=progress))
-    loop_wall = time.perf_counter() - t0
-    rq = requests_frame(reqs)
-    sim_rows, sim_req, sim_info = replay(cfg, rq)
-    rq = rq.merge(sim_req, on="rid", how="left")
-    cmp = compare(rows, sim_rows, rq, cfg.clock)
+    rows, rq, sim_rows, sim_info, cmp, loop_wall = serve_requests(lm, cfg, reqs, stop, progress=progress)
     it = rows.merge(sim_rows.add_prefix("sim_").rename(columns={"sim_iteration": "iteration", "sim_sim_s": "sim_s"}),
                     on="iteration", how="outer")
     summary = {

@@ -32,7 +32,10 @@ class Step:
 
 def block_policy(name: str):
     from policies import get_policy
-    pol = get_policy(name)
+    try:
+        pol = get_policy(name)
+    except (KeyError, ValueError):
+        raise ValueError(f"--block-policy: {name!r} is not a block policy (lru, fifo, rsbcm)") from None
     if not hasattr(pol, "evict_key"):
         raise ValueError(f"--block-policy: {name!r} is not a block policy (lru, fifo, rsbcm)")
     return pol
