@@ -43,6 +43,16 @@ class _BlockPolicy(PolicyBase):
     def _primary(self, score, depth, last_used, inserted) -> np.ndarray:
         raise NotImplementedError
 
+    def evict_key(self, score: float, depth: float, last_used: float, inserted: float) -> tuple:
+        """The eviction rank of one block as a tuple: the smallest key is evicted first.
+
+        The scalar form of :meth:`victim_order` (same primary key, then the older insertion);
+        block managers that keep their evictable blocks in a heap (``sim.kvcache``) rank with it.
+        """
+        p = float(self._primary(np.array([score], np.float64), np.array([depth], np.float64),
+                                np.array([last_used], np.float64), np.array([inserted], np.float64))[0])
+        return (p, float(inserted))
+
     @staticmethod
     def _vec(name: str, x, n: int) -> np.ndarray:
         a = np.asarray(x, dtype=np.float64)
@@ -104,6 +114,12 @@ class RSBCM(_BlockPolicy):
     def _primary(self, score, depth, last_used, inserted):
         return self.omega(score, depth)
 
+    def evict_key(self, score, depth, last_used, inserted) -> tuple:
+        if depth < 0:
+            raise self._fail("depth", "must be >= 0")
+        s = float(self.unscored_value) if self.score_source == "unscored" else float(score)
+        return (s / (float(depth) + 1.0), float(inserted))
+
 
 @register
 @dataclass
@@ -120,6 +136,9 @@ class LRU(_BlockPolicy):
     def _primary(self, score, depth, last_used, inserted):
         return last_used
 
+    def evict_key(self, score, depth, last_used, inserted) -> tuple:
+        return (float(last_used), float(inserted))
+
 
 @register
 @dataclass
@@ -134,6 +153,9 @@ class FIFO(_BlockPolicy):
 
     def _primary(self, score, depth, last_used, inserted):
         return inserted
+
+    def evict_key(self, score, depth, last_used, inserted) -> tuple:
+        return (float(inserted), float(inserted))
 
 
 class BlockPool:

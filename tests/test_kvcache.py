@@ -1,0 +1,127 @@
+"""The serving block manager (sim/kvcache.py): hash chain, references, eviction order, hit cap, memory."""
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+
+from policies.blocks import FIFO, LRU, RSBCM
+from sim.kvcache import BlockManager, KVCacheError, chain_keys
+from sim.scheduler import Request
+
+
+def _req(rid, tokens, out=1, **kw):
+    bs = kw.pop("bs", 4)
+    r = Request(rid, len(tokens), out, content=lambda k: tuple(tokens[k * bs:(k + 1) * bs]), **kw)
+    r.__dict__["_bs"] = bs
+    return r
+
+
+def _run_prompt(bm, req):
+    blocks, hit = bm.find_cached(req)
+    assert bm.allocate(req, req.num_tokens - hit, blocks)
+    req.num_computed_tokens = req.num_tokens
+    return hit
+
+
+def test_chain_reachability_middle_eviction_makes_later_blocks_misses():
+    bm = BlockManager(4, 4, policy=RSBCM())
+    toks = list(range(12)) + [99]
+    a = _req("a", toks)
+    _run_prompt(bm, a)
+    keys = chain_keys(toks, 4)
+    bm.free(a)
+    assert bm.num_cached_free == 3
+    bm.set_score(keys[0], 0.9)
+    bm.set_score(keys[2], 0.9)
+    bm.set_score(keys[1], 0.1)            # the middle block has the lowest omega
+    other = _req("o", [50, 51, 52, 53, 54])
+    _run_prompt(bm, other)                # 2 blocks: 1 clean + 1 evicted
+    assert bm.evicted_log == [keys[1]]
+    assert keys[2] in bm.cached           # still resident...
+    b = _req("b", toks)
+    blocks, hit = bm.find_cached(b)
+    assert hit == 4                       # ...but unreachable: the chain stops at the evicted block
+    assert [x.key for x in blocks] == [keys[0]]
+
+
+def test_referenced_blocks_are_never_evicted_and_allocation_refuses():
+    bm = BlockManager(3, 4)
+    a = _req("a", list(range(8)))
+    _run_prompt(bm, a)                    # a holds 2 blocks, running
+    b = _req("b", list(range(100, 112)))
+    blocks, hit = bm.find_cached(b)
+    assert not bm.allocate(b, 12, blocks)  # needs 3, only 1 free: refused, nothing changed
+    assert bm.num_used == 2 and bm.evictions == 0
+    bm.check()
+    bm.free(a)
+    assert bm.allocate(b, 12, [])         # now a's cached blocks are evicted for b
+    assert bm.evictions == 2 and bm.num_used == 3
+    bm.check()
+
+
+def test_whole_prompt_hit_is_capped_at_n_minus_1():
+    bm = BlockManager(100, 4)
+    toks = list(range(8))
+    a = _req("a", toks)
+    _run_prompt(bm, a)
+    bm.free(a)
+    b = _req("b", toks)
+    assert bm.find_cached(b)[1] == 4      # 8 tokens hit; vLLM keeps n - 1 = 7 -> one whole block
+    c = _req("c", toks, allow_full_hit=True)
+    assert bm.find_cached(c)[1] == 8      # a zero-copy fork takes them all
+    d = _req("d", toks + [77])
+    assert bm.find_cached(d)[1] == 8
+
+
+def test_lru_follows_vllm_free_queue_order_tail_first():
+    bm = BlockManager(4, 2, policy=LRU())
+    a = _req("a", [1, 2, 3, 4, 5], bs=2)  # blocks (1,2), (3,4) full + a partial one
+    _run_prompt(bm, a)
+    ka = chain_keys([1, 2, 3, 4], 2)
+    bm.free(a)                            # frees tail first: (3,4) is older in the queue than (1,2)
+    x = _req("x", [9, 9, 9, 9, 9], bs=2)
+    _run_prompt(bm, x)                    # 3 blocks: 2 clean (one was a's partial), 1 evicted
+    assert bm.evicted_log == [ka[1]]
+    # FIFO evicts the first-cached block instead
+    bm = BlockManager(4, 2, policy=FIFO())
+    a = _req("a", [1, 2, 3, 4, 5], bs=2)
+    _run_prompt(bm, a)
+    bm.free(a)
+    _run_prompt(bm, _req("x", [9, 9, 9, 9, 9], bs=2))
+    assert bm.evicted_log == [ka[0]]
+
+
+def test_blocks_shared_by_two_requests_count_once_and_conserve():
+    bm = BlockManager(10, 4)
+    a = _req("a", list(range(9)))
+    _run_prompt(bm, a)
+    b = _req("b", list(range(8)) + [42, 43])
+    hit = _run_prompt(bm, b)
+    assert hit == 8 and bm.num_used == 3 + 1  # b adds one block; the two full ones are shared
+    bm.check()
+    bm.free(a)
+    bm.check()
+    assert bm.num_used == 3
+    bm.free(b)
+    bm.check()
+    assert bm.num_used == 0
+
+
+def test_memory_is_proportional_to_use_not_capacity():
+    tracemalloc.start()
+    bm = BlockManager(10 ** 12, 16)
+    r = _req("a", list(range(64)), bs=16)
+    _run_prompt(bm, r)
+    cur, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 1_000_000 and bm.num_free == 10 ** 12 - 4
+
+
+@pytest.mark.parametrize("kw,flag", [({"num_blocks": -1}, "num_blocks"), ({"block_size": 0}, "block_size"),
+                                     ({"block_size": 10 ** 9}, "block_size"), ({"num_blocks": "many"}, "num_blocks"),
+                                     ({"num_blocks": 2.5}, "num_blocks")])
+def test_bad_sizes_name_the_parameter(kw, flag):
+    args = {"num_blocks": 10, "block_size": 16, **kw}
+    with pytest.raises(KVCacheError, match=flag):
+        BlockManager(**args)
