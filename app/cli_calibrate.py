@@ -74,7 +74,7 @@ def _cmd_serve(args) -> int:
     from calibrate.serve import ServeConfig, format_serve, run_serve
 
     cfg = ServeConfig.from_args(args)
-    res = run_serve(cfg, Path(args.out), progress=not args.json)
+    res = run_serve(cfg, Path(args.out), progress=True)
     if args.json:
         _print_json({k: v for k, v in res.items() if k not in ("config", "model", "versions")})
     else:

@@ -291,6 +291,7 @@ def real_loop(lm, cfg: ServeConfig, reqs: list[Request], stop_ids, progress: boo
     from calibrate.serve_sched import SchedulerAdapter
 
     stop = set(int(s) for s in stop_ids)
+    sync = getattr(lm, "sync", None) or (lambda: None)   # torch.cuda.synchronize on a GPU
     kv = PagedKV(lm, cfg.num_blocks, cfg.block_size)
     sched = SchedulerAdapter(cfg)
     loop = ClosedLoop(reqs, cfg.concurrency)
@@ -323,12 +324,14 @@ def real_loop(lm, cfg: ServeConfig, reqs: list[Request], stop_ids, progress: boo
             items.append(Item(key=rid, tokens=toks[start:end], start=start,
                               slots=kv.slots(step.block_tables[rid], end), sample=samples))
         logits = run_iteration(lm, kv, items)
-        if logits_hook is not None:
-            for rid, lg in logits.items():
-                logits_hook(rid, lg)
+        sync()
+        wf, cf = _clocks()
         sampled = {rid: int(CO.sample_tokens(lg[None, :], [by_rid[rid].gen], cfg.temperature, cfg.top_p)[0])
                    for rid, lg in logits.items()}
         w2, c2 = _clocks()
+        if logits_hook is not None:
+            for rid, lg in logits.items():
+                logits_hook(rid, lg)
         for rid, tok in sampled.items():
             r = by_rid[rid]
             r.out.append(tok)   # known before the next schedule(): its block's content
@@ -344,7 +347,7 @@ def real_loop(lm, cfg: ServeConfig, reqs: list[Request], stop_ids, progress: boo
         if record:
             rows.append(_iter_row(it, step, finished, sched, {
                 "sched_wall_s": (w1 - w0) + (w3 - w2), "sched_cpu_s": (c1 - c0) + (c3 - c2),
-                "wall_s": w2 - w1, "cpu_s": c2 - c1}))
+                "wall_s": w2 - w1, "cpu_s": c2 - c1, "forward_wall_s": wf - w1, "forward_cpu_s": cf - c1}))
         bar.update(len(finished))
         pending = loop.finished(finished)
         it += 1
@@ -505,6 +508,54 @@ def serve_requests(lm, cfg: ServeConfig, reqs: list[Request], stop, progress: bo
     return rows, rq, sim_rows, sim_info, compare(rows, sim_rows, rq, cfg.clock), loop_wall
 
 
+REAL_COLUMNS = ("iteration", "seqs", "c", "n", "sample", "preempted", "finished", "cache_hit_tokens",
+                "recompute_tokens", "n_running", "n_waiting", "kv_blocks_used", "sched_wall_s", "sched_cpu_s",
+                "wall_s", "cpu_s", "forward_wall_s", "forward_cpu_s")
+
+
+def rescore(run_dir: Path, hardware: str | None = None, clock: str | None = None) -> dict:
+    """Replay a saved run again (another hardware profile or clock) without running the model.
+
+    Reads ``requests.parquet``, the real columns of ``iterations.parquet`` and the
+    config in ``serve.json``; returns the comparison (:func:`compare`).
+    """
+    from calibrate.serve_replay import replay
+
+    run_dir = Path(run_dir)
+    if not (run_dir / SUMMARY_FILE).is_file():
+        raise FileNotFoundError(f"{run_dir / SUMMARY_FILE}: missing (not a calibrate serve run)")
+    conf = json.loads((run_dir / SUMMARY_FILE).read_text())["config"]
+    if hardware is not None:
+        conf["hardware"] = hardware
+    if clock is not None:
+        conf["clock"] = clock
+    cfg = ServeConfig(**conf)
+    it = pd.read_parquet(run_dir / "iterations.parquet")
+    rows = it[[c for c in REAL_COLUMNS if c in it.columns]].dropna(subset=["cpu_s"]).reset_index(drop=True)
+    rq = pd.read_parquet(run_dir / "requests.parquet")
+    rq = rq[[c for c in rq.columns if not c.startswith("sim_")]]
+    sim_rows, sim_req, info = replay(cfg, rq)
+    return {**compare(rows, sim_rows, rq.merge(sim_req, on="rid"), cfg.clock), "hardware": info["hardware"],
+            "hardware_source": info["hardware_source"], "clock": cfg.clock}
+
+
+def phases_table(rows: pd.DataFrame, clock: str) -> pd.DataFrame:
+    """The iterations as ``calibrate run``'s ``phases.parquet`` rows (one forward each, seconds on ``clock``).
+
+    So ``rksim calibrate fit DIR`` fits a hardware profile on serving iterations
+    (every row counts as an op-sweep row, ``problem = -1``: an iteration mixes problems).
+    """
+    from calibrate.timing import PhaseRow, phases_frame
+
+    out = []
+    for r in rows.itertuples(index=False):
+        row = PhaseRow("serve-iteration", kind="forward", problem=-1, policy="serve").items(
+            list(r.n), list(r.c), logits=[1 if x else 0 for x in r.sample])
+        row.seconds = float(getattr(r, f"{clock}_s"))
+        out.append(row)
+    return phases_frame(out)
+
+
 def run_serve(cfg: ServeConfig, out: Path | None = None, progress: bool = True, lm=None) -> dict:
     """Real run, replay, comparison; writes the run folder when ``out`` is given. Returns the summary."""
     import torch
@@ -551,9 +602,14 @@ def run_serve(cfg: ServeConfig, out: Path | None = None, progress: bool = True, 
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if out is not None:
+        # run.json: what `rksim calibrate fit DIR` reads next to phases.parquet
+        run_json = {"kind": "calibrate serve", "problems": [], "model": lm.info(), "device": str(lm.device),
+                    "threads": torch.get_num_threads(), "created": summary["created"], "clock": cfg.clock}
         write_run(Path(out), {
             "iterations.parquet": _parquet_bytes(it),
             "requests.parquet": _parquet_bytes(rq),
+            "phases.parquet": _parquet_bytes(phases_table(rows, cfg.clock)),
+            "run.json": (json.dumps(run_json, indent=1, sort_keys=True, default=float) + "\n").encode(),
             SUMMARY_FILE: (json.dumps(summary, indent=1, sort_keys=True, default=float) + "\n").encode(),
         })
         summary["out"] = str(out)

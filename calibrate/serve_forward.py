@@ -19,7 +19,7 @@ modules of a Hugging Face Llama-family model:
   again into the blocks it is given.
 * **Attention per item over its own context.** Decode items are attended in
   one batched call (each query over its context gathered from its block table,
-  padded to the longest context with a masked scratch slot — one gather and
+  padded to the longest context with masked entries — one gather and
   one ``scaled_dot_product_attention`` per layer, like a paged decode kernel);
   each prefill chunk is attended on its own with the causal mask offset by its
   cached tokens (query ``j`` of a chunk over ``c`` cached sees ``c + j + 1``
@@ -27,8 +27,8 @@ modules of a Hugging Face Llama-family model:
 * **LM head** only on the rows that sample (a decode step, or the chunk that
   completes a sequence's known tokens); a non-final chunk produces no logits.
 
-The extra block (index ``num_blocks``) is a scratch block for padded slots; it
-is never handed out.
+The pools start small and double as the block manager hands out higher block
+ids (lowest first), so their memory follows the blocks used, not the capacity.
 """
 from __future__ import annotations
 
@@ -55,24 +55,47 @@ class Item:
 
 
 class PagedKV:
-    """K/V pools of ``num_blocks`` blocks of ``block_size`` tokens (+ one scratch block), per layer."""
+    """K/V pools of up to ``num_blocks`` blocks of ``block_size`` tokens, per layer.
 
-    def __init__(self, lm, num_blocks: int, block_size: int):
+    The pools grow (doubling) as higher block ids are handed out, so memory
+    follows the blocks the manager actually used (it hands ids out lowest
+    first), never the capacity asked for.
+    """
+
+    def __init__(self, lm, num_blocks: int, block_size: int, initial_blocks: int = 64):
         cfg = lm.model.config
         self.L = int(cfg.num_hidden_layers)
         self.Hkv = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         self.D = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.bs = int(block_size)
         self.num_blocks = int(num_blocks)
-        n = (self.num_blocks + 1) * self.bs
-        self.scratch = self.num_blocks * self.bs  # first slot of the scratch block
-        # Sized by the capacity the user asked for: the KV memory this run is allowed (bounded by the block count).
-        self.k = [torch.zeros(n, self.Hkv, self.D, dtype=lm.dtype, device=lm.device) for _ in range(self.L)]
-        self.v = [torch.zeros(n, self.Hkv, self.D, dtype=lm.dtype, device=lm.device) for _ in range(self.L)]
+        self.dtype, self.device = lm.dtype, lm.device
+        n = min(self.num_blocks, int(initial_blocks)) * self.bs
+        self.k = [self._zeros(n) for _ in range(self.L)]
+        self.v = [self._zeros(n) for _ in range(self.L)]
+
+    def _zeros(self, n: int):
+        return torch.zeros(n, self.Hkv, self.D, dtype=self.dtype, device=self.device)
+
+    @property
+    def n_slots(self) -> int:
+        return int(self.k[0].shape[0])
 
     @property
     def bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def _ensure(self, max_slot: int) -> None:
+        if max_slot < self.n_slots:
+            return
+        if max_slot >= self.num_blocks * self.bs:
+            raise RuntimeError(f"paged KV: slot {max_slot} beyond the capacity of {self.num_blocks} blocks")
+        n = self.n_slots
+        while n <= max_slot:
+            n *= 2
+        n = min(n, self.num_blocks * self.bs)
+        self.k = [torch.cat([t, self._zeros(n - t.shape[0])]) for t in self.k]
+        self.v = [torch.cat([t, self._zeros(n - t.shape[0])]) for t in self.v]
 
     def slots(self, block_ids, n_tokens: int) -> list[int]:
         """Slots of the first ``n_tokens`` tokens of a sequence with block table ``block_ids``."""
@@ -80,7 +103,10 @@ class PagedKV:
         need = -(-n_tokens // bs)
         if need > len(block_ids):
             raise RuntimeError(f"paged KV: {n_tokens} tokens need {need} blocks, the block table has {len(block_ids)}")
-        return [int(block_ids[t // bs]) * bs + t % bs for t in range(n_tokens)]
+        out = [int(block_ids[t // bs]) * bs + t % bs for t in range(n_tokens)]
+        if out:
+            self._ensure(max(out))
+        return out
 
 
 def _backbone(model):
@@ -114,10 +140,10 @@ def run_iteration(lm, kv: PagedKV, items: list[Item]) -> dict:
 
     dec = [i for i, it in enumerate(items) if len(it.tokens) == 1]
     pre = [i for i, it in enumerate(items) if len(it.tokens) > 1]
-    # decode batch: each row's context slots, padded with the scratch slot (masked out)
+    # decode batch: each row's context slots, padded to the longest (masked out)
     if dec:
         cmax = max(len(items[i].slots) for i in dec)
-        gidx = torch.full((len(dec), cmax), kv.scratch, dtype=torch.long)
+        gidx = torch.zeros((len(dec), cmax), dtype=torch.long)   # padding reads slot 0, masked out
         dmask = torch.zeros((len(dec), 1, 1, cmax), dtype=torch.bool)
         for r, i in enumerate(dec):
             s = items[i].slots

@@ -29,9 +29,6 @@ def replay(cfg, rq: pd.DataFrame, progress: bool = False):
     model = load_model(cfg.model_preset or cfg.model)
     hw = load_hardware(cfg.hardware)
     cost = ScalarCost(model, hw)
-    ctx = int((rq["prompt_len"] + rq["gen_len"]).max())
-    hw.check_query(model, max_context=ctx, max_new=int(cfg.max_num_batched_tokens and rq["prompt_len"].max()),
-                   max_batch=int(cfg.max_num_seqs and min(cfg.max_num_seqs, len(rq))))
     reqs = [Request(rid=int(r.rid), problem=int(r.problem), problem_index=int(r.problem_index),
                     branch=int(r.branch), user=int(r.user), prompt=[int(t) for t in r.prompt_ids],
                     max_new=int(r.gen_len)) for r in rq.itertuples(index=False)]
@@ -70,9 +67,13 @@ def replay(cfg, rq: pd.DataFrame, progress: bool = False):
         rows.append(_iter_row(it, step, finished, sched, {"sim_s": float(dt)}))
         pending = loop.finished(finished)
         it += 1
+    out = pd.DataFrame(rows)
+    # a calibrated profile answers only inside what it was fitted on: the items priced here
+    hw.check_query(model, max_context=max(c + n for cs, ns in zip(out["c"], out["n"]) for c, n in zip(cs, ns)),
+                   max_new=max(max(ns) for ns in out["n"]), max_batch=max(len(ns) for ns in out["n"]))
     req = pd.DataFrame([{"rid": r.rid, "sim_arrival_iter": r.arrival_iter, "sim_first_iter": r.first_iter,
                          "sim_finish_iter": r.finish_iter, "sim_gen_len": len(r.out)}
                         for r in reqs])
     info = {"hardware": hw.name, "hardware_source": hw.source, "model_preset": model.name,
             "engine": "calibrate.serve_replay (sim.scheduler + sim.kvcache + sim.cost.ScalarCost)"}
-    return pd.DataFrame(rows), req, info
+    return out, req, info

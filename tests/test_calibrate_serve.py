@@ -43,7 +43,7 @@ def test_paged_forward_equals_model_forward(tiny):
     g = torch.Generator().manual_seed(1)
     a = torch.randint(0, 300, (21,), generator=g).tolist()
     b = a[:8] + torch.randint(0, 300, (5,), generator=g).tolist()   # shares a's first block (block size 8)
-    kv = PagedKV(tiny, num_blocks=8, block_size=8)
+    kv = PagedKV(tiny, num_blocks=8, block_size=8, initial_blocks=1)   # grows as block ids 3, 5, 6 appear
     ta, tb = [3, 0, 5], [3, 6]                                     # b's block 0 *is* a's block 3
     r1 = run_iteration(tiny, kv, [Item("a", a[:12], 0, kv.slots(ta, 12), False)])
     assert r1 == {}
@@ -56,6 +56,15 @@ def test_paged_forward_equals_model_forward(tiny):
                (("a", a), ("b", b), ("a7", a + [7]), ("b9", b + [9]))}
     for got, want in ((r2["a"], ref["a"]), (r2["b"], ref["b"]), (r3["a"], ref["a7"]), (r3["b"], ref["b9"])):
         torch.testing.assert_close(got, want.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_paged_kv_memory_follows_blocks_used_not_capacity(tiny):
+    kv = PagedKV(tiny, num_blocks=10 ** 12, block_size=16)
+    assert kv.n_slots == 64 * 16
+    kv.slots([200], 1)
+    assert kv.n_slots == 256 * 16
+    with pytest.raises(RuntimeError, match="capacity"):
+        PagedKV(tiny, num_blocks=4, block_size=16).slots([4], 1)
 
 
 def _tiny_cfg(**kw):
