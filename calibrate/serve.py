@@ -414,7 +414,12 @@ def compare(rows: pd.DataFrame, sim_rows: pd.DataFrame, reqs: pd.DataFrame, cloc
     e_sim = _e2e(sim_rows, reqs.assign(arrival_iter=reqs["sim_arrival_iter"], finish_iter=reqs["sim_finish_iter"]),
                  "sim_s") if "sim_arrival_iter" in reqs else _e2e(sim_rows, reqs, "sim_s")
     ape = (np.abs(e_sim - e_real) / e_real) * 100.0
-    return {
+    fwd = f"forward_{clock}_s"
+    extra = {}
+    if fwd in rows:   # diagnosis: the model's forward alone, without sampling (the cost model has no sampling term)
+        ms_fwd = float(rows[fwd].sum())
+        extra = {"makespan_forward_only_real_s": ms_fwd, "makespan_error_vs_forward_only": (ms_sim - ms_fwd) / ms_fwd}
+    return {**extra,
         "scheduling_parity": same / n if n else float("nan"),
         "first_mismatch_iteration": first_diff,
         "n_iterations": int(len(rows)), "n_iterations_sim": int(len(sim_rows)),
