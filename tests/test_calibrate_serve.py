@@ -10,6 +10,8 @@ import types
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -128,6 +130,26 @@ def test_closed_loop_submits_next_problem_when_previous_answered():
     assert [r.problem for r in loop.finished(first[2:])] == [3, 3]
 
 
+@given(n=st.integers(1, 12), k=st.integers(1, 5), b=st.integers(1, 3), seed=st.integers(0, 10 ** 6))
+@settings(max_examples=60, deadline=None)
+def test_closed_loop_submits_each_problem_once_in_user_order(n, k, b, seed):
+    cfg = _tiny_cfg(problems=n, concurrency=k, branches=b)
+    reqs = _tiny_requests(cfg)
+    loop = S.ClosedLoop(reqs, k)
+    live = loop.first()
+    submitted = [r.problem for r in live]
+    rng = np.random.default_rng(seed)
+    while live:
+        done = live.pop(int(rng.integers(len(live))))      # requests finish in any order
+        new = loop.finished([done])
+        submitted += [r.problem for r in new]
+        live += new
+        assert len({r.problem for r in live}) <= k
+    assert sorted(submitted) == sorted(p for p in range(n) for _ in range(b))
+    for u, ps in enumerate(S.closed_loop_users(n, k)):
+        assert [p for p in dict.fromkeys(submitted) if p % k == u] == ps
+
+
 def test_compare_counts_a_differing_iteration():
     rows = pd.DataFrame({"seqs": [[0, 1], [0, 1], [0]], "n": [[5, 4], [1, 1], [1]], "c": [[0, 0], [5, 4], [6]],
                          "preempted": [[], [], [1]], "cpu_s": [1.0, 0.1, 0.1]})
@@ -185,19 +207,25 @@ def test_bad_flags_are_one_line_naming_the_flag(args, flag, capsys, tmp_path):
 # ----------------------------------------------------------------------------- real model (slow)
 
 @pytest.mark.slow
-def test_real_model_serve_agrees_with_simulator_iteration_for_iteration(tmp_path):
+def test_real_model_serve_agrees_with_simulator_iteration_for_iteration(tmp_path, capsys):
     """SmolLM2-135M, 3 problems x 2 branches, 256 KV tokens: preemption happens; the replay schedules the same."""
-    cfg = S.ServeConfig(problems=3, capacity_tokens=256, concurrency=2, branches=2, max_new_tokens=10)
+    from app.cli import main
+
     out = tmp_path / "serve"
-    s = S.run_serve(cfg, out, progress=False)
+    assert main(["calibrate", "serve", "--problems", "3", "--branches", "2", "--concurrency", "2",
+                 "--capacity-tokens", "256", "--max-new-tokens", "10", "--out", str(out), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
     assert SUMMARY_KEYS <= set(s)
     assert s["scheduling_parity"] == 1.0
     assert s["preemptions"] > 0 and s["prefix_hit_tokens"] > 0
     it = pd.read_parquet(out / "iterations.parquet")
     rq = pd.read_parquet(out / "requests.parquet")
     assert len(it) == s["n_iterations"] and len(rq) == 6
-    assert (it["kv_blocks_used"] <= cfg.num_blocks).all()
+    assert (it["kv_blocks_used"] <= 256 // 16).all()
     assert [list(x) for x in it["seqs"]] == [list(x) for x in it["sim_seqs"]]
     assert json.loads((out / S.SUMMARY_FILE).read_text())["scheduling_parity"] == 1.0
     for k in ("makespan_error", "throughput_error"):
         assert abs(s[k]) < 1.0, (k, s[k])     # sanity (the goal, 5 %, is measured and reported, not asserted)
+    # the replay is deterministic: rescoring the saved run gives the same simulated makespan
+    again = S.rescore(out)
+    assert again["makespan_sim_s"] == s["comparison"]["makespan_sim_s"] and again["scheduling_parity"] == 1.0
