@@ -3,28 +3,38 @@
 ``evaluate`` returns plain scalars for sweeps; ``simulate`` returns a
 :class:`SimResult` with the per-problem / per-branch DataFrames and the KV
 timeline (for the CLI and the HTML report).
+
+The path reads one way: trace → decisions → jobs → engine (or the isolated
+fast path) → metrics. Everything memoised lives in a caller-owned
+:class:`LoadedTrace` (:func:`loaded`): pass it instead of a path to keep the
+memo between calls; a path or a ``traces.store.Trace`` is turned into the one
+``LoadedTrace`` of its loaded features.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from policies import BlockPool, FullAttention, attention_metrics, list_policies, run_token_eviction
+from policies import FullAttention, attention_metrics, list_policies, run_token_eviction
 
 from . import features
+from .capacity import (MAX_BLOCKS, CapacityError, ServingConfig, capacity_blocks, check_block_budget,
+                       check_block_size, check_budget_frac, kv_capacity)
 from .cost import batch_terms, eviction_scoring_terms
 from .decisions import ConfigError, _fields, decide, job_for, make_config
-from .engine import Engine
 from .fastpath import FastPath
 from .metrics import SUMMARY_KEYS, branch_rows, clean, problem_row, summarize
 from .profiles import HardwareProfile, ModelShape, load_hardware, load_model, model_from_manifest
 from .profiles import load_presets as _load_presets
-from .workload import BlockLedger, RecordingLedger, ReplayLedger, blocks, ledger_key, probes_for
+from .scheduler import SchedulerConfig
+from .serving_metrics import serving_summary, timelines
+from .workload import blocks, probes_for
 
 MODES = ("isolated", "serving")
 
@@ -39,19 +49,58 @@ def load_presets() -> dict[str, list[str]]:
     return _load_presets()
 
 
-# ---------------------------------------------------------------------------- caches
+# ---------------------------------------------------------------------------- the loaded trace
+class LoadedTrace:
+    """A trace's features plus every memo the simulator keeps for it (owned by the caller).
+
+    Attributes hold dicts: ``decisions`` (decision key → (decision, job, key)), ``signals``
+    (sigma / exit-layer memo of :func:`sim.decisions.decision_key`), ``rows`` (per-problem
+    results), ``summaries``, ``baselines``, ``token_quality``, ``token_sizes``, ``full_attention``,
+    ``range_ok``; plus the trace model's shape, the fast paths and target ids per cost target.
+    """
+
+    def __init__(self, tf):
+        self.tf = tf
+        self.trace_model = None
+        self.clear()
+
+    def clear(self) -> None:
+        self.decisions, self.signals, self.rows, self.summaries, self.baselines = {}, {}, {}, {}, {}
+        self.token_quality, self.token_sizes, self.full_attention, self.range_ok = {}, {}, {}, {}
+        self.fastpaths, self.target_ids = {}, {}
+
+    @property
+    def trace(self):
+        return self.tf.trace
+
+    @property
+    def path(self):
+        return self.tf.path
+
+
+_LOADED: "weakref.WeakSet[LoadedTrace]" = weakref.WeakSet()
+
+
+def loaded(trace) -> LoadedTrace:
+    """The :class:`LoadedTrace` of a path, a ``traces.store.Trace``, features or a ``LoadedTrace``."""
+    if isinstance(trace, LoadedTrace):
+        return trace
+    tf = trace if isinstance(trace, features.TraceFeatures) else features.load(trace)
+    lt = tf.__dict__.get("_loaded")
+    if lt is None:
+        lt = tf.__dict__["_loaded"] = LoadedTrace(tf)
+        _LOADED.add(lt)
+    return lt
+
+
 _PRESET_CACHE: dict = {}
-_TRACE_MODEL: dict = {}
-_FP_CACHE: dict = {}
-_DEC_CACHE: dict = {}
-_BASE_CACHE: dict = {}
 
 
 def clear_caches() -> None:
     """Forget every memoised decision, job result and summary (the trace features stay loaded)."""
-    for c in (_PRESET_CACHE, _FP_CACHE, _DEC_CACHE, _BASE_CACHE, _SIG_CACHE, _ROW_CACHE, _SUMMARY_CACHE,
-              _LEDGER_CACHE, _TOKQ_CACHE, _TOKSIZE_CACHE, _TRACE_MODEL, _TARGET_IDS, _RANGE_OK):
-        c.clear()
+    _PRESET_CACHE.clear()
+    for lt in list(_LOADED):
+        lt.clear()
 
 
 def _cached_preset(kind: str, name) -> object:
@@ -76,11 +125,11 @@ def _hw_key(hw: HardwareProfile) -> tuple:
             hw.per_kernel_s, hw.per_layer_s)
 
 
-def _fastpath(model: ModelShape, hw: HardwareProfile) -> FastPath:
+def _fastpath(lt: LoadedTrace, model: ModelShape, hw: HardwareProfile) -> FastPath:
     key = (model, _hw_key(hw))
-    fp = _FP_CACHE.get(key)
+    fp = lt.fastpaths.get(key)
     if fp is None:
-        fp = _FP_CACHE[key] = FastPath(model, hw)
+        fp = lt.fastpaths[key] = FastPath(model, hw)
     return fp
 
 
@@ -96,16 +145,13 @@ def _wl_key(cfg) -> tuple:
     return k
 
 
-_TARGET_IDS: dict = {}
-
-
-def _target_id(model: ModelShape, hw: HardwareProfile) -> int:
+def _target_id(lt: LoadedTrace, model: ModelShape, hw: HardwareProfile) -> int:
     """A small int standing for ``(model, _hw_key(hw))`` in per-problem memo keys (hashing the
     model's dataclass for every problem of every configuration was a visible cost)."""
     key = (model, _hw_key(hw))
-    t = _TARGET_IDS.get(key)
+    t = lt.target_ids.get(key)
     if t is None:
-        t = _TARGET_IDS[key] = len(_TARGET_IDS)
+        t = lt.target_ids[key] = len(lt.target_ids)
     return t
 
 
@@ -164,10 +210,11 @@ class SimResult:
         return clean({**self.summary, "info": self.info})
 
 
-def _targets(tf, model_preset, hardware):
-    trace_model = _TRACE_MODEL.get(id(tf))
+def _targets(lt: LoadedTrace, model_preset, hardware):
+    lt = loaded(lt)
+    trace_model = lt.trace_model
     if trace_model is None:
-        trace_model = _TRACE_MODEL[id(tf)] = model_from_manifest(tf.manifest)
+        trace_model = lt.trace_model = model_from_manifest(lt.tf.manifest)
     if model_preset is None:
         model = trace_model
     elif isinstance(model_preset, ModelShape):
@@ -204,13 +251,12 @@ def _scale_job(job, L_trace: int, L_target: int, l_min):
     return job
 
 
-_SIG_CACHE: dict = {}
-
-
-def _decisions(tf, cfg, probs, L_target: int):
+def _decisions(lt: LoadedTrace, cfg, probs, L_target: int):
     """(ProblemDecision, Job) per problem, memoised per distinct decision (see ``decision_key``)."""
     from .decisions import decision_key, prefetch_exits, static_key
-    sig_cache = _SIG_CACHE.setdefault(id(tf), {})
+    lt = loaded(lt)
+    tf = lt.tf
+    sig_cache = lt.signals
     wl = (_wl_key(cfg), L_target)
     static = static_key(cfg)
     if cfg.exit is not None:
@@ -218,24 +264,21 @@ def _decisions(tf, cfg, probs, L_target: int):
     scaled = tf.n_layers != L_target
     out = []
     for f in probs:
-        key = (id(tf), decision_key(f, cfg, sig_cache, static, scaled)) + wl
-        hit = _DEC_CACHE.get(key)
+        key = (decision_key(f, cfg, sig_cache, static, scaled),) + wl
+        hit = lt.decisions.get(key)
         if hit is None:
             dec = decide(f, cfg)
             job = _scale_job(job_for(f, cfg, dec, tf.n_layers), tf.n_layers, L_target,
                              getattr(cfg.exit, "l_min", None))
-            hit = _DEC_CACHE[key] = (dec, job, key)
+            hit = lt.decisions[key] = (dec, job, key)
         out.append(hit)
     return out
 
 
-_RANGE_OK: dict = {}
-
-
-def _check_range(hw, model, jobs, batch_items: int) -> None:
-    # Jobs are memoised objects (held by _DEC_CACHE): the same jobs on the same target pass again.
+def _check_range(lt: LoadedTrace, hw, model, jobs, batch_items: int) -> None:
+    # Jobs are memoised objects (held by lt.decisions): the same jobs on the same target pass again.
     okey = (tuple(id(j) for _, j in jobs), id(hw), id(model), batch_items)
-    if okey in _RANGE_OK:
+    if okey in lt.range_ok:
         return
     max_ctx = max_new = 0
     for _, j in jobs:
@@ -248,27 +291,53 @@ def _check_range(hw, model, jobs, batch_items: int) -> None:
                 max(int(j.computed.max()), int(j.gate.max()), int(j.v_new.max()) if j.verify_on else 0))
         max_ctx, max_new = max(max_ctx, rng[0]), max(max_new, rng[1])
     hw.check_query(model, max_context=max_ctx, max_new=max_new, max_batch=batch_items)
-    _RANGE_OK[okey] = (hw, model, [j for _, j in jobs])  # kept alive so the ids in the key stay theirs
+    lt.range_ok[okey] = (hw, model, [j for _, j in jobs])  # kept alive so the ids in the key stay theirs
 
 
-def _budget(cfg, job) -> int:
-    """Block budget of one isolated problem: explicit, or ``budget_frac`` x its unconstrained peak blocks."""
+def _user_budget(cfg, params, workload) -> tuple:
+    """The block budget the user asked for: ``("blocks", n)``, ``("frac", f)`` or ``None`` (the device's capacity)."""
+    params, workload = params or {}, workload or {}
     if cfg.budget_blocks is not None:
-        return int(cfg.budget_blocks)
-    peak = job.__dict__.get("_peak_blocks")
-    if peak is None:
-        peak = job.__dict__["_peak_blocks"] = float(blocks(job.own + job.decode_steps, job.bs).sum())
-    return int(math.ceil(cfg.budget_frac * peak))
+        return ("blocks", check_block_budget("budget_blocks" if "budget_blocks" in params else
+                                             "workload option 'kv_budget_blocks'", cfg.budget_blocks))
+    if "budget_frac" in params or "kv_budget_frac" in workload:
+        return ("frac", check_budget_frac("budget_frac" if "budget_frac" in params else
+                                          "workload option 'kv_budget_frac'", cfg.budget_frac))
+    return None
+
+
+def _capacity_info(model, hw, sv: ServingConfig, sched_cfg, bs: int) -> dict:
+    cap = kv_capacity(model, hw, sv)
+    cap["kv_capacity_blocks"] = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
+    cap["block_size"] = int(bs)
+    cap["scheduler"] = sched_cfg.to_dict()
+    return cap
+
+
+def _refuse_if_too_big(peaks, probs, cap: dict, model, hw) -> None:
+    """Isolated mode: a problem whose KV peak exceeds the capacity is refused, saying by how much."""
+    kvcap = cap["kv_capacity_bytes"]
+    for f, peak in zip(probs, peaks):
+        if peak > kvcap:
+            raise CapacityError(
+                f"problem {f.pos}: needs {peak / 1e9:.3f} GB of KV at its peak but {model.name} on {hw.name} has "
+                f"{kvcap / 1e9:.3f} GB of KV capacity ({cap['mem_capacity_bytes'] / 1e9:.3f} GB x "
+                f"{cap['gpu_memory_utilization']:g} - {cap['weight_bytes'] / 1e9:.3f} GB weights - "
+                f"{cap['activation_reserve_bytes'] / 1e9:.3f} GB activation reserve): {(peak - kvcap) / 1e9:.3f} GB "
+                f"short (use --mode serving to queue, a smaller model, or a larger --gpu-memory-utilization)")
 
 
 def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = None, model_preset=None,
              hardware="local-cpu", mode: str = "isolated", problems=None, workload: dict | None = None,
              seed: int = 0, arrival_rate: float | None = None, baselines: bool = True,
-             engine: bool = False) -> SimResult:
+             engine: bool = False, serving=None) -> SimResult:
     """Simulate one configuration; see :func:`evaluate` for the arguments.
 
     ``engine=True`` forces the simpy engine in isolated mode too (the fast path
-    and the engine agree to 1e-9; the tests check it).
+    and the engine agree to 1e-9; the tests check it). ``serving``: a
+    :class:`sim.capacity.ServingConfig` or dict (scheduler, max_num_seqs,
+    max_num_batched_tokens, gpu_memory_utilization, activation_reserve_bytes,
+    kv_capacity_bytes, decode_tokens, prefix_caching).
     """
     if mode not in MODES:
         raise ConfigError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
@@ -277,196 +346,251 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
         raise ConfigError(f"arrival_rate: must be a number > 0, got {arrival_rate!r}")
     if arrival_rate is not None and mode != "serving":
         raise ConfigError("arrival_rate: only meaningful with mode='serving'")
-    tf = features.load(default_trace_path() if trace is None else trace)
-    trace_model, model, hw = _targets(tf, model_preset, hardware)
+    sv = ServingConfig.from_any(serving)
+    lt = loaded(default_trace_path() if trace is None else trace)
+    tf = lt.tf
+    trace_model, model, hw = _targets(lt, model_preset, hardware)
     cfg = make_config(policy, params, workload)
+    bs = check_block_size("workload option 'block_size'", cfg.workload["block_size"])
+    ubudget = _user_budget(cfg, params, workload) if cfg.block is not None else None
     probs = _select(tf, problems)
+    sched_cfg = sv.scheduler_config(hw.name) if mode == "serving" else ISOLATED_SCHEDULER
+    cap = _capacity_info(model, hw, sv, sched_cfg, bs)
     info = {"policy": policy, "params": dict(params or {}), "components": cfg.describe(),
             "decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name,
-            "hardware_calibrated": bool(hw.calibrated), "hardware_provisional": bool(hw.provisional),
+            "hardware_calibrated": bool(getattr(hw, "calibrated", hw.fitted_range is not None)),
+            "hardware_provisional": bool(getattr(hw, "provisional", False)),
             "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"]),
             "workload": {k: v for k, v in cfg.workload.items()}, "seed": int(seed),
             "arrival_rate": arrival_rate, "trace": tf.path,
+            "kv_capacity_bytes": cap["kv_capacity_bytes"], "capacity_source": cap["capacity_source"],
+            "capacity": cap, "scheduler": sched_cfg.to_dict(),
             "note": (f"decisions from the trace's model {tf.model_name}; costs from {model.name} on {hw.name}"
                      if model.name != tf.model_name else f"decisions and costs from {model.name} on {hw.name}")}
     if cfg.kind == "token":
-        return _simulate_token(tf, cfg, model, hw, seed, info)
+        return _simulate_token(lt, cfg, model, hw, seed, info, mode=mode, sv=sv, cap=cap, sched_cfg=sched_cfg,
+                               arrival_rate=arrival_rate)
     L = model.n_layers
-    triples = _decisions(tf, cfg, probs, L)
+    triples = _decisions(lt, cfg, probs, L)
     jobs = [(f.pos, job) for f, (_, job, _) in zip(probs, triples)]
     # Serving mode: the batch an iteration reaches is only known while it runs; the engine checks it.
-    _check_range(hw, model, jobs, max((j.B for _, j in jobs), default=0))
+    _check_range(lt, hw, model, jobs, max((j.B for _, j in jobs), default=0))
     rows, brows, timeline = [], [], []
     makespan = peak = None
-    if mode == "isolated" and not engine:
-        fp = _fastpath(model, hw)
-        hk = _target_id(model, hw)
-        bkey = (cfg.block.name, _freeze(_fields(cfg.block))) if cfg.block is not None else None
+    extra: dict = {}
+    fast = mode == "isolated" and not engine and cfg.block is None
+    if fast:
+        fp = _fastpath(lt, model, hw)
+        hk = _target_id(lt, model, hw)
         for f, (dec, job, dkey) in zip(probs, triples):
-            # The block pool is deterministic given the job, budget and block policy: memoise it too.
-            budget = _budget(cfg, job) if cfg.block is not None else None
-            rkey = (dkey, hk, budget, bkey)
-            hit = _ROW_CACHE.get(rkey)
+            rkey = (dkey, hk)
+            hit = lt.rows.get(rkey)
             if hit is None:
-                led = None
-                if cfg.block is not None:
-                    lk = ledger_key(job, budget, bkey)
-                    rec = _LEDGER_CACHE.get(lk)
-                    if rec is None:
-                        led = RecordingLedger(BlockPool(budget, cfg.block), job, f.pos)
-                        _LEDGER_CACHE[lk] = led
-                    else:
-                        led = ReplayLedger(rec)
-                        led.memo_key = lk
-                res = fp.run(job, led)
-                hit = _ROW_CACHE[rkey] = (problem_row(f, dec, res, tf.n_layers), branch_rows(f, dec), res)
+                res = fp.run(job)
+                hit = lt.rows[rkey] = (problem_row(f, dec, res, tf.n_layers), branch_rows(f, dec), res)
             row, br, res = hit
             rows.append(row)
             brows.extend(br)
             timeline.append((f.pos, res["kv_times"], res["kv_bytes"]))
+        _refuse_if_too_big([r["peak_kv_bytes"] for r in rows], probs, cap, model, hw)
+        info["kv_budget_blocks"] = None
+    elif mode == "isolated":
+        fp = _fastpath(lt, model, hw)
+        for f, (dec, job, dkey) in zip(probs, triples):
+            unc = fp.run(job)
+            if cfg.block is None:
+                _refuse_if_too_big([unc["peak_kv_bytes"]], [f], cap, model, hw)
+            budget = _isolated_budget(ubudget, job, cap)
+            rkey = ("engine", dkey, _target_id(lt, model, hw), budget, _block_key(cfg))
+            hit = lt.rows.get(rkey)
+            if hit is None:
+                eng = _make_engine(lt, cfg, model, hw, [(f.pos, job)], [f], [dec], ISOLATED_SCHEDULER, budget,
+                                   concurrency=1, arrival_rate=None, seed=seed, per_problem=True)
+                res = eng.run()
+                r = res.records()[0]
+                r["evictions"] = int(res.kv.evictions)
+                r["preemptions"] = int(res.stats["preemptions"])
+                hit = lt.rows[rkey] = (problem_row(f, dec, r, tf.n_layers), branch_rows(f, dec), r)
+            row, br, r = hit
+            rows.append(row)
+            brows.extend(br)
+            timeline.append((f.pos, r["kv_times"], r["kv_bytes"]))
+        info["kv_budget_blocks"] = (None if ubudget is None and cfg.block is None else
+                                    "per problem" if ubudget is not None and ubudget[0] == "frac"
+                                    else _isolated_budget(ubudget, None, cap))
     else:
-        res_list, makespan, peak, tl = _run_engine(tf, cfg, model, hw, probs, triples, mode, seed, arrival_rate)
+        budget = _serving_budget(ubudget, cap)
+        res_list, res = _run_engine(lt, cfg, model, hw, probs, triples, seed, arrival_rate, sched_cfg, budget)
         for r in res_list:
             f = tf.problems[r["pos"]]
             dec = triples[r["pseq"] % len(triples)][0]
             rows.append(problem_row(f, dec, r, tf.n_layers))
             brows.extend(branch_rows(f, dec))
-        timeline.extend(tl)
-        if mode == "isolated":
-            makespan = peak = None
-    if mode == "isolated" and not engine:
+        timeline.append((-1, res.timeline_t, res.timeline_b))
+        makespan = res.makespan
+        peak = float(res.timeline_b.max()) if res.timeline_b.size else 0.0
+        extra = serving_summary(res_list, res, cap, budget)
+        info["kv_budget_blocks"] = budget
+        info["timeline"] = timelines(res)
+    if fast:
         # Rows are memoised objects: the same rows (by identity) give the same summary.
         skey = (tuple(map(id, rows)), cfg.exit is not None, getattr(cfg.sharing, "name", ""), tf.n_layers)
-        summary = _SUMMARY_CACHE.get(skey)
+        summary = lt.summaries.get(skey)
         if summary is None:
-            summary = _SUMMARY_CACHE[skey] = summarize(rows, brows, cfg=cfg, L=tf.n_layers)
-        summary = dict(summary)
+            summary = lt.summaries[skey] = (summarize(rows, brows, cfg=cfg, L=tf.n_layers), rows)
+        summary = dict(summary[0])
     else:
         summary = summarize(rows, brows, cfg=cfg, L=tf.n_layers, makespan=makespan, peak_kv_bytes=peak)
+    summary.update(extra)
     if baselines:
         base = {}
         for name in ("no-kv", "exact-prefix"):
-            base[name] = _baseline_latency(tf, name, model, hw, mode, problems, cfg.workload, seed, arrival_rate,
-                                           wl_key=_wl_key(cfg))
+            base[name] = _baseline_latency(lt, name, model, hw, mode, problems, cfg.workload, seed, arrival_rate,
+                                           wl_key=_wl_key(cfg), serving=sv)
         lat = summary["latency_mean_s"]
         summary["speedup_vs_no_kv"] = base["no-kv"] / lat if lat and lat > 0 else None
         summary["speedup_vs_exact_prefix"] = base["exact-prefix"] / lat if lat and lat > 0 else None
     summary.update({"decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name,
-                    "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"])})
+                    "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"]),
+                    "kv_capacity_bytes": cap["kv_capacity_bytes"], "capacity_source": cap["capacity_source"],
+                    "hardware_calibrated": info["hardware_calibrated"],
+                    "kv_budget_blocks": info["kv_budget_blocks"] if isinstance(info["kv_budget_blocks"], int) else None,
+                    **{k: v for k, v in sched_cfg.to_dict().items() if k != "long_prefill_token_threshold"}})
     return SimResult(summary, rows, brows, timeline, info)
 
 
-_ROW_CACHE: dict = {}
-_SUMMARY_CACHE: dict = {}
-_LEDGER_CACHE: dict = {}
+ISOLATED_SCHEDULER = SchedulerConfig(max_num_seqs=1 << 20, max_num_batched_tokens=1 << 24, policy="prefill-first")
 
 
-def _run_engine(tf, cfg, model, hw, probs, triples, mode, seed, arrival_rate):
+def _block_key(cfg) -> tuple | None:
+    return (cfg.block.name, _freeze(_fields(cfg.block))) if cfg.block is not None else None
+
+
+def _isolated_budget(ubudget, job, cap) -> int:
+    """Blocks of one isolated problem: the user's count, their fraction of the problem's unconstrained peak
+    blocks, else the device's KV capacity in blocks."""
+    if ubudget is None:
+        return int(cap["kv_capacity_blocks"])
+    if ubudget[0] == "blocks":
+        return int(ubudget[1])
+    if job is None:
+        return -1
+    peak = float(blocks(job.own + job.decode_steps, job.bs).sum())
+    return int(min(math.ceil(ubudget[1] * peak), MAX_BLOCKS))
+
+
+def _serving_budget(ubudget, cap) -> int:
+    """Blocks of the server: the user's count, their fraction of the device's KV capacity, else the capacity."""
+    if ubudget is None:
+        return int(cap["kv_capacity_blocks"])
+    if ubudget[0] == "blocks":
+        return int(ubudget[1])
+    return int(min(math.ceil(ubudget[1] * cap["kv_capacity_blocks"]), MAX_BLOCKS))
+
+
+def _kv_ids(f, dec) -> list:
+    """Token ids each branch's KV holds: its own prompt, or its root's when ASKS shares the root's KV."""
+    out = []
+    for b in range(f.B):
+        src = b
+        plan = dec.plan
+        while bool(np.asarray(plan.share_root)[src]) and int(np.asarray(plan.source)[src]) >= 0 \
+                and int(np.asarray(plan.source)[src]) != src:
+            src = int(np.asarray(plan.source)[src])
+        out.append(np.asarray(f.prompt_ids[src], np.int64))
+    return out
+
+
+def _make_engine(lt, cfg, model, hw, jobs, feats, decs, sched_cfg, budget, *, concurrency, arrival_rate, seed,
+                 per_problem=False):
+    from .engine import SCORE_AT, Engine
+    return Engine(model, hw, jobs, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
+                  scheduler=sched_cfg, kv_blocks=budget, block_policy=cfg.block,
+                  caching=not cfg.no_kv, prompt_ids=[_kv_ids(f, d) for f, d in zip(feats, decs)],
+                  score_at=SCORE_AT[cfg.workload["score"]], max_batch=(hw.fitted_range or {}).get("max_batch"),
+                  hw_name=hw.name, per_problem_timeline=per_problem)
+
+
+def _run_engine(lt, cfg, model, hw, probs, triples, seed, arrival_rate, sched_cfg, budget):
     jobs = [(f.pos, job) for f, (_, job, _) in zip(probs, triples)]
-    n_req = cfg.workload.get("n_requests") if mode == "serving" else None
+    feats, decs = list(probs), [d for d, _, _ in triples]
+    n_req = cfg.workload.get("n_requests")
     if n_req is not None:
-        if isinstance(n_req, bool) or not isinstance(n_req, (int, np.integer)) or n_req < 1:
-            raise ConfigError(f"workload option 'n_requests' must be an integer >= 1, got {n_req!r}")
-        jobs = [jobs[i % len(jobs)] for i in range(int(n_req))]
-    fp = _fastpath(model, hw)
-    # Admission reserves each problem's unconstrained KV peak (closed form).
-    need = [fp.run(job)["peak_kv_bytes"] for _, job in jobs]
-    capacity = max(hw.mem_capacity - model.weight_bytes, 0.0) if mode == "serving" else None
-    shared_pool = None
-    ledger_factory = None
-    if cfg.block is not None:
-        if mode == "serving":
-            budget = (int(cfg.budget_blocks) if cfg.budget_blocks is not None else
-                      int(math.ceil(cfg.budget_frac * sum(float(blocks(j.own + j.decode_steps, j.bs).sum())
-                                                          for _, j in jobs[: int(cfg.workload["concurrency"])]))))
-            shared_pool = BlockPool(budget, cfg.block)
-            ledger_factory = lambda pseq, pos, job: BlockLedger(shared_pool, job, pseq)  # noqa: E731
-        else:
-            ledger_factory = lambda pseq, pos, job: BlockLedger(BlockPool(_budget(cfg, job), cfg.block), job, pseq)  # noqa: E731
-    eng = Engine(model, hw, jobs, concurrency=int(cfg.workload["concurrency"]) if mode == "serving" else 1,
-                 arrival_rate=arrival_rate, seed=seed, ledger_factory=ledger_factory, need_bytes=need,
-                 kv_capacity=capacity, shared_pool=shared_pool,
-                 max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name)
+        if isinstance(n_req, bool) or not isinstance(n_req, (int, np.integer)) or not 1 <= n_req <= 10_000_000:
+            raise ConfigError(f"workload option 'n_requests' must be an integer in 1..10000000, got {n_req!r}")
+        idx = [i % len(jobs) for i in range(int(n_req))]
+        jobs, feats, decs = [jobs[i] for i in idx], [feats[i] for i in idx], [decs[i] for i in idx]
+    eng = _make_engine(lt, cfg, model, hw, jobs, feats, decs, sched_cfg, budget,
+                       concurrency=int(cfg.workload["concurrency"]), arrival_rate=arrival_rate, seed=seed)
     res = eng.run()
     recs = res.records()
-    if shared_pool is not None:
-        # One pool for all problems: report its evictions once (on the first record).
-        for r in recs:
-            r["evictions"] = 0
-        if recs:
-            recs[0]["evictions"] = int(shared_pool.evictions)
-    if mode == "isolated":
-        return recs, None, None, [(r["pos"], r["kv_times"], r["kv_bytes"]) for r in recs]
-    tl = [(-1, res.timeline_t, res.timeline_b)]
-    peak = float(res.timeline_b.max()) if res.timeline_b.size else 0.0
-    return recs, res.makespan, peak, tl
+    # One pool for all problems: report its evictions once (on the first record).
+    if recs:
+        recs[0]["evictions"] = int(res.kv.evictions)
+    return recs, res
 
 
-def _baseline_latency(tf, name, model, hw, mode, problems, workload, seed, arrival_rate, wl_key=None) -> float:
+def _baseline_latency(lt, name, model, hw, mode, problems, workload, seed, arrival_rate, wl_key=None,
+                      serving=None) -> float:
     wl = {k: v for k, v in workload.items()}
-    key = (id(tf), name, _target_id(model, hw), mode, None if problems is None else tuple(int(p) for p in problems),
-           _freeze(wl) if wl_key is None else wl_key, seed, arrival_rate)
-    hit = _BASE_CACHE.get(key)
+    key = (name, _target_id(lt, model, hw), mode, None if problems is None else tuple(int(p) for p in problems),
+           _freeze(wl) if wl_key is None else wl_key, seed, arrival_rate, repr(serving))
+    hit = lt.baselines.get(key)
     if hit is None:
-        r = simulate(tf.trace if tf.trace is not None else tf.path, policy=name, params={}, model_preset=model,
+        r = simulate(lt, policy=name, params={}, model_preset=model,
                      hardware=hw, mode=mode, problems=problems, workload=wl, seed=seed,
-                     arrival_rate=arrival_rate, baselines=False)
-        hit = _BASE_CACHE[key] = r.summary["latency_mean_s"]
+                     arrival_rate=arrival_rate, baselines=False, serving=serving)
+        hit = lt.baselines[key] = r.summary["latency_mean_s"]
     return hit
 
 
 # ---------------------------------------------------------------------------- token eviction
-_FULL_CACHE: dict = {}
-
-
 def _long_arrays(ld, li: int):
     return (np.asarray(ld.K[li], dtype=np.float64), np.asarray(ld.V[li], dtype=np.float64),
             np.asarray(ld.Q[li], dtype=np.float64))
 
 
-_TOKQ_CACHE: dict = {}
-_TOKSIZE_CACHE: dict = {}
+def _pol_key(pol) -> tuple:
+    return (pol.name, _freeze(dataclasses.asdict(pol)))
 
 
 def token_quality(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
     """Attention-output error and mass recall of a token policy on every recorded (sequence, layer).
 
-    Independent of the cost target: memoised per (trace, policy parameters, seed).
+    Independent of the cost target: memoised per (trace, policy parameters, seed) on the
+    :class:`LoadedTrace`.
     """
-    key = (id(tf), pol.name, _freeze(dataclasses.asdict(pol)), int(seed), max_layers)
-    hit = _TOKQ_CACHE.get(key)
+    lt = loaded(tf)
+    key = (_pol_key(pol), int(seed), max_layers)
+    hit = lt.token_quality.get(key)
     if hit is None:
-        hit = _TOKQ_CACHE[key] = _token_quality(tf, pol, seed, max_layers)
+        hit = lt.token_quality[key] = _token_quality(lt, pol, seed, max_layers)
     return hit
 
 
-def _token_quality(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
+def _token_quality(lt, pol, seed: int, max_layers=None) -> pd.DataFrame:
     # One BLAS thread: the matmuls of the attention metrics then reduce in a fixed order, so the
     # same inputs give bit-identical numbers whatever the machine's thread count (and spinning
     # BLAS threads only burn CPU on a shared machine).
     from threadpoolctl import threadpool_limits
     with threadpool_limits(limits=1, user_api="blas"):
-        return _token_quality_rows(tf, pol, seed, max_layers)
+        return _token_quality_rows(lt, pol, seed, max_layers)
 
 
-def _token_quality_rows(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
+def _token_quality_rows(lt, pol, seed: int, max_layers=None) -> pd.DataFrame:
     rows = []
-    for ld in tf.longs:
+    for ld in lt.tf.longs:
         n_lay = len(ld.layers) if max_layers is None else min(len(ld.layers), int(max_layers))
         for li in range(n_lay):
             K, V, Q = _long_arrays(ld, li)
-            fkey = (id(tf), ld.pos, li)
-            full = _FULL_CACHE.get(fkey)
+            fkey = (ld.pos, li)
+            full = lt.full_attention.get(fkey)
             if full is None:
-                full = _FULL_CACHE[fkey] = FullAttention(K, V, Q, ld.prompt_len)
+                full = lt.full_attention[fkey] = FullAttention(K, V, Q, ld.prompt_len)
             rng = np.random.default_rng([int(seed), ld.pos, li])
             res = run_token_eviction(pol, K, V, Q, ld.prompt_len, rng, record=True)
             met = attention_metrics(res, full=full)
-            sizes = _cache_sizes(res, ld.prompt_len, K.shape[0])
-            if li == 0:
-                # The cache the first recorded layer keeps prices the whole long decode (all layers alike).
-                _TOKSIZE_CACHE[(id(tf), pol.name, _freeze(dataclasses.asdict(pol)), int(seed), ld.pos)] = (
-                    sizes, [n - pol.buffer for n in _pre_eviction_sizes(res, pol)], res.n_evictions)
+            sizes = np.asarray(res.cache_sizes(), dtype=np.float64)
             rows.append({"seq": ld.pos, "layer": int(ld.layers[li]), "T": int(K.shape[0]),
                          "prompt_len": ld.prompt_len, "evictions": res.n_evictions,
                          "attn_output_rel_error": met["attn_output_rel_error"],
@@ -475,46 +599,80 @@ def _token_quality_rows(tf, pol, seed: int, max_layers=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _cache_sizes(res, P: int, T: int) -> np.ndarray:
-    """Tokens the query at each decode position t = P..T-1 attends over (``EvictionResult.cache_sizes``)."""
-    return np.asarray(res.cache_sizes(), dtype=np.float64)
+def eviction_schedule(pol, P: int, T: int) -> tuple[np.ndarray, list, list]:
+    """The cache a token policy keeps over positions ``P..T-1``, from its schedule alone.
+
+    Returns ``(sizes, events, candidates)``: ``sizes[i]`` = keys the query at ``P + i`` attends
+    over; ``events`` = eviction positions; ``candidates`` = cache length minus the recent buffer at
+    each (what the eviction scores). Same arithmetic as ``policies.run_token_eviction`` (which
+    checks every ``buffer`` steps: at ``t`` with ``cache_len`` tokens after appending ``t``,
+    ``pol.should_evict(cache_len, t - P + 1)`` cuts the candidates to ``budget``), so it equals
+    ``EvictionResult.cache_sizes()`` of a run on recorded tensors and extends it past their length.
+    """
+    B = int(pol.buffer)
+    events, cands = [], []
+    n, last = P, P - 1
+    if pol.evicts:
+        for t in range(P - 1 + B, T, B):
+            n += t - last
+            last = t
+            if pol.should_evict(n, t - P + 1):
+                events.append(t)
+                cands.append(n - B)
+                n = int(pol.budget) + B
+    t = np.arange(P, T)
+    sizes = t + 1
+    if events:
+        ev = np.asarray(events)
+        i = np.searchsorted(ev, t, side="right") - 1
+        after = i >= 0
+        sizes[after] = int(pol.budget) + B + (t[after] - ev[i[after]])
+    return sizes.astype(np.int64), events, cands
 
 
-def _long_latency(model, hw, P: int, sizes: np.ndarray, evictions: list, window: int) -> dict:
-    """One long decode: prefill of P tokens, then one decode step per token over its (evicted) cache."""
+def _long_latency(model, hw, P: int, sizes: np.ndarray, cands: list, window: int) -> dict:
+    """One long decode alone: prefill of P tokens, then one decode step per token over its (evicted) cache."""
     pre = float(hw.time(batch_terms(model, [float(P)], [0.0])))
     ctx = np.asarray(sizes, np.float64) - 1.0  # cached tokens before each step
     dec = float(np.sum(hw.time(batch_terms(model, np.ones((ctx.size, 1)), ctx[:, None])))) if ctx.size else 0.0
-    ev = float(sum(float(hw.time(eviction_scoring_terms(model, c, max(window, 1)))) for c in evictions))
+    ev = float(sum(float(hw.time(eviction_scoring_terms(model, c, max(window, 1)))) for c in cands))
     return {"prefill_s": pre, "decode_s": dec, "evict_s": ev, "latency_s": pre + dec + ev}
 
 
-def _simulate_token(tf, cfg, model, hw, seed, info) -> SimResult:
+def _decode_len(ld, sv: ServingConfig) -> int:
+    return int(sv.decode_tokens) if sv.decode_tokens is not None else int(ld.gen_len)
+
+
+def _simulate_token(lt, cfg, model, hw, seed, info, *, mode, sv, cap, sched_cfg, arrival_rate) -> SimResult:
+    tf = lt.tf
     if not tf.longs:
         raise ConfigError(f"policy {cfg.policy!r}: the trace {tf.path} has no long-decode sequences (long/)")
     pol = cfg.token
-    q = token_quality(tf, pol, seed, cfg.workload.get("max_long_layers"))
-    max_ctx = max(int(ld.prompt_len + ld.gen_len) for ld in tf.longs)
+    from policies import get_policy
+    full_pol = get_policy("full")
+    q = token_quality(lt, pol, seed, cfg.workload.get("max_long_layers"))
+    extrapolated = sv.decode_tokens is not None and any(sv.decode_tokens != ld.gen_len for ld in tf.longs)
+    max_ctx = max(int(ld.prompt_len + _decode_len(ld, sv)) for ld in tf.longs)
     hw.check_query(model, max_context=max_ctx, max_new=max(int(ld.prompt_len) for ld in tf.longs), max_batch=1)
-    rows = []
+    window = getattr(pol, "window", 0) or pol.buffer
+    rows, longs = [], {}
     for ld in tf.longs:
-        T = ld.prompt_len + ld.gen_len
-        key = (id(tf), pol.name, _freeze(dataclasses.asdict(pol)), int(seed), ld.pos)
-        if key not in _TOKSIZE_CACHE:  # max_long_layers = 0: run the first layer for the sizes only
-            K, V, Q = _long_arrays(ld, 0)
-            res = run_token_eviction(pol, K, V, Q, ld.prompt_len, np.random.default_rng([int(seed), ld.pos, 0]),
-                                     record=False)
-            _TOKSIZE_CACHE[key] = (_cache_sizes(res, ld.prompt_len, T),
-                                   [n - pol.buffer for n in _pre_eviction_sizes(res, pol)], res.n_evictions)
-        sizes, cands, n_ev = _TOKSIZE_CACHE[key]
-        lat = _long_latency(model, hw, ld.prompt_len, sizes, cands, getattr(pol, "window", 0) or pol.buffer)
-        full_sizes = np.arange(ld.prompt_len, T, dtype=np.float64) + 1.0  # full cache: every token so far
+        T = ld.prompt_len + _decode_len(ld, sv)
+        sizes, events, cands = eviction_schedule(pol, ld.prompt_len, T)
+        lat = _long_latency(model, hw, ld.prompt_len, sizes, cands, window)
+        full_sizes = np.arange(ld.prompt_len, T, dtype=np.int64) + 1  # full cache: every token so far
         flat = _long_latency(model, hw, ld.prompt_len, full_sizes, [], 1)
+        peak_tok = max(int(sizes.max()) if sizes.size else 0, ld.prompt_len)
         rows.append({"pos": ld.pos, "latency_s": lat["latency_s"], "prefill_s": lat["prefill_s"],
                      "decode_s": lat["decode_s"], "evict_s": lat["evict_s"], "full_latency_s": flat["latency_s"],
-                     "evictions": n_ev, "gen_tokens": ld.gen_len,
-                     "peak_kv_bytes": float(sizes.max() if sizes.size else ld.prompt_len) * model.kv_bytes_per_token})
+                     "evictions": len(events), "gen_tokens": T - ld.prompt_len,
+                     "peak_kv_bytes": float(peak_tok) * model.kv_bytes_per_token})
+        ev_s = {t: float(hw.time(eviction_scoring_terms(model, c, max(window, 1)))) for t, c in zip(events, cands)}
+        longs[ld.pos] = (ld.prompt_len, T, sizes, ev_s, full_sizes)
     df = pd.DataFrame(rows)
+    if mode == "isolated":
+        _refuse_if_too_big(df["peak_kv_bytes"].tolist(), [type("P", (), {"pos": int(p)}) for p in df["pos"]],
+                           cap, model, hw)
     lat = df["latency_s"].to_numpy()
     summary = {k: None for k in SUMMARY_KEYS}
     summary.update({
@@ -523,42 +681,92 @@ def _simulate_token(tf, cfg, model, hw, seed, info) -> SimResult:
         "speedup_vs_full": float(df["full_latency_s"].mean() / lat.mean()),
         "peak_kv_bytes": float(df["peak_kv_bytes"].max()), "evictions": int(df["evictions"].sum()),
         "recompute_tokens": 0, "kv_reuse": None, "mean_exit_layer": None, "accuracy": None,
-        "attn_output_rel_error": float(q["attn_output_rel_error"].mean()),
-        "attn_mass_recall": float(q["attn_mass_recall"].mean()),
+        "attn_output_rel_error": float(q["attn_output_rel_error"].mean()) if len(q) else None,
+        "attn_mass_recall": float(q["attn_mass_recall"].mean()) if len(q) else None,
         "budget": int(pol.budget), "buffer": int(pol.buffer),
         "throughput_tokens_per_s": float(df["gen_tokens"].sum() / lat.sum()),
         "n_sequences": len(df), "n_layers_evaluated": len(q),
-        "decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name, "mode": "isolated",
-        "verify_reuses_kv": None,
+        "decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name, "mode": mode,
+        "verify_reuses_kv": None, "length_extrapolated": bool(extrapolated),
+        "decode_tokens": sv.decode_tokens, "kv_capacity_bytes": cap["kv_capacity_bytes"],
+        "capacity_source": cap["capacity_source"], "hardware_calibrated": info["hardware_calibrated"],
+        "kv_cap_tokens_per_sequence": int(max(max(int(longs[p][2].max()) if longs[p][2].size else 0, longs[p][0])
+                                              for p in longs)),
+        **{k: v for k, v in sched_cfg.to_dict().items() if k != "long_prefill_token_threshold"},
     })
-    return SimResult(summary, rows, [], [], info, token=q)
+    info["length_extrapolated"] = bool(extrapolated)
+    timeline = []
+    if mode == "serving":
+        serve = _serve_longs(lt, cfg, model, hw, longs, sched_cfg, cap, seed, arrival_rate, token=True)
+        full = _serve_longs(lt, cfg, model, hw, longs, sched_cfg, cap, seed, arrival_rate, token=False)
+        summary.update(serve["summary"])
+        summary["throughput_vs_full"] = (serve["summary"]["throughput_tokens_per_s"]
+                                         / full["summary"]["throughput_tokens_per_s"]
+                                         if full["summary"]["throughput_tokens_per_s"] else None)
+        summary["full_cache_max_running_seqs"] = full["summary"]["max_running_seqs"]
+        summary["full_cache_mean_running_seqs"] = full["summary"]["mean_running_seqs"]
+        summary["full_cache_throughput_tokens_per_s"] = full["summary"]["throughput_tokens_per_s"]
+        summary["latency_mean_s"] = serve["summary"]["e2e_mean_s"]
+        info["timeline"] = serve["timeline"]
+        info["kv_budget_blocks"] = serve["budget"]
+        timeline.append((-1, serve["res"].timeline_t, serve["res"].timeline_b))
+    return SimResult(summary, rows, [], timeline, info, token=q)
 
 
-def _pre_eviction_sizes(res, pol) -> list:
-    """Cache length when each eviction fired (what the eviction scored): previous kept size plus what accrued."""
-    out = []
-    prev = None
-    for e in res.event_positions:
-        out.append(e + 1 if prev is None else res.size_after_eviction + (e - prev))
-        prev = e
-    return out
+def _long_job(P: int, T: int, L: int, bs: int):
+    from .workload import Job
+    z = np.zeros(1, np.int64)
+    return Job(B=1, L=L, bs=bs, reused=z, computed=np.array([P]), copy=z, gate=z, source=np.array([-1]),
+               share=np.zeros(1, bool), ctx=np.array([P]), gen=np.array([T - P + 1]), own=np.array([P]),
+               verify_on=False, v_new=z, v_cached=z, v_layers=np.array([L]), v_probes=z, v_head=np.ones(1, np.int64),
+               v_kv_tokens=z, v_reuse=False, score=np.zeros(1))
+
+
+def _serve_longs(lt, cfg, model, hw, longs: dict, sched_cfg, cap, seed, arrival_rate, token: bool) -> dict:
+    """Serve the long decodes (``n_requests`` of them, cycling) under the token policy (``token``) or full cache."""
+    from .engine import Engine, LongDecode
+    bs = int(cfg.workload["block_size"])
+    order = sorted(longs)
+    n_req = cfg.workload.get("n_requests") or len(order)
+    if isinstance(n_req, bool) or not isinstance(n_req, (int, np.integer)) or not 1 <= n_req <= 10_000_000:
+        raise ConfigError(f"workload option 'n_requests' must be an integer in 1..10000000, got {n_req!r}")
+    jobs = []
+    for i in range(int(n_req)):
+        pos = order[i % len(order)]
+        P, T, sizes, ev_s, full_sizes = longs[pos]
+        job = _long_job(P, T, model.n_layers, bs)
+        # the step computing position t (the decode's t - P + 1-th) attends over sizes[t - P] keys
+        job.__dict__["_long"] = LongDecode(P, sizes, ev_s) if token else LongDecode(P, full_sizes, {})
+        jobs.append((pos, job))
+    budget = int(cap["kv_capacity_blocks"])
+    eng = Engine(model, hw, jobs, concurrency=int(cfg.workload["concurrency"]), arrival_rate=arrival_rate,
+                 seed=seed, scheduler=sched_cfg, kv_blocks=budget, caching=False,
+                 max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name)
+    res = eng.run()
+    recs = res.records()
+    gen = float(sum(longs[r["pos"]][1] - longs[r["pos"]][0] for r in recs))
+    summ = serving_summary(recs, res, cap, budget, gen_tokens=gen)
+    return {"summary": summ, "timeline": timelines(res), "res": res, "budget": budget}
 
 
 # ---------------------------------------------------------------------------- evaluate / compare
 def evaluate(trace, policy: str = "asks", params: dict | None = None, model_preset=None, hardware="local-cpu",
              mode: str = "isolated", problems=None, workload: dict | None = None, seed: int = 0,
-             arrival_rate: float | None = None) -> dict:
+             arrival_rate: float | None = None, serving=None) -> dict:
     """Metrics of one configuration as plain Python scalars (docs/sim-api.md)."""
     r = simulate(trace, policy=policy, params=params, model_preset=model_preset, hardware=hardware, mode=mode,
-                 problems=problems, workload=workload, seed=seed, arrival_rate=arrival_rate)
+                 problems=problems, workload=workload, seed=seed, arrival_rate=arrival_rate, serving=serving)
     return _clean_flat(r.summary)
 
 
-def token_budgets(tf, pol_name: str, compressions) -> dict:
-    """Budget K for each compression ratio r: ``K = max(sinks + 1, round(T_mean / r) - buffer)``."""
+def token_budgets(tf, pol_name: str, compressions, decode_tokens: int | None = None) -> dict:
+    """Budget K for each compression ratio r: ``K = max(sinks + 1, round(T_mean / r) - buffer)``
+    (``T`` = prompt + decode length, the latter ``decode_tokens`` when given)."""
     from policies import policy_defaults
     d = policy_defaults(pol_name)
-    T = float(np.mean([ld.prompt_len + ld.gen_len for ld in tf.longs])) if tf.longs else 0.0
+    tf = loaded(tf).tf
+    T = float(np.mean([ld.prompt_len + (decode_tokens if decode_tokens is not None else ld.gen_len)
+                       for ld in tf.longs])) if tf.longs else 0.0
     out = {}
     for r in compressions:
         K = max(int(d.get("sinks", 4)) + 1, int(round(T / float(r))) - int(d.get("buffer", 16)))
@@ -568,13 +776,16 @@ def token_budgets(tf, pol_name: str, compressions) -> dict:
 
 def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: str = "isolated",
                      policies=None, workload: dict | None = None, seed: int = 0, problems=None,
-                     progress: bool = False) -> dict:
+                     progress: bool = False, serving=None) -> dict:
     """``{"policies": {NAME: metrics}}`` for every registered policy at its defaults (docs/sim-api.md).
 
     Token-eviction policies also get ``budgets`` = ``{"2x": {budget, attn_output_rel_error,
-    attn_mass_recall, ...}, ...}`` at the workload's ``token_compressions``.
+    attn_mass_recall, ...}, ...}`` at the workload's ``token_compressions``. Every entry states the
+    KV capacity (``kv_capacity_bytes``) and block budget (``kv_budget_blocks``) it ran under.
     """
-    tf = features.load(default_trace_path() if trace is None else trace)
+    lt = loaded(default_trace_path() if trace is None else trace)
+    tf = lt.tf
+    sv = ServingConfig.from_any(serving)
     names = list(policies) if policies is not None else list_policies()
     out: dict = {}
     it = names
@@ -589,14 +800,17 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
             if not tf.longs:
                 continue
             res = {}
-            budgets = token_budgets(tf, name, opts["token_compressions"])
+            budgets = token_budgets(lt, name, opts["token_compressions"], sv.decode_tokens)
             for label, K in budgets.items():
-                r = simulate(tf.trace if tf.trace is not None else tf.path, policy=name, params={"budget": K}
-                             if name != "full" else {}, model_preset=model_preset, hardware=hardware, mode="isolated",
-                             workload=workload, seed=seed)
+                r = simulate(lt, policy=name, params={"budget": K}
+                             if name != "full" else {}, model_preset=model_preset, hardware=hardware, mode=mode,
+                             workload=workload, seed=seed, serving=sv)
                 res[label] = clean({"budget": K, **{k: r.summary.get(k) for k in
                                                      ("attn_output_rel_error", "attn_mass_recall", "latency_mean_s",
-                                                      "speedup_vs_full", "peak_kv_bytes", "evictions")}})
+                                                      "speedup_vs_full", "peak_kv_bytes", "evictions",
+                                                      "kv_capacity_bytes", "kv_cap_tokens_per_sequence",
+                                                      "throughput_tokens_per_s", "throughput_vs_full",
+                                                      "max_running_seqs", "length_extrapolated")}})
             default_label = "4x" if "4x" in res else next(iter(res))
             base = dict(res[default_label])
             entry = {k: None for k in SUMMARY_KEYS}
@@ -605,9 +819,9 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
             entry["kind"] = kind
             out[name] = clean(entry)
         else:
-            m = evaluate(tf.trace if tf.trace is not None else tf.path, policy=name, params={},
+            m = evaluate(lt, policy=name, params={},
                          model_preset=model_preset, hardware=hardware, mode=mode, workload=workload, seed=seed,
-                         problems=problems)
+                         problems=problems, serving=sv)
             m["kind"] = kind
             out[name] = m
     return {"policies": out}

@@ -1,312 +1,463 @@
-"""The discrete-event simulator (simpy): problems, branches, one accelerator, a KV block pool.
+"""The discrete-event simulator (simpy): problems arrive, a vLLM-style scheduler batches them.
 
 * Problems arrive closed-loop (``concurrency`` users, each submitting its next
   problem when the previous one is answered; ``concurrency = 1`` is isolated
   mode) or as a seeded Poisson process (``arrival_rate`` problems/s).
-* Admission: a problem enters when its unconstrained KV peak fits in the KV
-  memory left (accelerator capacity minus weights), FIFO.
-* Each branch is a simpy process: (ASKS gate) → wait for its KV source →
-  prefill → decode steps → done. The problem's process waits for all its
-  branches, then submits the verification passes (unless CGEE skipped them).
-* The accelerator is one process doing iteration-level (continuous)
-  batching with vLLM's default prefill-first rule: an iteration batches every
-  waiting prefill-class item (gate, prefill, KV copy, verification) if there
-  is one, else every waiting decode step. An iteration's time is
-  :class:`sim.cost.ScalarCost` of its items.
-* KV memory: per-branch blocks (shared blocks counted once), or a
-  ``policies.BlockPool`` under the block policy, touched through
-  :class:`sim.workload.BlockLedger`; misses on evicted blocks are recomputed
-  in the iteration that needed them.
+* Every branch is a :class:`sim.scheduler.Request` of the one scheduler
+  (:mod:`sim.scheduler`, the module a real runner calls too): its prompt, then
+  ``gen_b`` sampled tokens. A branch enters the scheduler once its ASKS gate
+  pass (its own request, no cached KV) finished and its KV source produced its
+  first token (``Job.source``), so exact-prefix sharing comes from the block
+  manager's hash chain (:mod:`sim.kvcache`: blocks keyed by their tokens and
+  their parents', shared across branches and problems); an ASKS-shared branch
+  carries its root's block contents and takes the whole cached prompt
+  (zero-copy fork), copying the partial last block.
+* Verification (unless CGEE skipped it) starts when every branch of the
+  problem is done: with ``verify_reuses_kv`` the branch's request was held
+  (KV referenced) and is extended by the verification prompt; else each pass
+  is a new request computed from scratch.
+* The accelerator is one process: ``schedule()`` → price the iteration with
+  :class:`sim.cost.ScalarCost` → advance time → ``update()``. KV memory is the
+  scheduler's :class:`sim.kvcache.BlockManager`: admission waits for free
+  blocks, a running request that needs a block preempts the newest (recompute),
+  nothing ever fails for lack of memory unless one request alone cannot fit
+  (:class:`CapacityError`).
 
 Iteration time is split among its items in proportion to their stand-alone
-times (prefill-class iterations) or equally (decode iterations) to give
-per-problem phase breakdowns.
+times, or equally in a pure decode iteration, for per-problem phases.
+RSBCM's block scores are set when they become known (``score_at``): a branch's
+generation confidence when it finishes, the vote share when all branches
+finished, the verification score when it is verified.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
 
 from .cost import ScalarCost
-from .workload import KIND_DECODE, KIND_GATE, KIND_NAMES, KIND_PREFILL, KIND_VERIFY, Job, blocks
+from .kvcache import UNLIMITED, BlockManager
+from .scheduler import Request, Scheduler, SchedulerConfig
+from .workload import KIND_NAMES, Job
+
+SCORE_AT = {"mean_prob": "generation", "vote_share": "branches", "verify_score": "verification"}
 
 
-class _Item:
-    __slots__ = ("kind", "pseq", "b", "n", "c", "layers", "probes", "logits", "copy", "step", "done", "prob")
-
-    def __init__(self, kind, prob, b, n, c, layers=None, probes=0.0, logits=1.0, copy=0.0, step=0):
-        self.kind, self.prob, self.pseq, self.b = kind, prob, prob.pseq, b
-        self.n, self.c, self.layers, self.probes, self.logits, self.copy, self.step = (
-            float(n), float(c), layers, float(probes), float(logits), float(copy), step)
-        self.done = None
+class CapacityError(ValueError):
+    """A single request needs more KV blocks than the whole capacity (message says by how much)."""
 
 
-@dataclass
 class _Prob:
-    pseq: int
-    pos: int
-    job: Job
-    ledger: object = None
-    need_bytes: float = 0.0
-    arrival: float = 0.0
-    admitted: float = 0.0
-    end: float = float("nan")
-    first: np.ndarray = None
-    stored: np.ndarray = None      # generated tokens whose KV is written, per branch
-    alloc: np.ndarray = None       # blocks per branch
-    phase: dict = field(default_factory=lambda: {k: 0.0 for k in KIND_NAMES})
-    verify_bytes: float = 0.0
-    live: bool = False
-    peak: float = 0.0
-    times: list = field(default_factory=list)
-    mem: list = field(default_factory=list)
-    iterations: int = 0
+    __slots__ = ("pseq", "pos", "job", "ids", "arrival", "admitted", "end", "first", "gate_left", "src_ready",
+                 "started", "gen_done", "n_gen_done", "verify_left", "phase", "times", "mem", "peak", "iterations",
+                 "recompute", "hit_tokens", "prompt_tokens", "user_done", "reqs", "vstart", "ext")
+
+    def __init__(self, pseq, pos, job, ids):
+        self.pseq, self.pos, self.job, self.ids = pseq, pos, job, ids
+        B = job.B
+        self.arrival = self.admitted = 0.0
+        self.end = float("nan")
+        self.first = np.full(B, np.nan)
+        self.gate_left = (job.gate > 0).copy()
+        self.src_ready = np.zeros(B, bool)
+        self.started = np.zeros(B, bool)
+        self.gen_done = np.zeros(B, bool)
+        self.n_gen_done = 0
+        self.verify_left = 0
+        self.phase = {k: 0.0 for k in KIND_NAMES}
+        self.times, self.mem = [], []
+        self.peak = 0.0
+        self.iterations = 0
+        self.recompute = 0
+        self.hit_tokens = 0
+        self.prompt_tokens = 0
+        self.user_done = None
+        self.reqs = {}
+        self.vstart = np.where(job.gen > 0, job.ctx + job.gen - 1, job.ctx)
+        self.ext = np.zeros(B, bool)     # the branch's request was extended by its verification prompt
+        self.admitted = None
+
+
+def _plan_ids(pos: int, job: Job) -> list:
+    """Stand-in token ids that realise a job's sharing plan when the trace's are not given: branch ``b``'s
+    first ``reused_b`` tokens are its source's (all of them when it shares the root's KV), the rest its own
+    (negative ids, unique per problem position, branch and token)."""
+    memo = job.__dict__.get("_plan_ids")
+    if memo is not None:
+        return memo
+    out = []
+    for b in range(job.B):
+        ids = -(1 + pos * 10 ** 9 + b * 10 ** 6 + np.arange(int(job.ctx[b]), dtype=np.int64))
+        s = int(job.source[b])
+        if s >= 0:
+            r = int(job.ctx[b]) if job.share[b] else int(job.reused[b])
+            r = min(r, len(out[s]))
+            ids[:r] = out[s][:r]
+        out.append(ids)
+    job.__dict__["_plan_ids"] = out
+    return out
+
+
+def _content_fn(pos, b, ids, bs, tag):
+    """Block ``k``'s content: its token ids inside the prompt, else the branch's generated block ``k``."""
+    n_full = len(ids) // bs
+
+    def content(k, ids=ids):
+        if k < n_full:
+            return tuple(ids[k * bs:(k + 1) * bs].tolist())
+        return ("gen", pos, tag, k)
+    return content
 
 
 class Engine:
-    """One simulation run. ``jobs``: list of ``(pos, Job)`` in submission order; ``ledgers`` optional per job."""
+    """One simulation run. ``jobs``: list of ``(pos, Job)`` in submission order.
 
-    def __init__(self, model, hw, jobs, *, concurrency: int = 1, arrival_rate: float | None = None,
-                 seed: int = 0, ledger_factory=None, need_bytes=None, kv_capacity: float | None = None,
-                 shared_pool=None, max_batch: int | None = None, hw_name: str = ""):
+    Parameters
+    ----------
+    model, hw : cost target
+    jobs : list of (pos, Job)
+    concurrency, arrival_rate : closed loop users, or Poisson arrivals (problems/s)
+    scheduler : SchedulerConfig (default: prefill-first, no token/sequence cap = isolated batching)
+    kv_blocks : int, optional
+        KV capacity in blocks (None: unlimited).
+    block_policy : block policy of :mod:`policies.blocks` (default LRU)
+    caching : bool
+        Prefix caching (False for No-KV: nothing is reused, not even within a problem).
+    prompt_ids : list, optional
+        Per job, per branch, the token ids its KV holds (an ASKS-shared branch: its root's).
+    score_at : {"generation", "branches", "verification"}
+        When a branch's ``Job.score`` becomes known to the block policy.
+    per_problem_timeline : bool
+        Record each problem's KV after every iteration it took part in (isolated mode).
+    """
+
+    def __init__(self, model, hw, jobs, *, concurrency: int = 1, arrival_rate: float | None = None, seed: int = 0,
+                 scheduler: SchedulerConfig | None = None, kv_blocks: int | None = None, block_policy=None,
+                 caching: bool = True, prompt_ids=None, score_at: str = "generation", max_batch: int | None = None,
+                 hw_name: str = "", per_problem_timeline: bool = False, kv_bytes_per_block: float | None = None):
         self.m, self.hw = model, hw
         self.cost = ScalarCost(model, hw)
-        self.kvtok = float(model.kv_bytes_per_token)
         self.env = simpy.Environment()
         self.jobs = jobs
         self.concurrency = int(concurrency)
         self.arrival_rate = arrival_rate
         self.rng = np.random.default_rng(seed)
-        self.ledger_factory = ledger_factory
-        self.need = need_bytes
-        self.capacity = kv_capacity
-        self.shared_pool = shared_pool
-        self.max_batch = max_batch  # a calibrated profile's fitted batch: larger iterations are refused
+        bs = jobs[0][1].bs if jobs else 16
+        self.bs = bs
+        self.cfg = scheduler or SchedulerConfig(max_num_seqs=1 << 20, max_num_batched_tokens=1 << 24,
+                                                policy="prefill-first")
+        self.kv = BlockManager(UNLIMITED if kv_blocks is None else int(kv_blocks), bs, policy=block_policy,
+                               caching=caching)
+        self.sched = Scheduler(self.cfg, self.kv)
+        self.caching = caching
+        self.prompt_ids = prompt_ids
+        self.score_at = score_at
+        self.max_batch = max_batch
         self.hw_name = hw_name or getattr(hw, "name", "")
-        self.prefill_q: list = []
-        self.decode_q: list = []
+        self.per_problem = per_problem_timeline
+        self.block_bytes = float(kv_bytes_per_block if kv_bytes_per_block is not None
+                                 else bs * model.kv_bytes_per_token)
+        self.probs: list = []
         self._wake = None
-        self.reserved = 0.0
-        self.waiting: list = []
-        self._admit_ev = None
-        self.live: list = []
-        self.probs: list[_Prob] = []
         self.timeline_t: list = []
         self.timeline_b: list = []
+        self.timeline_run: list = []
         self.events = 0
         self.iterations = 0
         self.busy = 0.0
-        self.tokens = [0.0, 0.0, 0.0, 0.0]  # new tokens computed, by item kind (token conservation checks)
+        self.run_time = 0.0       # sum of running-seqs x iteration time (time-weighted mean)
+        self.tokens = [0.0, 0.0, 0.0, 0.0]
+        self.gen_tokens = 0
+        self._extra_dt = 0.0
 
-    # ------------------------------------------------------------------ submission
-    def _submit(self, item: _Item):
-        item.done = self.env.event()
-        (self.decode_q if item.kind == KIND_DECODE else self.prefill_q).append(item)
+    # ------------------------------------------------------------------ requests
+    def _add(self, req: Request) -> None:
+        self.sched.add(req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
-        return item.done
 
-    # ------------------------------------------------------------------ accelerator
-    def _accelerator(self):
-        env = self.env
-        while True:
-            if not self.prefill_q and not self.decode_q:
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
-            # Let every submission made at this instant arrive before forming the batch.
-            while env.peek() == env.now:
-                yield env.timeout(0)
-            if self.prefill_q:
-                batch, self.prefill_q = self.prefill_q, []
-            else:
-                batch, self.decode_q = self.decode_q, []
-            if self.max_batch is not None and len(batch) > self.max_batch:
-                from .profiles import OutOfCalibrationError
-                raise OutOfCalibrationError(
-                    f"hardware {self.hw_name}: an iteration batched {len(batch)} sequences at t = {env.now:.3f} s, "
-                    f"outside the calibrated range (fitted_range.max_batch = {self.max_batch}); refusing to "
-                    f"extrapolate (lower the arrival rate or concurrency)")
-            batch.sort(key=lambda it: (it.pseq, it.b, it.kind))
-            for it in batch:
-                self._pool_hook(it)
-            tup = [(it.n, it.c, it.layers, it.probes, it.logits, it.copy) for it in batch]
-            dt = self.cost.seconds(tup)
-            for it in batch:
-                self.tokens[it.kind] += it.n
-            yield env.timeout(dt)
-            self.iterations += 1
-            self.busy += dt
-            self._attribute(batch, tup, dt)
-            self._account(batch)
-            for it in batch:
-                it.done.succeed()
+    def _branch_ids(self, p: _Prob, b: int):
+        j = p.job
+        if self.prompt_ids is None:
+            return _plan_ids(p.pos, j)[b]
+        ids = self.prompt_ids[p.pseq][b]
+        return ids[: int(j.ctx[b])]
 
-    def _pool_hook(self, it: _Item) -> None:
-        led = it.prob.ledger
-        if led is None:
-            return
-        r = 0
-        if it.kind == KIND_PREFILL and it.prob.job.has_prefill[it.b]:
-            r = led.on_prefill(it.b)
-        elif it.kind == KIND_DECODE and led.is_boundary(it.b, it.step):
-            r = led.on_decode(it.b, it.step)
-        elif it.kind == KIND_VERIFY and it.prob.job.v_reuse:
-            r = led.on_verify(it.b)
-        if r:
-            it.n += r
-            it.c -= r
+    def _start_branch(self, p: _Prob, b: int) -> None:
+        j = p.job
+        p.started[b] = True
+        share = bool(j.share[b])
+        ids = self._branch_ids(p, b)
+        tag = ("s" if share else "o", b)
+        hold = bool(j.verify_on and j.v_reuse)
+        req = Request((p.pseq, "b", b), int(j.ctx[b]), int(j.gen[b]),
+                      content=_content_fn(p.pos, b, ids, self.bs, tag), cacheable=self.caching,
+                      allow_full_hit=share, hold=hold, depth=0, gen_depth=1, data=(p, 1, b))
+        long = j.__dict__.get("_long")
+        if long is not None:
+            req.kv_cap = long.cap
+        p.reqs[b] = req
+        self._add(req)
 
-    def _attribute(self, batch, tup, dt) -> None:
-        if batch[0].kind == KIND_DECODE:
-            share = dt / len(batch)
-            for it in batch:
-                it.prob.phase["decode"] += share
-            return
-        alone = [self.cost.seconds([t]) for t in tup]
-        tot = sum(alone)
-        for it, a in zip(batch, alone):
-            it.prob.phase[KIND_NAMES[it.kind]] += dt * a / tot if tot > 0 else dt / len(batch)
+    def _ready(self, p: _Prob, b: int) -> bool:
+        s = int(p.job.source[b])
+        return (not p.started[b]) and (not p.gate_left[b]) and (s < 0 or p.src_ready[s])
 
-    def _account(self, batch) -> None:
-        bs = None
-        for it in batch:
-            p = it.prob
-            j = p.job
-            bs = j.bs
-            if it.kind == KIND_PREFILL:
-                p.alloc[it.b] = blocks(int(j.own[it.b]), bs)
-            elif it.kind == KIND_DECODE:
-                p.stored[it.b] = it.step
-                p.alloc[it.b] = blocks(int(j.own[it.b]) + it.step, bs)
-            elif it.kind == KIND_VERIFY:
-                b = it.b
-                stored = int(j.decode_steps[b])
-                if j.v_reuse:
-                    extra = blocks(int(j.own[b]) + stored + int(j.v_new[b]), bs) - blocks(int(j.own[b]) + stored, bs)
-                else:
-                    extra = blocks(int(j.v_new[b]), bs)
-                p.verify_bytes += extra * bs * self.kvtok * float(j.v_layers[b]) / j.L
-        now = self.env.now
-        total = 0.0
-        pools_seen = set()
-        for p in self.live:
-            if p.ledger is not None:
-                pool = p.ledger.pool
-                if id(pool) not in pools_seen:
-                    pools_seen.add(id(pool))
-                    total += pool.size * p.job.bs * self.kvtok
-                mine = p.ledger.pool.size * p.job.bs * self.kvtok + p.verify_bytes
-            else:
-                mine = float(p.alloc.sum()) * p.job.bs * self.kvtok + p.verify_bytes
-                total += float(p.alloc.sum()) * p.job.bs * self.kvtok
-            total += p.verify_bytes
-        for p in {id(it.prob): it.prob for it in batch}.values():
-            p.iterations += 1
-            if p.ledger is not None:
-                mine = p.ledger.pool.size * p.job.bs * self.kvtok + p.verify_bytes
-            else:
-                mine = float(p.alloc.sum()) * p.job.bs * self.kvtok + p.verify_bytes
-            p.times.append(now - p.admitted)
-            p.mem.append(mine)
-            if mine > p.peak:
-                p.peak = mine
-        self.timeline_t.append(now)
-        self.timeline_b.append(total)
-
-    # ------------------------------------------------------------------ problems
-    def _branch(self, p: _Prob, b: int, first_evs, done_ev):
-        env, j = self.env, p.job
-        waits = []
-        if j.gate[b] > 0:
-            waits.append(self._submit(_Item(KIND_GATE, p, b, j.gate[b], 0, logits=0.0)))
-        s = int(j.source[b])
-        if s >= 0:
-            waits.append(first_evs[s])
-        if waits:
-            yield env.all_of(waits) if len(waits) > 1 else waits[0]
-        if j.has_prefill[b]:
-            yield self._submit(_Item(KIND_PREFILL, p, b, j.computed[b], j.reused[b],
-                                     logits=1.0 if j.computed[b] > 0 else 0.0, copy=j.copy[b]))
-        p.first[b] = env.now - p.admitted
-        first_evs[b].succeed()
-        ctx = float(j.ctx[b])
-        for step in range(1, int(j.decode_steps[b]) + 1):
-            yield self._submit(_Item(KIND_DECODE, p, b, 1, ctx + step - 1, step=step))
-        done_ev.succeed()
-
-    def _problem(self, p: _Prob):
-        env, j = self.env, p.job
-        p.first = np.zeros(j.B)
-        p.stored = np.zeros(j.B, np.int64)
-        p.alloc = np.zeros(j.B, np.int64)
-        first_evs = [env.event() for _ in range(j.B)]
-        done = [env.event() for _ in range(j.B)]
-        for b in range(j.B):
-            env.process(self._branch(p, b, first_evs, done[b]))
-        if done:
-            yield env.all_of(done)
-        if j.verify_on and j.B:
-            evs = [self._submit(_Item(KIND_VERIFY, p, b, j.v_new[b], j.v_cached[b], layers=float(j.v_layers[b]),
-                                      probes=j.v_probes[b], logits=j.v_head[b])) for b in range(j.B)]
-            yield env.all_of(evs)
-        p.end = env.now
-        p.live = False
-        self.live.remove(p)
-        self.reserved -= p.need_bytes
-        if p.ledger is not None and self.shared_pool is not None:
-            p.ledger.release()
-        if self.waiting:
-            self._try_admit()
-
-    def _try_admit(self) -> None:
-        while self.waiting:
-            p = self.waiting[0]
-            if self.capacity is not None and self.live and self.reserved + p.need_bytes > self.capacity:
-                return
-            self.waiting.pop(0)
-            self._start(p)
-
-    def _start(self, p: _Prob) -> None:
-        p.admitted = self.env.now
-        p.live = True
-        self.reserved += p.need_bytes
-        self.live.append(p)
-        if self.ledger_factory is not None:
-            p.ledger = self.ledger_factory(p.pseq, p.pos, p.job)
-        proc = self.env.process(self._problem(p))
-        p_done = getattr(p, "_user_done", None)
-        if p_done is not None:
-            proc.callbacks.append(lambda _ev, e=p_done: e.succeed())
+    def _try_start(self, p: _Prob) -> None:
+        for b in range(p.job.B):
+            if self._ready(p, b):
+                self._start_branch(p, b)
 
     def _arrive(self, p: _Prob, user_done=None) -> None:
         p.arrival = self.env.now
-        p._user_done = user_done  # type: ignore[attr-defined]
+        p.user_done = user_done
         self.probs.append(p)
-        self.waiting.append(p)
-        self._try_admit()
+        j = p.job
+        if j.B == 0:
+            self._finish_problem(p)
+            return
+        for b in range(j.B):
+            if j.gate[b] > 0:
+                self._add(Request((p.pseq, "g", b), int(j.gate[b]), 0, cacheable=False, data=(p, 0, b)))
+        self._try_start(p)
+
+    def _gen_finished(self, p: _Prob, b: int) -> None:
+        if p.gen_done[b]:
+            return
+        p.gen_done[b] = True
+        p.n_gen_done += 1
+        j = p.job
+        if self.score_at == "generation":
+            self._score(p, b)
+        if p.n_gen_done < j.B:
+            return
+        if self.score_at == "branches":
+            for bb in range(j.B):
+                self._score(p, bb)
+        if not j.verify_on:
+            self._finish_problem(p)
+            return
+        p.verify_left = j.B
+        for bb in range(j.B):
+            if j.v_reuse:
+                tail = 1 if j.gen[bb] > 0 else 0
+                p.ext[bb] = True
+                req = self.sched.extend((p.pseq, "b", bb), int(j.v_new[bb]) - tail)
+                if req.status == "finished":  # nothing to compute (no verification tokens)
+                    self._verify_done(p, bb)
+                if self._wake is not None and not self._wake.triggered:
+                    self._wake.succeed()
+            else:
+                self._add(Request((p.pseq, "v", bb), int(j.v_new[bb]), 0, cacheable=False, data=(p, 3, bb)))
+
+    def _score(self, p: _Prob, b: int) -> None:
+        if self.kv.num_blocks == 0 or not self.caching:
+            return
+        req = p.reqs.get(b)
+        if req is None:
+            return
+        s = float(p.job.score[b]) if p.job.score is not None else 0.0
+        for key in req.__dict__.get("_keys", ()):
+            self.kv.set_score(key, s)
+
+    def _verify_done(self, p: _Prob, b: int) -> None:
+        if self.score_at == "verification":
+            self._score(p, b)
+        p.verify_left -= 1
+        if p.verify_left == 0:
+            self._finish_problem(p)
+
+    def _finish_problem(self, p: _Prob) -> None:
+        p.end = self.env.now
+        if p.admitted is None:
+            p.admitted = p.arrival
+        if p.user_done is not None:
+            p.user_done.succeed()
+
+    # ------------------------------------------------------------------ pricing
+    def _price(self, it):
+        """Cost tuples ``(n, c, layers, probes, logits, copy)`` and the phase kind of one scheduled item."""
+        req = it.req
+        p, kind, b = req.data
+        n, c = it.num_new, it.num_cached
+        j = p.job
+        if kind == 0:
+            return [(float(n), float(c), None, 0.0, 0.0, 0.0)], 0
+        if kind == 3:
+            last = c + n == req.num_tokens
+            return [(float(n), float(c), float(j.v_layers[b]), float(j.v_probes[b]) if last else 0.0,
+                     float(j.v_head[b]) if last else 0.0, 0.0)], 3
+        if n == 0:
+            return [], 1   # a zero-copy fork admitted on its source's KV: no forward work
+        ctx = int(j.ctx[b])
+        vs = int(p.vstart[b]) if p.ext[b] else None
+        end = c + n
+        out = []
+        if vs is not None and end > vs:
+            lo = max(c, vs)
+            if c < vs:
+                out += self._price(_Sub(req, vs - c, c))[0]
+            last = end == req.num_tokens
+            out.append((float(end - lo), float(lo), float(j.v_layers[b]), float(j.v_probes[b]) if last else 0.0,
+                        float(j.v_head[b]) if last else 0.0, 0.0))
+            return out, 3
+        if c < ctx:
+            cp = 0
+            if j.share[b] and j.copy[b] > 0:
+                cp = max(0, min(end, ctx) - max(c, ctx - int(j.copy[b])))
+            # the chunk completing the prompt pays the LM head if the branch computes prompt tokens of its own
+            # (a copy-only fork's first token is its source's), or if it recomputes past the prompt
+            logits = 1.0 if end >= ctx and (end > ctx or j.computed[b] > 0) else 0.0
+            return [(float(n - cp), float(c), None, 0.0, logits, float(cp))], 1
+        long = j.__dict__.get("_long")
+        if long is not None and n == 1:
+            # token eviction: the step attends over the policy's cache, not every token so far
+            self._extra_dt += long.evict_s.get(c, 0.0)
+            return [(1.0, float(long.context(c)), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
+        return [(float(n), float(c), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
+
+    # ------------------------------------------------------------------ accelerator
+    def _accelerator(self):
+        env, sched, kv, cost = self.env, self.sched, self.kv, self.cost
+        while True:
+            if not sched.has_unfinished():
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+            # Let every arrival at this instant be queued before the batch is formed.
+            while env.peek() == env.now:
+                yield env.timeout(0)
+            out = sched.schedule()
+            items = out.items
+            nrun = len(sched.running)
+            if not items:
+                if sched.waiting and not sched.running:
+                    head = sched.waiting[0]
+                    need = -(-head.num_tokens // self.bs)
+                    raise CapacityError(
+                        f"request {head.req_id} (problem {head.data[0].pos}) needs {need} KV blocks "
+                        f"({need * self.block_bytes / 1e9:.3f} GB) but the KV capacity is {kv.num_blocks} blocks "
+                        f"({kv.num_blocks * self.block_bytes / 1e9:.3f} GB): {need - kv.num_blocks} blocks "
+                        f"({(need - kv.num_blocks) * self.block_bytes / 1e9:.3f} GB) short")
+                if sched.has_unfinished():
+                    # only held requests are left, waiting for an event (an arrival): wait for it
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wake = None
+                continue
+            if self.max_batch is not None and len(items) > self.max_batch:
+                from .profiles import OutOfCalibrationError
+                raise OutOfCalibrationError(
+                    f"hardware {self.hw_name}: an iteration batched {len(items)} sequences at t = {env.now:.3f} s, "
+                    f"outside the calibrated range (fitted_range.max_batch = {self.max_batch}); refusing to "
+                    f"extrapolate (lower the arrival rate, the concurrency or --max-num-seqs)")
+            self._extra_dt = 0.0
+            priced = [self._price(it) for it in items]
+            tup = [t for ts, _ in priced for t in ts]
+            dt = cost.seconds(tup) + self._extra_dt
+            start = env.now
+            for it in items:
+                p = it.req.data[0]
+                if p.admitted is None:
+                    p.admitted = start
+                if it.new_admission:
+                    req = it.req
+                    if req.data[1] == 1 and req.num_preemptions == 0:
+                        b = req.data[2]
+                        j = p.job
+                        planned = int(j.reused[b]) - (int(j.copy[b]) if j.share[b] else 0)
+                        if it.cache_hit < planned:
+                            p.recompute += planned - it.cache_hit
+                        p.hit_tokens += it.cache_hit
+                        p.prompt_tokens += int(j.ctx[b])
+                    if it.num_new == 0 and req.data[1] == 1:
+                        b = req.data[2]
+                        if np.isnan(p.first[b]):
+                            p.first[b] = start - p.arrival
+                            p.src_ready[b] = True
+            if dt > 0:
+                yield env.timeout(dt)
+            worked = bool(tup) and any(t[0] > 0 or t[5] > 0 for t in tup)
+            if worked:
+                self.iterations += 1
+            self.busy += dt
+            self.run_time += dt * nrun
+            self._attribute(items, priced, dt, worked)
+            used = kv.num_used * self.block_bytes
+            done = sched.update(out)
+            now = env.now
+            touched = {}
+            for it, (ts, kind) in zip(items, priced):
+                req = it.req
+                p, rkind, b = req.data
+                touched[p.pseq] = p
+                self.tokens[kind] += sum(t[0] for t in ts)
+                p.recompute += it.recompute
+                if rkind == 1:
+                    if np.isnan(p.first[b]) and it.num_cached + it.num_new >= int(p.job.ctx[b]):
+                        p.first[b] = now - p.arrival   # the prompt is in: its first token is out
+                        p.src_ready[b] = True
+                        self._try_start(p)
+                    if req.done_sampling and req.pending == 0 and not p.gen_done[b]:
+                        self.gen_tokens += int(p.job.gen[b])
+                        self._gen_finished(p, b)
+                elif rkind == 0 and req.status == "finished":
+                    p.gate_left[b] = False
+                    self._try_start(p)
+            for req in done:
+                p, rkind, b = req.data
+                if rkind == 3 or (rkind == 1 and p.gen_done[b] and p.job.verify_on and p.job.v_reuse):
+                    self._verify_done(p, b)
+            if worked:
+                self.timeline_t.append(now)
+                self.timeline_b.append(used)
+                self.timeline_run.append(nrun)
+                for p in touched.values():
+                    p.iterations += 1
+                    if self.per_problem:
+                        p.times.append(now - p.admitted)
+                        p.mem.append(used)
+                    if used > p.peak:
+                        p.peak = used
+
+    def _attribute(self, items, priced, dt, worked) -> None:
+        if not worked or dt <= 0:
+            return
+        if all(kind == 2 or not ts for ts, kind in priced):
+            live = [it for it, (ts, _) in zip(items, priced) if ts]
+            share = dt / len(live)
+            for it in live:
+                it.req.data[0].phase["decode"] += share
+            return
+        alone = [self.cost.seconds(ts) if ts else 0.0 for ts, _ in priced]
+        tot = sum(alone)
+        for it, (ts, kind), a in zip(items, priced, alone):
+            it.req.data[0].phase[KIND_NAMES[kind]] += dt * a / tot if tot > 0 else dt / len(items)
+
+    # ------------------------------------------------------------------ arrivals
+    def _prob(self, pseq: int) -> _Prob:
+        pos, job = self.jobs[pseq]
+        return _Prob(pseq, pos, job, None)
 
     def _closed_loop_user(self, mine):
         for pseq in mine:
-            pos, job = self.jobs[pseq]
-            p = _Prob(pseq=pseq, pos=pos, job=job, need_bytes=self.need[pseq] if self.need is not None else 0.0)
             ev = self.env.event()
-            self._arrive(p, ev)
+            self._arrive(self._prob(pseq), ev)
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
             yield ev
 
     def _poisson(self):
-        for pseq, (pos, job) in enumerate(self.jobs):
+        for pseq in range(len(self.jobs)):
             if pseq:
                 yield self.env.timeout(float(self.rng.exponential(1.0 / self.arrival_rate)))
-            p = _Prob(pseq=pseq, pos=pos, job=job, need_bytes=self.need[pseq] if self.need is not None else 0.0)
-            self._arrive(p)
+            self._arrive(self._prob(pseq))
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
 
     # ------------------------------------------------------------------ run
     def run(self) -> "EngineResult":
         env = self.env
-        env.process(self._accelerator())
+        acc = env.process(self._accelerator())
         if self.arrival_rate is None:
             n = len(self.jobs)
             for u in range(min(self.concurrency, n)):
@@ -319,38 +470,81 @@ class Engine:
             while True:
                 step()
                 n_ev += 1
+                if acc.triggered and not acc.ok:
+                    raise acc.value
         except simpy.core.EmptySchedule:
             pass
+        if acc.triggered and not acc.ok:  # pragma: no cover - re-raised above
+            raise acc.value
         self.events = n_ev
+        stuck = [p.pos for p in self.probs if not p.end == p.end]
+        if stuck or len(self.probs) < len(self.jobs):
+            raise RuntimeError(f"engine: the run stopped with problems {stuck[:5]} unfinished "
+                               f"({len(self.sched.waiting)} waiting, {len(self.sched.running)} running requests)")
         self.probs.sort(key=lambda p: p.pseq)
         return EngineResult(self)
 
 
+class LongDecode:
+    """A long decode under token eviction: the cache its steps attend over and the eviction costs.
+
+    ``sizes[i]``: keys the query at position ``prompt_len + i`` attends over (itself included);
+    ``evict_s[t]``: seconds of scoring the candidates at the eviction of position ``t``;
+    ``cap``: the most tokens of KV the sequence ever holds (its block reservation).
+    """
+
+    def __init__(self, prompt_len: int, sizes, evict_s: dict):
+        self.P = int(prompt_len)
+        self.sizes = np.asarray(sizes, np.int64)
+        self.evict_s = dict(evict_s)
+        self.cap = int(max(int(self.sizes.max()) if self.sizes.size else 0, self.P))
+
+    def context(self, c: int) -> int:
+        i = c - self.P
+        if 0 <= i < self.sizes.size:
+            return int(self.sizes[i]) - 1
+        return c
+
+
+class _Sub:
+    """A sub-range of a scheduled item (pricing the part of a chunk before a verification prompt)."""
+
+    def __init__(self, req, n, c):
+        self.req, self.num_new, self.num_cached = req, n, c
+        self.samples = False
+
+
 class EngineResult:
-    """Per-problem records and the global KV timeline of one engine run."""
+    """Per-problem records, the global KV and running-sequence timelines, scheduler counters."""
 
     def __init__(self, eng: Engine):
         self.problems = eng.probs
         self.timeline_t = np.asarray(eng.timeline_t)
         self.timeline_b = np.asarray(eng.timeline_b)
+        self.timeline_running = np.asarray(eng.timeline_run)
         self.events = eng.events
         self.iterations = eng.iterations
         self.makespan = float(eng.env.now)
         self.busy = eng.busy
+        self.mean_running = eng.run_time / eng.busy if eng.busy > 0 else 0.0
         self.tokens = dict(zip(KIND_NAMES, eng.tokens))
+        self.stats = eng.sched.stats()
+        self.kv = eng.kv
+        self.gen_tokens = eng.gen_tokens
 
     def records(self) -> list[dict]:
         out = []
         for p in self.problems:
-            led = p.ledger
+            adm = p.admitted if p.admitted is not None else p.arrival
+            first = p.first
             out.append({
-                "pseq": p.pseq, "pos": p.pos, "arrival_s": p.arrival, "admitted_s": p.admitted, "end_s": p.end,
-                "latency_s": p.end - p.arrival, "service_s": p.end - p.admitted, "queue_s": p.admitted - p.arrival,
+                "pseq": p.pseq, "pos": p.pos, "arrival_s": p.arrival, "admitted_s": adm, "end_s": p.end,
+                "latency_s": p.end - p.arrival, "service_s": p.end - adm, "queue_s": adm - p.arrival,
                 **{f"{k}_s": v for k, v in p.phase.items()},
-                "ttft_s": float(p.first.mean()) if len(p.first) else 0.0,
-                "first_token_times": p.first, "peak_kv_bytes": p.peak, "iterations": p.iterations,
+                "ttft_s": float(np.nanmean(first)) if len(first) and not np.isnan(first).all() else 0.0,
+                "first_token_times": first, "peak_kv_bytes": p.peak, "iterations": p.iterations,
                 "kv_times": np.asarray(p.times), "kv_bytes": np.asarray(p.mem),
-                "recompute_tokens": int(led.recompute_tokens) if led is not None else 0,
-                "evictions": int(led.pool.evictions) if led is not None else 0,
+                "recompute_tokens": int(p.recompute), "evictions": 0,
+                "prefix_hit_tokens": int(p.hit_tokens), "prompt_tokens_admitted": int(p.prompt_tokens),
             })
         return out

@@ -13,9 +13,9 @@ same reachability):
   block is therefore reusable only when every block before it is cached too:
   :meth:`BlockManager.find_cached` walks the chain and stops at the first
   miss, so evicting a middle block makes the later ones misses.
-* **Hit cap.** A prompt whose every token hits gets ``n - 1`` tokens at most
-  (whole blocks), as vLLM does (``max_cache_hit_length = num_tokens - 1``): the
-  last position must be computed to have logits. A request may waive the cap
+* **Hit cap.** A prompt whose every token hits gets ``n - 1`` tokens at most,
+  as vLLM caps it (``max_cache_hit_length = num_tokens - 1``): the last
+  position must be computed to have logits. A request may waive the cap
   (``allow_full_hit``: a zero-copy fork whose first token is its source's).
 * **References.** A block used by a running request has ``ref > 0`` and is
   never evicted. Freed blocks (``ref == 0``) with a key form the *evictable
@@ -40,8 +40,8 @@ so ``num_blocks`` may be the capacity of an 141 GB device or unlimited.
 API (docs/sim-api.md)::
 
     bm = BlockManager(num_blocks, block_size, policy=LRU(), caching=True)
-    blocks, n_hit = bm.find_cached(req)           # longest cached chain (capped)
-    ok = bm.allocate(req, n_new, blocks)           # False: not enough free blocks
+    blocks, n_hit = bm.find_cached(req)           # longest cached chain (hit capped at n - 1 tokens)
+    ok = bm.allocate(req, n_new, blocks, n_hit)    # False: not enough free blocks
     bm.free(req)                                   # request done or preempted
     bm.set_score(key, s)                           # RSBCM: a branch's score is known
 
@@ -201,16 +201,19 @@ class BlockManager:
 
     # ------------------------------------------------------------------ lookup
     def find_cached(self, req, count: bool = True) -> tuple[list, int]:
-        """Longest chain of cached blocks of ``req``'s known tokens: ``(blocks, tokens)``.
+        """Longest chain of cached blocks of ``req``'s known tokens: ``(blocks, hit_tokens)``.
 
-        Stops at the first miss (chain rule); capped at ``num_tokens - 1`` tokens
-        unless ``req.allow_full_hit``.
+        Walks the full blocks and stops at the first miss (chain rule). The hit is capped at
+        ``num_tokens - 1`` tokens unless ``req.allow_full_hit``: the last position is computed
+        again so its logits exist (vLLM's ``max_cache_hit_length = num_tokens - 1``; vLLM V1 then
+        rounds down to whole blocks, recomputing up to a block -- here only the last token is, its
+        KV written into the shared block it already holds, as SGLang's token-level radix cache does).
         """
         if not (self.caching and req.cacheable):
             return [], 0
         n = int(req.num_tokens)
         limit = n if getattr(req, "allow_full_hit", False) else n - 1
-        nblk = max(limit, 0) // self.block_size
+        nblk = n // self.block_size
         out = []
         for k in range(nblk):
             b = self.cached.get(self._key_of(req, k))
@@ -220,20 +223,30 @@ class BlockManager:
         if count:
             self.queries += nblk
             self.hits += len(out)
-        return out, len(out) * self.block_size
+        return out, max(0, min(len(out) * self.block_size, limit))
 
     # ------------------------------------------------------------------ allocation
-    def blocks_needed(self, req, n_new: int, computed: list = ()) -> int:
+    def blocks_needed(self, req, n_new: int, computed: list = (), hit_tokens: int | None = None) -> int:
         """New blocks an :meth:`allocate` of ``n_new`` tokens would take from the free pool."""
         have = len(self.req_blocks.get(req.req_id, ())) + len(computed)
-        total = -(-(int(req.num_computed_tokens) + len(computed) * self.block_size + int(n_new)) // self.block_size)
+        total = self._total_blocks(req, n_new, computed, hit_tokens)
         n_evictable_hits = sum(1 for b in computed if b.ref == 0)
         return max(total - have, 0) + n_evictable_hits
 
-    def can_allocate(self, req, n_new: int, computed: list = ()) -> bool:
-        return self.blocks_needed(req, n_new, computed) <= self.num_free
+    def _total_blocks(self, req, n_new: int, computed, hit_tokens=None) -> int:
+        """Blocks the request holds once ``n_new`` more tokens are in; a request with ``kv_cap`` (token
+        eviction: at most K + B (+ sinks) tokens per sequence) never holds more than its cap."""
+        hit = len(computed) * self.block_size if hit_tokens is None else int(hit_tokens)
+        tokens = int(req.num_computed_tokens) + hit + int(n_new)
+        cap = getattr(req, "kv_cap", None)
+        if cap is not None and tokens > cap:
+            tokens = int(cap)
+        return -(-tokens // self.block_size)
 
-    def allocate(self, req, n_new: int, computed: list = ()) -> bool:
+    def can_allocate(self, req, n_new: int, computed: list = (), hit_tokens: int | None = None) -> bool:
+        return self.blocks_needed(req, n_new, computed, hit_tokens) <= self.num_free
+
+    def allocate(self, req, n_new: int, computed: list = (), hit_tokens: int | None = None) -> bool:
         """Reserve blocks for ``n_new`` more tokens of ``req`` (after its ``computed`` cache hits).
 
         ``computed``: blocks from :meth:`find_cached` (only on the request's first allocation
@@ -241,8 +254,9 @@ class BlockManager:
         Full blocks covering the tokens scheduled are keyed at once (vLLM caches them at
         allocation), so a request admitted later in the same step can hit them.
         """
-        if not self.can_allocate(req, n_new, computed):
+        if not self.can_allocate(req, n_new, computed, hit_tokens):
             return False
+        hit = len(computed) * self.block_size if hit_tokens is None else int(hit_tokens)
         rid = req.req_id
         blks = self.req_blocks.setdefault(rid, [])
         for b in computed:
@@ -253,14 +267,14 @@ class BlockManager:
             blks.append(b)
         if computed:
             self._n_keyed[rid] = len(blks)
-        total = -(-(int(req.num_computed_tokens) + len(computed) * self.block_size + int(n_new)) // self.block_size)
+        total = self._total_blocks(req, n_new, computed, hit_tokens)
         while len(blks) < total:
             blks.append(self._take())
         used = self.num_used
         if used > self.peak_used:
             self.peak_used = used
         if self.caching and req.cacheable:
-            full = (int(req.num_computed_tokens) + len(computed) * self.block_size + int(n_new)) // self.block_size
+            full = (int(req.num_computed_tokens) + hit + int(n_new)) // self.block_size
             self._register(req, blks, full)
         return True
 

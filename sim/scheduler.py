@@ -136,6 +136,7 @@ class Request:
     gen_depth: int = 1
     arrival: float = 0.0
     data: Any = None
+    kv_cap: int | None = None      # token eviction: most tokens of KV the sequence ever holds
     # state
     num_tokens: int = field(default=0, init=False)
     num_computed_tokens: int = field(default=0, init=False)
@@ -220,6 +221,7 @@ class Scheduler:
         self.iterations = 0
         self.max_running = 0
         self._live: dict = {}
+        self.parked: dict = {}   # held requests preempted before their extension arrived
 
     # ------------------------------------------------------------------ requests
     def add(self, req: Request) -> None:
@@ -234,6 +236,9 @@ class Scheduler:
     def extend(self, req_id, n_tokens: int, max_output_tokens: int = 0, hold: bool = False) -> Request:
         """Append ``n_tokens`` given tokens to a held request (it computes them next); sample ``max_output_tokens`` more."""
         req = self._live[req_id]
+        if req.req_id in self.parked:       # preempted while held: it resumes (recomputing) first
+            del self.parked[req.req_id]
+            self.waiting.appendleft(req)
         req.num_tokens += int(n_tokens)
         req.prompt_like = req.num_tokens
         req.max_output_tokens = req.num_output_tokens + int(max_output_tokens)
@@ -243,7 +248,7 @@ class Scheduler:
         return req
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.parked)
 
     def get(self, req_id) -> Request:
         return self._live[req_id]
@@ -251,13 +256,35 @@ class Scheduler:
     # ------------------------------------------------------------------ schedule
     def schedule(self) -> SchedulerOutput:
         """The next iteration (nothing changes until :meth:`update`, except admissions and preemptions)."""
-        if self.cfg.policy == "prefill-first":
-            out = self._schedule_prefill_first()
-        else:
-            out = self._schedule_v1()
+        out = self._schedule_once()
+        preempted = list(out.preempted)
+        while not out.items and self.waiting:
+            # a step that only preempted changed the state: schedule again; else make room from held requests
+            if not out.preempted and not self._preempt_held():
+                break
+            out = self._schedule_once()
+            preempted += out.preempted
+        out.preempted = preempted
         if out.items:
             self.iterations += 1
         return out
+
+    def _schedule_once(self) -> SchedulerOutput:
+        if self.cfg.policy == "prefill-first":
+            return self._schedule_prefill_first()
+        return self._schedule_v1()
+
+    def _preempt_held(self) -> bool:
+        """Nothing could run and requests wait: preempt the newest held request (its KV is recomputed
+        when it resumes), so held requests never starve the ones they wait for. Not in vLLM (nothing
+        is held there)."""
+        for i in range(len(self.running) - 1, -1, -1):
+            r = self.running[i]
+            if r.pending == 0:
+                del self.running[i]
+                self._preempt(r, [])
+                return True
+        return False
 
     def _item(self, req: Request, n: int, new: bool, hit: int = 0) -> Scheduled:
         c = req.num_computed_tokens
@@ -273,12 +300,16 @@ class Scheduler:
         return n
 
     def _preempt(self, victim: Request, preempted: list) -> None:
+        idle = victim.hold and victim.pending == 0  # held, waiting for an extension: park it until then
         self.kv.free(victim)
         victim.num_computed_tokens = 0
         victim.status = WAITING
         victim.num_preemptions += 1
         self.preemptions += 1
-        self.waiting.appendleft(victim)
+        if idle:
+            self.parked[victim.req_id] = victim
+        else:
+            self.waiting.appendleft(victim)
         preempted.append(victim)
 
     def _run_running(self, budget: int, items: list, preempted: list, only=None) -> int:
@@ -313,7 +344,7 @@ class Scheduler:
             n = n_total
         else:
             n = self._chunk_after_hit(req, n_total, budget)
-        if not self.kv.allocate(req, n, blocks):
+        if not self.kv.allocate(req, n, blocks, hit):
             return None
         req.num_computed_tokens = hit
         req.cached_tokens = hit

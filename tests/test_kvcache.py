@@ -19,7 +19,7 @@ def _req(rid, tokens, out=1, **kw):
 
 def _run_prompt(bm, req):
     blocks, hit = bm.find_cached(req)
-    assert bm.allocate(req, req.num_tokens - hit, blocks)
+    assert bm.allocate(req, req.num_tokens - hit, blocks, hit)
     req.num_computed_tokens = req.num_tokens
     return hit
 
@@ -67,7 +67,9 @@ def test_whole_prompt_hit_is_capped_at_n_minus_1():
     _run_prompt(bm, a)
     bm.free(a)
     b = _req("b", toks)
-    assert bm.find_cached(b)[1] == 4      # 8 tokens hit; vLLM keeps n - 1 = 7 -> one whole block
+    blocks, hit = bm.find_cached(b)
+    assert hit == 7 and len(blocks) == 2  # all 8 tokens cached: n - 1 = 7 are reused, the last is computed
+    assert bm.allocate(b, 1, blocks, hit) and bm.num_used == 2  # ...into the block it shares: no new block
     c = _req("c", toks, allow_full_hit=True)
     assert bm.find_cached(c)[1] == 8      # a zero-copy fork takes them all
     d = _req("d", toks + [77])

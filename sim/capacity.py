@@ -1,0 +1,172 @@
+"""KV capacity of a target and the serving settings (scheduler limits, memory utilisation).
+
+DESIGN §5: memory is what the policies buy, so it must become batch size::
+
+    kv_capacity_bytes = mem_capacity * gpu_memory_utilization - weight_bytes - activation_reserve_bytes
+
+* ``mem_capacity``: the device's byte count as the driver reports it
+  (``nvidia-smi --query-gpu=memory.total``), set in each hardware preset with
+  its source — an "80 GB" H100 SXM reports 81,559 MiB, not 80e9 bytes.
+* ``gpu_memory_utilization``: vLLM's default 0.90 (``--gpu-memory-utilization``).
+* ``activation_reserve_bytes``: what vLLM's profiling run finds besides the
+  weights, estimated (:func:`activation_reserve`) as the peak activations of
+  one forward of ``max_num_batched_tokens`` tokens plus the sampler's float32
+  logits for ``max_num_seqs`` rows plus 1 GiB for the CUDA context, cuBLAS
+  workspaces and CUDA graphs (vLLM logs "non-torch memory" and graph memory of
+  roughly that size on H100s); settable.
+
+Scheduler defaults per hardware follow vLLM V1's ``EngineArgs`` defaults for
+``vllm serve`` (usage context OPENAI_API_SERVER, vllm/engine/arg_utils.py,
+``_set_default_args_v1``, vLLM 0.8-0.10): GPUs with >= 70 GiB other than A100
+get ``max_num_batched_tokens = 8192``, ``max_num_seqs = 1024``; others 2048 and
+256. A user preset not listed gets the second pair.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .kvcache import KVCacheError, check_size
+from .scheduler import POLICIES, SchedulerConfig
+
+GIB = 1 << 30
+DEFAULT_UTILIZATION = 0.90           # vLLM --gpu-memory-utilization default
+NON_TORCH_RESERVE = 1 * GIB          # CUDA context, cuBLAS/NCCL workspaces, CUDA graphs (estimate)
+MAX_BLOCKS = 1 << 40                 # bound on any block count a user gives
+MAX_BLOCK_SIZE = 4096                # bound on block_size (vLLM's CUDA kernels support up to 256)
+MAX_FRAC = 1e6                       # bound on kv_budget_frac (above 1 it no longer binds)
+MAX_DECODE_TOKENS = 1 << 20
+
+# vLLM V1 `vllm serve` defaults by device (source in the module docstring).
+SCHEDULER_DEFAULTS = {
+    "h100-sxm": {"max_num_seqs": 1024, "max_num_batched_tokens": 8192},
+    "h200": {"max_num_seqs": 1024, "max_num_batched_tokens": 8192},
+    "a100-80gb": {"max_num_seqs": 256, "max_num_batched_tokens": 2048},   # A100 is excluded from the large defaults
+    "l4": {"max_num_seqs": 256, "max_num_batched_tokens": 2048},
+    "local-cpu": {"max_num_seqs": 256, "max_num_batched_tokens": 2048},
+}
+GENERIC_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
+
+
+# Where each preset's mem_capacity comes from (also a comment in the preset file).
+CAPACITY_SOURCES = {
+    "h100-sxm": "nvidia-smi memory.total: 81,559 MiB (H100 80GB HBM3 SXM5)",
+    "a100-80gb": "nvidia-smi memory.total: 81,920 MiB (A100-SXM4-80GB)",
+    "h200": "nvidia-smi memory.total: 143,771 MiB (H200 SXM 141GB)",
+    "l4": "nvidia-smi memory.total: 23,034 MiB (L4)",
+    "local-cpu": "the calibration machine's memory (calibrate fit)",
+}
+
+
+class CapacityError(KVCacheError):
+    """A problem or request that cannot fit in the KV capacity (the message says by how much)."""
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """Serving settings (CLI ``--scheduler``, ``--max-num-seqs``, ...); None = the hardware default."""
+
+    scheduler: str = "vllm-v1"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float = DEFAULT_UTILIZATION
+    activation_reserve_bytes: float | None = None
+    kv_capacity_bytes: float | None = None     # override the computed capacity
+    decode_tokens: int | None = None            # token policies: extend long decodes to this length
+    prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in POLICIES:
+            raise CapacityError(f"--scheduler: {self.scheduler!r} is not one of {', '.join(POLICIES)}")
+        check_size("--max-num-seqs", self.max_num_seqs, 1, 1 << 20, allow_none=True)
+        check_size("--max-num-batched-tokens", self.max_num_batched_tokens, 1, 1 << 24, allow_none=True)
+        check_size("--decode-tokens", self.decode_tokens, 1, MAX_DECODE_TOKENS, allow_none=True)
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not math.isfinite(u) or not 0 < u <= 1:
+            raise CapacityError(f"--gpu-memory-utilization: must be a number in (0, 1], got {u!r}")
+        for name, v in (("--activation-reserve-bytes", self.activation_reserve_bytes),
+                        ("--kv-capacity-bytes", self.kv_capacity_bytes)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v < 0 or v > 1e18):
+                raise CapacityError(f"{name}: must be a number of bytes in 0..1e18, got {v!r}")
+        if not isinstance(self.prefix_caching, bool):
+            raise CapacityError(f"prefix_caching: must be true or false, got {self.prefix_caching!r}")
+
+    @classmethod
+    def from_any(cls, x) -> "ServingConfig":
+        if x is None:
+            return cls()
+        if isinstance(x, cls):
+            return x
+        if not isinstance(x, dict):
+            raise CapacityError(f"serving: expected a dict of serving settings, got {type(x).__name__}")
+        names = set(cls.__dataclass_fields__)
+        bad = set(x) - names
+        if bad:
+            raise CapacityError(f"serving: unknown setting(s) {', '.join(sorted(bad))}; valid: {', '.join(sorted(names))}")
+        return cls(**{k: v for k, v in x.items() if v is not None or k in ("max_num_seqs",)})
+
+    def scheduler_config(self, hw_name: str) -> SchedulerConfig:
+        d = SCHEDULER_DEFAULTS.get(hw_name, GENERIC_DEFAULTS)
+        return SchedulerConfig(max_num_seqs=int(self.max_num_seqs or d["max_num_seqs"]),
+                               max_num_batched_tokens=int(self.max_num_batched_tokens or d["max_num_batched_tokens"]),
+                               policy=self.scheduler)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def activation_reserve(model, max_num_batched_tokens: int, max_num_seqs: int) -> float:
+    """Estimated non-KV memory of a forward besides the weights (bytes).
+
+    ``tokens * s * (4 d + 2 F) + seqs * V * 4 + 1 GiB``: the residual stream, the
+    q/k/v/o activations and the MLP's gate and up projections of one layer at a
+    time for ``max_num_batched_tokens`` tokens (``s`` bytes each), the sampler's
+    float32 logits for ``max_num_seqs`` rows, and :data:`NON_TORCH_RESERVE`.
+    """
+    d, F, V, s = model.hidden_size, model.intermediate_size, model.vocab_size, model.dtype_bytes
+    return float(max_num_batched_tokens * s * (4 * d + 2 * F) + max_num_seqs * V * 4 + NON_TORCH_RESERVE)
+
+
+def kv_capacity(model, hw, serving: ServingConfig | None = None) -> dict:
+    """``{kv_capacity_bytes, capacity_source, mem_capacity_bytes, gpu_memory_utilization,
+    weight_bytes, activation_reserve_bytes}`` for a target (module docstring)."""
+    sv = serving or ServingConfig()
+    sc = sv.scheduler_config(hw.name)
+    if sv.activation_reserve_bytes is not None:
+        reserve, rsrc = float(sv.activation_reserve_bytes), "given"
+    else:
+        reserve, rsrc = activation_reserve(model, sc.max_num_batched_tokens, sc.max_num_seqs), "estimated"
+    mem_src = CAPACITY_SOURCES.get(hw.name)
+    out = {"mem_capacity_bytes": float(hw.mem_capacity), "gpu_memory_utilization": float(sv.gpu_memory_utilization),
+           "weight_bytes": float(model.weight_bytes), "activation_reserve_bytes": reserve,
+           "activation_reserve_source": rsrc}
+    if sv.kv_capacity_bytes is not None:
+        out["kv_capacity_bytes"] = float(sv.kv_capacity_bytes)
+        out["capacity_source"] = "given (--kv-capacity-bytes)"
+    else:
+        out["kv_capacity_bytes"] = max(0.0, hw.mem_capacity * sv.gpu_memory_utilization - model.weight_bytes - reserve)
+        out["capacity_source"] = (f"{hw.name}: mem_capacity {hw.mem_capacity:.6g} B ({mem_src or hw.source or 'preset'})"
+                                  f" x {sv.gpu_memory_utilization:g} - weights - activation reserve ({rsrc})")
+    return out
+
+
+def capacity_blocks(kv_bytes: float, block_size: int, kv_bytes_per_token: float) -> int:
+    """Whole blocks of ``block_size`` tokens that fit in ``kv_bytes``."""
+    return int(kv_bytes // (block_size * kv_bytes_per_token))
+
+
+def check_block_budget(name: str, value, allow_none: bool = True):
+    """A block budget (count) in ``0..MAX_BLOCKS``."""
+    return check_size(name, value, 0, MAX_BLOCKS, allow_none=allow_none)
+
+
+def check_budget_frac(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value <= MAX_FRAC:
+        raise CapacityError(f"{name}: must be a number in (0, {MAX_FRAC:g}], got {value!r}")
+    return float(value)
+
+
+def check_block_size(name: str, value) -> int:
+    return check_size(name, value, 1, MAX_BLOCK_SIZE)
