@@ -28,8 +28,9 @@ apart from the model's execution.
 
 The replay (:mod:`calibrate.serve_replay`)
 -----------------------------------------
-The run's requests (prompt ids, the generated ids, users) are replayed by the
-simulator's serving loop with the cost model of the hardware profile
+The run's requests (prompt ids, generated lengths, problems) are replayed by
+the simulator's serving engine (``sim.engine.Engine``, closed loop, the same
+scheduler configuration) with the cost model of the hardware profile
 (default ``local-cpu``) pricing every iteration; the comparison is made
 iteration by iteration (:func:`compare`).
 
@@ -201,14 +202,14 @@ def closed_loop_users(n_problems: int, concurrency: int) -> list[list[int]]:
 
 
 class ClosedLoop:
-    """Arrivals of a closed loop, in iteration space.
+    """Arrivals of a closed loop, in iteration space (the real run's; the replay's are ``sim.engine``'s).
 
-    At the start every user submits its first problem; when a problem's last
-    branch finishes in iteration ``i``, its user's next problem is submitted
-    before iteration ``i + 1`` is scheduled. Arrival order within one instant
-    follows the user index, then the branch index. Both the real run and the
-    replay use this (it decides *when requests exist*, not how they are
-    scheduled).
+    At the start every user submits its first problem, in user order; when a
+    problem's last branch finishes in iteration ``i``, its user's next problem
+    is submitted before iteration ``i + 1`` is scheduled, users in the order
+    their problems finished, branches in branch order — what ``sim.engine``'s
+    closed-loop users do. It decides *when requests exist*, not how they are
+    scheduled.
     """
 
     def __init__(self, requests: list[Request], concurrency: int):
@@ -227,16 +228,18 @@ class ClosedLoop:
         return out
 
     def finished(self, reqs: list[Request]) -> list[Request]:
-        """Requests submitted after these finished (their problems' users' next problems)."""
-        done_users = []
+        """Requests submitted after these finished (their problems' users' next problems).
+
+        ``reqs`` in the order the scheduler finished them; users whose problems were
+        answered in the same iteration submit in that order (as ``sim.engine``'s users do).
+        """
+        out = []
         for r in reqs:
             self.left[r.problem] -= 1
             if self.left[r.problem] == 0:
-                done_users.append(self.by_problem[r.problem][0].user)
-        out = []
-        for u in sorted(done_users):
-            if self.queue[u]:
-                out.extend(self.by_problem[self.queue[u].pop(0)])
+                u = self.by_problem[r.problem][0].user
+                if self.queue[u]:
+                    out.extend(self.by_problem[self.queue[u].pop(0)])
         return out
 
 
