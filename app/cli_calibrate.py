@@ -158,7 +158,8 @@ def register(sub) -> None:
     p.add_argument("--block-policy", default="lru", help="eviction order of cached blocks: lru, fifo, rsbcm")
     p.add_argument("--no-prefix-caching", action="store_true", help="no block is ever reused")
     p.add_argument("--hardware", default="local-cpu", help="hardware profile the replay prices iterations with")
-    p.add_argument("--clock", default="cpu", help="measured clock the errors use: cpu (thread CPU time) or wall")
+    p.add_argument("--clock", default=None,
+                   help="measured clock the errors use: cpu (thread CPU time; default with --threads 1 on cpu) or wall")
     p.add_argument("--dataset", default="gsm8k")
     p.add_argument("--layout", default="hint-suffix")
     p.add_argument("--out", default="runs/calibrate-serve", help="run folder, written atomically (default runs/calibrate-serve)")

@@ -77,7 +77,7 @@ class ServeConfig:
     block_policy: str = "lru"           # eviction order of the freed (cached) blocks
     prefix_caching: bool = True
     hardware: str = "local-cpu"         # profile the replay prices iterations with
-    clock: str = "cpu"                  # measured clock the errors are computed on
+    clock: str | None = None            # clock the errors use; None: cpu on a 1-thread CPU run, else wall
     model: str = "smollm2-135m"
     model_preset: str | None = None     # sim model preset of the replay (default: --model, a preset name)
     device: str = "cpu"
@@ -98,8 +98,15 @@ class ServeConfig:
         if self.capacity_tokens < self.block_size:
             raise ValueError(f"--capacity-tokens: {self.capacity_tokens} is less than one block "
                              f"(--block-size {self.block_size})")
+        if self.clock is None:
+            self.clock = "cpu" if self.device == "cpu" and self.threads == 1 else "wall"
         if self.clock not in CLOCKS:
             raise ValueError(f"--clock: {self.clock!r} is not one of {', '.join(CLOCKS)}")
+        if self.clock == "cpu" and self.device != "cpu":
+            raise ValueError(f"--clock: cpu (the thread's CPU time) does not see work on {self.device}; use wall")
+        if self.clock == "cpu" and self.threads != 1:
+            raise ValueError("--clock: cpu is this thread's CPU time and misses torch's other intra-op threads; "
+                             "use --threads 1 or --clock wall")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"--threads: must be >= 1, got {self.threads}")
         if self.scheduler not in SCHEDULERS:

@@ -188,6 +188,7 @@ def test_write_run_is_atomic_and_never_clobbers_other_folders(tmp_path):
     (["--concurrency", "0"], "--concurrency"), (["--concurrency", "1.5"], "--concurrency"),
     (["--max-num-seqs", "-1"], "--max-num-seqs"), (["--max-num-batched-tokens", "x"], "--max-num-batched-tokens"),
     (["--block-size", "0"], "--block-size"), (["--clock", "sundial"], "--clock"),
+    (["--clock", "cpu", "--threads", "2"], "--clock"),
     (["--scheduler", "sjf"], "--scheduler"), (["--block-policy", "h2o"], "--block-policy"),
     (["--layout", "zigzag"], "--layout"), (["--hardware", "tpu-v9"], "--hardware"),
 ])
