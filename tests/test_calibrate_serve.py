@@ -92,8 +92,9 @@ def _tiny_requests(cfg, seed=0):
     return reqs
 
 
-def test_tiny_loop_agrees_with_replay_and_computes_the_right_logits(tiny):
-    cfg = _tiny_cfg()
+@pytest.mark.parametrize("scheduler, policy, budget", [("vllm-v1", "lru", 24), ("prefill-first", "fifo", 2048)])
+def test_tiny_loop_agrees_with_replay_and_computes_the_right_logits(tiny, scheduler, policy, budget):
+    cfg = _tiny_cfg(scheduler=scheduler, block_policy=policy, max_num_batched_tokens=budget)
     reqs = _tiny_requests(cfg)
     seen = {}
     rows, rq, sim_rows, info, cmp, _ = S.serve_requests(
@@ -103,6 +104,8 @@ def test_tiny_loop_agrees_with_replay_and_computes_the_right_logits(tiny):
     assert rows["recompute_tokens"].sum() > 0
     assert rows["cache_hit_tokens"].sum() > 0
     assert rows["kv_blocks_used"].max() <= cfg.num_blocks
+    chunked = any(n > 1 and not smp for ns, ss in zip(rows["n"], rows["sample"]) for n, smp in zip(ns, ss))
+    assert chunked == (scheduler == "vllm-v1")      # a 24-token budget splits prompts into chunks
     # iteration for iteration, the replay scheduled the same items and preemptions
     assert cmp["scheduling_parity"] == 1.0
     assert len(rows) == len(sim_rows) == cmp["n_iterations"]
