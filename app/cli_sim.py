@@ -72,6 +72,84 @@ def _target_args(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of arrivals and stochastic policies (default 0)")
 
 
+def _serving_args(p, with_arrival: bool = False) -> None:
+    """The serving-at-capacity options (validated in :func:`serving_options`, errors name the flag)."""
+    g = p.add_argument_group("serving (mode serving)")
+    g.add_argument("--requests", default=None, metavar="N",
+                   help="problems submitted, cycling over the trace's (default: each selected problem once)")
+    if with_arrival:
+        x = g.add_mutually_exclusive_group()
+        x.add_argument("--arrival-rate", default=None, metavar="R", help="Poisson arrivals, problems/s")
+        x.add_argument("--concurrency", default=None, metavar="C", help="closed loop: problems in flight (default 4)")
+    else:
+        g.add_argument("--concurrency", default=None, metavar="C", help="closed loop: problems in flight (default 4)")
+    g.add_argument("--decode-tokens", default=None, metavar="T",
+                   help="token policies: extend the long decodes to T tokens (results say length_extrapolated)")
+    g.add_argument("--scheduler", default=None, metavar="NAME",
+                   help="vllm-v1 (default: running decodes first, chunked prefill) or prefill-first")
+    g.add_argument("--max-num-seqs", default=None, metavar="S", help="running sequences cap (default: the hardware's)")
+    g.add_argument("--max-num-batched-tokens", default=None, metavar="M",
+                   help="tokens per iteration (default: the hardware's vLLM default)")
+    g.add_argument("--gpu-memory-utilization", default=None, metavar="U",
+                   help="share of device memory for weights + activations + KV, in (0, 1] (default 0.90)")
+    g.add_argument("--kv-capacity-bytes", default=None, metavar="B",
+                   help="KV capacity in bytes (default: memory x utilisation - weights - activation reserve)")
+    g.add_argument("--activation-reserve-bytes", default=None, metavar="B",
+                   help="activation reserve in bytes (default: estimated, docs/simulator.md)")
+
+
+def _num(flag: str, text, kind=int, lo=None, hi=None):
+    """A numeric flag value, else ValueError naming the flag (one line)."""
+    if text is None:
+        return None
+    try:
+        v = kind(text) if kind is float else int(str(text), 10)
+    except (TypeError, ValueError):
+        raise ValueError(f"{flag}: expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    if kind is float and not math.isfinite(v):
+        raise ValueError(f"{flag}: expected a finite number, got {text!r}")
+    if lo is not None and v < lo or hi is not None and v > hi:
+        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise ValueError(f"{flag}: must be {rng}, got {text!r}")
+    return v
+
+
+def serving_options(args) -> tuple[dict, dict, float | None]:
+    """``(serving settings, workload additions, arrival_rate)`` from the serving flags."""
+    sv, wl = {}, {}
+    u = _num("--gpu-memory-utilization", getattr(args, "gpu_memory_utilization", None), float)
+    if u is not None and not 0 < u <= 1:
+        raise ValueError(f"--gpu-memory-utilization: must be in (0, 1], got {args.gpu_memory_utilization!r}")
+    for key, flag, val in (("max_num_seqs", "--max-num-seqs", _num("--max-num-seqs", args.max_num_seqs, int, 1, 1 << 20)),
+                           ("max_num_batched_tokens", "--max-num-batched-tokens",
+                            _num("--max-num-batched-tokens", args.max_num_batched_tokens, int, 1, 1 << 24)),
+                           ("decode_tokens", "--decode-tokens", _num("--decode-tokens", args.decode_tokens, int, 1, 1 << 20)),
+                           ("gpu_memory_utilization", "--gpu-memory-utilization", u),
+                           ("kv_capacity_bytes", "--kv-capacity-bytes",
+                            _num("--kv-capacity-bytes", args.kv_capacity_bytes, float, 0, 1e18)),
+                           ("activation_reserve_bytes", "--activation-reserve-bytes",
+                            _num("--activation-reserve-bytes", args.activation_reserve_bytes, float, 0, 1e18))):
+        if val is not None:
+            sv[key] = val
+    if args.scheduler is not None:
+        from sim.scheduler import POLICIES
+        if args.scheduler not in POLICIES:
+            raise ValueError(f"--scheduler: {args.scheduler!r} is not one of {', '.join(POLICIES)}")
+        sv["scheduler"] = args.scheduler
+    n = _num("--requests", args.requests, int, 1, 10_000_000)
+    if n is not None:
+        wl["n_requests"] = n
+    c = _num("--concurrency", getattr(args, "concurrency", None), int, 1, 1 << 20)
+    if c is not None:
+        wl["concurrency"] = c
+    rate = getattr(args, "arrival_rate", None)
+    if isinstance(rate, str):
+        rate = _num("--arrival-rate", rate, float)
+        if not rate > 0:
+            raise ValueError(f"--arrival-rate: must be > 0, got {args.arrival_rate!r}")
+    return sv, wl, rate
+
+
 def register(sub) -> None:
     p = sub.add_parser("simulate", help="simulate one policy on a trace for a model and hardware",
                        description="Replay a trace under one policy through the cost model and simulator "
@@ -85,7 +163,27 @@ def register(sub) -> None:
                    help="serving mode: Poisson arrivals, problems/s (default: closed loop)")
     p.add_argument("--engine", action="store_true", help="use the simpy engine in isolated mode too")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    _serving_args(p)
     p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("serve", help="serve one policy at the target's KV capacity (vLLM-style scheduler)",
+                       description="Serving mode at capacity: problems arrive (Poisson or closed loop), a vLLM V1 "
+                                   "scheduler batches them, KV memory is the target's real capacity "
+                                   "(docs/simulator.md, 'Serving at capacity').")
+    _trace_arg(p)
+    p.add_argument("--policy", required=True, help="policy registry name (see `rksim compare`)")
+    p.add_argument("--set", action="append", default=[], metavar="K=V", dest="sets",
+                   help="policy parameter, repeatable (e.g. --set tau=0.8)")
+    p.add_argument("--model-preset", default=None, metavar="X",
+                   help="cost target model: preset name or YAML/JSON file (default: the trace's own model)")
+    p.add_argument("--hardware", default=DEFAULT_HARDWARE, metavar="Y",
+                   help=f"hardware preset name or YAML/JSON file (default {DEFAULT_HARDWARE})")
+    p.add_argument("--workload", action="append", default=[], metavar="K=V",
+                   help="workload option, repeatable (see docs/simulator.md)")
+    p.add_argument("--seed", type=int, default=0, help="seed of arrivals and stochastic policies (default 0)")
+    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    _serving_args(p, with_arrival=True)
+    p.set_defaults(func=_cmd_serve, mode="serving", engine=False)
 
     p = sub.add_parser("compare", help="every policy at its defaults on one trace and target",
                        description="Compare every registered policy on a trace (JSON: {\"policies\": {NAME: {...}}}).")
@@ -161,6 +259,8 @@ def _flagged(msg: str) -> str:
         flag = "--mode"
     elif msg.startswith("policy '"):
         flag = "--set"
+    elif msg.startswith("--") or msg.startswith("problem "):
+        return msg
     else:
         return msg
     return f"{flag}: {msg}"
@@ -174,10 +274,14 @@ def _cmd_simulate(args) -> int:
 
     trace = _check_trace(args.trace)
     params = parse_sets(args.sets, "--set")
+    sv, wl, rate = serving_options(args)
+    workload = {**_workload(args), **wl}
+    if args.mode != "serving" and wl:
+        raise ValueError(f"--{'requests' if 'n_requests' in wl else 'concurrency'}: only with --mode serving")
     try:
         r = simulate(trace, policy=args.policy, params=params, model_preset=args.model_preset,
-                     hardware=args.hardware, mode=args.mode, workload=_workload(args), seed=args.seed,
-                     arrival_rate=args.arrival_rate, engine=args.engine)
+                     hardware=args.hardware, mode=args.mode, workload=workload, seed=args.seed,
+                     arrival_rate=rate, engine=args.engine, serving=sv)
     except (ConfigError, PresetError) as exc:
         raise ValueError(_flagged(str(exc))) from None
     if args.json:
@@ -189,6 +293,10 @@ def _cmd_simulate(args) -> int:
               f"verify_reuses_kv={r.info['verify_reuses_kv']}")
         print(pd.Series({k: v for k, v in s.items() if not isinstance(v, (dict, list))}).to_string())
     return 0
+
+
+def _cmd_serve(args) -> int:
+    return _cmd_simulate(args)
 
 
 def run_compare(trace, model_preset, hardware, mode="isolated", workload=None, seed=0, policies=None,

@@ -168,18 +168,25 @@ class BlockPool:
     which case they are never chosen as victims; a pool whose blocks are all pinned
     cannot admit a new block and ``access`` raises PolicyError.
 
-    Resident blocks live in fixed slots of numpy arrays, so choosing a victim is one
-    O(budget) pass (``policy.victim``, equal to ``victim_order(...)[0]``).
+    Resident blocks live in slots of numpy arrays, so choosing a victim is one O(blocks
+    held) pass (``policy.victim``, equal to ``victim_order(...)[0]``); the arrays grow with
+    the blocks held, never to the budget's size (a budget of 10^9 blocks allocates nothing).
     """
 
+    MAX_BUDGET = 1 << 40  # bound on budget_blocks (memory grows with the blocks held, never with the budget)
+
     def __init__(self, budget_blocks: int, policy: _BlockPolicy):
-        if isinstance(budget_blocks, bool) or int(budget_blocks) != budget_blocks or budget_blocks < 0:
-            raise PolicyError(f"BlockPool: budget_blocks: must be an integer >= 0, got {budget_blocks!r}")
+        if isinstance(budget_blocks, bool) or not isinstance(budget_blocks, (int, np.integer, float)) \
+                or int(budget_blocks) != budget_blocks or not 0 <= budget_blocks <= self.MAX_BUDGET:
+            raise PolicyError(f"BlockPool: budget_blocks: must be an integer in 0..{self.MAX_BUDGET}, "
+                              f"got {budget_blocks!r}")
         if not isinstance(policy, _BlockPolicy):
             raise PolicyError(f"BlockPool: policy: must be a block policy (rsbcm, lru, fifo), got {policy!r}")
-        self.budget = n = int(budget_blocks)
+        self.budget = int(budget_blocks)
         self.policy = policy
         self._slot: dict[Hashable, int] = {}          # resident id -> slot
+        # Slot arrays grow (doubling) with the blocks held, up to the budget: memory is proportional to use.
+        n = min(self.budget, 64)
         self._ids: list[Hashable | None] = [None] * n
         self._free = list(range(n))                   # heap of free slots, lowest first
         self._score = np.zeros(n)
@@ -195,6 +202,18 @@ class BlockPool:
         self.misses = 0
         self.peak = 0
         self.evicted_log: list[tuple[Hashable, float]] = []  # (block id, time) per eviction
+
+    def _grow(self) -> None:
+        """Double the slot arrays (never past the budget)."""
+        old = len(self._ids)
+        new = min(self.budget, max(2 * old, 64))
+        add = new - old
+        self._ids.extend([None] * add)
+        for name, fill in (("_score", 0.0), ("_depth", 0.0), ("_last", 0.0), ("_ins", np.inf)):
+            setattr(self, name, np.concatenate([getattr(self, name), np.full(add, fill)]))
+        self._pinned = np.concatenate([self._pinned, np.zeros(add, bool)])
+        for i in range(old, new):
+            heapq.heappush(self._free, i)
 
     @property
     def size(self) -> int:
@@ -223,6 +242,8 @@ class BlockPool:
             self._evicted.discard(block_id)
         if self.budget == 0:
             return False  # nothing can be held: computed, used, dropped
+        if not self._free and len(self._ids) < self.budget:
+            self._grow()
         if not self._free:
             self._evict_one(now)
         i = heapq.heappop(self._free)

@@ -207,7 +207,11 @@ class SimResult:
         return pd.DataFrame([clean(self.summary)], index=[self.info.get("policy", "")])
 
     def to_json_dict(self) -> dict:
-        return clean({**self.summary, "info": self.info})
+        """The summary's keys, ``info``, and (serving) ``timeline``: KV bytes and running sequences over time."""
+        out = {**self.summary, "info": {k: v for k, v in self.info.items() if k != "timeline"}}
+        if "timeline" in self.info:
+            out["timeline"] = self.info["timeline"]
+        return clean(out)
 
 
 def _targets(lt: LoadedTrace, model_preset, hardware):
@@ -298,10 +302,10 @@ def _user_budget(cfg, params, workload) -> tuple:
     """The block budget the user asked for: ``("blocks", n)``, ``("frac", f)`` or ``None`` (the device's capacity)."""
     params, workload = params or {}, workload or {}
     if cfg.budget_blocks is not None:
-        return ("blocks", check_block_budget("budget_blocks" if "budget_blocks" in params else
+        return ("blocks", check_block_budget(f"policy {cfg.policy!r}: budget_blocks" if "budget_blocks" in params else
                                              "workload option 'kv_budget_blocks'", cfg.budget_blocks))
     if "budget_frac" in params or "kv_budget_frac" in workload:
-        return ("frac", check_budget_frac("budget_frac" if "budget_frac" in params else
+        return ("frac", check_budget_frac(f"policy {cfg.policy!r}: budget_frac" if "budget_frac" in params else
                                           "workload option 'kv_budget_frac'", cfg.budget_frac))
     return None
 
@@ -651,7 +655,8 @@ def _simulate_token(lt, cfg, model, hw, seed, info, *, mode, sv, cap, sched_cfg,
     from policies import get_policy
     full_pol = get_policy("full")
     q = token_quality(lt, pol, seed, cfg.workload.get("max_long_layers"))
-    extrapolated = sv.decode_tokens is not None and any(sv.decode_tokens != ld.gen_len for ld in tf.longs)
+    # longer than recorded: the policy's steady state is held past the trace (quality stays the recorded one's)
+    extrapolated = sv.decode_tokens is not None and any(sv.decode_tokens > ld.gen_len for ld in tf.longs)
     max_ctx = max(int(ld.prompt_len + _decode_len(ld, sv)) for ld in tf.longs)
     hw.check_query(model, max_context=max_ctx, max_new=max(int(ld.prompt_len) for ld in tf.longs), max_batch=1)
     window = getattr(pol, "window", 0) or pol.buffer
@@ -699,7 +704,7 @@ def _simulate_token(lt, cfg, model, hw, seed, info, *, mode, sv, cap, sched_cfg,
     if mode == "serving":
         serve = _serve_longs(lt, cfg, model, hw, longs, sched_cfg, cap, seed, arrival_rate, token=True)
         full = _serve_longs(lt, cfg, model, hw, longs, sched_cfg, cap, seed, arrival_rate, token=False)
-        summary.update(serve["summary"])
+        summary.update({k: v for k, v in serve["summary"].items() if k != "length_extrapolated"})
         summary["throughput_vs_full"] = (serve["summary"]["throughput_tokens_per_s"]
                                          / full["summary"]["throughput_tokens_per_s"]
                                          if full["summary"]["throughput_tokens_per_s"] else None)

@@ -1,9 +1,10 @@
 """Isolated mode in closed form: the numbers the simpy engine produces, without the event loop.
 
 In isolated mode one problem holds the accelerator at a time and the engine's
-scheduler (prefill-first iteration-level batching, see :mod:`sim.engine`)
-produces a fixed sequence of iterations, which this module writes down
-directly:
+scheduler (prefill-first iteration-level batching with no token or sequence
+cap and unlimited KV, see :mod:`sim.engine`) produces a fixed sequence of
+iterations, which this module writes down directly (block policies, whose
+evictions and preemptions depend on the block manager, run on the engine):
 
 1. prefill-class iterations ``w = 1..W``: iteration 1 batches every ASKS gate
    pass and every prefill whose KV source is ready at arrival (the root);
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cost import ScalarCost, batch_terms, decode_steps_terms
+from .cost import ScalarCost, decode_steps_terms
 from .workload import Job, blocks
 
 
@@ -53,78 +54,31 @@ class FastPath:
         self._decode_memo: dict = {}
 
     # ------------------------------------------------------------------ decode
-    def _decode(self, job: Job, ledger=None, pool_size_fn=None):
+    def _decode(self, job: Job):
         steps = job.decode_steps
         J = int(steps.max()) if job.B else 0
         if J == 0:
             return np.zeros(0), np.zeros(0), np.zeros(0)
-        key = None
-        lkey = getattr(ledger, "memo_key", None)
-        if ledger is None:
-            key = (job.ctx.tobytes(), job.gen.tobytes(), job.own.tobytes(), job.bs)
-            hit = self._decode_memo.get(key)
-            if hit is not None:
-                return hit
-        elif lkey is not None:
-            # A replayed pool: its decode-time touches are those recorded; skip the per-step walk.
-            hit = self._decode_memo.get(("ledger", lkey))
-            if hit is not None:
-                out, n_calls = hit
-                ledger.pool.i += n_calls
-                return out
-            calls0 = ledger.pool.i
+        key = (job.ctx.tobytes(), job.gen.tobytes(), job.own.tobytes(), job.bs)
+        hit = self._decode_memo.get(key)
+        if hit is not None:
+            return hit
         j = np.arange(1, J + 1, dtype=np.float64)[:, None]
         mask = j <= steps[None, :]
         c = job.ctx[None, :] + j - 1.0
-        n = np.ones_like(c)
-        sizes = None
-        if ledger is not None:
-            sizes = np.zeros(J)
-            # Touches happen where a step opens a new block, in (step, branch) order.
-            events = []
-            for b in range(job.B):
-                first = (1 - int(job.ctx[b])) % job.bs  # smallest step >= 1 with (ctx + step - 1) % bs == 0
-                if first == 0:
-                    first = job.bs
-                for st in range(first, int(steps[b]) + 1, job.bs):
-                    events.append((st, b))
-            events.sort()
-            size = ledger.pool.size
-            e = 0
-            for st in range(1, J + 1):
-                while e < len(events) and events[e][0] == st:
-                    _, b = events[e]
-                    r = ledger.on_decode(b, st)
-                    if r:
-                        n[st - 1, b] += r
-                        c[st - 1, b] -= r
-                    e += 1
-                size = ledger.pool.size
-                sizes[st - 1] = size
-        if sizes is None or not np.any(n != 1.0):
-            dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask)), np.float64)
-        else:  # recompute folded into some steps: the general form
-            dts = np.asarray(self.hw.time(batch_terms(self.m, n, c, mask=mask)), np.float64)
-        if sizes is None:
-            stored = np.minimum(j, steps[None, :])
-            mem = blocks(job.own[None, :] + stored, job.bs).sum(axis=1) * job.bs * self.kvtok
-        else:
-            mem = sizes * job.bs * self.kvtok
-        out = (dts, np.cumsum(dts), mem)
-        if key is not None:
-            self._decode_memo[key] = out
-        elif lkey is not None:
-            self._decode_memo[("ledger", lkey)] = (out, ledger.pool.i - calls0)
+        dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask)), np.float64)
+        stored = np.minimum(j, steps[None, :])
+        mem = blocks(job.own[None, :] + stored, job.bs).sum(axis=1) * job.bs * self.kvtok
+        out = self._decode_memo[key] = (dts, np.cumsum(dts), mem)
         return out
 
     # ------------------------------------------------------------------ one job
-    def run(self, job: Job, ledger=None) -> dict:
+    def run(self, job: Job) -> dict:
         """Latency, phase breakdown, first-token times and the KV timeline of one isolated job."""
-        if ledger is None:
-            key = _key(job)
-            hit = self._memo.get(key)
-            if hit is not None:
-                return hit
+        key = _key(job)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
         m, hw, bs, kvtok = self.m, self.hw, job.bs, self.kvtok
         B = job.B
         wave, ready = job.waves()
@@ -143,13 +97,8 @@ class FastPath:
                 continue
             n_p = job.computed[pre].astype(np.float64)
             c_p = job.reused[pre].astype(np.float64)
-            if ledger is not None:
-                for i, b in enumerate(pre):
-                    r = ledger.on_prefill(int(b))
-                    n_p[i] += r
-                    c_p[i] -= r
-            # LM head only for a branch computing prompt tokens of its own (as the engine): recompute of
-            # evicted blocks in a copy-only prefill yields no token (the first one is the source's).
+            # LM head only for a branch computing prompt tokens of its own (as the engine): a copy-only
+            # prefill yields no token (the first one is the source's).
             items = ([(float(job.gate[b]), 0.0, None, 0.0, 0.0, 0.0) for b in gates]
                      + [(float(n_p[i]), float(c_p[i]), None, 0.0, 1.0 if job.computed[b] > 0 else 0.0,
                          float(job.copy[b])) for i, b in enumerate(pre)])
@@ -162,10 +111,10 @@ class FastPath:
             iters += 1
             alloc[pre] = blocks(job.own[pre], bs)
             times.append(t)
-            mem.append(float(ledger.pool.size * bs * kvtok) if ledger is not None else float(alloc.sum() * bs * kvtok))
+            mem.append(float(alloc.sum() * bs * kvtok))
         first = end[np.where(job.has_prefill, wave, ready)] if B else np.zeros(0)
         t_prefill_end = t
-        dts, cum, dmem = self._decode(job, ledger)
+        dts, cum, dmem = self._decode(job)
         if dts.size:
             phase["decode"] = float(dts.sum())
             times.extend((t_prefill_end + cum).tolist())
@@ -175,36 +124,26 @@ class FastPath:
         if job.verify_on and B:
             n = job.v_new.astype(np.float64)
             c = job.v_cached.astype(np.float64)
-            if ledger is not None and job.v_reuse:
-                for b in range(B):
-                    r = ledger.on_verify(b)
-                    n[b] += r
-                    c[b] -= r
             dt = self.sc.seconds([(float(n[b]), float(c[b]), float(job.v_layers[b]), float(job.v_probes[b]),
                                    float(job.v_head[b]), 0.0) for b in range(B)])
             phase["verify"] = dt
             t += dt
             iters += 1
             times.append(t)
-            mem.append(self.verify_mem(job, ledger))
+            mem.append(self.verify_mem(job))
         res = {"latency_s": t, **{f"{k}_s": v for k, v in phase.items()},
                "ttft_s": float(first.mean()) if B else 0.0, "first_token_times": first,
                "peak_kv_bytes": float(max(mem)) if mem else 0.0,
                "kv_times": np.asarray(times), "kv_bytes": np.asarray(mem), "iterations": iters,
-               "recompute_tokens": int(ledger.recompute_tokens) if ledger is not None else 0,
-               "evictions": int(ledger.pool.evictions) if ledger is not None else 0}
-        if ledger is None:
-            self._memo[key] = res
+               "recompute_tokens": 0, "evictions": 0}
+        self._memo[key] = res
         return res
 
-    def verify_mem(self, job: Job, ledger=None) -> float:
+    def verify_mem(self, job: Job) -> float:
         """KV bytes resident at the end of the verification iteration."""
         bs, kvtok = job.bs, self.kvtok
         stored = job.decode_steps
-        if ledger is not None:
-            base = ledger.pool.size * bs * kvtok
-        else:
-            base = float(blocks(job.own + stored, bs).sum() * bs * kvtok)
+        base = float(blocks(job.own + stored, bs).sum() * bs * kvtok)
         if job.v_reuse:
             extra_blocks = blocks(job.own + stored + job.v_new, bs) - blocks(job.own + stored, bs)
         else:

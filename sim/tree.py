@@ -46,6 +46,7 @@ import pandas as pd
 from policies import BlockPool, PolicyError, get_policy, list_policies
 
 from . import cost as C
+from .capacity import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_FRAC
 from .profiles import HardwareProfile, ModelShape, load_hardware, load_model, model_from_manifest
 
 BLOCK_POLICIES = ("rsbcm", "lru", "fifo")
@@ -307,14 +308,15 @@ def _policy(policy, params) -> object:
 
 def _budget(budget_blocks, budget_frac, peak: int, unconstrained: int) -> int:
     if budget_blocks is not None:
-        if isinstance(budget_blocks, bool) or not isinstance(budget_blocks, (int, np.integer)) or budget_blocks < 1:
-            raise TreeError(f"--budget-blocks: must be an integer >= 1, got {budget_blocks!r}")
+        if isinstance(budget_blocks, bool) or not isinstance(budget_blocks, (int, np.integer)) \
+                or not 1 <= budget_blocks <= MAX_BLOCKS:
+            raise TreeError(f"--budget-blocks: must be an integer in 1..{MAX_BLOCKS}, got {budget_blocks!r}")
         return int(budget_blocks)
     if budget_frac is None:
         return unconstrained
     if isinstance(budget_frac, bool) or not isinstance(budget_frac, (int, float, np.floating, np.integer)) \
-            or not math.isfinite(budget_frac) or budget_frac <= 0:
-        raise TreeError(f"--budget-frac: must be a number > 0, got {budget_frac!r}")
+            or not math.isfinite(budget_frac) or not 0 < budget_frac <= MAX_FRAC:
+        raise TreeError(f"--budget-frac: must be a number in (0, {MAX_FRAC:g}], got {budget_frac!r}")
     # the runner's rule (calibrate/speedup.py): a fraction of the unconstrained run's peak blocks
     return max(1, int(round(float(budget_frac) * peak)))
 
@@ -322,8 +324,9 @@ def _budget(budget_blocks, budget_frac, peak: int, unconstrained: int) -> int:
 def walk_tree(spec: TreeSpec, policy: str = "rsbcm", params: dict | None = None, budget_blocks: int | None = None,
               budget_frac: float | None = 0.5, block_size: int = 16) -> TreeWalk:
     """Replay the tree search of ``spec`` through a ``BlockPool``; record every operation (no costs)."""
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or block_size < 1:
-        raise TreeError(f"--block-size: must be an integer >= 1, got {block_size!r}")
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
+            or not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise TreeError(f"--block-size: must be an integer in 1..{MAX_BLOCK_SIZE}, got {block_size!r}")
     pol = _policy(policy, params)
     parent, depth, ntok, score, toks, children, levels = _structure(spec)
     meta = spec.meta

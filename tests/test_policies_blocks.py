@@ -34,15 +34,31 @@ def test_rsbcm_hand_example_and_tie_break_on_ids():
 
 
 def test_unscored_compat_mode_ignores_scores():
-    ids = [0, 1, 2]
-    score, depth, ins = [0.9, 0.1, 0.5], [0, 2, 1], [2, 0, 1]
-    # default value 0: every omega ties -> FIFO order
-    assert RSBCM(score_source="unscored").victim_order(ids, score, depth, [0] * 3, ins).tolist() == [1, 2, 0]
-    # positive constant: deepest first
-    assert RSBCM(score_source="unscored", unscored_value=1.0).victim_order(ids, score, depth, [0] * 3, ins).tolist() == [1, 2, 0]
-    assert RSBCM().victim_order(ids, score, depth, [0] * 3, ins).tolist() == [1, 2, 0]  # 0.9, 0.033, 0.25
-    assert RSBCM(score_source="unscored", unscored_value=1.0).victim_order(
-        [0, 1], [0.0, 5.0], [0, 0], [0, 0], [0, 1]).tolist() == [0, 1]
+    """score_source="unscored" (the RKSC code) must rank as if every score were unscored_value.
+
+    Each case is chosen so that the given scores rank the blocks differently: a policy that ignored
+    score_source (used the given scores) fails every assertion on the unscored orders."""
+    ids, ins, last = [0, 1, 2], [0, 1, 2], [0, 0, 0]
+    # value 0: every omega is 0, so insertion order decides (FIFO); the given scores would say [0, 2, 1]
+    score, depth = [0.1, 0.9, 0.5], [0, 0, 0]
+    assert RSBCM().victim_order(ids, score, depth, last, ins).tolist() == [0, 2, 1]
+    assert RSBCM(score_source="unscored").victim_order(ids, score, depth, last, ins).tolist() == [0, 1, 2]
+    # a positive constant: omega = 1 / (depth + 1), deepest first; the given scores would say [0, 2, 1]
+    score, depth = [0.05, 0.9, 0.5], [0, 2, 1]
+    assert RSBCM().victim_order(ids, score, depth, last, ins).tolist() == [0, 2, 1]
+    unscored = RSBCM(score_source="unscored", unscored_value=1.0)
+    assert unscored.victim_order(ids, score, depth, last, ins).tolist() == [1, 2, 0]
+    np.testing.assert_allclose(unscored.omega(score, depth), [1.0, 1 / 3, 0.5])
+    # the scalar rank the serving block manager uses, and a pool's victim, obey the mode too
+    keys = [unscored.evict_key(s_, d, 0, i) for s_, d, i in zip(score, depth, ins)]
+    assert sorted(range(3), key=keys.__getitem__) == [1, 2, 0]
+    pool = BlockPool(3, RSBCM(score_source="unscored"))
+    for i, s_ in zip(ids, [0.1, 0.9, 0.5]):
+        pool.access(i, score=s_, depth=0, now=float(i))
+    pool.access(3, score=1.0, depth=0, now=3.0)
+    assert pool.evicted_log[0][0] == 0            # oldest, although block 0's score is the lowest anyway...
+    pool.access(4, score=1.0, depth=0, now=4.0)
+    assert pool.evicted_log[1][0] == 1            # ...block 1 (score 0.9) goes next: scores are ignored
 
 
 def test_lru_and_fifo_in_a_pool():
@@ -145,3 +161,16 @@ def test_fast_victim_equals_first_of_victim_order(name, rows):
     sub = np.flatnonzero(mask)
     order = pol.victim_order(sub, score[sub], depth[sub], last[sub], ins[sub])
     assert pol.victim(score, depth, last, ins, mask) == sub[order[0]]
+
+
+def test_pool_memory_grows_with_blocks_held_not_budget():
+    import tracemalloc
+    tracemalloc.start()
+    pool = BlockPool(10 ** 9, LRU())
+    for i in range(200):
+        pool.access(i, now=float(i))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert pool.size == 200 and peak < 2_000_000
+    with pytest.raises(PolicyError, match="budget_blocks"):
+        BlockPool(10 ** 15, LRU())

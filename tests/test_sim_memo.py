@@ -1,6 +1,6 @@
 """The fast path's memoisation never changes a number: a warm sweep equals cold evaluations.
 
-``sim.api`` memoises decisions per threshold *outcome* (ASKS's sign(sigma - tau), CGEE's
+``sim.api`` memoises (in the trace's caller-owned ``LoadedTrace``) decisions per threshold *outcome* (ASKS's sign(sigma - tau), CGEE's
 skip outcome and exit layers), rows per decision and summaries per row set. A configuration
 evaluated after many others (caches warm, sweep order) must give exactly the metrics it gives
 alone (caches cleared).
@@ -47,7 +47,7 @@ def test_warm_sweep_equals_cold_evaluations(model_preset, hardware):
     api.clear_caches()
     warm = [api.evaluate(trace, pol, p, model_preset=model_preset, hardware=hardware) for pol, p in configs]
     # The memo really was shared: fewer decisions than (configuration, problem) pairs.
-    assert len(api._DEC_CACHE) < len(configs) * warm[0]["n_problems"]
+    assert len(api.loaded(trace).decisions) < len(configs) * warm[0]["n_problems"]
     for (pol, p), w in zip(configs, warm):
         api.clear_caches()
         cold = api.evaluate(trace, pol, p, model_preset=model_preset, hardware=hardware)
@@ -72,7 +72,7 @@ def test_thresholds_that_decide_nothing_reuse_decisions():
     trace = str(BUNDLED)
     api.clear_caches()
     a = api.evaluate(trace, "cgee", {"tau_conf": 1.1, "delta_rel": 0.3})
-    n = len(api._DEC_CACHE)
+    n = len(api.loaded(trace).decisions)
     b = api.evaluate(trace, "cgee", {"tau_conf": 1.1, "delta_rel": 0.5})
-    assert len(api._DEC_CACHE) == n
+    assert len(api.loaded(trace).decisions) == n
     assert a == b and a["skip_rate"] == 0.0

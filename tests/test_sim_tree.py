@@ -290,3 +290,19 @@ def test_hooks_keep_the_runners_kv_in_step(spec, budget, bs, policy):
         w = walk_tree(spec, policy, budget_blocks=budget, block_size=bs)
         assert tb.touches == w.blocks.touches and tb.recompute_tokens == w.blocks.recompute_tokens
         assert tb.pool.evicted_log == w.blocks.pool.evicted_log
+
+
+def test_huge_budget_and_block_size_bounds():
+    """A budget of 10^9 blocks allocates nothing per block (issue 10 item 8); absurd sizes are refused by name."""
+    import tracemalloc
+    import pytest
+    from sim.tree import TreeError, simulate_tree
+    tracemalloc.start()
+    r = simulate_tree(None, "rsbcm", budget_blocks=10 ** 9, budget_frac=None)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert r["evictions"] == 0 and peak < 200_000_000
+    with pytest.raises(TreeError, match="--block-size"):
+        simulate_tree(None, "rsbcm", block_size=10 ** 9)
+    with pytest.raises(TreeError, match="--budget-blocks"):
+        simulate_tree(None, "rsbcm", budget_blocks=10 ** 15)
