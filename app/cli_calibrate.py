@@ -73,6 +73,19 @@ def _cmd_speedup(args) -> int:
 def _cmd_serve(args) -> int:
     from calibrate.serve import ServeConfig, format_serve, run_serve
 
+    if args.rescore:
+        from calibrate.serve import rescore
+        res = rescore(Path(args.rescore), hardware=args.hardware, clock=args.clock)
+        if args.json:
+            _print_json(res)
+        else:
+            print(f"{args.rescore} replayed on {res['hardware']}: parity {res['scheduling_parity']:.1%}, makespan "
+                  f"{res['makespan_error']:+.1%}, throughput {res['throughput_error']:+.1%}, e2e median |error| "
+                  f"{res['e2e_median_abs_pct_error']:.1f}% ({res['clock']} clock)")
+        return 0
+    for flag in ("capacity_tokens", "concurrency"):
+        if getattr(args, flag) is None:
+            raise ValueError(f"--{flag.replace('_', '-')}: required (unless --rescore DIR)")
     cfg = ServeConfig.from_args(args)
     res = run_serve(cfg, Path(args.out), progress=True)
     if args.json:
@@ -147,8 +160,8 @@ def register(sub) -> None:
     _model_flags(p)
     # numbers are read as text and checked by calibrate.serve.ServeConfig (one line naming the flag)
     p.add_argument("--problems", default="3", metavar="N", help="problems to serve (default 3)")
-    p.add_argument("--capacity-tokens", required=True, metavar="C", help="KV capacity in tokens (whole blocks)")
-    p.add_argument("--concurrency", required=True, metavar="K", help="closed-loop users")
+    p.add_argument("--capacity-tokens", default=None, metavar="C", help="KV capacity in tokens (whole blocks); required")
+    p.add_argument("--concurrency", default=None, metavar="K", help="closed-loop users; required")
     p.add_argument("--branches", default="2", metavar="B", help="requests (branches) per problem (default 2)")
     p.add_argument("--max-new-tokens", default="32", metavar="T", help="tokens generated per request at most (default 32)")
     p.add_argument("--block-size", default="16", metavar="T", help="tokens per KV block (default 16, vLLM's)")
@@ -157,11 +170,13 @@ def register(sub) -> None:
     p.add_argument("--scheduler", default="vllm-v1", help="vllm-v1 (chunked prefill, decodes first) or prefill-first")
     p.add_argument("--block-policy", default="lru", help="eviction order of cached blocks: lru, fifo, rsbcm")
     p.add_argument("--no-prefix-caching", action="store_true", help="no block is ever reused")
-    p.add_argument("--hardware", default="local-cpu", help="hardware profile the replay prices iterations with")
+    p.add_argument("--hardware", default=None, help="hardware profile the replay prices iterations with (default local-cpu)")
     p.add_argument("--clock", default=None,
                    help="measured clock the errors use: cpu (thread CPU time; default with --threads 1 on cpu) or wall")
     p.add_argument("--dataset", default="gsm8k")
     p.add_argument("--layout", default="hint-suffix")
     p.add_argument("--out", default="runs/calibrate-serve", help="run folder, written atomically (default runs/calibrate-serve)")
+    p.add_argument("--rescore", default=None, metavar="DIR",
+                   help="replay a saved serve run again (e.g. with another --hardware) without the model")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_serve)

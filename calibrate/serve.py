@@ -605,6 +605,8 @@ def run_serve(cfg: ServeConfig, out: Path | None = None, progress: bool = True, 
         "prompt_tokens": int(rq["prompt_len"].sum()),
         "kv_capacity_tokens": int(cfg.num_blocks * cfg.block_size),
         "kv_capacity_blocks": int(cfg.num_blocks),
+        "kv_capacity_bytes": int(cfg.num_blocks * cfg.block_size * 2 * lm.n_layers * lm.n_kv_heads * lm.head_dim
+                                 * torch.tensor([], dtype=lm.dtype).element_size()),
         "max_running_seqs": int(rows["n_running"].max()),
         "peak_kv_blocks": int(rows["kv_blocks_used"].max()),
         "makespan_wall_s": float(rows["wall_s"].sum()), "makespan_cpu_s": float(rows["cpu_s"].sum()),

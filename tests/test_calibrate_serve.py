@@ -194,6 +194,7 @@ def test_write_run_is_atomic_and_never_clobbers_other_folders(tmp_path):
     (["--clock", "cpu", "--threads", "2"], "--clock"),
     (["--scheduler", "sjf"], "--scheduler"), (["--block-policy", "h2o"], "--block-policy"),
     (["--layout", "zigzag"], "--layout"), (["--hardware", "tpu-v9"], "--hardware"),
+    (["--concurrency", None], "--concurrency"),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(args, flag, capsys, tmp_path):
     from app.cli import main
@@ -201,7 +202,8 @@ def test_bad_flags_are_one_line_naming_the_flag(args, flag, capsys, tmp_path):
     argv = ["calibrate", "serve", "--out", str(tmp_path / "o")]
     given = dict(zip(args[::2], args[1::2]))
     for k, v in {**base, **given}.items():
-        argv += [k, v]
+        if v is not None:
+            argv += [k, v]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("rksim: error:") and "\n" not in err and flag in err, err
@@ -231,5 +233,6 @@ def test_real_model_serve_agrees_with_simulator_iteration_for_iteration(tmp_path
     for k in ("makespan_error", "throughput_error"):
         assert abs(s[k]) < 1.0, (k, s[k])     # sanity (the goal, 5 %, is measured and reported, not asserted)
     # the replay is deterministic: rescoring the saved run gives the same simulated makespan
-    again = S.rescore(out)
+    assert main(["calibrate", "serve", "--rescore", str(out), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
     assert again["makespan_sim_s"] == s["comparison"]["makespan_sim_s"] and again["scheduling_parity"] == 1.0
