@@ -293,7 +293,6 @@ def real_loop(lm, cfg: ServeConfig, reqs: list[Request], stop_ids, progress: boo
     ``logits_hook(rid, logits)``, if given, sees every row of logits a token is sampled from
     (tests compare them with a plain forward of the same tokens).
     """
-    import torch
     from tqdm import tqdm
     from traces import capture_ops as CO
 
@@ -362,12 +361,12 @@ def real_loop(lm, cfg: ServeConfig, reqs: list[Request], stop_ids, progress: boo
         pending = loop.finished(finished)
         it += 1
     bar.close()
-    del torch
     return rows
 
 
 def _iter_row(it: int, step, finished, sched, clocks: dict) -> dict:
-    """One iteration: what the scheduler ran (both sides record these same columns) and its clocks."""
+    """One iteration: what the scheduler ran and its clocks (the replay's rows, ``serve_replay._Log``, have
+    the same composition columns)."""
     return {
         "iteration": it,
         "seqs": [int(x[0]) for x in step.items],

@@ -75,7 +75,7 @@ def jobs_from_requests(rq: pd.DataFrame, n_layers: int, block_size: int):
     return jobs, ids
 
 
-def replay(cfg, rq: pd.DataFrame, progress: bool = False):
+def replay(cfg, rq: pd.DataFrame):
     """Replay the requests table ``rq`` (see :func:`calibrate.serve.requests_frame`) through ``sim.engine``.
 
     Returns ``(rows, req, info)``: one row per simulated iteration (the columns
