@@ -13,7 +13,7 @@ DEMO_TARGETS = ((None, "local-cpu"), ("qwen2.5-7b", "h100-sxm"))
 # Columns of the printed comparison table (all in the JSON too).
 TABLE_COLS = ["latency_mean_s", "speedup_vs_no_kv", "speedup_vs_exact_prefix", "kv_reuse", "asks_gate_auc",
               "skip_rate", "mean_exit_layer", "cgee_error_rate", "accuracy", "peak_kv_bytes", "evictions",
-              "recompute_tokens", "attn_output_rel_error", "attn_mass_recall"]
+              "recompute_tokens", "attn_output_rel_error", "attn_mass_recall", "kv_capacity_bytes", "kv_budget_blocks"]
 
 
 def parse_value(text: str):
@@ -240,6 +240,9 @@ def _fmt_table(policies: dict):
     df = df.apply(pd.to_numeric, errors="coerce")
     if "peak_kv_bytes" in df:
         df["peak_kv_MB"] = df.pop("peak_kv_bytes") / 1e6
+    if "kv_capacity_bytes" in df:
+        # the KV capacity each policy ran under (block and token policies: the budget too)
+        df["kv_capacity_GB"] = df.pop("kv_capacity_bytes") / 1e9
     return df
 
 

@@ -95,6 +95,29 @@ def fig_vase(policies: dict):
     return fig
 
 
+def capacity_table(policies: dict) -> pd.DataFrame:
+    """What every block and token policy ran under: KV capacity, block budget, token budget K."""
+    rows = {}
+    for name, m in policies.items():
+        kind = m.get("kind")
+        if kind not in ("block", "composite", "token"):
+            continue
+        if kind == "token":
+            for label, b in (m.get("budgets") or {}).items():
+                cap = b.get("kv_capacity_bytes")
+                rows[f"{name} ({label})"] = {
+                    "kind": kind, "KV capacity (GB)": cap / 1e9 if cap else None,
+                    "block budget (blocks)": "—", "token budget K per KV head": b.get("budget"),
+                    "KV per sequence (tokens)": b.get("kv_cap_tokens_per_sequence")}
+        else:
+            cap = m.get("kv_capacity_bytes")
+            bb = m.get("kv_budget_blocks")
+            rows[name] = {"kind": kind, "KV capacity (GB)": cap / 1e9 if cap else None,
+                          "block budget (blocks)": bb if bb is not None else "per problem (kv_budget_frac)",
+                          "token budget K per KV head": "—", "KV per sequence (tokens)": "—"}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
 def write_report(path, trace, results: dict, details: dict) -> Path:
     """Write the demo report (figures + tables) to ``path`` atomically."""
     import plotly.io as pio
@@ -126,6 +149,15 @@ def write_report(path, trace, results: dict, details: dict) -> Path:
     for label, r in results.items():
         df = _fmt_table(r["compare"]["policies"])
         tables.append(f"<h2>{html.escape(label)}</h2>" + df.to_html(float_format=lambda x: f"{x:.4g}", na_rep="—"))
+        cap = capacity_table(r["compare"]["policies"])
+        if len(cap):
+            any_m = next(iter(r["compare"]["policies"].values()))
+            src = any_m.get("capacity_source") or ""
+            tables.append(f"<h3>Capacity and budget each block and token policy ran under ({html.escape(label)})</h3>"
+                          f"<p>KV capacity = device memory x gpu_memory_utilization - weights - activation reserve "
+                          f"({html.escape(str(src))}). Block policies evict under that capacity in blocks unless "
+                          f"a budget is set; token policies bound each sequence's KV at K + B (+ sinks).</p>"
+                          + cap.to_html(float_format=lambda x: f"{x:.4g}", na_rep="—"))
     info = details[next(iter(details))].info if details else {}
     head = (f"<p>Trace: {html.escape(str(tf.path))} — decisions from <b>{html.escape(tf.model_name)}</b> "
             f"({len(tf.problems)} problems, {tf.problems[0].B if tf.problems else 0} branches, {tf.n_layers} layers). "

@@ -424,7 +424,8 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
                                     else _isolated_budget(ubudget, None, cap))
     else:
         budget = _serving_budget(ubudget, cap)
-        res_list, res = _run_engine(lt, cfg, model, hw, probs, triples, seed, arrival_rate, sched_cfg, budget)
+        res_list, res = _run_engine(lt, cfg, model, hw, probs, triples, seed, arrival_rate, sched_cfg, budget,
+                                    caching=sv.prefix_caching)
         for r in res_list:
             f = tf.problems[r["pos"]]
             dec = triples[r["pseq"] % len(triples)][0]
@@ -506,16 +507,16 @@ def _kv_ids(f, dec) -> list:
 
 
 def _make_engine(lt, cfg, model, hw, jobs, feats, decs, sched_cfg, budget, *, concurrency, arrival_rate, seed,
-                 per_problem=False):
+                 per_problem=False, caching=True):
     from .engine import SCORE_AT, Engine
     return Engine(model, hw, jobs, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
                   scheduler=sched_cfg, kv_blocks=budget, block_policy=cfg.block,
-                  caching=not cfg.no_kv, prompt_ids=[_kv_ids(f, d) for f, d in zip(feats, decs)],
+                  caching=caching and not cfg.no_kv, prompt_ids=[_kv_ids(f, d) for f, d in zip(feats, decs)],
                   score_at=SCORE_AT[cfg.workload["score"]], max_batch=(hw.fitted_range or {}).get("max_batch"),
                   hw_name=hw.name, per_problem_timeline=per_problem)
 
 
-def _run_engine(lt, cfg, model, hw, probs, triples, seed, arrival_rate, sched_cfg, budget):
+def _run_engine(lt, cfg, model, hw, probs, triples, seed, arrival_rate, sched_cfg, budget, caching=True):
     jobs = [(f.pos, job) for f, (_, job, _) in zip(probs, triples)]
     feats, decs = list(probs), [d for d, _, _ in triples]
     n_req = cfg.workload.get("n_requests")
@@ -525,7 +526,8 @@ def _run_engine(lt, cfg, model, hw, probs, triples, seed, arrival_rate, sched_cf
         idx = [i % len(jobs) for i in range(int(n_req))]
         jobs, feats, decs = [jobs[i] for i in idx], [feats[i] for i in idx], [decs[i] for i in idx]
     eng = _make_engine(lt, cfg, model, hw, jobs, feats, decs, sched_cfg, budget,
-                       concurrency=int(cfg.workload["concurrency"]), arrival_rate=arrival_rate, seed=seed)
+                       concurrency=int(cfg.workload["concurrency"]), arrival_rate=arrival_rate, seed=seed,
+                       caching=caching)
     res = eng.run()
     recs = res.records()
     # One pool for all problems: report its evictions once (on the first record).

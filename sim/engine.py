@@ -168,6 +168,7 @@ class Engine:
         self.tokens = [0.0, 0.0, 0.0, 0.0]
         self.gen_tokens = 0
         self._extra_dt = 0.0
+        self.items_scheduled = 0   # (request, iteration) pairs: one scheduling event each
 
     # ------------------------------------------------------------------ requests
     def _add(self, req: Request) -> None:
@@ -351,6 +352,7 @@ class Engine:
                     f"outside the calibrated range (fitted_range.max_batch = {self.max_batch}); refusing to "
                     f"extrapolate (lower the arrival rate, the concurrency or --max-num-seqs)")
             self._extra_dt = 0.0
+            self.items_scheduled += len(items)
             priced = [self._price(it) for it in items]
             tup = [t for ts, _ in priced for t in ts]
             dt = cost.seconds(tup) + self._extra_dt
@@ -476,7 +478,9 @@ class Engine:
             pass
         if acc.triggered and not acc.ok:  # pragma: no cover - re-raised above
             raise acc.value
-        self.events = n_ev
+        # events: simpy events plus one per request scheduled in an iteration (what a per-step event loop
+        # such as Vidur's processes); the branches' bookkeeping runs as callbacks, not as simpy processes
+        self.events = n_ev + self.items_scheduled
         stuck = [p.pos for p in self.probs if not p.end == p.end]
         if stuck or len(self.probs) < len(self.jobs):
             raise RuntimeError(f"engine: the run stopped with problems {stuck[:5]} unfinished "

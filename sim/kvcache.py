@@ -147,7 +147,6 @@ class BlockManager:
         self._heap: list = []
         self.req_blocks: dict = {}  # req_id -> [Block]
         self._n_keyed: dict = {}    # req_id -> blocks of the request already keyed
-        self._keys: dict = {}       # req_id -> chain keys computed so far
         self.tick = 0.0
         self.evictions = 0
         self.hits = 0              # blocks found in the cache
@@ -189,7 +188,10 @@ class BlockManager:
 
     # ------------------------------------------------------------------ keys
     def _key_of(self, req, k: int) -> int:
-        keys = self._keys.setdefault(req.req_id, [])
+        # the chain keys live on the request (its content never changes, preempted or not)
+        keys = req.__dict__.get("_keys")
+        if keys is None:
+            keys = req.__dict__["_keys"] = []
         while len(keys) <= k:
             parent = keys[-1] if keys else ROOT_KEY
             keys.append(block_key(parent, req.block_content(len(keys))))
@@ -278,6 +280,20 @@ class BlockManager:
             self._register(req, blks, full)
         return True
 
+    def allocate_one(self, req) -> bool:
+        """:meth:`allocate` of one token (a decode step), with a fast lane when its block has room."""
+        blks = self.req_blocks.get(req.req_id)
+        if blks is not None:
+            tokens = req.num_computed_tokens + 1
+            cap = req.kv_cap
+            if cap is not None and tokens > cap:
+                tokens = cap
+            if tokens <= len(blks) * self.block_size:
+                if tokens % self.block_size == 0 and self.caching and req.cacheable:
+                    self._register(req, blks, tokens // self.block_size)
+                return True
+        return self.allocate(req, 1)
+
     def _register(self, req, blks: list, full: int) -> None:
         rid = req.req_id
         k0 = self._n_keyed.get(rid, 0)
@@ -334,7 +350,6 @@ class BlockManager:
         rid = req.req_id
         blks = self.req_blocks.pop(rid, [])
         self._n_keyed.pop(rid, None)
-        self._keys.pop(rid, None)
         for b in reversed(blks):
             b.ref -= 1
             if b.ref > 0:

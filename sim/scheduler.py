@@ -179,18 +179,23 @@ class Request:
         return self.num_output_tokens >= self.max_output_tokens
 
 
-@dataclass
 class Scheduled:
-    """One request's share of an iteration: ``num_new`` tokens over ``num_cached`` already computed."""
+    """One request's share of an iteration: ``num_new`` tokens over ``num_cached`` already computed.
 
-    req: Request
-    num_new: int
-    num_cached: int
-    prompt_like: int       # of the new tokens, how many were given (prompt / extension) rather than sampled
-    recompute: int         # of the new tokens, how many had been computed before (preemption / eviction)
-    samples: bool          # this chunk completes the known tokens: a token is sampled (logits needed)
-    new_admission: bool    # first chunk after (re)admission
-    cache_hit: int = 0     # tokens the prefix cache gave at this admission
+    ``prompt_like``: of the new tokens, how many were given (prompt / extension) rather than sampled;
+    ``recompute``: how many had been computed before (preemption); ``samples``: the chunk completes the
+    known tokens and a token is sampled (logits needed); ``new_admission``: first chunk after
+    (re)admission; ``cache_hit``: tokens the prefix cache gave at this admission.
+    """
+
+    __slots__ = ("req", "num_new", "num_cached", "prompt_like", "recompute", "samples", "new_admission", "cache_hit")
+
+    def __init__(self, req, num_new, num_cached, prompt_like, recompute, samples, new_admission, cache_hit=0):
+        self.req, self.num_new, self.num_cached, self.prompt_like = req, num_new, num_cached, prompt_like
+        self.recompute, self.samples, self.new_admission, self.cache_hit = recompute, samples, new_admission, cache_hit
+
+    def __repr__(self) -> str:
+        return f"Scheduled({self.req.req_id!r}, new={self.num_new}, cached={self.num_cached})"
 
 
 @dataclass
@@ -322,7 +327,8 @@ class Scheduler:
                 continue
             n = self._chunk(req, budget)
             ok = True
-            while not self.kv.allocate(req, n):
+            alloc = self.kv.allocate_one if n == 1 else None
+            while not (alloc(req) if alloc is not None else self.kv.allocate(req, n)):
                 victim = self.running.pop()   # newest first
                 self._preempt(victim, preempted)
                 if victim is req:

@@ -150,3 +150,20 @@ def test_serve_json_has_the_serving_keys(syn, capsys):
               "capacity_source", "hardware_calibrated", "max_num_batched_tokens", "scheduler"):
         assert k in d, k
     assert d["max_num_batched_tokens"] == 256 and len(d["timeline"]["running_seqs"]) > 0
+
+
+def test_rsbcm_scores_reach_the_cache_when_known():
+    """A branch's score is set on its cached blocks once known (here: at the end of its generation), and a
+    block shared by two branches keeps the higher score; before that every block ranks with score 0."""
+    m, hw = load_model("qwen3-4b"), load_hardware("h100-sxm")
+    job = _two_branches()
+    job.score = np.array([0.3, 0.8])
+    shared = np.arange(8)                      # both branches have the same 8-token prompt: 2 shared blocks
+    eng = Engine(m, hw, [(0, job)], caching=True, prompt_ids=[[shared, np.r_[shared[:4], shared[4:]]]],
+                 score_at="generation")
+    res = eng.run()
+    from sim.kvcache import chain_keys
+    k0, k1 = chain_keys(shared, 4)
+    assert res.kv.cached[k0].score == 0.8 and res.kv.cached[k1].score == 0.8
+    own = [b.score for key, b in res.kv.cached.items() if key not in (k0, k1)]
+    assert sorted(set(own)) == [0.3, 0.8]      # each branch's generated blocks carry its own score
