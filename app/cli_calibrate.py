@@ -156,7 +156,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_speedup)
 
-    p = csub.add_parser("serve", help="a real continuous-batching run under a binding KV capacity, replayed by the simulator")
+    # conflict_handler="resolve": if the shared model flags gain a --clock too, this parser's own wins
+    p = csub.add_parser("serve", help="a real continuous-batching run under a binding KV capacity, replayed by the simulator",
+                        conflict_handler="resolve")
     _model_flags(p)
     # numbers are read as text and checked by calibrate.serve.ServeConfig (one line naming the flag)
     p.add_argument("--problems", default="3", metavar="N", help="problems to serve (default 3)")
