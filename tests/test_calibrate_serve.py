@@ -121,6 +121,17 @@ def test_tiny_loop_agrees_with_replay_and_computes_the_right_logits(tiny, schedu
     assert np.isfinite([cmp["makespan_error"], cmp["throughput_error"], cmp["e2e_median_abs_pct_error"]]).all()
 
 
+def test_tiny_loop_stop_token_ends_requests_early_and_replay_follows(tiny):
+    cfg = _tiny_cfg()
+    reqs = _tiny_requests(cfg)
+    stop = int(_logits_alone(tiny.model, reqs[0].prompt).argmax())   # request 0's first greedy token
+    rows, rq, sim_rows, info, cmp, _ = S.serve_requests(tiny, cfg, reqs, stop=[stop])
+    assert reqs[0].out == [stop]
+    assert all(r.out[-1] == stop or len(r.out) == cfg.max_new_tokens for r in reqs)
+    assert (rq["gen_len"] == rq["sim_gen_len"]).all()
+    assert cmp["scheduling_parity"] == 1.0 and len(rows) == len(sim_rows)
+
+
 def test_closed_loop_submits_next_problem_when_previous_answered():
     cfg = _tiny_cfg(problems=5, concurrency=2)
     reqs = _tiny_requests(cfg)
