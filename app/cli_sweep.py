@@ -47,11 +47,19 @@ def _parse_workload(items: list[str] | None) -> dict | None:
 
 
 def _options(args):
+    import argparse
+
+    from app.cli_sim import serving_options
     from sim.sweep import SweepOptions
 
+    # the serving flags of `rksim serve` (the batch scheduler is --batch-scheduler here: --scheduler is Dask's)
+    ns = argparse.Namespace(**{**vars(args), "scheduler": getattr(args, "batch_scheduler", None)})
+    sv, wl, _ = serving_options(ns)
+    if args.mode != "serving" and wl:
+        raise ValueError(f"--{'requests' if 'n_requests' in wl else 'concurrency'}: only with --mode serving")
     return SweepOptions(model_preset=args.model_preset, hardware=args.hardware, mode=args.mode,
-                        workload=_parse_workload(args.workload), seed=args.sim_seed,
-                        arrival_rate=args.arrival_rate)
+                        workload={**(_parse_workload(args.workload) or {}), **wl} or None, seed=args.sim_seed,
+                        arrival_rate=args.arrival_rate, serving=sv or None)
 
 
 def _check_trace(path: str):
@@ -228,6 +236,16 @@ def _sim_flags(p) -> None:
     p.add_argument("--scheduler", default=None, metavar="ADDR", help="Dask scheduler address (tcp://host:8786)")
     p.add_argument("--workers", type=int, default=None, help="LocalCluster worker processes (default 2)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    g = p.add_argument_group("serving (mode serving; as `rksim serve`)")
+    g.add_argument("--requests", default=None, metavar="N", help="problems submitted (default: each once)")
+    g.add_argument("--concurrency", default=None, metavar="C", help="closed loop: problems in flight (default 4)")
+    g.add_argument("--decode-tokens", default=None, metavar="T", help="token policies: long decodes extended to T")
+    g.add_argument("--batch-scheduler", default=None, metavar="NAME", help="vllm-v1 (default) or prefill-first")
+    g.add_argument("--max-num-seqs", default=None, metavar="S", help="running sequences cap (default: hardware's)")
+    g.add_argument("--max-num-batched-tokens", default=None, metavar="M", help="tokens per iteration (default: hardware's)")
+    g.add_argument("--gpu-memory-utilization", default=None, metavar="U", help="in (0, 1] (default 0.90)")
+    g.add_argument("--kv-capacity-bytes", default=None, metavar="B", help="KV capacity override in bytes")
+    g.add_argument("--activation-reserve-bytes", default=None, metavar="B", help="activation reserve in bytes")
 
 
 def register(sub) -> None:

@@ -59,6 +59,7 @@ class SweepOptions:
     workload: dict | None = None
     seed: int = 0
     arrival_rate: float | None = None
+    serving: dict | None = None   # serving settings (sim.capacity.ServingConfig fields), mode serving
 
     def __post_init__(self):
         if self.mode not in ("isolated", "serving"):

@@ -167,3 +167,20 @@ def test_rsbcm_scores_reach_the_cache_when_known():
     assert res.kv.cached[k0].score == 0.8 and res.kv.cached[k1].score == 0.8
     own = [b.score for key, b in res.kv.cached.items() if key not in (k0, k1)]
     assert sorted(set(own)) == [0.3, 0.8]      # each branch's generated blocks carry its own score
+
+
+@pytest.mark.parametrize("name,kw", [("streamingllm", {"budget": 12, "buffer": 4}), ("vase-dkv", {"budget": 10}),
+                                     ("snapkv", {"budget": 16, "buffer": 8}), ("full", {})])
+def test_eviction_schedule_equals_the_policy_loop(name, kw):
+    """The cache sizes priced in serving (from the policy's parameters) are those of a real eviction run."""
+    from policies import get_policy, run_token_eviction
+    pol = get_policy(name, **kw)
+    rng = np.random.default_rng(0)
+    T, P, H, D = 120, 20, 2, 8
+    K, V, Q = rng.normal(size=(T, H, D)), rng.normal(size=(T, H, D)), rng.normal(size=(T, 2 * H, D))
+    res = run_token_eviction(pol, K, V, Q, P, np.random.default_rng(1), record=False)
+    sizes, events, cands = api.eviction_schedule(pol, P, T)
+    np.testing.assert_array_equal(sizes, res.cache_sizes())
+    assert events == list(res.event_positions)
+    longer, _, _ = api.eviction_schedule(pol, P, 3 * T)   # extending the length keeps the recorded prefix
+    np.testing.assert_array_equal(longer[: T - P], sizes)
