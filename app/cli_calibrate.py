@@ -70,6 +70,31 @@ def _cmd_speedup(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    from calibrate.serve import ServeConfig, format_serve, run_serve
+
+    if args.rescore:
+        from calibrate.serve import rescore
+        res = rescore(Path(args.rescore), hardware=args.hardware, clock=args.clock)
+        if args.json:
+            _print_json(res)
+        else:
+            print(f"{args.rescore} replayed on {res['hardware']}: parity {res['scheduling_parity']:.1%}, makespan "
+                  f"{res['makespan_error']:+.1%}, throughput {res['throughput_error']:+.1%}, e2e median |error| "
+                  f"{res['e2e_median_abs_pct_error']:.1f}% ({res['clock']} clock)")
+        return 0
+    for flag in ("capacity_tokens", "concurrency"):
+        if getattr(args, flag) is None:
+            raise ValueError(f"--{flag.replace('_', '-')}: required (unless --rescore DIR)")
+    cfg = ServeConfig.from_args(args)
+    res = run_serve(cfg, Path(args.out), progress=True)
+    if args.json:
+        _print_json({k: v for k, v in res.items() if k not in ("config", "model", "versions")})
+    else:
+        print(format_serve(res))
+    return 0
+
+
 def _model_flags(p) -> None:
     p.add_argument("--model", default="smollm2-135m", help="model preset or local Hugging Face directory")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
@@ -130,3 +155,30 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_speedup)
+
+    # conflict_handler="resolve": if the shared model flags gain a --clock too, this parser's own wins
+    p = csub.add_parser("serve", help="a real continuous-batching run under a binding KV capacity, replayed by the simulator",
+                        conflict_handler="resolve")
+    _model_flags(p)
+    # numbers are read as text and checked by calibrate.serve.ServeConfig (one line naming the flag)
+    p.add_argument("--problems", default="3", metavar="N", help="problems to serve (default 3)")
+    p.add_argument("--capacity-tokens", default=None, metavar="C", help="KV capacity in tokens (whole blocks); required")
+    p.add_argument("--concurrency", default=None, metavar="K", help="closed-loop users; required")
+    p.add_argument("--branches", default="2", metavar="B", help="requests (branches) per problem (default 2)")
+    p.add_argument("--max-new-tokens", default="32", metavar="T", help="tokens generated per request at most (default 32)")
+    p.add_argument("--block-size", default="16", metavar="T", help="tokens per KV block (default 16, vLLM's)")
+    p.add_argument("--max-num-seqs", default="256", metavar="S", help="running sequences at most (default 256)")
+    p.add_argument("--max-num-batched-tokens", default="2048", metavar="M", help="tokens per iteration (default 2048)")
+    p.add_argument("--scheduler", default="vllm-v1", help="vllm-v1 (chunked prefill, decodes first) or prefill-first")
+    p.add_argument("--block-policy", default="lru", help="eviction order of cached blocks: lru, fifo, rsbcm")
+    p.add_argument("--no-prefix-caching", action="store_true", help="no block is ever reused")
+    p.add_argument("--hardware", default=None, help="hardware profile the replay prices iterations with (default local-cpu)")
+    p.add_argument("--clock", default=None,
+                   help="measured clock the errors use: cpu (thread CPU time; default with --threads 1 on cpu) or wall")
+    p.add_argument("--dataset", default="gsm8k")
+    p.add_argument("--layout", default="hint-suffix")
+    p.add_argument("--out", default="runs/calibrate-serve", help="run folder, written atomically (default runs/calibrate-serve)")
+    p.add_argument("--rescore", default=None, metavar="DIR",
+                   help="replay a saved serve run again (e.g. with another --hardware) without the model")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_serve)

@@ -1,0 +1,139 @@
+"""The simulator's side of ``calibrate serve``: the run's requests replayed by ``sim.engine``.
+
+The replay knows what the real run recorded — each request's prompt ids, how
+many tokens it generated, which problem (and so which closed-loop user) it
+belongs to — and nothing it measured. Each problem becomes a
+:class:`sim.workload.Job` of independent branches (no gate, no KV source to
+wait for, no verification: what the real loop serves); the simulator's
+serving engine (:class:`sim.engine.Engine`: simpy, the closed loop,
+``sim.scheduler`` over ``sim.kvcache`` with the same configuration, every
+iteration priced by ``sim.cost.ScalarCost`` with the hardware profile) runs
+them. Prefix hits come from the engine's own hash chain over the prompt ids.
+
+The engine keeps no per-iteration log, so the replay *observes* its scheduler
+(:class:`_Log` wraps ``schedule`` and ``update`` of the engine's own
+``Scheduler`` instance and records what they returned, deciding nothing) and
+takes each iteration's seconds from the simulated clock.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+class _Log:
+    """Records every non-empty ``schedule()`` of a scheduler (items, preemptions, sim time) and its ``update()``."""
+
+    def __init__(self, eng, rid_of):
+        self.eng, self.rid_of = eng, rid_of
+        self.iters: list[dict] = []
+        sched = eng.sched
+        self._schedule, self._update = sched.schedule, sched.update
+        sched.schedule, sched.update = self.schedule, self.update
+
+    def schedule(self):
+        out = self._schedule()
+        if out.items:
+            self.iters.append({
+                "t0": float(self.eng.env.now), "out": out,
+                "seqs": [self.rid_of(it.req.req_id) for it in out.items],
+                "c": [int(it.num_cached) for it in out.items], "n": [int(it.num_new) for it in out.items],
+                "sample": [bool(it.samples) for it in out.items],
+                "preempted": sorted(self.rid_of(r.req_id) for r in out.preempted),
+                "cache_hit_tokens": int(sum(it.cache_hit for it in out.items if it.new_admission)),
+                "recompute_tokens": int(sum(it.recompute for it in out.items)),
+                "finished": [],
+            })
+        return out
+
+    def update(self, out, finished=()):
+        done = self._update(out, finished)
+        if self.iters and self.iters[-1]["out"] is out:
+            rec = self.iters[-1]
+            rec["finished"] = sorted(self.rid_of(r.req_id) for r in done)
+            rec["n_running"] = len(self.eng.sched.running)
+            rec["n_waiting"] = len(self.eng.sched.waiting)
+            rec["kv_blocks_used"] = int(self.eng.kv.num_used)
+        return done
+
+
+def jobs_from_requests(rq: pd.DataFrame, n_layers: int, block_size: int):
+    """One ``Job`` per problem: its branches as independent requests (prompt, then ``gen_len`` tokens)."""
+    from sim.workload import Job
+
+    jobs, ids = [], []
+    for j, g in rq.sort_values(["problem", "branch"]).groupby("problem", sort=True):
+        B = len(g)
+        ctx = g["prompt_len"].to_numpy(np.int64)
+        z = np.zeros(B, np.int64)
+        jobs.append((int(j), Job(B=B, L=int(n_layers), bs=int(block_size), reused=z.copy(), computed=ctx.copy(),
+                                 copy=z.copy(), gate=z.copy(), source=np.full(B, -1, np.int64),
+                                 share=np.zeros(B, bool), ctx=ctx, gen=g["gen_len"].to_numpy(np.int64),
+                                 own=ctx.copy(), verify_on=False, v_new=z.copy(), v_cached=z.copy(),
+                                 v_layers=z.copy(), v_probes=z.copy(), v_head=z.copy(), v_kv_tokens=z.copy())))
+        ids.append([np.asarray(p, np.int64) for p in g["prompt_ids"]])
+    return jobs, ids
+
+
+def replay(cfg, rq: pd.DataFrame):
+    """Replay the requests table ``rq`` (see :func:`calibrate.serve.requests_frame`) through ``sim.engine``.
+
+    Returns ``(rows, req, info)``: one row per simulated iteration (the columns
+    of the real run's, seconds in ``sim_s``), each request's simulated
+    arrival/first/finish iteration, and the target.
+    """
+    from sim.engine import Engine
+    from sim.profiles import load_hardware, load_model
+    from sim.scheduler import SchedulerConfig
+
+    from calibrate.serve_sched import block_policy
+
+    model = load_model(cfg.model_preset or cfg.model)
+    hw = load_hardware(cfg.hardware)
+    B = int(rq.groupby("problem")["branch"].count().max())
+    if (rq["rid"] != rq["problem"] * B + rq["branch"]).any():
+        raise ValueError("replay: requests.parquet: rid must be problem * branches + branch")
+    jobs, ids = jobs_from_requests(rq, model.n_layers, cfg.block_size)
+    eng = Engine(model, hw, jobs, concurrency=int(cfg.concurrency),
+                 scheduler=SchedulerConfig(max_num_seqs=int(cfg.max_num_seqs),
+                                           max_num_batched_tokens=int(cfg.max_num_batched_tokens),
+                                           policy=cfg.scheduler),
+                 kv_blocks=int(cfg.num_blocks), block_policy=block_policy(cfg.block_policy),
+                 caching=bool(cfg.prefix_caching), prompt_ids=ids, hw_name=hw.name)
+
+    def rid_of(req_id):
+        pseq, kind, b = req_id
+        if kind != "b":
+            raise RuntimeError(f"replay: the engine ran a {kind!r} request; only branches were submitted")
+        return int(jobs[pseq][0]) * B + int(b)
+
+    log = _Log(eng, rid_of)
+    res = eng.run()
+    its = log.iters
+    t = [r["t0"] for r in its] + [res.makespan]
+    rows = pd.DataFrame([{"iteration": i, **{k: v for k, v in r.items() if k not in ("t0", "out")},
+                          "sim_s": t[i + 1] - t[i]} for i, r in enumerate(its)])
+    # a calibrated profile answers only inside what it was fitted on: the items priced here
+    hw.check_query(model, max_context=max(c + n for cs, ns in zip(rows["c"], rows["n"]) for c, n in zip(cs, ns)),
+                   max_new=max(max(ns) for ns in rows["n"]), max_batch=max(len(ns) for ns in rows["n"]))
+    first, last, arrival, n_sampled = {}, {}, {}, {}
+    for i, r in enumerate(its):
+        for rid, s in zip(r["seqs"], r["sample"]):
+            if s:
+                first.setdefault(rid, i)
+                n_sampled[rid] = n_sampled.get(rid, 0) + 1
+        for rid in r["finished"]:
+            last[rid] = i
+    rec = {int(jobs[p["pseq"]][0]): p for p in res.records()}
+    starts = np.asarray([r["t0"] for r in its])
+    for rid in rq["rid"]:
+        p = rec[int(rid) // B]
+        # the iteration scheduled first at or after the problem's arrival (arrivals are at iteration boundaries)
+        arrival[int(rid)] = int(np.searchsorted(starts, p["arrival_s"] - 1e-12))
+    req = pd.DataFrame([{"rid": int(r), "sim_arrival_iter": arrival[int(r)], "sim_first_iter": first.get(int(r), -1),
+                         "sim_finish_iter": last.get(int(r), -1), "sim_gen_len": n_sampled.get(int(r), 0),
+                         "sim_e2e_s": float(rec[int(r) // B]["latency_s"])} for r in rq["rid"]])
+    info = {"hardware": hw.name, "hardware_source": hw.source, "model_preset": model.name,
+            "engine": "sim.engine.Engine (simpy; sim.scheduler + sim.kvcache; sim.cost.ScalarCost)",
+            "makespan_s": res.makespan, "engine_iterations": int(res.iterations), "events": int(res.events)}
+    return rows, req, info
