@@ -14,8 +14,8 @@ same reachability):
   :meth:`BlockManager.find_cached` walks the chain and stops at the first
   miss, so evicting a middle block makes the later ones misses.
 * **Hit cap.** A prompt whose every token hits gets ``n - 1`` tokens at most,
-  as vLLM caps it (``max_cache_hit_length = num_tokens - 1``): the last
-  position must be computed to have logits. A request may waive the cap
+  rounded down to whole blocks, as vLLM V1 caps it (``max_cache_hit_length =
+  num_tokens - 1``): the last position must be computed to have logits. A request may waive the cap
   (``allow_full_hit``: a zero-copy fork whose first token is its source's).
 * **References.** A block used by a running request has ``ref > 0`` and is
   never evicted. Freed blocks (``ref == 0``) with a key form the *evictable
@@ -207,9 +207,10 @@ class BlockManager:
 
         Walks the full blocks and stops at the first miss (chain rule). The hit is capped at
         ``num_tokens - 1`` tokens unless ``req.allow_full_hit``: the last position is computed
-        again so its logits exist (vLLM's ``max_cache_hit_length = num_tokens - 1``; vLLM V1 then
-        rounds down to whole blocks, recomputing up to a block -- here only the last token is, its
-        KV written into the shared block it already holds, as SGLang's token-level radix cache does).
+        again so its logits exist (vLLM V1's ``max_cache_hit_length = num_tokens - 1``), and the hit
+        is whole blocks within that limit, as vLLM V1's ``find_longest_cache_hit`` returns: a
+        whole-prompt full-block match recomputes its last block. ``policies.ExactPrefix`` plans the
+        same rule, so the fast path and this manager agree.
         """
         if not (self.caching and req.cacheable):
             return [], 0
@@ -225,7 +226,8 @@ class BlockManager:
         if count:
             self.queries += nblk
             self.hits += len(out)
-        return out, max(0, min(len(out) * self.block_size, limit))
+        keep = max(0, min(len(out) * self.block_size, limit)) // self.block_size
+        return out[:keep], keep * self.block_size
 
     # ------------------------------------------------------------------ allocation
     def blocks_needed(self, req, n_new: int, computed: list = (), hit_tokens: int | None = None) -> int:

@@ -60,7 +60,7 @@ def test_referenced_blocks_are_never_evicted_and_allocation_refuses():
     bm.check()
 
 
-def test_whole_prompt_hit_is_capped_at_n_minus_1():
+def test_whole_prompt_hit_is_capped_at_n_minus_1_in_whole_blocks():
     bm = BlockManager(100, 4)
     toks = list(range(8))
     a = _req("a", toks)
@@ -68,8 +68,10 @@ def test_whole_prompt_hit_is_capped_at_n_minus_1():
     bm.free(a)
     b = _req("b", toks)
     blocks, hit = bm.find_cached(b)
-    assert hit == 7 and len(blocks) == 2  # all 8 tokens cached: n - 1 = 7 are reused, the last is computed
-    assert bm.allocate(b, 1, blocks, hit) and bm.num_used == 2  # ...into the block it shares: no new block
+    # all 8 tokens cached: the hit is capped at n - 1 = 7 and rounded down to whole blocks (vLLM V1),
+    # so the last block is recomputed, as policies.ExactPrefix plans it
+    assert hit == 4 and len(blocks) == 1
+    assert bm.allocate(b, 4, blocks, hit) and bm.num_used == 2  # one shared block + one new
     c = _req("c", toks, allow_full_hit=True)
     assert bm.find_cached(c)[1] == 8      # a zero-copy fork takes them all
     d = _req("d", toks + [77])

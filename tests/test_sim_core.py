@@ -170,13 +170,8 @@ def _check_equal(trace, hw_name, policy, params, workload):
     res_fast = simulate(trace, policy, params, hardware=hw_name, workload=workload, baselines=False)
     res_eng = simulate(trace, policy, params, hardware=hw_name, workload=workload, baselines=False, engine=True)
     a, b = res_fast.problems, res_eng.problems
-    # A branch whose whole prompt equals an earlier one's (nothing computed in the plan) computes its last
-    # token in the engine: the block manager caps a prefix hit at n - 1 tokens, as vLLM does, so the
-    # position's logits exist. Until the sharing plan does the same (issue 10 item 5) those problems differ.
-    cfg = make_config(policy, params, workload)
-    tf = features.load(trace)
-    keep = np.array([not np.any((job.computed == 0) & ~job.share & (job.reused > 0))
-                     for _, _, job in _jobs(tf, cfg, tf.n_layers)])
+    # The plan and the block manager cap a whole-prompt hit alike (n - 1, whole blocks): every problem agrees.
+    keep = np.ones(len(a), bool)
     for col in ("latency_s", "gate_s", "prefill_s", "decode_s", "verify_s", "ttft_s",
                 "recompute_tokens", "evictions", "iterations"):
         x, y = a[col].to_numpy(dtype=float)[keep], b[col].to_numpy(dtype=float)[keep]
@@ -185,10 +180,9 @@ def _check_equal(trace, hw_name, policy, params, workload):
     # during each iteration (a finished branch's blocks are freed into the cache or, without caching, dropped;
     # a gate pass holds blocks while it runs; verification KV is whole blocks of every layer, as a real engine
     # allocates), where the fast path keeps the closed-form count of every branch's blocks to the end.
-    if keep.all():
-        np.testing.assert_allclose(res_eng.kv_timeline["t_s"], res_fast.kv_timeline["t_s"], rtol=1e-9)
-        for k in ("latency_mean_s", "kv_reuse", "accuracy"):
-            assert res_eng.summary[k] == pytest.approx(res_fast.summary[k], rel=1e-9, nan_ok=True)
+    np.testing.assert_allclose(res_eng.kv_timeline["t_s"], res_fast.kv_timeline["t_s"], rtol=1e-9)
+    for k in ("latency_mean_s", "kv_reuse", "accuracy"):
+        assert res_eng.summary[k] == pytest.approx(res_fast.summary[k], rel=1e-9, nan_ok=True)
     for k in ("kv_reuse", "accuracy"):
         assert res_eng.summary[k] == pytest.approx(res_fast.summary[k], rel=1e-9, nan_ok=True)
     assert res_fast.aggregate.loc[policy, "latency_mean_s"] == res_fast.summary["latency_mean_s"]
