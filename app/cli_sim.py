@@ -46,12 +46,12 @@ def _serving_args(p, with_arrival: bool = False) -> None:
                    help="problems submitted, cycling over the trace's (default: each selected problem once)")
     if with_arrival:
         x = g.add_mutually_exclusive_group()
-        x.add_argument("--arrival-rate", default=None, metavar="R", help="Poisson arrivals, problems/s")
+        x.add_argument("--arrival-rate", default=None, metavar="R", help="Poisson arrivals, problems/s (default: closed loop, --concurrency)")
         x.add_argument("--concurrency", default=None, metavar="C", help="closed loop: problems in flight (default 4)")
     else:
         g.add_argument("--concurrency", default=None, metavar="C", help="closed loop: problems in flight (default 4)")
     g.add_argument("--decode-tokens", default=None, metavar="T",
-                   help="token policies: extend the long decodes to T tokens (results say length_extrapolated)")
+                   help="token policies: extend the long decodes to T tokens (results say length_extrapolated; default: the recorded length)")
     g.add_argument("--scheduler", default=None, metavar="NAME",
                    help="vllm-v1 (default: running decodes first, chunked prefill) or prefill-first")
     g.add_argument("--max-num-seqs", default=None, metavar="S", help="running sequences cap (default: the hardware's)")
@@ -140,13 +140,13 @@ def register(sub) -> None:
     _trace_arg(p)
     p.add_argument("--policy", required=True, help="policy registry name (see `rksim compare`)")
     p.add_argument("--set", action="append", default=[], metavar="K=V", dest="sets",
-                   help="policy parameter, repeatable (e.g. --set tau=0.8)")
+                   help="policy parameter, repeatable (e.g. --set tau=0.8; default: the policy's defaults, see `rksim policies`)")
     p.add_argument("--model-preset", default=None, metavar="X",
                    help="cost target model: preset name or YAML/JSON file (default: the trace's own model)")
     p.add_argument("--hardware", default=DEFAULT_HARDWARE, metavar="Y",
                    help=f"hardware preset name or YAML/JSON file (default {DEFAULT_HARDWARE})")
     p.add_argument("--workload", action="append", default=[], metavar="K=V",
-                   help="workload option, repeatable (see docs/simulator.md)")
+                   help="workload option, repeatable (see docs/simulator.md; default: the defaults listed there)")
     p.add_argument("--seed", type=int, default=0, help="seed of arrivals and stochastic policies (default 0)")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     _serving_args(p, with_arrival=True)

@@ -251,13 +251,13 @@ def _sim_flags(p) -> None:
     g = p.add_argument_group("serving (mode serving; as `rksim serve`)")
     g.add_argument("--requests", default=None, metavar="N", help="problems submitted (default: each once)")
     g.add_argument("--concurrency", default=None, metavar="C", help="closed loop: problems in flight (default 4)")
-    g.add_argument("--decode-tokens", default=None, metavar="T", help="token policies: long decodes extended to T")
+    g.add_argument("--decode-tokens", default=None, metavar="T", help="token policies: long decodes extended to T (default: the recorded length)")
     g.add_argument("--batch-scheduler", default=None, metavar="NAME", help="vllm-v1 (default) or prefill-first")
     g.add_argument("--max-num-seqs", default=None, metavar="S", help="running sequences cap (default: hardware's)")
     g.add_argument("--max-num-batched-tokens", default=None, metavar="M", help="tokens per iteration (default: hardware's)")
     g.add_argument("--gpu-memory-utilization", default=None, metavar="U", help="in (0, 1] (default 0.90)")
-    g.add_argument("--kv-capacity-bytes", default=None, metavar="B", help="KV capacity override in bytes")
-    g.add_argument("--activation-reserve-bytes", default=None, metavar="B", help="activation reserve in bytes")
+    g.add_argument("--kv-capacity-bytes", default=None, metavar="B", help="KV capacity override in bytes (default: memory x utilisation - weights - activation reserve)")
+    g.add_argument("--activation-reserve-bytes", default=None, metavar="B", help="activation reserve in bytes (default: estimated, docs/simulator.md)")
 
 
 def register(sub) -> None:
