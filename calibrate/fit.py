@@ -213,7 +213,7 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
         "per_kernel_s": float(p.per_kernel_s), "per_layer_s": float(p.per_layer_s),
         "sample_s_per_vocab": float(p.sample_s_per_vocab), "host_per_iter_s": float(p.host_per_iter_s),
         "per_kernel_graph_s": None if p.per_kernel_graph_s is None else float(p.per_kernel_graph_s),
-        "roofline": p.roofline,
+        "roofline": p.roofline, "eff_elem": None if p.eff_elem is None else float(p.eff_elem),
         "calibrated": True, "provisional": False, "fitted_range": frange, "device": device,
         "fitted_on": fitted_on,
         "calibration_note": calibration_note or (f"fitted end to end on {device} ({fitted_on.get('model')} "

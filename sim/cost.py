@@ -298,6 +298,8 @@ class ScalarCost:
         self.ps = getattr(hw, "sample_s_per_vocab", 0.0)
         self.pi = getattr(hw, "host_per_iter_s", 0.0)
         self.per_op = getattr(hw, "roofline", "iteration") == "operator"
+        ee = getattr(hw, "eff_elem", None)
+        self.rate_e = hw.mem_bw * (hw.eff_m if ee is None else ee)
 
     def seconds(self, items) -> float:
         """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled])`` tuples (layers None = L).
@@ -341,7 +343,7 @@ class ScalarCost:
         rc, rm = self.rate_c, self.rate_m
         if self.per_op:
             t = (max(f_lin / rc, b_lin / rm) + max(f_att / rc, b_att / rm) + max(f_head / rc, b_head / rm)
-                 + b_rest / rm + nl * self.elem / rm)
+                 + b_rest / rm + nl * self.elem / self.rate_e)
         else:
             t = (f_lin + f_att + f_head) / rc
             tm = (b_lin + b_head + b_att + b_rest) / rm

@@ -151,7 +151,7 @@ class HardwareProfile:
     iteration overlap perfectly, or the per-operator roofline (``roofline: operator``,
     GenZ's)::
 
-        roof = sum_op max(flops_op / rc, bytes_op / rm) + b_elem / rm
+        roof = sum_op max(flops_op / rc, bytes_op / rm) + b_elem / (mem_bw * eff_elem)
 
     over the operator groups (linear layers, attention, LM head / probes, the rest),
     plus the element-wise traffic (norms, RoPE, activation, residual adds) that the
@@ -186,6 +186,7 @@ class HardwareProfile:
     host_per_iter_s: float = 0.0
     per_kernel_graph_s: float | None = None
     roofline: str = "iteration"
+    eff_elem: float | None = None   # element-wise kernels' fraction of bandwidth (None: eff_m); operator roofline only
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -193,6 +194,10 @@ class HardwareProfile:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive number, got {v!r}")
+        if self.eff_elem is not None and (isinstance(self.eff_elem, bool) or not isinstance(self.eff_elem, (int, float))
+                                          or not np.isfinite(self.eff_elem) or self.eff_elem <= 0):
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'eff_elem' must be a positive "
+                              f"number or null, got {self.eff_elem!r}")
         for f in ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s"):
             v = getattr(self, f)
             if v is None and f == "per_kernel_graph_s":
@@ -234,7 +239,8 @@ class HardwareProfile:
             fr = np.maximum(terms.flops - fl - fa - fh, 0.0)
             br = np.maximum(terms.bytes - bl - ba - bh, 0.0)
             roof = (np.maximum(fl / rc, bl / rm) + np.maximum(fa / rc, ba / rm) + np.maximum(fh / rc, bh / rm)
-                    + np.maximum(fr / rc, br / rm) + g(terms, "b_elem", 0.0) / rm)
+                    + np.maximum(fr / rc, br / rm)
+                    + g(terms, "b_elem", 0.0) / (self.mem_bw * (self.eff_m if self.eff_elem is None else self.eff_elem)))
         elif mode == "iteration":
             roof = np.maximum(terms.flops / rc, terms.bytes / rm)
         else:
@@ -395,7 +401,7 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
             raise PresetError(f"{path}: missing field {req!r}")
     data.setdefault("name", path.stem)
     for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s",
-              "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s"):
+              "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem"):
         if k in data and isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
             try:
                 data[k] = float(data[k])
