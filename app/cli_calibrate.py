@@ -25,10 +25,10 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_fit(args) -> int:
-    from calibrate.fit import fit_run_dir
+    from calibrate.fit import fit_run_dirs
 
-    res = fit_run_dir(Path(args.dir), name=args.name, out=Path(args.out) if args.out else None,
-                      holdout=args.holdout, clock=args.clock, roofline=args.roofline)
+    res = fit_run_dirs([Path(d) for d in args.dir], name=args.name, out=Path(args.out) if args.out else None,
+                       holdout=args.holdout, clock=args.clock, roofline=args.roofline)
     print(f"wrote {res['path']}: rms relative error {res['rel_rms']:.3%} on {res['n_phases']} phases "
           f"({res['n_fit_problems']} fit problems)")
     print(f"{res['clock_note']}; roofline {res['roofline']} (rms relative error: "
@@ -107,7 +107,7 @@ def register(sub) -> None:
     p.set_defaults(func=_cmd_run)
 
     p = csub.add_parser("fit", help="fit the hardware coefficients on a run's measured phases")
-    p.add_argument("dir", help="a directory written by 'calibrate run'")
+    p.add_argument("dir", nargs="+", help="directories written by 'calibrate run' (one device; several models)")
     p.add_argument("--name", default="local-cpu", help="preset name (default local-cpu)")
     p.add_argument("--out", default=None, help="preset file (default sim/presets/hardware/<name>.yaml)")
     p.add_argument("--holdout", type=float, default=0.5, help="share of problems held out of the fit (default 0.5)")

@@ -265,38 +265,68 @@ def fit_run_dir(dir_: Path, name: str = "local-cpu", out: Path | None = None, ho
     ``clock``: ``auto`` (thread CPU time on CPU, wall on CUDA), ``cpu`` or ``wall``
     (:func:`calibrate.timing.select_clock`; runs without CPU time fall back to wall).
     """
+    return fit_run_dirs([dir_], name=name, out=out, holdout=holdout, seed=seed, clock=clock, roofline=roofline)
+
+
+def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = None, holdout: float = 0.5,
+                 seed: int = 0, clock: str = "auto", roofline: str = "auto") -> dict:
+    """``rksim calibrate fit DIR [DIR ...]``: one hardware profile fitted on several runs (several models
+    on one device, e.g. the GPU kit's random-weight models). Every run is split into fit / held-out
+    problems on its own; its ``fit.json`` records its split and the shared preset."""
     from calibrate.timing import select_clock
     from sim.profiles import model_from_manifest
 
-    dir_ = Path(dir_)
-    for f in ("phases.parquet", "run.json"):
-        if not (dir_ / f).is_file():
-            raise FileNotFoundError(f"{dir_ / f}: missing (not a 'rksim calibrate run' directory)")
-    run = json.loads((dir_ / "run.json").read_text())
-    phases = pd.read_parquet(dir_ / "phases.parquet")
-    fit_p, hold_p = split_problems(run["problems"], holdout, seed)
-    use = phases[(phases["problem"] < 0) | phases["problem"].isin(fit_p)]
-    use = use[use["kind"] != "host"]
-    secs, _, used, clock_note = select_clock(use, None, clock, run.get("device", "cpu"))
-    model = model_from_manifest({"model": run["model"]})
-    terms = phase_terms(model, use)
-    base = default_base(name)
-    base = dataclasses.replace(base, name=name)
-    res = fit_profile(base, terms, secs.to_numpy(), roofline=roofline)
-    device = run_device(run)
-    frange = fitted_range(model, use, device=device, dtype=run["model"]["dtype"])
+    dirs = [Path(d) for d in dirs]
+    parts, runs = [], []
+    for dir_ in dirs:
+        for f in ("phases.parquet", "run.json"):
+            if not (dir_ / f).is_file():
+                raise FileNotFoundError(f"{dir_ / f}: missing (not a 'rksim calibrate run' directory)")
+        run = json.loads((dir_ / "run.json").read_text())
+        phases = pd.read_parquet(dir_ / "phases.parquet")
+        fit_p, hold_p = split_problems(run["problems"], holdout, seed)
+        use = phases[(phases["problem"] < 0) | phases["problem"].isin(fit_p)]
+        use = use[use["kind"] != "host"]
+        secs, _, used, clock_note = select_clock(use, None, clock, run.get("device", "cpu"))
+        model = model_from_manifest({"model": run["model"]})
+        parts.append((dir_, run, use, secs.to_numpy(), used, clock_note, model, fit_p, hold_p))
+        runs.append(run)
+    devices = {run_device(r) for r in runs}
+    dtypes = sorted({str(r["model"]["dtype"]) for r in runs})
+    if len(devices) > 1:
+        raise ValueError(f"calibrate fit: the runs measured different devices ({', '.join(sorted(devices))}); "
+                         "one hardware profile is fitted per device")
+    used_clocks = {p[4] for p in parts}
+    if len(used_clocks) > 1:
+        raise ValueError("calibrate fit: some runs have CPU time and some do not; pass --clock wall")
+    used, clock_note = parts[0][4], parts[0][5]
+    terms = np.concatenate([phase_terms(p[6], p[2]) for p in parts], axis=1)
+    secs = np.concatenate([p[3] for p in parts])
+    base = dataclasses.replace(default_base(name), name=name)
+    res = fit_profile(base, terms, secs, roofline=roofline)
+    device = devices.pop()
+    frs = [fitted_range(p[6], p[2]) for p in parts]
+    frange = {"max_context_tokens": max(f["max_context_tokens"] for f in frs),
+              "max_new_tokens": max(f["max_new_tokens"] for f in frs),
+              "max_batch": max(f["max_batch"] for f in frs),
+              "models": sorted({m for f in frs for m in f["models"]}), "device": device, "dtypes": dtypes}
     path = Path(out) if out else PRESET_DIR / "hardware" / f"{name}.yaml"
-    notes = (f"fitted on {len(use)} phases of {run['model']['name']} ({run['model']['dtype']}) on "
-             f"{device} with {run.get('threads')} threads, {used} clock; fit problems {fit_p}, held out {hold_p}")
-    write_preset(path, res, frange, device=device,
-                 fitted_on={"run": str(dir_.resolve()), "created": run.get("created"),
-                            "model": run["model"]["name"], "dtype": run["model"]["dtype"],
-                            "threads": run.get("threads")}, notes=notes, clock=used)
-    info = {"preset": str(path.resolve()), "path": str(path), "name": name, "fit_problems": fit_p,
-            "holdout_problems": hold_p, "n_phases": res.n, "rel_rms": res.rel_rms,
-            "rel_median_abs": res.rel_median_abs, "fitted_range": frange, "clock": used, "clock_note": clock_note,
-            "roofline": res.roofline, "by_roofline": res.by_roofline, "fitted_params": res.fitted,
-            "coefficients": {k: getattr(res.profile, k) for k in FIT_PARAMS},
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    atomic_write_text(dir_ / "fit.json", json.dumps(info, indent=2) + "\n")
-    return {**info, "n_fit_problems": len(fit_p)}
+    models = ", ".join(f"{p[1]['model']['name']} ({p[1]['model']['dtype']}; fit {p[7]}, held out {p[8]})"
+                       for p in parts)
+    notes = (f"fitted on {res.n} phases of {models} on {device} with {runs[0].get('threads')} threads, "
+             f"{used} clock")
+    fitted_on = {"run": str(dirs[0].resolve()) if len(dirs) == 1 else [str(d.resolve()) for d in dirs],
+                 "created": runs[0].get("created"), "model": ", ".join(sorted({r["model"]["name"] for r in runs})),
+                 "dtype": "/".join(dtypes), "threads": runs[0].get("threads")}
+    write_preset(path, res, frange, device=device, fitted_on=fitted_on, notes=notes, clock=used)
+    info = {}
+    for dir_, run, use, _, _, _, model, fit_p, hold_p in parts:
+        info = {"preset": str(path.resolve()), "path": str(path), "name": name, "fit_problems": fit_p,
+                "holdout_problems": hold_p, "n_phases": res.n, "rel_rms": res.rel_rms,
+                "rel_median_abs": res.rel_median_abs, "fitted_range": frange, "clock": used, "clock_note": clock_note,
+                "roofline": res.roofline, "by_roofline": res.by_roofline, "fitted_params": res.fitted,
+                "coefficients": {k: getattr(res.profile, k) for k in FIT_PARAMS},
+                "runs": [str(d) for d in dirs],
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        atomic_write_text(dir_ / "fit.json", json.dumps(info, indent=2) + "\n")
+    return {**info, "n_fit_problems": sum(len(p[7]) for p in parts)}
