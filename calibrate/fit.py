@@ -224,6 +224,16 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
                 "rel_median_abs": res.rel_median_abs, "success": res.success},
         "notes": notes,
     }
+    # keep what the fit does not own (capacity / scheduler keys another tool or person set in this file)
+    try:
+        import yaml
+        old = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
+    except (OSError, ValueError):
+        old = None
+    if isinstance(old, dict):
+        for k, v in old.items():
+            if k not in data and k not in ("fit", "notes", "fitted_on", "residuals", "reference"):
+                data[k] = v
     header = ("# Fitted by `rksim calibrate fit` (calibrate/fit.py) on measured phases; do not edit by hand.\n"
               "# peak_flops / mem_bw are the base profile's; the coefficients in fit.params are fitted.\n")
     atomic_write_text(path, header + _yaml_dump(data))
