@@ -52,6 +52,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--fidelity-only", action="store_true", help="skip the speedup and quality steps")
+    ap.add_argument("--reuse-runs", action="store_true",
+                    help="keep finished run directories under OUT/calibrate and only re-fit and re-report them")
     args = ap.parse_args(argv)
 
     from calibrate.fit import fit_run_dir
@@ -63,10 +65,10 @@ def main(argv=None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.out / "calibrate"
-    if work.exists():
+    if work.exists() and not args.reuse_runs:
         shutil.rmtree(work)
     stress = None
-    if args.stress_seconds > 0:
+    if args.stress_seconds > 0 and not args.reuse_runs:
         # One neighbour that wants a whole core, bounded in time, like another engineer's job.
         stress = subprocess.Popen(["timeout", str(args.stress_seconds), sys.executable, "-c",
                                    "while True: pass"])
@@ -80,7 +82,11 @@ def main(argv=None) -> int:
             cfg = RunConfig(problems=args.problems, branches=args.branches, max_new_tokens=args.max_new_tokens,
                             repeats=args.repeats)
             t1 = time.perf_counter()
-            run = run_calibration(cfg, d)
+            if args.reuse_runs and (d / "run.json").is_file():
+                run = json.loads((d / "run.json").read_text())
+                print(f"fidelity run {i + 1}/{args.runs}: reusing {d} (re-fit and re-report only)", flush=True)
+            else:
+                run = run_calibration(cfg, d)
             fit = fit_run_dir(d, name="local-cpu", out=d.parent / f"local-cpu-{d.name}.yaml", clock=args.clock)
             rep = fidelity_report(d, clock=args.clock)
             runs.append({"dir": str(d), "seconds": time.perf_counter() - t1, "clock": rep["clock"],
@@ -106,10 +112,11 @@ def main(argv=None) -> int:
                     and r["median_abs_pct_error"] <= GOALS["median_abs_pct_error"]
                     and (r["speedup_ratio_error"] or 0) <= GOALS["speedup_ratio_error"] for r in runs)}
     if args.fidelity_only:
-        atomic_write_json(args.out / "calibrate.json", {"fidelity_runs": res_runs, "goals": GOALS,
-                                                        "seconds": {"fidelity": t_fid}})
+        name = "calibrate-rereport.json" if args.reuse_runs else "calibrate.json"
+        atomic_write_json(args.out / name, {"fidelity_runs": res_runs, "goals": GOALS,
+                                            "seconds": {"fidelity": t_fid}})
         print(f"all {len(runs)} runs meet the fidelity goals: {res_runs['all_runs_meet_goals']} "
-              f"-> {args.out / 'calibrate.json'}")
+              f"-> {args.out / name}")
         return 0
     sp = run_speedup(SpeedupConfig(problems=args.speedup_problems), work / "speedup")
     t_sp = time.perf_counter() - t0 - t_fid

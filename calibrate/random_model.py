@@ -39,7 +39,11 @@ def shape_for(preset: str) -> tuple[ModelShape, str]:
     """(shape, hf_id) of a model preset name / file, or the ``tiny`` smoke shape."""
     if preset == "tiny":
         return TINY, "tiny-llama"
-    m = load_shape(preset)
+    from sim.profiles import PresetError
+    try:
+        m = load_shape(preset)
+    except PresetError as exc:
+        raise ValueError(f"--model random:{preset}: {exc} (or 'tiny')") from None
     hf_id = ""
     try:
         import yaml
