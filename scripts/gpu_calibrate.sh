@@ -84,12 +84,22 @@ DIRS=()
 for m in $MODELS; do
   d="$OUT_DIR/runs/$m"
   echo "== calibrate run random:$m on $DEVICE ($DTYPE)" | tee -a "$LOG"
-  timeout "$RUN_TIMEOUT" "$PY" -m app.cli calibrate run --model "random:$m" "${TOK_ARGS[@]}" --device "$DEVICE" \
-    --dtype "$DTYPE" --problems "$PROBLEMS" --branches "$BRANCHES" --max-new-tokens "$TOKENS" --repeats "$REPEATS" \
-    --sweep-prefill "$SW_PREFILL" --sweep-decode-batch "$SW_BATCH" --sweep-decode-ctx "$SW_CTX" \
-    --out "$d" 2>>"$LOG.stderr" | tee -a "$LOG"
+  if ! timeout "$RUN_TIMEOUT" "$PY" -m app.cli calibrate run --model "random:$m" "${TOK_ARGS[@]}" --device "$DEVICE" \
+      --dtype "$DTYPE" --problems "$PROBLEMS" --branches "$BRANCHES" --max-new-tokens "$TOKENS" --repeats "$REPEATS" \
+      --sweep-prefill "$SW_PREFILL" --sweep-decode-batch "$SW_BATCH" --sweep-decode-ctx "$SW_CTX" \
+      --out "$d" 2>>"$LOG.stderr" | tee -a "$LOG"; then
+    # a model that runs past its share of the time budget is left out; the others still fit
+    echo "gpu_calibrate: random:$m failed or ran past ${RUN_TIMEOUT} s; left out (see $LOG.stderr)" | tee -a "$LOG"
+    tail -3 "$LOG.stderr" >&2 || true
+    continue
+  fi
   DIRS+=("$d")
 done
+if [[ ${#DIRS[@]} == 0 ]]; then
+  echo "gpu_calibrate: no model finished its run; nothing to fit" | tee -a "$LOG" >&2
+  [[ -n "${OUT:-}" && -d "${OUT:-}" ]] && cp "$LOG" "$LOG.stderr" "$OUT/" 2>/dev/null
+  exit 4
+fi
 
 echo "== calibrate fit ($NAME) on ${#DIRS[@]} run(s)" | tee -a "$LOG"
 "$PY" -m app.cli calibrate fit "${DIRS[@]}" --name "$NAME" --out "$OUT_DIR/$NAME.yaml" | tee -a "$LOG"
