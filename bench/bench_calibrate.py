@@ -15,7 +15,7 @@ speedup-ratio error <= 3%, RKSC >= 3x faster than No-KV on the paper's shape.
 
 ``--runs N`` repeats step 1 N consecutive times (the fidelity goals must hold on
 each), ``--stress-seconds S`` first starts one CPU-bound stress process (a
-pure-Python busy loop under ``timeout S``, killed when the benchmark ends) so
+pure-Python busy loop that stops itself after S seconds, killed when the benchmark ends) so
 that the fidelity is measured beside a neighbour, as on a shared machine; the
 benchmark prints that it did. ``--clock`` is the clock fit and report use
 (default ``auto``: the timing thread's CPU time on CPU). ``--fidelity-only``
@@ -70,10 +70,12 @@ def main(argv=None) -> int:
     stress = None
     if args.stress_seconds > 0 and not args.reuse_runs:
         # One neighbour that wants a whole core, bounded in time, like another engineer's job.
-        stress = subprocess.Popen(["timeout", str(args.stress_seconds), sys.executable, "-c",
-                                   "while True: pass"])
+        # The loop bounds itself (no `timeout` wrapper: killing a wrapper leaves its child running).
+        stress = subprocess.Popen([sys.executable, "-c",
+                                   f"import time\nend = time.monotonic() + {int(args.stress_seconds)}\n"
+                                   "while time.monotonic() < end:\n    pass\n"])
         print(f"bench_calibrate: started a CPU-bound stress process (pid {stress.pid}, a Python busy loop, "
-              f"at most {args.stress_seconds} s) beside the benchmark", flush=True)
+              f"at most {args.stress_seconds} s, killed when the benchmark ends) beside the benchmark", flush=True)
     t0 = time.perf_counter()
     runs = []
     try:
