@@ -266,3 +266,18 @@ def test_vidur_fit_is_what_the_a100_preset_ships():
     other = "iteration" if res["roofline"] == "operator" else "operator"
     assert (lay[res["roofline"]]["with_per_operator_coefficients"]["rel_rms"]
             <= lay[other]["with_per_operator_coefficients"]["rel_rms"])
+
+
+def test_half_split_is_counterbalanced_in_run_order():
+    """A speed drift linear in run order biases neither half (ABBA); the seed picks the held-out half."""
+    from calibrate.fit import split_problems
+
+    for n in (4, 8, 12):
+        for seed in (0, 1, 2):
+            fit, hold = split_problems(list(range(n)), 0.5, seed)
+            assert sorted(fit + hold) == list(range(n)) and len(hold) == n // 2
+            assert np.mean(fit) == pytest.approx(np.mean(hold))   # linear trend cancels
+            assert split_problems(list(range(n)), 0.5, seed) == (fit, hold)
+    assert {tuple(split_problems(list(range(8)), 0.5, s)[1]) for s in range(6)} == {(0, 3, 4, 7), (1, 2, 5, 6)}
+    fit, hold = split_problems([5, 9], 0.5, 0)
+    assert fit and hold
