@@ -8,7 +8,7 @@
 # tree of at most 64 MiB. What that python3 lacks (simpy, plotly) travels as wheels in .whl/ and the
 # tokenizer (SmolLM2's, 3.5 MB) in .gpukit/tokenizer/; both folders are git-ignored and prepared here:
 #
-#   scripts/gpu_calibrate.sh prepare            # on this machine (pip download + the tokenizer)
+#   PY=.venv/bin/python scripts/gpu_calibrate.sh prepare   # on this machine (pip download + the tokenizer)
 #   scripts/gpu_calibrate.sh [OUT]              # on the GPU machine (carry .whl and .gpukit); OUT: runs/gpu-calibrate
 #   scripts/gpu_calibrate.sh --smoke [OUT]      # the same steps on CPU, tiny random model (make test runs it)
 #
