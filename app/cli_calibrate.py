@@ -25,19 +25,21 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_fit(args) -> int:
-    from calibrate.fit import fit_run_dir
+    from calibrate.fit import fit_run_dirs
 
-    res = fit_run_dir(Path(args.dir), name=args.name, out=Path(args.out) if args.out else None,
-                      holdout=args.holdout)
+    res = fit_run_dirs([Path(d) for d in args.dir], name=args.name, out=Path(args.out) if args.out else None,
+                       holdout=args.holdout, clock=args.clock, roofline=args.roofline)
     print(f"wrote {res['path']}: rms relative error {res['rel_rms']:.3%} on {res['n_phases']} phases "
           f"({res['n_fit_problems']} fit problems)")
+    print(f"{res['clock_note']}; roofline {res['roofline']} (rms relative error: "
+          + ", ".join(f"{k} {v['rel_rms']:.3%}" for k, v in res["by_roofline"].items()) + ")")
     return 0
 
 
 def _cmd_report(args) -> int:
     from calibrate.report import fidelity_report
 
-    rep = fidelity_report(Path(args.dir), hardware=args.hardware)
+    rep = fidelity_report(Path(args.dir), hardware=args.hardware, clock=args.clock)
     if args.json:
         _print_json(rep)
     else:
@@ -120,19 +122,32 @@ def register(sub) -> None:
     p.add_argument("--no-capture", action="store_true", help="skip the parity trace (DIR/trace)")
     p.add_argument("--no-sweep", action="store_true", help="skip the op sweep (prefill lengths, decode batches)")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument("--tokenizer", default=None,
+                   help="run only: --model random:<model preset> builds random weights in that shape; its "
+                        "tokenizer folder (default: SmolLM2's)")
+    p.add_argument("--sweep-prefill", default=None, help="comma list of prefill lengths of the op sweep")
+    p.add_argument("--sweep-decode-batch", default=None, help="comma list of decode batch sizes of the op sweep")
+    p.add_argument("--sweep-decode-ctx", default=None, help="comma list of decode contexts of the op sweep")
     p.set_defaults(func=_cmd_run)
 
     p = csub.add_parser("fit", help="fit the hardware coefficients on a run's measured phases")
-    p.add_argument("dir", help="a directory written by 'calibrate run'")
+    p.add_argument("dir", nargs="+", help="directories written by 'calibrate run' (one device; several models)")
     p.add_argument("--name", default="local-cpu", help="preset name (default local-cpu)")
     p.add_argument("--out", default=None, help="preset file (default sim/presets/hardware/<name>.yaml)")
     p.add_argument("--holdout", type=float, default=0.5, help="share of problems held out of the fit (default 0.5)")
+    p.add_argument("--clock", default="auto", choices=["auto", "cpu", "wall"],
+                   help="measured seconds to fit: auto = thread CPU time on CPU, wall time on CUDA")
+    p.add_argument("--roofline", default="auto", choices=["auto", "iteration", "operator"],
+                   help="auto: fit both the whole-iteration and the per-operator roofline, keep the better")
     p.set_defaults(func=_cmd_fit)
 
     p = csub.add_parser("report", help="simulated vs measured latency and speedups on held-out problems")
     p.add_argument("dir", help="a directory written by 'calibrate run' and fitted by 'calibrate fit'")
     p.add_argument("--hardware", default=None, help="preset name or file (default: the one 'fit' wrote)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--clock", default="auto", choices=["auto", "cpu", "wall"],
+                   help="measured seconds to compare with: auto = thread CPU time on CPU, wall time on CUDA")
     p.set_defaults(func=_cmd_report)
 
     p = csub.add_parser("quality", help="quality of token eviction: KL, agreement, repetition, accuracy")

@@ -1,24 +1,37 @@
 """Fit the hardware profile's coefficients to measured phases (``rksim calibrate fit``).
 
-The cost model (``sim.cost``) reduces every operation to terms
-``(flops, bytes, kernels, layers)``; a hardware profile turns them into seconds::
+The cost model (``sim.cost``) reduces every operation to terms (flops, bytes,
+kernels, layers, sampled vocabulary entries, forward calls, the operator
+groups); a hardware profile turns them into seconds
+(:meth:`sim.profiles.HardwareProfile.time`)::
 
-    t = max(flops / (peak * eff_c), bytes / (bw * eff_m)) + kernels * per_kernel_s + layers * per_layer_s
+    t = roof + kernels * per_kernel_s + layers * per_layer_s
+          + samples * sample_s_per_vocab + iters * host_per_iter_s [+ graph_kernels * per_kernel_graph_s]
 
-``peak`` and ``bw`` stay at the base profile's values (datasheet numbers: only
-their products with the efficiencies are identifiable); the fit finds
-``eff_c``, ``eff_m``, ``per_kernel_s`` and ``per_layer_s`` minimising the
-robust (soft-L1) sum of *relative* residuals ``(t_model - t_measured) / t_measured``
-with :func:`scipy.optimize.least_squares` — relative, so that a 20 ms decode
-step counts as much as a 7 s prefill. Efficiencies are fitted in log space
-(always positive); the overheads are bounded below by 0.
+with ``roof`` the whole-iteration roofline ``max(flops / (peak eff_c), bytes / (bw eff_m))``
+or the per-operator one (sum over operators of the same max, plus element-wise
+traffic). ``peak`` and ``bw`` stay at the base profile's values (datasheet
+numbers: only their products with the efficiencies are identifiable); the fit
+finds ``eff_c``, ``eff_m``, ``per_kernel_s``, ``per_layer_s``,
+``sample_s_per_vocab``, ``host_per_iter_s`` (and ``per_kernel_graph_s`` where a
+phase replayed a CUDA graph) minimising the robust (soft-L1) sum of *relative*
+residuals ``(t_model - t_measured) / t_measured`` with
+:func:`scipy.optimize.least_squares` — relative, so that a 20 ms decode step
+counts as much as a 7 s prefill. Efficiencies are fitted in log space (always
+positive); the other coefficients are bounded below by 0. A coefficient whose
+term no fitted phase exercises stays at the base profile's value and is
+reported as not fitted.
+
+Both rooflines are fitted (``roofline="auto"``) and the one with the lower
+robust loss on the fit phases is kept; both residuals are reported.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,16 +41,25 @@ from traces.store import atomic_write_text
 from scipy.optimize import least_squares
 
 from sim import cost as C
-from sim.profiles import HardwareProfile, ModelShape, PRESET_DIR, PresetError, load_hardware
+from sim.profiles import ROOFLINES, HardwareProfile, ModelShape, PRESET_DIR, PresetError, load_hardware
 
-FIT_PARAMS = ("eff_c", "eff_m", "per_kernel_s", "per_layer_s")
-# Scale of the overhead parameters inside the optimiser (seconds -> microseconds).
-_US = 1e-6
+# (parameter, term it multiplies, optimiser scale in seconds); eff_c / eff_m are the roofline's.
+_LINEAR = (("per_kernel_s", "kernels", 1e-6), ("per_layer_s", "layers", 1e-6),
+           ("sample_s_per_vocab", "samples", 1e-9), ("host_per_iter_s", "iters", 1e-6),
+           ("per_kernel_graph_s", "graph_kernels", 1e-6))
+FIT_PARAMS = ("eff_c", "eff_m") + tuple(p for p, _, _ in _LINEAR)
+_IDX = {k: i for i, k in enumerate(C.TERM_NAMES)}
+# decode phases sample every row once per step (runs recorded before the `sampled` column)
+_SAMPLING_PHASES = ("decode",)
 
 
 def phase_terms(m: ModelShape, phases: pd.DataFrame) -> np.ndarray:
-    """``(4, N)`` terms [flops, bytes, kernels, layers] of every row of a phases table."""
-    out = np.zeros((4, len(phases)))
+    """``(len(sim.cost.TERM_NAMES), N)`` terms of every row of a phases table.
+
+    Rows sampled: the ``sampled`` column, or for runs recorded before it, one per decode row.
+    """
+    out = np.zeros((len(C.TERM_NAMES), len(phases)))
+    has_sampled = "sampled" in phases.columns
     for j, row in enumerate(phases.itertuples(index=False)):
         kind = row.kind
         if kind == "forward":
@@ -46,9 +68,13 @@ def phase_terms(m: ModelShape, phases: pd.DataFrame) -> np.ndarray:
                 raise ValueError(f"phases.parquet: row {j} ({row.phase}): forward with no items")
             lay = np.asarray(row.layers, dtype=np.float64)
             lay = np.where(lay < 0, m.n_layers, lay)
+            k = int(row.sampled) if has_sampled and not pd.isna(row.sampled) else (
+                n.size if row.phase in _SAMPLING_PHASES else 0)
+            samp = np.zeros(n.size)
+            samp[:min(k, n.size)] = 1.0
             t = C.batch_terms(m, n, np.asarray(row.c, dtype=np.float64), layers=lay,
                               probes=np.asarray(row.probes, dtype=np.float64),
-                              logits=np.asarray(row.logits, dtype=np.float64))
+                              logits=np.asarray(row.logits, dtype=np.float64), sampled=samp)
         elif kind == "probe":
             t = C.probe_terms(m, row.cand)
         elif kind == "evict":
@@ -57,19 +83,31 @@ def phase_terms(m: ModelShape, phases: pd.DataFrame) -> np.ndarray:
             t = C.kv_copy_terms(m, row.cand)
         else:
             raise ValueError(f"phases.parquet: row {j} ({row.phase}): kind {kind!r} has no cost-model terms")
-        out[:, j] = t.as_array().reshape(4)
+        out[:, j] = t.as_full_array().reshape(len(C.TERM_NAMES))
     return out
 
 
-def predict(hw: HardwareProfile, terms: np.ndarray) -> np.ndarray:
-    F, B, K, L = terms
-    return np.maximum(F / (hw.peak_flops * hw.eff_c), B / (hw.mem_bw * hw.eff_m)) + K * hw.per_kernel_s + L * hw.per_layer_s
+def _full(terms: np.ndarray) -> np.ndarray:
+    """Pad a ``(4, N)`` [flops, bytes, kernels, layers] array to every term (the rest 0)."""
+    terms = np.asarray(terms, dtype=np.float64)
+    if terms.shape[0] == len(C.TERM_NAMES):
+        return terms
+    out = np.zeros((len(C.TERM_NAMES),) + terms.shape[1:])
+    out[:terms.shape[0]] = terms
+    return out
 
 
-def _with(hw: HardwareProfile, x: np.ndarray) -> HardwareProfile:
-    import dataclasses
-    return dataclasses.replace(hw, eff_c=float(math.exp(x[0])), eff_m=float(math.exp(x[1])),
-                               per_kernel_s=float(x[2] * _US), per_layer_s=float(x[3] * _US))
+def predict(hw: HardwareProfile, terms: np.ndarray, roofline: str | None = None) -> np.ndarray:
+    """Seconds of every column of ``terms`` (``phase_terms``'s array) under ``hw``."""
+    return np.asarray(hw.time(C.OpTerms.from_array(_full(terms)), roofline=roofline), dtype=np.float64)
+
+
+def _with(hw: HardwareProfile, x: np.ndarray, free: list[str], roofline: str) -> HardwareProfile:
+    kw = {"eff_c": float(math.exp(x[0])), "eff_m": float(math.exp(x[1])), "roofline": roofline}
+    scale = {p: sc for p, _, sc in _LINEAR}
+    for i, p in enumerate(free):
+        kw[p] = float(x[2 + i] * scale[p])
+    return dataclasses.replace(hw, **kw)
 
 
 @dataclass
@@ -81,44 +119,84 @@ class FitResult:
     cost: float
     success: bool
     message: str
+    roofline: str = "iteration"
+    fitted: list = field(default_factory=list)          # coefficients the data identified
+    by_roofline: dict = field(default_factory=dict)     # roofline -> {rel_rms, rel_median_abs, cost}
+    residuals: np.ndarray | None = None
 
 
-def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, loss: str = "soft_l1",
-                f_scale: float = 0.05) -> FitResult:
-    """Least-squares fit of ``eff_c, eff_m, per_kernel_s, per_layer_s`` (see module docstring)."""
-    y = np.asarray(seconds, dtype=np.float64)
-    if terms.shape != (4, y.size):
-        raise ValueError(f"fit: terms shape {terms.shape} does not match {y.size} timings")
-    if y.size < len(FIT_PARAMS):
-        raise ValueError(f"fit: {y.size} measured phases; need at least {len(FIT_PARAMS)}")
-    if not np.all(np.isfinite(y)) or np.any(y <= 0):
-        raise ValueError("fit: measured seconds must be finite and > 0")
-
+def _fit_one(base, A, y, roofline, loss, f_scale, free):
     def resid(x):
-        return (predict(_with(base, x), terms) - y) / y
+        return (predict(_with(base, x, free, roofline), A) - y) / y
 
     best = None
     # A few starts: the max() makes the objective piecewise; pick the best local optimum.
     for ec, em in ((1.0, 1.0), (0.1, 0.1), (0.01, 1.0), (1.0, 0.01), (0.3, 0.03)):
-        x0 = np.array([math.log(ec), math.log(em), 1.0, 10.0])
-        r = least_squares(resid, x0, bounds=([-20, -20, 0, 0], [5, 5, 1e6, 1e7]), loss=loss, f_scale=f_scale,
-                          x_scale=[1.0, 1.0, 10.0, 100.0], method="trf", max_nfev=4000)
+        x0 = np.array([math.log(ec), math.log(em)] + [1.0] * len(free))
+        r = least_squares(resid, x0, bounds=([-20, -20] + [0] * len(free), [5, 5] + [1e7] * len(free)),
+                          loss=loss, f_scale=f_scale, x_scale=[1.0, 1.0] + [10.0] * len(free), method="trf",
+                          max_nfev=4000)
         if best is None or r.cost < best.cost:
             best = r
-    prof = _with(base, best.x)
-    rel = resid(best.x)
+    return best, resid(best.x)
+
+
+def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, loss: str = "soft_l1",
+                f_scale: float = 0.05, roofline: str = "auto") -> FitResult:
+    """Least-squares fit of the coefficients (see module docstring).
+
+    ``roofline``: ``"iteration"``, ``"operator"``, or ``"auto"`` (fit both, keep the lower
+    robust loss; ``FitResult.by_roofline`` has both residuals).
+    """
+    y = np.asarray(seconds, dtype=np.float64)
+    A = _full(terms)
+    if A.ndim != 2 or A.shape[1] != y.size:
+        raise ValueError(f"fit: terms shape {np.shape(terms)} does not match {y.size} timings")
+    if not np.all(np.isfinite(y)) or np.any(y <= 0):
+        raise ValueError("fit: measured seconds must be finite and > 0")
+    # A coefficient is fitted only if some phase exercises its term and it is not the same
+    # column as another's (a CUDA graph's kernels are fitted only where a phase replayed one).
+    free = [p for p, t, _ in _LINEAR if np.any(A[_IDX[t]] > 0)]
+    if y.size < 2 + len(free):
+        raise ValueError(f"fit: {y.size} measured phases; need at least {2 + len(free)}")
+    modes = ROOFLINES if roofline == "auto" else (roofline,)
+    for md in modes:
+        if md not in ROOFLINES:
+            raise ValueError(f"--roofline: {md!r} is not one of auto, {', '.join(ROOFLINES)}")
+    fits = {}
+    for md in modes:
+        r, rel = _fit_one(base, A, y, md, loss, f_scale, free)
+        fits[md] = (r, rel)
+    pick = min(fits, key=lambda k: fits[k][0].cost)
+    best, rel = fits[pick]
+    prof = _with(base, best.x, free, pick)
     return FitResult(profile=prof, rel_rms=float(np.sqrt(np.mean(rel ** 2))),
                      rel_median_abs=float(np.median(np.abs(rel))), n=int(y.size), cost=float(best.cost),
-                     success=bool(best.success), message=str(best.message))
+                     success=bool(best.success), message=str(best.message), roofline=pick,
+                     fitted=["eff_c", "eff_m"] + free,
+                     by_roofline={k: {"rel_rms": float(np.sqrt(np.mean(v[1] ** 2))),
+                                      "rel_median_abs": float(np.median(np.abs(v[1]))), "cost": float(v[0].cost)}
+                                  for k, v in fits.items()},
+                     residuals=rel)
 
 
-def fitted_range(model: ModelShape, phases: pd.DataFrame) -> dict:
-    """The envelope of what was measured: a calibrated profile refuses queries beyond it."""
+def fitted_range(model: ModelShape, phases: pd.DataFrame, device: str | None = None,
+                 dtype: str | None = None) -> dict:
+    """The envelope of what was measured: a fitted profile refuses queries beyond it.
+
+    Sizes (context, tokens of one forward item, batch), the model, and where given the
+    device and dtype the measurements ran on.
+    """
     fw = phases[phases["kind"] == "forward"]
     ctx = [int(n) + int(c) for ns, cs in zip(fw["n"], fw["c"]) for n, c in zip(ns, cs)]
     new = [int(n) for ns in fw["n"] for n in ns]
-    return {"max_context_tokens": int(max(ctx)), "max_new_tokens": int(max(new)),
-            "max_batch": int(max(len(ns) for ns in fw["n"])), "models": [model.name]}
+    out = {"max_context_tokens": int(max(ctx)), "max_new_tokens": int(max(new)),
+           "max_batch": int(max(len(ns) for ns in fw["n"])), "models": [model.name]}
+    if device is not None:
+        out["device"] = str(device)
+    if dtype is not None:
+        out["dtypes"] = [str(dtype)]
+    return out
 
 
 def _yaml_dump(obj) -> str:
@@ -126,24 +204,47 @@ def _yaml_dump(obj) -> str:
     return yaml.safe_dump(obj, sort_keys=False, default_flow_style=None, width=100)
 
 
-def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_on: dict, notes: str) -> dict:
+def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_on: dict, notes: str,
+                 clock: str = "wall", calibration_note: str | None = None) -> dict:
     p = res.profile
     data = {
         "name": p.name, "peak_flops": float(p.peak_flops), "mem_bw": float(p.mem_bw),
         "mem_capacity": float(p.mem_capacity), "eff_c": float(p.eff_c), "eff_m": float(p.eff_m),
         "per_kernel_s": float(p.per_kernel_s), "per_layer_s": float(p.per_layer_s),
+        "sample_s_per_vocab": float(p.sample_s_per_vocab), "host_per_iter_s": float(p.host_per_iter_s),
+        "per_kernel_graph_s": None if p.per_kernel_graph_s is None else float(p.per_kernel_graph_s),
+        "roofline": p.roofline, "eff_elem": None if p.eff_elem is None else float(p.eff_elem),
         "calibrated": True, "provisional": False, "fitted_range": frange, "device": device,
         "fitted_on": fitted_on,
+        "calibration_note": calibration_note or (f"fitted end to end on {device} ({fitted_on.get('model')} "
+                                                 f"{fitted_on.get('dtype')}, {clock} clock)"),
         "fit": {"method": "scipy.optimize.least_squares (trf, soft_l1 on relative residuals)",
-                "params": list(FIT_PARAMS), "n_phases": res.n, "rel_rms": res.rel_rms,
+                "params": list(res.fitted), "clock": clock, "roofline": res.roofline,
+                "by_roofline": res.by_roofline, "n_phases": res.n, "rel_rms": res.rel_rms,
                 "rel_median_abs": res.rel_median_abs, "success": res.success},
         "notes": notes,
     }
+    # keep what the fit does not own (capacity / scheduler keys another tool or person set in this file)
+    try:
+        import yaml
+        old = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
+    except (OSError, ValueError):
+        old = None
+    if isinstance(old, dict):
+        for k, v in old.items():
+            if k not in data and k not in ("fit", "notes", "fitted_on", "residuals", "reference"):
+                data[k] = v
     header = ("# Fitted by `rksim calibrate fit` (calibrate/fit.py) on measured phases; do not edit by hand.\n"
-              "# peak_flops / mem_bw are the base profile's; eff_c, eff_m, per_kernel_s, per_layer_s are fitted.\n")
+              "# peak_flops / mem_bw are the base profile's; the coefficients in fit.params are fitted.\n")
     atomic_write_text(path, header + _yaml_dump(data))
     load_hardware(str(path))  # what the simulator will read must load
     return data
+
+
+def run_device(run: dict) -> str:
+    """The device a run measured: the GPU's name on CUDA (``run.json`` ``device_name``), else ``cpu``."""
+    dev = str(run.get("device", "cpu"))
+    return str(run.get("device_name") or dev) if dev.startswith("cuda") else dev.split(":")[0]
 
 
 def default_base(name: str) -> HardwareProfile:
@@ -155,50 +256,103 @@ def default_base(name: str) -> HardwareProfile:
 
 
 def split_problems(problems: list[int], holdout: float, seed: int = 0) -> tuple[list[int], list[int]]:
-    """Seeded split into (fit, held-out); both non-empty when there are >= 2 problems and 0 < holdout < 1."""
+    """Seeded split into (fit, held-out); both non-empty when there are >= 2 problems and 0 < holdout < 1.
+
+    ``holdout = 0.5`` (the default) is counterbalanced in run order (``calibrate run`` runs the
+    problems in index order): positions ``0, 3, 4, 7, 8, ...`` form one half, ``1, 2, 5, 6, ...``
+    the other (ABBA), and the seed picks which half is held out. A machine whose speed drifts
+    linearly over the run then biases neither half: measured, the decode steps of the last of 4
+    problems took 3-9% more CPU time than the first's, and a random split that held out problems
+    0 and 2 put a +3% bias on every held-out prediction. Other fractions: a seeded random draw.
+    """
     if not 0.0 <= holdout < 1.0:
         raise ValueError(f"--holdout: must be in [0, 1), got {holdout}")
     ps = sorted(int(p) for p in problems)
     if holdout == 0 or len(ps) < 2:
         return ps, []
-    perm = np.random.default_rng(seed).permutation(len(ps))
+    rng = np.random.default_rng(seed)
+    if abs(holdout - 0.5) < 1e-12:
+        half = np.array([(i % 4) in (1, 2) for i in range(len(ps))])
+        pick = bool(rng.integers(2))
+        hold = [p for p, h in zip(ps, half) if h == pick]
+        if not hold or len(hold) == len(ps):
+            hold = [p for p, h in zip(ps, half) if h != pick]
+        return [p for p in ps if p not in hold], hold
+    perm = rng.permutation(len(ps))
     n_hold = min(len(ps) - 1, max(1, int(round(holdout * len(ps)))))
     hold = sorted(ps[i] for i in perm[:n_hold])
     return [p for p in ps if p not in hold], hold
 
 
 def fit_run_dir(dir_: Path, name: str = "local-cpu", out: Path | None = None, holdout: float = 0.5,
-                seed: int = 0) -> dict:
-    """``rksim calibrate fit DIR``: fit on the fit split's phases and the op sweep; write the preset."""
+                seed: int = 0, clock: str = "auto", roofline: str = "auto") -> dict:
+    """``rksim calibrate fit DIR``: fit on the fit split's phases and the op sweep; write the preset.
+
+    ``clock``: ``auto`` (thread CPU time on CPU, wall on CUDA), ``cpu`` or ``wall``
+    (:func:`calibrate.timing.select_clock`; runs without CPU time fall back to wall).
+    """
+    return fit_run_dirs([dir_], name=name, out=out, holdout=holdout, seed=seed, clock=clock, roofline=roofline)
+
+
+def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = None, holdout: float = 0.5,
+                 seed: int = 0, clock: str = "auto", roofline: str = "auto") -> dict:
+    """``rksim calibrate fit DIR [DIR ...]``: one hardware profile fitted on several runs (several models
+    on one device, e.g. the GPU kit's random-weight models). Every run is split into fit / held-out
+    problems on its own; its ``fit.json`` records its split and the shared preset."""
+    from calibrate.timing import select_clock
     from sim.profiles import model_from_manifest
 
-    dir_ = Path(dir_)
-    for f in ("phases.parquet", "run.json"):
-        if not (dir_ / f).is_file():
-            raise FileNotFoundError(f"{dir_ / f}: missing (not a 'rksim calibrate run' directory)")
-    run = json.loads((dir_ / "run.json").read_text())
-    phases = pd.read_parquet(dir_ / "phases.parquet")
-    fit_p, hold_p = split_problems(run["problems"], holdout, seed)
-    use = phases[(phases["problem"] < 0) | phases["problem"].isin(fit_p)]
-    use = use[use["kind"] != "host"]
-    model = model_from_manifest({"model": run["model"]})
-    terms = phase_terms(model, use)
-    base = default_base(name)
-    import dataclasses
-    base = dataclasses.replace(base, name=name)
-    res = fit_profile(base, terms, use["seconds"].to_numpy())
-    frange = fitted_range(model, use)
+    dirs = [Path(d) for d in dirs]
+    parts, runs = [], []
+    for dir_ in dirs:
+        for f in ("phases.parquet", "run.json"):
+            if not (dir_ / f).is_file():
+                raise FileNotFoundError(f"{dir_ / f}: missing (not a 'rksim calibrate run' directory)")
+        run = json.loads((dir_ / "run.json").read_text())
+        phases = pd.read_parquet(dir_ / "phases.parquet")
+        fit_p, hold_p = split_problems(run["problems"], holdout, seed)
+        use = phases[(phases["problem"] < 0) | phases["problem"].isin(fit_p)]
+        use = use[use["kind"] != "host"]
+        secs, _, used, clock_note = select_clock(use, None, clock, run.get("device", "cpu"))
+        model = model_from_manifest({"model": run["model"]})
+        parts.append((dir_, run, use, secs.to_numpy(), used, clock_note, model, fit_p, hold_p))
+        runs.append(run)
+    devices = {run_device(r) for r in runs}
+    dtypes = sorted({str(r["model"]["dtype"]) for r in runs})
+    if len(devices) > 1:
+        raise ValueError(f"calibrate fit: the runs measured different devices ({', '.join(sorted(devices))}); "
+                         "one hardware profile is fitted per device")
+    used_clocks = {p[4] for p in parts}
+    if len(used_clocks) > 1:
+        raise ValueError("calibrate fit: some runs have CPU time and some do not; pass --clock wall")
+    used, clock_note = parts[0][4], parts[0][5]
+    terms = np.concatenate([phase_terms(p[6], p[2]) for p in parts], axis=1)
+    secs = np.concatenate([p[3] for p in parts])
+    base = dataclasses.replace(default_base(name), name=name)
+    res = fit_profile(base, terms, secs, roofline=roofline)
+    device = devices.pop()
+    frs = [fitted_range(p[6], p[2]) for p in parts]
+    frange = {"max_context_tokens": max(f["max_context_tokens"] for f in frs),
+              "max_new_tokens": max(f["max_new_tokens"] for f in frs),
+              "max_batch": max(f["max_batch"] for f in frs),
+              "models": sorted({m for f in frs for m in f["models"]}), "device": device, "dtypes": dtypes}
     path = Path(out) if out else PRESET_DIR / "hardware" / f"{name}.yaml"
-    notes = (f"fitted on {len(use)} phases of {run['model']['name']} ({run['model']['dtype']}) on "
-             f"{run['device']} with {run.get('threads')} threads; fit problems {fit_p}, held out {hold_p}")
-    write_preset(path, res, frange, device=run["device"],
-                 fitted_on={"run": str(dir_.resolve()), "created": run.get("created"),
-                            "model": run["model"]["name"], "dtype": run["model"]["dtype"],
-                            "threads": run.get("threads")}, notes=notes)
-    info = {"preset": str(path.resolve()), "path": str(path), "name": name, "fit_problems": fit_p,
-            "holdout_problems": hold_p, "n_phases": res.n, "rel_rms": res.rel_rms,
-            "rel_median_abs": res.rel_median_abs, "fitted_range": frange,
-            "coefficients": {k: getattr(res.profile, k) for k in FIT_PARAMS},
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-    atomic_write_text(dir_ / "fit.json", json.dumps(info, indent=2) + "\n")
-    return {**info, "n_fit_problems": len(fit_p)}
+    models = ", ".join(f"{p[1]['model']['name']} ({p[1]['model']['dtype']}; fit {p[7]}, held out {p[8]})"
+                       for p in parts)
+    notes = (f"fitted on {res.n} phases of {models} on {device} with {runs[0].get('threads')} threads, "
+             f"{used} clock")
+    fitted_on = {"run": str(dirs[0].resolve()) if len(dirs) == 1 else [str(d.resolve()) for d in dirs],
+                 "created": runs[0].get("created"), "model": ", ".join(sorted({r["model"]["name"] for r in runs})),
+                 "dtype": "/".join(dtypes), "threads": runs[0].get("threads")}
+    write_preset(path, res, frange, device=device, fitted_on=fitted_on, notes=notes, clock=used)
+    info = {}
+    for dir_, run, use, _, _, _, model, fit_p, hold_p in parts:
+        info = {"preset": str(path.resolve()), "path": str(path), "name": name, "fit_problems": fit_p,
+                "holdout_problems": hold_p, "n_phases": res.n, "rel_rms": res.rel_rms,
+                "rel_median_abs": res.rel_median_abs, "fitted_range": frange, "clock": used, "clock_note": clock_note,
+                "roofline": res.roofline, "by_roofline": res.by_roofline, "fitted_params": res.fitted,
+                "coefficients": {k: getattr(res.profile, k) for k in FIT_PARAMS},
+                "runs": [str(d) for d in dirs],
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        atomic_write_text(dir_ / "fit.json", json.dumps(info, indent=2) + "\n")
+    return {**info, "n_fit_problems": sum(len(p[7]) for p in parts)}

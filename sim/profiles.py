@@ -52,6 +52,7 @@ class ModelShape:
     dtype_bytes: int
     tied_embeddings: bool
     source: str = ""
+    dtype: str = ""   # torch dtype name when known (a trace manifest); presets give only dtype_bytes
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim",
@@ -82,12 +83,18 @@ class ModelShape:
         """``2 * L * Hkv * Dh * s``: K and V of one token over all layers."""
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
 
+    @property
+    def dtype_name(self) -> str:
+        """``dtype`` if known, else a name from ``dtype_bytes`` (2 bytes: ``bfloat16``, the presets' dtype)."""
+        return self.dtype or {4: "float32", 2: "bfloat16", 1: "int8", 8: "float64"}.get(self.dtype_bytes, "")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2,
                 "bfloat16": 2, "bf16": 2, "float64": 8, "int8": 1}
+_CANON_DTYPE = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
 
 
 def model_from_manifest(manifest: dict) -> ModelShape:
@@ -115,25 +122,52 @@ def model_from_manifest(manifest: dict) -> ModelShape:
             name=name, n_layers=int(m["n_layers"]), hidden_size=int(m["hidden_size"]),
             n_heads=int(m["n_heads"]), n_kv_heads=int(m["n_kv_heads"]), head_dim=int(m["head_dim"]),
             intermediate_size=int(m["intermediate_size"]), vocab_size=int(m["vocab_size"]),
-            dtype_bytes=_DTYPE_BYTES[dtype], tied_embeddings=bool(tied), source="trace manifest")
+            dtype_bytes=_DTYPE_BYTES[dtype], tied_embeddings=bool(tied), source="trace manifest",
+            dtype=_CANON_DTYPE.get(dtype, dtype))
     except KeyError as exc:
         raise PresetError(f"manifest.json: model.{exc.args[0]}: missing (needed for the cost model)") from None
 
 
 # --------------------------------------------------------------------------- hardware
+ROOFLINES = ("iteration", "operator")
+UNCALIBRATED_NOTE = "uncalibrated: datasheet numbers with assumed efficiencies"
+
+
 @dataclass(frozen=True)
 class HardwareProfile:
     """An accelerator for the roofline cost model.
 
-    The time of an operation with terms (flops, bytes, kernels, layers) is::
+    The time of an operation with terms (see :class:`sim.cost.OpTerms`) is::
 
-        t = max(flops / (peak_flops * eff_c), bytes / (mem_bw * eff_m))
-            + kernels * per_kernel_s + layers * per_layer_s
+        t = roof + kernels * per_kernel_s + graph_kernels * per_kernel_graph_s + layers * per_layer_s
+              + samples * sample_s_per_vocab + iters * host_per_iter_s
+
+    with ``rc = peak_flops * eff_c``, ``rm = mem_bw * eff_m`` and ``roof`` either the
+    whole-iteration roofline (``roofline: iteration``, the default)::
+
+        roof = max(flops / rc, bytes / rm)
+
+    which assumes compute-bound matrix products and memory-bound attention of one
+    iteration overlap perfectly, or the per-operator roofline (``roofline: operator``,
+    GenZ's)::
+
+        roof = sum_op max(flops_op / rc, bytes_op / rm) + b_elem / (mem_bw * eff_elem)
+
+    over the operator groups (linear layers, attention, LM head / probes, the rest),
+    plus the element-wise traffic (norms, RoPE, activation, residual adds) that the
+    whole-iteration form treats as fused away. ``samples`` counts vocabulary entries
+    sorted by top-p sampling (rows sampled x V), ``iters`` forward calls (host time per
+    iteration); ``per_kernel_graph_s`` (None: ``per_kernel_s``) prices kernels replayed
+    from a CUDA graph.
 
     ``fitted_range`` (None for analytical datasheet profiles) bounds the
-    queries a *calibrated* profile may answer: ``max_context_tokens``,
+    queries a *fitted* profile may answer: ``max_context_tokens``,
     ``max_new_tokens`` (tokens of one forward item), ``max_batch``, ``models``
-    (names of the models it was fitted on). Anything outside is refused.
+    (names of the models it was fitted on), ``device`` and ``dtypes`` (what the
+    measurements ran on). Anything outside is refused.
+
+    ``calibrated`` is True only for a profile fitted end to end on measured runs;
+    :attr:`calibration_note` says in words what the numbers are.
     """
 
     name: str
@@ -148,6 +182,11 @@ class HardwareProfile:
     provisional: bool = False
     fitted_range: dict | None = None
     source: str = ""
+    sample_s_per_vocab: float = 0.0
+    host_per_iter_s: float = 0.0
+    per_kernel_graph_s: float | None = None
+    roofline: str = "iteration"
+    eff_elem: float | None = None   # element-wise kernels' fraction of bandwidth (None: eff_m); operator roofline only
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -155,18 +194,71 @@ class HardwareProfile:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive number, got {v!r}")
-        for f in ("per_kernel_s", "per_layer_s"):
+        if self.eff_elem is not None and (isinstance(self.eff_elem, bool) or not isinstance(self.eff_elem, (int, float))
+                                          or not np.isfinite(self.eff_elem) or self.eff_elem <= 0):
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'eff_elem' must be a positive "
+                              f"number or null, got {self.eff_elem!r}")
+        for f in ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s"):
             v = getattr(self, f)
+            if v is None and f == "per_kernel_graph_s":
+                continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v < 0:
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a number >= 0, got {v!r}")
+        if self.roofline not in ROOFLINES:
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'roofline' must be one of "
+                              f"{', '.join(ROOFLINES)}, got {self.roofline!r}")
 
-    def time(self, terms) -> np.ndarray | float:
-        """Seconds for ``terms`` (an :class:`sim.cost.OpTerms`, scalar or array fields)."""
-        return (np.maximum(terms.flops / (self.peak_flops * self.eff_c), terms.bytes / (self.mem_bw * self.eff_m))
-                + terms.kernels * self.per_kernel_s + terms.layers * self.per_layer_s)
+    @property
+    def calibration_note(self) -> str:
+        """In words: fitted end to end, fitted on published operator profiles, provisional, or uncalibrated."""
+        note = self.extra.get("calibration_note")
+        if note:
+            return str(note)
+        if self.calibrated:
+            fo = self.extra.get("fitted_on") or {}
+            what = " ".join(str(x) for x in (fo.get("model"), fo.get("dtype")) if x)
+            dev = self.extra.get("device") or (self.fitted_range or {}).get("device") or "?"
+            return f"fitted end to end on {dev}" + (f" ({what})" if what else "")
+        if self.provisional:
+            return "provisional: fitted on the phases a trace capture measured, not by `rksim calibrate fit`"
+        return UNCALIBRATED_NOTE
 
-    def check_query(self, model: ModelShape, max_context: int, max_new: int = 0, max_batch: int = 0) -> None:
-        """Refuse a query outside the calibrated range (raises :class:`OutOfCalibrationError`)."""
+    def time(self, terms, roofline: str | None = None) -> np.ndarray | float:
+        """Seconds for ``terms`` (an :class:`sim.cost.OpTerms`, scalar or array fields).
+
+        ``roofline`` overrides the profile's (``"iteration"`` or ``"operator"``).
+        """
+        rc = self.peak_flops * self.eff_c
+        rm = self.mem_bw * self.eff_m
+        mode = roofline or self.roofline
+        g = getattr
+        if mode == "operator":
+            fl, bl = g(terms, "f_lin", 0.0), g(terms, "b_lin", 0.0)
+            fa, ba = g(terms, "f_att", 0.0), g(terms, "b_att", 0.0)
+            fh, bh = g(terms, "f_head", 0.0), g(terms, "b_head", 0.0)
+            fr = np.maximum(terms.flops - fl - fa - fh, 0.0)
+            br = np.maximum(terms.bytes - bl - ba - bh, 0.0)
+            roof = (np.maximum(fl / rc, bl / rm) + np.maximum(fa / rc, ba / rm) + np.maximum(fh / rc, bh / rm)
+                    + np.maximum(fr / rc, br / rm)
+                    + g(terms, "b_elem", 0.0) / (self.mem_bw * (self.eff_m if self.eff_elem is None else self.eff_elem)))
+        elif mode == "iteration":
+            roof = np.maximum(terms.flops / rc, terms.bytes / rm)
+        else:
+            raise ValueError(f"roofline: {mode!r} is not one of {', '.join(ROOFLINES)}")
+        pkg = self.per_kernel_s if self.per_kernel_graph_s is None else self.per_kernel_graph_s
+        return (roof + terms.kernels * self.per_kernel_s + terms.layers * self.per_layer_s
+                + g(terms, "graph_kernels", 0.0) * pkg + g(terms, "samples", 0.0) * self.sample_s_per_vocab
+                + g(terms, "iters", 0.0) * self.host_per_iter_s)
+
+    def check_query(self, model: ModelShape, max_context: int, max_new: int = 0, max_batch: int = 0,
+                    device: str | None = None) -> None:
+        """Refuse a query outside the fitted range (raises :class:`OutOfCalibrationError`).
+
+        The range covers the device and dtype the fit measured as well as sizes: a
+        ``model`` in another dtype (``model.dtype_name``), or a ``device`` (when the
+        caller knows where it runs, e.g. ``calibrate report``) other than the fit's,
+        is refused with a message naming both.
+        """
         if model.weight_bytes > self.mem_capacity:
             raise OutOfCalibrationError(
                 f"hardware {self.name}: model {model.name} needs {model.weight_bytes / 1e9:.1f} GB of weights, "
@@ -174,6 +266,20 @@ class HardwareProfile:
         fr = self.fitted_range
         if not fr:
             return
+        fdev = fr.get("device")
+        if device is not None and fdev and not _same_device(str(device), str(fdev)):
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: fitted on device {fdev}; refusing a query on device {device} "
+                f"(fit this device with `rksim calibrate fit`)")
+        dts = fr.get("dtypes") or ([fr["dtype"]] if fr.get("dtype") else [])
+        if dts:
+            dts = [_CANON_DTYPE.get(str(x), str(x)) for x in dts]
+            mine = model.dtype_name
+            ok = (mine in dts) if model.dtype else any(_DTYPE_BYTES.get(x) == model.dtype_bytes for x in dts)
+            if not ok:
+                raise OutOfCalibrationError(
+                    f"hardware {self.name}: fitted on dtype {'/'.join(dts)} on device {fdev or '?'}; refusing "
+                    f"model {model.name} in dtype {mine or '?'} ({model.dtype_bytes}-byte elements)")
         models = fr.get("models")
         if models and model.name not in models:
             raise OutOfCalibrationError(
@@ -191,7 +297,14 @@ class HardwareProfile:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("extra", None)
+        d["calibration_note"] = self.calibration_note
         return d
+
+
+def _same_device(a: str, b: str) -> bool:
+    """``cuda:0`` and ``cuda`` are one device kind; names compare case-insensitively."""
+    norm = lambda x: x.strip().lower().split(":")[0]  # noqa: E731
+    return norm(a) == norm(b)
 
 
 _HW_FIELDS = {f.name for f in dataclasses.fields(HardwareProfile)} - {"extra", "source"}
@@ -265,7 +378,7 @@ def load_model(name_or_path: str | os.PathLike) -> ModelShape:
     unknown = set(data) - _MODEL_FIELDS - {"hf_id"}
     if unknown:
         raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(_MODEL_FIELDS))}")
-    missing = _MODEL_FIELDS - set(data) - {"name"}
+    missing = _MODEL_FIELDS - set(data) - {"name", "dtype"}
     if missing:
         raise PresetError(f"{path}: missing field(s) {', '.join(sorted(missing))}")
     data.setdefault("name", path.stem)
@@ -278,7 +391,7 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     path = _resolve("hardware", name_or_path)
     data = _read_file(path)
     extra = {k: data.pop(k) for k in list(data) if k not in _HW_FIELDS}
-    allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals"}
+    allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals", "calibration_note", "reference"}
     unknown = set(extra) - allowed_extra
     if unknown:
         raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: "
@@ -287,7 +400,8 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
         if req not in data:
             raise PresetError(f"{path}: missing field {req!r}")
     data.setdefault("name", path.stem)
-    for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s"):
+    for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s",
+              "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem"):
         if k in data and isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
             try:
                 data[k] = float(data[k])

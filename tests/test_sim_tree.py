@@ -46,6 +46,8 @@ HAND = make_tree(9, [[(0, 5), (0, 5)], [(1, 6), (1, 6)], [(3, 3), (3, 3)]],
 
 def _sim(spec, policy="rsbcm", **kw):
     kw.setdefault("model_preset", "smollm2-135m")
+    # the smollm2-135m preset is bf16; local-cpu is a float32 fit and refuses it (issue 12: dtype in the range)
+    kw.setdefault("hardware", "h100-sxm")
     return simulate_tree(spec, policy, **kw)
 
 

@@ -1,0 +1,283 @@
+"""Issue 12: both clocks, the new cost terms (sampling, host per iteration, CUDA graphs), the two rooflines,
+the fitted range covering device and dtype, calibration notes, and the Vidur fit of a100-80gb."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate.fit import fit_profile, fit_run_dir, phase_terms, predict
+from calibrate.timing import PhaseRow, PhaseTimer, phases_frame, resolve_clock, select_clock
+from sim import cost as C
+from sim.profiles import HardwareProfile, ModelShape, OutOfCalibrationError, load_hardware, load_model
+
+SMOL = ModelShape(name="smollm2-135m", n_layers=30, hidden_size=576, n_heads=9, n_kv_heads=3, head_dim=64,
+                  intermediate_size=1536, vocab_size=49152, dtype_bytes=4, tied_embeddings=True)
+BASE = HardwareProfile(name="t", peak_flops=2e11, mem_bw=2e10, mem_capacity=16e9)
+TRUE = dataclasses.replace(BASE, eff_c=0.35, eff_m=0.6, per_kernel_s=4e-5, per_layer_s=3e-4,
+                           sample_s_per_vocab=2e-8, host_per_iter_s=2e-3)
+
+
+def _rows(rng) -> list[PhaseRow]:
+    """Phases like a calibration run's: decode steps sample every row, the op sweep's decode does not,
+    verification stops at several layers (what separates host-per-iteration from per-layer/kernel time)."""
+    rows = []
+    for n in (16, 64, 256, 1024, 2048):
+        rows.append(PhaseRow("sweep-prefill").items([n], [0]))
+    for b in (1, 2, 4, 8, 16):
+        for ctx in (32, 256, 1024):
+            c = list(rng.integers(ctx // 2, ctx + 1, b))
+            r = PhaseRow("decode").items([1] * b, c)
+            r.sampled = b
+            rows.append(r)
+            rows.append(PhaseRow("sweep-decode").items([1] * b, c))
+    for lay in (1, 2, 4, 8, 16, 30):
+        rows.append(PhaseRow("verify").items([40], [200], layers=lay, probes=max(lay - 15, 0), logits=int(lay == 30)))
+    for n in (5, 20, 60):
+        rows.append(PhaseRow("gate").items([n], [0], logits=0))
+    for p in (1, 5, 15):
+        rows.append(PhaseRow("lens", kind="probe", cand=p))
+    return rows
+
+
+@pytest.mark.parametrize("roofline", ["iteration", "operator"])
+def test_fit_recovers_new_terms_and_picks_the_roofline(roofline):
+    rng = np.random.default_rng(0)
+    df = phases_frame(_rows(rng))
+    A = phase_terms(SMOL, df)
+    true = dataclasses.replace(TRUE, roofline=roofline)
+    y = predict(true, A) * np.exp(rng.normal(0, 0.005, A.shape[1]))
+    res = fit_profile(BASE, A, y)
+    got = res.profile
+    assert res.roofline == roofline                       # the fit chose the shape the timings came from
+    assert set(res.by_roofline) == {"iteration", "operator"}
+    assert res.by_roofline[roofline]["rel_rms"] < res.by_roofline[
+        "operator" if roofline == "iteration" else "iteration"]["rel_rms"]
+    assert "sample_s_per_vocab" in res.fitted and "host_per_iter_s" in res.fitted
+    assert "per_kernel_graph_s" not in res.fitted          # no phase replayed a CUDA graph
+    assert got.sample_s_per_vocab == pytest.approx(true.sample_s_per_vocab, rel=0.1)
+    assert got.host_per_iter_s == pytest.approx(true.host_per_iter_s, rel=0.15)
+    assert got.eff_c == pytest.approx(true.eff_c, rel=0.05)
+    assert got.eff_m == pytest.approx(true.eff_m, rel=0.1)
+    full = 30 * got.per_layer_s + (11 * 30 + 4) * got.per_kernel_s
+    assert full == pytest.approx(30 * true.per_layer_s + 334 * true.per_kernel_s, rel=0.05)
+    assert res.rel_rms < 0.02
+
+
+def test_sampling_term_is_what_separates_decode_from_the_sweep():
+    df = phases_frame(_rows(np.random.default_rng(1)))
+    A = phase_terms(SMOL, df)
+    s = A[C.TERM_NAMES.index("samples")]
+    dec = (df["phase"] == "decode").to_numpy()
+    assert np.all(s[dec] == df.loc[dec, "batch"].to_numpy() * SMOL.vocab_size)
+    assert np.all(s[~dec] == 0)
+    # a run recorded before the `sampled` column: decode rows sample every row
+    old = df.drop(columns=["sampled"])
+    assert np.array_equal(phase_terms(SMOL, old), A)
+
+
+def test_cuda_graph_kernels_priced_apart():
+    hw = dataclasses.replace(TRUE, per_kernel_graph_s=1e-6)
+    eager = C.batch_terms(SMOL, [1, 1], [100, 200])
+    graph = C.batch_terms(SMOL, [1, 1], [100, 200], cuda_graph=True)
+    assert graph.graph_kernels == eager.kernels and graph.kernels == 0
+    d = float(hw.time(eager)) - float(hw.time(graph))
+    assert d == pytest.approx(float(eager.kernels) * (4e-5 - 1e-6))
+    # fitted where a phase replayed a graph
+    rng = np.random.default_rng(2)
+    A = phase_terms(SMOL, phases_frame(_rows(rng)))
+    Ag = A.copy()
+    ki, gi = C.TERM_NAMES.index("kernels"), C.TERM_NAMES.index("graph_kernels")
+    Ag[gi], Ag[ki] = A[ki], 0.0
+    both = np.concatenate([A, Ag], axis=1)
+    res = fit_profile(BASE, both, predict(hw, both))
+    assert "per_kernel_graph_s" in res.fitted
+    assert res.profile.per_kernel_graph_s == pytest.approx(1e-6, abs=2e-7)
+
+
+@pytest.mark.parametrize("roofline", ["iteration", "operator"])
+def test_scalar_cost_equals_vectorised_with_new_terms(roofline):
+    hw = dataclasses.replace(TRUE, roofline=roofline, eff_elem=0.3)
+    items = [(1, 500, None, 0, 1, 0), (7, 90, None, 0, 1, 0, 0), (40, 200, 12, 3, 0, 0), (0, 0, None, 2, 0, 5)]
+    n, c = [it[0] for it in items], [it[1] for it in items]
+    t = C.batch_terms(SMOL, n, c, layers=[30, 30, 12, 30], probes=[0, 0, 3, 2], logits=[1, 1, 0, 0],
+                      copy_tokens=[0, 0, 0, 5], sampled=[1, 0, 0, 0])
+    assert C.ScalarCost(SMOL, hw).seconds(items) == pytest.approx(float(hw.time(t)), rel=1e-12)
+    cc = np.array([[10.0, 20.0, 0.0], [5.0, 0.0, 0.0]])
+    mask = cc > 0
+    a = C.decode_steps_terms(SMOL, cc, mask)
+    b = C.batch_terms(SMOL, np.ones_like(cc), cc, mask=mask)
+    assert np.allclose(hw.time(a), hw.time(b), rtol=1e-12)
+
+
+def test_operator_roofline_charges_what_the_iteration_max_hides():
+    hw = dataclasses.replace(TRUE, sample_s_per_vocab=0.0, host_per_iter_s=0.0)
+    t = C.prefill_terms(SMOL, 512)
+    it = float(hw.time(t, roofline="iteration"))
+    op = float(hw.time(t, roofline="operator"))
+    assert op > it  # memory-bound parts no longer hide under compute, element-wise traffic is paid
+    # terms built from the four classic fields alone: one operator, the same as the whole iteration
+    bare = C.OpTerms(t.flops, t.bytes, t.kernels, t.layers)
+    assert float(hw.time(bare, roofline="operator")) == pytest.approx(float(hw.time(bare, roofline="iteration")))
+
+
+# ----------------------------------------------------------------------------- clocks
+
+def test_both_clocks_recorded_and_differ_when_the_thread_waits():
+    timer = PhaseTimer()
+    with timer.phase("prefill") as row:
+        time.sleep(0.05)          # wall time passes, the thread does no work
+        row.items([4], [0])
+    with timer.phase("prefill") as row:
+        x = 0
+        for i in range(200000):   # the thread works
+            x += i
+        row.items([4], [0])
+    df = timer.frame()
+    assert {"seconds", "cpu_seconds", "sampled"} <= set(df.columns)
+    assert df["seconds"].iloc[0] >= 0.05 and df["cpu_seconds"].iloc[0] < 0.02
+    # the working phase has CPU time, never more than its wall time (one thread); how much less depends
+    # on the neighbours, which is the point of recording it
+    assert 0 < df["cpu_seconds"].iloc[1] <= df["seconds"].iloc[1] + 1e-3
+
+
+def test_clock_choice_as_documented():
+    assert resolve_clock("auto", "cpu") == "cpu"
+    assert resolve_clock("auto", "cuda:0") == "wall"
+    assert resolve_clock("wall", "cpu") == "wall"
+    with pytest.raises(ValueError, match="--clock cpu"):
+        resolve_clock("cpu", "cuda:0")
+    with pytest.raises(ValueError, match="--clock"):
+        resolve_clock("gpu", "cpu")
+    ph = pd.DataFrame({"seconds": [1.0, 2.0], "cpu_seconds": [0.5, 1.5]})
+    s, _, used, note = select_clock(ph, None, "auto", "cpu")
+    assert used == "cpu" and list(s) == [0.5, 1.5] and "CPU time" in note
+    s, _, used, _ = select_clock(ph, None, "auto", "cuda")
+    assert used == "wall" and list(s) == [1.0, 2.0]
+    old = ph.drop(columns=["cpu_seconds"])
+    s, _, used, note = select_clock(old, None, "cpu", "cpu")
+    assert used == "wall" and "fallback" in note and list(s) == [1.0, 2.0]
+
+
+def _run_dir(tmp_path, with_cpu: bool):
+    from tests.test_calibrate import _fake_run_dir
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    d = _fake_run_dir(tmp_path)
+    if with_cpu:
+        ph = pd.read_parquet(d / "phases.parquet")
+        ph["cpu_seconds"] = ph["seconds"] * 0.5       # a clock that differs from the wall clock by 2x
+        ph["sampled"] = np.where(ph["phase"] == "decode", ph["batch"], 0)
+        ph.to_parquet(d / "phases.parquet")
+        dec = pd.read_parquet(d / "decisions.parquet")
+        dec["cpu_seconds"] = dec["seconds"] * 0.5
+        dec.to_parquet(d / "decisions.parquet")
+    return d
+
+
+def test_fit_and_report_use_cpu_time_by_default_and_fall_back(tmp_path):
+    from calibrate.report import fidelity_report, format_report
+
+    d = _run_dir(tmp_path / "a", with_cpu=True)
+    info = fit_run_dir(d, name="t-cpu", out=tmp_path / "t-cpu.yaml")
+    assert info["clock"] == "cpu"
+    rep = fidelity_report(d)
+    assert rep["clock"] == "cpu" and set(rep["by_clock"]) == {"cpu", "wall"}
+    assert rep["by_clock"]["wall"]["measured_total_s"] == pytest.approx(2 * rep["by_clock"]["cpu"]["measured_total_s"])
+    assert rep["hardware_calibrated"] is True and rep["calibration_note"].startswith("fitted end to end on cpu")
+    text = format_report(rep)
+    assert "against wall clock" in text and "against cpu  clock" in text and "fitted end to end" in text
+    info_w = fit_run_dir(d, name="t-wall", out=tmp_path / "t-wall.yaml", clock="wall")
+    assert info_w["clock"] == "wall"
+    # a fit on half the seconds prices everything at half: the CPU-time fit is not the wall one
+    hw_c, hw_w = load_hardware(str(tmp_path / "t-cpu.yaml")), load_hardware(str(tmp_path / "t-wall.yaml"))
+    A = phase_terms(SMOL, pd.read_parquet(d / "phases.parquet"))
+    assert np.median(predict(hw_c, A) / predict(hw_w, A)) == pytest.approx(0.5, rel=0.1)
+
+    old = _run_dir(tmp_path / "b", with_cpu=False)
+    info = fit_run_dir(old, name="t-old", out=tmp_path / "t-old.yaml")
+    assert info["clock"] == "wall" and "fallback" in info["clock_note"]
+    rep = fidelity_report(old)
+    assert rep["clock"] == "wall" and "fallback" in rep["clock_note"] and set(rep["by_clock"]) == {"wall"}
+
+
+def test_cli_clock_flag(tmp_path, capsys):
+    from app.cli import main
+
+    d = _run_dir(tmp_path, with_cpu=True)
+    assert main(["calibrate", "fit", str(d), "--name", "x", "--out", str(tmp_path / "x.yaml"), "--clock", "wall"]) == 0
+    assert "clock: wall" in capsys.readouterr().out
+    assert main(["calibrate", "report", str(d), "--json", "--clock", "cpu"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["clock"] == "cpu" and "hardware_calibrated" in out and "calibration_note" in out
+
+
+# ----------------------------------------------------------------------------- range, notes
+
+def test_range_refuses_another_dtype_or_device_naming_both():
+    hw = HardwareProfile(name="fit", peak_flops=1e11, mem_bw=1e10, mem_capacity=1e11, calibrated=True,
+                         fitted_range={"max_context_tokens": 4096, "models": ["smollm2-135m", "qwen2.5-7b"],
+                                       "device": "cpu", "dtypes": ["float32"]})
+    hw.check_query(SMOL, max_context=100, device="cpu")
+    bf16 = dataclasses.replace(SMOL, dtype="bfloat16", dtype_bytes=2)
+    with pytest.raises(OutOfCalibrationError, match=r"dtype float32.*device cpu.*bfloat16"):
+        hw.check_query(bf16, max_context=100)
+    # a preset shape (no dtype name): its element size decides
+    with pytest.raises(OutOfCalibrationError, match=r"fitted on dtype float32.*qwen2.5-7b in dtype bfloat16"):
+        hw.check_query(load_model("qwen2.5-7b"), max_context=100)
+    with pytest.raises(OutOfCalibrationError, match=r"fitted on device cpu; refusing a query on device NVIDIA H200"):
+        hw.check_query(SMOL, max_context=100, device="NVIDIA H200")
+
+
+def test_calibration_notes_of_the_shipped_presets():
+    for name in ("h100-sxm", "h200", "l4"):
+        hw = load_hardware(name)
+        assert not hw.calibrated and hw.fitted_range is None
+        assert hw.calibration_note == "uncalibrated: datasheet numbers with assumed efficiencies"
+    a100 = load_hardware("a100-80gb")
+    assert not a100.calibrated and a100.calibration_note.startswith("fitted on published operator profiles (Vidur")
+    assert a100.fitted_range["dtypes"] == ["float16", "bfloat16"] and a100.roofline in ("iteration", "operator")
+    cpu = load_hardware("local-cpu")
+    assert cpu.calibrated and cpu.calibration_note.startswith("fitted end to end on cpu")
+
+
+def test_vidur_fit_is_what_the_a100_preset_ships():
+    from calibrate.vidur import CSV, DATA, fit
+
+    assert CSV.is_file() and "MIT License" in (DATA / "LICENSE").read_text()
+    res = fit()
+    shipped = json.loads((DATA / "a100-fit.json").read_text())
+    for k in ("eff_c", "eff_m", "eff_elem", "per_kernel_s"):
+        assert res["chosen"][k] == pytest.approx(shipped["chosen"][k], rel=1e-6)
+    assert res["roofline"] == shipped["roofline"]
+    hw = load_hardware("a100-80gb")
+    assert hw.eff_c == pytest.approx(res["chosen"]["eff_c"], rel=1e-3)
+    assert hw.eff_m == pytest.approx(res["chosen"]["eff_m"], rel=1e-3)
+    assert hw.eff_elem == pytest.approx(res["chosen"]["eff_elem"], rel=1e-3)
+    assert hw.roofline == res["roofline"]
+    # matrix products are within 6% at the median, and the chosen roofline fits the layer sums better
+    by = res["per_operator_fit"]["by_operator"]
+    assert all(abs(by[op]["median_rel_error"]) < 0.06 for op in ("attn_pre_proj", "attn_post_proj",
+                                                                 "mlp_up_proj", "mlp_down_proj"))
+    lay = res["layer_fit_by_roofline"]
+    other = "iteration" if res["roofline"] == "operator" else "operator"
+    assert (lay[res["roofline"]]["with_per_operator_coefficients"]["rel_rms"]
+            <= lay[other]["with_per_operator_coefficients"]["rel_rms"])
+
+
+def test_half_split_is_counterbalanced_in_run_order():
+    """A speed drift linear in run order biases neither half (ABBA); the seed picks the held-out half."""
+    from calibrate.fit import split_problems
+
+    for n in (4, 8, 12):
+        for seed in (0, 1, 2):
+            fit, hold = split_problems(list(range(n)), 0.5, seed)
+            assert sorted(fit + hold) == list(range(n)) and len(hold) == n // 2
+            assert np.mean(fit) == pytest.approx(np.mean(hold))   # linear trend cancels
+            assert split_problems(list(range(n)), 0.5, seed) == (fit, hold)
+    assert {tuple(split_problems(list(range(8)), 0.5, s)[1]) for s in range(6)} == {(0, 3, 4, 7), (1, 2, 5, 6)}
+    fit, hold = split_problems([5, 9], 0.5, 0)
+    assert fit and hold
