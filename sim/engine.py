@@ -284,8 +284,9 @@ class Engine:
             return [(float(n), float(c), None, 0.0, 0.0, 0.0)], 0
         if kind == 3:
             last = c + n == req.num_tokens
+            # verification reads p(Yes)/p(No) off its LM-head row: no sampling (7th field 0)
             return [(float(n), float(c), float(j.v_layers[b]), float(j.v_probes[b]) if last else 0.0,
-                     float(j.v_head[b]) if last else 0.0, 0.0)], 3
+                     float(j.v_head[b]) if last else 0.0, 0.0, 0.0)], 3
         if n == 0:
             return [], 1   # a zero-copy fork admitted on its source's KV: no forward work
         ctx = int(j.ctx[b])
@@ -298,7 +299,7 @@ class Engine:
                 out += self._price(_Sub(req, vs - c, c))[0]
             last = end == req.num_tokens
             out.append((float(end - lo), float(lo), float(j.v_layers[b]), float(j.v_probes[b]) if last else 0.0,
-                        float(j.v_head[b]) if last else 0.0, 0.0))
+                        float(j.v_head[b]) if last else 0.0, 0.0, 0.0))
             return out, 3
         if c < ctx:
             cp = 0

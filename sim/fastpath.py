@@ -125,7 +125,7 @@ class FastPath:
             n = job.v_new.astype(np.float64)
             c = job.v_cached.astype(np.float64)
             dt = self.sc.seconds([(float(n[b]), float(c[b]), float(job.v_layers[b]), float(job.v_probes[b]),
-                                   float(job.v_head[b]), 0.0) for b in range(B)])
+                                   float(job.v_head[b]), 0.0, 0.0) for b in range(B)])  # scores Yes/No: no sampling
             phase["verify"] = dt
             t += dt
             iters += 1

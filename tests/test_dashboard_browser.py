@@ -164,7 +164,9 @@ def test_dashboard_in_a_real_browser(tmp_path):
             before = thr.inner_text()
             page.locator('[data-testid="stSlider"]').filter(has_text="concurrency").first \
                 .locator('input[type="range"]').focus()
-            page.keyboard.press("End")
+            # down to one problem in flight: on local-cpu the server saturates from 4 on (the fitted batch caps it),
+            # so moving up would leave the throughput as it is
+            page.keyboard.press("Home")
             _wait_changed(page, thr, before, 60_000)
             _no_exception(page, "Serving after the slider")
 
