@@ -126,9 +126,9 @@ def register(sub) -> None:
     p.add_argument("--tokenizer", default=None,
                    help="run only: --model random:<model preset> builds random weights in that shape; its "
                         "tokenizer folder (default: SmolLM2's)")
-    p.add_argument("--sweep-prefill", default=None, help="comma list of prefill lengths of the op sweep")
-    p.add_argument("--sweep-decode-batch", default=None, help="comma list of decode batch sizes of the op sweep")
-    p.add_argument("--sweep-decode-ctx", default=None, help="comma list of decode contexts of the op sweep")
+    p.add_argument("--sweep-prefill", default=None, help="comma list of prefill lengths of the op sweep (default 16,64,256,1024,2048)")
+    p.add_argument("--sweep-decode-batch", default=None, help="comma list of decode batch sizes of the op sweep (default 1,2,4,8,16,32)")
+    p.add_argument("--sweep-decode-ctx", default=None, help="comma list of decode contexts of the op sweep (default 64,512)")
     p.set_defaults(func=_cmd_run)
 
     p = csub.add_parser("fit", help="fit the hardware coefficients on a run's measured phases")

@@ -81,6 +81,7 @@ class ServeConfig:
     model: str = "smollm2-135m"
     model_preset: str | None = None     # sim model preset of the replay (default: --model, a preset name)
     device: str = "cpu"
+    dtype: str = ""                     # the run's torch dtype (set from the loaded model): the replay prices it
     seed: int = 0
     threads: int | None = 1
     dataset: str = "gsm8k"
@@ -511,6 +512,8 @@ def serve_requests(lm, cfg: ServeConfig, reqs: list[Request], stop, progress: bo
     from calibrate.serve_replay import replay
 
     check_capacity(cfg, reqs)
+    # the replay prices the dtype the model ran in (a CPU run is float32; the preset says bf16)
+    cfg.dtype = str(lm.dtype).replace("torch.", "")
     t0 = time.perf_counter()
     rows = pd.DataFrame(real_loop(lm, cfg, reqs, stop, progress=progress, logits_hook=logits_hook))
     loop_wall = time.perf_counter() - t0

@@ -89,6 +89,11 @@ def replay(cfg, rq: pd.DataFrame):
     from calibrate.serve_sched import block_policy
 
     model = load_model(cfg.model_preset or cfg.model)
+    if getattr(cfg, "dtype", ""):
+        import dataclasses
+
+        from sim.profiles import _DTYPE_BYTES
+        model = dataclasses.replace(model, dtype=cfg.dtype, dtype_bytes=_DTYPE_BYTES.get(cfg.dtype, model.dtype_bytes))
     hw = load_hardware(cfg.hardware)
     B = int(rq.groupby("problem")["branch"].count().max())
     if (rq["rid"] != rq["problem"] * B + rq["branch"]).any():

@@ -278,8 +278,8 @@ class HardwareProfile:
             ok = (mine in dts) if model.dtype else any(_DTYPE_BYTES.get(x) == model.dtype_bytes for x in dts)
             if not ok:
                 raise OutOfCalibrationError(
-                    f"hardware {self.name}: fitted on dtype {'/'.join(dts)} on device {fdev or '?'}; refusing "
-                    f"model {model.name} in dtype {mine or '?'} ({model.dtype_bytes}-byte elements)")
+                    f"hardware {self.name}: fitted on dtype {'/'.join(dts)} on device {fdev or '?'}; refusing to "
+                    f"extrapolate to model {model.name} in dtype {mine or '?'} ({model.dtype_bytes}-byte elements)")
         models = fr.get("models")
         if models and model.name not in models:
             raise OutOfCalibrationError(
