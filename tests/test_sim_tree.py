@@ -86,6 +86,19 @@ def test_policies_decide_differently_on_hand_tree():
         walk_tree(HAND, "lru", budget_blocks=8, block_size=4).blocks.evicted_log
 
 
+def test_chain_rule_a_miss_makes_every_later_block_a_miss():
+    """Block size 2, budget 11, RSBCM. Node 2 (blocks (2,0) (2,1), same score and depth) waits while node 1
+    expands; 1's second child finds no block free, 2 is preempted and only the older (2,0) is evicted.
+    When 2 resumes, (2,1) is still cached, but its chain breaks at (2,0): both are recomputed, each over
+    the KV before it (5 and 7 tokens) -- not (2,0) alone, as a cache keyed per block would."""
+    spec = make_tree(5, [[(0, 5), (0, 5)], [(1, 5), (1, 5), (2, 5), (2, 5)]], [0.5, 0.9, 0.6, 0.3, 0.7, 0.4, 0.8])
+    w = walk_tree(spec, "rsbcm", budget_blocks=11, block_size=2)
+    tb = w.blocks
+    assert tb.evicted_log[0] == (2, 0) and tb.evicted_log.index((2, 1)) > 0
+    assert tb.path_log[-1] == (2, [True, True, True, False, False])
+    assert w.ops["recompute"] == [([2], [5]), ([2], [7])] and tb.recompute_tokens == 4
+
+
 def test_budget_below_one_expansion_is_refused_by_name():
     with pytest.raises(TreeError, match=r"^--budget-blocks: 6 blocks cannot hold the expansion of node 5 .* 7 blocks"):
         walk_tree(HAND, "rsbcm", budget_blocks=6, block_size=4)
