@@ -74,6 +74,18 @@ def test_rsbcm_eviction_order_worked_out_by_hand():
     assert r["eviction_order"] == [list(b) for b in tb.evicted_log] and r["recompute_tokens"] == 4
 
 
+def test_rsbcm_scores_known_kept_and_shared_blocks_keep_their_highest_branch():
+    """Budget 8 on the hand tree. (1,0) is on the paths of 1 (.9), 4 (.3) and 5 (.7): it keeps .9, omega .45,
+    and is never evicted, while (1,1) (4 and 5: .7, omega .35) and then (2,1) (.8 / 2) go last; a score
+    overwritten by the last branch (.7) would rank (1,0) with (1,1) and evict it first (older). (1,1) is
+    recomputed when 5 resumes and keeps its known .7, so it goes after the unverified (8,0) and (9,0)
+    (score 0); a recomputed block restarted at 0 would go before them."""
+    tb = walk_tree(HAND, "rsbcm", budget_blocks=8, block_size=4).blocks
+    assert tb.evicted_log == [(3, 0), (5, 0), (1, 1), (4, 0), (6, 0), (7, 0), (2, 0), (8, 0), (9, 0), (5, 0),
+                              (1, 1), (2, 1)]
+    assert (1, 0) not in tb.evicted_log and tb.known[(1, 0)] == 0.9 and tb.known[(1, 1)] == 0.7
+
+
 def test_policies_decide_differently_on_hand_tree():
     res = {p: walk_tree(HAND, p, budget_blocks=9, block_size=4).blocks for p in BLOCK_POLICIES}
     fifo = res["fifo"].evicted_log
