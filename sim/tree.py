@@ -1,34 +1,40 @@
-"""Tree search (RSBCM) replayed from a trace's tree, with a real ``policies.BlockPool``.
+"""Tree search (RSBCM) replayed from a trace's tree on the serving block manager (``sim.kvcache``).
 
 DESIGN §2/§4: depth ``D``; each level the best ``expand_k`` open nodes (by
 verification score, ties to the lower id) expand into ``branching`` children of
 up to ``step_tokens`` tokens; every node is scored by a verification pass over
-``prompt + path + verify prompt``. KV lives in blocks of ``block_size`` tokens,
-block id ``(node, k)``, under a block budget run by ``policies.BlockPool`` with
-the block policy (``rsbcm``: evict the lowest ``omega = score / (depth + 1)``;
-``lru``; ``fifo``). A block the pool evicted and that is needed again is
-recomputed and charged.
+``prompt + path + verify prompt``. KV lives in blocks of ``block_size`` tokens
+held by :class:`sim.kvcache.BlockManager` -- the one block manager of rksim,
+the one serving uses -- under a budget of ``num_blocks``: keys chain over the
+tree block ids ``(node, j)`` (a node's KV = its parent's chain + its own
+blocks), blocks of nodes still to be expanded or verified are referenced and
+never evicted, finished / pruned nodes' blocks are freed into the evictable
+cache that the block policy ranks (``rsbcm``: lowest ``omega = score / (depth +
+1)`` first; ``lru``: vLLM's free-queue order; ``fifo``). When no block is free,
+the newest waiting node is preempted (its blocks freed into the cache); resumed,
+it takes its cached chain up to the first miss and recomputes every block after
+it (chain rule), charged as ``recompute``.
 
 There is one walk: the real runner (``calibrate/tree.py``) drives the same
 :class:`TreeBlocks`, :func:`select_frontier` and :func:`unconstrained_budget`,
-so the pool makes the same decisions for the same tree and budget:
+so the manager makes the same decisions for the same tree and budget:
 
 1. root verification (``prompt + verify``, from scratch);
-2. prompt prefill of ``len(prompt) - 1`` tokens; its blocks are admitted
-   (score = root score, depth 0);
-3. per level, per frontier node ``p`` (frontier order): the blocks of the path
-   root..p are touched in order (``p``'s own blocks up to its last token
-   excluded); a block not resident (or held shorter than needed) is computed
-   over the blocks before it -- **recompute** if it was computed before;
-   the context (``n_ctx`` tokens) is assembled (a KV copy, as the runner does);
-   ``p``'s last token is prefilled over it and its tail block touched (it now
-   holds that token); the ``branching`` children decode ``max(gen) - 1`` lock-step
-   steps; each child's blocks (all its tokens but the last) are admitted with
-   score 0 and depth ``d`` (the runner tags them before they are verified);
-4. the level is verified in one left-padded batch (from scratch) and the
-   scores are written onto the children's resident blocks (``BlockPool.update``).
+2. prompt prefill of ``len(prompt) - 1`` tokens, its blocks admitted; the root's
+   score is known (RSBCM scores are 0 until a node on the block's path is verified);
+3. per level, per frontier node ``p`` (frontier order): ``p``'s path is held
+   (:meth:`TreeBlocks.path`: hits if ``p`` is live, else the cached chain and
+   recompute); the context (``n_ctx`` tokens) is assembled (a KV copy, as the
+   runner does); ``p``'s last token is prefilled over it and its tail block
+   holds it (:meth:`TreeBlocks.tail`); the ``branching`` children decode
+   ``max(gen) - 1`` lock-step steps and fork ``p``'s blocks, allocating their own
+   (:meth:`TreeBlocks.admit`); ``p`` drops its reference (:meth:`TreeBlocks.done`);
+4. the level is verified in one left-padded batch (from scratch); the scores
+   become known (:meth:`TreeBlocks.scored`: every block of the node's path, a
+   shared block keeping the highest); nodes not expanded next are freed
+   (:meth:`TreeBlocks.finish`).
 
-The pool clock is logical: one tick per touch. :class:`TreeBlocks` holds the
+The clock is logical: one tick per block touched. :class:`TreeBlocks` holds the
 block bookkeeping alone (pure Python, no torch); the real runner drives it with
 hooks that do the torch work, :func:`walk_tree` drives it from a trace and
 records the operations, :func:`simulate_tree` prices them with ``sim.cost``.
@@ -465,7 +471,7 @@ def _budget(budget_blocks, budget_frac, peak: int, unconstrained: int) -> int:
 
 def walk_tree(spec: TreeSpec, policy: str = "rsbcm", params: dict | None = None, budget_blocks: int | None = None,
               budget_frac: float | None = 0.5, block_size: int = 16) -> TreeWalk:
-    """Replay the tree search of ``spec`` through a ``BlockPool``; record every operation (no costs)."""
+    """Replay the tree search of ``spec`` on a ``BlockManager``; record every operation (no costs)."""
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) \
             or not 1 <= block_size <= MAX_BLOCK_SIZE:
         raise TreeError(f"--block-size: must be an integer in 1..{MAX_BLOCK_SIZE}, got {block_size!r}")
@@ -573,8 +579,9 @@ def simulate_tree(trace=None, policy: str = "rsbcm", params: dict | None = None,
     trace : path, ``traces.store.Trace`` or :class:`TreeSpec` (default: the bundled trace)
     policy, params : a block policy (``rsbcm``, ``lru``, ``fifo``) and its parameters
     budget_blocks : int, optional
-        Block budget; else ``max(1, round(budget_frac * peak))`` with ``peak`` the
-        unconstrained walk's peak blocks (the real runner's rule); both None = unconstrained.
+        Block budget (refused below one expansion's working set, ``floor_blocks``); else
+        ``max(floor_blocks, round(budget_frac * peak))`` with ``peak`` the unconstrained walk's
+        peak resident blocks; both None = unconstrained.
     model_preset, hardware : cost target (default: the trace's model on ``local-cpu``)
 
     Latency is the sum of the walk's operations, each priced by ``sim.cost``
