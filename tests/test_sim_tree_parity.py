@@ -1,10 +1,10 @@
-"""Decision parity of tree mode: calibrate.tree.run_tree (real model, real BlockPool) vs sim.tree.walk_tree.
+"""Decision parity of tree mode: calibrate.tree.run_tree (real model, the serving block manager) vs sim.tree.walk_tree.
 
 The real runner grows a tree on SmolLM2-135M under a block budget; the simulator replays the tree
 it grew. Both drive the one walk (sim.tree.TreeBlocks / select_frontier / unconstrained_budget);
 this checks that the runner feeds it the same segments, scores and depths as the trace replay and
-that what it really computes and times follows it: every pool touch (block, score, depth, time,
-hit), every eviction, and every operation the runner timed (items of each verify / prefill /
+that what it really computes and times follows it: every block touch (block, score, depth, time,
+hit), every eviction, the preemptions, and every operation the runner timed (items of each verify / prefill /
 recompute / decode / assemble phase) must be equal.
 Slow (real model, ~40 s on one core); the rest of tree mode is tested without torch in test_sim_tree.py.
 """
@@ -26,7 +26,6 @@ def lm():
 
 
 def _grow(lm, monkeypatch, policy, budget, D=2, K=2, B=3, S=16):
-    import policies
     from calibrate import engine as E
     from calibrate.timing import PhaseTimer
     from calibrate.tree import run_tree
@@ -40,17 +39,6 @@ def _grow(lm, monkeypatch, policy, budget, D=2, K=2, B=3, S=16):
 
     rec: dict = {"gens": [], "scores": []}
 
-    class RecPool(policies.BlockPool):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            self.touches = []
-            rec["pool"] = self
-
-        def access(self, bid, score=0.0, depth=0, now=0.0):
-            hit = super().access(bid, score, depth, now)
-            self.touches.append((tuple(bid), float(score), int(depth), float(now), bool(hit)))
-            return hit
-
     sd, vb = CO.sample_decode, E.verify_batch
 
     def rec_sd(*a, **k):
@@ -63,7 +51,6 @@ def _grow(lm, monkeypatch, policy, budget, D=2, K=2, B=3, S=16):
         rec["scores"].append([float(s) for s in r.scores])
         return r
 
-    monkeypatch.setattr(policies, "BlockPool", RecPool)
     monkeypatch.setattr(CO, "sample_decode", rec_sd)
     monkeypatch.setattr(E, "verify_batch", rec_vb)
     tk = lm.tokenizer
@@ -98,17 +85,18 @@ def _grow(lm, monkeypatch, policy, budget, D=2, K=2, B=3, S=16):
     spec = TreeSpec(pd.DataFrame(rows), {"depth": D, "expand_k": K, "branching": B, "step_tokens": S}, suffix, stop,
                     name="grown")
     monkeypatch.undo()
-    return res, rec["pool"], timer.frame(), spec
+    return res, timer.frame(), spec
 
 
-def _same(res, pool, phases, spec, policy, budget):
+def _same(res, phases, spec, policy, budget):
     from sim.tree import walk_tree
 
     w = walk_tree(spec, policy, budget_blocks=budget, budget_frac=None)
-    assert [(t.block, t.score, t.depth, t.now, t.hit) for t in w.blocks.touches] == pool.touches
-    assert [b for b, _ in w.blocks.pool.evicted_log] == [b for b, _ in pool.evicted_log]
-    assert (w.blocks.pool.evictions, w.blocks.pool.refetches, w.blocks.recompute_tokens, w.blocks.pool.peak) == \
-           (res.evictions, res.refetches, res.recompute_tokens, res.peak_blocks)
+    tb = w.blocks
+    assert [(t.block, t.score, t.depth, t.now, t.hit) for t in tb.touches] == res.touches
+    assert tb.evicted_log == res.eviction_order
+    assert (tb.bm.evictions, tb.refetches, tb.recompute_tokens, tb.peak, tb.preemptions, tb.floor) == \
+           (res.evictions, res.refetches, res.recompute_tokens, res.peak_blocks, res.preemptions, res.floor_blocks)
     for phase in ("verify", "prefill", "recompute", "decode", "assemble"):
         rows = phases[phases["phase"] == phase]
         real = [([int(r["cand"])], []) if phase == "assemble" else ([int(x) for x in r["n"]], [int(x) for x in r["c"]])
@@ -118,10 +106,12 @@ def _same(res, pool, phases, spec, policy, budget):
 
 
 def test_tree_walk_equals_the_real_runner(lm, monkeypatch):
-    free, pool, ph, spec = _grow(lm, monkeypatch, "rsbcm", None)
-    _same(free, pool, ph, spec, "rsbcm", None)
-    budget = max(1, int(round(0.5 * free.peak_blocks)))
+    free, ph, spec = _grow(lm, monkeypatch, "rsbcm", None)
+    _same(free, ph, spec, "rsbcm", None)
+    # between one expansion's working set (the floor: referenced blocks are never evicted) and the peak
+    budget = max(free.floor_blocks, int(round(0.5 * free.peak_blocks)))
+    assert budget < free.peak_blocks
     for policy in ("rsbcm", "fifo"):
-        res, pool, ph, spec = _grow(lm, monkeypatch, policy, budget)
-        w = _same(res, pool, ph, spec, policy, budget)
-        assert w.blocks.pool.evictions > 0
+        res, ph, spec = _grow(lm, monkeypatch, policy, budget)
+        w = _same(res, ph, spec, policy, budget)
+        assert w.blocks.bm.evictions > 0
