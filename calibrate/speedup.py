@@ -176,7 +176,8 @@ def _tree_section(lm, problem, cfg: SpeedupConfig, timer, stop, yes, no, suffix,
               seed=cfg.seed, stop=stop, yes=yes, no=no, suffix=suffix, pad_id=pad_id)
     timer.context = {"problem": int(problem.index), "policy": "tree-unconstrained"}
     free = run_tree(lm, prompt, problem, get_policy("rsbcm"), None, timer=timer, **kw)
-    budget = max(1, int(round(cfg.tree_budget_frac * free.peak_blocks)))
+    # referenced blocks are never evicted: the budget cannot go below one expansion's blocks (floor_blocks)
+    budget = max(free.floor_blocks, int(round(cfg.tree_budget_frac * free.peak_blocks)))
     out = {"prompt_tokens": len(prompt), "unconstrained": dataclasses.asdict(free), "budget_blocks": budget,
            "budget_frac": cfg.tree_budget_frac}
     for name in ("rsbcm", "lru", "fifo"):

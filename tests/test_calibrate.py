@@ -263,12 +263,14 @@ def test_tree_block_pool_recomputes_evicted_blocks():
     prompt = build_prompts(tk, p.prompt_text(), p.answer_kind, WorkloadConfig(n_branches=1, shuffle_variants=False),
                            0).branches[0].prompt_ids
     yes, no = yes_no_ids(tk)
-    kw = dict(depth=2, expand_k=1, branching=2, step_tokens=20, stop=set(_stop_ids(tk)), yes=yes, no=no,
+    # expand_k=2: a waiting node is resumed after another's expansion, so its evicted blocks are needed again
+    kw = dict(depth=2, expand_k=2, branching=2, step_tokens=20, stop=set(_stop_ids(tk)), yes=yes, no=no,
               suffix=verify_suffix_ids(tk), pad_id=tk.pad_token_id)
     free = run_tree(lm, prompt, p, get_policy("rsbcm"), None, **kw)
     assert free.evictions == 0 and free.recompute_tokens == 0
     t = PhaseTimer()
-    tight = run_tree(lm, prompt, p, get_policy("fifo"), 8, timer=t, **kw)
-    assert tight.peak_blocks <= 8 and tight.evictions > 0 and tight.refetches > 0
+    budget = free.floor_blocks  # the smallest budget that holds one expansion (referenced blocks stay)
+    tight = run_tree(lm, prompt, p, get_policy("fifo"), budget, timer=t, **kw)
+    assert tight.peak_blocks <= budget and tight.evictions > 0 and tight.refetches > 0
     rec = t.frame()
     assert tight.recompute_tokens == int(rec.loc[rec["phase"] == "recompute", "n_new"].sum()) > 0
