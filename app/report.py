@@ -26,12 +26,26 @@ def fig_latency_breakdown(label: str, policies: dict):
     return fig
 
 
+def sigma_bins(values, n: int = 30) -> dict:
+    """One set of histogram bin edges for every series of the sigma figure (plotly ``xbins``)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    lo, hi = (float(v.min()), float(v.max())) if v.size else (0.0, 1.0)
+    if hi <= lo:
+        lo, hi = lo - 0.5e-3, hi + 0.5e-3
+    size = (hi - lo) / n
+    # the last edge a little past the maximum, so the maximum falls inside the last bin
+    return {"start": lo, "end": hi + size * 1e-6, "size": size}
+
+
 def fig_sigma(branches: pd.DataFrame, tau: float):
     import plotly.graph_objects as go
     nr = branches[(branches["branch"] > 0) & np.isfinite(branches["sigma"])]
+    bins = sigma_bins(nr["sigma"])  # both series on the same edges, so their bars compare
     fig = go.Figure()
     for same, name in ((True, "counterfactual answer = own"), (False, "answer changed by sharing")):
-        fig.add_histogram(x=nr.loc[nr["cf_same_answer"] == same, "sigma"], name=name, opacity=0.7, nbinsx=30)
+        fig.add_histogram(x=nr.loc[nr["cf_same_answer"] == same, "sigma"], name=name, opacity=0.7,
+                          xbins=bins, autobinx=False)
     fig.add_vline(x=tau, line_dash="dash", annotation_text=f"tau = {tau}")
     fig.update_layout(barmode="overlay", title="ASKS sigma of non-root branches against tau", xaxis_title="sigma",
                       yaxis_title="branches")
@@ -74,8 +88,9 @@ def fig_kv(details: dict, pos: int):
     for name, r in details.items():
         tl = r.kv_timeline
         tl = tl[tl["pos"] == pos]
-        if len(tl):
-            fig.add_scatter(x=tl["t_s"], y=tl["kv_bytes"] / 1e6, mode="lines", line_shape="hv", name=name)
+        # every policy in the legend: one without a timeline for this problem says so
+        fig.add_scatter(x=tl["t_s"], y=tl["kv_bytes"] / 1e6, mode="lines", line_shape="hv",
+                        name=name if len(tl) else f"{name} (no KV timeline)", showlegend=True)
     fig.update_layout(title=f"KV memory over time, problem {pos} (isolated)", xaxis_title="seconds since arrival",
                       yaxis_title="MB")
     return fig
@@ -84,9 +99,17 @@ def fig_kv(details: dict, pos: int):
 def fig_vase(policies: dict):
     import plotly.graph_objects as go
     fig = go.Figure()
+    xs_all = sorted({v["budget"] for m in policies.values() for v in (m.get("budgets") or {}).values()})
     for name, m in policies.items():
+        if m.get("kind") != "token":
+            continue
         b = m.get("budgets")
-        if not b or name == "full":
+        if name == "full" and xs_all:
+            # the reference: the full cache has no attention-output error at any budget
+            fig.add_scatter(x=xs_all, y=[0.0] * len(xs_all), mode="lines", line_dash="dot", name="full (reference)")
+            continue
+        if not b:
+            fig.add_scatter(x=[], y=[], mode="lines+markers", name=f"{name} (not measured)", showlegend=True)
             continue
         xs = [v["budget"] for v in b.values()]
         fig.add_scatter(x=xs, y=[v["attn_output_rel_error"] for v in b.values()], mode="lines+markers", name=name)

@@ -85,6 +85,8 @@ def loaded(trace) -> LoadedTrace:
     """The :class:`LoadedTrace` of a path, a ``traces.store.Trace``, features or a ``LoadedTrace``."""
     if isinstance(trace, LoadedTrace):
         return trace
+    if trace is None:
+        trace = default_trace_path()
     tf = trace if isinstance(trace, features.TraceFeatures) else features.load(trace)
     lt = tf.__dict__.get("_loaded")
     if lt is None:
