@@ -51,7 +51,7 @@ def _options(args):
 
     return SweepOptions(model_preset=args.model_preset, hardware=args.hardware, mode=args.mode,
                         workload=_parse_workload(args.workload), seed=args.sim_seed,
-                        arrival_rate=args.arrival_rate)
+                        arrival_rate=args.arrival_rate, reshape=args.reshape)
 
 
 def _check_trace(path: str):
@@ -224,6 +224,8 @@ def _sim_flags(p) -> None:
                    help="workload option, e.g. verify_reuses_kv=false; repeatable")
     p.add_argument("--arrival-rate", type=float, default=None, help="serving mode: Poisson problems/s")
     p.add_argument("--sim-seed", type=int, default=0, help="the simulator's seed (evaluate(seed=...))")
+    p.add_argument("--reshape", default=None, metavar="prefix_tokens=N,branches=B,gen_tokens=T[,seed=S]",
+                   help="evaluate on the trace's problems reshaped (docs/simulator.md, Workload reshaping)")
     p.add_argument("--backend", choices=("local", "dask"), default="local")
     p.add_argument("--scheduler", default=None, metavar="ADDR", help="Dask scheduler address (tcp://host:8786)")
     p.add_argument("--workers", type=int, default=None, help="LocalCluster worker processes (default 2)")

@@ -123,6 +123,27 @@ def _clean_flat(d: dict) -> dict:
     return out
 
 
+def _load(trace, reshape=None):
+    """Features of ``trace`` (default: the bundled one), reshaped by ``reshape`` if given (sim/reshape.py)."""
+    tf = features.load(default_trace_path() if trace is None else trace)
+    if reshape is None:
+        return tf
+    from .reshape import reshape_trace
+    return features.load(reshape_trace(tf, reshape))
+
+
+def _reshape_info(tf) -> dict | None:
+    from .reshape import describe
+    return describe(tf)
+
+
+def _reshape_fields(tf) -> dict:
+    """Summary scalars saying whether, and from what, the replayed problems were reshaped."""
+    r = _reshape_info(tf)
+    return {"reshaped": r is not None, "reshape_spec": r["spec"] if r else None,
+            "reshape_source": r["source"] if r else None}
+
+
 # ---------------------------------------------------------------------------- result
 class SimResult:
     """Everything one simulation produced (DataFrames built on first access)."""
@@ -265,8 +286,12 @@ def _budget(cfg, job) -> int:
 def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = None, model_preset=None,
              hardware="local-cpu", mode: str = "isolated", problems=None, workload: dict | None = None,
              seed: int = 0, arrival_rate: float | None = None, baselines: bool = True,
-             engine: bool = False) -> SimResult:
+             engine: bool = False, reshape=None) -> SimResult:
     """Simulate one configuration; see :func:`evaluate` for the arguments.
+
+    ``reshape``: a :class:`sim.reshape.ReshapeSpec` or its flag text (``"prefix_tokens=1024,
+    branches=8,gen_tokens=256"``): replay the trace's problems at that shape (docs/simulator.md,
+    "Workload reshaping"); the summary says ``reshaped`` and from what.
 
     ``engine=True`` forces the simpy engine in isolated mode too (the fast path
     and the engine agree to 1e-9; the tests check it).
@@ -278,7 +303,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
         raise ConfigError(f"arrival_rate: must be a number > 0, got {arrival_rate!r}")
     if arrival_rate is not None and mode != "serving":
         raise ConfigError("arrival_rate: only meaningful with mode='serving'")
-    tf = features.load(default_trace_path() if trace is None else trace)
+    tf = _load(trace, reshape)
     trace_model, model, hw = _targets(tf, model_preset, hardware)
     cfg = make_config(policy, params, workload)
     probs = _select(tf, problems)
@@ -287,7 +312,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
             "hardware_calibrated": bool(hw.calibrated), "hardware_provisional": bool(hw.provisional),
             "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"]),
             "workload": {k: v for k, v in cfg.workload.items()}, "seed": int(seed),
-            "arrival_rate": arrival_rate, "trace": tf.path,
+            "arrival_rate": arrival_rate, "trace": tf.path, "reshape": _reshape_info(tf),
             "note": (f"decisions from the trace's model {tf.model_name}; costs from {model.name} on {hw.name}"
                      if model.name != tf.model_name else f"decisions and costs from {model.name} on {hw.name}")}
     if cfg.kind == "token":
@@ -353,7 +378,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
         summary["speedup_vs_no_kv"] = base["no-kv"] / lat if lat and lat > 0 else None
         summary["speedup_vs_exact_prefix"] = base["exact-prefix"] / lat if lat and lat > 0 else None
     summary.update({"decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name,
-                    "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"])})
+                    "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"]), **_reshape_fields(tf)})
     mark_trace_model_figures(summary)
     return SimResult(summary, rows, brows, timeline, info)
 
@@ -531,7 +556,7 @@ def _simulate_token(tf, cfg, model, hw, seed, info) -> SimResult:
         "throughput_tokens_per_s": float(df["gen_tokens"].sum() / lat.sum()),
         "n_sequences": len(df), "n_layers_evaluated": len(q),
         "decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name, "mode": "isolated",
-        "verify_reuses_kv": None,
+        "verify_reuses_kv": None, **_reshape_fields(tf),
     })
     mark_trace_model_figures(summary)
     return SimResult(summary, rows, [], [], info, token=q)
@@ -550,10 +575,10 @@ def _pre_eviction_sizes(res, pol) -> list:
 # ---------------------------------------------------------------------------- evaluate / compare
 def evaluate(trace, policy: str = "asks", params: dict | None = None, model_preset=None, hardware="local-cpu",
              mode: str = "isolated", problems=None, workload: dict | None = None, seed: int = 0,
-             arrival_rate: float | None = None) -> dict:
+             arrival_rate: float | None = None, reshape=None) -> dict:
     """Metrics of one configuration as plain Python scalars (docs/sim-api.md)."""
     r = simulate(trace, policy=policy, params=params, model_preset=model_preset, hardware=hardware, mode=mode,
-                 problems=problems, workload=workload, seed=seed, arrival_rate=arrival_rate)
+                 problems=problems, workload=workload, seed=seed, arrival_rate=arrival_rate, reshape=reshape)
     return _clean_flat(r.summary)
 
 
@@ -571,13 +596,13 @@ def token_budgets(tf, pol_name: str, compressions) -> dict:
 
 def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: str = "isolated",
                      policies=None, workload: dict | None = None, seed: int = 0, problems=None,
-                     progress: bool = False) -> dict:
+                     progress: bool = False, reshape=None) -> dict:
     """``{"policies": {NAME: metrics}}`` for every registered policy at its defaults (docs/sim-api.md).
 
     Token-eviction policies also get ``budgets`` = ``{"2x": {budget, attn_output_rel_error,
     attn_mass_recall, ...}, ...}`` at the workload's ``token_compressions``.
     """
-    tf = features.load(default_trace_path() if trace is None else trace)
+    tf = _load(trace, reshape)
     names = list(policies) if policies is not None else list_policies()
     out: dict = {}
     it = names
@@ -606,6 +631,7 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
             entry.update(base)
             entry["budgets"] = res
             entry["kind"] = kind
+            entry.update(_reshape_fields(tf))
             out[name] = clean(entry)
         else:
             m = evaluate(tf.trace if tf.trace is not None else tf.path, policy=name, params={},
@@ -613,4 +639,7 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
                          problems=problems)
             m["kind"] = kind
             out[name] = m
-    return {"policies": out}
+    result = {"policies": out}
+    if _reshape_info(tf) is not None:
+        result["reshape"] = _reshape_info(tf)
+    return result
