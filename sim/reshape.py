@@ -1,7 +1,7 @@
 """Workload reshaping: a trace's problems at another prompt length, branch count and generation length.
 
 ``--reshape prefix_tokens=N,branches=B,gen_tokens=T[,seed=S]`` (docs/simulator.md, "Workload
-reshaping") builds, from a loaded trace, problems of the requested shape whose decisions are
+reshaping", section 9) builds, from a loaded trace, problems of the requested shape whose decisions are
 the trace's own, resampled with a seeded ``numpy.random.Generator``:
 
 * **prompt layout** (``prefix_tokens``): every problem's root prompt becomes exactly ``N``
@@ -299,7 +299,7 @@ def build_reshaped(tf: TraceFeatures, spec) -> ReshapedTrace:
                              "root_prompt_tokens_mean": float(np.mean([f.prompt_len[0] for f in tf.problems if f.B]))
                              if tf.problems else None},
             "long_decodes": "not reshaped (token-eviction results are the source's)",
-            "rules": "docs/simulator.md#workload-reshaping"}
+            "rules": "docs/simulator.md, section 9 (Workload reshaping)"}
     manifest = dict(tf.manifest)
     manifest["reshaped"] = info
     if spec.branches is not None:
