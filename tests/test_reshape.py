@@ -314,3 +314,18 @@ def test_sweep_options_carry_the_spec():
     assert "reshape" not in SweepOptions().kwargs()
     with pytest.raises(ValueError, match=r"^--reshape: branches: must be >= 1"):
         SweepOptions(reshape="branches=0")
+
+
+def test_sweep_cli_reshape_rows_equal_evaluate(tmp_path):
+    from sim.sweep import read_sweep
+
+    out = tmp_path / "s.parquet"
+    spec = "prefix_tokens=1024,branches=16"
+    assert main(["sweep", "--trace", str(BUNDLED), "--hardware", "h100-sxm", "--policy", "asks", "--grid",
+                 "tau=0.97,0.98", "--reshape", spec, "--quiet", "--out", str(out)]) == 0
+    df, meta = read_sweep(out)
+    assert meta["options"]["reshape"] == spec + ",seed=0"
+    assert df["reshaped"].all() and (df["reshape_spec"] == spec + ",seed=0").all()
+    for _, row in df.iterrows():
+        m = evaluate(BUNDLED, policy="asks", params={"tau": row["param.tau"]}, hardware="h100-sxm", reshape=spec)
+        assert m["latency_mean_s"] == row["latency_mean_s"] and m["kv_reuse"] == row["kv_reuse"]
