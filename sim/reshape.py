@@ -58,6 +58,11 @@ _INT = re.compile(r"[+-]?[0-9]+")
 _STREAM_BRANCHES, _STREAM_GEN = 0, 1
 
 
+def _short(text: str) -> str:
+    """``repr`` of user text, cut to keep an error on one short line."""
+    return repr(text) if len(text) <= 24 else repr(text[:24]) + "..."
+
+
 @dataclass(frozen=True)
 class ReshapeSpec:
     """The requested shape; ``None`` keeps the trace's own value.
@@ -98,23 +103,24 @@ class ReshapeSpec:
         """``"prefix_tokens=1024,branches=8,gen_tokens=256[,seed=0]"`` -> spec (errors name the key)."""
         if not isinstance(text, str):
             raise ConfigError(f"reshape: expected KEY=N[,KEY=N...] text, got {type(text).__name__}")
-        items = [t.strip() for t in text.split(",")]
-        if not any(items):
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
             raise ConfigError(f"reshape: empty; expected KEY=N[,KEY=N...] with keys {', '.join(_KEYS)}")
         vals: dict = {}
         for it in items:
             if "=" not in it:
-                raise ConfigError(f"reshape: {it!r}: expected KEY=N (keys {', '.join(_KEYS)})")
+                raise ConfigError(f"reshape: {_short(it)}: expected KEY=N (keys {', '.join(_KEYS)})")
             k, v = (s.strip() for s in it.split("=", 1))
             if k not in _BOUNDS:
-                raise ConfigError(f"reshape: unknown key {k!r}; valid: {', '.join(_KEYS)}")
+                raise ConfigError(f"reshape: unknown key {_short(k)}; valid: {', '.join(_KEYS)}")
             if k in vals:
                 raise ConfigError(f"reshape: {k}: given twice")
             if not _INT.fullmatch(v):
-                raise ConfigError(f"reshape: {k}: must be an integer, got {v!r}")
-            digits = v.lstrip("+-").lstrip("0")
-            if len(digits) > 19:  # beyond every bound: do not build the integer
-                raise ConfigError(f"reshape: {k}: {'must be >= ' + str(_BOUNDS[k][0]) if v.startswith('-') else 'at most ' + str(_BOUNDS[k][1])}, got {v[:24]}...")
+                raise ConfigError(f"reshape: {k}: must be an integer, got {_short(v)}")
+            if len(v.lstrip("+-").lstrip("0")) > 19:  # beyond every bound: do not build the integer
+                lo, hi = _BOUNDS[k]
+                raise ConfigError(f"reshape: {k}: " + (f"must be >= {lo}" if v.startswith("-") else f"at most {hi}")
+                                  + f", got {_short(v)}")
             vals[k] = int(v)
         return cls(**vals)
 

@@ -64,10 +64,15 @@ def _strip(summary: dict) -> dict:
     ("brnaches=8", "unknown key 'brnaches'"),
     ("branches=8,branches=4", "branches: given twice"),
     ("branches", "'branches': expected KEY=N"),
+    ("branches=x" + "y" * 5000, "branches: must be an integer, got 'xyyyy"),
+    ("branches=8,,gen_tokens=7,", None),
     ("", "empty"),
     (" , ", "empty"),
 ])
 def test_bad_specs_name_the_field(text, field):
+    if field is None:  # empty items are skipped
+        assert ReshapeSpec.parse(text) == ReshapeSpec(branches=8, gen_tokens=7)
+        return
     with pytest.raises(ConfigError) as e:
         ReshapeSpec.parse(text)
     msg = str(e.value)
