@@ -334,3 +334,12 @@ def test_sweep_cli_reshape_rows_equal_evaluate(tmp_path):
     for _, row in df.iterrows():
         m = evaluate(BUNDLED, policy="asks", params={"tau": row["param.tau"]}, hardware="h100-sxm", reshape=spec)
         assert m["latency_mean_s"] == row["latency_mean_s"] and m["kv_reuse"] == row["kv_reuse"]
+
+
+def test_engine_and_serving_replay_a_reshaped_trace_like_a_loaded_one(tf):
+    rt = reshape_trace(tf, "prefix_tokens=1024,branches=12,gen_tokens=256,seed=2")
+    kw = dict(policy="rksc", hardware="h100-sxm", model_preset="qwen2.5-7b", problems=[0, 5], baselines=False)
+    fast, eng = simulate(rt, **kw), simulate(rt, engine=True, **kw)
+    assert eng.summary["latency_mean_s"] == pytest.approx(fast.summary["latency_mean_s"], rel=1e-9)
+    srv = simulate(rt, mode="serving", **kw)
+    assert srv.summary["reshaped"] is True and srv.summary["n_problems"] == 2
