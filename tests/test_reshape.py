@@ -188,17 +188,20 @@ def test_skip_and_accuracy_kept_when_branches_are_added(tf):
     (mean-prob confidence) are unchanged, so accuracy and skip decisions are the trace's for every seed;
     with vote confidence the skip rate over seeds stays within sampling tolerance of the trace's."""
     kw = dict(hardware="h100-sxm", model_preset="qwen2.5-7b")
+    MP = {"confidence": "mean_prob", "tau_conf": 0.5, "delta_rel": 0.05}
     base_acc = evaluate(BUNDLED, policy="no-kv", **kw)["accuracy"]
-    base_skip = evaluate(BUNDLED, policy="cgee", params={"confidence": "mean_prob", "tau_conf": 0.3}, **kw)
+    base_skip = evaluate(BUNDLED, policy="cgee", params=MP, **kw)
     base_vote = evaluate(BUNDLED, policy="cgee", params={"tau_conf": 0.3}, **kw)["skip_rate"]
+    assert 0 < base_skip["skip_rate"] < 1 and 0 < base_vote < 1
     votes = []
     for s in range(12):
         spec = f"branches=16,seed={s}"
         assert evaluate(BUNDLED, policy="no-kv", reshape=spec, **kw)["accuracy"] == base_acc
-        m = evaluate(BUNDLED, policy="cgee", params={"confidence": "mean_prob", "tau_conf": 0.3}, reshape=spec, **kw)
+        m = evaluate(BUNDLED, policy="cgee", params=MP, reshape=spec, **kw)
         assert m["skip_rate"] == base_skip["skip_rate"] and m["accuracy"] == base_skip["accuracy"]
         votes.append(evaluate(BUNDLED, policy="cgee", params={"tau_conf": 0.3}, reshape=spec, **kw)["skip_rate"])
-    assert abs(np.mean(votes) - base_vote) <= 0.25  # 12 problems: one skip = 0.083
+    # Vote shares over 16 branches are not the 8-branch ones: close, not equal (one skip = 0.083).
+    assert abs(np.mean(votes) - base_vote) <= 0.15
 
 
 def test_generation_lengths_scale_with_the_trace_shape(tf):
