@@ -321,21 +321,21 @@ def build_reshaped(tf: TraceFeatures, spec) -> ReshapedTrace:
     return rt
 
 
-# The simulator memoises by id(features): a reshaped trace must stay alive while its results are
-# cached, so the same (source, spec) gives the same object for the life of the process.
-_RESHAPED: dict = {}
-
-
 def reshape_trace(trace, spec) -> ReshapedTrace:
-    """:func:`build_reshaped` of ``trace`` (a path, a loaded trace or features), memoised per process."""
+    """:func:`build_reshaped` of ``trace`` (a path, a loaded trace or features), memoised on its features.
+
+    The memo lives on the source's features object (``tf.__dict__["_reshaped"]``, owned by whoever
+    holds them), so the same (source, spec) gives the same reshaped object, and the simulator's
+    memo tables, which follow the features object, are reused across calls.
+    """
     from . import features
 
     spec = ReshapeSpec.coerce(spec)
     tf = trace if isinstance(trace, TraceFeatures) else features.load(trace)
-    key = (id(tf), spec)
-    hit = _RESHAPED.get(key)
-    if hit is None or hit.source is not tf:
-        hit = _RESHAPED[key] = build_reshaped(tf, spec)
+    memo = tf.__dict__.setdefault("_reshaped", {})
+    hit = memo.get(spec)
+    if hit is None:
+        hit = memo[spec] = build_reshaped(tf, spec)
     return hit
 
 
