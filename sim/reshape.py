@@ -35,6 +35,7 @@ are not reshaped.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -298,7 +299,7 @@ def build_reshaped(tf: TraceFeatures, spec) -> ReshapedTrace:
     if (tf.manifest or {}).get("reshaped"):
         raise ConfigError("reshape: the trace is already reshaped; reshape its source trace")
     cap = _gen_cap(tf)
-    probs = [reshape_problem(f, spec, cap=cap, vocab=tf.vocab_size) for f in tf.problems]
+    probs = [reshape_problem(f, spec, cap=cap, vocab=getattr(tf, "vocab_size", None)) for f in tf.problems]
     B0 = sorted({f.B for f in tf.problems})
     info = {"reshaped": True, "source": tf.path, "spec": spec.text(), "seed": spec.seed,
             "source_shape": {"branches": B0[0] if len(B0) == 1 else B0, "max_new_tokens": cap,
@@ -314,8 +315,8 @@ def build_reshaped(tf: TraceFeatures, spec) -> ReshapedTrace:
         manifest["capture"] = {**(manifest.get("capture") or {}), "max_new_tokens": spec.gen_tokens}
     # Timings measured at the source's shape describe no phase of the reshaped one.
     timings = [t.iloc[0:0] if hasattr(t, "iloc") else t for t in tf.timings]
-    out = TraceFeatures(path=tf.path, manifest=manifest, model_name=tf.model_name, n_layers=tf.n_layers,
-                        problems=probs, longs=tf.longs, timings=timings, trace=None, vocab_size=tf.vocab_size)
+    # Every other field (model, depth, vocabulary, long decodes) is the source's.
+    out = dataclasses.replace(tf, manifest=manifest, problems=probs, timings=timings, trace=None)
     rt = ReshapedTrace(features=out, source=tf, spec=spec, info=info)
     out.trace = rt  # what sim.api passes on (baselines, compare) resolves to these features again
     return rt

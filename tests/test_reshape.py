@@ -274,11 +274,11 @@ def test_shared_prefix_layout_grows_before_the_variant(tmp_path):
         ids.append(np.concatenate([shared, var, tail]))
         spans.append([shared.shape[0], shared.shape[0] + var.shape[0]])
     g = dataclasses.replace(f, prompt_ids=ids, spans=np.array(spans), prompt_len=np.array([len(x) for x in ids]))
-    r = reshape_problem(g, ReshapeSpec(prefix_tokens=600), cap=40, vocab=tf.vocab_size)
+    r = reshape_problem(g, ReshapeSpec(prefix_tokens=600), cap=40, vocab=2048)
     assert r.prompt_len[0] == 600 and np.all(r.spans[:, 0] == 600 - 3 - (g.spans[0, 1] - g.spans[0, 0]))
     plan = get_policy("exact-prefix", block_size=16).plan(r.prompt_ids)
     assert np.all(plan.reused[1:] >= (r.spans[1:, 0] // 16) * 16) and plan.reused[1:].min() >= 560
-    short = reshape_problem(g, ReshapeSpec(prefix_tokens=40), cap=40, vocab=tf.vocab_size)
+    short = reshape_problem(g, ReshapeSpec(prefix_tokens=40), cap=40, vocab=2048)
     assert short.prompt_len[0] == 40 and np.array_equal(short.prompt_ids[0][-3:], tail)
 
 
