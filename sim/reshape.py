@@ -25,7 +25,7 @@ the trace's own, resampled with a seeded ``numpy.random.Generator``:
   (own and counterfactual) is scaled by ``T / cap`` (``cap``: the capture's
   ``max_new_tokens``, else the longest recorded generation) with seeded stochastic rounding
   ``floor(len * T / cap + u)``, ``u ~ U[0, 1)`` (one ``u`` per branch row, so a branch whose
-  own and counterfactual lengths were equal keeps them equal), capped at ``T``, at least 1.
+  own and counterfactual lengths were equal keeps them equal), capped at ``T``, at least 1 (0 stays 0).
   The shape of the distribution is kept and a branch that hit the cap hits the new cap.
 
 An omitted key keeps the trace's own value; reshaping with every key at the trace's own value
@@ -263,7 +263,7 @@ def _scale_len(x: np.ndarray, T: int, cap: int, u: np.ndarray) -> np.ndarray:
     if T == cap:
         return x.astype(np.int64)
     y = np.floor(x.astype(np.float64) * (T / cap) + u).astype(np.int64)
-    return np.clip(y, 1, T)
+    return np.where(x > 0, np.clip(y, 1, T), 0)  # an empty generation stays empty
 
 
 def reshape_problem(f: ProblemFeatures, spec: ReshapeSpec, *, cap: int, vocab: int | None) -> ProblemFeatures:
