@@ -346,3 +346,28 @@ def test_engine_and_serving_replay_a_reshaped_trace_like_a_loaded_one(tf):
     assert eng.summary["latency_mean_s"] == pytest.approx(fast.summary["latency_mean_s"], rel=1e-9)
     srv = simulate(rt, mode="serving", **kw)
     assert srv.summary["reshaped"] is True and srv.summary["n_problems"] == 2
+
+
+@pytest.fixture(scope="module")
+def syn(tmp_path_factory):
+    return features.load(write_synthetic_trace(tmp_path_factory.mktemp("rs") / "t", n_problems=3, n_branches=4,
+                                               seed=11))
+
+
+@settings(max_examples=40, deadline=None)
+@given(N=st.one_of(st.none(), st.integers(20, 400)), B=st.one_of(st.none(), st.integers(1, 12)),
+       T=st.one_of(st.none(), st.integers(1, 300)), seed=st.integers(0, 2 ** 32))
+def test_any_shape_is_what_was_asked_and_rows_are_the_sources(syn, N, B, T, seed):
+    rt = build_reshaped(syn, ReshapeSpec(prefix_tokens=N, branches=B, gen_tokens=T, seed=seed))
+    cap = 40  # the synthetic trace's max_new_tokens
+    for f0, f in zip(syn.problems, rt.features.problems):
+        assert f.B == (B or f0.B) and f.prompt_len[0] == (N or f0.prompt_len[0])
+        assert all(f.prompt_len[b] == len(f.prompt_ids[b]) for b in range(f.B))
+        assert np.all(f.spans[:, 1] - f.spans[:, 0] >= 1) and np.all(f.spans[:, 1] <= f.prompt_len)
+        for g in ("own", "cf"):
+            assert f.gen[g]["len"].max() <= (T or cap) and f.gen[g]["len"].min() >= 1
+        for b in range(f.B):  # each branch is one source row: its sigma inputs and its answers together
+            src = [j for j in range(f0.B) if np.array_equal(f.cos["cos_mean_raw"][b], f0.cos["cos_mean_raw"][j])
+                   and np.array_equal(f.lens[("own", True)]["entropy"][b], f0.lens[("own", True)]["entropy"][j])
+                   and f.gen["cf"]["answer"][b] == f0.gen["cf"]["answer"][j]]
+            assert src and (b > 0 or 0 in src)
