@@ -37,6 +37,10 @@ def _target_args(p) -> None:
                    help="workload option, repeatable (verify_reuses_kv, concurrency, block_size, kv_budget_frac, ...; "
                         "see docs/simulator.md; default: the defaults listed there)")
     p.add_argument("--seed", type=int, default=0, help="simulator seed: arrivals and stochastic policies (default 0)")
+    p.add_argument("--reshape", default=None, metavar="prefix_tokens=N,branches=B,gen_tokens=T[,seed=S]",
+                   help="replay the trace's problems reshaped: root prompt N tokens, B branches, generation cap T, "
+                        "draws seeded by S; omitted keys keep the trace's own (docs/simulator.md, Workload reshaping; "
+                        "default: the trace's own shape)")
 
 
 def _serving_args(p, with_arrival: bool = False) -> None:
@@ -237,6 +241,8 @@ def _flagged(msg: str) -> str:
         flag = "--arrival-rate"
     elif msg.startswith("mode"):
         flag = "--mode"
+    elif msg.startswith("reshape: "):
+        return "--reshape: " + msg[len("reshape: "):]
     elif msg.startswith("policy '"):
         flag = "--set"
     elif msg.startswith("--") or msg.startswith("problem "):
@@ -261,7 +267,7 @@ def _cmd_simulate(args) -> int:
     try:
         r = simulate(trace, policy=args.policy, params=params, model_preset=args.model_preset,
                      hardware=args.hardware, mode=args.mode, workload=workload, seed=args.seed,
-                     arrival_rate=rate, engine=args.engine, serving=sv)
+                     arrival_rate=rate, engine=args.engine, serving=sv, reshape=args.reshape)
     except (ConfigError, PresetError) as exc:
         raise ValueError(_flagged(str(exc))) from None
     if args.json:
@@ -284,13 +290,13 @@ def _cmd_serve(args) -> int:
 
 
 def run_compare(trace, model_preset, hardware, mode="isolated", workload=None, seed=0, policies=None,
-                progress=True) -> dict:
+                progress=True, reshape=None) -> dict:
     from sim.api import compare_policies
     from sim.decisions import ConfigError
     from sim.profiles import PresetError
     try:
         return compare_policies(trace, model_preset=model_preset, hardware=hardware, mode=mode, workload=workload,
-                                seed=seed, policies=policies, progress=progress)
+                                seed=seed, policies=policies, progress=progress, reshape=reshape)
     except (ConfigError, PresetError) as exc:
         raise ValueError(_flagged(str(exc))) from None
 
@@ -305,7 +311,7 @@ def _cmd_compare(args) -> int:
         if bad:
             raise ValueError(f"--policies: unknown policy {bad[0]!r}; valid: {', '.join(list_policies())}")
     out = run_compare(trace, args.model_preset, args.hardware, args.mode, _workload(args), args.seed, pols,
-                      progress=not args.json and sys.stderr.isatty())
+                      progress=not args.json and sys.stderr.isatty(), reshape=args.reshape)
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
     else:

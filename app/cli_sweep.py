@@ -59,7 +59,7 @@ def _options(args):
         raise ValueError(f"--{'requests' if 'n_requests' in wl else 'concurrency'}: only with --mode serving")
     return SweepOptions(model_preset=args.model_preset, hardware=args.hardware, mode=args.mode,
                         workload={**(_parse_workload(args.workload) or {}), **wl} or None, seed=args.sim_seed,
-                        arrival_rate=args.arrival_rate, serving=sv or None)
+                        arrival_rate=args.arrival_rate, serving=sv or None, reshape=args.reshape)
 
 
 def _check_trace(path: str):
@@ -243,6 +243,9 @@ def _sim_flags(p) -> None:
                    help="serving mode: Poisson arrivals, problems/s (default: closed loop)")
     p.add_argument("--seed", "--sim-seed", type=int, default=0, dest="sim_seed", metavar="N",
                    help="simulator seed: arrivals and stochastic policies (evaluate(seed=...))")
+    p.add_argument("--reshape", default=None, metavar="prefix_tokens=N,branches=B,gen_tokens=T[,seed=S]",
+                   help="evaluate on the trace's problems reshaped (docs/simulator.md, Workload reshaping; "
+                        "default: the trace's own shape)")
     p.add_argument("--backend", choices=("local", "dask"), default="local",
                    help="local: this process; dask: a LocalCluster or --scheduler")
     p.add_argument("--scheduler", default=None, metavar="ADDR", help="Dask scheduler address (tcp://host:8786; default: a LocalCluster)")

@@ -95,6 +95,27 @@ def loaded(trace) -> LoadedTrace:
     return lt
 
 
+def _loaded(trace, reshape=None) -> LoadedTrace:
+    """:func:`loaded` of ``trace`` (default: the bundled one), reshaped by ``reshape`` if given (sim/reshape.py)."""
+    lt = loaded(default_trace_path() if trace is None else trace)
+    if reshape is None:
+        return lt
+    from .reshape import reshape_trace
+    return loaded(reshape_trace(lt.tf, reshape).features)
+
+
+def _reshape_info(tf) -> dict | None:
+    from .reshape import describe
+    return describe(tf)
+
+
+def _reshape_fields(tf) -> dict:
+    """Summary scalars saying whether, and from what, the replayed problems were reshaped."""
+    r = _reshape_info(tf)
+    return {"reshaped": r is not None, "reshape_spec": r["spec"] if r else None,
+            "reshape_source": r["source"] if r else None}
+
+
 _PRESET_CACHE: dict = {}
 
 
@@ -339,7 +360,7 @@ def _refuse_if_too_big(peaks, positions, cap: dict, model, hw, what: str = "prob
 def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = None, model_preset=None,
              hardware="local-cpu", mode: str = "isolated", problems=None, workload: dict | None = None,
              seed: int = 0, arrival_rate: float | None = None, baselines: bool = True,
-             engine: bool = False, serving=None) -> SimResult:
+             engine: bool = False, serving=None, reshape=None) -> SimResult:
     """Simulate one configuration; see :func:`evaluate` for the arguments.
 
     ``engine=True`` forces the simpy engine in isolated mode too (the fast path
@@ -356,7 +377,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     if arrival_rate is not None and mode != "serving":
         raise ConfigError("arrival_rate: only meaningful with mode='serving'")
     sv = ServingConfig.from_any(serving)
-    lt = loaded(default_trace_path() if trace is None else trace)
+    lt = _loaded(trace, reshape)
     tf = lt.tf
     trace_model, model, hw = _targets(lt, model_preset, hardware)
     cfg = make_config(policy, params, workload)
@@ -375,7 +396,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
             "hardware_provisional": bool(getattr(hw, "provisional", False)),
             "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"]),
             "workload": {k: v for k, v in cfg.workload.items()}, "seed": int(seed),
-            "arrival_rate": arrival_rate, "trace": tf.path,
+            "arrival_rate": arrival_rate, "trace": tf.path, "reshape": _reshape_info(tf),
             "kv_capacity_bytes": cap["kv_capacity_bytes"], "capacity_source": cap["capacity_source"],
             "capacity": cap, "scheduler": sched_cfg.to_dict(),
             "note": (f"decisions from the trace's model {tf.model_name}; costs from {model.name} on {hw.name}"
@@ -465,7 +486,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
         summary["speedup_vs_no_kv"] = base["no-kv"] / lat if lat and lat > 0 else None
         summary["speedup_vs_exact_prefix"] = base["exact-prefix"] / lat if lat and lat > 0 else None
     summary.update({"decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name,
-                    "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"]),
+                    "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"]), **_reshape_fields(tf),
                     "kv_capacity_bytes": cap["kv_capacity_bytes"], "capacity_source": cap["capacity_source"],
                     "hardware_calibrated": info["hardware_calibrated"],
                     "kv_budget_blocks": info["kv_budget_blocks"] if isinstance(info["kv_budget_blocks"], int) else None,
@@ -703,7 +724,7 @@ def _simulate_token(lt, cfg, model, hw, seed, info, *, mode, sv, cap, sched_cfg,
         "throughput_tokens_per_s": float(df["gen_tokens"].sum() / lat.sum()),
         "n_sequences": len(df), "n_layers_evaluated": len(q),
         "decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name, "mode": mode,
-        "verify_reuses_kv": None, "length_extrapolated": bool(extrapolated),
+        "verify_reuses_kv": None, "length_extrapolated": bool(extrapolated), **_reshape_fields(tf),
         "decode_tokens": sv.decode_tokens, "kv_capacity_bytes": cap["kv_capacity_bytes"],
         "capacity_source": cap["capacity_source"], "hardware_calibrated": info["hardware_calibrated"],
         "kv_cap_tokens_per_sequence": int(max(max(int(longs[p][2].max()) if longs[p][2].size else 0, longs[p][0])
@@ -769,10 +790,11 @@ def _serve_longs(lt, cfg, model, hw, longs: dict, sched_cfg, cap, seed, arrival_
 # ---------------------------------------------------------------------------- evaluate / compare
 def evaluate(trace, policy: str = "asks", params: dict | None = None, model_preset=None, hardware="local-cpu",
              mode: str = "isolated", problems=None, workload: dict | None = None, seed: int = 0,
-             arrival_rate: float | None = None, serving=None) -> dict:
+             arrival_rate: float | None = None, serving=None, reshape=None) -> dict:
     """Metrics of one configuration as plain Python scalars (docs/sim-api.md)."""
     r = simulate(trace, policy=policy, params=params, model_preset=model_preset, hardware=hardware, mode=mode,
-                 problems=problems, workload=workload, seed=seed, arrival_rate=arrival_rate, serving=serving)
+                 problems=problems, workload=workload, seed=seed, arrival_rate=arrival_rate, serving=serving,
+                 reshape=reshape)
     return _clean_flat(r.summary)
 
 
@@ -793,14 +815,14 @@ def token_budgets(tf, pol_name: str, compressions, decode_tokens: int | None = N
 
 def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: str = "isolated",
                      policies=None, workload: dict | None = None, seed: int = 0, problems=None,
-                     progress: bool = False, serving=None) -> dict:
+                     progress: bool = False, serving=None, reshape=None) -> dict:
     """``{"policies": {NAME: metrics}}`` for every registered policy at its defaults (docs/sim-api.md).
 
     Token-eviction policies also get ``budgets`` = ``{"2x": {budget, attn_output_rel_error,
     attn_mass_recall, ...}, ...}`` at the workload's ``token_compressions``. Every entry states the
     KV capacity (``kv_capacity_bytes``) and block budget (``kv_budget_blocks``) it ran under.
     """
-    lt = loaded(default_trace_path() if trace is None else trace)
+    lt = _loaded(trace, reshape)
     tf = lt.tf
     sv = ServingConfig.from_any(serving)
     names = list(policies) if policies is not None else list_policies()
@@ -834,6 +856,7 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
             entry.update(base)
             entry["budgets"] = res
             entry["kind"] = kind
+            entry.update(_reshape_fields(tf))
             out[name] = clean(entry)
         else:
             m = evaluate(lt, policy=name, params={},
@@ -841,4 +864,7 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
                          problems=problems, serving=sv)
             m["kind"] = kind
             out[name] = m
-    return {"policies": out}
+    result = {"policies": out}
+    if _reshape_info(tf) is not None:
+        result["reshape"] = _reshape_info(tf)
+    return result

@@ -139,6 +139,9 @@ def load(trace) -> TraceFeatures:
     """Features of ``trace`` (a path or a loaded ``traces.store.Trace``), cached per process."""
     from traces.store import load_trace  # no torch: the store is pure pyarrow/numpy
 
+    built = getattr(trace, "reshaped_features", None)
+    if built is not None:  # a sim.reshape.ReshapedTrace: its features are built in memory
+        return built
     if isinstance(trace, (str, os.PathLike)):
         raw = _RAW.get(str(trace))
         if raw is not None and raw in _CACHE:

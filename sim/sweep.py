@@ -60,10 +60,17 @@ class SweepOptions:
     seed: int = 0
     arrival_rate: float | None = None
     serving: dict | None = None   # serving settings (sim.capacity.ServingConfig fields), mode serving
+    reshape: str | None = None  # sim.reshape.ReshapeSpec text; kept canonical
 
     def __post_init__(self):
         if self.mode not in ("isolated", "serving"):
             raise ValueError(f"--mode: {self.mode!r} is not one of isolated, serving")
+        if self.reshape is not None:
+            from sim.reshape import ReshapeSpec
+            try:
+                object.__setattr__(self, "reshape", ReshapeSpec.coerce(self.reshape).text())
+            except ValueError as exc:
+                raise ValueError(f"--reshape: {str(exc).removeprefix('reshape: ')}") from None
         if self.problems is not None:
             object.__setattr__(self, "problems", tuple(int(i) for i in self.problems))
 
@@ -72,6 +79,8 @@ class SweepOptions:
         kw = dataclasses.asdict(self)
         if kw["problems"] is not None:
             kw["problems"] = list(kw["problems"])
+        if kw["reshape"] is None:
+            del kw["reshape"]  # evaluate functions that predate reshaping still take these kwargs
         return kw
 
 
