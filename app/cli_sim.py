@@ -37,9 +37,13 @@ def _target_args(p) -> None:
                    help="workload option, repeatable (verify_reuses_kv, concurrency, block_size, kv_budget_frac, ...; "
                         "see docs/simulator.md; default: the defaults listed there)")
     p.add_argument("--seed", type=int, default=0, help="simulator seed: arrivals and stochastic policies (default 0)")
-    p.add_argument("--reshape", default=None, metavar="prefix_tokens=N,branches=B,gen_tokens=T[,seed=S]",
-                   help="replay the trace's problems reshaped: root prompt N tokens, B branches, generation cap T, "
-                        "draws seeded by S; omitted keys keep the trace's own (docs/simulator.md, Workload reshaping; "
+    _reshape_arg(p)
+
+
+def _reshape_arg(p) -> None:
+    p.add_argument("--reshape", default=None, metavar="SPEC",
+                   help="replay the trace's problems reshaped, prefix_tokens=N,branches=B,gen_tokens=T[,seed=S]: "
+                        "root prompt N tokens, B branches, generation cap T, draws seeded by S; omitted keys keep the trace's own (docs/simulator.md, Workload reshaping; "
                         "default: the trace's own shape)")
 
 
@@ -151,7 +155,8 @@ def register(sub) -> None:
                    help=f"hardware preset name or YAML/JSON file (default {DEFAULT_HARDWARE})")
     p.add_argument("--workload", action="append", default=[], metavar="K=V",
                    help="workload option, repeatable (see docs/simulator.md; default: the defaults listed there)")
-    p.add_argument("--seed", type=int, default=0, help="seed of arrivals and stochastic policies (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="simulator seed: arrivals and stochastic policies (default 0)")
+    _reshape_arg(p)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     _serving_args(p, with_arrival=True)
     p.set_defaults(func=_cmd_serve, mode="serving", engine=False)
@@ -267,7 +272,7 @@ def _cmd_simulate(args) -> int:
     try:
         r = simulate(trace, policy=args.policy, params=params, model_preset=args.model_preset,
                      hardware=args.hardware, mode=args.mode, workload=workload, seed=args.seed,
-                     arrival_rate=rate, engine=args.engine, serving=sv, reshape=args.reshape)
+                     arrival_rate=rate, engine=args.engine, serving=sv, reshape=getattr(args, "reshape", None))
     except (ConfigError, PresetError) as exc:
         raise ValueError(_flagged(str(exc))) from None
     if args.json:

@@ -243,7 +243,7 @@ def _sim_flags(p) -> None:
                    help="serving mode: Poisson arrivals, problems/s (default: closed loop)")
     p.add_argument("--seed", "--sim-seed", type=int, default=0, dest="sim_seed", metavar="N",
                    help="simulator seed: arrivals and stochastic policies (evaluate(seed=...))")
-    p.add_argument("--reshape", default=None, metavar="prefix_tokens=N,branches=B,gen_tokens=T[,seed=S]",
+    p.add_argument("--reshape", default=None, metavar="SPEC",
                    help="evaluate on the trace's problems reshaped (docs/simulator.md, Workload reshaping; "
                         "default: the trace's own shape)")
     p.add_argument("--backend", choices=("local", "dask"), default="local",
