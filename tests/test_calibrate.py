@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from tiny_hf import tiny_llama  # noqa: E402
 
 from calibrate import layerwise as LW  # noqa: E402
 from calibrate.evicting_cache import EvictingCache  # noqa: E402
@@ -25,12 +25,7 @@ TOKEN_POLICIES = ["streamingllm", "h2o", "snapkv", "rkv", "curdkv", "random", "v
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                      tie_word_embeddings=True)
-    cfg._attn_implementation = "sdpa"
-    return LlamaForCausalLM(cfg).eval()
+    return tiny_llama(0)
 
 
 def test_layerwise_equals_model_forward(tiny):

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from tiny_hf import tiny_llama  # noqa: E402
 
 from calibrate import serve as S  # noqa: E402
 from calibrate.serve_forward import Item, PagedKV, run_iteration  # noqa: E402
@@ -25,12 +25,7 @@ SUMMARY_KEYS = {"scheduling_parity", "makespan_error", "throughput_error", "e2e_
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                      tie_word_embeddings=True)
-    cfg._attn_implementation = "sdpa"
-    model = LlamaForCausalLM(cfg).eval()
+    model = tiny_llama(0)
     return types.SimpleNamespace(model=model, dtype=torch.float32, device=torch.device("cpu"))
 
 

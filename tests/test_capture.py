@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trace_files import deterministic_files
+
 pytestmark = pytest.mark.slow
 
 torch = pytest.importorskip("torch")
 
 from app.cli import main as cli_main  # noqa: E402
 from traces.capture import CaptureConfig, run_capture  # noqa: E402
-from traces.schema import NONDETERMINISTIC_FILES  # noqa: E402
 from traces.store import load_trace  # noqa: E402
 
 TINY = dict(problems=2, branches=3, max_new_tokens=6, long_decode=8, long_decode_seqs=1,
@@ -44,23 +45,6 @@ def lm():
 def ref(tmp_path_factory, lm):
     out = tmp_path_factory.mktemp("cap") / "ref"
     run_capture(CaptureConfig(**TINY), out, command="test", progress=False, lm=lm)
-    return out
-
-
-def deterministic_files(root: Path) -> dict[str, bytes]:
-    """Every file's bytes, except measured timings (and their checksum entries in shard.json)."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        if not p.is_file() or p.name == "manifest.json" or p.name in NONDETERMINISTIC_FILES:
-            continue
-        rel = p.relative_to(root).as_posix()
-        if p.name == "shard.json":
-            meta = json.loads(p.read_text())
-            for f in NONDETERMINISTIC_FILES:
-                meta["files"].pop(f, None)
-            out[rel] = json.dumps(meta, sort_keys=True).encode()
-        else:
-            out[rel] = p.read_bytes()
     return out
 
 

@@ -21,10 +21,10 @@ torch = pytest.importorskip("torch")
 from app.cli import main as cli_main  # noqa: E402
 from traces.capture import CaptureConfig, run_capture  # noqa: E402
 from traces.merge import first_difference, merge_traces, parse_shard  # noqa: E402
-from traces.schema import NONDETERMINISTIC_FILES  # noqa: E402
 from traces.store import TraceError, load_trace  # noqa: E402
 
 from tiny_hf import save_tiny  # noqa: E402
+from trace_files import deterministic_files  # noqa: E402
 
 N = 3
 
@@ -54,23 +54,6 @@ def run(tmp_path_factory):
     return {"root": root, "folder": folder, "lm": lm, "direct": direct, "parts": parts}
 
 
-def recorded(root: Path) -> dict[str, bytes]:
-    """Every file's bytes except measured timings (and their entries in shard.json) and the manifest."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        if not p.is_file() or p.name == "manifest.json" or p.name in NONDETERMINISTIC_FILES:
-            continue
-        rel = p.relative_to(root).as_posix()
-        if p.name == "shard.json":
-            meta = json.loads(p.read_text())
-            for f in NONDETERMINISTIC_FILES:
-                meta["files"].pop(f, None)
-            out[rel] = json.dumps(meta, sort_keys=True).encode()
-        else:
-            out[rel] = p.read_bytes()
-    return out
-
-
 def test_parts_hold_every_nth_problem(run):
     counts = []
     for i, p in enumerate(run["parts"]):
@@ -90,7 +73,7 @@ def test_merge_equals_direct_capture(run, tmp_path, capsys):
     parts = [str(p) for p in run["parts"]]
     assert cli_main(["trace", "merge", parts[2], parts[0], parts[1], "--out", str(out)]) == 0  # any order
     assert "5 problems, 2 long decodes, 2 trees from 3 parts" in capsys.readouterr().out
-    got, want = recorded(out), recorded(run["direct"])
+    got, want = deterministic_files(out), deterministic_files(run["direct"])
     assert sorted(got) == sorted(want)
     for rel in want:
         assert got[rel] == want[rel], rel
@@ -202,7 +185,7 @@ def test_part_resumes(run, tmp_path):
     with pytest.raises(Stop):
         run_capture(cfg, out, progress=False, after_shard=boom, lm=run["lm"])
     run_capture(cfg, out, progress=False, lm=run["lm"])
-    assert recorded(out) == recorded(run["parts"][1])
+    assert deterministic_files(out) == deterministic_files(run["parts"][1])
 
 
 @settings(max_examples=60, deadline=None)

@@ -55,3 +55,16 @@ def save_tiny(folder: Path, family: str = "llama", seed: int = 0, name_or_path: 
         c["_name_or_path"] = name_or_path
         p.write_text(json.dumps(c, indent=2))
     return folder
+
+
+def tiny_llama(seed: int = 0):
+    """A seeded random-weight 3-layer Llama (GQA 4 over 2 heads, sdpa): the calibrate tests' model."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      tie_word_embeddings=True)
+    cfg._attn_implementation = "sdpa"
+    return LlamaForCausalLM(cfg).eval()

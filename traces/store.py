@@ -37,7 +37,7 @@ from traces.errors import TraceError
 
 __all__ = [
     "TraceError", "Trace", "ProblemTrace", "LongDecodeTrace", "TreeTrace", "load_trace",
-    "TraceWriter", "atomic_write_bytes", "atomic_write_json", "sha256_file", "table_bytes",
+    "TraceWriter", "atomic_write_bytes", "atomic_write_with", "atomic_write_json", "sha256_file", "table_bytes",
     "npy_bytes", "problem_dir", "long_dir", "tree_dir",
 ]
 
@@ -52,18 +52,18 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> str:
-    """Write ``data`` to ``path`` atomically; return its sha256 (hex).
-
-    Temp file in the same directory, fsync, ``os.replace``, fsync of the
-    directory: a reader sees the old file or the new one, never a part.
+def atomic_write_with(path: str | os.PathLike, write) -> Path:
+    """Write ``path`` atomically through ``write(file)``: temp file in the same directory, fsync,
+    the user's usual file mode, ``os.replace``, fsync of the directory. A reader sees the old
+    file or the new one, never a part; if ``write`` raises, the temp file is removed and the old
+    file stays.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the user's usual mode
@@ -82,6 +82,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> str:
             os.close(dfd)
     except OSError:  # some filesystems refuse fsync on a directory; the rename is still atomic
         pass
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> str:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_write_with`); return its sha256 (hex)."""
+    atomic_write_with(path, lambda f: f.write(data))
     return hashlib.sha256(data).hexdigest()
 
 
