@@ -12,34 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-
-def parse_value(text: str):
-    """A ``--set`` value: int, float, true/false, none, a comma list of those, else the string.
-
-    Non-finite numbers (``nan``, ``inf``) stay strings, so the policy's own check
-    rejects them by name ("must be a number, got 'nan'").
-    """
-    t = str(text).strip()
-    low = t.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    if low in ("none", "null"):
-        return None
-    try:
-        return int(t)
-    except ValueError:
-        pass
-    try:
-        v = float(t)
-        if math.isfinite(v):
-            return v
-    except ValueError:
-        pass
-    if "," in t:
-        return [parse_value(x) for x in t.split(",")]
-    return t
+from policies.registry import parse_value  # noqa: F401  (one parser: the CLI, the dashboard, calibrate)
 
 
 def parse_sets(items, flag: str) -> dict:

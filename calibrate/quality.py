@@ -52,13 +52,9 @@ class QualityConfig:
     @classmethod
     def from_args(cls, a) -> "QualityConfig":
         pols = tuple(p.strip() for p in a.policies.split(",")) if a.policies else EVICTION_POLICIES
-        from policies import get_policy, PolicyError
         for p in pols:
-            try:
-                if get_policy(p).kind != "token":
-                    raise ValueError(f"--policies: {p!r} is not a token-eviction policy")
-            except PolicyError as exc:
-                raise ValueError(f"--policies: {exc}") from None
+            if _make_policy(p).kind != "token":
+                raise ValueError(f"--policies: {p!r} is not a token-eviction policy")
         try:
             comp = tuple(float(x) for x in a.compression.split(","))
         except ValueError:
@@ -69,6 +65,14 @@ class QualityConfig:
             raise ValueError("--long-decode: must be >= 32 tokens")
         return cls(model=a.model, device=a.device, seed=a.seed, threads=a.threads, problems=a.problems,
                    long_decode=a.long_decode, policies=pols, compression=comp)
+
+
+def _make_policy(spec: str, **overrides):
+    from policies.registry import PolicyError, policy_from_spec
+    try:
+        return policy_from_spec(spec, **overrides)
+    except PolicyError as exc:
+        raise ValueError(f"--policies: {exc}") from None
 
 
 def repetition_rate(ids: list[int], n: int = 4) -> float:
@@ -148,9 +152,9 @@ def run_quality(cfg: QualityConfig, out: Path, progress: bool = True) -> dict:
             p_full = ref_lp.exp()
             for name in cfg.policies:
                 for ratio in cfg.compression:
-                    base = get_policy(name)
+                    base = _make_policy(name)
                     K = _budget(total, ratio, cfg.buffer, base.sinks)
-                    pol = get_policy(name, budget=K, buffer=cfg.buffer)
+                    pol = _make_policy(name, budget=K, buffer=cfg.buffer)
                     rngs = lambda: [np.random.default_rng([cfg.seed, p.index, l]) for l in range(L)]  # noqa: E731
                     c = EvictingCache(L, pol, P, lm.n_kv_heads, rngs()).attach(lm.model)
                     with c:

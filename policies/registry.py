@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from . import blocks, composite, exit, sharing, tokens  # noqa: F401  (imports register the classes)
@@ -61,3 +62,55 @@ def get_policy(name: str, **params: Any):
         raise PolicyError(f"policy {name!r}: unknown parameter(s) {', '.join(map(repr, unknown))}; "
                           f"valid: {', '.join(valid) if valid else '(none)'}")
     return cls(**params)
+
+
+def parse_value(text: str):
+    """A ``--set`` value: int, float, true/false, none, a comma list of those, else the string.
+
+    Non-finite numbers (``nan``, ``inf``) stay strings, so the policy's own check
+    rejects them by name ("must be a number, got 'nan'").
+    """
+    t = str(text).strip()
+    low = t.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    if low in ("none", "null"):
+        return None
+    try:
+        return int(t)
+    except ValueError:
+        pass
+    try:
+        v = float(t)
+        if math.isfinite(v):
+            return v
+    except ValueError:
+        pass
+    if "," in t:
+        return [parse_value(x) for x in t.split(",")]
+    return t
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``NAME`` or ``NAME:key=value[:key=value...]`` (an ablation such as ``vase-attnv:value_frac=0``)
+    → ``(name, params)``, values read by :func:`parse_value`; a bad spec raises :class:`PolicyError`."""
+    name, *sets = [x.strip() for x in str(spec).split(":")]
+    params: dict[str, Any] = {}
+    for kv in sets:
+        if "=" not in kv or not kv.split("=", 1)[0].strip():
+            raise PolicyError(f"{spec!r}: {kv!r} is not key=value")
+        k, v = kv.split("=", 1)
+        params[k.strip()] = parse_value(v)
+    return name, params
+
+
+def policy_from_spec(spec: str, **overrides: Any):
+    """A policy from a :func:`parse_spec` spec; ``overrides`` win. Bad specs raise :class:`PolicyError`
+    naming the spec."""
+    name, params = parse_spec(spec)
+    try:
+        return get_policy(name, **{**params, **overrides})
+    except PolicyError as exc:
+        raise PolicyError(f"{spec!r}: {exc}") from None
