@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: install run test test-fast bench capture app clean reference-check
+.PHONY: install run test test-fast bench capture app clean reference-check reproduce reproduce-traces reproduce-measured
 
 install: $(STAMP)
 
@@ -60,6 +60,22 @@ $(REFVENV)/.kvpress-installed: Makefile
 
 reference-check: $(STAMP) $(REFVENV)/.kvpress-installed
 	$(PY) scripts/reference_check.py --kvpress-python $(REFVENV)/bin/python --out runs/reference-check
+
+# The papers' claims, one row each with a verdict (docs/reproduction/report.{md,html}, claims.json),
+# from the stored traces (examples/reproduce/) and real-module runs (docs/reproduction/measured/).
+reproduce: $(STAMP)
+	$(RKSIM) reproduce --out docs/reproduction/
+
+# Re-captures the traces `make reproduce` reads (resumable; about 2 CPU-hours on one thread each).
+reproduce-traces: $(STAMP)
+	RKSIM=$(RKSIM) scripts/reproduce_traces.sh
+
+# The real-module runs the report's "measured" column reads (about 30 minutes on 2 cores).
+reproduce-measured: $(STAMP)
+	$(RKSIM) calibrate quality --problems 4 --long-decode 128 --compression 4 \
+	  --policies "streamingllm,h2o,snapkv,rkv,curdkv,vase-attnv,vase-attnv:value_frac=0,vase-attnv:deterministic=true,vase-dkv,vase-dkv:value_frac=0,vase-dkv:deterministic=true" \
+	  --out docs/reproduction/measured/quality-smollm2
+	$(RKSIM) calibrate speedup --problems 2 --depth 2 --out docs/reproduction/measured/speedup-smollm2
 
 app: $(STAMP)
 	$(RKSIM) dashboard

@@ -154,7 +154,9 @@ def register(sub) -> None:
     _model_flags(p)
     p.add_argument("--problems", type=int, default=2, help="problems to run")
     p.add_argument("--long-decode", type=int, default=128, help="tokens generated per sequence")
-    p.add_argument("--policies", default=None, help="comma list of token-eviction policies (default: all)")
+    p.add_argument("--policies", default=None,
+                   help="comma list of token-eviction policies, each NAME or NAME:key=value[:key=value] (an "
+                        "ablation, e.g. vase-attnv:value_frac=0) (default: all at their defaults)")
     p.add_argument("--compression", default="2,4,8", help="comma list of compression ratios")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--json", action="store_true", help="print JSON")
