@@ -106,3 +106,37 @@ def test_param_choices_cover_every_string_parameter_and_are_enforced():
                 get_policy(name, **{field: v})
             with pytest.raises(PolicyError, match=field):
                 get_policy(name, **{field: "no-such-choice"})
+
+
+def test_policy_specs_name_an_ablation_and_refuse_bad_text():
+    import pytest
+    from policies import PolicyError
+    from policies.registry import parse_spec, policy_from_spec
+    assert parse_spec("vase-attnv") == ("vase-attnv", {})
+    assert parse_spec(" vase-dkv : value_frac=0 : deterministic=true ") == (
+        "vase-dkv", {"value_frac": 0, "deterministic": True})
+    p = policy_from_spec("vase-attnv:value_frac=0.25:temperature=0.5", budget=40)
+    assert (p.value_frac, p.temperature, p.budget) == (0.25, 0.5, 40)
+    assert policy_from_spec("h2o:budget=7", budget=9).budget == 9          # overrides win
+    with pytest.raises(PolicyError, match=r"'h2o:budget'.*not key=value"):
+        parse_spec("h2o:budget")
+    with pytest.raises(PolicyError, match=r"'h2o:=3'"):
+        parse_spec("h2o:=3")
+    with pytest.raises(PolicyError, match=r"'h2o:bogus=1'.*unknown parameter"):
+        policy_from_spec("h2o:bogus=1")
+    with pytest.raises(PolicyError, match=r"value_frac"):
+        policy_from_spec("vase-attnv:value_frac=2")
+
+
+def test_calibrate_quality_takes_ablation_specs():
+    import argparse
+    import pytest
+    from calibrate.quality import QualityConfig
+    a = argparse.Namespace(model="m", device="cpu", seed=0, threads=1, problems=1, long_decode=64,
+                           policies="vase-attnv,vase-attnv:value_frac=0", compression="4")
+    assert QualityConfig.from_args(a).policies == ("vase-attnv", "vase-attnv:value_frac=0")
+    for bad, msg in (("vase-attnv:bogus=1", "unknown parameter"), ("asks", "not a token-eviction"),
+                     ("vase-attnv:x", "not key=value")):
+        a.policies = bad
+        with pytest.raises(ValueError, match=rf"--policies: .*{msg}"):
+            QualityConfig.from_args(a)
