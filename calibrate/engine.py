@@ -123,11 +123,7 @@ def _layerwise_verify(lm, x, cache, pos, mask, yes, no, exit_policy, timer, n_ne
                 alive = alive[~stop]
                 if alive.size == 0:
                     break
-                st.hidden = st.hidden.index_select(0, keep)
-                st.position_ids = st.position_ids.index_select(0, keep)
-                st.position_embeddings = tuple(t.index_select(0, keep) for t in st.position_embeddings)
-                if st.mask is not None and st.mask.shape[0] > 1:
-                    st.mask = st.mask.index_select(0, keep)
+                st.select_rows(keep)
                 if cache is not None:
                     for lay in cache.layers[l:]:   # the layers still to run see only the live rows
                         lay.keys = lay.keys.index_select(0, keep)

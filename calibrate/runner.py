@@ -182,8 +182,11 @@ def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffi
         full = [b for b in range(B) if plan.reused[b] == 0 and not plan.share_root[b]]
         x, mask, pos = CO.left_pad([ids[b].tolist() for b in full], pad_id, lm.device)
         T0 = x.shape[1]
+        # Views are cut out of this KV when some branch reuses it: a sliding-window layer must
+        # then keep every token (calibrate.kv); otherwise the model's own cache, as capture's.
+        keep_all = KV.full_kv_cache(lm.model) if len(full) < B else None
         with timer.phase("prefill") as row:
-            logits, cache, _ = CO.prefill(lm, x, mask, pos)
+            logits, cache, _ = CO.prefill(lm, x, mask, pos, cache=keep_all)
             row.items([T0] * len(full), [0] * len(full))
         if len(full) == B:
             batch, bmask, first, lens = cache, mask, logits, [T0] * B
