@@ -9,12 +9,14 @@ groups); a hardware profile turns them into seconds
           + samples * sample_s_per_vocab + iters * host_per_iter_s [+ graph_kernels * per_kernel_graph_s]
 
 with ``roof`` the whole-iteration roofline ``max(flops / (peak eff_c), bytes / (bw eff_m))``
+(weights of a one-token-row forward at ``bw eff_mv``)
 or the per-operator one (sum over operators of the same max, plus element-wise
 traffic). ``peak`` and ``bw`` stay at the base profile's values (datasheet
 numbers: only their products with the efficiencies are identifiable); the fit
 finds ``eff_c``, ``eff_m``, ``per_kernel_s``, ``per_layer_s``,
 ``sample_s_per_vocab``, ``host_per_iter_s`` (and ``per_kernel_graph_s`` where a
-phase replayed a CUDA graph) minimising the robust (soft-L1) sum of *relative*
+phase replayed a CUDA graph, ``eff_mv`` where a forward had a single token row,
+the matrix-vector regime of :mod:`sim.cost`) minimising the robust (soft-L1) sum of *relative*
 residuals ``(t_model - t_measured) / t_measured`` with
 :func:`scipy.optimize.least_squares` — relative, so that a 20 ms decode step
 counts as much as a 7 s prefill. Efficiencies are fitted in log space (always
@@ -47,7 +49,9 @@ from sim.profiles import ROOFLINES, HardwareProfile, ModelShape, PRESET_DIR, Pre
 _LINEAR = (("per_kernel_s", "kernels", 1e-6), ("per_layer_s", "layers", 1e-6),
            ("sample_s_per_vocab", "samples", 1e-9), ("host_per_iter_s", "iters", 1e-6),
            ("per_kernel_graph_s", "graph_kernels", 1e-6))
-FIT_PARAMS = ("eff_c", "eff_m") + tuple(p for p, _, _ in _LINEAR)
+# eff_mv: the matrix-vector regime's efficiency (weights of one-token-row forwards), fitted in log space
+# like the roofline's where a phase has one token row; else it stays at the base profile's (None: eff_m)
+FIT_PARAMS = ("eff_c", "eff_m", "eff_mv") + tuple(p for p, _, _ in _LINEAR)
 _IDX = {k: i for i, k in enumerate(C.TERM_NAMES)}
 # decode phases sample every row once per step (runs recorded before the `sampled` column)
 _SAMPLING_PHASES = ("decode",)
@@ -102,11 +106,19 @@ def predict(hw: HardwareProfile, terms: np.ndarray, roofline: str | None = None)
     return np.asarray(hw.time(C.OpTerms.from_array(_full(terms)), roofline=roofline), dtype=np.float64)
 
 
+def _n_log(free: list[str]) -> int:
+    """Parameters in log space at the front of x: eff_c, eff_m and, where fitted, eff_mv."""
+    return 3 if "eff_mv" in free else 2
+
+
 def _with(hw: HardwareProfile, x: np.ndarray, free: list[str], roofline: str) -> HardwareProfile:
     kw = {"eff_c": float(math.exp(x[0])), "eff_m": float(math.exp(x[1])), "roofline": roofline}
+    nl = _n_log(free)
+    if nl == 3:
+        kw["eff_mv"] = float(math.exp(x[2]))
     scale = {p: sc for p, _, sc in _LINEAR}
-    for i, p in enumerate(free):
-        kw[p] = float(x[2 + i] * scale[p])
+    for i, p in enumerate(q for q in free if q != "eff_mv"):
+        kw[p] = float(x[nl + i] * scale[p])
     return dataclasses.replace(hw, **kw)
 
 
@@ -130,11 +142,13 @@ def _fit_one(base, A, y, roofline, loss, f_scale, free):
         return (predict(_with(base, x, free, roofline), A) - y) / y
 
     best = None
+    nl = _n_log(free)
+    nlin = len(free) - (nl - 2)
     # A few starts: the max() makes the objective piecewise; pick the best local optimum.
     for ec, em in ((1.0, 1.0), (0.1, 0.1), (0.01, 1.0), (1.0, 0.01), (0.3, 0.03)):
-        x0 = np.array([math.log(ec), math.log(em)] + [1.0] * len(free))
-        r = least_squares(resid, x0, bounds=([-20, -20] + [0] * len(free), [5, 5] + [1e7] * len(free)),
-                          loss=loss, f_scale=f_scale, x_scale=[1.0, 1.0] + [10.0] * len(free), method="trf",
+        x0 = np.array([math.log(ec), math.log(em)] + [math.log(em)] * (nl - 2) + [1.0] * nlin)
+        r = least_squares(resid, x0, bounds=([-20] * nl + [0] * nlin, [5] * nl + [1e7] * nlin),
+                          loss=loss, f_scale=f_scale, x_scale=[1.0] * nl + [10.0] * nlin, method="trf",
                           max_nfev=4000)
         if best is None or r.cost < best.cost:
             best = r
@@ -156,7 +170,8 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
         raise ValueError("fit: measured seconds must be finite and > 0")
     # A coefficient is fitted only if some phase exercises its term and it is not the same
     # column as another's (a CUDA graph's kernels are fitted only where a phase replayed one).
-    free = [p for p, t, _ in _LINEAR if np.any(A[_IDX[t]] > 0)]
+    free = (["eff_mv"] if np.any(A[_IDX["b_lin_mv"]] > 0) else []) + [p for p, t, _ in _LINEAR
+                                                                        if np.any(A[_IDX[t]] > 0)]
     if y.size < 2 + len(free):
         raise ValueError(f"fit: {y.size} measured phases; need at least {2 + len(free)}")
     modes = ROOFLINES if roofline == "auto" else (roofline,)
@@ -214,6 +229,7 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
         "sample_s_per_vocab": float(p.sample_s_per_vocab), "host_per_iter_s": float(p.host_per_iter_s),
         "per_kernel_graph_s": None if p.per_kernel_graph_s is None else float(p.per_kernel_graph_s),
         "roofline": p.roofline, "eff_elem": None if p.eff_elem is None else float(p.eff_elem),
+        "eff_mv": None if p.eff_mv is None else float(p.eff_mv),
         "calibrated": True, "provisional": False, "fitted_range": frange, "device": device,
         "fitted_on": fitted_on,
         "calibration_note": calibration_note or (f"fitted end to end on {device} ({fitted_on.get('model')} "

@@ -556,11 +556,14 @@ def rescore(run_dir: Path, hardware: str | None = None, clock: str | None = None
             "hardware_source": info["hardware_source"], "clock": cfg.clock}
 
 
-def phases_table(rows: pd.DataFrame, clock: str) -> pd.DataFrame:
-    """The iterations as ``calibrate run``'s ``phases.parquet`` rows (one forward each, seconds on ``clock``).
+def phases_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """The iterations as ``calibrate run``'s ``phases.parquet`` rows (one forward + its sampling each).
 
     So ``rksim calibrate fit DIR`` fits a hardware profile on serving iterations
     (every row counts as an op-sweep row, ``problem = -1``: an iteration mixes problems).
+    ``seconds`` is wall time and ``cpu_seconds`` the thread's CPU time, as ``calibrate run``
+    records them (``calibrate fit --clock`` picks one); ``sampled`` counts the rows sampled, so
+    the sampling term is fitted on them.
     """
     from calibrate.timing import PhaseRow, phases_frame
 
@@ -568,7 +571,9 @@ def phases_table(rows: pd.DataFrame, clock: str) -> pd.DataFrame:
     for r in rows.itertuples(index=False):
         row = PhaseRow("serve-iteration", kind="forward", problem=-1, policy="serve").items(
             list(r.n), list(r.c), logits=[1 if x else 0 for x in r.sample])
-        row.seconds = float(getattr(r, f"{clock}_s"))
+        row.seconds = float(r.wall_s)
+        row.cpu_seconds = float(r.cpu_s)
+        row.sampled = int(sum(bool(x) for x in r.sample))
         out.append(row)
     return phases_frame(out)
 
@@ -627,7 +632,7 @@ def run_serve(cfg: ServeConfig, out: Path | None = None, progress: bool = True, 
         write_run(Path(out), {
             "iterations.parquet": _parquet_bytes(it),
             "requests.parquet": _parquet_bytes(rq),
-            "phases.parquet": _parquet_bytes(phases_table(rows, cfg.clock)),
+            "phases.parquet": _parquet_bytes(phases_table(rows)),
             "run.json": (json.dumps(run_json, indent=1, sort_keys=True, default=float) + "\n").encode(),
             SUMMARY_FILE: (json.dumps(summary, indent=1, sort_keys=True, default=float) + "\n").encode(),
         })

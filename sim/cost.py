@@ -5,8 +5,11 @@ An operation is first reduced to hardware-independent *terms*
 model shape alone; a :class:`sim.profiles.HardwareProfile` turns terms into
 seconds::
 
-    t = max(flops / (peak * eff_c), bytes / (bw * eff_m)) + kernels * per_kernel_s + layers * per_layer_s
-        + samples * sample_s_per_vocab + iters * host_per_iter_s
+    t = max(flops / (peak * eff_c), (bytes - b_mv) / (bw * eff_m) + b_mv / (bw * eff_mv))
+        + kernels * per_kernel_s + layers * per_layer_s + samples * sample_s_per_vocab + iters * host_per_iter_s
+
+with ``b_mv = b_lin_mv + b_head_mv`` the weight bytes read by matrix-vector
+products (below; ``eff_mv`` None means ``eff_m``, and the formula is the plain roofline)
 
 (the per-operator roofline and CUDA-graph kernels: :class:`sim.profiles.HardwareProfile`).
 Keeping the two apart is what lets ``calibrate`` fit ``eff_c``, ``eff_m``,
@@ -44,6 +47,22 @@ subset of the totals above, except ``b_elem``)::
     f_head = 2 d V sum_i (p_i + g_i),   b_head = s (max p + max g) d V  # LM head, probes
     b_elem = s sum_i n_i l_i (10 d + 2 (H + Hkv) Dh + 3 F)             # norms, RoPE, act*mul, residual adds
 
+Matrix-vector regime (one token row)::
+
+    b_lin_mv  = b_lin  [sum_i n_i == 1]        # the weight bytes of linear layers read by a GEMV
+    b_head_mv = b_head [sum_i n_i == 1]        # and of the LM head
+
+A forward whose linear layers see a single token row (one sequence
+decoding, nothing else in the iteration) multiplies every weight matrix by a
+vector: BLAS takes its matrix-vector path, which streams the weights once,
+while two or more rows take the matrix-matrix path, which packs the weight
+panels first and costs much more per byte at small M (measured on SmolLM2,
+one CPU thread: 37-41 ms for a 1-row decode, 59-65 ms for 2 rows). The
+profile prices these bytes at their own efficiency, ``eff_mv``
+(:class:`sim.profiles.HardwareProfile`; None = ``eff_m``: off, the same
+formula as before). Both terms are subsets of ``b_lin`` / ``b_head``, and of
+``bytes``. Logit-lens probes (``probe_terms``) are not counted here.
+
 ``b_elem`` is the element-wise traffic (2 RMSNorms read+write ``d``, RoPE on q
 and k, SiLU*mul reads ``2F`` writes ``F``, 2 residual adds read ``2d`` write
 ``d``) that the whole-iteration roofline treats as fused away; the rest of
@@ -71,7 +90,7 @@ K_PROBE = 3
 
 # Every field of OpTerms, in order: the rows of the calibration design matrix (``as_full_array``).
 TERM_NAMES = ("flops", "bytes", "kernels", "layers", "samples", "iters", "graph_kernels",
-              "f_lin", "b_lin", "f_att", "b_att", "f_head", "b_head", "b_elem")
+              "f_lin", "b_lin", "f_att", "b_att", "f_head", "b_head", "b_elem", "b_lin_mv", "b_head_mv")
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,8 @@ class OpTerms:
     f_head: np.ndarray | float = 0.0
     b_head: np.ndarray | float = 0.0
     b_elem: np.ndarray | float = 0.0         # element-wise traffic: charged by the per-operator roofline only
+    b_lin_mv: np.ndarray | float = 0.0       # the part of b_lin read by matrix-vector products (one token row)
+    b_head_mv: np.ndarray | float = 0.0      # the part of b_head read by matrix-vector products (one token row)
 
     def __add__(self, other: "OpTerms") -> "OpTerms":
         """Two operations run one after the other (not batched)."""
@@ -187,6 +208,7 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     bytes_ = (b_lin + b_head + b_att + s * np.sum(runs * 2.0 * d * n, axis=-1)
               + s * np.sum(w * 2.0 * cp, axis=-1) * L * kv_tok)
     b_elem = np.sum(runs * n * ell, axis=-1) * elem_bytes_per_token_layer(m)
+    mv = (np.sum(runs * n, axis=-1) == 1.0) * 1.0   # one token row: every product is a matrix-vector one
     r = (g > 0) * 1.0 if sampled is None else np.broadcast_to(np.asarray(sampled, dtype=np.float64), n.shape)
     samples = np.sum(runs * r, axis=-1) * float(V)
     kernels = np.where(lmax > 0, K_LAYER * lmax + K_FWD, 0.0) + K_PROBE * pmax + cp_any
@@ -196,7 +218,8 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
         kernels, gk = zero, kernels
     else:
         gk = zero
-    return OpTerms(flops, bytes_, kernels, lmax, samples, iters, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, b_elem)
+    return OpTerms(flops, bytes_, kernels, lmax, samples, iters, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, b_elem,
+                   mv * b_lin, mv * b_head)
 
 
 def prefill_terms(m: ModelShape, n_new, n_cached=0) -> OpTerms:
@@ -300,6 +323,8 @@ class ScalarCost:
         self.per_op = getattr(hw, "roofline", "iteration") == "operator"
         ee = getattr(hw, "eff_elem", None)
         self.rate_e = hw.mem_bw * (hw.eff_m if ee is None else ee)
+        mv = getattr(hw, "eff_mv", None)
+        self.rate_mv = hw.mem_bw * (hw.eff_m if mv is None else mv)
 
     def seconds(self, items) -> float:
         """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled])`` tuples (layers None = L).
@@ -314,6 +339,7 @@ class ScalarCost:
         rows = 0.0
         lmax = pmax = gmax = 0.0
         cp_any = 0.0
+        rows_n = 0.0
         L = self.L
         for it in items:
             n, c, ell, p, g, copy = it[:6]
@@ -325,6 +351,7 @@ class ScalarCost:
                 kv += ell * self.kvt * (c + n)
                 emb += 2.0 * self.d * n
                 nl += n * ell
+                rows_n += n
                 rows += (it[6] if len(it) > 6 else (1.0 if g > 0 else 0.0))
                 if ell > lmax:
                     lmax = ell
@@ -341,12 +368,14 @@ class ScalarCost:
         b_att = self.s * kv
         b_rest = self.s * (emb + cp * L * self.kvt)
         rc, rm = self.rate_c, self.rate_m
+        # one token row: the weights are read by matrix-vector products, priced at eff_mv
+        rw = self.rate_mv if rows_n == 1.0 else rm
         if self.per_op:
-            t = (max(f_lin / rc, b_lin / rm) + max(f_att / rc, b_att / rm) + max(f_head / rc, b_head / rm)
+            t = (max(f_lin / rc, b_lin / rw) + max(f_att / rc, b_att / rm) + max(f_head / rc, b_head / rw)
                  + b_rest / rm + nl * self.elem / self.rate_e)
         else:
             t = (f_lin + f_att + f_head) / rc
-            tm = (b_lin + b_head + b_att + b_rest) / rm
+            tm = (b_lin + b_head) / rw + (b_att + b_rest) / rm
             t = t if t > tm else tm
         kernels = (K_LAYER * lmax + K_FWD if lmax > 0 else 0.0) + K_PROBE * pmax + cp_any
         return (t + kernels * self.pk + lmax * self.pl + rows * self.V * self.ps
@@ -362,6 +391,7 @@ def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False) 
         flops_j = k_j (2 P L + 2 d V) + 4 H Dh L S_j
         bytes_j = s [ (L P + d V) [k_j > 0] + L 2 Hkv Dh S_j + 2 d k_j ]
         samples_j = k_j V,  iters_j = [k_j > 0]
+        b_lin_mv_j = s L P [k_j == 1],  b_head_mv_j = s d V [k_j == 1]
     """
     c = np.asarray(contexts, dtype=np.float64)
     w = np.asarray(mask, dtype=bool)
@@ -380,5 +410,7 @@ def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False) 
     kern = anyk * (K_LAYER * L + K_FWD)
     zero = 0.0 * kern
     kernels, gk = (zero, kern) if cuda_graph else (kern, zero)
+    one = (k == 1).astype(np.float64)
     return OpTerms(f_lin + f_head + f_att, bytes_, kernels, anyk * L, k * V, anyk, gk,
-                   f_lin, b_lin, f_att, b_att, f_head, b_head, k * L * elem_bytes_per_token_layer(m))
+                   f_lin, b_lin, f_att, b_att, f_head, b_head, k * L * elem_bytes_per_token_layer(m),
+                   one * b_lin, one * b_head)

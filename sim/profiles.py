@@ -160,6 +160,12 @@ class HardwareProfile:
     iteration); ``per_kernel_graph_s`` (None: ``per_kernel_s``) prices kernels replayed
     from a CUDA graph.
 
+    Matrix-vector regime: the weight bytes of a forward with a single token row
+    (``b_lin_mv``, ``b_head_mv``: BLAS's GEMV path) are read at ``mem_bw * eff_mv``
+    instead of ``rm`` (None: ``eff_m``, off). In the per-operator roofline the linear
+    and LM-head operators become ``max(f / rc, (b - b_mv) / rm + b_mv / rmv)``; in the
+    whole-iteration one ``roof = max(flops / rc, (bytes - b_mv) / rm + b_mv / rmv)``.
+
     ``fitted_range`` (None for analytical datasheet profiles) bounds the
     queries a *fitted* profile may answer: ``max_context_tokens``,
     ``max_new_tokens`` (tokens of one forward item), ``max_batch``, ``models``
@@ -187,6 +193,7 @@ class HardwareProfile:
     per_kernel_graph_s: float | None = None
     roofline: str = "iteration"
     eff_elem: float | None = None   # element-wise kernels' fraction of bandwidth (None: eff_m); operator roofline only
+    eff_mv: float | None = None     # matrix-vector products' (one token row) fraction of bandwidth (None: eff_m)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -194,10 +201,11 @@ class HardwareProfile:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive number, got {v!r}")
-        if self.eff_elem is not None and (isinstance(self.eff_elem, bool) or not isinstance(self.eff_elem, (int, float))
-                                          or not np.isfinite(self.eff_elem) or self.eff_elem <= 0):
-            raise PresetError(f"hardware preset {self.source or self.name}: field 'eff_elem' must be a positive "
-                              f"number or null, got {self.eff_elem!r}")
+        for f in ("eff_elem", "eff_mv"):
+            v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0):
+                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
+                                  f"number or null, got {v!r}")
         for f in ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s"):
             v = getattr(self, f)
             if v is None and f == "per_kernel_graph_s":
@@ -230,19 +238,22 @@ class HardwareProfile:
         """
         rc = self.peak_flops * self.eff_c
         rm = self.mem_bw * self.eff_m
+        rmv = self.mem_bw * (self.eff_m if self.eff_mv is None else self.eff_mv)
         mode = roofline or self.roofline
         g = getattr
+        blm, bhm = g(terms, "b_lin_mv", 0.0), g(terms, "b_head_mv", 0.0)
         if mode == "operator":
             fl, bl = g(terms, "f_lin", 0.0), g(terms, "b_lin", 0.0)
             fa, ba = g(terms, "f_att", 0.0), g(terms, "b_att", 0.0)
             fh, bh = g(terms, "f_head", 0.0), g(terms, "b_head", 0.0)
             fr = np.maximum(terms.flops - fl - fa - fh, 0.0)
             br = np.maximum(terms.bytes - bl - ba - bh, 0.0)
-            roof = (np.maximum(fl / rc, bl / rm) + np.maximum(fa / rc, ba / rm) + np.maximum(fh / rc, bh / rm)
+            roof = (np.maximum(fl / rc, (bl - blm) / rm + blm / rmv) + np.maximum(fa / rc, ba / rm)
+                    + np.maximum(fh / rc, (bh - bhm) / rm + bhm / rmv)
                     + np.maximum(fr / rc, br / rm)
                     + g(terms, "b_elem", 0.0) / (self.mem_bw * (self.eff_m if self.eff_elem is None else self.eff_elem)))
         elif mode == "iteration":
-            roof = np.maximum(terms.flops / rc, terms.bytes / rm)
+            roof = np.maximum(terms.flops / rc, (terms.bytes - blm - bhm) / rm + (blm + bhm) / rmv)
         else:
             raise ValueError(f"roofline: {mode!r} is not one of {', '.join(ROOFLINES)}")
         pkg = self.per_kernel_s if self.per_kernel_graph_s is None else self.per_kernel_graph_s
@@ -401,7 +412,7 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
             raise PresetError(f"{path}: missing field {req!r}")
     data.setdefault("name", path.stem)
     for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s",
-              "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem"):
+              "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem", "eff_mv"):
         if k in data and isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
             try:
                 data[k] = float(data[k])

@@ -175,6 +175,28 @@ def test_compare_counts_a_differing_iteration():
     assert res["throughput_error"] == pytest.approx(1 / 1.1 - 1)
 
 
+def test_phases_table_records_both_clocks_and_the_rows_sampled():
+    """What `calibrate fit DIR` reads from a serve run: CPU time as cpu_seconds (not wall time under
+    another name), wall time as seconds, and the rows sampled, so the sampling term is fitted on them."""
+    from calibrate.fit import phase_terms
+    from calibrate.timing import select_clock
+    from sim.cost import TERM_NAMES
+    from sim.profiles import load_model
+
+    rows = pd.DataFrame({"n": [[30, 1, 1], [1]], "c": [[0, 40, 50], [41]], "sample": [[False, True, True], [True]],
+                         "wall_s": [0.9, 0.2], "cpu_s": [0.5, 0.04]})
+    ph = S.phases_table(rows)
+    assert list(ph["seconds"]) == [0.9, 0.2] and list(ph["cpu_seconds"]) == [0.5, 0.04]
+    assert list(ph["sampled"]) == [2, 1]
+    secs, _, used, _ = select_clock(ph, None, "cpu", "cpu")
+    assert used == "cpu" and list(secs) == [0.5, 0.04]
+    A = phase_terms(load_model("smollm2-135m"), ph)
+    V = load_model("smollm2-135m").vocab_size
+    assert list(A[TERM_NAMES.index("samples")]) == [2 * V, V]
+    mv = A[TERM_NAMES.index("b_lin_mv")]
+    assert mv[0] == 0 and mv[1] == A[TERM_NAMES.index("b_lin")][1] > 0   # the lone decode is a GEMV
+
+
 def test_write_run_is_atomic_and_never_clobbers_other_folders(tmp_path):
     out = tmp_path / "run"
     S.write_run(out, {S.SUMMARY_FILE: b"{}\n", "iterations.parquet": b"x"})

@@ -281,3 +281,66 @@ def test_half_split_is_counterbalanced_in_run_order():
     assert {tuple(split_problems(list(range(8)), 0.5, s)[1]) for s in range(6)} == {(0, 3, 4, 7), (1, 2, 5, 6)}
     fit, hold = split_problems([5, 9], 0.5, 0)
     assert fit and hold
+
+
+# ----------------------------------------------------------------------------- matrix-vector regime
+
+def test_mv_bytes_only_for_a_single_token_row():
+    one = C.batch_terms(SMOL, [1], [140])
+    assert float(one.b_lin_mv) == float(one.b_lin) > 0 and float(one.b_head_mv) == float(one.b_head) > 0
+    for n, c in (([1, 1], [140, 90]), ([5], [0]), ([1, 40], [100, 0])):
+        t = C.batch_terms(SMOL, n, c)
+        assert float(t.b_lin_mv) == 0.0 and float(t.b_head_mv) == 0.0, (n, c)
+    # a masked-out second item leaves one row: a GEMV again
+    t = C.batch_terms(SMOL, [1, 1], [140, 90], mask=[True, False])
+    assert float(t.b_lin_mv) == float(t.b_lin)
+    # the closed-form decode steps agree row by row
+    cc = np.array([[10.0, 0.0], [5.0, 7.0]])
+    a, b = C.decode_steps_terms(SMOL, cc, cc > 0), C.batch_terms(SMOL, np.ones_like(cc), cc, mask=cc > 0)
+    assert np.array_equal(a.b_lin_mv, b.b_lin_mv) and np.array_equal(a.b_head_mv, b.b_head_mv)
+    assert a.b_lin_mv[0] > 0 and a.b_lin_mv[1] == 0
+
+
+@pytest.mark.parametrize("roofline", ["iteration", "operator"])
+def test_eff_mv_prices_one_row_weights_and_nothing_else(roofline):
+    hw = dataclasses.replace(TRUE, roofline=roofline)
+    mv = dataclasses.replace(hw, eff_mv=3.0)
+    one, two = C.batch_terms(SMOL, [1], [140]), C.batch_terms(SMOL, [1, 1], [140, 90])
+    pre = C.batch_terms(SMOL, [300], [0])
+    # off (None) is the old formula, and eff_mv = eff_m is the same as off
+    assert float(dataclasses.replace(hw, eff_mv=hw.eff_m).time(one)) == pytest.approx(float(hw.time(one)), rel=1e-12)
+    for t in (two, pre):
+        assert float(mv.time(t)) == float(hw.time(t))
+    # one row, memory-bound: the weights' bytes move from eff_m to eff_mv
+    w = float(one.b_lin + one.b_head)
+    want = w / (hw.mem_bw * hw.eff_m) - w / (hw.mem_bw * 3.0)
+    assert float(hw.time(one)) - float(mv.time(one)) == pytest.approx(want, rel=1e-9)
+    # the scalar path the engine uses agrees
+    sc = C.ScalarCost(SMOL, mv)
+    for items, t in (([(1, 140, None, 0, 1, 0)], one), ([(1, 140, None, 0, 1, 0), (1, 90, None, 0, 1, 0)], two)):
+        assert sc.seconds(items) == pytest.approx(float(mv.time(t)), rel=1e-12)
+
+
+def test_fit_recovers_eff_mv():
+    rng = np.random.default_rng(4)
+    df = phases_frame(_rows(rng))
+    A = phase_terms(SMOL, df)
+    true = dataclasses.replace(TRUE, eff_mv=2.5)
+    y = predict(true, A) * np.exp(rng.normal(0, 0.003, A.shape[1]))
+    res = fit_profile(BASE, A, y)
+    assert "eff_mv" in res.fitted
+    assert res.profile.eff_mv == pytest.approx(2.5, rel=0.1)
+    assert res.profile.eff_m == pytest.approx(true.eff_m, rel=0.1)
+    # no one-row phase: eff_mv is not identified and stays the base's (off)
+    keep = (df["batch"] > 1) | (df["n_new"] > 1) | (df["kind"] != "forward")
+    res2 = fit_profile(BASE, A[:, keep.to_numpy()], y[keep.to_numpy()])
+    assert "eff_mv" not in res2.fitted and res2.profile.eff_mv is None
+
+
+def test_eff_mv_in_presets(tmp_path):
+    with pytest.raises(ValueError, match="eff_mv"):
+        dataclasses.replace(BASE, eff_mv=0.0)
+    p = tmp_path / "hw.yaml"
+    p.write_text("peak_flops: 1e11\nmem_bw: 1e10\nmem_capacity: 1e9\neff_mv: '2'\n")
+    assert load_hardware(str(p)).eff_mv == 2.0
+    assert load_hardware("h100-sxm").eff_mv is None   # other presets: off
