@@ -263,18 +263,39 @@ class Reproducer:
         return f"traces {names}; costs {target[0]} on {target[1]}, isolated{('; ' + extra) if extra else ''}"
 
     def _speedup_measured(self, key: str, pol: str) -> tuple[str, dict]:
+        """The real module's speedup, beside the simulator's for the same shape on the same machine.
+
+        The simulated twin replays the first SmolLM2 GSM8K persona-prefix trace reshaped to the
+        measured run's shape (mean prompt, branches, generated tokens), with the trace's model
+        as cost target on ``local-cpu``: the like-for-like check of the simulator against reality.
+        """
         sp = self.measured["speedup"]
         if not sp:
             return "not run (no `calibrate speedup` output under --measured)", {}
+        twin = (self.pick("smollm2", "gsm8k", "persona-prefix") or [None])[0]
         parts, data = [], {}
         for name, res in sp.items():
             v = (res.get(key) or {}).get(pol)
             v2 = ((res.get("verify_reuses_kv") or {}).get(key) or {}).get(pol)
             s = res.get("shape", {})
-            parts.append(f"{_r(v, 3)}× recompute / {_r(v2, 3)}× reuse ({name}: real model, {s.get('problems')} "
-                         f"problem(s), ~{_r(s.get('prompt_tokens_mean'), 4)}-token prompts, B={s.get('branches')}, "
-                         f"{s.get('step_tokens')} tokens)")
-            data[name] = {"recompute": _r(v), "reuse": _r(v2)}
+            sim = {}
+            if twin is not None and s.get("prompt_tokens_mean"):
+                spec = (f"prefix_tokens={int(round(s['prompt_tokens_mean']))},branches={int(s['branches'])},"
+                        f"gen_tokens={int(s['step_tokens'])},seed={self.cfg.seed}")
+                for reuse in (False, True):
+                    try:
+                        m = self.ev(twin, pol, target=(None, "local-cpu"), reshape=spec, verify_reuses_kv=reuse)
+                        sim[reuse] = m[key]
+                    except ValueError as exc:  # outside local-cpu's fitted range: say so, do not extrapolate
+                        sim[reuse] = None
+                        data.setdefault("refused", str(exc)[:200])
+            twin_txt = (f"; simulated for the same shape on local-cpu: {_r(sim.get(False), 3)}× / "
+                        f"{_r(sim.get(True), 3)}× (`{twin.name}` reshaped)" if sim else "")
+            parts.append(f"{_r(v, 3)}× recompute / {_r(v2, 3)}× reuse ({name}: real {res.get('model', 'smollm2-135m')} "
+                         f"on CPU, {s.get('problems')} problem(s), ~{_r(s.get('prompt_tokens_mean'), 4)}-token prompts, "
+                         f"B={s.get('branches')}, {s.get('step_tokens')} tokens){twin_txt}")
+            data[name] = {"recompute": _r(v), "reuse": _r(v2), "sim_recompute": _r(sim.get(False)),
+                          "sim_reuse": _r(sim.get(True))}
         return "; ".join(parts), data
 
     # -- RKSC speedups
@@ -312,6 +333,11 @@ class Reproducer:
                                 for _, s in specs)
             meas, mdata = self._speedup_measured("speedup_vs_no_kv" if col == "vs_no_kv" else "speedup_vs_exact_prefix",
                                                  pol)
+            # the real module's own figures are conditions too (another target: SmolLM2 on this CPU)
+            for run, mv in mdata.items():
+                if isinstance(mv, dict):
+                    conds += [(f"real run {run} on CPU, verify recompute", mv.get("recompute")),
+                              (f"real run {run} on CPU, verify reuse", mv.get("reuse"))]
             if paper is None:
                 # no paper figure: the claim is read as "CGEE alone saves time" (a speedup above 1)
                 verdict = ratio_verdict(1.0, [(c, v) for c, v in conds if v is not None], tol=1.0 + 1e-9)
@@ -356,7 +382,7 @@ class Reproducer:
                  ratio_verdict(PAPER["kv_reuse_extra"], conds), {"table": rows})
         # accuracy and diversity under sharing: the counterfactual generations are real
         drops = [(f"{r.benchmark}/{r.layout}", r.acc_asks - r.acc_no_kv, r.n_problems) for r in df.itertuples()]
-        ok = [c for c, d, n in drops if d >= -1.0 / n - 1e-12]
+        ok = [c for c, d, n in drops if d >= -1.0 / n - 1e-3]  # the figures are rounded to 4 digits
         verdict = (("holds", "accuracy within one problem of No-KV on every trace") if len(ok) == len(drops) else
                    ("holds only when", "; ".join(ok)) if ok else
                    ("does not hold", "sharing costs more than one problem's accuracy on every trace"))
