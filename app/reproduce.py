@@ -300,12 +300,11 @@ class Reproducer:
 
     # -- RKSC speedups
     def rksc_speedups(self) -> None:
-        infos = self.pick("smollm2", layout=None)
-        infos = [i for i in infos if i.layout in ("persona-prefix", "paraphrase")]
+        infos = [i for i in self.infos if i.layout in ("persona-prefix", "paraphrase")]
         if not infos:
             for claim in ("RKSC vs No-KV", "RKSC vs exact prefix", "KV sharing alone"):
                 self.add("RKSC speedup", claim, "", "—", "—", "—",
-                         ("not measurable here", "because no SmolLM2 persona-prefix or paraphrase trace was given"))
+                         ("not measurable here", "because no persona-prefix or paraphrase trace was given"))
             return
         specs = ((None, "own shape"), (PAPER_SHAPE, "paper shape 1024/B8/256"))
         grid = []
@@ -314,7 +313,7 @@ class Reproducer:
                 for reuse in (False, True):
                     for pol in ("rksc", "asks", "cgee", "exact-prefix"):
                         m = self.ev(i, pol, reshape=spec, verify_reuses_kv=reuse)
-                        grid.append({"trace": i.name, "benchmark": i.dataset, "layout": i.layout, "shape": sl,
+                        grid.append({"trace": i.name, "model": i.model, "benchmark": i.dataset, "layout": i.layout, "shape": sl,
                                      "verify": "reuse" if reuse else "recompute", "policy": pol,
                                      "vs_no_kv": _r(m["speedup_vs_no_kv"]),
                                      "vs_exact_prefix": _r(m["speedup_vs_exact_prefix"]),
@@ -327,7 +326,7 @@ class Reproducer:
                                         ("KV sharing alone (ASKS) over No-KV", "asks", "vs_no_kv", "asks_alone"),
                                         ("CGEE alone (on No-KV sharing) over No-KV", "cgee", "vs_no_kv", None)):
             d = df[df["policy"] == pol]
-            conds = [(f"{r['benchmark']}/{r['layout']}, {r['shape']}, verify {r['verify']}", r[col])
+            conds = [(f"{r['model']}/{r['benchmark']}/{r['layout']}, {r['shape']}, verify {r['verify']}", r[col])
                      for _, r in d.iterrows()]
             sim_txt = "; ".join(f"{s}: {d[d['shape'] == s][col].min():.3g}–{d[d['shape'] == s][col].max():.3g}×"
                                 for _, s in specs)
@@ -352,7 +351,7 @@ class Reproducer:
 
     # -- ASKS
     def asks_claims(self) -> None:
-        infos = [i for i in self.pick("smollm2") if i.layout in ("persona-prefix", "paraphrase")]
+        infos = [i for i in self.infos if i.layout in ("persona-prefix", "paraphrase")]
         if not infos:
             self.add("ASKS", "KV reuse over exact-token matching", "+28.6%", "—", "—", "—",
                      ("not measurable here", "because no persona-prefix or paraphrase trace was given"))
@@ -363,7 +362,8 @@ class Reproducer:
             ac = self.ev(i, "asks", {"similarity": "centered"})
             e = self.ev(i, "exact-prefix")
             n = self.ev(i, "no-kv")
-            rows.append({"trace": i.name, "benchmark": i.dataset, "layout": i.layout, "n_problems": a["n_problems"],
+            rows.append({"trace": i.name, "model": i.model, "benchmark": i.dataset, "layout": i.layout,
+                         "n_problems": a["n_problems"],
                          "asks_kv_reuse": _r(a["kv_reuse"]), "exact_kv_reuse": _r(e["kv_reuse"]),
                          "extra_reuse_points": _r(a["kv_reuse"] - e["kv_reuse"]),
                          "acc_no_kv": _r(n["accuracy"]), "acc_asks": _r(a["accuracy"]),
@@ -373,7 +373,7 @@ class Reproducer:
                          "auc_raw": _r(a["asks_gate_auc"]), "auc_centered": _r(ac["asks_gate_auc"])})
         df = pd.DataFrame(rows)
         self.tables["asks"] = df
-        conds = [(f"{r.benchmark}/{r.layout}", r.extra_reuse_points) for r in df.itertuples()]
+        conds = [(f"{r.model}/{r.benchmark}/{r.layout}", r.extra_reuse_points) for r in df.itertuples()]
         self.add("ASKS", "Extra KV reuse over exact-token matching with diverse phrasings (read as percentage "
                  "points of branch-prompt tokens reused)", "+28.6%",
                  "; ".join(f"{c}: +{v * 100:.1f} pts" for c, v in conds),
@@ -381,20 +381,20 @@ class Reproducer:
                  self._src(infos, extra="ASKS at tau 0.9 (paper defaults) vs exact-prefix blocks of 16"),
                  ratio_verdict(PAPER["kv_reuse_extra"], conds), {"table": rows})
         # accuracy and diversity under sharing: the counterfactual generations are real
-        drops = [(f"{r.benchmark}/{r.layout}", r.acc_asks - r.acc_no_kv, r.n_problems) for r in df.itertuples()]
+        drops = [(f"{r.model}/{r.benchmark}/{r.layout}", r.acc_asks - r.acc_no_kv, r.n_problems) for r in df.itertuples()]
         ok = [c for c, d, n in drops if d >= -1.0 / n - 1e-3]  # the figures are rounded to 4 digits
         verdict = (("holds", "accuracy within one problem of No-KV on every trace") if len(ok) == len(drops) else
                    ("holds only when", "; ".join(ok)) if ok else
                    ("does not hold", "sharing costs more than one problem's accuracy on every trace"))
         self.add("ASKS", "Sharing KV between similar branches keeps accuracy (and answer diversity)",
                  "no accuracy loss reported",
-                 "; ".join(f"{r.benchmark}/{r.layout}: acc {r.acc_no_kv:.3f}→{r.acc_asks:.3f}, vote "
+                 "; ".join(f"{r.model}/{r.benchmark}/{r.layout}: acc {r.acc_no_kv:.3f}→{r.acc_asks:.3f}, vote "
                            f"{r.vote_acc_no_kv:.3f}→{r.vote_acc_asks:.3f}, diversity {r.diversity_no_kv:.3f}→"
                            f"{r.diversity_asks:.3f}, answers changed {r.answer_change_rate:.3f}"
                            for r in df.itertuples()),
                  "measured: the counterfactual generations (from the root's KV) were run on the real model at capture",
                  self._src(infos), verdict, {"table": rows})
-        conds = [(f"{r.benchmark}/{r.layout} {k}", getattr(r, f"auc_{k}")) for r in df.itertuples()
+        conds = [(f"{r.model}/{r.benchmark}/{r.layout} {k}", getattr(r, f"auc_{k}")) for r in df.itertuples()
                  for k in ("raw", "centered")]
         self.add("ASKS", "The similarity gate separates branches whose answer sharing keeps (AUC, raw and centered "
                  "cosine)", "(no figure; a useful gate needs AUC > 0.5)",
@@ -703,7 +703,7 @@ class Reproducer:
 
     # -- compatibility options
     def compat(self) -> None:
-        infos = [i for i in self.pick("smollm2") if i.layout in ("persona-prefix", "paraphrase")]
+        infos = [i for i in self.infos if i.layout in ("persona-prefix", "paraphrase")]
         rows = []
         for i in infos:
             for pol, param, metric in (("asks", {"layer_weights": "code"}, "kv_reuse"),

@@ -108,7 +108,8 @@ def figures(res: dict) -> list:
     figs = []
     sp = pd.DataFrame(res["tables"].get("rksc_speedups") or [])
     if not sp.empty:
-        sp = sp.assign(condition=sp["benchmark"] + "/" + sp["layout"] + ", " + sp["shape"] + ", verify " + sp["verify"])
+        sp = sp.assign(condition=sp["model"] + "/" + sp["benchmark"] + "/" + sp["layout"] + ", " + sp["shape"] + ", verify "
+                       + sp["verify"])
         f = px.bar(sp, x="condition", y="vs_no_kv", color="policy", barmode="group",
                    title="Speedup over No-KV (simulated; decisions from the traces, costs from the RKSC target)")
         f.add_hline(y=3.008, line_dash="dash", annotation_text="paper: RKSC 3.008×")
