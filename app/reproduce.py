@@ -117,7 +117,7 @@ def ratio_verdict(paper: float, conds: list, tol: float = TOL) -> tuple[str, str
     if len(ok) == len(conds):
         return "holds", f"every condition reaches {bar} (lowest {min(v for _, v in conds):.3g})"
     if ok:
-        return "holds only when", "; ".join(ok)
+        return "holds only when", f"{'; '.join(ok)} ({len(ok)} of {len(conds)} conditions reach {bar})"
     return "does not hold", f"best {best[1]:.3g} ({best[0]}) is below {bar}"
 
 

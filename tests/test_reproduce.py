@@ -48,7 +48,7 @@ def test_wilson_brackets_the_proportion(n, data):
 def test_ratio_verdict_all_some_none():
     assert ratio_verdict(3.0, [("a", 2.5), ("b", 3.5)])[0] == "holds"           # 2.5 >= 0.8 * 3
     v = ratio_verdict(3.0, [("own shape", 1.0), ("paper shape", 2.4)])
-    assert v == ("holds only when", "paper shape")                                # 2.4 = 0.8 * 3 exactly
+    assert v == ("holds only when", "paper shape (1 of 2 conditions reach 80% of 3)")   # 2.4 = 0.8 * 3 exactly
     v = ratio_verdict(3.0, [("a", 1.0), ("b", 2.3)])
     assert v[0] == "does not hold" and "2.3" in v[1] and "(b)" in v[1]
     assert ratio_verdict(3.0, [("a", None), ("b", float("nan"))])[0] == "not measurable here"
@@ -144,7 +144,7 @@ def test_rows_follow_the_numbers(quick):
     assert row["verdict"] == ("holds" if len(passing) == len(conds) else "holds only when" if passing
                               else "does not hold")
     if passing and len(passing) < len(conds):
-        assert row["why"] == "; ".join(passing)
+        assert row["why"].startswith("; ".join(passing) + f" ({len(passing)} of {len(conds)} conditions")
     heat = res["tables"]["heat"]
     hrow = next(r for r in res["rows"] if r["group"] == "Shape")
     assert (hrow["verdict"] == "does not hold") == (max(h["rksc_vs_no_kv"] for h in heat) < 0.8 * 3.008)
