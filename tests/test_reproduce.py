@@ -53,6 +53,10 @@ def test_ratio_verdict_all_some_none():
     assert v[0] == "does not hold" and "2.3" in v[1] and "(b)" in v[1]
     assert ratio_verdict(3.0, [("a", None), ("b", float("nan"))])[0] == "not measurable here"
     assert ratio_verdict(0.6, [("x", 0.59)], tol=1.0)[0] == "does not hold"
+    v = ratio_verdict(3.0, [("a", 3.0), ("b", 3.1), ("c", 1.0)])
+    assert v == ("holds only when", "not c (all but 1 of 3 conditions reach 80% of 3)")
+    assert ratio_verdict(1.0, [("a", 1.0)], tol=1.0, strict=True)[0] == "does not hold"     # 1.0x saves nothing
+    assert ratio_verdict(1.0, [("a", 1.01)], tol=1.0, strict=True)[0] == "holds"
 
 
 def test_md_table_escapes_pipes():
@@ -143,8 +147,10 @@ def test_rows_follow_the_numbers(quick):
     passing = [c for c, v in conds if v is not None and v >= 0.8 * 3.008]
     assert row["verdict"] == ("holds" if len(passing) == len(conds) else "holds only when" if passing
                               else "does not hold")
-    if passing and len(passing) < len(conds):
-        assert row["why"].startswith("; ".join(passing) + f" ({len(passing)} of {len(conds)} conditions")
+    failing = [c for c, v in conds if c not in passing]
+    if passing and failing:
+        assert row["why"].startswith("not " + "; not ".join(failing) if len(failing) < len(passing)
+                                     else "; ".join(passing))
     heat = res["tables"]["heat"]
     hrow = next(r for r in res["rows"] if r["group"] == "Shape")
     assert (hrow["verdict"] == "does not hold") == (max(h["rksc_vs_no_kv"] for h in heat) < 0.8 * 3.008)
