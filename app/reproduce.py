@@ -580,13 +580,15 @@ class Reproducer:
             for v in VASE_VARIANTS:
                 kl_on, kl_off = get(meas_df, v, "kl"), get(meas_df, v + suffix, "kl")
                 ag_on, ag_off = get(meas_df, v, "agreement"), get(meas_df, v + suffix, "agreement")
-                er_on, er_off = get(sim_df, v, "attn_output_rel_error"), get(sim_df, v + suffix, "attn_output_rel_error")
                 if kl_on is not None and kl_off is not None:
-                    conds.append((f"{v} (KL)", kl_on < kl_off))
+                    conds.append((f"{v} (KL, real SmolLM2)", kl_on < kl_off))
                     parts.append(f"{v}: KL {kl_on:.4f} vs {kl_off:.4f} without, agreement {ag_on:.2f} vs {ag_off:.2f}")
-                if er_on is not None and er_off is not None:
-                    conds.append((f"{v} (attention error)", er_on < er_off))
-                    parts.append(f"{v}: sim attention error {er_on:.4f} vs {er_off:.4f} without")
+                for i in infos:  # one condition per trace: the models' K/V/Q are never averaged together
+                    d = sim_df[sim_df["trace"] == i.name]
+                    er_on, er_off = get(d, v, "attn_output_rel_error"), get(d, v + suffix, "attn_output_rel_error")
+                    if er_on is not None and er_off is not None:
+                        conds.append((f"{v} (attention error, {i.model})", er_on < er_off))
+                        parts.append(f"{v} on {i.model}: sim attention error {er_on:.4f} vs {er_off:.4f} without")
             ok = [c for c, good in conds if good]
             if not conds:
                 verdict = ("not measurable here", "because no long-decode trace and no `calibrate quality` run was given")
@@ -613,8 +615,9 @@ class Reproducer:
                    ("holds only when", "; ".join(ok)) if ok else ("does not hold", "every baseline has lower KL"))
         self.add("VASE", "VASE beats SnapKV, H2O, StreamingLLM, R-KV and CurDKV at 4× compression",
                  "+16.2% / +9.2% accuracy over baselines",
-                 "; ".join(f"{r.policy}: {r.attn_output_rel_error:.4f}" for r in sim_df.itertuples()
-                           if ":" not in r.policy) or "—",
+                 "; ".join(f"{m}: " + ", ".join(f"{r.policy} {r.attn_output_rel_error:.4f}" for r in g.itertuples()
+                                                 if ":" not in r.policy)
+                           for m, g in sim_df.groupby("model", sort=True)) if not sim_df.empty else "—",
                  "; ".join(f"{r.policy}: KL {r.kl:.4f}, agree {r.agreement:.2f}" for r in meas_df.itertuples()
                            if ":" not in r.policy) or "not run",
                  self._src(infos, target=None, extra="4× compression"), verdict)
