@@ -69,11 +69,18 @@ def pick(kind: str, label: str, key: str, help: str | None = None, query_param: 
                 st.session_state[key] = next(k for k, v in items.items() if v == path or k == asked)
             except ui_paths.PathRefused as exc:
                 error(exc)
-    if st.session_state.get(key) not in labels:
-        st.session_state.pop(key, None)
-        default = next((i for i, k in enumerate(labels) if k.endswith("trace-gsm8k-persona")), 0)
-        st.session_state[key] = labels[default]
+    # Streamlit drops a widget's state on a page that does not draw it; the last choice is kept
+    # under a plain key, so switching pages keeps the trace the user chose (else the bundled one).
+    # A widget drawn on another page does not carry its value over either: set it every run.
+    keep = f"_keep.{key}"
+    want = st.session_state.get(key)
+    if want not in labels:
+        want = st.session_state.get(keep)
+    if want not in labels:
+        want = labels[next((i for i, k in enumerate(labels) if k.endswith("trace-gsm8k-persona")), 0)]
+    st.session_state[key] = want
     choice = st.selectbox(label, labels, key=key, help=help)
+    st.session_state[keep] = choice
     try:
         return ui_paths.resolve(kind, choice, [ui_paths.Path(r) for r in roots()])
     except ui_paths.PathRefused as exc:  # a stale session value

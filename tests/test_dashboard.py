@@ -467,3 +467,16 @@ def test_values_are_shown_in_their_units():
     assert B.fmt("accuracy", None) == "n/a" and B.fmt("accuracy", float("nan")) == "n/a"
     assert B.label("latency_mean_s") == "mean latency per problem (s) · target"
     assert B.label("accuracy").endswith("· trace model")
+
+
+def test_trace_choice_survives_a_page_switch(env):
+    """Streamlit drops a widget's state on pages that do not draw it; the chosen trace must stay."""
+    at = _app("serving")
+    _ok(at)
+    assert at.selectbox(key="trace").value == "examples/trace-gsm8k-persona"   # the bundled one by default
+    other = next(o for o in at.selectbox(key="trace").options if o != "examples/trace-gsm8k-persona"
+                 and "damaged" not in o and "smollm2" in o)
+    at.selectbox(key="trace").set_value(other).run()
+    at.switch_page("ui_pages/explorer.py").run()
+    _ok(at)
+    assert at.selectbox(key="trace").value == other
