@@ -179,26 +179,11 @@ def to_html(res: dict) -> str:
             + "".join(parts) + "".join(tables) + "</body></html>\n")
 
 
-def json_safe(x):
-    """NaN / inf → None and numpy scalars → Python, recursively (``claims.json`` is strict JSON)."""
-    import math
-
-    import numpy as np
-    if isinstance(x, dict):
-        return {str(k): json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [json_safe(v) for v in x]
-    if isinstance(x, np.generic):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
 def write_report(res: dict, out: Path) -> dict:
     """``claims.json``, ``report.md`` and ``report.html`` under ``out``, each written atomically."""
+    from sim.metrics import clean  # NaN / inf -> None, numpy scalars -> Python: claims.json is strict JSON
     from traces.store import atomic_write_json, atomic_write_text
-    res = json_safe(res)
+    res = clean(res)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "claims.json", res)
