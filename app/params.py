@@ -12,21 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from policies.registry import parse_value  # noqa: F401  (one parser: the CLI, the dashboard, calibrate)
-
-
-def parse_sets(items, flag: str) -> dict:
-    """``["k=v", ...]`` (repeated ``--set`` / ``--workload``) -> ``{k: parse_value(v)}``."""
-    out = {}
-    for it in items or []:
-        if "=" not in it:
-            raise ValueError(f"{flag} {it!r}: expected KEY=VALUE")
-        k, v = it.split("=", 1)
-        k = k.strip()
-        if not k:
-            raise ValueError(f"{flag} {it!r}: empty key")
-        out[k] = parse_value(v)
-    return out
+# one parser for the CLI, the dashboard and calibrate (policies.registry: no app import there)
+from policies.registry import parse_sets, parse_value  # noqa: F401
 
 
 def split_sets(text: str) -> list[str]:

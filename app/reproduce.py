@@ -469,10 +469,9 @@ class Reproducer:
 
     def _entropy(self) -> None:
         """Where logit-lens entropy collapses by layer, per model (the premise of early exit)."""
-        from sim import features
         curves, rows = {}, []
         for i in self.infos:
-            tf = features.load(self.paths[i.name])
+            tf = self.lts[i.name].tf  # the caller-owned loaded trace, not a module cache
             H = np.stack([f.lens[("own", True)]["entropy"] for f in tf.problems])  # (P, B, L)
             mean = H.reshape(-1, H.shape[-1]).mean(0)
             curves.setdefault(i.model, []).append(mean)
@@ -682,6 +681,7 @@ class Reproducer:
                              f"{self.cfg.serve_concurrency})", "policy": pol,
                              "latency_s": _r(s["makespan_s"] if "makespan_s" in s else s["latency_mean_s"]),
                              "recompute_tokens": int(s["recompute_tokens"] or 0), "evictions": int(s["evictions"] or 0),
+                             "kv_capacity_bytes": _r(cap, 6),
                              "throughput_problems_per_s": _r(s.get("throughput_problems_per_s"))})
         df = pd.DataFrame(rows)
         self.tables["rsbcm"] = df

@@ -93,17 +93,28 @@ def parse_value(text: str):
     return t
 
 
+def parse_sets(items, flag: str) -> dict:
+    """``["k=v", ...]`` (repeated ``--set`` / ``--workload``) -> ``{k: parse_value(v)}``."""
+    out = {}
+    for it in items or []:
+        if "=" not in it:
+            raise ValueError(f"{flag} {it!r}: expected KEY=VALUE")
+        k, v = it.split("=", 1)
+        k = k.strip()
+        if not k:
+            raise ValueError(f"{flag} {it!r}: empty key")
+        out[k] = parse_value(v)
+    return out
+
+
 def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """``NAME`` or ``NAME:key=value[:key=value...]`` (an ablation such as ``vase-attnv:value_frac=0``)
     → ``(name, params)``, values read by :func:`parse_value`; a bad spec raises :class:`PolicyError`."""
     name, *sets = [x.strip() for x in str(spec).split(":")]
-    params: dict[str, Any] = {}
-    for kv in sets:
-        if "=" not in kv or not kv.split("=", 1)[0].strip():
-            raise PolicyError(f"{spec!r}: {kv!r} is not key=value")
-        k, v = kv.split("=", 1)
-        params[k.strip()] = parse_value(v)
-    return name, params
+    try:
+        return name, parse_sets(sets, repr(spec))
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
 
 
 def policy_from_spec(spec: str, **overrides: Any):
