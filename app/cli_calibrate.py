@@ -118,7 +118,7 @@ def register(sub) -> None:
     p.add_argument("--dataset", default="gsm8k", help="gsm8k | mmlu | arc:PATH")
     p.add_argument("--layout", default="persona-prefix", help="hint-suffix | persona-prefix | paraphrase")
     p.add_argument("--policies", default=None, help="comma list (default: all end-to-end policies)")
-    p.add_argument("--repeats", type=int, default=2, help="runs per (problem, policy); the fastest is kept (default 2)")
+    p.add_argument("--repeats", type=int, default=2, help="passes over every (problem, policy) and the op sweep; each one's fastest is kept (default 2)")
     p.add_argument("--no-capture", action="store_true", help="skip the parity trace (DIR/trace)")
     p.add_argument("--no-sweep", action="store_true", help="skip the op sweep (prefill lengths, decode batches)")
     p.add_argument("--out", required=True, help="output directory")

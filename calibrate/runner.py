@@ -68,7 +68,7 @@ class RunConfig:
     sweep: bool = True
     verify_reuses_kv: bool = False  # True: verification reads the branch's KV (No-KV and CGEE-on-No-KV still recompute)
     capture: bool = True       # also capture a trace of the same problems/seeds (DIR/trace) for parity and report
-    repeats: int = 2          # each (problem, policy) runs this many times; the fastest run's phases are kept
+    repeats: int = 2          # passes over every (problem, policy) and the sweep; the fastest run's phases are kept
     sweep_prefill: tuple = (16, 64, 256, 1024, 2048)
     sweep_decode_batch: tuple = (1, 2, 4, 8, 16, 32)   # 32 = 8 branches x 4 problems in flight (serving mode)
     sweep_decode_ctx: tuple = (64, 512)
@@ -322,6 +322,7 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
     from traces.store import atomic_write_json
     from traces.workload import WorkloadConfig, build_prompts, verify_suffix_ids, yes_no_ids
 
+    from calibrate.repeats import fastest_of_passes, fastest_per_row
     from calibrate.timing import PhaseTimer
 
     out = Path(out)
@@ -354,30 +355,50 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
                 yes, no, suffix, eos, pad_id)
     timer.enabled = True
     timer.rows.clear()
-    records = []
     jobs = [(p, name) for p in problems for name in cfg.policies]
+    prompts = {int(p.index): build_prompts(lm.tokenizer, p.prompt_text(), p.answer_kind, wcfg, p.index)
+               for p in problems}
     # fastest repeat by the clock the fit will use (thread CPU time on CPU, wall on CUDA)
     best_key = "seconds" if lm.device.type == "cuda" else "cpu_seconds"
-    for p, name in tqdm(jobs, desc="calibrate run", disable=not progress):
-        pp = build_prompts(lm.tokenizer, p.prompt_text(), p.answer_kind, wcfg, p.index)
+    # The machine may be shared: keep the fastest of `repeats` identical runs (same seeds, same
+    # decisions), as whole passes over the job list (calibrate.repeats says why the order matters).
+    bar = tqdm(total=cfg.repeats * len(jobs), desc="calibrate run", disable=not progress)
+    first: list = [None] * len(jobs)
+    sweeps: list = []
+
+    def measure(j):
+        p, name = jobs[j]
         timer.context = {"problem": int(p.index), "policy": name}
-        # The machine may be shared: keep the fastest of `repeats` identical runs (same seeds,
-        # same decisions), the standard guard against interference on a noisy host.
-        best_rows, rec = None, None
-        for _ in range(cfg.repeats):
+        mark = len(timer.rows)
+        r = run_problem(lm, prompts[int(p.index)], p, pols[name], cfg, timer, yes, no, suffix, eos, pad_id)
+        rows = timer.rows[mark:]
+        del timer.rows[mark:]
+        if first[j] is None:
+            first[j] = r["gen_ids"]
+        elif r["gen_ids"] != first[j]:
+            raise RuntimeError(f"problem {p.index} {name}: a repeat decoded different tokens (non-deterministic run)")
+        return (r, rows), r[best_key]
+
+    def sweep(rep):
+        if cfg.sweep:
             mark = len(timer.rows)
-            r = run_problem(lm, pp, p, pols[name], cfg, timer, yes, no, suffix, eos, pad_id)
-            rows = timer.rows[mark:]
+            op_sweep(lm, cfg, timer)
+            sweeps.append(timer.rows[mark:])
             del timer.rows[mark:]
-            if rec is not None and r["gen_ids"] != rec["gen_ids"]:
-                raise RuntimeError(f"problem {p.index} {name}: a repeat decoded different tokens (non-deterministic run)")
-            if rec is None or r[best_key] < rec[best_key]:
-                rec, best_rows = r, rows
-        timer.rows.extend(best_rows)
-        rec["shared_prefix_tokens"] = int(pp.shared_prefix_tokens)
+
+    def done(rep, j):
+        bar.set_postfix_str(f"pass {rep + 1}/{cfg.repeats}")
+        bar.update(1)
+
+    best = fastest_of_passes(len(jobs), cfg.repeats, measure, between_passes=sweep, on_done=done)
+    bar.close()
+    records = []
+    for (p, _), ((rec, rows), _) in zip(jobs, best):
+        timer.rows.extend(rows)
+        rec["shared_prefix_tokens"] = int(prompts[int(p.index)].shared_prefix_tokens)
         records.append(rec)
-    if cfg.sweep:
-        op_sweep(lm, cfg, timer)
+    # each sweep row is its own measurement of one shape: the fastest per row across passes
+    timer.rows.extend(fastest_per_row(sweeps, lambda row: getattr(row, best_key)))
     phases = timer.frame()
     _write_parquet(out / "phases.parquet", phases)
     dec = pd.DataFrame(records)
