@@ -50,7 +50,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", default="auto", choices=["auto", "cpu", "wall"])
     ap.add_argument("--branches", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=24)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="interleaved passes per run, the fastest kept per (problem, policy) and sweep row")
     ap.add_argument("--fidelity-only", action="store_true", help="skip the speedup and quality steps")
     ap.add_argument("--reuse-runs", action="store_true",
                     help="keep finished run directories under OUT/calibrate and only re-fit and re-report them")

@@ -51,7 +51,10 @@ _LINEAR = (("per_kernel_s", "kernels", 1e-6), ("per_layer_s", "layers", 1e-6),
            ("per_kernel_graph_s", "graph_kernels", 1e-6))
 # eff_mv: the matrix-vector regime's efficiency (weights of one-token-row forwards), fitted in log space
 # like the roofline's where a phase has one token row; else it stays at the base profile's (None: eff_m)
-FIT_PARAMS = ("eff_c", "eff_m", "eff_mv") + tuple(p for p, _, _ in _LINEAR)
+# eff_att / eff_kv: attention's own compute and KV-traffic efficiencies, fitted (log space) where
+# some phase runs attention; else None (= eff_c / eff_m)
+_LOG_OPTIONAL = ("eff_mv", "eff_att", "eff_kv")
+FIT_PARAMS = ("eff_c", "eff_m") + _LOG_OPTIONAL + tuple(p for p, _, _ in _LINEAR)
 _IDX = {k: i for i, k in enumerate(C.TERM_NAMES)}
 # decode phases sample every row once per step (runs recorded before the `sampled` column)
 _SAMPLING_PHASES = ("decode",)
@@ -106,18 +109,22 @@ def predict(hw: HardwareProfile, terms: np.ndarray, roofline: str | None = None)
     return np.asarray(hw.time(C.OpTerms.from_array(_full(terms)), roofline=roofline), dtype=np.float64)
 
 
+def _log_params(free: list[str]) -> list[str]:
+    """Parameters in log space at the front of x: eff_c, eff_m and, where fitted, eff_mv, eff_att, eff_kv."""
+    return ["eff_c", "eff_m"] + [p for p in _LOG_OPTIONAL if p in free]
+
+
 def _n_log(free: list[str]) -> int:
-    """Parameters in log space at the front of x: eff_c, eff_m and, where fitted, eff_mv."""
-    return 3 if "eff_mv" in free else 2
+    return len(_log_params(free))
 
 
 def _with(hw: HardwareProfile, x: np.ndarray, free: list[str], roofline: str) -> HardwareProfile:
-    kw = {"eff_c": float(math.exp(x[0])), "eff_m": float(math.exp(x[1])), "roofline": roofline}
-    nl = _n_log(free)
-    if nl == 3:
-        kw["eff_mv"] = float(math.exp(x[2]))
+    logp = _log_params(free)
+    kw = {p: float(math.exp(x[i])) for i, p in enumerate(logp)}
+    kw["roofline"] = roofline
+    nl = len(logp)
     scale = {p: sc for p, _, sc in _LINEAR}
-    for i, p in enumerate(q for q in free if q != "eff_mv"):
+    for i, p in enumerate(q for q in free if q not in _LOG_OPTIONAL):
         kw[p] = float(x[nl + i] * scale[p])
     return dataclasses.replace(hw, **kw)
 
@@ -142,11 +149,13 @@ def _fit_one(base, A, y, roofline, loss, f_scale, free):
         return (predict(_with(base, x, free, roofline), A) - y) / y
 
     best = None
-    nl = _n_log(free)
+    logp = _log_params(free)
+    nl = len(logp)
     nlin = len(free) - (nl - 2)
     # A few starts: the max() makes the objective piecewise; pick the best local optimum.
     for ec, em in ((1.0, 1.0), (0.1, 0.1), (0.01, 1.0), (1.0, 0.01), (0.3, 0.03)):
-        x0 = np.array([math.log(ec), math.log(em)] + [math.log(em)] * (nl - 2) + [1.0] * nlin)
+        start = {"eff_c": ec, "eff_m": em, "eff_mv": em, "eff_att": ec, "eff_kv": em}
+        x0 = np.array([math.log(start[p]) for p in logp] + [1.0] * nlin)
         r = least_squares(resid, x0, bounds=([-20] * nl + [0] * nlin, [5] * nl + [1e7] * nlin),
                           loss=loss, f_scale=f_scale, x_scale=[1.0] * nl + [10.0] * nlin, method="trf",
                           max_nfev=4000)
@@ -156,11 +165,13 @@ def _fit_one(base, A, y, roofline, loss, f_scale, free):
 
 
 def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, loss: str = "soft_l1",
-                f_scale: float = 0.05, roofline: str = "auto") -> FitResult:
+                f_scale: float = 0.05, roofline: str = "auto", attention: bool = True) -> FitResult:
     """Least-squares fit of the coefficients (see module docstring).
 
     ``roofline``: ``"iteration"``, ``"operator"``, or ``"auto"`` (fit both, keep the lower
-    robust loss; ``FitResult.by_roofline`` has both residuals).
+    robust loss; ``FitResult.by_roofline`` has both residuals). ``attention``: fit the
+    attention operator's own efficiencies ``eff_att`` and ``eff_kv`` where some phase runs
+    attention (False: they stay at the base profile's, None = ``eff_c`` / ``eff_m``).
     """
     y = np.asarray(seconds, dtype=np.float64)
     A = _full(terms)
@@ -170,8 +181,9 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
         raise ValueError("fit: measured seconds must be finite and > 0")
     # A coefficient is fitted only if some phase exercises its term and it is not the same
     # column as another's (a CUDA graph's kernels are fitted only where a phase replayed one).
-    free = (["eff_mv"] if np.any(A[_IDX["b_lin_mv"]] > 0) else []) + [p for p, t, _ in _LINEAR
-                                                                        if np.any(A[_IDX[t]] > 0)]
+    free = ((["eff_mv"] if np.any(A[_IDX["b_lin_mv"]] > 0) else [])
+            + (["eff_att", "eff_kv"] if attention and np.any(A[_IDX["f_att"]] > 0) else [])
+            + [p for p, t, _ in _LINEAR if np.any(A[_IDX[t]] > 0)])
     if y.size < 2 + len(free):
         raise ValueError(f"fit: {y.size} measured phases; need at least {2 + len(free)}")
     modes = ROOFLINES if roofline == "auto" else (roofline,)
@@ -230,6 +242,8 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
         "per_kernel_graph_s": None if p.per_kernel_graph_s is None else float(p.per_kernel_graph_s),
         "roofline": p.roofline, "eff_elem": None if p.eff_elem is None else float(p.eff_elem),
         "eff_mv": None if p.eff_mv is None else float(p.eff_mv),
+        "eff_att": None if p.eff_att is None else float(p.eff_att),
+        "eff_kv": None if p.eff_kv is None else float(p.eff_kv),
         "calibrated": True, "provisional": False, "fitted_range": frange, "device": device,
         "fitted_on": fitted_on,
         "calibration_note": calibration_note or (f"fitted end to end on {device} ({fitted_on.get('model')} "

@@ -71,11 +71,13 @@ def simulate_with_sim(trace_dir: Path, dec: pd.DataFrame, hw_path: str, policy_p
     for (prob, pol), _ in dec.groupby(["problem", "policy"]):
         if int(prob) not in pos_of:
             continue
-        # What the runner executed: verification recomputed, and no block budget (every block stays
+        # What the runner executed: verification recomputed; no block budget (every block stays
         # resident; RKSC's RSBCM part is measured in tree mode by `calibrate speedup`), so the
-        # simulator's pool must not evict: budget = the problem's unconstrained peak.
+        # simulator's pool must not evict: budget = the problem's unconstrained peak; and each phase
+        # one left-padded batch of the problem's branches (eager HF): batching = static.
         r = simulate(tr, pol, params=policy_params.get(pol, {}), hardware=hw_path, problems=[pos_of[int(prob)]],
-                     workload={"verify_reuses_kv": False, "kv_budget_frac": 1.0}, baselines=False)
+                     workload={"verify_reuses_kv": False, "kv_budget_frac": 1.0, "batching": "static"},
+                     baselines=False)
         rows.append({"problem": int(prob), "policy": pol, "sim": float(r.problems["latency_s"].iloc[0])})
     return pd.DataFrame(rows)
 

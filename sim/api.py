@@ -381,6 +381,10 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     tf = lt.tf
     trace_model, model, hw = _targets(lt, model_preset, hardware)
     cfg = make_config(policy, params, workload)
+    if mode == "serving" and cfg.workload["batching"] == "static":
+        raise ConfigError("workload option 'batching': static pads one problem's branches into one batch "
+                          "(the real module's eager runs) and is only defined in isolated mode; serving mode "
+                          "is continuous batching")
     bs = check_block_size("workload option 'block_size'", cfg.workload["block_size"])
     ubudget = _user_budget(cfg, params, workload) if cfg.block is not None else None
     probs = _select(tf, problems)
@@ -511,7 +515,7 @@ def _isolated_budget(ubudget, job, cap) -> int:
         return int(ubudget[1])
     if job is None:
         return -1
-    peak = float(blocks(job.own + job.decode_steps, job.bs).sum())
+    peak = float(job.peak_blocks())
     return int(min(math.ceil(ubudget[1] * peak), MAX_BLOCKS))
 
 

@@ -325,6 +325,9 @@ class ScalarCost:
         self.rate_e = hw.mem_bw * (hw.eff_m if ee is None else ee)
         mv = getattr(hw, "eff_mv", None)
         self.rate_mv = hw.mem_bw * (hw.eff_m if mv is None else mv)
+        ea, ek = getattr(hw, "eff_att", None), getattr(hw, "eff_kv", None)
+        self.rate_a = hw.peak_flops * (hw.eff_c if ea is None else ea)
+        self.rate_kv = hw.mem_bw * (hw.eff_m if ek is None else ek)
 
     def seconds(self, items) -> float:
         """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled])`` tuples (layers None = L).
@@ -370,12 +373,13 @@ class ScalarCost:
         rc, rm = self.rate_c, self.rate_m
         # one token row: the weights are read by matrix-vector products, priced at eff_mv
         rw = self.rate_mv if rows_n == 1.0 else rm
+        ra, rkv = self.rate_a, self.rate_kv
         if self.per_op:
-            t = (max(f_lin / rc, b_lin / rw) + max(f_att / rc, b_att / rm) + max(f_head / rc, b_head / rw)
+            t = (max(f_lin / rc, b_lin / rw) + max(f_att / ra, b_att / rkv) + max(f_head / rc, b_head / rw)
                  + b_rest / rm + nl * self.elem / self.rate_e)
         else:
-            t = (f_lin + f_att + f_head) / rc
-            tm = (b_lin + b_head) / rw + (b_att + b_rest) / rm
+            t = (f_lin + f_head) / rc + f_att / ra
+            tm = (b_lin + b_head) / rw + b_att / rkv + b_rest / rm
             t = t if t > tm else tm
         kernels = (K_LAYER * lmax + K_FWD if lmax > 0 else 0.0) + K_PROBE * pmax + cp_any
         return (t + kernels * self.pk + lmax * self.pl + rows * self.V * self.ps

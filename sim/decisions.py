@@ -40,6 +40,7 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "n_requests": None,         # serving mode: problems submitted (default: every selected problem once)
     "token_compressions": [2, 4, 8],  # token policies: KV compression ratios reported
     "max_long_layers": None,    # token policies: evaluate at most this many recorded layers per sequence
+    "batching": "continuous",   # isolated mode: continuous (variable-length rows) | static (left-padded, eager HF)
 }
 
 # Parameters of the block pool accepted in ``params`` of a block policy (not policy fields).
@@ -91,6 +92,8 @@ def workload_options(workload: dict | None) -> dict:
             raise ConfigError(f"workload option {k!r}: {opts[k]!r} is not a sharing policy ({', '.join(list_policies('sharing'))})")
     if opts["score"] not in ("mean_prob", "vote_share", "verify_score"):
         raise ConfigError(f"workload option 'score': {opts['score']!r} is not mean_prob, vote_share or verify_score")
+    if opts["batching"] not in ("continuous", "static"):
+        raise ConfigError(f"workload option 'batching': {opts['batching']!r} is not continuous or static")
     c = opts["concurrency"]
     if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1:
         raise ConfigError(f"workload option 'concurrency' must be an integer >= 1, got {c!r}")
@@ -398,7 +401,8 @@ def job_for(f, cfg: SimConfig, dec: ProblemDecision, L: int):
     ex = cfg.exit
     return build_job(f, dec.plan, dec.exit_layers, dec.skipped, L=L, bs=int(cfg.workload["block_size"]),
                      verify_reuses_kv=bool(cfg.workload["verify_reuses_kv"]), no_kv=cfg.no_kv,
-                     l_min=getattr(ex, "l_min", None), score=branch_score(f, dec, cfg.workload["score"]))
+                     l_min=getattr(ex, "l_min", None), score=branch_score(f, dec, cfg.workload["score"]),
+                     static=cfg.workload["batching"] == "static")
 
 
 def make_pool(cfg: SimConfig, budget: int) -> BlockPool:

@@ -166,6 +166,16 @@ class HardwareProfile:
     and LM-head operators become ``max(f / rc, (b - b_mv) / rm + b_mv / rmv)``; in the
     whole-iteration one ``roof = max(flops / rc, (bytes - b_mv) / rm + b_mv / rmv)``.
 
+    Attention at its own efficiencies: the attention operator's flops (``f_att``) run at
+    ``ra = peak_flops * eff_att`` and its KV traffic (``b_att``) at ``rkv = mem_bw * eff_kv``
+    (None: ``eff_c`` / ``eff_m``, the same formula as without them). A fused attention
+    kernel is neither a GEMM nor a weight stream: on a CPU, eager SDPA with grouped-query
+    heads expands and copies the KV every step; on an A100, Vidur's profile reads decode
+    KV at about 1.1 TB/s where the weight stream reaches 1.6. In the per-operator roofline
+    the attention term becomes ``max(f_att / ra, b_att / rkv)``; in the whole-iteration
+    one ``roof = max((flops - f_att) / rc + f_att / ra, (bytes - b_mv - b_att) / rm
+    + b_mv / rmv + b_att / rkv)``.
+
     ``fitted_range`` (None for analytical datasheet profiles) bounds the
     queries a *fitted* profile may answer: ``max_context_tokens``,
     ``max_new_tokens`` (tokens of one forward item), ``max_batch``, ``models``
@@ -194,6 +204,8 @@ class HardwareProfile:
     roofline: str = "iteration"
     eff_elem: float | None = None   # element-wise kernels' fraction of bandwidth (None: eff_m); operator roofline only
     eff_mv: float | None = None     # matrix-vector products' (one token row) fraction of bandwidth (None: eff_m)
+    eff_att: float | None = None    # attention's (QK^T, AV) fraction of peak flops (None: eff_c)
+    eff_kv: float | None = None     # attention's KV traffic's fraction of bandwidth (None: eff_m)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -201,7 +213,7 @@ class HardwareProfile:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive number, got {v!r}")
-        for f in ("eff_elem", "eff_mv"):
+        for f in ("eff_elem", "eff_mv", "eff_att", "eff_kv"):
             v = getattr(self, f)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0):
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
@@ -239,21 +251,24 @@ class HardwareProfile:
         rc = self.peak_flops * self.eff_c
         rm = self.mem_bw * self.eff_m
         rmv = self.mem_bw * (self.eff_m if self.eff_mv is None else self.eff_mv)
+        ra = self.peak_flops * (self.eff_c if self.eff_att is None else self.eff_att)
+        rkv = self.mem_bw * (self.eff_m if self.eff_kv is None else self.eff_kv)
         mode = roofline or self.roofline
         g = getattr
         blm, bhm = g(terms, "b_lin_mv", 0.0), g(terms, "b_head_mv", 0.0)
+        fa, ba = g(terms, "f_att", 0.0), g(terms, "b_att", 0.0)
         if mode == "operator":
             fl, bl = g(terms, "f_lin", 0.0), g(terms, "b_lin", 0.0)
-            fa, ba = g(terms, "f_att", 0.0), g(terms, "b_att", 0.0)
             fh, bh = g(terms, "f_head", 0.0), g(terms, "b_head", 0.0)
             fr = np.maximum(terms.flops - fl - fa - fh, 0.0)
             br = np.maximum(terms.bytes - bl - ba - bh, 0.0)
-            roof = (np.maximum(fl / rc, (bl - blm) / rm + blm / rmv) + np.maximum(fa / rc, ba / rm)
+            roof = (np.maximum(fl / rc, (bl - blm) / rm + blm / rmv) + np.maximum(fa / ra, ba / rkv)
                     + np.maximum(fh / rc, (bh - bhm) / rm + bhm / rmv)
                     + np.maximum(fr / rc, br / rm)
                     + g(terms, "b_elem", 0.0) / (self.mem_bw * (self.eff_m if self.eff_elem is None else self.eff_elem)))
         elif mode == "iteration":
-            roof = np.maximum(terms.flops / rc, (terms.bytes - blm - bhm) / rm + (blm + bhm) / rmv)
+            roof = np.maximum((terms.flops - fa) / rc + fa / ra,
+                              (terms.bytes - blm - bhm - ba) / rm + (blm + bhm) / rmv + ba / rkv)
         else:
             raise ValueError(f"roofline: {mode!r} is not one of {', '.join(ROOFLINES)}")
         pkg = self.per_kernel_s if self.per_kernel_graph_s is None else self.per_kernel_graph_s
@@ -412,7 +427,8 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
             raise PresetError(f"{path}: missing field {req!r}")
     data.setdefault("name", path.stem)
     for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s",
-              "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem", "eff_mv"):
+              "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem", "eff_mv", "eff_att",
+              "eff_kv"):
         if k in data and isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
             try:
                 data[k] = float(data[k])

@@ -75,6 +75,25 @@ class Job:
     def decode_steps(self) -> np.ndarray:
         return np.maximum(self.gen - 1, 0)
 
+    def peak_blocks(self) -> int:
+        """KV blocks the problem holds at its peak with nothing evicted (its unconstrained peak).
+
+        ``max(gen, verify)`` with ``gen = sum_b ceil((own_b + steps_b) / bs)`` (every
+        branch's prompt and generation resident at the end of decoding) and, when the
+        verification runs as one batch, ``verify = sum_b ceil((own_b + steps_b + v_new_b) / bs)``
+        if it extends the branch's KV (``v_reuse``), else ``sum_b ceil(v_new_b / bs)``
+        (the from-scratch passes' own KV; the finished branches' blocks are free then).
+        A budget below it throttles the verification batch as well as the decode.
+        """
+        gen = int(blocks(self.own + self.decode_steps, self.bs).sum())
+        if not self.verify_on:
+            return gen
+        if self.v_reuse:
+            ver = int(blocks(self.own + self.decode_steps + self.v_new, self.bs).sum())
+        else:
+            ver = int(blocks(self.v_new, self.bs).sum())
+        return max(gen, ver)
+
     def waves(self) -> tuple[np.ndarray, np.ndarray]:
         """Iteration index (1-based, among the problem's prefill-class iterations) of each branch's prefill.
 
@@ -104,8 +123,14 @@ def probes_for(exit_layers: np.ndarray, L: int, l_min: int) -> np.ndarray:
 
 
 def build_job(f, plan, exit_layers: np.ndarray | None, skipped: bool, *, L: int, bs: int,
-              verify_reuses_kv: bool, no_kv: bool, l_min: int | None, score: np.ndarray) -> Job:
-    """The :class:`Job` of problem ``f`` (a :class:`sim.features.ProblemFeatures`) under a decision."""
+              verify_reuses_kv: bool, no_kv: bool, l_min: int | None, score: np.ndarray,
+              static: bool = False) -> Job:
+    """The :class:`Job` of problem ``f`` (a :class:`sim.features.ProblemFeatures`) under a decision.
+
+    ``static``: the problem's branches run as static, left-padded batches (workload option
+    ``batching = "static"``, see :func:`_pad_static`) instead of a serving engine's
+    continuous batching with variable-length rows.
+    """
     share = np.asarray(plan.share_root, bool)
     reused = np.asarray(plan.reused, np.int64)
     computed = np.asarray(plan.computed, np.int64)
@@ -113,6 +138,7 @@ def build_job(f, plan, exit_layers: np.ndarray | None, skipped: bool, *, L: int,
     copy = np.where(share, ctx % bs, 0).astype(np.int64)
     gen = f.eff(share, "len").astype(np.int64)
     vlen = f.verify_len.astype(np.int64)
+    gen0 = gen
     if exit_layers is None:
         layers = np.full(f.B, L, np.int64)
         probes = np.zeros(f.B, np.int64)
@@ -120,18 +146,68 @@ def build_job(f, plan, exit_layers: np.ndarray | None, skipped: bool, *, L: int,
         layers = np.asarray(exit_layers, np.int64)
         probes = probes_for(layers, L, l_min)
     head = (layers == L).astype(np.int64)
+    gate = np.asarray(plan.gate_tokens, np.int64)
+    source = np.asarray(plan.source, np.int64)
+    if static:
+        gate, reused, computed, gen = _pad_static(gate, source, share, reused, computed, gen)
+        ctx = reused + computed
+        copy = np.where(share, ctx % bs, 0).astype(np.int64)
     if verify_reuses_kv and not no_kv:
         # The branch's last generated token has no KV yet: it enters with the verification prompt.
         v_new = np.where(gen > 0, 1, 0) + vlen
         v_cached = ctx + np.maximum(gen - 1, 0)
     else:
-        v_new = ctx + gen + vlen
+        # static (the real module): each branch's own prompt + its own generation + the verification
+        # prompt, also for a branch that decoded on the root's KV
+        v_new = (ctx + gen + vlen) if not static else (np.asarray(f.prompt_len, np.int64) + gen0 + vlen)
         v_cached = np.zeros(f.B, np.int64)
+    if static and f.B:
+        # one left-padded batch: every row at the longest row's length
+        v_new = np.full(f.B, int(v_new.max()), np.int64)
+        v_cached = np.full(f.B, int(v_cached.max()), np.int64)
     return Job(B=f.B, L=L, bs=bs, reused=reused, computed=computed, copy=copy,
-               gate=np.asarray(plan.gate_tokens, np.int64), source=np.asarray(plan.source, np.int64),
-               share=share, ctx=ctx, gen=gen, own=computed + copy, verify_on=not skipped,
+               gate=gate, source=source, share=share, ctx=ctx, gen=gen, own=computed + copy, verify_on=not skipped,
                v_new=v_new, v_cached=v_cached, v_layers=layers, v_probes=probes, v_head=head,
                v_kv_tokens=v_new, v_reuse=bool(verify_reuses_kv and not no_kv), score=np.asarray(score, np.float64))
+
+
+def _pad_static(gate, source, share, reused, computed, gen):
+    """Token counts of one problem's branches run as static, left-padded batches.
+
+    This is how an eager Hugging Face runner (rksim's real module, ``calibrate``)
+    executes the branches, and what its timings measure: a batched forward computes
+    every row at the batch's longest length, and a finished row stays in the decode
+    batch until the last one finishes. So:
+
+    * gate: every gated row runs ``max_b gate_b`` tokens;
+    * prefill: rows that compute tokens in the same wave (:meth:`Job.waves`) run the
+      wave's longest ``computed`` over its longest ``reused``;
+    * decode: every branch runs ``max_b gen_b - 1`` steps;
+    * verification (in :func:`build_job`): every row is the longest row's pass, a row
+      being the branch's own prompt + its generation + the verification prompt (the real
+      module recomputes that sequence also for a branch that decoded on the root's KV).
+
+    Padded tokens count as computed (and as KV, which a padded batch does hold). A
+    serving engine with variable-length attention and continuous batching (vLLM, SGLang,
+    and the simulator's default ``batching = "continuous"``) computes none of them.
+    """
+    B = len(gen)
+    gate = gate.copy()
+    g = gate > 0
+    if g.any():
+        gate[g] = int(gate[g].max())
+    reused, computed = reused.copy(), computed.copy()
+    probe = Job(B=B, L=1, bs=1, reused=reused, computed=computed, copy=np.zeros(B, np.int64), gate=gate,
+                source=source, share=share, ctx=reused + computed, gen=gen, own=computed,
+                verify_on=False, v_new=gen * 0, v_cached=gen * 0, v_layers=gen * 0, v_probes=gen * 0,
+                v_head=gen * 0, v_kv_tokens=gen * 0)
+    wave, _ = probe.waves()
+    for w in np.unique(wave[computed > 0]):
+        rows = (wave == w) & (computed > 0)
+        computed[rows] = int(computed[rows].max())
+        reused[rows] = int(reused[rows].max())
+    gen = np.full(B, int(gen.max()) if B else 0, np.int64)
+    return gate, reused, computed, gen
 
 
 def blocks(tokens, bs: int):

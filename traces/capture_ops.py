@@ -259,7 +259,7 @@ def gate_pool(lm: LoadedModel, spans: Sequence[Sequence[int]], pad_id: int) -> t
     """The ASKS gate's computation: one full-depth pass over the variant spans *only*.
 
     The spans (token ids, one list per branch) form one left-padded batch; no KV
-    is kept and no LM head runs beyond the last position. Capture records the ASKS
+    is kept and no LM head runs (the decoder stack alone). Capture records the ASKS
     signals with this function and the real runner's gate calls it too, so a trace
     and a real run see bit-identical similarities (decision parity).
 
@@ -269,8 +269,9 @@ def gate_pool(lm: LoadedModel, spans: Sequence[Sequence[int]], pad_id: int) -> t
     """
     ids, mask, pos = left_pad([list(x) for x in spans], pad_id, lm.device)
     T = ids.shape[1]
-    out = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                   output_hidden_states=True, logits_to_keep=1)
+    # the decoder stack alone (HF's `base_model`): the gate needs hidden states, not logits
+    out = lm.model.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                              output_hidden_states=True)
     return pool_span(out.hidden_states, [(0, len(x)) for x in spans], [T - len(x) for x in spans])
 
 
