@@ -344,3 +344,60 @@ def test_eff_mv_in_presets(tmp_path):
     p.write_text("peak_flops: 1e11\nmem_bw: 1e10\nmem_capacity: 1e9\neff_mv: '2'\n")
     assert load_hardware(str(p)).eff_mv == 2.0
     assert load_hardware("h100-sxm").eff_mv is None   # other presets: off
+
+
+# ----------------------------------------------------------------------------- attention's own efficiencies
+
+@pytest.mark.parametrize("roofline", ["iteration", "operator"])
+def test_eff_att_and_eff_kv_price_attention_and_nothing_else(roofline):
+    hw = dataclasses.replace(TRUE, roofline=roofline)
+    att = dataclasses.replace(hw, eff_att=0.05, eff_kv=0.02)
+    dec = C.batch_terms(SMOL, [1] * 8, [1500] * 8)          # decode over a long context: KV-bound attention
+    pre = C.batch_terms(SMOL, [2048], [0])                  # long prefill: attention flops
+    # None is the old formula, and eff_att = eff_c, eff_kv = eff_m are the same as None
+    same = dataclasses.replace(hw, eff_att=hw.eff_c, eff_kv=hw.eff_m)
+    for t in (dec, pre):
+        assert float(same.time(t)) == pytest.approx(float(hw.time(t)), rel=1e-12)
+        assert float(att.time(t)) > float(hw.time(t))
+    # terms without attention are priced exactly as before
+    lin = C.OpTerms(dec.flops - dec.f_att, dec.bytes - dec.b_att, dec.kernels, dec.layers, f_lin=dec.f_lin,
+                    b_lin=dec.b_lin, f_head=dec.f_head, b_head=dec.b_head)
+    assert float(att.time(lin)) == float(hw.time(lin))
+    if roofline == "operator":
+        # the KV bytes move from eff_m to eff_kv (decode attention is memory-bound at both)
+        ba = float(dec.b_att)
+        want = ba / (hw.mem_bw * 0.02) - ba / (hw.mem_bw * hw.eff_m)
+        assert float(att.time(dec)) - float(hw.time(dec)) == pytest.approx(want, rel=1e-9)
+    # the scalar path the engine uses agrees
+    sc = C.ScalarCost(SMOL, att)
+    assert sc.seconds([(1, 1500, None, 0, 1, 0)] * 8) == pytest.approx(float(att.time(dec)), rel=1e-12)
+    assert sc.seconds([(2048, 0, None, 0, 1, 0)]) == pytest.approx(float(att.time(pre)), rel=1e-12)
+
+
+def test_fit_recovers_eff_att_and_eff_kv():
+    rng = np.random.default_rng(7)
+    df = phases_frame(_rows(rng))
+    A = phase_terms(SMOL, df)
+    true = dataclasses.replace(TRUE, roofline="operator", eff_att=0.12, eff_kv=0.15)
+    y = predict(true, A) * np.exp(rng.normal(0, 0.003, A.shape[1]))
+    res = fit_profile(BASE, A, y, roofline="operator")
+    assert {"eff_att", "eff_kv"} <= set(res.fitted)
+    assert res.profile.eff_att == pytest.approx(0.12, rel=0.1)
+    assert res.profile.eff_kv == pytest.approx(0.15, rel=0.1)
+    assert res.profile.eff_c == pytest.approx(true.eff_c, rel=0.05)
+    assert res.profile.eff_m == pytest.approx(true.eff_m, rel=0.1)
+    # attention=False: they stay the base profile's (None), and the fit is worse
+    off = fit_profile(BASE, A, y, roofline="operator", attention=False)
+    assert "eff_att" not in off.fitted and off.profile.eff_att is None and off.profile.eff_kv is None
+    assert off.rel_rms > 3 * res.rel_rms
+
+
+def test_eff_att_and_eff_kv_in_presets(tmp_path):
+    for f in ("eff_att", "eff_kv"):
+        with pytest.raises(ValueError, match=f):
+            dataclasses.replace(BASE, **{f: -1.0})
+    p = tmp_path / "hw.yaml"
+    p.write_text("peak_flops: 1e11\nmem_bw: 1e10\nmem_capacity: 1e9\neff_att: '0.5'\neff_kv: 0.25\n")
+    hw = load_hardware(str(p))
+    assert (hw.eff_att, hw.eff_kv) == (0.5, 0.25)
+    assert load_hardware("h100-sxm").eff_att is None and load_hardware("h100-sxm").eff_kv is None
