@@ -314,6 +314,16 @@ def split_problems(problems: list[int], holdout: float, seed: int = 0) -> tuple[
     return [p for p in ps if p not in hold], hold
 
 
+def _where(d: Path) -> str:
+    """A run directory as the preset records it: relative to the working directory when inside it
+    (a shipped preset names no one's home), else absolute."""
+    full = Path(d).resolve()
+    try:
+        return str(full.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(full)
+
+
 def fit_run_dir(dir_: Path, name: str = "local-cpu", out: Path | None = None, holdout: float = 0.5,
                 seed: int = 0, clock: str = "auto", roofline: str = "auto") -> dict:
     """``rksim calibrate fit DIR``: fit on the fit split's phases and the op sweep; write the preset.
@@ -371,7 +381,7 @@ def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = N
                        for p in parts)
     notes = (f"fitted on {res.n} phases of {models} on {device} with {runs[0].get('threads')} threads, "
              f"{used} clock")
-    fitted_on = {"run": str(dirs[0].resolve()) if len(dirs) == 1 else [str(d.resolve()) for d in dirs],
+    fitted_on = {"run": _where(dirs[0]) if len(dirs) == 1 else [_where(d) for d in dirs],
                  "created": runs[0].get("created"), "model": ", ".join(sorted({r["model"]["name"] for r in runs})),
                  "dtype": "/".join(dtypes), "threads": runs[0].get("threads")}
     write_preset(path, res, frange, device=device, fitted_on=fitted_on, notes=notes, clock=used)
