@@ -277,7 +277,8 @@ class Reproducer:
 
         The simulated twin replays the first SmolLM2 GSM8K persona-prefix trace reshaped to the
         measured run's shape (mean prompt, branches, generated tokens), with the trace's model
-        as cost target on ``local-cpu``: the like-for-like check of the simulator against reality.
+        as cost target on ``local-cpu`` and the real module's static padded batches
+        (``batching = "static"``): the like-for-like check of the simulator against reality.
         """
         sp = self.measured["speedup"]
         if not sp:
@@ -294,13 +295,16 @@ class Reproducer:
                         f"gen_tokens={int(s['step_tokens'])},seed={self.cfg.seed}")
                 for reuse in (False, True):
                     try:
-                        m = self.ev(twin, pol, target=(None, "local-cpu"), reshape=spec, verify_reuses_kv=reuse)
+                        # static padded batches: what the real module executes (sim.workload._pad_static)
+                        m = self.ev(twin, pol, target=(None, "local-cpu"), reshape=spec, verify_reuses_kv=reuse,
+                                    workload={"batching": "static"})
                         sim[reuse] = m[key]
                     except ValueError as exc:  # outside local-cpu's fitted range: say so, do not extrapolate
                         sim[reuse] = None
                         data.setdefault("refused", str(exc)[:200])
             twin_txt = (f"; simulated for the same shape on local-cpu: {_r(sim.get(False), 3)}× / "
-                        f"{_r(sim.get(True), 3)}× (`{twin.name}` reshaped)" if sim else "")
+                        f"{_r(sim.get(True), 3)}× (`{twin.name}` reshaped, static padded batches as the real "
+                        f"module runs them)" if sim else "")
             parts.append(f"{_r(v, 3)}× recompute / {_r(v2, 3)}× reuse ({name}: real {res.get('model', 'smollm2-135m')} "
                          f"on CPU, {s.get('problems')} problem(s), ~{_r(s.get('prompt_tokens_mean'), 4)}-token prompts, "
                          f"B={s.get('branches')}, {s.get('step_tokens')} tokens){twin_txt}")
