@@ -182,7 +182,10 @@ def _pad_static(gate, source, share, reused, computed, gen):
     * gate: every gated row runs ``max_b gate_b`` tokens;
     * prefill: rows that compute tokens in the same wave (:meth:`Job.waves`) run the
       wave's longest ``computed`` over its longest ``reused``;
-    * decode: every branch runs ``max_b gen_b - 1`` steps;
+    * decode: every branch runs ``max_b gen_b - 1`` steps, each row over its own context
+      (a decode batch mixing rows of different contexts -- a root-sharing branch beside one
+      that prefilled a longer prompt of its own -- is left-padded too; those few pad keys
+      per step are not charged);
     * verification (in :func:`build_job`): every row is the longest row's pass, a row
       being the branch's own prompt + its generation + the verification prompt (the real
       module recomputes that sequence also for a branch that decoded on the root's KV).
