@@ -14,21 +14,37 @@ In a calibration it lands on a few problems only -- the held-out ones, say --
 and biases every prediction made for them. Whole passes over the job list
 (``ABC ABC ABC``) put a job's repeats minutes apart, so a slow stretch hits
 different jobs in each pass and the minimum removes it, unless the host is
-slow at every pass, which is then the machine's speed and not noise.
+slow at every pass, which is then the machine's speed and not noise. Each
+pass runs the jobs in its own seeded random order (``CAB BCA ...``; the
+randomised run order of experimental design): in a fixed order a problem's
+jobs sit side by side in every pass, so one slow stretch slows all of one
+problem together, and a slowdown that recurs at the same point of every pass
+(a neighbour's periodic job, the pass's own sweep) always hits the same jobs.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
+
+def pass_order(n_jobs: int, rep: int, seed: int | None) -> list[int]:
+    """The order of pass ``rep``: a permutation seeded by ``(seed, rep)``; ``seed=None``: ``0..n-1``."""
+    if seed is None:
+        return list(range(n_jobs))
+    return [int(j) for j in np.random.default_rng([int(seed), int(rep)]).permutation(n_jobs)]
+
 
 def fastest_of_passes(n_jobs: int, repeats: int, run: Callable[[int], tuple[Any, float]],
                       between_passes: Callable[[int], None] | None = None,
-                      on_done: Callable[[int, int], None] | None = None) -> list[tuple[Any, float]]:
+                      on_done: Callable[[int, int], None] | None = None,
+                      seed: int | None = None) -> list[tuple[Any, float]]:
     """Run jobs ``0..n_jobs-1`` as ``repeats`` whole passes; keep each job's fastest result.
 
     Parameters
     ----------
     run : ``run(j) -> (result, seconds)``, one measurement of job ``j``.
+    seed : each pass runs the jobs in :func:`pass_order` (None: in index order).
     between_passes : called with the pass index after each pass (for work that is itself
         measured once per pass, such as an operator sweep).
     on_done : called with ``(pass, job)`` after each measurement (progress).
@@ -42,7 +58,7 @@ def fastest_of_passes(n_jobs: int, repeats: int, run: Callable[[int], tuple[Any,
         raise ValueError("repeats: must be >= 1")
     best: list[tuple[Any, float] | None] = [None] * n_jobs
     for rep in range(repeats):
-        for j in range(n_jobs):
+        for j in pass_order(n_jobs, rep, seed):
             res, sec = run(j)
             if best[j] is None or sec < best[j][1]:
                 best[j] = (res, sec)

@@ -390,7 +390,7 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
         bar.set_postfix_str(f"pass {rep + 1}/{cfg.repeats}")
         bar.update(1)
 
-    best = fastest_of_passes(len(jobs), cfg.repeats, measure, between_passes=sweep, on_done=done)
+    best = fastest_of_passes(len(jobs), cfg.repeats, measure, between_passes=sweep, on_done=done, seed=cfg.seed)
     bar.close()
     records = []
     for (p, _), ((rec, rows), _) in zip(jobs, best):

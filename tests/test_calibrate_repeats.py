@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from calibrate.repeats import fastest_of_passes, fastest_per_row
+from calibrate.repeats import fastest_of_passes, fastest_per_row, pass_order
 
 
 class Host:
@@ -65,3 +65,40 @@ def test_fastest_per_row_is_the_elementwise_minimum(passes):
 def test_fastest_per_row_refuses_passes_of_other_rows():
     with pytest.raises(ValueError, match="not the same rows"):
         fastest_per_row([[1.0, 2.0], [1.0]], seconds=lambda x: x)
+
+
+class PeriodicHost(Host):
+    """Slow by `slow` whenever the clock, modulo `period`, is in [t0, t1) (a neighbour's periodic job)."""
+
+    def __init__(self, work, period, t0, t1, slow):
+        super().__init__(work, t0, t1, slow)
+        self.period = period
+
+    def run(self, j):
+        start = self.t
+        sec = self.work[j] * (self.slow if self.t0 <= start % self.period < self.t1 else 1.0)
+        self.t += sec
+        self.order.append(j)
+        return j, sec
+
+
+def test_pass_order_is_a_seeded_permutation_per_pass():
+    orders = [pass_order(6, r, seed=0) for r in range(3)]
+    assert all(sorted(o) == list(range(6)) for o in orders)
+    assert len({tuple(o) for o in orders}) == 3                    # each pass its own order
+    assert orders == [pass_order(6, r, seed=0) for r in range(3)]  # and the same on every run
+    assert pass_order(6, 1, seed=None) == list(range(6))
+
+
+def test_a_slowdown_at_the_same_point_of_every_pass_is_removed_by_random_order():
+    # 4 jobs of 10 s, 40 s a pass; the host is slow for the second slot of every pass
+    fixed = PeriodicHost([10.0] * 4, period=40.0, t0=10.0, t1=20.0, slow=1.1)
+    kept = [s for _, s in fastest_of_passes(4, 3, fixed.run)]
+    assert kept[1] == pytest.approx(11.0)                          # in index order job 1 is always there
+    seeded = PeriodicHost([10.0] * 4, period=40.0, t0=10.0, t1=20.0, slow=1.1)
+    second = [pass_order(4, r, seed=0)[1] for r in range(3)]
+    assert len(set(second)) > 1                                    # different jobs in that slot
+    # (the slow slot shifts the clock by 1 s; a job is kept fast unless it sat in the slot every pass)
+    kept = [s for _, s in fastest_of_passes(4, 3, seeded.run, seed=0)]
+    assert kept == [10.0] * 4
+    assert seeded.order[:4] == pass_order(4, 0, seed=0)
