@@ -16,7 +16,8 @@ numbers: only their products with the efficiencies are identifiable); the fit
 finds ``eff_c``, ``eff_m``, ``per_kernel_s``, ``per_layer_s``,
 ``sample_s_per_vocab``, ``host_per_iter_s`` (and ``per_kernel_graph_s`` where a
 phase replayed a CUDA graph, ``eff_mv`` where a forward had a single token row,
-the matrix-vector regime of :mod:`sim.cost`) minimising the robust (soft-L1) sum of *relative*
+the matrix-vector regime of :mod:`sim.cost`, and ``eff_att`` / ``eff_kv``, attention's
+own compute and KV-traffic efficiencies, where a phase ran attention) minimising the robust (soft-L1) sum of *relative*
 residuals ``(t_model - t_measured) / t_measured`` with
 :func:`scipy.optimize.least_squares` — relative, so that a 20 ms decode step
 counts as much as a 7 s prefill. Efficiencies are fitted in log space (always
@@ -112,10 +113,6 @@ def predict(hw: HardwareProfile, terms: np.ndarray, roofline: str | None = None)
 def _log_params(free: list[str]) -> list[str]:
     """Parameters in log space at the front of x: eff_c, eff_m and, where fitted, eff_mv, eff_att, eff_kv."""
     return ["eff_c", "eff_m"] + [p for p in _LOG_OPTIONAL if p in free]
-
-
-def _n_log(free: list[str]) -> int:
-    return len(_log_params(free))
 
 
 def _with(hw: HardwareProfile, x: np.ndarray, free: list[str], roofline: str) -> HardwareProfile:

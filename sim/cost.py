@@ -9,7 +9,9 @@ seconds::
         + kernels * per_kernel_s + layers * per_layer_s + samples * sample_s_per_vocab + iters * host_per_iter_s
 
 with ``b_mv = b_lin_mv + b_head_mv`` the weight bytes read by matrix-vector
-products (below; ``eff_mv`` None means ``eff_m``, and the formula is the plain roofline)
+products (below; ``eff_mv`` None means ``eff_m``, and the formula is the plain roofline),
+and attention's flops and KV bytes (``f_att``, ``b_att``) at their own ``eff_att`` /
+``eff_kv`` where the profile sets them
 
 (the per-operator roofline and CUDA-graph kernels: :class:`sim.profiles.HardwareProfile`).
 Keeping the two apart is what lets ``calibrate`` fit ``eff_c``, ``eff_m``,

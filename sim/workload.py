@@ -97,18 +97,26 @@ class Job:
     def waves(self) -> tuple[np.ndarray, np.ndarray]:
         """Iteration index (1-based, among the problem's prefill-class iterations) of each branch's prefill.
 
-        ``ready_b = max(wave(source_b), 1 if gate_b else 0)``; ``wave_b = ready_b + 1`` if the branch
-        has a prefill item else ``ready_b`` (its first token is available then, 0 = at arrival).
-        Returns ``(wave, ready)``.
+        See :func:`prefill_waves`. Returns ``(wave, ready)``.
         """
-        wave = np.zeros(self.B, np.int64)
-        ready = np.zeros(self.B, np.int64)
-        for b in range(self.B):
-            s = int(self.source[b])
-            r = max(int(wave[s]) if s >= 0 else 0, 1 if self.gate[b] > 0 else 0)
-            ready[b] = r
-            wave[b] = r + 1 if self.has_prefill[b] else r
-        return wave, ready
+        return prefill_waves(self.source, self.gate, self.has_prefill)
+
+
+def prefill_waves(source, gate, has_prefill) -> tuple[np.ndarray, np.ndarray]:
+    """``ready_b = max(wave(source_b), 1 if gate_b else 0)``; ``wave_b = ready_b + 1`` if the branch
+    has a prefill item else ``ready_b`` (its first token is available then, 0 = at arrival).
+
+    Returns ``(wave, ready)``.
+    """
+    B = len(source)
+    wave = np.zeros(B, np.int64)
+    ready = np.zeros(B, np.int64)
+    for b in range(B):
+        s = int(source[b])
+        r = max(int(wave[s]) if s >= 0 else 0, 1 if gate[b] > 0 else 0)
+        ready[b] = r
+        wave[b] = r + 1 if has_prefill[b] else r
+    return wave, ready
 
 
 def probes_for(exit_layers: np.ndarray, L: int, l_min: int) -> np.ndarray:
@@ -149,7 +157,7 @@ def build_job(f, plan, exit_layers: np.ndarray | None, skipped: bool, *, L: int,
     gate = np.asarray(plan.gate_tokens, np.int64)
     source = np.asarray(plan.source, np.int64)
     if static:
-        gate, reused, computed, gen = _pad_static(gate, source, share, reused, computed, gen)
+        gate, reused, computed, gen = _pad_static(gate, source, reused, computed, gen)
         ctx = reused + computed
         copy = np.where(share, ctx % bs, 0).astype(np.int64)
     if verify_reuses_kv and not no_kv:
@@ -171,7 +179,7 @@ def build_job(f, plan, exit_layers: np.ndarray | None, skipped: bool, *, L: int,
                v_kv_tokens=v_new, v_reuse=bool(verify_reuses_kv and not no_kv), score=np.asarray(score, np.float64))
 
 
-def _pad_static(gate, source, share, reused, computed, gen):
+def _pad_static(gate, source, reused, computed, gen):
     """Token counts of one problem's branches run as static, left-padded batches.
 
     This is how an eager Hugging Face runner (rksim's real module, ``calibrate``)
@@ -200,11 +208,7 @@ def _pad_static(gate, source, share, reused, computed, gen):
     if g.any():
         gate[g] = int(gate[g].max())
     reused, computed = reused.copy(), computed.copy()
-    probe = Job(B=B, L=1, bs=1, reused=reused, computed=computed, copy=np.zeros(B, np.int64), gate=gate,
-                source=source, share=share, ctx=reused + computed, gen=gen, own=computed,
-                verify_on=False, v_new=gen * 0, v_cached=gen * 0, v_layers=gen * 0, v_probes=gen * 0,
-                v_head=gen * 0, v_kv_tokens=gen * 0)
-    wave, _ = probe.waves()
+    wave, _ = prefill_waves(source, gate, computed > 0)   # only rows that compute tokens are padded
     for w in np.unique(wave[computed > 0]):
         rows = (wave == w) & (computed > 0)
         computed[rows] = int(computed[rows].max())

@@ -33,7 +33,7 @@ def _plan(reused, computed, gate, source, share):
 def test_pad_static_by_hand():
     # branch 0 is the root (computes 66 prompt tokens); 1 and 2 share its KV; 3 computes its own 71
     gate, reused, computed, gen = _pad_static(
-        np.array([7, 11, 0, 12]), np.array([-1, 0, 0, -1]), np.array([False, True, True, False]),
+        np.array([7, 11, 0, 12]), np.array([-1, 0, 0, -1]),
         np.array([0, 66, 66, 0]), np.array([66, 0, 0, 71]), np.array([16, 24, 17, 20]))
     assert gate.tolist() == [12, 12, 0, 12]          # gated rows padded to the longest span
     assert computed.tolist() == [71, 0, 0, 71]       # the first wave's computing rows at its longest
