@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .params import arg_type, number, parse_sets
+from .params import number, parse_sets
 
 # sharing / token policies that apply to one plain request; the others are the reasoning workload's
 _NO_POLICY = ("none", "full")
@@ -46,19 +46,14 @@ def _target_flags(p, offline: bool) -> None:
     p.add_argument("--model-preset", required=True, metavar="NAME", help="model preset (rksim presets) or YAML file")
     p.add_argument("--hardware", required=True, metavar="NAME", help="hardware preset or YAML file")
     which = "offline LLM class" if offline else "vllm serve"
-    p.add_argument("--max-num-seqs", type=arg_type(_int(1, 1 << 20), "--max-num-seqs"), default=None, metavar="S",
+    p.add_argument("--max-num-seqs", default=None, metavar="S",
                    help=f"running sequences cap (default: vLLM's {which} default for the device)")
-    p.add_argument("--max-num-batched-tokens", type=arg_type(_int(1, 1 << 24), "--max-num-batched-tokens"),
-                   default=None, metavar="M", help=f"tokens per iteration (default: vLLM's {which} default for the device)")
+    p.add_argument("--max-num-batched-tokens", default=None, metavar="M", help=f"tokens per iteration (default: vLLM's {which} default for the device)")
     p.add_argument("--scheduler", choices=["vllm-v1", "prefill-first"], default="vllm-v1",
                    help="scheduling rule (sim.scheduler)")
-    p.add_argument("--gpu-memory-utilization", type=arg_type(lambda t, f: number(t, f, lo=0, hi=1, lo_open=True),
-                                                              "--gpu-memory-utilization"),
-                   default=0.9, metavar="U", help="share of device memory for weights + activations + KV")
-    p.add_argument("--kv-capacity-bytes", type=arg_type(lambda t, f: number(t, f, lo=0, hi=1e18),
-                                                         "--kv-capacity-bytes"),
-                   default=None, metavar="B", help="KV capacity in bytes (default: memory x utilisation - weights - reserve)")
-    p.add_argument("--block-size", type=arg_type(_int(1, 4096), "--block-size"), default=16, metavar="T",
+    p.add_argument("--gpu-memory-utilization", default=0.9, metavar="U", help="share of device memory for weights + activations + KV")
+    p.add_argument("--kv-capacity-bytes", default=None, metavar="B", help="KV capacity in bytes (default: memory x utilisation - weights - reserve)")
+    p.add_argument("--block-size", default=16, metavar="T",
                    help="tokens per KV block")
     p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
                    help="turn exact-prefix caching off (vLLM's flag; on by default as in vLLM V1)")
@@ -67,7 +62,7 @@ def _target_flags(p, offline: bool) -> None:
                         "(rksim policies --kind token) bounding each request's KV")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a parameter of --policy (repeatable), e.g. --set budget=256")
-    p.add_argument("--seed", type=arg_type(_int(0, 2 ** 63 - 1), "--seed"), default=0,
+    p.add_argument("--seed", default=0,
                    help="simulator seed: vLLM's --seed (lengths and arrivals)")
 
 
@@ -76,30 +71,63 @@ def _dataset_flags(p, serve: bool) -> None:
         p.add_argument("--dataset-name", choices=["random", "lengths"], default=None,
                        help="random (vLLM's RandomDataset) or lengths (--dataset-path) (default: random, or "
                             "lengths when --dataset-path is given)")
-        p.add_argument("--random-input-len", type=arg_type(_int(0, 1 << 22), "--random-input-len"), default=1024,
+        p.add_argument("--random-input-len", default=1024,
                        metavar="N", help="mean prompt length")
-        p.add_argument("--random-output-len", type=arg_type(_int(1, 1 << 22), "--random-output-len"), default=128,
+        p.add_argument("--random-output-len", default=128,
                        metavar="M", help="mean output length")
-        p.add_argument("--random-prefix-len", type=arg_type(_int(0, 1 << 22), "--random-prefix-len"), default=0,
+        p.add_argument("--random-prefix-len", default=0,
                        metavar="P", help="tokens of a prefix shared by every prompt")
-        p.add_argument("--input-len", type=arg_type(_int(0, 1 << 22), "--input-len"), default=None, metavar="N",
+        p.add_argument("--input-len", default=None, metavar="N",
                        help="vLLM's general input length: sets --random-input-len (default: unset)")
-        p.add_argument("--output-len", type=arg_type(_int(1, 1 << 22), "--output-len"), default=None, metavar="M",
+        p.add_argument("--output-len", default=None, metavar="M",
                        help="vLLM's general output length: sets --random-output-len (default: unset)")
     else:
-        p.add_argument("--input-len", type=arg_type(_int(0, 1 << 22), "--input-len"), default=None, metavar="N",
+        p.add_argument("--input-len", default=None, metavar="N",
                        help="prompt length (required without --dataset-path; default: unset)")
-        p.add_argument("--output-len", type=arg_type(_int(1, 1 << 22), "--output-len"), default=None, metavar="M",
+        p.add_argument("--output-len", default=None, metavar="M",
                        help="output length (required without --dataset-path; default: unset)")
-        p.add_argument("--prefix-len", type=arg_type(_int(0, 1 << 22), "--prefix-len"), default=0, metavar="P",
+        p.add_argument("--prefix-len", default=0, metavar="P",
                        help="tokens of a prefix shared by every prompt")
-    p.add_argument("--random-range-ratio", type=arg_type(_ratio, "--random-range-ratio"), default=0.0, metavar="R",
+    p.add_argument("--random-range-ratio", default=0.0, metavar="R",
                    help="lengths uniform in [len (1 - R), len (1 + R)], R in [0, 1)")
     p.add_argument("--dataset-path", default=None, metavar="FILE",
                    help="(input, output) lengths: CSV input_len,output_len, JSON pairs or objects, JSON lines, or a "
                         "vllm bench --save-detailed result (default: none)")
-    p.add_argument("--num-prompts", type=arg_type(_int(1, 10_000_000), "--num-prompts"), default=None, metavar="K",
+    p.add_argument("--num-prompts", default=None, metavar="K",
                    help="requests (default 1000; with --dataset-path: every row)")
+
+
+# numbers are read as text and checked here (one line naming the flag, no usage dump)
+_CHECKS = {
+    "--max-num-seqs": _int(1, 1 << 20),
+    "--max-num-batched-tokens": _int(1, 1 << 24),
+    "--block-size": _int(1, 4096),
+    "--seed": _int(0, 2 ** 63 - 1),
+    "--random-input-len": _int(0, 1 << 22),
+    "--random-output-len": _int(1, 1 << 22),
+    "--random-prefix-len": _int(0, 1 << 22),
+    "--input-len": _int(0, 1 << 22),
+    "--output-len": _int(1, 1 << 22),
+    "--prefix-len": _int(0, 1 << 22),
+    "--random-range-ratio": _ratio,
+    "--num-prompts": _int(1, 10_000_000),
+    "--request-rate": _rate,
+    "--burstiness": _burst,
+    "--max-concurrency": _int(1, 10_000_000),
+    "--metric-percentiles": _pcts,
+    "--gpu-memory-utilization": lambda t, f: number(t, f, lo=0, hi=1, lo_open=True),
+    "--kv-capacity-bytes": lambda t, f: number(t, f, lo=0, hi=1e18),
+}
+
+
+def _checked(args):
+    """Convert and check every numeric flag (``ValueError`` naming the flag)."""
+    for flag, fn in _CHECKS.items():
+        dest = flag[2:].replace("-", "_")
+        v = getattr(args, dest, None)
+        if v is not None:
+            setattr(args, dest, fn(v, flag))
+    return args
 
 
 def register(sub) -> None:
@@ -110,18 +138,18 @@ def register(sub) -> None:
     p = bsub.add_parser("serve", help="vllm bench serve, simulated: online serving of plain requests")
     _target_flags(p, offline=False)
     _dataset_flags(p, serve=True)
-    p.add_argument("--request-rate", type=arg_type(_rate, "--request-rate"), default=math.inf, metavar="R",
+    p.add_argument("--request-rate", default=math.inf, metavar="R",
                    help="requests per second; inf sends all at t = 0 (default inf)")
-    p.add_argument("--burstiness", type=arg_type(_burst, "--burstiness"), default=1.0, metavar="B",
+    p.add_argument("--burstiness", default=1.0, metavar="B",
                    help="gamma shape of the inter-arrival times (1 = Poisson)")
-    p.add_argument("--max-concurrency", type=arg_type(_int(1, 10_000_000), "--max-concurrency"), default=None,
+    p.add_argument("--max-concurrency", default=None,
                    metavar="C", help="requests outstanding at once (default: unlimited)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="generate exactly the requested lengths (rksim always does: it has no model to stop early; "
                         "vLLM sets it for the random dataset)")
     p.add_argument("--percentile-metrics", default="ttft,tpot,itl", metavar="NAME,NAME",
                    help="metrics to report percentiles of: ttft, tpot, itl, e2el")
-    p.add_argument("--metric-percentiles", type=arg_type(_pcts, "--metric-percentiles"), default=[99.0],
+    p.add_argument("--metric-percentiles", default="99",
                    metavar="P,P", help="percentiles of the selected metrics")
     p.add_argument("--save-result", action="store_true", help="write the result JSON (vLLM's schema)")
     p.add_argument("--save-detailed", action="store_true",
@@ -172,7 +200,15 @@ def _policy(args):
 def _target(args):
     from sim.capacity import ServingConfig
     from sim.profiles import load_hardware, load_model
-    model, hw = load_model(args.model_preset), load_hardware(args.hardware)
+    from sim.profiles import PresetError
+    try:
+        model = load_model(args.model_preset)
+    except (PresetError, FileNotFoundError) as exc:
+        raise ValueError(f"--model-preset: {exc}") from None
+    try:
+        hw = load_hardware(args.hardware)
+    except (PresetError, FileNotFoundError) as exc:
+        raise ValueError(f"--hardware: {exc}") from None
     caching, pol = _policy(args)
     sv = ServingConfig(scheduler=args.scheduler, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
@@ -191,6 +227,7 @@ def _write_json(path: Path, obj) -> None:
 
 def _cmd_serve(args) -> int:
     from sim import plain
+    _checked(args)
     model, hw, sv, pol = _target(args)
     name = args.dataset_name or ("lengths" if args.dataset_path else "random")
     if name == "random":
@@ -228,6 +265,7 @@ def _cmd_serve(args) -> int:
 
 def _cmd_throughput(args) -> int:
     from sim import plain
+    _checked(args)
     model, hw, sv, pol = _target(args)
     if args.dataset_path is not None:
         wl = plain.file_workload(args.dataset_path, args.num_prompts)
