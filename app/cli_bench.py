@@ -61,7 +61,7 @@ def _target_flags(p, offline: bool) -> None:
                    help="none, exact-prefix (prefix caching on), no-kv (off), or a token eviction policy "
                         "(rksim policies --kind token) bounding each request's KV")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a parameter of --policy (repeatable), e.g. --set budget=256")
+                   help="a parameter of --policy (repeatable), e.g. --set budget=256 (default: none)")
     p.add_argument("--seed", default=0,
                    help="simulator seed: vLLM's --seed (lengths and arrivals)")
 
