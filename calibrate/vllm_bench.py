@@ -239,7 +239,12 @@ def fit_files(files: list, model, hw, *, max_num_seqs=None, max_num_batched_toke
     A = np.concatenate([t[0] for t in tabs], axis=1)
     y = np.concatenate([t[1] for t in tabs])
     res = fit_profile(_base(hw), A, y, roofline=roofline)
-    prof = dataclasses.replace(res.profile, name=hw.name, calibrated=True)
+    # the fitted profile answers only inside what the files measured (and for this model)
+    frange = {"max_context_tokens": max(t[2]["max_context_tokens"] for t in tabs),
+              "max_new_tokens": max(t[2]["max_new_tokens"] for t in tabs),
+              "max_batch": max(t[2]["max_batch"] for t in tabs), "models": [model.name],
+              "dtypes": [model.dtype_name]}
+    prof = dataclasses.replace(res.profile, name=hw.name, calibrated=True, fitted_range=frange)
     per_iter = prof.per_kernel_s * (C.K_LAYER * model.n_layers + C.K_FWD)
     coeffs = {p: getattr(prof, p) for p in res.fitted if p not in ("per_layer_s", "host_per_iter_s",
                                                                    "sample_s_per_vocab", "per_kernel_graph_s")}
@@ -249,11 +254,13 @@ def fit_files(files: list, model, hw, *, max_num_seqs=None, max_num_batched_toke
            "per_file": [t[2] for t in tabs], "coefficients": coeffs, "scheduler": sc.to_dict(),
            "kv_capacity_blocks": int(blocks), "holdout": None, "errors": {},
            "fit_result": dataclasses.replace(res, profile=prof),
-           "fitted_range": {"max_context_tokens": max(t[2]["max_context_tokens"] for t in tabs),
-                            "max_new_tokens": max(t[2]["max_new_tokens"] for t in tabs),
-                            "max_batch": max(t[2]["max_batch"] for t in tabs), "models": [model.name]}}
+           "fitted_range": frange}
     target = bfs[ho] if ho is not None else bfs[0]
-    pred = predict_file(target, model, prof, sv, block_size)
+    # the held-out run may reach past what the fit measured (a longer context, a larger batch): it is
+    # predicted anyway, and the output says so
+    pred = predict_file(target, model, dataclasses.replace(prof, fitted_range=None), sv, block_size)
+    beyond = [f"{k} {v} > fitted {frange[k]}" for k, v in pred.pop("_range").items() if v > frange[k]]
+    out["holdout_beyond_fitted_range"] = beyond
     meas = _measured(target)
     out["holdout"] = target.path if ho is not None else None
     out["errors"] = {m: (pred[m] / meas[m] - 1.0) if meas.get(m) else None for m in METRICS if m in pred}
@@ -290,7 +297,10 @@ def predict_file(bf: BenchFile, model, hw, serving, block_size: int = 16) -> dic
     # send times are relative to the first send; the benchmark's duration also counts the wait before it
     r.duration += _lead_in(bf)
     res = plain.serve_result(r, request_rate=bf.request_rate, max_concurrency=bf.max_concurrency)
-    return {m: res[m] for m in METRICS}
+    out = {m: res[m] for m in METRICS}
+    out["_range"] = {"max_context_tokens": int((bf.input_lens + bf.output_lens).max()),
+                     "max_batch": int(r.info["max_running_seqs"])}
+    return out
 
 
 def format_fit(out: dict) -> str:
@@ -306,7 +316,8 @@ def format_fit(out: dict) -> str:
     lines.append("coefficients: " + ", ".join(f"{k} {v:.4g}" for k, v in out["coefficients"].items()
                                                if v is not None))
     what = f"held-out file {out['holdout']}" if out["holdout"] else "the fitted file itself (no file held out)"
-    lines.append(f"prediction of {what}:")
+    lines.append(f"prediction of {what}:" + (f" (beyond the fitted range: {'; '.join(out['holdout_beyond_fitted_range'])})"
+                                              if out.get("holdout_beyond_fitted_range") else ""))
     df = pd.DataFrame({"measured": out["measured"], "predicted": out["predicted"],
                        "error": {k: v for k, v in out["errors"].items()}})
     df["error"] = df["error"].map(lambda v: "" if v is None or v != v else f"{v:+.1%}")
@@ -315,26 +326,38 @@ def format_fit(out: dict) -> str:
 
 
 def serve_run_result(run_dir, clock: str | None = None) -> dict:
-    """A ``calibrate serve`` run folder as a ``vllm bench serve --save-detailed`` result.
-
-    Iteration ``k`` ends at the cumulative sum of the measured iteration times (scheduling +
-    forward + sampling, on ``clock``: the run's own by default); a request is sent at the start
-    of the iteration before which it was submitted, and each of its tokens comes out at the end
-    of the iteration that sampled it.
-    """
+    """A ``calibrate serve`` run folder as a ``vllm bench serve --save-detailed`` result (:func:`serve_frames_result`)."""
     import pandas as pd
     d = Path(run_dir)
     summ = json.loads((d / "serve.json").read_text())
-    clock = clock or summ.get("clock", "wall")
-    it = pd.read_parquet(d / "iterations.parquet").sort_values("iteration")
-    rq = pd.read_parquet(d / "requests.parquet").sort_values("rid")
+    it = pd.read_parquet(d / "iterations.parquet")
+    rq = pd.read_parquet(d / "requests.parquet")
+    cfg = summ.get("config", {})
+    return serve_frames_result(it, rq, clock or summ.get("clock", "wall"), concurrency=cfg.get("concurrency"),
+                               model_id=str(cfg.get("model", "")), source=str(d))
+
+
+def serve_frames_result(it, rq, clock: str = "wall", concurrency=None, model_id: str = "", source: str = "") -> dict:
+    """The real serving loop's iterations (``seqs``, ``sample``, clocks) and requests (``rid``, ``prompt_len``,
+    ``arrival_iter``) as a ``vllm bench serve --save-detailed`` result.
+
+    Iteration ``k`` ends at the cumulative sum of the measured iteration times (scheduling +
+    forward + sampling, on ``clock``); a request is sent at the start of the iteration before which
+    it was submitted, and each of its tokens comes out at the end of the iteration that sampled it.
+    The run's users were closed-loop over *problems* (each of several requests), which vLLM's
+    ``max_concurrency`` (over requests) cannot say: the file has ``max_concurrency: null`` and the
+    sends as they happened (a prediction replays them), the users under ``rksim.closed_loop_users``.
+    """
+    from sim import plain
+    it = it.sort_values("iteration")
+    rq = rq.sort_values("rid")
     dt = it[f"{clock}_s"].to_numpy(np.float64) + it[f"sched_{clock}_s"].to_numpy(np.float64)
     T = np.concatenate([[0.0], np.cumsum(dt)])
     toks = {int(r): [] for r in rq["rid"]}
     for k, (seqs, samp) in enumerate(zip(it["seqs"], it["sample"])):
-        for s, sm in zip(seqs, samp):
+        for s_, sm in zip(seqs, samp):
             if sm:
-                toks[int(s)].append(T[k + 1])
+                toks[int(s_)].append(T[k + 1])
     starts, ttfts, itls, outs = [], [], [], []
     for r in rq.itertuples(index=False):
         st = float(T[int(r.arrival_iter)])
@@ -343,14 +366,13 @@ def serve_run_result(run_dir, clock: str | None = None) -> dict:
         ttfts.append(float(tt[0] - st))
         itls.append(np.diff(tt).tolist())
         outs.append(int(len(tt)))
-    from sim import plain
-    wl = plain.PlainWorkload(rq["prompt_len"].to_numpy(np.int64), np.asarray(outs, np.int64), 0, str(d))
-    e2el = np.array([s + t + sum(i) for s, t, i in zip(starts, ttfts, itls)]) - np.asarray(starts)
+    wl = plain.PlainWorkload(rq["prompt_len"].to_numpy(np.int64), np.asarray(outs, np.int64), 0, source)
     st = np.asarray(starts)
+    e2el = np.array([t + sum(i) for t, i in zip(ttfts, itls)])
     r = plain.PlainRun(wl, st, st, np.asarray(ttfts), e2el, itls, float(T[-1]),
-                       {"source": "rksim calibrate serve", "run_dir": str(d), "clock": clock})
-    cfg = summ.get("config", {})
-    res = plain.serve_result(r, max_concurrency=cfg.get("concurrency"), model_id=str(cfg.get("model", "")))
+                       {"source": "rksim calibrate serve", "run_dir": source, "clock": clock,
+                        "closed_loop_users": concurrency})
+    res = plain.serve_result(r, max_concurrency=None, model_id=model_id)
     res["backend"] = res["endpoint_type"] = "rksim-calibrate-serve"
     return res
 

@@ -317,6 +317,7 @@ def test_calibrate_serve_run_folder_as_a_vllm_result(tmp_path):
     d = serve_run_result(tmp_path)
     read_vllm_result(d)
     assert d["output_lens"] == [2, 3, 1] and d["start_times"] == [0.0, 0.0, pytest.approx(0.7)]
+    assert d["max_concurrency"] is None and d["rksim"]["closed_loop_users"] == 2
     assert d["ttfts"] == [0.5, 0.5, pytest.approx(0.4)]
     assert d["itls"][1] == [pytest.approx(0.1), pytest.approx(0.1)]
     f = tmp_path / "v.json"
