@@ -225,6 +225,10 @@ def register(sub) -> None:
     p.add_argument("--block-size", default="16", metavar="T", help="the server's --block-size (default 16)")
     p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
                    help="the server ran without prefix caching")
+    p.add_argument("--kv-capacity-bytes", default=None, metavar="B",
+                   help="the server's KV capacity in bytes (default: the device's, docs/simulator.md)")
+    p.add_argument("--dtype", default=None, metavar="NAME",
+                   help="dtype the runs served if not the preset's: bfloat16, float16, float32 (default: the preset's)")
     p.add_argument("--cluster-tol-ms", default="0.1", metavar="MS",
                    help="token times closer than this are one iteration's (default 0.1)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -237,13 +241,22 @@ def _cmd_vllm_bench(args) -> int:
     from sim.profiles import load_hardware, load_model
 
     model, hw = load_model(args.model_preset), load_hardware(args.hardware)
+    if args.dtype is not None:
+        import dataclasses
+
+        from sim.profiles import _CANON_DTYPE, _DTYPE_BYTES
+        name = _CANON_DTYPE.get(args.dtype, args.dtype)
+        if name not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"--dtype: {args.dtype!r} is not one of bfloat16, float16, float32 (others are not priced)")
+        model = dataclasses.replace(model, dtype=name, dtype_bytes=_DTYPE_BYTES[name])
+    kvb = number(args.kv_capacity_bytes, "--kv-capacity-bytes", lo=0, hi=1e18, allow_none=True)
     ho = None if str(args.holdout).strip().lower() == "none" else number(args.holdout, "--holdout", integer=True)
     mns = number(args.max_num_seqs, "--max-num-seqs", lo=1, integer=True, allow_none=True)
     mnbt = number(args.max_num_batched_tokens, "--max-num-batched-tokens", lo=1, integer=True, allow_none=True)
     bs = number(args.block_size, "--block-size", lo=1, hi=4096, integer=True)
     tol = number(args.cluster_tol_ms, "--cluster-tol-ms", lo=0) / 1000.0
     out = fit_files(args.files, model, hw, max_num_seqs=mns, max_num_batched_tokens=mnbt, block_size=bs,
-                    prefix_caching=args.prefix_caching, holdout=ho, cluster_tol_s=tol)
+                    prefix_caching=args.prefix_caching, holdout=ho, cluster_tol_s=tol, kv_capacity_bytes=kvb)
     if args.json:
         _print_json({k: v for k, v in out.items() if k not in ("profile", "fit_result")})
     else:
