@@ -135,7 +135,7 @@ def register(sub) -> None:
     bsub = b.add_subparsers(dest="bench_command", metavar="VERB")
     bsub.required = True
 
-    p = bsub.add_parser("serve", help="vllm bench serve, simulated: online serving of plain requests")
+    p = bsub.add_parser("serve", help="simulated vllm bench serve: online serving of plain requests")
     _target_flags(p, offline=False)
     _dataset_flags(p, serve=True)
     p.add_argument("--request-rate", default=math.inf, metavar="R",
@@ -159,7 +159,7 @@ def register(sub) -> None:
                    help="result file name (default rksim-{rate}qps[-concurrency{C}]-{model}-{hardware}.json)")
     p.set_defaults(func=_cmd_serve)
 
-    p = bsub.add_parser("throughput", help="vllm bench throughput, simulated: offline, every request at t = 0")
+    p = bsub.add_parser("throughput", help="simulated vllm bench throughput: offline, every request at t = 0")
     _target_flags(p, offline=True)
     _dataset_flags(p, serve=False)
     p.add_argument("--output-json", default=None, metavar="FILE", help="write vLLM's throughput JSON (default: none)")
