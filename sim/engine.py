@@ -465,22 +465,22 @@ class Engine:
         return p
 
     def _timed_user(self, pseq: int, slots):
+        """Job ``pseq`` due at ``arrival_times[pseq]``; with ``slots`` (a FIFO resource of ``max_concurrency``)
+        it is sent when it holds one, and holds it until answered."""
         t = self.arrival_times[pseq]
         if t > self.env.now:
             yield self.env.timeout(t - self.env.now)
-        if slots is None:
-            self._arrive(self._prob(pseq))
-        else:
-            with slots.request() as slot:
-                yield slot
-                ev = self.env.event()
-                self._arrive(self._prob(pseq), ev)
-                if self._wake is not None and not self._wake.triggered:
-                    self._wake.succeed()
-                yield ev
-            return
+        done = None
+        if slots is not None:
+            slot = slots.request()
+            yield slot
+            done = self.env.event()
+        self._arrive(self._prob(pseq), done)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+        if done is not None:
+            yield done
+            slots.release(slot)
 
     def _closed_loop_user(self, mine):
         for pseq in mine:
