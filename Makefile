@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: install run test test-fast bench capture app clean reference-check reproduce reproduce-traces reproduce-measured
+.PHONY: install run test test-fast bench capture app clean reference-check reproduce reproduce-traces reproduce-measured validate
 
 install: $(STAMP)
 
@@ -63,6 +63,10 @@ reference-check: $(STAMP) $(REFVENV)/.kvpress-installed
 
 # The papers' claims, one row each with a verdict (docs/reproduction/report.{md,html}, claims.json),
 # from the stored traces (examples/reproduce/) and real-module runs (docs/reproduction/measured/).
+# published serving figures beside rksim's predictions (docs/validation); rerun after any preset refit
+validate: $(STAMP)
+	$(PY) -m app.cli validate docs/validation/published-figures.yaml --markdown docs/validation/ratios.md --out docs/validation/ratios.json
+
 reproduce: $(STAMP)
 	$(RKSIM) reproduce --out docs/reproduction/
 

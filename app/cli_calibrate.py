@@ -90,6 +90,13 @@ def _cmd_serve(args) -> int:
             raise ValueError(f"--{flag.replace('_', '-')}: required (unless --rescore DIR)")
     cfg = ServeConfig.from_args(args)
     res = run_serve(cfg, Path(args.out), progress=True)
+    if getattr(args, "save_result", False):
+        from calibrate.vllm_bench import serve_run_result
+        from traces.store import atomic_write_text
+        path = Path(args.result_dir or args.out) / args.result_filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(serve_run_result(Path(args.out), cfg.clock)))
+        print(f"wrote {path}")
     if args.json:
         _print_json({k: v for k, v in res.items() if k not in ("config", "model", "versions")})
     else:
@@ -198,4 +205,63 @@ def register(sub) -> None:
     p.add_argument("--rescore", default=None, metavar="DIR",
                    help="replay a saved serve run again (e.g. with another --hardware) without the model (default: run the model)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--save-result", action="store_true",
+                   help="also write the run as a vllm bench serve --save-detailed result (calibrate vllm-bench reads it)")
+    p.add_argument("--result-dir", default=None, metavar="DIR", help="folder of that file (default: the run folder)")
+    p.add_argument("--result-filename", default="vllm-bench.json", metavar="FILE", help="its name")
     p.set_defaults(func=_cmd_serve)
+
+    p = csub.add_parser("vllm-bench", help="fit a hardware profile on vllm bench serve --save-detailed result files")
+    p.add_argument("files", nargs="+", metavar="FILE", help="result files (vllm bench serve --save-result --save-detailed)")
+    p.add_argument("--model-preset", required=True, metavar="NAME", help="model preset the runs served")
+    p.add_argument("--hardware", required=True, metavar="NAME", help="hardware preset to start from (its datasheet peaks)")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the fitted preset here (default: print only)")
+    p.add_argument("--device", default=None, metavar="NAME", help="device name recorded in the preset (default: --hardware)")
+    p.add_argument("--holdout", default="-1", metavar="I",
+                   help="index of the file held out of the fit and predicted (default -1, the last; 'none': fit on all)")
+    p.add_argument("--max-num-seqs", default=None, metavar="S", help="the server's max_num_seqs (default: vLLM's for the device)")
+    p.add_argument("--max-num-batched-tokens", default=None, metavar="M",
+                   help="the server's max_num_batched_tokens (default: vLLM's for the device)")
+    p.add_argument("--block-size", default="16", metavar="T", help="the server's --block-size (default 16)")
+    p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="the server ran without prefix caching")
+    p.add_argument("--kv-capacity-bytes", default=None, metavar="B",
+                   help="the server's KV capacity in bytes (default: the device's, docs/simulator.md)")
+    p.add_argument("--dtype", default=None, metavar="NAME",
+                   help="dtype the runs served if not the preset's: bfloat16, float16, float32 (default: the preset's)")
+    p.add_argument("--cluster-tol-ms", default="0.1", metavar="MS",
+                   help="token times closer than this are one iteration's (default 0.1)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_cmd_vllm_bench)
+
+
+def _cmd_vllm_bench(args) -> int:
+    from app.params import number
+    from calibrate.vllm_bench import fit_files, format_fit, write_fitted_preset
+    from sim.profiles import load_hardware, load_model
+
+    model, hw = load_model(args.model_preset), load_hardware(args.hardware)
+    if args.dtype is not None:
+        import dataclasses
+
+        from sim.profiles import _CANON_DTYPE, _DTYPE_BYTES
+        name = _CANON_DTYPE.get(args.dtype, args.dtype)
+        if name not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"--dtype: {args.dtype!r} is not one of bfloat16, float16, float32 (others are not priced)")
+        model = dataclasses.replace(model, dtype=name, dtype_bytes=_DTYPE_BYTES[name])
+    kvb = number(args.kv_capacity_bytes, "--kv-capacity-bytes", lo=0, hi=1e18, allow_none=True)
+    ho = None if str(args.holdout).strip().lower() == "none" else number(args.holdout, "--holdout", integer=True)
+    mns = number(args.max_num_seqs, "--max-num-seqs", lo=1, integer=True, allow_none=True)
+    mnbt = number(args.max_num_batched_tokens, "--max-num-batched-tokens", lo=1, integer=True, allow_none=True)
+    bs = number(args.block_size, "--block-size", lo=1, hi=4096, integer=True)
+    tol = number(args.cluster_tol_ms, "--cluster-tol-ms", lo=0) / 1000.0
+    out = fit_files(args.files, model, hw, max_num_seqs=mns, max_num_batched_tokens=mnbt, block_size=bs,
+                    prefix_caching=args.prefix_caching, holdout=ho, cluster_tol_s=tol, kv_capacity_bytes=kvb)
+    if args.json:
+        _print_json({k: v for k, v in out.items() if k not in ("profile", "fit_result")})
+    else:
+        print(format_fit(out))
+    if args.out:
+        write_fitted_preset(args.out, out, model, args.device or hw.name)
+        print(f"wrote {args.out}")
+    return 0

@@ -2,7 +2,10 @@
 
 * Problems arrive closed-loop (``concurrency`` users, each submitting its next
   problem when the previous one is answered; ``concurrency = 1`` is isolated
-  mode) or as a seeded Poisson process (``arrival_rate`` problems/s).
+  mode), as a seeded Poisson process (``arrival_rate`` problems/s), or at
+  given times (``arrival_times``, in submission order) through at most
+  ``max_concurrency`` outstanding problems, FIFO (``vllm bench serve``'s
+  semaphore: a problem is *sent*, and its latencies start, when it gets a slot).
 * Every branch is a :class:`sim.scheduler.Request` of the one scheduler
   (:mod:`sim.scheduler`, the module a real runner calls too): its prompt, then
   ``gen_b`` sampled tokens. A branch enters the scheduler once its ASKS gate
@@ -46,7 +49,8 @@ SCORE_AT = {"mean_prob": "generation", "vote_share": "branches", "verify_score":
 class _Prob:
     __slots__ = ("pseq", "pos", "job", "ids", "arrival", "admitted", "end", "first", "gate_left", "src_ready",
                  "started", "gen_done", "n_gen_done", "verify_left", "phase", "times", "mem", "peak", "iterations",
-                 "recompute", "hit_tokens", "prompt_tokens", "user_done", "reqs", "vstart", "ext", "qsum", "qn")
+                 "recompute", "hit_tokens", "prompt_tokens", "user_done", "reqs", "vstart", "ext", "qsum", "qn",
+                 "tok")
 
     def __init__(self, pseq, pos, job, ids):
         self.pseq, self.pos, self.job, self.ids = pseq, pos, job, ids
@@ -73,6 +77,7 @@ class _Prob:
         self.ext = np.zeros(B, bool)     # the branch's request was extended by its verification prompt
         self.qsum, self.qn = 0.0, 0      # waiting of its branch requests: first scheduled - ready
         self.admitted = None
+        self.tok = None                  # per branch, the times its tokens were sampled (record_token_times)
 
 
 def _plan_ids(pos: int, job: Job) -> list:
@@ -126,18 +131,30 @@ class Engine:
         When a branch's ``Job.score`` becomes known to the block policy.
     per_problem_timeline : bool
         Record each problem's KV after every iteration it took part in (isolated mode).
+    arrival_times : sequence of float, optional
+        Arrival time of each job (seconds, submission order); replaces ``concurrency`` /
+        ``arrival_rate``. With ``max_concurrency`` at most that many are outstanding; the
+        others wait FIFO and arrive (are sent) when a slot frees.
+    record_token_times : bool
+        Record the time of every sampled token of every branch (``token_times`` of the records).
     """
 
     def __init__(self, model, hw, jobs, *, concurrency: int = 1, arrival_rate: float | None = None, seed: int = 0,
                  scheduler: SchedulerConfig | None = None, kv_blocks: int | None = None, block_policy=None,
                  caching: bool = True, prompt_ids=None, score_at: str = "generation", max_batch: int | None = None,
-                 hw_name: str = "", per_problem_timeline: bool = False, kv_bytes_per_block: float | None = None):
+                 hw_name: str = "", per_problem_timeline: bool = False, kv_bytes_per_block: float | None = None,
+                 arrival_times=None, max_concurrency: int | None = None, record_token_times: bool = False):
         self.m, self.hw = model, hw
         self.cost = ScalarCost(model, hw)
         self.env = simpy.Environment()
         self.jobs = jobs
         self.concurrency = int(concurrency)
         self.arrival_rate = arrival_rate
+        self.arrival_times = None if arrival_times is None else [float(t) for t in arrival_times]
+        if self.arrival_times is not None and len(self.arrival_times) != len(jobs):
+            raise ValueError(f"engine: {len(self.arrival_times)} arrival times for {len(jobs)} jobs")
+        self.max_concurrency = max_concurrency
+        self.record_tokens = bool(record_token_times)
         self.rng = np.random.default_rng(seed)
         bs = jobs[0][1].bs if jobs else 16
         self.bs = bs
@@ -397,6 +414,8 @@ class Engine:
                 self.tokens[kind] += sum(t[0] for t in ts)
                 p.recompute += it.recompute
                 if rkind == 1:
+                    if self.record_tokens and it.samples:
+                        p.tok[b].append(now)
                     if np.isnan(p.first[b]) and it.num_cached + it.num_new >= int(p.job.ctx[b]):
                         p.first[b] = now - p.arrival   # the prompt is in: its first token is out
                         p.src_ready[b] = True
@@ -440,7 +459,28 @@ class Engine:
     # ------------------------------------------------------------------ arrivals
     def _prob(self, pseq: int) -> _Prob:
         pos, job = self.jobs[pseq]
-        return _Prob(pseq, pos, job, None)
+        p = _Prob(pseq, pos, job, None)
+        if self.record_tokens:
+            p.tok = [[] for _ in range(job.B)]
+        return p
+
+    def _timed_user(self, pseq: int, slots):
+        """Job ``pseq`` due at ``arrival_times[pseq]``; with ``slots`` (a FIFO resource of ``max_concurrency``)
+        it is sent when it holds one, and holds it until answered."""
+        t = self.arrival_times[pseq]
+        if t > self.env.now:
+            yield self.env.timeout(t - self.env.now)
+        done = None
+        if slots is not None:
+            slot = slots.request()
+            yield slot
+            done = self.env.event()
+        self._arrive(self._prob(pseq), done)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+        if done is not None:
+            yield done
+            slots.release(slot)
 
     def _closed_loop_user(self, mine):
         for pseq in mine:
@@ -462,7 +502,11 @@ class Engine:
     def run(self) -> "EngineResult":
         env = self.env
         acc = env.process(self._accelerator())
-        if self.arrival_rate is None:
+        if self.arrival_times is not None:
+            slots = simpy.Resource(env, capacity=int(self.max_concurrency)) if self.max_concurrency else None
+            for pseq in range(len(self.jobs)):
+                env.process(self._timed_user(pseq, slots))
+        elif self.arrival_rate is None:
             n = len(self.jobs)
             for u in range(min(self.concurrency, n)):
                 env.process(self._closed_loop_user(list(range(u, n, self.concurrency))))
@@ -555,5 +599,6 @@ class EngineResult:
                 "kv_times": np.asarray(p.times), "kv_bytes": np.asarray(p.mem),
                 "recompute_tokens": int(p.recompute), "evictions": 0,
                 "prefix_hit_tokens": int(p.hit_tokens), "prompt_tokens_admitted": int(p.prompt_tokens),
+                **({"token_times": p.tok} if p.tok is not None else {}),
             })
         return out

@@ -1,0 +1,300 @@
+"""``rksim bench serve|throughput`` (plain serving workloads with ``vllm bench``'s flags) and ``rksim validate``.
+
+The workload flags, their defaults and the result files follow ``vllm bench serve`` and
+``vllm bench throughput`` (:mod:`sim.plain` cites the sources); the rest (target, scheduler,
+capacity, policy) are rksim's. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from .params import number, parse_sets
+
+# sharing / token policies that apply to one plain request; the others are the reasoning workload's
+_NO_POLICY = ("none", "full")
+
+
+def _rate(text, flag):
+    if str(text).strip().lower() == "inf":
+        return math.inf
+    return number(text, flag, lo=0, lo_open=True)
+
+
+def _burst(text, flag):
+    if str(text).strip().lower() == "inf":
+        return math.inf
+    return number(text, flag, lo=0, lo_open=True)
+
+
+def _int(lo, hi=None):
+    return lambda text, flag: number(text, flag, lo=lo, hi=hi, integer=True)
+
+
+def _ratio(text, flag):
+    return number(text, flag, lo=0, hi=1, hi_open=True)
+
+
+def _pcts(text, flag):
+    out = []
+    for part in str(text).split(","):
+        out.append(number(part, flag, lo=0, hi=100))
+    return out
+
+
+def _target_flags(p, offline: bool) -> None:
+    p.add_argument("--model-preset", required=True, metavar="NAME", help="model preset (rksim presets) or YAML file")
+    p.add_argument("--hardware", required=True, metavar="NAME", help="hardware preset or YAML file")
+    which = "offline LLM class" if offline else "vllm serve"
+    p.add_argument("--max-num-seqs", default=None, metavar="S",
+                   help=f"running sequences cap (default: vLLM's {which} default for the device)")
+    p.add_argument("--max-num-batched-tokens", default=None, metavar="M", help=f"tokens per iteration (default: vLLM's {which} default for the device)")
+    p.add_argument("--scheduler", choices=["vllm-v1", "prefill-first"], default="vllm-v1",
+                   help="scheduling rule (sim.scheduler)")
+    p.add_argument("--gpu-memory-utilization", default=0.9, metavar="U", help="share of device memory for weights + activations + KV")
+    p.add_argument("--kv-capacity-bytes", default=None, metavar="B", help="KV capacity in bytes (default: memory x utilisation - weights - reserve)")
+    p.add_argument("--block-size", default=16, metavar="T",
+                   help="tokens per KV block")
+    p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="turn exact-prefix caching off (vLLM's flag; on by default as in vLLM V1)")
+    p.add_argument("--policy", default="none", metavar="NAME",
+                   help="none, exact-prefix (prefix caching on), no-kv (off), or a token eviction policy "
+                        "(rksim policies --kind token) bounding each request's KV")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a parameter of --policy (repeatable), e.g. --set budget=256 (default: none)")
+    p.add_argument("--seed", default=0,
+                   help="simulator seed: vLLM's --seed (lengths and arrivals)")
+
+
+def _dataset_flags(p, serve: bool) -> None:
+    if serve:
+        p.add_argument("--dataset-name", choices=["random", "lengths"], default=None,
+                       help="random (vLLM's RandomDataset) or lengths (--dataset-path) (default: random, or "
+                            "lengths when --dataset-path is given)")
+        p.add_argument("--random-input-len", default=1024,
+                       metavar="N", help="mean prompt length")
+        p.add_argument("--random-output-len", default=128,
+                       metavar="M", help="mean output length")
+        p.add_argument("--random-prefix-len", default=0,
+                       metavar="P", help="tokens of a prefix shared by every prompt")
+        p.add_argument("--input-len", default=None, metavar="N",
+                       help="vLLM's general input length: sets --random-input-len (default: unset)")
+        p.add_argument("--output-len", default=None, metavar="M",
+                       help="vLLM's general output length: sets --random-output-len (default: unset)")
+    else:
+        p.add_argument("--input-len", default=None, metavar="N",
+                       help="prompt length (required without --dataset-path; default: unset)")
+        p.add_argument("--output-len", default=None, metavar="M",
+                       help="output length (required without --dataset-path; default: unset)")
+        p.add_argument("--prefix-len", default=0, metavar="P",
+                       help="tokens of a prefix shared by every prompt")
+    p.add_argument("--random-range-ratio", default=0.0, metavar="R",
+                   help="lengths uniform in [len (1 - R), len (1 + R)], R in [0, 1)")
+    p.add_argument("--dataset-path", default=None, metavar="FILE",
+                   help="(input, output) lengths: CSV input_len,output_len, JSON pairs or objects, JSON lines, or a "
+                        "vllm bench --save-detailed result (default: none)")
+    p.add_argument("--num-prompts", default=None, metavar="K",
+                   help="requests (default 1000; with --dataset-path: every row)")
+
+
+# numbers are read as text and checked here (one line naming the flag, no usage dump)
+_CHECKS = {
+    "--max-num-seqs": _int(1, 1 << 20),
+    "--max-num-batched-tokens": _int(1, 1 << 24),
+    "--block-size": _int(1, 4096),
+    "--seed": _int(0, 2 ** 63 - 1),
+    "--random-input-len": _int(0, 1 << 22),
+    "--random-output-len": _int(1, 1 << 22),
+    "--random-prefix-len": _int(0, 1 << 22),
+    "--input-len": _int(0, 1 << 22),
+    "--output-len": _int(1, 1 << 22),
+    "--prefix-len": _int(0, 1 << 22),
+    "--random-range-ratio": _ratio,
+    "--num-prompts": _int(1, 10_000_000),
+    "--request-rate": _rate,
+    "--burstiness": _burst,
+    "--max-concurrency": _int(1, 10_000_000),
+    "--metric-percentiles": _pcts,
+    "--gpu-memory-utilization": lambda t, f: number(t, f, lo=0, hi=1, lo_open=True),
+    "--kv-capacity-bytes": lambda t, f: number(t, f, lo=0, hi=1e18),
+}
+
+
+def _checked(args):
+    """Convert and check every numeric flag (``ValueError`` naming the flag)."""
+    for flag, fn in _CHECKS.items():
+        dest = flag[2:].replace("-", "_")
+        v = getattr(args, dest, None)
+        if v is not None:
+            setattr(args, dest, fn(v, flag))
+    return args
+
+
+def register(sub) -> None:
+    b = sub.add_parser("bench", help="plain serving workloads with vllm bench's flags and result files")
+    bsub = b.add_subparsers(dest="bench_command", metavar="VERB")
+    bsub.required = True
+
+    p = bsub.add_parser("serve", help="simulated vllm bench serve: online serving of plain requests")
+    _target_flags(p, offline=False)
+    _dataset_flags(p, serve=True)
+    p.add_argument("--request-rate", default=math.inf, metavar="R",
+                   help="requests per second; inf sends all at t = 0 (default inf)")
+    p.add_argument("--burstiness", default=1.0, metavar="B",
+                   help="gamma shape of the inter-arrival times (1 = Poisson)")
+    p.add_argument("--max-concurrency", default=None,
+                   metavar="C", help="requests outstanding at once (default: unlimited)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="generate exactly the requested lengths (rksim always does: it has no model to stop early; "
+                        "vLLM sets it for the random dataset)")
+    p.add_argument("--percentile-metrics", default="ttft,tpot,itl", metavar="NAME,NAME",
+                   help="metrics to report percentiles of: ttft, tpot, itl, e2el")
+    p.add_argument("--metric-percentiles", default="99",
+                   metavar="P,P", help="percentiles of the selected metrics")
+    p.add_argument("--save-result", action="store_true", help="write the result JSON (vLLM's schema)")
+    p.add_argument("--save-detailed", action="store_true",
+                   help="keep the per-request fields (input_lens, output_lens, ttfts, itls, start_times)")
+    p.add_argument("--result-dir", default=None, metavar="DIR", help="folder of the result file (default: .)")
+    p.add_argument("--result-filename", default=None, metavar="FILE",
+                   help="result file name (default rksim-{rate}qps[-concurrency{C}]-{model}-{hardware}.json)")
+    p.set_defaults(func=_cmd_serve)
+
+    p = bsub.add_parser("throughput", help="simulated vllm bench throughput: offline, every request at t = 0")
+    _target_flags(p, offline=True)
+    _dataset_flags(p, serve=False)
+    p.add_argument("--output-json", default=None, metavar="FILE", help="write vLLM's throughput JSON (default: none)")
+    p.set_defaults(func=_cmd_throughput)
+
+    p = sub.add_parser("validate", help="predict published serving figures and print each with the ratio")
+    p.add_argument("file", metavar="FILE", help="YAML of published figures (docs/validation.md)")
+    p.add_argument("--hardware", default=None, metavar="NAME",
+                   help="override every entry's hardware preset (default: the entry's)")
+    p.add_argument("--out", default=None, metavar="FILE", help="also write the table as JSON (default: none)")
+    p.add_argument("--markdown", default=None, metavar="FILE", help="also write the table as Markdown (default: none)")
+    p.set_defaults(func=_cmd_validate)
+
+
+def _policy(args):
+    """``(prefix_caching, token policy object or None)`` from --policy / --set / --no-enable-prefix-caching."""
+    from policies.registry import POLICY_NAMES, get_policy
+    name = args.policy
+    params = parse_sets(args.set, "--set") if args.set else {}
+    caching = bool(args.prefix_caching)
+    if name in _NO_POLICY:
+        if params:
+            raise ValueError(f"--set: policy {name!r} takes no parameters")
+        return caching, None
+    if name == "exact-prefix":
+        return True, None
+    if name == "no-kv":
+        return False, None
+    if name not in POLICY_NAMES:
+        raise ValueError(f"--policy: {name!r} is not a policy (rksim policies)")
+    pol = get_policy(name, **params)
+    if pol.kind != "token":
+        raise ValueError(f"--policy: {name!r} is a {pol.kind} policy of the multi-branch reasoning workload; a plain "
+                         "request has one branch (use none, exact-prefix, no-kv or a token policy)")
+    return caching, pol
+
+
+def _target(args):
+    from sim.capacity import ServingConfig
+    from sim.profiles import load_hardware, load_model
+    from sim.profiles import PresetError
+    try:
+        model = load_model(args.model_preset)
+    except (PresetError, FileNotFoundError) as exc:
+        raise ValueError(f"--model-preset: {exc}") from None
+    try:
+        hw = load_hardware(args.hardware)
+    except (PresetError, FileNotFoundError) as exc:
+        raise ValueError(f"--hardware: {exc}") from None
+    caching, pol = _policy(args)
+    sv = ServingConfig(scheduler=args.scheduler, max_num_seqs=args.max_num_seqs,
+                       max_num_batched_tokens=args.max_num_batched_tokens,
+                       gpu_memory_utilization=args.gpu_memory_utilization, kv_capacity_bytes=args.kv_capacity_bytes,
+                       prefix_caching=caching)
+    return model, hw, sv, pol
+
+
+def _write_json(path: Path, obj) -> None:
+    import json
+
+    from traces.store import atomic_write_text
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(obj))
+
+
+def _cmd_serve(args) -> int:
+    from sim import plain
+    _checked(args)
+    model, hw, sv, pol = _target(args)
+    name = args.dataset_name or ("lengths" if args.dataset_path else "random")
+    if name == "random":
+        if args.dataset_path is not None:
+            raise ValueError("--dataset-path: cannot be used with --dataset-name random (use --dataset-name lengths)")
+        il = args.input_len if args.input_len is not None else args.random_input_len
+        ol = args.output_len if args.output_len is not None else args.random_output_len
+        wl = plain.random_workload(args.num_prompts or 1000, il, ol, args.random_range_ratio, args.random_prefix_len,
+                                   args.seed)
+    else:
+        if args.dataset_path is None:
+            raise ValueError("--dataset-path: required with --dataset-name lengths")
+        wl = plain.file_workload(args.dataset_path, args.num_prompts)
+    metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    for m in metrics:
+        if m not in ("ttft", "tpot", "itl", "e2el"):
+            raise ValueError(f"--percentile-metrics: {m!r} is not one of ttft, tpot, itl, e2el")
+    r = plain.run(model, hw, wl, request_rate=args.request_rate, burstiness=args.burstiness,
+                  max_concurrency=args.max_concurrency, seed=args.seed, serving=sv, token_policy=pol,
+                  block_size=args.block_size)
+    res = plain.serve_result(r, percentiles=args.metric_percentiles, metrics=metrics, request_rate=args.request_rate,
+                             burstiness=args.burstiness, max_concurrency=args.max_concurrency,
+                             model_id=model.name, num_prompts=wl.n, detailed=args.save_detailed,
+                             extra={"dataset_name": name, "ignore_eos": True})
+    print(plain.format_serve(res, metrics, args.metric_percentiles))
+    if args.save_result:
+        conc = f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None else ""
+        rate = args.request_rate if args.request_rate < math.inf else "inf"
+        fname = args.result_filename or f"rksim-{rate}qps{conc}-{model.name}-{hw.name}.json"
+        path = Path(args.result_dir or ".") / fname
+        _write_json(path, res)
+        print(f"wrote {path}")
+    return 0
+
+
+def _cmd_throughput(args) -> int:
+    from sim import plain
+    _checked(args)
+    model, hw, sv, pol = _target(args)
+    if args.dataset_path is not None:
+        wl = plain.file_workload(args.dataset_path, args.num_prompts)
+    else:
+        if args.input_len is None or args.output_len is None:
+            raise ValueError("--input-len: --input-len and --output-len are required without --dataset-path")
+        wl = plain.random_workload(args.num_prompts or 1000, args.input_len, args.output_len,
+                                   args.random_range_ratio, args.prefix_len, args.seed)
+    r = plain.run(model, hw, wl, seed=args.seed, serving=sv, offline=True, token_policy=pol,
+                  block_size=args.block_size)
+    res = plain.throughput_result(r)
+    print(plain.format_throughput(res))
+    if args.output_json:
+        _write_json(Path(args.output_json), res)
+        print(f"wrote {args.output_json}")
+    return 0
+
+
+def _cmd_validate(args) -> int:
+    from sim import validate
+    figs = validate.load_figures(args.file)
+    df = validate.run_figures(figs, hardware=args.hardware)
+    print(validate.format_table(df))
+    if args.out:
+        _write_json(Path(args.out), {"file": str(args.file), "rows": df.to_dict(orient="records")})
+        print(f"wrote {args.out}")
+    if args.markdown:
+        from traces.store import atomic_write_text
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(args.markdown), validate.markdown_table(df, args.file))
+        print(f"wrote {args.markdown}")
+    return 0

@@ -1,0 +1,210 @@
+"""``rksim validate FILE.yaml``: rksim's prediction beside each published serving figure, with the ratio.
+
+A figure file (``docs/validation/published-figures.yaml`` is the shipped one) holds::
+
+    figures:
+      - id: lambda-h100-llama3-8b-median-tpot
+        model: llama-3-8b                 # model preset
+        hardware: h100-sxm                # hardware preset
+        dtype: bfloat16                   # what the run served (fp8, int4, ... are refused by name)
+        parallelism: {tp: 1, pp: 1, dp: 1}   # > 1 is refused by name (not modelled yet)
+        serving: {scheduler: prefill-first, max_num_seqs: 1024, max_num_batched_tokens: 2048,
+                  gpu_memory_utilization: 0.95, prefix_caching: false}   # optional: the run's server
+        workload:                         # vllm bench serve's workload
+          input_len: 1024                 #   random dataset: input_len, output_len, num_prompts,
+          output_len: 128                 #   range_ratio, prefix_len, seed
+          num_prompts: 1000               #   or input_lens / output_lens per request
+          request_rate: inf               #   rate (inf: all at t = 0), burstiness, max_concurrency
+        metric: median_tpot_ms            # a key of vllm bench serve's result
+        value: 7.56
+        source: {url: ..., where: ...}    # the exact place the figure was read
+        note: ...
+
+Figures check the fits: no coefficient is chosen by looking at them. A figure rksim cannot price
+(an unpriced dtype, parallelism > 1, a target outside a fitted range) is listed with the reason
+and no ratio. Requests a run reports with 0 output tokens are simulated with 1 (their prefill).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+# dtypes the presets price (2-byte weights and KV); anything else is refused by name
+PRICED_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+                 "half": "float16"}
+METRIC_KEYS = ("request_throughput", "output_throughput", "total_token_throughput", "duration")
+_FIELDS = {"id", "model", "hardware", "dtype", "parallelism", "serving", "workload", "metric", "value", "source",
+           "note", "engine"}
+_SERVING = {"scheduler", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "prefix_caching",
+            "block_size", "kv_capacity_bytes"}
+_WORKLOAD = {"input_len", "output_len", "num_prompts", "range_ratio", "prefix_len", "seed", "input_lens",
+             "output_lens", "request_rate", "burstiness", "max_concurrency"}
+
+
+class FigureError(ValueError):
+    """A malformed figure file (the message names the file, entry and field)."""
+
+
+def _metric_ok(m: str) -> bool:
+    if m in METRIC_KEYS:
+        return True
+    parts = m.split("_")
+    return (len(parts) == 3 and parts[2] == "ms" and parts[1] in ("ttft", "tpot", "itl", "e2el")
+            and (parts[0] in ("mean", "median", "std") or (parts[0][:1] == "p" and parts[0][1:].replace(".", "", 1).isdigit())))
+
+
+def load_figures(path) -> list[dict]:
+    """Read and check a figure file; returns its entries."""
+    import yaml
+    p = Path(path)
+    if not p.is_file():
+        raise FigureError(f"{p}: no such file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise FigureError(f"{p}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    figs = data.get("figures") if isinstance(data, dict) else None
+    if not isinstance(figs, list) or not figs:
+        raise FigureError(f"{p}: expected a top-level 'figures:' list")
+    seen = set()
+    for i, f in enumerate(figs):
+        where = f"{p}: figures[{i}]"
+        if not isinstance(f, dict):
+            raise FigureError(f"{where}: expected a mapping")
+        bad = set(f) - _FIELDS
+        if bad:
+            raise FigureError(f"{where}: unknown field(s) {', '.join(sorted(bad))}")
+        for k in ("id", "model", "hardware", "dtype", "workload", "metric", "value", "source"):
+            if k not in f:
+                raise FigureError(f"{where}: missing field {k!r}")
+        where = f"{p}: figure {f['id']!r}"
+        if f["id"] in seen:
+            raise FigureError(f"{where}: duplicate id")
+        seen.add(f["id"])
+        if not _metric_ok(str(f["metric"])):
+            raise FigureError(f"{where}: metric {f['metric']!r} is not a vllm bench serve result key "
+                              f"({', '.join(METRIC_KEYS)}, mean/median/pNN of ttft/tpot/itl/e2el in ms)")
+        v = f["value"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise FigureError(f"{where}: value must be a number > 0, got {v!r}")
+        if not isinstance(f["workload"], dict) or set(f["workload"]) - _WORKLOAD:
+            raise FigureError(f"{where}: workload: unknown or malformed keys "
+                              f"{sorted(set(f['workload']) - _WORKLOAD) if isinstance(f['workload'], dict) else ''}")
+        if "serving" in f and (not isinstance(f["serving"], dict) or set(f["serving"]) - _SERVING):
+            raise FigureError(f"{where}: serving: unknown keys; valid: {', '.join(sorted(_SERVING))}")
+        src = f["source"]
+        if not (isinstance(src, dict) and src.get("url")) and not (isinstance(src, str) and src.strip()):
+            raise FigureError(f"{where}: source must name where the figure was read (url)")
+    return figs
+
+
+def refusal(f: dict) -> str | None:
+    """Why rksim cannot price this figure (None: it can)."""
+    dt = str(f["dtype"]).strip().lower()
+    if dt not in PRICED_DTYPES:
+        return (f"dtype {f['dtype']}: not priced (the cost model prices 2-byte bf16/fp16 weights and KV; "
+                f"pricing {f['dtype']} as bf16 would be wrong)")
+    par = f.get("parallelism") or {}
+    if not isinstance(par, dict):
+        raise FigureError(f"figure {f['id']!r}: parallelism must be a mapping such as {{tp: 1}}")
+    big = {k: v for k, v in par.items() if isinstance(v, (int, float)) and v > 1}
+    if big:
+        return ("parallelism " + ", ".join(f"{k}={v}" for k, v in big.items())
+                + ": not modelled yet (one device per replica only)")
+    return None
+
+
+def _workload(f: dict):
+    from . import plain
+    w = f["workload"]
+    if "input_lens" in w or "output_lens" in w:
+        inp = np.asarray(w.get("input_lens") or [], np.int64)
+        out = np.maximum(np.asarray(w.get("output_lens") or [], np.int64), 1)
+        if inp.size == 0 or inp.size != out.size or (inp < 1).any():
+            raise FigureError(f"figure {f['id']!r}: workload: input_lens and output_lens must be equal-length "
+                              "lists of positive integers")
+        return plain.PlainWorkload(inp, out, 0, f"figure {f['id']}")
+    try:
+        return plain.random_workload(w["num_prompts"], w["input_len"], w["output_len"], w.get("range_ratio", 0.0),
+                                     w.get("prefix_len", 0), w.get("seed", 0))
+    except KeyError as exc:
+        raise FigureError(f"figure {f['id']!r}: workload: missing {exc.args[0]!r} "
+                          "(give input_len, output_len, num_prompts or input_lens/output_lens)") from None
+
+
+def _rate(v) -> float:
+    if v is None or str(v).strip().lower() == "inf":
+        return math.inf
+    return float(v)
+
+
+def predict(f: dict, hardware: str | None = None) -> dict:
+    """Simulate one figure's benchmark; returns the vllm bench serve result dictionary."""
+    from . import plain
+    from .capacity import ServingConfig
+    from .profiles import load_hardware, load_model
+    model, hw = load_model(f["model"]), load_hardware(hardware or f["hardware"])
+    sv = dict(f.get("serving") or {})
+    bs = int(sv.pop("block_size", plain.BLOCK_SIZE))
+    serving = ServingConfig(**sv)
+    wl = _workload(f)
+    w = f["workload"]
+    rate, burst = _rate(w.get("request_rate")), float(w.get("burstiness", 1.0))
+    conc = w.get("max_concurrency")
+    r = plain.run(model, hw, wl, request_rate=rate, burstiness=burst, max_concurrency=conc,
+                  seed=int(w.get("seed", 0)), serving=serving, block_size=bs)
+    pcts = [float(m.split("_")[0][1:]) for m in [f["metric"]] if m.split("_")[0].startswith("p")]
+    return plain.serve_result(r, percentiles=pcts or (99.0,), request_rate=rate, burstiness=burst,
+                              max_concurrency=conc, model_id=model.name, detailed=False)
+
+
+def run_figures(figs: list, hardware: str | None = None):
+    """One row per figure: published value, prediction, ratio (prediction / published), or why refused."""
+    import pandas as pd
+    from .profiles import OutOfCalibrationError
+    rows = []
+    for f in figs:
+        src = f["source"]
+        url = src.get("url") if isinstance(src, dict) else str(src)
+        row = {"id": f["id"], "model": f["model"], "hardware": hardware or f["hardware"], "dtype": f["dtype"],
+               "metric": f["metric"], "published": float(f["value"]), "predicted": None, "ratio": None,
+               "status": "", "source": url}
+        why = refusal(f)
+        if why is None:
+            try:
+                res = predict(f, hardware)
+                row["predicted"] = float(res[f["metric"]])
+                row["ratio"] = row["predicted"] / row["published"]
+                row["status"] = "ok" if abs(row["ratio"] - 1) <= 0.25 else "off by more than 25%"
+                row["calibration"] = res["rksim"]["calibration"]
+            except (OutOfCalibrationError, ValueError) as exc:
+                why = str(exc)
+        if why is not None:
+            row["status"] = "refused: " + why
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def format_table(df) -> str:
+    show = df[["id", "metric", "published", "predicted", "ratio", "status"]].copy()
+    show["predicted"] = show["predicted"].map(lambda v: "" if v is None or v != v else f"{v:.4g}")
+    show["ratio"] = show["ratio"].map(lambda v: "" if v is None or v != v else f"{v:.2f}")
+    show["published"] = show["published"].map(lambda v: f"{v:.4g}")
+    return show.to_string(index=False)
+
+
+def markdown_table(df, path) -> str:
+    """The table as Markdown (docs/validation), with the command that regenerates it."""
+    lines = [f"Generated by `rksim validate {path} --markdown FILE` (do not edit by hand).", "",
+             "| id | hardware | metric | published | predicted | ratio | status |",
+             "|---|---|---|---|---|---|---|"]
+    for r in df.itertuples(index=False):
+        pred = "" if r.predicted is None or r.predicted != r.predicted else f"{r.predicted:.4g}"
+        ratio = "" if r.ratio is None or r.ratio != r.ratio else f"{r.ratio:.2f}"
+        lines.append(f"| {r.id} | {r.hardware} | {r.metric} | {r.published:.4g} | {pred} | {ratio} | {r.status} |")
+    cal = sorted({str(c) for c in df.get("calibration", []) if isinstance(c, str)})
+    if cal:
+        lines += ["", "Hardware profiles: " + "; ".join(cal) + "."]
+    return "\n".join(lines) + "\n"
