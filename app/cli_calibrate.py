@@ -199,3 +199,16 @@ def register(sub) -> None:
                    help="replay a saved serve run again (e.g. with another --hardware) without the model (default: run the model)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_serve)
+
+    p = csub.add_parser("public-profiles", help="fit the GPU presets (h100-sxm, a100-80gb) on the shipped public "
+                        "per-operator profiles and cross-validate them across models")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help="rewrite the fitted presets and calibrate/data/public-profiles-fit.json")
+    g.add_argument("--check", action="store_true", help="exit 1 if a shipped preset or the JSON differs from the fit")
+    p.set_defaults(func=_cmd_public_profiles)
+
+
+def _cmd_public_profiles(args) -> int:
+    from calibrate.public_profiles import main
+
+    return main(["--write"] if args.write else ["--check"] if args.check else [])
