@@ -271,25 +271,34 @@ def fit_rows(rows: pd.DataFrame, peak: float, bw: float) -> Coefs:
     w = 1.0 / rows.groupby("profile")["profile"].transform("size").to_numpy(np.float64)
     sw = np.sqrt(w / w.sum())
     has_host = bool(rows["host_timed"].any())
-    free = [True, True, has_elem, has_att, has_kv]
+    # parameters: log eff_c, log eff_m, log eff_elem, log eff_att, log eff_kv, per_kernel_s (us), host_call_s (us);
+    # only those the rows constrain are optimised (a free parameter with no gradient slows trf down for nothing)
+    free = np.array([True, True, has_elem, has_att, has_kv, True, has_host])
+
+    def full(z):
+        x = np.zeros(7)
+        x[free] = z
+        return x
 
     def coefs(x) -> Coefs:
         e = [math.exp(v) for v in x[:5]]
         return Coefs(e[0], e[1], e[2] if free[2] else None, e[3] if free[3] else None,
                      e[4] if free[4] else None, x[5] * 1e-6, x[6] * 1e-6 if has_host else None)
 
-    def resid(x):
-        return sw * _soft_l1(predict(rows, coefs(x), peak, bw) / y - 1.0)
+    def resid(z):
+        return sw * _soft_l1(predict(rows, coefs(full(z)), peak, bw) / y - 1.0)
 
+    lo = np.array([-10.0] * 5 + [0.0, 0.0])[free]
+    hi = np.array([0.0] * 5 + [1e3, 1e4])[free]
     best = None
     for start in ((math.log(0.7), math.log(0.8), math.log(0.5), math.log(0.3), math.log(0.5), 4.0, 20.0),
                   (math.log(0.3), math.log(0.3), math.log(0.3), math.log(0.1), math.log(0.2), 1.0, 5.0),
                   (-0.01, -0.01, -0.01, -0.01, -0.01, 10.0, 50.0)):
-        r = least_squares(resid, np.asarray(start, float), method="trf", x_scale=1.0,
-                          bounds=([-10.0] * 5 + [0.0, 0.0], [0.0] * 5 + [1e3, 1e4]))
+        r = least_squares(resid, np.asarray(start, float)[free], method="trf", x_scale=1.0, bounds=(lo, hi),
+                          ftol=1e-12, xtol=1e-12, gtol=1e-12)   # converged well past the 4 digits written
         if best is None or r.cost < best.cost:
             best = r
-    return coefs(best.x)
+    return coefs(full(best.x))
 
 
 # ----------------------------------------------------------------------------- reporting
