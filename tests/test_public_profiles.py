@@ -175,3 +175,14 @@ def test_calibration_status_field():
         HardwareProfile(**base, calibration_status="public-profiles", calibrated=True)
     with pytest.raises(PresetError, match="calibration_status"):
         HardwareProfile(**base, calibration_status="measured")
+
+
+def test_cli_hook_runs_the_same_command(monkeypatch):
+    from app.cli import main
+
+    seen = []
+    monkeypatch.setattr(pp, "main", lambda argv=None: seen.append(argv) or 0)
+    assert main(["calibrate", "public-profiles", "--check"]) == 0
+    assert main(["calibrate", "public-profiles", "--write"]) == 0
+    assert main(["calibrate", "public-profiles"]) == 0
+    assert seen == [["--check"], ["--write"], []]
