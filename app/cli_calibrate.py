@@ -234,6 +234,13 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cmd_vllm_bench)
 
+    p = csub.add_parser("public-profiles", help="fit the GPU presets (h100-sxm, a100-80gb) on the shipped public "
+                        "per-operator profiles and cross-validate them across models")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help="rewrite the fitted presets and calibrate/data/public-profiles-fit.json")
+    g.add_argument("--check", action="store_true", help="exit 1 if a shipped preset or the JSON differs from the fit")
+    p.set_defaults(func=_cmd_public_profiles)
+
 
 def _cmd_vllm_bench(args) -> int:
     from app.params import number
@@ -265,3 +272,9 @@ def _cmd_vllm_bench(args) -> int:
         write_fitted_preset(args.out, out, model, args.device or hw.name)
         print(f"wrote {args.out}")
     return 0
+
+
+def _cmd_public_profiles(args) -> int:
+    from calibrate.public_profiles import main
+
+    return main(["--write"] if args.write else ["--check"] if args.check else [])

@@ -93,8 +93,15 @@ class ModelShape:
 
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2,
-                "bfloat16": 2, "bf16": 2, "float64": 8, "int8": 1}
-_CANON_DTYPE = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+                "bfloat16": 2, "bf16": 2, "float64": 8, "int8": 1,
+                "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "fp8": 1,
+                "fp8_e4m3": 1, "fp8_e5m2": 1}
+_CANON_DTYPE = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
+                "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+# Dtypes no profile prices unless its fitted_range lists them: a GPU preset's peak_flops is the 16-bit
+# tensor-core rate, and 8-/4-bit formats run at other rates with scale traffic the cost model does not count.
+UNPRICED_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "int8", "int4", "uint4",
+                   "fp4", "nvfp4", "mxfp4", "float4_e2m1fn_x2")
 
 
 def model_from_manifest(manifest: dict) -> ModelShape:
@@ -131,6 +138,10 @@ def model_from_manifest(manifest: dict) -> ModelShape:
 # --------------------------------------------------------------------------- hardware
 ROOFLINES = ("iteration", "operator")
 UNCALIBRATED_NOTE = "uncalibrated: datasheet numbers with assumed efficiencies"
+# What a profile's coefficients stand on: datasheet peaks with assumed efficiencies; fitted on public
+# per-operator profiles of the device (not end to end); fitted end to end on measured runs on this device
+# (``calibrated``); fitted on a trace capture's phases (``provisional``).
+CALIBRATION_STATUSES = ("datasheet", "public-profiles", "end-to-end", "provisional")
 
 
 @dataclass(frozen=True)
@@ -183,7 +194,10 @@ class HardwareProfile:
     measurements ran on). Anything outside is refused.
 
     ``calibrated`` is True only for a profile fitted end to end on measured runs;
-    :attr:`calibration_note` says in words what the numbers are.
+    ``calibration_status`` (one of :data:`CALIBRATION_STATUSES`; empty: derived from
+    ``calibrated`` / ``provisional``, else ``datasheet``) tells ``datasheet``,
+    ``public-profiles`` and ``end-to-end`` apart; :attr:`calibration_note` says in words
+    what the numbers are.
     """
 
     name: str
@@ -206,6 +220,7 @@ class HardwareProfile:
     eff_mv: float | None = None     # matrix-vector products' (one token row) fraction of bandwidth (None: eff_m)
     eff_att: float | None = None    # attention's (QK^T, AV) fraction of peak flops (None: eff_c)
     eff_kv: float | None = None     # attention's KV traffic's fraction of bandwidth (None: eff_m)
+    calibration_status: str = ""    # CALIBRATION_STATUSES; "" = derived from calibrated / provisional
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -227,6 +242,13 @@ class HardwareProfile:
         if self.roofline not in ROOFLINES:
             raise PresetError(f"hardware preset {self.source or self.name}: field 'roofline' must be one of "
                               f"{', '.join(ROOFLINES)}, got {self.roofline!r}")
+        st = self.calibration_status or ("end-to-end" if self.calibrated else
+                                         "provisional" if self.provisional else "datasheet")
+        if st not in CALIBRATION_STATUSES or (st == "end-to-end") != bool(self.calibrated):
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'calibration_status' must be one of "
+                              f"{', '.join(CALIBRATION_STATUSES)} and 'end-to-end' exactly when calibrated is true; "
+                              f"got {self.calibration_status!r} with calibrated {self.calibrated!r}")
+        object.__setattr__(self, "calibration_status", st)
 
     @property
     def calibration_note(self) -> str:
@@ -241,7 +263,29 @@ class HardwareProfile:
             return f"fitted end to end on {dev}" + (f" ({what})" if what else "")
         if self.provisional:
             return "provisional: fitted on the phases a trace capture measured, not by `rksim calibrate fit`"
+        if self.calibration_status == "public-profiles":
+            return "fitted on public per-operator profiles; not end to end"
         return UNCALIBRATED_NOTE
+
+    @property
+    def priced_dtypes(self) -> tuple[str, ...]:
+        """Dtypes the coefficients stand for: ``fitted_range.dtypes``, else the 16-bit types of a datasheet peak."""
+        fr = self.fitted_range or {}
+        dts = fr.get("dtypes") or ([fr["dtype"]] if fr.get("dtype") else ["float16", "bfloat16"])
+        return tuple(_CANON_DTYPE.get(str(x), str(x)) for x in dts)
+
+    def check_dtype(self, dtype: str) -> None:
+        """Refuse, by name, a dtype this profile cannot price (FP8, INT8, 4-bit: :data:`UNPRICED_DTYPES`).
+
+        Such a model is never priced as if it were bf16: the peak and efficiencies are the
+        16-bit tensor cores' (or the fitted dtypes'), not the 8-/4-bit rates.
+        """
+        name = _CANON_DTYPE.get(str(dtype), str(dtype))
+        if name in UNPRICED_DTYPES and name not in self.priced_dtypes:
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: dtype {name} cannot be priced: the profile's peak_flops and efficiencies are "
+                f"for {'/'.join(self.priced_dtypes)}, and {name}'s tensor-core rate and scale traffic are not modelled; "
+                f"refusing rather than pricing it as {self.priced_dtypes[-1]}")
 
     def time(self, terms, roofline: str | None = None) -> np.ndarray | float:
         """Seconds for ``terms`` (an :class:`sim.cost.OpTerms`, scalar or array fields).
@@ -283,8 +327,10 @@ class HardwareProfile:
         The range covers the device and dtype the fit measured as well as sizes: a
         ``model`` in another dtype (``model.dtype_name``), or a ``device`` (when the
         caller knows where it runs, e.g. ``calibrate report``) other than the fit's,
-        is refused with a message naming both.
+        is refused with a message naming both; a dtype no profile prices (FP8, INT8, 4-bit) is
+        refused by name (:meth:`check_dtype`).
         """
+        self.check_dtype(model.dtype_name)
         if model.weight_bytes > self.mem_capacity:
             raise OutOfCalibrationError(
                 f"hardware {self.name}: model {model.name} needs {model.weight_bytes / 1e9:.1f} GB of weights, "

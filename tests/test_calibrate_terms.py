@@ -233,39 +233,18 @@ def test_range_refuses_another_dtype_or_device_naming_both():
 
 
 def test_calibration_notes_of_the_shipped_presets():
-    for name in ("h100-sxm", "h200", "l4"):
+    for name in ("h200", "l4"):
         hw = load_hardware(name)
-        assert not hw.calibrated and hw.fitted_range is None
+        assert not hw.calibrated and hw.fitted_range is None and hw.calibration_status == "datasheet"
         assert hw.calibration_note == "uncalibrated: datasheet numbers with assumed efficiencies"
-    a100 = load_hardware("a100-80gb")
-    assert not a100.calibrated and a100.calibration_note.startswith("fitted on published operator profiles (Vidur")
-    assert a100.fitted_range["dtypes"] == ["float16", "bfloat16"] and a100.roofline in ("iteration", "operator")
+    for name in ("a100-80gb", "h100-sxm"):   # fitted on public per-operator profiles (tests/test_public_profiles.py)
+        hw = load_hardware(name)
+        assert not hw.calibrated and hw.calibration_status == "public-profiles"
+        assert hw.calibration_note.startswith("fitted on public per-operator profiles (vidur-")
+        assert hw.roofline == "operator" and hw.priced_dtypes == ("float16", "bfloat16")
     cpu = load_hardware("local-cpu")
-    assert cpu.calibrated and cpu.calibration_note.startswith("fitted end to end on cpu")
-
-
-def test_vidur_fit_is_what_the_a100_preset_ships():
-    from calibrate.vidur import CSV, DATA, fit
-
-    assert CSV.is_file() and "MIT License" in (DATA / "LICENSE").read_text()
-    res = fit()
-    shipped = json.loads((DATA / "a100-fit.json").read_text())
-    for k in ("eff_c", "eff_m", "eff_elem", "per_kernel_s"):
-        assert res["chosen"][k] == pytest.approx(shipped["chosen"][k], rel=1e-6)
-    assert res["roofline"] == shipped["roofline"]
-    hw = load_hardware("a100-80gb")
-    assert hw.eff_c == pytest.approx(res["chosen"]["eff_c"], rel=1e-3)
-    assert hw.eff_m == pytest.approx(res["chosen"]["eff_m"], rel=1e-3)
-    assert hw.eff_elem == pytest.approx(res["chosen"]["eff_elem"], rel=1e-3)
-    assert hw.roofline == res["roofline"]
-    # matrix products are within 6% at the median, and the chosen roofline fits the layer sums better
-    by = res["per_operator_fit"]["by_operator"]
-    assert all(abs(by[op]["median_rel_error"]) < 0.06 for op in ("attn_pre_proj", "attn_post_proj",
-                                                                 "mlp_up_proj", "mlp_down_proj"))
-    lay = res["layer_fit_by_roofline"]
-    other = "iteration" if res["roofline"] == "operator" else "operator"
-    assert (lay[res["roofline"]]["with_per_operator_coefficients"]["rel_rms"]
-            <= lay[other]["with_per_operator_coefficients"]["rel_rms"])
+    assert cpu.calibrated and cpu.calibration_status == "end-to-end"
+    assert cpu.calibration_note.startswith("fitted end to end on cpu")
 
 
 def test_half_split_is_counterbalanced_in_run_order():
@@ -400,4 +379,4 @@ def test_eff_att_and_eff_kv_in_presets(tmp_path):
     p.write_text("peak_flops: 1e11\nmem_bw: 1e10\nmem_capacity: 1e9\neff_att: '0.5'\neff_kv: 0.25\n")
     hw = load_hardware(str(p))
     assert (hw.eff_att, hw.eff_kv) == (0.5, 0.25)
-    assert load_hardware("h100-sxm").eff_att is None and load_hardware("h100-sxm").eff_kv is None
+    assert load_hardware("h200").eff_att is None and load_hardware("h200").eff_kv is None   # datasheet: off

@@ -1,0 +1,580 @@
+"""GPU presets fitted on public per-operator profiles, and a cross-validation across models.
+
+Sources (``calibrate/data/<source>/SOURCE.md``: repository, commit, license):
+
+* Vidur (MIT): H100 Llama-2-7B, A100 Llama-2-7B and Llama-3-8B non-attention operators,
+  vLLM-style fused kernels (:mod:`calibrate.vidur`);
+* LLMServingSim (MIT): H100 Llama-3.1-8B layer types under Hugging Face transformers,
+  prefill attention included (:mod:`calibrate.llmservingsim`);
+* LLMCompass (BSD-3): A100 matmul, softmax, LayerNorm, GELU (:mod:`calibrate.llmcompass`).
+
+Every measured row is one operator: ``n`` tokens through a matrix product with a ``K x N``
+weight, an element-wise kernel, or attention over ``c`` cached tokens. Its terms follow the
+cost model's accounting (:mod:`sim.cost`, ``s = 2`` bytes, float16)::
+
+    matrix product   F = 2 n K N              B = s K N                      (the weight stream)
+    RMSNorm          B = s (2 n d + d)        RoPE  B = s 2 n (H + Hkv) Dh
+    SiLU(gate)*up    B = s 3 n F_mlp          add   B = s 3 n d
+    softmax, LayerNorm over M x N, GELU over M:    B = s 2 (elements)
+    attention        F = 4 H Dh (n c + n (n + 1) / 2)    B = s 2 Hkv Dh (c + n)
+
+and its time is the per-operator roofline of :class:`sim.profiles.HardwareProfile`::
+
+    t = max(F / (peak eff_c), B / (bw eff_m)) + per_kernel_s          matrix products
+    t = B / (bw eff_elem) + per_kernel_s                              element-wise kernels
+    t = max(F / (peak eff_att), B / (bw eff_kv)) + per_kernel_s       attention
+
+Fit: ``scipy.optimize.least_squares`` on relative residuals with a soft-L1 loss
+(``f_scale = 0.05``), each profile weighted equally (its rows share weight 1), all
+efficiencies bounded by 1 (achieved <= peak). A coefficient is fitted only where a row
+constrains it: ``eff_att`` where a source times attention, ``eff_kv`` only where that
+attention reads cached tokens (``c > 0``; no shipped row does, so ``eff_kv`` stays null =
+``eff_m``), ``eff_elem`` only on fused element-wise kernels.
+
+Which kernels a preset follows: vLLM's (fused q/k/v and gate/up GEMMs, fused RMSNorm, RoPE
+and SiLU*mul, one kernel each: :data:`sim.cost.K_LAYER`). Vidur's and LLMCompass's
+element-wise rows are such single kernels; LLMServingSim's Hugging Face element-wise
+operators (RMSNorm as ~7 PyTorch ops, RoPE as ~10) are not, so they are held out of the
+preset fit and reported in the cross-validation as the stack difference they are. Its
+GEMMs (cuBLAS) and attention (PyTorch SDPA) are fit rows.
+
+Cross-validation (:func:`cross_validate`): the same fit on one model's profile predicts
+the other model's measured operators and layer sums at 1..4,096 tokens per forward:
+H100 Vidur Llama-2-7B <-> LLMServingSim Llama-3.1-8B, A100 Vidur Llama-2-7B <-> Llama-3-8B.
+
+``python -m calibrate.public_profiles`` prints the fits; ``--write`` rewrites the fitted part
+of ``sim/presets/hardware/{h100-sxm,a100-80gb}.yaml`` (the datasheet header above the
+``# Not on a datasheet`` line is kept) and ``calibrate/data/public-profiles-fit.json``;
+``--check`` exits 1 if a shipped preset or the JSON differs byte for byte from what the
+shipped data gives (``tests/test_public_profiles.py`` runs it).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from . import llmcompass, llmservingsim, vidur
+
+DATA = Path(__file__).resolve().parent / "data"
+FIT_JSON = DATA / "public-profiles-fit.json"
+S = 2.0  # every source profiles float16
+F_SCALE = 0.05
+LAYER_FAMILIES = ("qkv", "o", "gate_up", "down", "norm", "rope", "act", "add", "attention")
+FAMILY_ORDER = LAYER_FAMILIES + ("lm_head", "matmul", "softmax", "layernorm", "gelu")
+COEFS = ("eff_c", "eff_m", "eff_elem", "eff_att", "eff_kv", "per_kernel_s")
+MAX_TOKENS_CV = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The model dimensions the operator terms need."""
+
+    name: str
+    d: int
+    H: int
+    Hkv: int
+    Dh: int
+    F: int
+    V: int
+
+
+LLAMA_2_7B = Shape("llama-2-7b", 4096, 32, 32, 128, 11008, 32000)
+LLAMA_3_8B = Shape("llama-3-8b", 4096, 32, 8, 128, 14336, 128256)  # Llama-3.1-8B has the same shape
+
+
+def _shape_from_vidur(attrs: dict, name: str) -> Shape:
+    s = attrs["shape"]
+    d, H = s["n_embd"], s["n_head"]
+    return Shape(name, d, H, s["n_kv_head"], d // H, s["n_expanded_embd"], s["vocab_size"])
+
+
+# ----------------------------------------------------------------------------- rows
+def _rows(profile: str, family: str, kind: str, n, seconds, F, B, c=0, op=None, in_layer=True,
+          host_timed=False) -> pd.DataFrame:
+    n = np.asarray(n, dtype=np.float64)
+    return pd.DataFrame({"profile": profile, "op": op or family, "family": family, "kind": kind,
+                         "n": n, "c": np.broadcast_to(np.asarray(c, dtype=np.float64), n.shape),
+                         "seconds": np.asarray(seconds, dtype=np.float64),
+                         "F": np.broadcast_to(np.asarray(F, dtype=np.float64), n.shape),
+                         "B": np.broadcast_to(np.asarray(B, dtype=np.float64), n.shape), "in_layer": in_layer,
+                         "host_timed": host_timed})
+
+
+def _gemm(n, K, N):
+    n = np.asarray(n, dtype=np.float64)
+    return 2.0 * n * K * N, S * K * N + 0.0 * n
+
+
+def vidur_rows(device: str, model: str) -> pd.DataFrame:
+    """Operator rows of one Vidur ``mlp.csv`` (tensor parallel 1; the embedding gather left out)."""
+    prof = vidur.load_mlp(vidur.mlp_path(device, model))
+    m = _shape_from_vidur(prof.attrs, model)
+    key = f"vidur-{device}-{model}"
+    d, H, Hkv, Dh, Fm = m.d, m.H, m.Hkv, m.Dh, m.F
+    out = []
+    for op, g in prof.groupby("op", sort=False):
+        n = g["num_tokens"].to_numpy(np.float64)
+        t = g["seconds"].to_numpy()
+        z = 0.0 * n
+        if op == "attn_pre_proj":
+            out.append(_rows(key, "qkv", "gemm", n, t, *_gemm(n, d, (H + 2 * Hkv) * Dh), op=op))
+        elif op == "attn_post_proj":
+            out.append(_rows(key, "o", "gemm", n, t, *_gemm(n, H * Dh, d), op=op))
+        elif op == "mlp_up_proj":
+            out.append(_rows(key, "gate_up", "gemm", n, t, *_gemm(n, d, 2 * Fm), op=op))
+        elif op == "mlp_down_proj":
+            out.append(_rows(key, "down", "gemm", n, t, *_gemm(n, Fm, d), op=op))
+        elif op in ("input_layernorm", "post_attention_layernorm"):
+            out.append(_rows(key, "norm", "elem", n, t, z, S * (2 * n * d + d), op=op))
+        elif op == "attn_rope":
+            out.append(_rows(key, "rope", "elem", n, t, z, S * 2 * n * (H + Hkv) * Dh, op=op))
+        elif op == "mlp_act":
+            out.append(_rows(key, "act", "elem", n, t, z, S * 3 * n * Fm, op=op))
+        elif op == "add":
+            out.append(_rows(key, "add", "elem", n, t, z, S * 3 * n * d, op=op))
+    return pd.concat(out, ignore_index=True)
+
+
+def llmservingsim_rows(tp: int = 1) -> pd.DataFrame:
+    """Operator rows of LLMServingSim's H100 Llama-3.1-8B ``layers.csv`` (per-rank shapes at ``tp``)."""
+    prof = llmservingsim.load_layers(llmservingsim.layers_path(tp))
+    m = LLAMA_3_8B
+    d, H, Hkv, Dh, Fm, V = m.d, m.H // tp, m.Hkv // tp, m.Dh, m.F // tp, m.V // tp
+    key = f"llmservingsim-h100-llama-3.1-8b" + ("" if tp == 1 else f"-tp{tp}")
+    gem = {"q_proj": ("qkv", d, H * Dh), "k_proj": ("qkv", d, Hkv * Dh), "v_proj": ("qkv", d, Hkv * Dh),
+           "o_proj": ("o", H * Dh, d), "gate_proj": ("gate_up", d, Fm), "up_proj": ("gate_up", d, Fm),
+           "down_proj": ("down", Fm, d), "lm_head": ("lm_head", d, V)}
+    out = []
+    for op, g in prof.groupby("op", sort=False):
+        n = g["num_tokens"].to_numpy(np.float64)
+        c = g["kv_cache"].to_numpy(np.float64)
+        t = g["seconds"].to_numpy()
+        z = 0.0 * n
+        if op in gem:
+            fam, K, N = gem[op]
+            out.append(_rows(key, fam, "gemm", n, t, *_gemm(n, K, N), op=op, in_layer=op != "lm_head"))
+        elif op == "attn":
+            out.append(_rows(key, "attention", "attn", n, t, 4.0 * H * Dh * (n * c + n * (n + 1.0) / 2.0),
+                             S * 2.0 * Hkv * Dh * (c + n), c=c, op=op))
+        elif op in ("input_layernorm", "post_layernorm"):
+            out.append(_rows(key, "norm", "elem_unfused", n, t, z, S * (2 * n * d + d), op=op))
+        elif op == "rope":
+            out.append(_rows(key, "rope", "elem_unfused", n, t, z, S * 2 * n * (H + Hkv) * Dh, op=op))
+        elif op == "act_fn":
+            out.append(_rows(key, "act", "elem_unfused", n, t, z, S * 3 * n * Fm, op=op))
+        # embedding and final_layernorm: outside the decoder layer, not priced as operators here
+    return pd.concat(out, ignore_index=True)
+
+
+def llmcompass_rows() -> pd.DataFrame:
+    """LLMCompass's A100 matmul / softmax / LayerNorm / GELU rows (``M`` plays the tokens).
+
+    Timed on the host (``time.time()`` around the call and ``torch.cuda.synchronize()``), so each
+    row carries a launch-and-synchronise overhead the kernel-timed sources do not: the fit gives
+    these rows their own intercept (``host_call_s``, reported, not a preset coefficient). A matmul
+    here is a generic ``M x K`` by ``K x N`` product: its bytes are all three operands,
+    ``s (M K + K N + M N)``, not a weight stream alone.
+    """
+    prof = llmcompass.load_operators()
+    key = "llmcompass-a100"
+    out = []
+    for op, g in prof.groupby("op", sort=False):
+        M = g["M"].to_numpy(np.float64)
+        t = g["seconds"].to_numpy()
+        if op == "matmul":
+            N, K = g["N"].to_numpy(np.float64), g["K"].to_numpy(np.float64)
+            out.append(_rows(key, "matmul", "gemm", M, t, 2.0 * M * N * K, S * (M * K + K * N + M * N),
+                             in_layer=False, host_timed=True))
+        else:
+            out.append(_rows(key, op, "elem", M, t, 0.0 * M, S * 2.0 * g["elements"].to_numpy(), in_layer=False,
+                             host_timed=True))
+    return pd.concat(out, ignore_index=True)
+
+
+PROFILES = {
+    "vidur-h100-llama-2-7b": lambda: vidur_rows("h100", "llama-2-7b"),
+    "llmservingsim-h100-llama-3.1-8b": lambda: llmservingsim_rows(1),
+    "vidur-a100-llama-2-7b": lambda: vidur_rows("a100", "llama-2-7b"),
+    "vidur-a100-llama-3-8b": lambda: vidur_rows("a100", "llama-3-8b"),
+    "llmcompass-a100": llmcompass_rows,
+}
+
+
+def source_of(profile: str) -> dict:
+    """Repository, path(s), commit and license of a profile (what a preset lists)."""
+    if profile.startswith("vidur-"):
+        _, dev, model = profile.split("-", 2)
+        f, path, commit = vidur.MLP_FILES[(dev, model)]
+        return {"repo": vidur.REPO, "path": path, "commit": commit, "license": "MIT",
+                "shipped": f"calibrate/data/vidur/{f}"}
+    if profile.startswith("llmservingsim-"):
+        f, path = llmservingsim.FILES[1]
+        return {"repo": llmservingsim.REPO, "path": path, "commit": llmservingsim.COMMIT, "license": "MIT",
+                "shipped": f"calibrate/data/llmservingsim/{f}"}
+    if profile == "llmcompass-a100":
+        return {"repo": llmcompass.REPO, "path": "ae/figure5/{ab,cf,de,g}/real_hardware/*_A100.csv",
+                "commit": llmcompass.COMMIT, "license": "BSD-3-Clause", "shipped": "calibrate/data/llmcompass/"}
+    raise KeyError(profile)
+
+
+# ----------------------------------------------------------------------------- the model and the fit
+@dataclasses.dataclass(frozen=True)
+class Coefs:
+    """Fitted coefficients; None: not constrained by the rows (the profile's default applies)."""
+
+    eff_c: float
+    eff_m: float
+    eff_elem: float | None
+    eff_att: float | None
+    eff_kv: float | None
+    per_kernel_s: float
+    host_call_s: float | None = None   # host-timed rows' launch + synchronise overhead (LLMCompass); not a preset field
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def predict(rows: pd.DataFrame, k: Coefs, peak: float, bw: float) -> np.ndarray:
+    """Seconds of every row under the per-operator roofline (module docstring); None = the profile default."""
+    F, B = rows["F"].to_numpy(), rows["B"].to_numpy()
+    kind = rows["kind"].to_numpy()
+    e_elem = k.eff_m if k.eff_elem is None else k.eff_elem
+    e_att = k.eff_c if k.eff_att is None else k.eff_att
+    e_kv = k.eff_m if k.eff_kv is None else k.eff_kv
+    rc = np.where(kind == "attn", peak * e_att, peak * k.eff_c)
+    rb = np.select([kind == "gemm", kind == "attn"], [bw * k.eff_m, bw * e_kv], bw * e_elem)
+    host = rows["host_timed"].to_numpy(dtype=bool) * (k.host_call_s or 0.0)
+    return np.maximum(F / rc, B / rb) + k.per_kernel_s + host
+
+
+def _soft_l1(r: np.ndarray) -> np.ndarray:
+    """Signed residual whose square is scipy's soft-L1 rho: ``2 f^2 (sqrt(1 + (r/f)^2) - 1)``."""
+    return np.sign(r) * F_SCALE * np.sqrt(2.0 * (np.sqrt(1.0 + (r / F_SCALE) ** 2) - 1.0))
+
+
+def fit_rows(rows: pd.DataFrame, peak: float, bw: float) -> Coefs:
+    """Least-squares fit of the coefficients the rows constrain (module docstring)."""
+    from scipy.optimize import least_squares
+
+    kind = rows["kind"].to_numpy()
+    has_elem = bool(np.any(kind == "elem"))
+    has_att = bool(np.any(kind == "attn"))
+    has_kv = has_att and bool(np.any(rows.loc[kind == "attn", "c"].to_numpy() > 0))
+    y = rows["seconds"].to_numpy()
+    w = 1.0 / rows.groupby("profile")["profile"].transform("size").to_numpy(np.float64)
+    sw = np.sqrt(w / w.sum())
+    has_host = bool(rows["host_timed"].any())
+    # parameters: log eff_c, log eff_m, log eff_elem, log eff_att, log eff_kv, per_kernel_s (us), host_call_s (us);
+    # only those the rows constrain are optimised (a free parameter with no gradient slows trf down for nothing)
+    free = np.array([True, True, has_elem, has_att, has_kv, True, has_host])
+
+    def full(z):
+        x = np.zeros(7)
+        x[free] = z
+        return x
+
+    def coefs(x) -> Coefs:
+        e = [math.exp(v) for v in x[:5]]
+        return Coefs(e[0], e[1], e[2] if free[2] else None, e[3] if free[3] else None,
+                     e[4] if free[4] else None, x[5] * 1e-6, x[6] * 1e-6 if has_host else None)
+
+    def resid(z):
+        return sw * _soft_l1(predict(rows, coefs(full(z)), peak, bw) / y - 1.0)
+
+    lo = np.array([-10.0] * 5 + [0.0, 0.0])[free]
+    hi = np.array([0.0] * 5 + [1e3, 1e4])[free]
+    best = None
+    for start in ((math.log(0.7), math.log(0.8), math.log(0.5), math.log(0.3), math.log(0.5), 4.0, 20.0),
+                  (math.log(0.3), math.log(0.3), math.log(0.3), math.log(0.1), math.log(0.2), 1.0, 5.0),
+                  (-0.01, -0.01, -0.01, -0.01, -0.01, 10.0, 50.0)):
+        r = least_squares(resid, np.asarray(start, float)[free], method="trf", x_scale=1.0, bounds=(lo, hi),
+                          ftol=1e-12, xtol=1e-12, gtol=1e-12)   # converged well past the 4 digits written
+        if best is None or r.cost < best.cost:
+            best = r
+    return coefs(full(best.x))
+
+
+# ----------------------------------------------------------------------------- reporting
+def _stats(rel: np.ndarray) -> dict:
+    a = np.abs(rel)
+    return {"rows": int(rel.size), "median": float(np.median(rel)), "median_abs": float(np.median(a)),
+            "p90_abs": float(np.quantile(a, 0.9)), "max_abs": float(a.max())}
+
+
+def layer_sums(rows: pd.DataFrame, pred: np.ndarray, families=None) -> pd.DataFrame:
+    """Measured and predicted sums over one decoder layer's timed operators, per token count.
+
+    Sizes profiled twice are averaged per operator first (median), then summed.
+    """
+    sel = rows["in_layer"].to_numpy(dtype=bool).copy()
+    if families is not None:
+        sel &= rows["family"].isin(families).to_numpy()
+    d = rows.loc[sel, ["n", "op"]].assign(y=rows.loc[sel, "seconds"].to_numpy(), p=pred[sel])
+    per_op = d.groupby(["n", "op"], sort=True)[["y", "p"]].median()
+    return per_op.groupby(level="n").sum()
+
+
+def _r4(x):
+    if isinstance(x, float):
+        return float(f"{x:.4g}")
+    if isinstance(x, dict):
+        return {k: _r4(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_r4(v) for v in x]
+    return x
+
+
+def evaluate(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, max_tokens: int | None = None) -> dict:
+    """Per-family and per-layer-sum relative errors of ``k`` on ``rows`` (``n <= max_tokens``)."""
+    if max_tokens is not None:
+        rows = rows[rows["n"] <= max_tokens].reset_index(drop=True)
+    p = predict(rows, k, peak, bw)
+    rel = p / rows["seconds"].to_numpy() - 1.0
+    fams = {f: _stats(rel[(rows["family"] == f).to_numpy()]) for f in FAMILY_ORDER if (rows["family"] == f).any()}
+    out = {"tokens": [int(rows["n"].min()), int(rows["n"].max())], "by_family": fams}
+    if rows["in_layer"].any():
+        groups = {"layer": None, "layer_gemm_attention": ("qkv", "o", "gate_up", "down", "attention"),
+                  "layer_gemm": ("qkv", "o", "gate_up", "down")}
+        for name, fam in groups.items():
+            ls = layer_sums(rows, p, fam)
+            r = (ls["p"] / ls["y"] - 1.0).to_numpy()
+            n = ls.index.to_numpy()
+            out[name] = {**_stats(r), "decode_like_n_le_128": _stats(r[n <= 128]),
+                         "prefill_like_n_gt_128": _stats(r[n > 128]) if np.any(n > 128) else None,
+                         "ops": sorted(rows.loc[rows["in_layer"] & (rows["family"].isin(fam) if fam else True),
+                                                "op"].unique().tolist())}
+    return out
+
+
+# ----------------------------------------------------------------------------- presets
+PRESETS = {
+    # preset -> (profiles fitted, kinds held out of the fit, device words, fitted_range.dtypes enforced)
+    # h100-sxm does not enforce its dtypes: as a datasheet preset it priced float32 models (the synthetic and
+    # bundled traces' own models) at the 16-bit peak, and that use stays; 8-/4-bit dtypes are refused on
+    # every profile (sim.profiles.HardwareProfile.check_dtype). a100-80gb enforced them before and still does.
+    "h100-sxm": (("vidur-h100-llama-2-7b", "llmservingsim-h100-llama-3.1-8b"), ("elem_unfused",),
+                 "NVIDIA H100 (Vidur's 'h100'; LLMServingSim's 'H100')", False),
+    "a100-80gb": (("vidur-a100-llama-2-7b", "vidur-a100-llama-3-8b", "llmcompass-a100"), ("elem_unfused",),
+                  "NVIDIA A100 (Vidur's 'a100'; LLMCompass's real A100 80GB)", True),
+}
+CROSS = {  # device -> ((fit profile, held-out profile), ...)
+    "h100": (("vidur-h100-llama-2-7b", "llmservingsim-h100-llama-3.1-8b"),
+             ("llmservingsim-h100-llama-3.1-8b", "vidur-h100-llama-2-7b")),
+    "a100": (("vidur-a100-llama-2-7b", "vidur-a100-llama-3-8b"),
+             ("vidur-a100-llama-3-8b", "vidur-a100-llama-2-7b")),
+}
+CROSS_PRESET = {"h100": "h100-sxm", "a100": "a100-80gb"}
+
+
+def _datasheet(preset: str) -> tuple[float, float]:
+    from sim.profiles import PRESET_DIR, _read_file
+
+    d = _read_file(PRESET_DIR / "hardware" / f"{preset}.yaml")
+    return float(d["peak_flops"]), float(d["mem_bw"])
+
+
+def _fit_scope(rows: pd.DataFrame, held_kinds) -> pd.DataFrame:
+    return rows[~rows["kind"].isin(held_kinds)].reset_index(drop=True)
+
+
+def fit_preset(preset: str, cache: dict | None = None) -> dict:
+    """Fit one preset on its profiles; coefficients, per-profile residuals, sources and row counts."""
+    profiles, held, device, enforce = PRESETS[preset]
+    cache = {} if cache is None else cache
+    peak, bw = _datasheet(preset)
+    allrows = {p: cache.setdefault(p, PROFILES[p]()) for p in profiles}
+    fitrows = pd.concat([_fit_scope(r, held) for r in allrows.values()], ignore_index=True)
+    k = fit_rows(fitrows, peak, bw)
+    srcs = []
+    for p, r in allrows.items():
+        used = _fit_scope(r, held)
+        srcs.append({"profile": p, **source_of(p), "rows_used": int(len(used)),
+                     "rows_held_out": int(len(r) - len(used)),
+                     "operators_used": sorted(used["op"].unique().tolist()),
+                     "tokens": [int(r["n"].min()), int(r["n"].max())]})
+    resid = {p: evaluate(r, k, peak, bw) for p, r in allrows.items()}
+    return {"preset": preset, "device": device, "enforce_dtypes": enforce, "peak_flops": peak, "mem_bw": bw, "coefficients": k.as_dict(),
+            "rows": int(len(fitrows)), "max_tokens": int(fitrows.loc[fitrows["in_layer"] | (fitrows["family"] == "lm_head"), "n"].max()), "sources": srcs, "residuals": resid}
+
+
+def cross_validate(cache: dict | None = None) -> dict:
+    """Fit on one model's profile, predict the other's (module docstring); both directions per device."""
+    cache = {} if cache is None else cache
+    out = {}
+    for dev, pairs in CROSS.items():
+        peak, bw = _datasheet(CROSS_PRESET[dev])
+        held = PRESETS[CROSS_PRESET[dev]][1]
+        res = []
+        for fit_p, test_p in pairs:
+            fr = cache.setdefault(fit_p, PROFILES[fit_p]())
+            tr = cache.setdefault(test_p, PROFILES[test_p]())
+            k = fit_rows(_fit_scope(fr, held), peak, bw)
+            res.append({"fit_on": fit_p, "predict": test_p, "coefficients": k.as_dict(),
+                        "held_out": evaluate(tr, k, peak, bw, MAX_TOKENS_CV)})
+        out[dev] = res
+    return out
+
+
+def run_all() -> dict:
+    cache: dict = {}
+    fits = {p: fit_preset(p, cache) for p in PRESETS}
+    return _r4({"fits": fits, "cross_validation": cross_validate(cache)})
+
+
+# ----------------------------------------------------------------------------- writing
+FIT_MARK = "# Not on a datasheet"
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "null" if v is None else format(v, spec)
+
+
+def render_preset(preset: str, fit: dict, current_text: str) -> str:
+    """The preset's YAML: its datasheet header kept, everything from ``FIT_MARK`` on regenerated."""
+    import yaml
+
+    if FIT_MARK not in current_text:
+        raise ValueError(f"{preset}.yaml: no line starting {FIT_MARK!r} to regenerate from")
+    head = current_text[:current_text.index(FIT_MARK)]
+    k = fit["coefficients"]
+    srcs = fit["sources"]
+    names = ", ".join(s["profile"] for s in srcs)
+    att = ("fitted: attention's fraction of peak (prefill over an empty cache, LLMServingSim)"
+           if k["eff_att"] is not None else "not fitted: no source times attention; eff_c applies")
+    elem = ("fitted: fused element-wise kernels' fraction of mem_bw" if k["eff_elem"] is not None
+            else "not fitted: eff_m applies")
+    lines = [
+        f"{FIT_MARK}: fitted on public per-operator profiles ({names}) by",
+        "# `python -m calibrate.public_profiles --write` (calibrate/public_profiles.py); do not edit below by hand.",
+        f"eff_c: {_fmt(k['eff_c'], '.4f')}".ljust(26) + "# fitted: matrix products' fraction of peak_flops",
+        f"eff_m: {_fmt(k['eff_m'], '.4f')}".ljust(26) + "# fitted: weight streams' fraction of mem_bw",
+        f"eff_elem: {_fmt(k['eff_elem'], '.4f')}".ljust(26) + f"# {elem}",
+        f"eff_att: {_fmt(k['eff_att'], '.4f')}".ljust(26) + f"# {att}",
+        f"eff_kv: {_fmt(k['eff_kv'], '.4f')}".ljust(26)
+        + "# not fitted: no source times attention over cached tokens (decode KV reads); eff_m applies",
+        f"per_kernel_s: {_fmt(k['per_kernel_s'], '.3e')}".ljust(26) + "# fitted: the per-operator intercept",
+        "per_layer_s: 0.0".ljust(26) + "# assumption: no per-layer cost beyond its kernels",
+        "roofline: operator".ljust(26) + "# the form fitted: each operator its own roofline, element-wise kernels charged",
+        "calibrated: false".ljust(26) + "# not end to end on this device: see calibration_status",
+        "calibration_status: public-profiles",
+    ]
+    fr = {"device": fit["device"]}
+    if fit["enforce_dtypes"]:
+        fr["dtypes"] = ["float16", "bfloat16"]
+        why = "measured in float16; bf16 runs at fp16's tensor-core peak (datasheet)"
+    else:
+        why = "measured in float16; dtypes not enforced (float32 priced at the 16-bit peak, as before; 8-/4-bit refused)"
+    fr["max_new_tokens"] = fit["max_tokens"]
+    lines.append("fitted_range: " + json.dumps(fr) + f"   # {why}; no model restriction: see docs/calibration.md")
+    rows = " + ".join(f"{s['rows_used']:,}" for s in srcs)
+    att_note = ("prefill attention from LLMServingSim (HF SDPA)" if k["eff_att"] is not None
+                else "attention not in any source")
+    block = {
+        "calibration_note": (f"fitted on public per-operator profiles ({names}; {rows} operator rows, float16, "
+                             f"1-{fit['max_tokens']} tokens); {att_note}; decode KV reads, sampling and host "
+                             "time not measured; not end to end"),
+        "reference": {
+            "sources": [{k2: s[k2] for k2 in ("profile", "repo", "path", "commit", "license", "shipped", "rows_used",
+                                              "rows_held_out", "operators_used", "tokens")} for s in srcs],
+            "rows": fit["rows"],
+            "residuals_median_abs_by_profile": {p: {f: v["median_abs"] for f, v in r["by_family"].items()}
+                                                for p, r in fit["residuals"].items()},
+            "layer_sum_median_abs_by_profile": {p: r["layer"]["median_abs"] for p, r in fit["residuals"].items()
+                                                if "layer" in r},
+            "details": "calibrate/data/public-profiles-fit.json",
+        },
+    }
+    return head + "\n".join(lines) + "\n" + yaml.safe_dump(block, sort_keys=False, width=100)
+
+
+def _preset_path(preset: str) -> Path:
+    from sim.profiles import PRESET_DIR
+
+    return PRESET_DIR / "hardware" / f"{preset}.yaml"
+
+
+def outputs(res: dict) -> dict[Path, str]:
+    """Every file the fit writes, path -> text."""
+    out = {FIT_JSON: json.dumps(res, indent=1, sort_keys=False) + "\n"}
+    for p, fit in res["fits"].items():
+        path = _preset_path(p)
+        out[path] = render_preset(p, fit, path.read_text())
+    return out
+
+
+# ----------------------------------------------------------------------------- doc tables
+def _pct(x) -> str:
+    return "—" if x is None else f"{100 * x:+.1f}%"
+
+
+def _apct(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def crossval_markdown(cv: dict) -> str:
+    """The cross-validation tables docs/calibration.md quotes (one per device)."""
+    parts = []
+    for dev, pairs in cv.items():
+        fams = [f for f in FAMILY_ORDER if any(f in p["held_out"]["by_family"] for p in pairs)]
+        hdr = "| fit on → predict | tokens | " + " | ".join(fams) + " | layer sum | layer: GEMM + attention | layer: GEMM |"
+        sep = "| --- " * (len(fams) + 5) + "|"
+        lines = [f"{dev.upper()} (median signed error per operator family; layer sums: median / p90 of |error|)", "",
+                 hdr, sep]
+        for p in pairs:
+            h = p["held_out"]
+            cells = [_pct(h["by_family"][f]["median"]) if f in h["by_family"] else "—" for f in fams]
+            lay = [f"{_apct(h[g]['median_abs'])} / {_apct(h[g]['p90_abs'])}" for g in
+                   ("layer", "layer_gemm_attention", "layer_gemm")]
+            lines.append(f"| {p['fit_on']} → {p['predict']} | {h['tokens'][0]}–{h['tokens'][1]} | "
+                         + " | ".join(cells) + " | " + " | ".join(lay) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def fits_markdown(fits: dict) -> str:
+    """The fitted coefficients table docs/calibration.md quotes."""
+    lines = ["| preset | rows | eff_c | eff_m | eff_elem | eff_att | eff_kv | per_kernel_s | layer sum median abs error |",
+             "| --- " * 9 + "|"]
+    for p, f in fits.items():
+        k = f["coefficients"]
+        lay = ", ".join(f"{q}: {_apct(r['layer']['median_abs'])}" for q, r in f["residuals"].items() if "layer" in r)
+        lines.append(f"| `{p}` | {f['rows']:,} | " + " | ".join(_fmt(k[c], ".3f") for c in COEFS[:5])
+                     + f" | {k['per_kernel_s'] * 1e6:.2f} µs | {lay} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from traces.store import atomic_write_text
+
+    ap = argparse.ArgumentParser(prog="python -m calibrate.public_profiles", description=__doc__.splitlines()[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help="rewrite the fitted presets and the JSON")
+    g.add_argument("--check", action="store_true", help="exit 1 if a shipped preset or the JSON differs from the fit")
+    a = ap.parse_args(argv)
+    res = run_all()
+    print(fits_markdown(res["fits"]))
+    print()
+    print(crossval_markdown(res["cross_validation"]))
+    files = outputs(res)
+    if a.check:
+        bad = [str(p) for p, t in files.items() if not p.is_file() or p.read_text() != t]
+        if bad:
+            print("differs from the fit on the shipped data: " + ", ".join(bad), file=sys.stderr)
+            return 1
+        print("shipped presets and JSON match the fit byte for byte")
+    if a.write:
+        for p, t in files.items():
+            atomic_write_text(p, t)
+            print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

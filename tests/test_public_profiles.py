@@ -1,0 +1,188 @@
+"""GPU presets fitted on public per-operator profiles: shipped data and provenance, fits that recover known
+coefficients, presets re-created byte for byte, the cross-validation the docs quote, dtypes refused by name."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate import llmcompass, llmservingsim, public_profiles as pp, vidur
+from sim.profiles import (HardwareProfile, OutOfCalibrationError, PresetError, load_hardware, load_model,
+                          model_from_manifest)
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "calibrate" / "data"
+
+
+@pytest.mark.parametrize("source,license_words", [("vidur", "MIT License"), ("llmservingsim", "MIT License"),
+                                                  ("llmcompass", "BSD 3-Clause License")])
+def test_shipped_data_has_source_license_and_checksums(source, license_words):
+    d = DATA / source
+    assert license_words in (d / "LICENSE").read_text()
+    src = (d / "SOURCE.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \|.*\| ([0-9a-f]{64}) \|$", src, flags=re.M)
+    assert len(rows) >= 2
+    for name, sha in rows:
+        data = (d / name).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == sha, name
+    assert "commit" in src and "github.com" in src
+    total = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+    assert total < 6e6   # a few MB per source at most
+
+
+def test_loaders_read_every_shipped_profile():
+    for dev, model in vidur.MLP_FILES:
+        prof = vidur.load_mlp(vidur.mlp_path(dev, model))
+        assert set(prof["op"]) == set(vidur.OPERATORS) and (prof["seconds"] > 0).all()
+    errs = []
+    for topo in vidur.NETWORK_TOPOLOGIES:
+        for coll in vidur.COLLECTIVES:
+            lines = vidur.fit_collective(vidur.load_network(topo, coll))
+            assert lines and all(x["alpha_s"] >= 0 and x["beta_bytes_per_s"] > 1e9 for x in lines)
+            errs += [x["median_abs_rel_error"] for x in lines]
+    # a latency-bandwidth line per group: most within a few percent (NCCL's protocol switches bend some)
+    assert len(errs) == 22 and np.median(errs) < 0.06 and max(errs) < 0.5
+    lss = llmservingsim.load_layers(llmservingsim.layers_path(1))
+    # every shipped row is a prefill over an empty cache: no row constrains decode's KV reads
+    assert (lss["kv_cache"] == 0).all() and lss["num_tokens"].max() == 2048
+    assert len(llmservingsim.load_layers(llmservingsim.layers_path(2))) == len(lss)
+    ops = llmcompass.load_operators()
+    assert ops.groupby("op").size().to_dict() == {"gelu": 20, "layernorm": 22, "matmul": 20, "softmax": 22}
+    with pytest.raises(ValueError, match="no Vidur mlp profile shipped for device 'h200'"):
+        vidur.mlp_path("h200", "llama-2-7b")
+
+
+def _synthetic_rows(truth: pp.Coefs, peak: float, bw: float, kv: bool, seed: int) -> pd.DataFrame:
+    """Operator rows of two shapes at 1..8192 tokens timed by ``truth`` (1% lognormal noise)."""
+    n = np.unique(np.round(np.geomspace(1, 8192, 60)))
+    parts = []
+    for key, m in (("a", pp.LLAMA_2_7B), ("b", pp.LLAMA_3_8B)):
+        parts += [pp._rows(key, "qkv", "gemm", n, 0 * n, *pp._gemm(n, m.d, (m.H + 2 * m.Hkv) * m.Dh)),
+                  pp._rows(key, "down", "gemm", n, 0 * n, *pp._gemm(n, m.F, m.d)),
+                  pp._rows(key, "norm", "elem", n, 0 * n, 0 * n, pp.S * (2 * n * m.d + m.d)),
+                  pp._rows(key, "act", "elem", n, 0 * n, 0 * n, pp.S * 3 * n * m.F)]
+        c = np.where(np.arange(n.size) % 2, 4096.0, 0.0) if kv else 0.0 * n
+        nq = np.where(c > 0, np.maximum(n // 64, 1), n)  # decode-like rows: few queries over a long cache
+        parts.append(pp._rows(key, "attention", "attn", nq, 0 * nq, 4.0 * m.H * m.Dh * (nq * c + nq * (nq + 1) / 2),
+                              pp.S * 2.0 * m.Hkv * m.Dh * (c + nq), c=c))
+    rows = pd.concat(parts, ignore_index=True)
+    rng = np.random.default_rng(seed)
+    rows["seconds"] = pp.predict(rows, truth, peak, bw) * np.exp(rng.normal(0.0, 0.01, len(rows)))
+    return rows
+
+
+@pytest.mark.parametrize("kv", [False, True])
+def test_fit_recovers_known_coefficients(kv):
+    peak, bw = 989.4e12, 3.35e12
+    truth = pp.Coefs(eff_c=0.62, eff_m=0.81, eff_elem=0.45, eff_att=0.27, eff_kv=0.55 if kv else None,
+                     per_kernel_s=3.1e-6)
+    got = pp.fit_rows(_synthetic_rows(truth, peak, bw, kv, seed=3), peak, bw)
+    for f in ("eff_c", "eff_m", "eff_elem", "eff_att", "per_kernel_s"):
+        assert getattr(got, f) == pytest.approx(getattr(truth, f), rel=0.03), f
+    if kv:
+        assert got.eff_kv == pytest.approx(truth.eff_kv, rel=0.03)
+    else:
+        assert got.eff_kv is None   # no cached tokens in any row: eff_kv is not fitted, eff_m applies
+
+
+def test_fit_leaves_unconstrained_coefficients_null():
+    peak, bw = 312e12, 2.039e12
+    truth = pp.Coefs(0.7, 0.75, None, None, None, 4e-6)
+    rows = _synthetic_rows(truth, peak, bw, kv=False, seed=1)
+    rows = rows[rows["kind"] == "gemm"].reset_index(drop=True)
+    got = pp.fit_rows(rows, peak, bw)
+    assert (got.eff_elem, got.eff_att, got.eff_kv) == (None, None, None)
+    assert got.eff_c == pytest.approx(0.7, rel=0.03) and got.eff_m == pytest.approx(0.75, rel=0.03)
+
+
+def test_presets_and_json_are_recreated_byte_for_byte(capsys):
+    assert pp.main(["--check"]) == 0, capsys.readouterr().err
+    res = json.loads(pp.FIT_JSON.read_text())
+    for preset, fit in res["fits"].items():
+        hw = load_hardware(preset)
+        k = fit["coefficients"]
+        assert hw.eff_c == pytest.approx(k["eff_c"], abs=5e-5) and hw.eff_m == pytest.approx(k["eff_m"], abs=5e-5)
+        assert hw.calibration_status == "public-profiles" and not hw.calibrated and hw.roofline == "operator"
+        listed = hw.extra["reference"]["sources"]
+        assert [s["profile"] for s in listed] == list(pp.PRESETS[preset][0])
+        assert sum(s["rows_used"] for s in listed) == fit["rows"] == hw.extra["reference"]["rows"]
+        assert all(s["license"] in ("MIT", "BSD-3-Clause") and len(s["commit"]) == 40 for s in listed)
+    # what a fit can and cannot see: prefill attention on H100 only, no decode KV reads anywhere
+    assert load_hardware("h100-sxm").eff_att is not None and load_hardware("a100-80gb").eff_att is None
+    assert load_hardware("h100-sxm").eff_kv is None and load_hardware("a100-80gb").eff_kv is None
+
+
+def test_check_detects_a_preset_that_is_not_the_fit(tmp_path, monkeypatch, capsys):
+    res = json.loads(pp.FIT_JSON.read_text())
+    fit = res["fits"]["h100-sxm"]
+    text = pp._preset_path("h100-sxm").read_text()
+    assert pp.render_preset("h100-sxm", fit, text) == text
+    bad = dict(fit, coefficients={**fit["coefficients"], "eff_c": fit["coefficients"]["eff_c"] * 1.01})
+    assert pp.render_preset("h100-sxm", bad, text) != text
+    with pytest.raises(ValueError, match="no line starting '# Not on a datasheet'"):
+        pp.render_preset("h100-sxm", fit, "name: x\n")
+
+
+def test_docs_quote_the_cross_validation_json():
+    res = json.loads(pp.FIT_JSON.read_text())
+    doc = (ROOT / "docs" / "calibration.md").read_text()
+    assert pp.crossval_markdown(res["cross_validation"]) in doc
+    assert pp.fits_markdown(res["fits"]) in doc
+    cv = res["cross_validation"]
+    assert [(p["fit_on"], p["predict"]) for p in cv["h100"] + cv["a100"]] == list(pp.CROSS["h100"] + pp.CROSS["a100"])
+    for p in cv["h100"] + cv["a100"]:
+        h = p["held_out"]
+        assert h["tokens"][0] == 1 and h["tokens"][1] <= pp.MAX_TOKENS_CV
+        assert h["layer"]["rows"] == len(set(range(h["tokens"][0], h["tokens"][1] + 1))
+                                         & set(pp.PROFILES[p["predict"]]()["n"].astype(int)))
+
+
+@pytest.mark.parametrize("preset", ["h100-sxm", "a100-80gb", "h200", "l4", "local-cpu"])
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "fp8", "float8_e5m2", "int8"])
+def test_unpriced_dtypes_are_refused_by_name(preset, dtype):
+    hw = load_hardware(preset)
+    m = dataclasses.replace(load_model("smollm2-135m"), dtype=dtype, dtype_bytes=1)
+    with pytest.raises(OutOfCalibrationError, match=r"dtype float8_e\w+ cannot be priced|dtype int8 cannot be priced"):
+        hw.check_query(m, max_context=16)
+
+
+def test_fp8_manifest_loads_and_is_refused_not_priced_as_bf16():
+    man = {"model": {"name": "llama-fp8", "n_layers": 32, "hidden_size": 4096, "n_heads": 32, "n_kv_heads": 8,
+                     "head_dim": 128, "intermediate_size": 14336, "vocab_size": 128256,
+                     "dtype": "torch.float8_e4m3fn"}}
+    m = model_from_manifest(man)
+    assert m.dtype == "float8_e4m3fn" and m.dtype_bytes == 1
+    with pytest.raises(OutOfCalibrationError, match="float8_e4m3fn cannot be priced.*float16/bfloat16"):
+        load_hardware("h100-sxm").check_query(m, max_context=16)
+    load_hardware("h100-sxm").check_query(load_model("llama-3-8b"), max_context=16)   # bf16: priced
+
+
+def test_calibration_status_field():
+    base = dict(name="x", peak_flops=1e12, mem_bw=1e11, mem_capacity=1e10)
+    assert HardwareProfile(**base).calibration_status == "datasheet"
+    assert HardwareProfile(**base, calibrated=True).calibration_status == "end-to-end"
+    assert HardwareProfile(**base, provisional=True).calibration_status == "provisional"
+    hw = HardwareProfile(**base, calibration_status="public-profiles")
+    assert hw.calibration_note == "fitted on public per-operator profiles; not end to end"
+    assert hw.to_dict()["calibration_status"] == "public-profiles"
+    with pytest.raises(PresetError, match="calibration_status"):
+        HardwareProfile(**base, calibration_status="public-profiles", calibrated=True)
+    with pytest.raises(PresetError, match="calibration_status"):
+        HardwareProfile(**base, calibration_status="measured")
+
+
+def test_cli_hook_runs_the_same_command(monkeypatch):
+    from app.cli import main
+
+    seen = []
+    monkeypatch.setattr(pp, "main", lambda argv=None: seen.append(argv) or 0)
+    assert main(["calibrate", "public-profiles", "--check"]) == 0
+    assert main(["calibrate", "public-profiles", "--write"]) == 0
+    assert main(["calibrate", "public-profiles"]) == 0
+    assert seen == [["--check"], ["--write"], []]
