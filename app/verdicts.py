@@ -118,7 +118,7 @@ class Cond:
     """
 
     label: str
-    value: float | None
+    value: float | None = None
     lo: float | None = None
     hi: float | None = None
     n: int | None = None
@@ -190,13 +190,13 @@ RULES = {
     "rate_low": Rule(
         "rate_low", "a rate that should be low (CGEE-induced error)",
         "the policy acted (skipped or exited early) on some problem and, when the 95% Wilson interval "
-        "contains the paper's rate, it is narrower than that rate",
+        "contains the paper's rate p, it is narrower than 2p",
         "the Wilson interval contains the paper's rate or lies below it",
         "it lies above the paper's rate", "a wide interval that contains it is not measurable"),
     "rate_reach": Rule(
         "rate_reach", "a rate that should reach the paper's (CGEE skip rate)",
         "the paper gives a figure for this benchmark and, when the 95% Wilson interval contains it, the "
-        "interval is narrower than min(p, 1 - p)",
+        "interval is narrower than 2 min(p, 1 - p)",
         "the Wilson interval contains the paper's rate or lies above it",
         "it lies below the paper's rate", "a wide interval that contains it is not measurable"),
     "no_loss": Rule(
@@ -273,8 +273,10 @@ def judge_at_least(c: Cond, bar: float, scale: float) -> Cond:
 def judge_rate(c: Cond, k: int, n: int, paper: float, allowed: str) -> Cond:
     """``rate_low`` (``allowed="below"``) or ``rate_reach`` (``allowed="above"``) on ``k`` of ``n``.
 
-    Sets ``c.value``, ``c.lo``, ``c.hi`` from the Wilson interval. The scale is ``min(p, 1 - p)``:
-    an interval wider than the distance from the paper's rate to its bound cannot tell the two apart.
+    Sets ``c.value``, ``c.lo``, ``c.hi`` from the Wilson interval. The scale is ``2 min(p, 1 - p)``:
+    an interval that contains the paper's rate and is wider than twice its distance to the bound
+    (0 or 1) cannot tell it from that bound (the paper's own 6 of 1,616 gives [0.0017, 0.0081],
+    narrower than 0.0074).
     """
     c.value = k / n if n else None
     c.lo, c.hi = wilson(k, n) if n else (None, None)
@@ -283,7 +285,7 @@ def judge_rate(c: Cond, k: int, n: int, paper: float, allowed: str) -> Cond:
     if why:
         c.outcome, c.text = UNTESTABLE, why
         return c
-    scale = min(paper, 1 - paper)
+    scale = 2 * min(paper, 1 - paper)
     ktxt = f"{k:g} of {n} {c.unit}"
     bad = c.lo > paper if allowed == "below" else c.hi < paper
     good = c.hi < paper if allowed == "below" else c.lo > paper
