@@ -71,7 +71,7 @@ class ReproduceConfig:
 
     def quick(self) -> "ReproduceConfig":
         """A smaller grid and VASE serving run (``--quick``): a first look in seconds, not the report."""
-        return dataclasses.replace(self, heat_prefix=(128, 1024), heat_branches=(4, 16), heat_gen=(64, 256),
+        return dataclasses.replace(self, heat_prefix=(128, 1024), heat_branches=(4, 8), heat_gen=(64, 256),
                                    vase_decode_tokens=2048, vase_requests=16, serve_requests=16, serve_concurrency=8)
 
 
@@ -267,11 +267,17 @@ class Reproducer:
                                  reshape=reshape, workload=wl, seed=kw.pop("seed", self.cfg.seed), baselines=False, **kw)
 
     def sim_kind(self, summary: dict, what: str = "") -> str:
-        """The evidence kind of a simulated figure: whose decisions, which costs, which profile and its status."""
+        """The evidence kind of a simulated figure: which costs, which profile and its calibration status."""
         hw, cal = summary.get("hardware"), bool(summary.get("hardware_calibrated"))
         self.profiles[hw] = cal
-        return (f"simulated: decisions {summary.get('decisions_model')}, costs {summary.get('cost_model')} on {hw} "
-                f"({'calibrated' if cal else 'uncalibrated datasheet'} profile){what}")
+        return self.target_kind(summary.get("cost_model"), hw, what)
+
+    def target_kind(self, model, hw, what: str = "") -> str:
+        """``simulated: costs MODEL on HW (calibrated | uncalibrated datasheet profile)``; the decisions'
+        model is in each condition's label. A profile no simulation has reported yet is "status not reported"."""
+        cal = self.profiles.get(hw)
+        status = "calibrated" if cal else "uncalibrated datasheet" if cal is not None else "status not reported"
+        return f"simulated: costs {model} on {hw} ({status} profile){what}"
 
     @staticmethod
     def real_kind(res: dict, what: str = "") -> str:
@@ -823,7 +829,8 @@ class Reproducer:
                          "kv_capacity_bytes": _r(s["kv_capacity_bytes"], 6)})
             # one deterministic serving run: no problems to resample (every request decodes T tokens at once)
             conds.append(judge_at_least(Cond(f"{model} on {hw}", s["throughput_vs_full"], n=None,
-                                             kind=self.sim_kind(s, f", {n} requests, one deterministic run")),
+                                             kind=self.sim_kind(s, f", {n} requests, one deterministic run; cache "
+                                                                   f"sizes from {i.model}'s long decodes")),
                                         TOL * PAPER["vase_throughput"], PAPER["vase_throughput"] - 1.0))
         self.tables["vase_throughput"] = pd.DataFrame(rows)
         self.add("VASE", f"VASE-DKV throughput over a full cache at {T / 1024:g}K-token decodes (capacity-aware "
@@ -875,7 +882,7 @@ class Reproducer:
                      "—", ("not measurable here", "because no trace was given"))
             return
         conds = []
-        tree_kind = f"simulated: costs {RKSC_TARGET[0]} on {RKSC_TARGET[1]} (uncalibrated datasheet profile), one tree"
+        tree_kind = self.target_kind(RKSC_TARGET[0], RKSC_TARGET[1], ", one tree")
         for where, g in df.groupby("where", sort=False):
             g = g.set_index("policy")
             same = all(g.loc[p, ["latency_s", "recompute_tokens", "evictions"]].tolist() ==
@@ -951,7 +958,7 @@ class Reproducer:
                              "metric": metric, "paper": float(a[metric]), "compat": float(b[metric]),
                              "delta": float(b[metric] - a[metric])})
                 checks.append(("score_source=unscored", "rsbcm (tree 0)", judge_unchanged(Cond(
-                    f"{i.name} tree 0 {metric}", None, kind=f"simulated: costs {RKSC_TARGET[0]} on {RKSC_TARGET[1]}",
+                    f"{i.name} tree 0 {metric}", None, kind=self.target_kind(RKSC_TARGET[0], RKSC_TARGET[1], ", one tree"),
                     untestable=why), float(a[metric]), float(b[metric]), False)))
         for i in self.pick(long=True)[:1]:
             lt = self.lts[i.name]

@@ -180,7 +180,7 @@ def to_html(res: dict) -> str:
             "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:13px}"
             "td,th{border:1px solid #ccc;padding:4px;vertical-align:top}</style></head><body>"
             "<h1>rksim reproduce: the RKSC and VASE papers' claims, measured and simulated</h1>"
-            f"<p>{html.escape(LEGEND.replace('**', ''))}</p><p>Summary: {html.escape(summary)}.</p>"
+            f"<p>{html.escape(LEGEND.replace('*', ''))}</p><p>Summary: {html.escape(summary)}.</p>"
             "<h2>Claims</h2>" + claims.to_html(index=False, na_rep="—") + "<h2>Inputs</h2><ul>" + inputs + "</ul>"
             + "".join(parts) + "".join(tables) + "</body></html>\n")
 

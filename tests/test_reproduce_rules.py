@@ -18,7 +18,7 @@ from app.reproduce_report import to_markdown
 from app.verdicts import Cond, combine
 
 ROOT = Path(__file__).resolve().parent.parent
-SIM = "simulated: decisions m, costs qwen2.5-7b on h100-sxm (uncalibrated datasheet profile)"
+SIM = "simulated: costs qwen2.5-7b on h100-sxm (uncalibrated datasheet profile)"
 REAL = "real: smollm2-135m on this CPU (1 thread), 2 problems, one timing each"
 
 
