@@ -319,10 +319,14 @@ class Reproducer:
                         m = self.ev(twin, pol, target=(None, "local-cpu"), reshape=spec, verify_reuses_kv=reuse,
                                     workload={"batching": "static"})
                         sim[reuse] = m[key]
+                        self.profiles[m["hardware"]] = bool(m.get("hardware_calibrated"))
                     except ValueError as exc:  # outside local-cpu's fitted range: say so, do not extrapolate
                         sim[reuse] = None
                         data.setdefault("refused", str(exc)[:200])
-            twin_txt = (f"; simulated for the same shape on local-cpu: {fmt(sim.get(False))}× / "
+            cal = self.profiles.get("local-cpu")
+            twin_txt = (f"; simulated for the same shape on local-cpu "
+                        f"({'calibrated' if cal else 'uncalibrated' if cal is not None else 'status not reported'} "
+                        f"profile): {fmt(sim.get(False))}× / "
                         f"{fmt(sim.get(True))}× (`{twin.name}` reshaped, static padded batches as the real "
                         f"module runs them)" if sim else "")
             reused = sorted(reused_timings(res))

@@ -233,8 +233,8 @@ AGGREGATION = (
     "unless the same target passes at another shape, named as **holds only when …** while the paper's own "
     "failing figure is quoted; no primary condition testable → **not measurable here, because …** (the "
     "number). Other conditions are listed as *also: …* with their kind (simulated on which hardware "
-    "profile and whether that profile is calibrated, or real on which model and machine) and never "
-    "change the verdict.")
+    "profile and whether that profile is calibrated, or real on which model and machine); besides the "
+    "same target at another shape, as just said, none of them changes a verdict.")
 
 
 def legend() -> str:

@@ -253,3 +253,19 @@ def test_report_renders_a_synthetic_claims_file(tmp_path):
     md = to_markdown(res)
     assert "**does not hold**" in md and "also: real" in md and REAL in md
     assert "`h100-sxm` (uncalibrated" in md and V.legend() in md
+
+
+def test_calibrate_speedup_names_the_timings_it_reuses():
+    from calibrate.speedup import reuse_section
+    sec = reuse_section({"no-kv": 132.3, "cgee": 117.4, "asks": 103.4, "exact-prefix": 139.1},
+                        {"asks": 23.8, "exact-prefix": 83.3})
+    assert sec["reused_timings"] == ["cgee", "no-kv"]
+    assert sec["latency_s"] == {"no-kv": 132.3, "cgee": 117.4, "asks": 23.8, "exact-prefix": 83.3}
+    assert sec["speedup_vs_no_kv"]["asks"] == pytest.approx(132.3 / 23.8)
+    assert reused_timings({"latency_s": {}, "verify_reuses_kv": sec}) == {"cgee", "no-kv"}
+    # the stored run predates the marker: the same section, recognised by its copied floats
+    stored = json.loads((ROOT / "docs/reproduction/measured/speedup-smollm2/speedup.json").read_text())
+    again = reuse_section(stored["latency_s"], {k: v for k, v in stored["verify_reuses_kv"]["latency_s"].items()
+                                               if k not in ("no-kv", "cgee")})
+    assert again["latency_s"] == stored["verify_reuses_kv"]["latency_s"]
+    assert reused_timings(stored) == set(again["reused_timings"])
