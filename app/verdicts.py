@@ -209,7 +209,8 @@ RULES = {
         "an interval reaching below minus half the baseline is not measurable"),
     "better": Rule(
         "better", "a direction (an ablation, a policy against a baseline)",
-        f"there are at least {MIN_UNITS} problems or seeds and the compared policies differ",
+        f"there are at least {MIN_UNITS} problems or seeds (a deterministic simulation: one figure) and, for "
+        "block policies, their choices can differ (they do not all evict the same blocks)",
         f"the paired bootstrap interval of the change lies on the better side of zero and the mean change "
         f"is at least {TIE_MARGIN:.0%}",
         "it lies on the worse side (by at least the same margin)",
@@ -219,12 +220,12 @@ RULES = {
         "the option could change the figure: the policy acted and was not at its ceiling, or the "
         "policies it chooses between differ",
         f"no headline figure moves by more than {COMPAT_TOL:.0%} (0.01 on rates)",
-        "one does", "(simulated figures: deterministic, no interval)"),
+        "one does", "the figures are deterministic simulations, so no interval"),
     "premise": Rule(
         "premise", "a premise (logit-lens entropy collapse)",
         "the entropy curve has a peak before its last layer",
         "mean entropy falls to half its peak before the last layer",
-        "it does not, or only at the last layer", "(a mean over every branch: no interval)"),
+        "it does not, or only at the last layer", "the curve is a mean over every branch, so no interval"),
 }
 
 AGGREGATION = (
@@ -239,7 +240,7 @@ AGGREGATION = (
 
 def legend() -> str:
     """The report's legend: every rule, then how conditions combine (generated, never hand-written)."""
-    return "Rules. " + " ".join(r.legend() for r in RULES.values()) + " " + AGGREGATION
+    return " ".join(r.legend() for r in RULES.values()) + " " + AGGREGATION
 
 
 def rule_table() -> str:
