@@ -10,14 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
-VERDICTS = ("holds", "holds only when", "does not hold", "not measurable here")
+from app.verdicts import VERDICTS, legend
 
-LEGEND = (
-    "**holds**: rksim's figure reaches the paper's (a ratio: at least 80% of it; a rate: the paper's rate lies "
-    "inside or above rksim's 95% Wilson interval; a direction: better on every measure). "
-    "**holds only when …**: it does under the named conditions only. **does not hold**: under none of the "
-    "conditions evaluated. **not measurable here, because …**: the input it needs is missing or too small."
-)
+LEGEND = legend()   # generated from app.verdicts.RULES: the rules are written once
 
 
 def _cell(x) -> str:
@@ -39,10 +34,16 @@ def md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _why(r: dict, md: bool = True) -> str:
+    """The verdict cell: the verdict, its reason from the numbers, then every ``also`` condition."""
+    v = f"**{r['verdict']}**" if md else r["verdict"]
+    return " ".join([v, r["why"], *(f"· {a}" for a in r.get("also") or [])])
+
+
 def claims_frame(res: dict) -> pd.DataFrame:
     return pd.DataFrame([{"#": r["id"], "claim": r["claim"], "paper": r["paper"], "rksim simulated": r["simulated"],
-                          "rksim measured": r["measured"], "verdict": f"**{r['verdict']}** {r['why']}",
-                          "source": r["source"]} for r in res["rows"]])
+                          "rksim measured": r["measured"], "verdict": _why(r), "source": r["source"]}
+                         for r in res["rows"]])
 
 
 def _inputs_md(res: dict) -> list[str]:
@@ -61,6 +62,11 @@ def _inputs_md(res: dict) -> list[str]:
     out += ["", f"Cost targets: RKSC claims on {inp['rksc_target'][0]} / {inp['rksc_target'][1]}; VASE throughput "
             "on " + ", ".join(f"{m} / {h}" for m, h in inp["vase_targets"]) + f". The paper's shape: "
             f"`--reshape {inp['paper_shape']}`. Seed {inp['seed']}.", ""]
+    prof = inp.get("profiles") or {}
+    if prof:
+        out += ["Hardware profiles behind the simulated figures: " + ", ".join(
+            f"`{k}` ({'calibrated' if v else 'uncalibrated datasheet profile: its figures are the datasheet cost model, never fitted to a measurement'})"
+            for k, v in prof.items()) + ".", ""]
     st = inp.get("settings") or {}
     if st:
         out += [f"Settings: shape grid prefix {st['heat_prefix']} × branches {st['heat_branches']} × generation "
@@ -164,7 +170,7 @@ def to_html(res: dict) -> str:
         parts.append(pio.to_html(fig, full_html=False, include_plotlyjs="inline" if k == 0 else False,
                                  div_id=f"reproduce-fig-{k}"))
     claims = claims_frame(res)
-    claims["verdict"] = [f"{r['verdict']} {r['why']}" for r in res["rows"]]
+    claims["verdict"] = [_why(r, md=False) for r in res["rows"]]
     tables = [f"<h2>{html.escape(TABLE_TITLES[k])}</h2>" + pd.DataFrame(v).to_html(index=False, na_rep="—")
               for k, v in res["tables"].items() if v and k in TABLE_TITLES]
     counts = pd.Series([r["verdict"] for r in res["rows"]]).value_counts()
@@ -174,7 +180,7 @@ def to_html(res: dict) -> str:
             "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:13px}"
             "td,th{border:1px solid #ccc;padding:4px;vertical-align:top}</style></head><body>"
             "<h1>rksim reproduce: the RKSC and VASE papers' claims, measured and simulated</h1>"
-            f"<p>{html.escape(LEGEND.replace('**', ''))}</p><p>Summary: {html.escape(summary)}.</p>"
+            f"<p>{html.escape(LEGEND.replace('*', ''))}</p><p>Summary: {html.escape(summary)}.</p>"
             "<h2>Claims</h2>" + claims.to_html(index=False, na_rep="—") + "<h2>Inputs</h2><ul>" + inputs + "</ul>"
             + "".join(parts) + "".join(tables) + "</body></html>\n")
 

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.reproduce import (DEFAULT_MEASURED, DEFAULT_ROOT, Reproducer, ReproduceConfig, discover, ratio_verdict,
-                           trace_info, wilson)
+from app.reproduce import DEFAULT_MEASURED, DEFAULT_ROOT, Reproducer, ReproduceConfig, discover, trace_info
 from app.reproduce_report import VERDICTS, md_table, write_report
+from app.verdicts import TOL, Cond, combine
 from sim.api import default_trace_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,37 +28,7 @@ def _rksim(*args, timeout=900) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-# ---------------------------------------------------------------------------- rules
-def test_wilson_known_values():
-    lo, hi = wilson(0, 12)
-    assert lo == 0.0 and hi == pytest.approx(0.2425, abs=1e-4)   # the rule-of-three-like bound for n = 12
-    lo, hi = wilson(6, 1616)
-    assert lo < 6 / 1616 < hi and hi == pytest.approx(0.00809, abs=2e-4)
-    assert all(x != x for x in wilson(0, 0))  # n = 0: NaN, not a made-up interval
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.integers(1, 5000), st.data())
-def test_wilson_brackets_the_proportion(n, data):
-    k = data.draw(st.integers(0, n))
-    lo, hi = wilson(k, n)
-    assert 0.0 <= lo <= k / n + 1e-12 and k / n - 1e-12 <= hi <= 1.0
-
-
-def test_ratio_verdict_all_some_none():
-    assert ratio_verdict(3.0, [("a", 2.5), ("b", 3.5)])[0] == "holds"           # 2.5 >= 0.8 * 3
-    v = ratio_verdict(3.0, [("own shape", 1.0), ("paper shape", 2.4)])
-    assert v == ("holds only when", "paper shape (1 of 2 conditions reach 80% of 3)")   # 2.4 = 0.8 * 3 exactly
-    v = ratio_verdict(3.0, [("a", 1.0), ("b", 2.3)])
-    assert v[0] == "does not hold" and "2.3" in v[1] and "(b)" in v[1]
-    assert ratio_verdict(3.0, [("a", None), ("b", float("nan"))])[0] == "not measurable here"
-    assert ratio_verdict(0.6, [("x", 0.59)], tol=1.0)[0] == "does not hold"
-    v = ratio_verdict(3.0, [("a", 3.0), ("b", 3.1), ("c", 1.0)])
-    assert v == ("holds only when", "not c (all but 1 of 3 conditions reach 80% of 3)")
-    assert ratio_verdict(1.0, [("a", 1.0)], tol=1.0, strict=True)[0] == "does not hold"     # 1.0x saves nothing
-    assert ratio_verdict(1.0, [("a", 1.01)], tol=1.0, strict=True)[0] == "holds"
-
-
+# ---------------------------------------------------------------------------- rendering (the rules: test_reproduce_rules.py)
 def test_md_table_escapes_pipes():
     import pandas as pd
     t = md_table(pd.DataFrame([{"a": "x|y", "b": 1.23456789, "c": None}]))
@@ -137,28 +107,38 @@ def test_every_claim_has_a_verdict_and_a_source(quick):
 
 @pytest.mark.slow
 def test_rows_follow_the_numbers(quick):
-    """Each verdict agrees with the figures it reports (not a fixed string)."""
+    """Each verdict and reason is what the rules give for the conditions the row stores (not a fixed string)."""
     res = quick[0][0]
-    sp = [t for t in res["tables"]["rksc_speedups"] if t["policy"] == "rksc"]
+    judged = 0
+    for r in res["rows"]:
+        conds = r["data"].get("conditions")
+        if not conds:
+            continue
+        v, why, _ = combine([Cond(**c) for c in conds])
+        assert (v, why) == (r["verdict"], r["why"]), r["id"]
+        for c in conds:
+            assert c["outcome"] in ("pass", "fail", "tie", "untestable") and c["text"], (r["id"], c)
+        judged += 1
+    assert judged >= 15
+    sp = {t["vs_no_kv"] for t in res["tables"]["rksc_speedups"] if t["policy"] == "rksc"}
     row = next(r for r in res["rows"] if r["claim"].startswith("RKSC (ASKS"))
-    conds = row["data"]["conditions"]
-    # the simulated conditions are the table's rows; the real run's speedups are conditions of their own
-    assert sorted(v for c, v in conds if not c.startswith("real run")) == sorted(t["vs_no_kv"] for t in sp)
-    passing = [c for c, v in conds if v is not None and v >= 0.8 * 3.008]
-    assert row["verdict"] == ("holds" if len(passing) == len(conds) else "holds only when" if passing
-                              else "does not hold")
-    failing = [c for c, v in conds if c not in passing]
-    if passing and failing:
-        assert row["why"].startswith("not " + "; not ".join(failing) if len(failing) < len(passing)
-                                     else "; ".join(passing))
+    sim = [c for c in row["data"]["conditions"] if not c["label"].startswith("real run")]
+    assert sim and all(c["value"] in sp for c in sim)              # raw figures, the table's own
+    assert all(c["primary"] == ("paper shape" in c["label"]) for c in sim)
+    for c in sim:                                                   # a pass is an interval at or above the bar
+        if c["outcome"] == "pass":
+            assert c["lo"] >= TOL * 3.008
+        if c["outcome"] == "fail":
+            assert c["hi"] < TOL * 3.008
     heat = res["tables"]["heat"]
     hrow = next(r for r in res["rows"] if r["group"] == "Shape")
-    assert (hrow["verdict"] == "does not hold") == (max(h["rksc_vs_no_kv"] for h in heat) < 0.8 * 3.008)
+    passing = {f"prefix {h['prefix_tokens']}, B {h['branches']}, T {h['gen_tokens']}" for h in heat
+               if h["ci_low"] >= TOL * 3.008}
+    assert {c["label"] for c in hrow["data"]["conditions"] if c["outcome"] == "pass"} <= passing
     thr = res["tables"]["vase_throughput"]
     vrow = next(r for r in res["rows"] if "throughput" in r["claim"])
-    passing = [t for t in thr if t["throughput_vs_full"] >= 0.8 * 3.1]
-    assert vrow["verdict"] == ("holds" if len(passing) == len(thr) else "holds only when" if passing
-                               else "does not hold")
+    assert [c["outcome"] == "pass" for c in vrow["data"]["conditions"]] == [
+        t["throughput_vs_full"] >= TOL * 3.1 for t in thr]
 
 
 @pytest.mark.slow
