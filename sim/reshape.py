@@ -323,21 +323,15 @@ def build_reshaped(tf: TraceFeatures, spec) -> ReshapedTrace:
 
 
 def reshape_trace(trace, spec) -> ReshapedTrace:
-    """:func:`build_reshaped` of ``trace`` (a path, a loaded trace or features), memoised on its features.
+    """:func:`build_reshaped` of ``trace`` (a path, a loaded trace or features).
 
-    The memo lives on the source's features object (``tf.__dict__["_reshaped"]``, owned by whoever
-    holds them), so the same (source, spec) gives the same reshaped object, and the simulator's
-    memo tables, which follow the features object, are reused across calls.
+    Built anew on every call; ``sim.session.Session.reshaped`` keeps the reshaped session (and
+    so the simulator's memo tables for it) per spec.
     """
     from . import features
 
-    spec = ReshapeSpec.coerce(spec)
     tf = trace if isinstance(trace, TraceFeatures) else features.load(trace)
-    memo = tf.__dict__.setdefault("_reshaped", {})
-    hit = memo.get(spec)
-    if hit is None:
-        hit = memo[spec] = build_reshaped(tf, spec)
-    return hit
+    return build_reshaped(tf, ReshapeSpec.coerce(spec))
 
 
 def describe(tf: TraceFeatures) -> dict | None:
