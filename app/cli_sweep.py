@@ -67,8 +67,8 @@ def _check_trace(path: str):
     from traces.errors import TraceError
     from traces.store import load_trace
 
-    if path is None:  # the bundled trace, as in every command (app.cli_sim._trace_arg)
-        from app.cli_sim import _check_trace as _bundled
+    if path is None:  # the bundled trace, as in every command (app.cli_sim.trace_arg)
+        from app.cli_sim import check_trace as _bundled
         path = _bundled(None)
     if not Path(path).exists():
         raise ValueError(f"--trace {path!r}: no such file or directory")
@@ -224,8 +224,8 @@ def _positive_int(text: str) -> int:
 
 
 def _sim_flags(p) -> None:
-    from app.cli_sim import _trace_arg
-    _trace_arg(p)
+    from app.cli_sim import trace_arg
+    trace_arg(p)
     p.add_argument("--policy", required=True, help="policy registry name (asks, cgee, vase-dkv, ...; see `rksim policies`)")
     p.add_argument("--grid", action="append", metavar="KEY=SPEC",
                    help="a parameter's values: key=start:stop:step (stop inclusive) or key=v1,v2,...; repeat per key "

@@ -121,13 +121,13 @@ def make_config(policy: str, params: dict | None, workload: dict | None) -> SimC
             budget_frac = params.get("budget_frac", budget_frac)
             if budget_blocks is not None and (isinstance(budget_blocks, bool) or not isinstance(budget_blocks, (int, float))
                                               or int(budget_blocks) != budget_blocks or budget_blocks < 0):
-                raise ConfigError(f"policy {policy!r}: budget_blocks: must be an integer >= 0, got {budget_blocks!r}", field="policy.params")
+                raise ConfigError(f"policy {policy!r}: budget_blocks: must be an integer >= 0, got {budget_blocks!r}", field="params")
             if isinstance(budget_frac, bool) or not isinstance(budget_frac, (int, float)) or not budget_frac > 0:
-                raise ConfigError(f"policy {policy!r}: budget_frac: must be a number > 0, got {budget_frac!r}", field="policy.params")
+                raise ConfigError(f"policy {policy!r}: budget_frac: must be a number > 0, got {budget_frac!r}", field="params")
         else:
             base = get_policy(policy, **params)
     except PolicyError as exc:
-        raise ConfigError(str(exc), field="policy.params") from None
+        raise ConfigError(str(exc), field="params") from None
     cfg = SimConfig(policy=policy, params=params, kind=kind, sharing=None, workload=opts,
                     budget_blocks=None if budget_blocks is None else int(budget_blocks), budget_frac=budget_frac)
     if kind == "sharing":
@@ -291,13 +291,13 @@ def bind_vocab(cfg: SimConfig, vocab_size) -> SimConfig:
         return cfg
     if vocab_size is None:
         raise ConfigError(f"policy {cfg.policy!r}: theta_unit: 'ln_v' needs the trace's model.vocab_size "
-                          "(manifest.json has none); state theta in nats", field="policy.params")
+                          "(manifest.json has none); state theta in nats", field="params")
     if ex.vocab_size is None:
         cfg.exit = dataclasses.replace(ex, vocab_size=int(vocab_size))
         cfg.static = None
     elif int(ex.vocab_size) != int(vocab_size):
         raise ConfigError(f"policy {cfg.policy!r}: vocab_size: {ex.vocab_size} differs from the trace model's "
-                          f"vocabulary ({vocab_size}); the entropies tested are the trace model's", field="policy.params")
+                          f"vocabulary ({vocab_size}); the entropies tested are the trace model's", field="params")
     return cfg
 
 

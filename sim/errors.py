@@ -5,7 +5,7 @@ from __future__ import annotations
 class ConfigError(ValueError):
     """Bad policy name, parameter, workload option, target or mode.
 
-    ``field`` is the dotted name of the option at fault (``"policy"``, ``"policy.params"``,
+    ``field`` is the dotted name of the option at fault (``"policy"``, ``"params"``,
     ``"workload.block_size"``, ``"hardware"``, ``"mode"``, ...; ``None`` when no single option
     is): the CLI and the dashboard map it to their flag or widget, never the message text.
     """

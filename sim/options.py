@@ -49,17 +49,47 @@ def check_value(name: str, opt: Option, v):
         if v not in opt.choices:
             raise ConfigError(f"{name}: {v!r} is not one of {', '.join(map(str, opt.choices))}", field=name)
         return v
-    if opt.kind in (int, float):
-        ok = not isinstance(v, bool) and (isinstance(v, (int, float)) if opt.kind is float else hasattr(v, "__index__"))
-        if not ok or (opt.kind is float and not math.isfinite(v)):
-            raise ConfigError(f"{name}: must be {'an integer' if opt.kind is int else 'a finite number'}, got {v!r}",
-                              field=name)
-        if opt.gt is not None and not v > opt.gt:
-            raise ConfigError(f"{name}: must be a number > {opt.gt:g}, got {v!r}", field=name)
+    if opt.kind is bool:
+        if not isinstance(v, bool):
+            raise ConfigError(f"{name}: must be true or false, got {v!r}", field=name)
+        return v
+    if opt.kind is int:
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not hasattr(v, "__index__") or isinstance(v, float):
+            raise ConfigError(f"{name}: must be an integer >= {opt.lo}, got {v!r}", field=name)
         if (opt.lo is not None and v < opt.lo) or (opt.hi is not None and v > opt.hi):
-            rng = f">= {opt.lo:g}" if opt.hi is None else f"in {opt.lo:g}..{opt.hi:g}"
-            raise ConfigError(f"{name}: must be {rng}, got {v!r}", field=name)
+            rng = f">= {opt.lo}" if opt.hi is None else f"in {opt.lo}..{opt.hi}"
+            raise ConfigError(f"{name}: must be an integer {rng}, got {v!r}", field=name)
+    elif opt.kind is float:
+        bad = isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+        if bad or (opt.gt is not None and not v > opt.gt) or (opt.lo is not None and v < opt.lo) \
+                or (opt.hi is not None and v > opt.hi):
+            raise ConfigError(f"{name}: must be a number {describe_range(opt)}, got {v!r}", field=name)
     return v
+
+
+def describe_range(opt: Option) -> str:
+    """``in (0, 1]``, ``in 0..1e+18``, ``> 0``, ... (the bounds of a numeric option in words)."""
+    if opt.gt is not None:
+        return f"> {opt.gt:g}" if opt.hi is None else f"in ({opt.gt:g}, {opt.hi:g}]"
+    if opt.lo is not None:
+        return f">= {opt.lo:g}" if opt.hi is None else f"in {opt.lo:g}..{opt.hi:g}"
+    return "" if opt.hi is None else f"<= {opt.hi:g}"
+
+
+def flag_for(field_name: str | None, *classes) -> str | None:
+    """The command-line flag of a (dotted) field of one of ``classes`` (``"workload.block_size"`` -> ``--workload``)."""
+    if field_name is None:
+        return None
+    head = field_name.split(".")[0]
+    exact = [f for c in classes for f in dataclasses.fields(c) if f.name == field_name]
+    for f in exact + [f for c in classes for f in dataclasses.fields(c) if f.name == head]:
+        opt = f.metadata.get("option")
+        flag = opt.flag if opt is not None else f.metadata.get("flag")
+        if flag is not None:
+            return flag
+    return None
 
 
 def validate_options(obj) -> None:
@@ -67,4 +97,4 @@ def validate_options(obj) -> None:
         check_value(f.name, opt, getattr(obj, f.name))
 
 
-__all__ = ["Option", "option", "declared", "check_value", "validate_options"]
+__all__ = ["Option", "option", "declared", "check_value", "validate_options", "flag_for", "describe_range"]

@@ -2,7 +2,7 @@
 
 Every check happens in ``__post_init__``; an error is a :class:`sim.errors.ConfigError`
 whose ``field`` names the option (``"mode"``, ``"arrival_rate"``, ``"workload.batching"``,
-``"policy.params"``, ...). The policy objects are built here too (``sim``: a
+``"params"``, ...). The policy objects are built here too (``sim``: a
 :class:`sim.decisions.SimConfig`), so a run never re-validates.
 
 Adding an option is one declaration: a field with :func:`sim.options.option` metadata (type,
@@ -25,16 +25,16 @@ MODES = ("isolated", "serving")
 class RunConfig:
     """One simulation's settings (see :func:`sim.api.simulate` for each)."""
 
-    policy: str = "exact-prefix"
-    params: dict = field(default_factory=dict)
-    workload: dict = field(default_factory=dict)
+    policy: str = field(default="exact-prefix", metadata={"flag": "--policy"})
+    params: dict = field(default_factory=dict, metadata={"flag": "--set"})
+    workload: dict = field(default_factory=dict, metadata={"flag": "--workload"})
     mode: str = option("isolated", kind=str, choices=MODES, flag="--mode",
                        help="isolated: one problem at a time (per-problem latency); serving: arrivals and contention")
     seed: int = option(0, kind=int, flag="--seed", help="simulator seed: arrivals and stochastic policies (default 0)")
     arrival_rate: float | None = option(None, kind=float, gt=0, flag="--arrival-rate",
                                         help="serving mode: Poisson arrivals, problems/s (default: closed loop)")
     problems: tuple | None = None
-    engine: bool = False
+    engine: bool = field(default=False, metadata={"flag": "--engine"})
     baselines: bool | None = None      # None: where the mode has them (not token policies)
     sim: SimConfig = field(init=False, repr=False, compare=False)
     budget: tuple | None = field(init=False, repr=False, compare=False)  # ("blocks", n) | ("frac", f) | None

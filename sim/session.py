@@ -71,8 +71,8 @@ class Session:
         self.lock = threading.RLock()
         self._is_path = isinstance(self.source, (str, os.PathLike))
         self._stamp = None
-        self.tf = None
-        self.refresh()
+        self._tf = None  # loaded on first use (a sweep task with a stand-in evaluate never loads it)
+        self.clear()
 
     @classmethod
     def of(cls, trace) -> "Session":
@@ -83,15 +83,22 @@ class Session:
     def refresh(self) -> "Session":
         """Reload the features (forgetting every memo) when the trace directory changed on disk."""
         with self.lock:
-            if self.tf is not None and not self._is_path:
+            if self._tf is not None and not self._is_path:
                 return self
             stamp = _stamp(self.source) if self._is_path else None
-            if self.tf is None or stamp != self._stamp:
+            if self._tf is None or stamp != self._stamp:
                 src = self.source
-                self.tf = src if isinstance(src, features.TraceFeatures) else features.load(src)
+                self._tf = src if isinstance(src, features.TraceFeatures) else features.load(src)
                 self._stamp = stamp
                 self.clear()
         return self
+
+    @property
+    def tf(self):
+        """The trace's features (``sim.features.TraceFeatures``), loaded on first use."""
+        if self._tf is None:
+            self.refresh()
+        return self._tf
 
     def clear(self) -> None:
         """Forget every memo (the features stay loaded)."""
@@ -110,6 +117,10 @@ class Session:
         return self.tf.path
 
     # ------------------------------------------------------------------ keys
+    def cache_key(self) -> tuple:
+        """What results computed on this session depend on: the trace and its stamp on disk."""
+        return (str(self.source) if self._is_path else id(self.source), self.refresh()._stamp)
+
     def target_id(self, key) -> int:
         """A small int standing for a cost target's key in per-problem memo keys (hashing the model
         for every problem of every configuration was a visible cost); under the lock."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .capacity import ServingConfig, capacity_blocks, kv_capacity
 from .errors import ConfigError
+from .options import option
 from .profiles import HardwareProfile, ModelShape, PresetError, load_hardware, load_model, model_from_manifest
 from .scheduler import SchedulerConfig
 
@@ -46,6 +47,19 @@ def _preset(session, kind: str, name):
         raise ConfigError(str(exc), field="model" if kind == "model" else "hardware") from None
     session.presets[key] = (mtime, obj)
     return obj
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """The target as a user names it (preset names or YAML/JSON files); :meth:`Target.resolve` reads them.
+
+    One declaration per option: the CLI's target flags are built from these fields.
+    """
+
+    model: str | None = option(None, kind=str, flag="--model-preset", metavar="NAME",
+                               help="cost target model: preset name or YAML/JSON file (default: the trace's own model)")
+    hardware: str = option("local-cpu", kind=str, flag="--hardware", metavar="NAME",
+                           help="hardware preset name or YAML/JSON file (default local-cpu)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,4 +139,4 @@ class Target:
                 if m != decisions_model else f"decisions and costs from {m} on {hw}")
 
 
-__all__ = ["Target", "ISOLATED_SCHEDULER", "hw_key"]
+__all__ = ["Target", "TargetSpec", "ISOLATED_SCHEDULER", "hw_key"]
