@@ -2,7 +2,7 @@
 
 The simulator never decides anything itself: the sharing plan comes from
 ``policy.plan``, the early-exit decision from ``policy.decide``, block
-eviction from ``policies.BlockPool`` with the block policy, token eviction
+eviction from the block policy's ``evict_key`` (in ``sim.kvcache.BlockManager``), token eviction
 from ``policies.run_token_eviction``. This module only picks the trace
 columns each policy reads and combines the pieces a policy does not set with
 the baseline (documented in docs/simulator.md):
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from policies import BlockPool, PolicyError, get_policy, list_policies, yes_score
+from policies import PolicyError, get_policy, list_policies, yes_score
 
 from .errors import ConfigError
 from .workload import build_job
@@ -407,10 +407,6 @@ def workload_key(cfg: SimConfig) -> tuple:
 
 def freeze(d) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in (d or {}).items()))
-
-
-def make_pool(cfg: SimConfig, budget: int) -> BlockPool:
-    return BlockPool(int(budget), cfg.block)
 
 
 def params_of_config(cfg: SimConfig) -> dict:
