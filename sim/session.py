@@ -108,6 +108,12 @@ class Session:
             self.trace_model = None
             self._target_ids: dict = {}
 
+    def __fspath__(self) -> str:
+        """A session of a trace directory stands for that directory (sweep tasks that take a path)."""
+        if not self._is_path:
+            raise TypeError("this Session holds a trace object, not a path")
+        return os.fspath(self.source)
+
     @property
     def trace(self):
         return self.tf.trace

@@ -157,7 +157,7 @@ def evaluate_chunk(evaluate: EvaluateFn, trace: Any, policy: str,
         return _evaluate_items(evaluate, open_session(trace), policy, items, options)
 
 
-def openopen_session(trace):
+def open_session(trace):
     from sim.session import Session  # imported late: the simulator is heavier than grid parsing
     return Session.of(trace)
 
