@@ -13,12 +13,12 @@ from app.cli import main
 from policies import get_policy
 from sim import features
 from sim.api import Session as api_session
-from sim.api import compare_policies, default_trace_path, evaluate, simulate
+from sim.api import compare_policies, evaluate, simulate
 from sim.decisions import ConfigError, decide, make_config
 from sim.reshape import MAX_BRANCHES, MAX_GEN_TOKENS, MAX_PREFIX_TOKENS, ReshapeSpec, build_reshaped, reshape_trace
 from sim.synthetic import write_synthetic_trace
 
-BUNDLED = default_trace_path()
+from trace_files import BUNDLED  # noqa: E402
 pytestmark = pytest.mark.skipif(not (BUNDLED / "manifest.json").is_file(), reason="bundled trace missing")
 RESHAPE_KEYS = ("reshaped", "reshape_spec", "reshape_source")
 PAPER = "prefix_tokens=1024,branches=8,gen_tokens=256"

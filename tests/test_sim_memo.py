@@ -12,7 +12,7 @@ import pytest
 
 from sim import api
 
-BUNDLED = api.default_trace_path()
+from trace_files import BUNDLED  # noqa: E402
 pytestmark = pytest.mark.skipif(not (BUNDLED / "manifest.json").is_file(), reason="bundled trace not present")
 
 

@@ -13,7 +13,7 @@ from sim import api
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("sim", "app", "policies", "traces", "calibrate")
-BUNDLED = api.default_trace_path()
+from trace_files import BUNDLED  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- import graph
