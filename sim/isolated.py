@@ -12,10 +12,10 @@ import math
 from .capacity import MAX_BLOCKS, CapacityError
 from .decisions import freeze, fields_of
 from .fastpath import FastPath
-from .jobs import check_range, decided, make_engine, select
+from .jobs import make_engine, prepare
 from .metrics import branch_rows, problem_row, summarize
 from .records import SimResult
-from .summary import info_of, stated_under
+from .summary import stated_under
 from .target import ISOLATED_SCHEDULER
 
 
@@ -55,7 +55,8 @@ def _budget(ubudget, job, cap) -> int:
     return int(min(math.ceil(ubudget[1] * peak), MAX_BLOCKS))
 
 
-def _fast(session, target, cfg, probs, triples, cap, L):
+def _fast(session, target, config, prep):
+    cfg, probs, triples, cap, L = config.sim, prep.probs, prep.triples, prep.cap, prep.L
     fp = fastpath(session, target)
     hk = session.target_id(target.key)
     rows, brows, timeline = [], [], []
@@ -78,8 +79,8 @@ def _fast(session, target, cfg, probs, triples, cap, L):
     return dict(summary[0]), rows, brows, timeline, None
 
 
-def _engine(session, target, config, probs, triples, cap, L):
-    cfg, ubudget = config.sim, config.budget
+def _engine(session, target, config, prep):
+    cfg, ubudget, probs, triples, cap, L = config.sim, config.budget, prep.probs, prep.triples, prep.cap, prep.L
     fp = fastpath(session, target)
     bkey = (cfg.block.name, freeze(fields_of(cfg.block))) if cfg.block is not None else None
     rows, brows, timeline = [], [], []
@@ -109,22 +110,12 @@ def _engine(session, target, config, probs, triples, cap, L):
 
 def run(session, target, config) -> SimResult:
     """Every selected problem alone on ``target`` under ``config`` (mode ``isolated``)."""
-    cfg = config.sim
-    sched = target.scheduler("isolated")
-    cap = target.capacity("isolated", int(cfg.workload["block_size"]))
-    info = info_of(session, target, config, cap, sched)
-    probs = select(session, config.problems)
-    L = target.model.n_layers
-    triples = decided(session, cfg, probs, L)
-    jobs = [(f.pos, job) for f, (_, job, _) in zip(probs, triples)]
-    check_range(session, target, jobs, max((j.B for _, j in jobs), default=0))
-    fast = not config.engine and cfg.block is None
-    if fast:
-        summary, rows, brows, timeline, kv_budget = _fast(session, target, cfg, probs, triples, cap, L)
-    else:
-        summary, rows, brows, timeline, kv_budget = _engine(session, target, config, probs, triples, cap, L)
+    prep = prepare(session, target, config)
+    fast = not config.engine and config.sim.block is None
+    summary, rows, brows, timeline, kv_budget = (_fast if fast else _engine)(session, target, config, prep)
+    info = prep.info
     info["kv_budget_blocks"] = kv_budget
-    summary.update(stated_under(session, target, config, cap, sched, info))
+    summary.update(stated_under(session, target, config, prep.cap, prep.sched, info))
     summary["kv_budget_blocks"] = kv_budget if isinstance(kv_budget, int) else None
     return SimResult(summary, rows, brows, timeline, info)
 

@@ -8,12 +8,14 @@ builds the simpy engine of a block/serving run.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from .decisions import (bind_vocab, decide, decision_key, in_target_units, job_for, prefetch_exits, scale_layers,
                         static_key, workload_key)
 from .errors import ConfigError
+from .summary import info_of
 from .workload import probes_for
 
 
@@ -113,4 +115,34 @@ def make_engine(target, cfg, jobs, feats, decs, sched_cfg, budget, *, concurrenc
                   hw_name=target.hardware.name, per_problem_timeline=per_problem)
 
 
-__all__ = ["select", "decided", "check_range", "kv_ids", "make_engine"]
+@dataclass
+class Prepared:
+    """What a problem-mode run starts from: its scheduler, capacity, ``info``, problems, depth and decisions."""
+
+    sched: object
+    cap: dict
+    info: dict
+    probs: list
+    L: int
+    triples: list
+
+    @property
+    def jobs(self) -> list:
+        return [(f.pos, job) for f, (_, job, _) in zip(self.probs, self.triples)]
+
+
+def prepare(session, target, config) -> Prepared:
+    """Scheduler, capacity and ``info`` of ``config.mode``, the selected problems' decisions and jobs, the
+    fitted-range check (serving: the batch an iteration reaches is only known while it runs; the engine checks it)."""
+    cfg = config.sim
+    sched = target.scheduler(config.mode)
+    cap = target.capacity(config.mode, int(cfg.workload["block_size"]))
+    probs = select(session, config.problems)
+    L = target.model.n_layers
+    out = Prepared(sched, cap, info_of(session, target, config, cap, sched), probs, L, decided(session, cfg, probs, L))
+    jobs = out.jobs
+    check_range(session, target, jobs, max((j.B for _, j in jobs), default=0))
+    return out
+
+
+__all__ = ["select", "decided", "check_range", "kv_ids", "make_engine", "prepare", "Prepared"]

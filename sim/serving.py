@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 
 from .capacity import MAX_BLOCKS
-from .jobs import check_range, decided, make_engine, select
+from .jobs import make_engine, prepare
 from .metrics import branch_rows, problem_row, summarize
 from .records import SimResult
 from .serving_metrics import serving_summary, timelines
-from .summary import info_of, stated_under
+from .summary import stated_under
 
 
 def server_budget(ubudget, cap) -> int:
@@ -37,15 +37,8 @@ def run(session, target, config) -> SimResult:
     """The selected problems served on ``target`` under ``config`` (mode ``serving``)."""
     cfg = config.sim
     tf = session.tf
-    sched = target.scheduler("serving")
-    cap = target.capacity("serving", int(cfg.workload["block_size"]))
-    info = info_of(session, target, config, cap, sched)
-    probs = select(session, config.problems)
-    L = target.model.n_layers
-    triples = decided(session, cfg, probs, L)
-    # The batch an iteration reaches is only known while it runs: the engine checks it.
-    check_range(session, target, [(f.pos, job) for f, (_, job, _) in zip(probs, triples)],
-                max((t[1].B for t in triples), default=0))
+    prep = prepare(session, target, config)
+    sched, cap, info, probs, L, triples = prep.sched, prep.cap, prep.info, prep.probs, prep.L, prep.triples
     budget = server_budget(config.budget, cap)
     reqs = requests(config, [((f.pos, job), f, dec) for f, (dec, job, _) in zip(probs, triples)])
     eng = make_engine(target, cfg, [r[0] for r in reqs], [r[1] for r in reqs], [r[2] for r in reqs], sched, budget,
