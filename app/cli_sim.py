@@ -19,8 +19,9 @@ def trace_arg(p) -> None:
                    help="trace directory (default: the bundled examples/trace-gsm8k-persona)")
 
 
-def add_declared(p, cls, only=None, text: bool = False) -> None:
-    """One flag per declared option of ``cls`` (``sim.options.option`` fields; ``only``: these names).
+def add_declared(p, cls, only=None, text: bool = False, rename: dict | None = None) -> None:
+    """One flag per declared option of ``cls`` (``sim.options.option`` fields; ``only``: these names;
+    ``rename``: field -> another flag spelling, same destination).
 
     ``text``: the value stays text (parsed by :func:`declared_values`, errors naming the flag);
     else argparse converts it with the declared type.
@@ -29,7 +30,7 @@ def add_declared(p, cls, only=None, text: bool = False) -> None:
     for f, opt in declared(cls):
         if opt.flag is None or (only is not None and f.name not in only):
             continue
-        kw = {"dest": dest(opt.flag), "metavar": opt.metavar, "help": opt.help}
+        kw = {"dest": dest((rename or {}).get(f.name, opt.flag)), "metavar": opt.metavar, "help": opt.help}
         if opt.choices is not None:
             kw.update(choices=opt.choices, metavar=None)
         if text:
@@ -38,7 +39,7 @@ def add_declared(p, cls, only=None, text: bool = False) -> None:
             kw["default"] = f.default
             if opt.kind in (int, float) and opt.choices is None:
                 kw["type"] = opt.kind
-        p.add_argument(opt.flag, **kw)
+        p.add_argument((rename or {}).get(f.name, opt.flag), **kw)
 
 
 def dest(flag: str) -> str:

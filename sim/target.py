@@ -77,14 +77,15 @@ class Target:
     @classmethod
     def resolve(cls, session, model=None, hardware="local-cpu", serving=None) -> "Target":
         """A target from preset names, files or profiles (``model=None``: the trace's own model)."""
-        if session.trace_model is None:
-            session.trace_model = model_from_manifest(session.tf.manifest)
-        if model is None:
-            m = session.trace_model
-        else:
-            m = model if isinstance(model, ModelShape) else _preset(session, "model", model)
-        hw = hardware if isinstance(hardware, HardwareProfile) else _preset(session, "hardware", hardware)
-        return cls(model=m, hardware=hw, serving=ServingConfig.from_any(serving), trace_model=session.trace_model)
+        with session.lock:  # the session's preset memo is shared by its threads
+            if session.trace_model is None:
+                session.trace_model = model_from_manifest(session.tf.manifest)
+            if model is None:
+                m = session.trace_model
+            else:
+                m = model if isinstance(model, ModelShape) else _preset(session, "model", model)
+            hw = hardware if isinstance(hardware, HardwareProfile) else _preset(session, "hardware", hardware)
+            return cls(model=m, hardware=hw, serving=ServingConfig.from_any(serving), trace_model=session.trace_model)
 
     key: tuple = field(init=False, repr=False)  # (model, hardware cost terms): what a job's costs depend on
 
