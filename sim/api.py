@@ -35,8 +35,12 @@ def load_presets() -> dict[str, list[str]]:
 
 
 def loaded(trace=None, reshape=None) -> Session:
-    """``trace`` as a :class:`Session` (a new one unless it is one), reshaped by ``reshape`` if given."""
-    s = Session.of(trace).refresh()
+    """``trace`` as a :class:`Session` (a new one unless it is one), reshaped by ``reshape`` if given.
+
+    A session passed in is used as it is: its owner calls ``session.refresh()`` to see a trace
+    re-captured in place (the dashboard does on every rerun).
+    """
+    s = Session.of(trace)
     return s if reshape is None else s.reshaped(reshape)
 
 

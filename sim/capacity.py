@@ -64,6 +64,9 @@ class CapacityError(KVCacheError):
     """A problem or request that cannot fit in the KV capacity (the message says by how much)."""
 
 
+SERVING_OPTIONS: list = []  # ServingConfig's option fields, filled once below the class
+
+
 @dataclass(frozen=True)
 class ServingConfig:
     """Serving settings (CLI ``--scheduler``, ``--max-num-seqs``, ...); None = the hardware default."""
@@ -92,7 +95,7 @@ class ServingConfig:
 
     def __post_init__(self) -> None:
         # The declarations above are the bounds; errors name the flag (the CLI's and the dashboard's name).
-        for f, opt in declared(self):
+        for f, opt in SERVING_OPTIONS or declared(self):
             try:
                 check_value(opt.flag or f.name, opt, getattr(self, f.name))
             except ConfigError as exc:
@@ -101,7 +104,7 @@ class ServingConfig:
     @classmethod
     def from_any(cls, x) -> "ServingConfig":
         if x is None:
-            return cls()
+            return DEFAULT_SERVING
         if isinstance(x, cls):
             return x
         if not isinstance(x, dict):
@@ -120,6 +123,10 @@ class ServingConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+SERVING_OPTIONS.extend(declared(ServingConfig))  # its option fields, once
+DEFAULT_SERVING = ServingConfig()          # frozen: every default run shares it
 
 
 def activation_reserve(model, max_num_batched_tokens: int, max_num_seqs: int) -> float:

@@ -92,8 +92,9 @@ def flag_for(field_name: str | None, *classes) -> str | None:
     return None
 
 
-def validate_options(obj) -> None:
-    for f, opt in declared(obj):
+def validate_options(obj, options=None) -> None:
+    """Check every declared option of ``obj`` (``options``: its :func:`declared` list, computed once by the caller)."""
+    for f, opt in (declared(obj) if options is None else options):
         check_value(f.name, opt, getattr(obj, f.name))
 
 

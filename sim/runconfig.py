@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from .capacity import check_block_budget, check_block_size, check_budget_frac
 from .decisions import SimConfig, freeze, make_config, workload_key
 from .errors import ConfigError
-from .options import option, validate_options
+from .options import declared, option, validate_options
 
 MODES = ("isolated", "serving")
 
@@ -40,7 +40,7 @@ class RunConfig:
     budget: tuple | None = field(init=False, repr=False, compare=False)  # ("blocks", n) | ("frac", f) | None
 
     def __post_init__(self) -> None:
-        validate_options(self)
+        validate_options(self, RUN_OPTIONS)
         if self.arrival_rate is not None and self.mode != "serving":
             raise ConfigError("arrival_rate: only meaningful with mode='serving'", field="arrival_rate")
         if self.problems is not None:
@@ -83,6 +83,9 @@ class RunConfig:
 
     def describe(self) -> dict:
         return {"policy": self.policy, "params": dict(self.params or {}), "components": self.sim.describe()}
+
+
+RUN_OPTIONS = declared(RunConfig)  # its option fields, once
 
 
 def _user_budget(cfg, params, workload) -> tuple | None:

@@ -8,11 +8,7 @@ model's own figures (``sim.metrics.mark_trace_model_figures``).
 from __future__ import annotations
 
 from .metrics import mark_trace_model_figures
-
-
-def reshape_info(tf) -> dict | None:
-    from .reshape import describe
-    return describe(tf)
+from .reshape import describe as reshape_info
 
 
 def reshape_fields(tf) -> dict:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .capacity import ServingConfig, capacity_blocks, kv_capacity
 from .errors import ConfigError
-from .options import option
+from .options import option, validate_options
 from .profiles import HardwareProfile, ModelShape, PresetError, load_hardware, load_model, model_from_manifest
 from .scheduler import SchedulerConfig
 
@@ -60,6 +60,9 @@ class TargetSpec:
                                help="cost target model: preset name or YAML/JSON file (default: the trace's own model)")
     hardware: str = option("local-cpu", kind=str, flag="--hardware", metavar="NAME",
                            help="hardware preset name or YAML/JSON file (default local-cpu)")
+
+    def __post_init__(self) -> None:
+        validate_options(self)
 
 
 @dataclass(frozen=True, eq=False)

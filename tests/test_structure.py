@@ -199,7 +199,7 @@ def test_threads_on_one_session_equal_serial_results():
 
 
 def test_session_sees_a_trace_recaptured_in_place(tmp_path):
-    """Rewriting the trace directory (same path) reloads the features and forgets every memo."""
+    """Rewriting the trace directory (same path): ``refresh`` reloads the features and forgets every memo."""
     import shutil
 
     from sim.synthetic import write_synthetic_trace
@@ -209,7 +209,8 @@ def test_session_sees_a_trace_recaptured_in_place(tmp_path):
     assert a["n_problems"] == 2 and len(session.decisions) > 0
     shutil.rmtree(path)
     write_synthetic_trace(path, n_problems=3, seed=2)
-    b = api.evaluate(session, "asks", {"tau": 0.8}, hardware="h100-sxm")
+    assert api.evaluate(session, "asks", {"tau": 0.8}, hardware="h100-sxm") == a  # its owner has not looked yet
+    b = api.evaluate(session.refresh(), "asks", {"tau": 0.8}, hardware="h100-sxm")
     assert b["n_problems"] == 3
     assert b == api.evaluate(api.Session(path), "asks", {"tau": 0.8}, hardware="h100-sxm")
 
