@@ -56,10 +56,7 @@ def declared_values(args, cls) -> dict:
         if text is None:
             continue
         v = text if opt.kind is str or not isinstance(text, str) else _num(opt.flag, text, opt.kind)
-        try:
-            out[f.name] = check_value(opt.flag, opt, v)
-        except ValueError as exc:
-            raise ValueError(str(exc)) from None
+        out[f.name] = check_value(opt.flag, opt, v)  # a ConfigError (a ValueError) naming the flag
     return out
 
 
