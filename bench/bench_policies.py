@@ -20,7 +20,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -112,13 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         "decisions": {k: statistics.median(d[k] for d in dec) for k in dec[0]},
         "repeats": args.repeats,
     }
+    from traces.store import atomic_write_text
     path = args.out / "policies.json"
-    fd, tmp = tempfile.mkstemp(dir=args.out, prefix="policies.json", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(result, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(result, indent=2))
     te = result["token_eviction"]
     print(f"token eviction ({te['workload']}): {te['total_s_median']:.2f} s "
           f"(full-cache pass {te['full_attention_s_median']:.2f} s)")

@@ -19,7 +19,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -124,13 +123,9 @@ def main(argv=None) -> int:
     result = {"trace": str(a.trace), "hardware": a.hardware, "fastpath": fp, "engine_serving": en,
               "compare": cm, "goals": {"fastpath_configs_per_s_per_core": 1000, "engine_events_per_s_per_core": 100000},
               "cpu": os.cpu_count()}
+    from traces.store import atomic_write_text
     path = a.out / "sim.json"
-    fd, tmp = tempfile.mkstemp(dir=a.out, prefix="sim.json", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(result, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(result, indent=2))
     import pandas as pd
     rows = [{"metric": f"fast path {k} (configs/s/core)", "value": v["configs_per_s_per_core"]}
             for k, v in fp.items() if isinstance(v, dict)]
