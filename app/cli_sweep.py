@@ -67,8 +67,8 @@ def _check_trace(path: str):
     from traces.errors import TraceError
     from traces.store import load_trace
 
-    if path is None:  # the bundled trace, as in every command (app.cli_sim._trace_arg)
-        from app.cli_sim import _check_trace as _bundled
+    if path is None:  # the bundled trace, as in every command (app.cli_sim.trace_arg)
+        from app.cli_sim import check_trace as _bundled
         path = _bundled(None)
     if not Path(path).exists():
         raise ValueError(f"--trace {path!r}: no such file or directory")
@@ -224,8 +224,10 @@ def _positive_int(text: str) -> int:
 
 
 def _sim_flags(p) -> None:
-    from app.cli_sim import _trace_arg
-    _trace_arg(p)
+    from app.cli_sim import add_declared, trace_arg
+    from sim.capacity import ServingConfig
+    from sim.target import TargetSpec
+    trace_arg(p)
     p.add_argument("--policy", required=True, help="policy registry name (asks, cgee, vase-dkv, ...; see `rksim policies`)")
     p.add_argument("--grid", action="append", metavar="KEY=SPEC",
                    help="a parameter's values: key=start:stop:step (stop inclusive) or key=v1,v2,...; repeat per key "
@@ -234,9 +236,7 @@ def _sim_flags(p) -> None:
                    help=f"refuse grids larger than N configurations (default {DEFAULT_MAX_CONFIGS:,})")
     p.add_argument("--mode", choices=("isolated", "serving"), default="isolated",
                    help="isolated: one problem at a time; serving: arrivals and contention")
-    p.add_argument("--model-preset", default=None, metavar="NAME",
-                   help="cost target model: preset name or YAML/JSON file (default: the trace's own model)")
-    p.add_argument("--hardware", default="local-cpu", metavar="NAME", help="hardware preset or JSON/YAML file")
+    add_declared(p, TargetSpec)
     p.add_argument("--workload", action="append", metavar="KEY=VALUE",
                    help="workload option, e.g. verify_reuses_kv=false; repeatable (default: docs/simulator.md's)")
     p.add_argument("--arrival-rate", type=float, default=None, metavar="R",
@@ -254,13 +254,8 @@ def _sim_flags(p) -> None:
     g = p.add_argument_group("serving (mode serving; as `rksim serve`)")
     g.add_argument("--requests", default=None, metavar="N", help="problems submitted (default: each once)")
     g.add_argument("--concurrency", default=None, metavar="C", help="closed loop: problems in flight (default 4)")
-    g.add_argument("--decode-tokens", default=None, metavar="T", help="token policies: long decodes extended to T (default: the recorded length)")
-    g.add_argument("--batch-scheduler", default=None, metavar="NAME", help="vllm-v1 (default) or prefill-first")
-    g.add_argument("--max-num-seqs", default=None, metavar="S", help="running sequences cap (default: hardware's)")
-    g.add_argument("--max-num-batched-tokens", default=None, metavar="M", help="tokens per iteration (default: hardware's)")
-    g.add_argument("--gpu-memory-utilization", default=None, metavar="U", help="in (0, 1] (default 0.90)")
-    g.add_argument("--kv-capacity-bytes", default=None, metavar="B", help="KV capacity override in bytes (default: memory x utilisation - weights - activation reserve)")
-    g.add_argument("--activation-reserve-bytes", default=None, metavar="B", help="activation reserve in bytes (default: estimated, docs/simulator.md)")
+    # the serving flags of `rksim serve`, from the same declarations (--scheduler is Dask's here)
+    add_declared(g, ServingConfig, text=True, rename={"scheduler": "--batch-scheduler"})
 
 
 def register(sub) -> None:

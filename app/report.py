@@ -168,9 +168,9 @@ def write_report(path, trace, results: dict, details: dict) -> Path:
     for i, fig in enumerate(figs):
         parts.append(pio.to_html(fig, full_html=False, include_plotlyjs="inline" if i == 0 else False))
     tables = []
-    from app.cli_sim import _fmt_table
+    from app.tables import fmt_table
     for label, r in results.items():
-        df = _fmt_table(r["compare"]["policies"])
+        df = fmt_table(r["compare"]["policies"])
         tables.append(f"<h2>{html.escape(label)}</h2>" + df.to_html(float_format=lambda x: f"{x:.4g}", na_rep="—"))
         cap = capacity_table(r["compare"]["policies"])
         if len(cap):

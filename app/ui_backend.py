@@ -132,9 +132,9 @@ def policy_kind(name: str) -> str:
 # ------------------------------------------------------------------ trace facts (slider ranges)
 def trace_facts(trace: str) -> dict:
     """What the sliders need: depth, problem count, long-decode lengths, entropy range, trace model."""
-    from sim import features
+    from sim.api import loaded
 
-    tf = features.load(trace)
+    tf = loaded(trace).tf
     ent = np.concatenate([f.lens[("own", True)]["entropy"].ravel() for f in tf.problems]) if tf.problems else np.zeros(1)
     return {"n_layers": int(tf.n_layers), "n_problems": len(tf.problems), "model": tf.model_name,
             "n_longs": len(tf.longs),
@@ -255,11 +255,12 @@ def hardware_that_serves(trace: str, model: str | None) -> list[str]:
 
 def compare(trace: str, model: str | None, hardware: str, mode: str = "isolated", workload: dict | None = None,
             seed: int = 0) -> pd.DataFrame:
-    """The ``rksim compare`` table (same code path: ``app.cli_sim.run_compare`` and ``_fmt_table``)."""
-    from app.cli_sim import _fmt_table, run_compare
+    """The ``rksim compare`` table (same code path: ``app.cli_sim.run_compare`` and ``app.tables.fmt_table``)."""
+    from app.cli_sim import run_compare
+    from app.tables import fmt_table
 
     out = run_compare(trace, model, hardware, mode, workload, seed, None, progress=False)
-    df = _fmt_table(out["policies"])
+    df = fmt_table(out["policies"])
     df.insert(0, "kind", [out["policies"][n].get("kind") for n in df.index])
     df.index.name = "policy"
     return df

@@ -12,20 +12,35 @@ import streamlit as st
 from app import params as P
 from app import ui_backend as B
 from app import ui_paths
+from sim.session import Session
 
 # ------------------------------------------------------------------ cached backend calls
-_cache = st.cache_data(show_spinner=False, max_entries=512)
-run = _cache(B.run)
-trace_facts = _cache(B.trace_facts)
-observed_sigmas = _cache(B.observed_sigmas)
-hardware_that_serves = _cache(B.hardware_that_serves)
-compare = _cache(B.compare)
-token_curve = _cache(B.token_curve)
+# One simulator Session per trace, held by the Streamlit server and shared by its script
+# threads (the session's lock serialises them): the features and memo tables survive reruns,
+# and a trace re-captured in place is reloaded (Session.refresh). Results are keyed on the
+# session's trace and stamp.
+session = st.cache_resource(show_spinner=False, max_entries=8)(lambda path: Session(path))
+_cache = st.cache_data(show_spinner=False, max_entries=512, hash_funcs={Session: Session.cache_key})
+
+
+def _on_session(cached):
+    """``cached`` called with the trace path's :class:`Session` in place of the path."""
+    def call(trace, *args, **kwargs):
+        return cached(session(str(trace)).refresh(), *args, **kwargs)
+    return call
+
+
+run = _on_session(_cache(B.run))
+trace_facts = _on_session(_cache(B.trace_facts))
+observed_sigmas = _on_session(_cache(B.observed_sigmas))
+hardware_that_serves = _on_session(_cache(B.hardware_that_serves))
+compare = _on_session(_cache(B.compare))
+token_curve = _on_session(_cache(B.token_curve))
 problem_list = _cache(B.problem_list)
 problem_branches = _cache(B.problem_branches)
 problem_sigma = _cache(B.problem_sigma)
 problem_lens = _cache(B.problem_lens)
-exit_layers = _cache(B.exit_layers)
+exit_layers = _on_session(_cache(B.exit_layers))
 value_ranges = _cache(B.value_ranges)
 read_sweep = _cache(B.read_sweep)
 run_small_sweep = _cache(B.run_small_sweep)

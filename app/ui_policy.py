@@ -27,7 +27,7 @@ _SPANS = {
 BLOCK_EXTRA = {"budget_frac": 0.5}  # sim.decisions.BLOCK_PARAMS accepted by block and composite policies
 
 
-def _tau_span(sig: np.ndarray) -> tuple[float, float]:
+def tau_span(sig: np.ndarray) -> tuple[float, float]:
     if sig.size == 0:
         return 0.0, 1.05
     lo = math.floor((float(sig.min()) - 0.005) * 1000) / 1000
@@ -39,7 +39,7 @@ def span(policy: str, field: str, default, facts: dict, sig: np.ndarray | None, 
     """``(lo, hi, step, integer)`` of a parameter's slider."""
     integer = isinstance(default, int) and not isinstance(default, bool) or bool((rng or {}).get("integer"))
     if field == "tau":
-        lo, hi = _tau_span(sig if sig is not None else np.zeros(0))
+        lo, hi = tau_span(sig if sig is not None else np.zeros(0))
         return lo, hi, 0.001, False
     if field == "theta":
         return 0.0, max(0.5, math.ceil(facts["entropy_max"] * 10) / 10), 0.01, False

@@ -20,7 +20,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -28,7 +27,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from policies import (BlockPool, FullAttention, attention_metrics, get_policy,  # noqa: E402
+from policies import (FullAttention, attention_metrics, get_policy,  # noqa: E402
                       list_policies, run_token_eviction)
 
 T, P, H, HQ, D, LAYERS, L = 600, 100, 3, 9, 64, 4, 30
@@ -74,11 +73,19 @@ def decisions(n: int = 2000, seed: int = 0) -> dict:
     for _ in range(n):
         cgee.decide(conf, H, py, pn)
     cgee_s = (time.perf_counter() - t0) / n
-    pool = BlockPool(256, get_policy("rsbcm"))
+    # The simulator's block pool under RSBCM: one-block requests over 1,024 contents into 256 blocks
+    # (a hit reuses the cached block; a miss evicts RSBCM's first victim).
+    from sim.kvcache import BlockManager
+    from sim.scheduler import Request
+    pool = BlockManager(256, 16, get_policy("rsbcm"))
     ids = rng.integers(0, 1024, 20 * n)
     t0 = time.perf_counter()
     for i, bid in enumerate(ids):
-        pool.access(int(bid), float(bid % 7) / 7, int(bid % 5), float(i))
+        req = Request((i,), 17, 1, content=lambda k, b=int(bid): ("blk", b), depth=int(bid % 5))
+        computed, hit = pool.find_cached(req)
+        pool.allocate(req, 17 - hit, computed, hit)
+        pool.set_score(pool.key(req, 0), float(bid % 7) / 7)
+        pool.free(req)
     pool_s = (time.perf_counter() - t0) / len(ids)
     return {"asks_plans_per_s": 1 / asks_s, "cgee_decisions_per_s": 1 / cgee_s,
             "rsbcm_pool_accesses_per_s": 1 / pool_s}
@@ -104,13 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         "decisions": {k: statistics.median(d[k] for d in dec) for k in dec[0]},
         "repeats": args.repeats,
     }
+    from traces.store import atomic_write_text
     path = args.out / "policies.json"
-    fd, tmp = tempfile.mkstemp(dir=args.out, prefix="policies.json", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(result, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(result, indent=2))
     te = result["token_eviction"]
     print(f"token eviction ({te['workload']}): {te['total_s_median']:.2f} s "
           f"(full-cache pass {te['full_attention_s_median']:.2f} s)")

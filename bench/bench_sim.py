@@ -19,7 +19,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -45,15 +44,16 @@ def _grids():
 
 def bench_fastpath(trace, hardware, repeats: int) -> dict:
     from sim import api
+    session = api.Session(trace)  # the benchmark's: it holds the trace features and every memo
     out = {}
     for name, (pol, grid) in _grids().items():
         rates = []
         for _ in range(repeats):
-            api.clear_caches()  # every repeat starts cold (only the trace features stay loaded)
-            api.evaluate(trace, pol, grid[0], hardware=hardware)  # loads the trace features once (cached)
+            session.clear()  # every repeat starts cold (only the trace features stay loaded)
+            api.evaluate(session, pol, grid[0], hardware=hardware)
             t0 = time.process_time()
             for p in grid:
-                api.evaluate(trace, pol, p, hardware=hardware)
+                api.evaluate(session, pol, p, hardware=hardware)
             dt = time.process_time() - t0
             rates.append(len(grid) / dt)
         out[name] = {"configs": len(grid), "configs_per_s_per_core": float(np.median(rates))}
@@ -62,13 +62,15 @@ def bench_fastpath(trace, hardware, repeats: int) -> dict:
 
 
 def bench_engine(trace, hardware, repeats: int, n_requests: int, concurrency: int) -> dict:
-    from sim import api, features
-    from sim.decisions import make_config
+    from sim.api import RunConfig, Session, Target
     from sim.engine import Engine
-    tf = features.load(trace)
-    _, model, hw = api._targets(tf, None, hardware)
-    cfg = make_config("rksc", {}, {"concurrency": concurrency})
-    pairs = api._decisions(tf, cfg, tf.problems, model.n_layers)
+    from sim.jobs import decided
+    session = Session(trace)
+    target = Target.resolve(session, None, hardware)
+    model, hw = target.model, target.hardware
+    config = RunConfig(policy="rksc", workload={"concurrency": concurrency}, mode="serving")
+    tf = session.tf
+    pairs = decided(session, config.sim, tf.problems, model.n_layers)
     jobs = [(f.pos, j) for f, (_, j, _) in zip(tf.problems, pairs)]
     jobs = [jobs[i % len(jobs)] for i in range(n_requests)]
     rates, evs, its = [], 0, 0
@@ -121,13 +123,9 @@ def main(argv=None) -> int:
     result = {"trace": str(a.trace), "hardware": a.hardware, "fastpath": fp, "engine_serving": en,
               "compare": cm, "goals": {"fastpath_configs_per_s_per_core": 1000, "engine_events_per_s_per_core": 100000},
               "cpu": os.cpu_count()}
+    from traces.store import atomic_write_text
     path = a.out / "sim.json"
-    fd, tmp = tempfile.mkstemp(dir=a.out, prefix="sim.json", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(result, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(result, indent=2))
     import pandas as pd
     rows = [{"metric": f"fast path {k} (configs/s/core)", "value": v["configs_per_s_per_core"]}
             for k, v in fp.items() if isinstance(v, dict)]

@@ -53,13 +53,14 @@ def _local_once(trace: str, policy: str, grid_args: list[str], hardware: str):
     calls: a second sweep of the same grid in one process would be a cache read.
     """
     pin = _pin_one_core()
-    from sim.api import evaluate
+    from sim.api import Session, evaluate
 
     opts = SweepOptions(mode="isolated", hardware=hardware)
-    evaluate(trace, policy=policy, params={}, **opts.kwargs())  # trace load, outside the timing
+    session = Session(trace)
+    evaluate(session, policy=policy, params={}, **opts.kwargs())  # trace load, outside the timing
     grid = parse_grids(grid_args)
     t0 = time.perf_counter()
-    df = run_sweep(trace, policy, grid, opts, evaluate=evaluate, progress=False)
+    df = run_sweep(session, policy, grid, opts, evaluate=evaluate, progress=False)
     dt = time.perf_counter() - t0
     return dt, pin, df
 
@@ -67,14 +68,15 @@ def _local_once(trace: str, policy: str, grid_args: list[str], hardware: str):
 def _direct_once(trace: str, policy: str, grid_args: list[str], hardware: str) -> float:
     """Same as :func:`_local_once` but calling ``evaluate`` in a bare loop: the sweep layer's overhead."""
     _pin_one_core()
-    from sim.api import evaluate
+    from sim.api import Session, evaluate
 
     kw = SweepOptions(mode="isolated", hardware=hardware).kwargs()
-    evaluate(trace, policy=policy, params={}, **kw)
+    session = Session(trace)
+    evaluate(session, policy=policy, params={}, **kw)
     configs = list(parse_grids(grid_args).configs())
     t0 = time.perf_counter()
     for c in configs:
-        evaluate(trace, policy=policy, params=c, **kw)
+        evaluate(session, policy=policy, params=c, **kw)
     return time.perf_counter() - t0
 
 

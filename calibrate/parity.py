@@ -54,10 +54,11 @@ def parity_vs_trace(dec: pd.DataFrame, trace_path, pols: dict, policy_params: di
     Decisions compared: the sharing plan (which branches share the root's KV, tokens reused), the
     CGEE skip, every branch's exit layer, and the selected branch.
     """
-    from sim.api import simulate
+    from sim.api import Session, simulate
     from traces.store import load_trace
 
     tr = load_trace(trace_path)
+    session = Session(tr)  # this check's: the trace's features are built once
     pos_of = {int(p.index): i for i, p in enumerate(tr.problems)}
     rows = []
     for rec in dec.to_dict("records"):
@@ -65,7 +66,7 @@ def parity_vs_trace(dec: pd.DataFrame, trace_path, pols: dict, policy_params: di
         pos = pos_of.get(int(rec["problem"]))
         if pos is None:
             continue
-        r = simulate(tr, pol, params=policy_params.get(pol, {}), hardware="h200", problems=[pos],
+        r = simulate(session, pol, params=policy_params.get(pol, {}), hardware="h200", problems=[pos],
                      workload={"verify_reuses_kv": False}, baselines=False)
         br = r.branches.sort_values("branch")
         pr = r.problems.iloc[0]

@@ -62,10 +62,11 @@ def simulate_records(phases: pd.DataFrame, hw, model, seconds: str = "seconds") 
 
 def simulate_with_sim(trace_dir: Path, dec: pd.DataFrame, hw_path: str, policy_params: dict) -> pd.DataFrame:
     """Per (problem, policy): ``sim.api.simulate``'s latency on the run's own trace (same problems and seeds)."""
-    from sim.api import simulate
+    from sim.api import Session, simulate
     from traces.store import load_trace
 
     tr = load_trace(trace_dir)
+    session = Session(tr)  # this report's: the trace's features are built once
     pos_of = {int(p.index): i for i, p in enumerate(tr.problems)}
     rows = []
     for (prob, pol), _ in dec.groupby(["problem", "policy"]):
@@ -75,7 +76,7 @@ def simulate_with_sim(trace_dir: Path, dec: pd.DataFrame, hw_path: str, policy_p
         # resident; RKSC's RSBCM part is measured in tree mode by `calibrate speedup`), so the
         # simulator's pool must not evict: budget = the problem's unconstrained peak; and each phase
         # one left-padded batch of the problem's branches (eager HF): batching = static.
-        r = simulate(tr, pol, params=policy_params.get(pol, {}), hardware=hw_path, problems=[pos_of[int(prob)]],
+        r = simulate(session, pol, params=policy_params.get(pol, {}), hardware=hw_path, problems=[pos_of[int(prob)]],
                      workload={"verify_reuses_kv": False, "kv_budget_frac": 1.0, "batching": "static"},
                      baselines=False)
         rows.append({"problem": int(prob), "policy": pol, "sim": float(r.problems["latency_s"].iloc[0])})

@@ -3,7 +3,7 @@
 See docs/policy-api.md (the contract) and docs/policies.md (formulas, parameters, defaults).
 """
 from .base import POLICY_KINDS, PolicyError
-from .blocks import FIFO, LRU, RSBCM, BlockPool
+from .blocks import FIFO, LRU, RSBCM
 from .composite import RKSC
 from .exit import CGEE, CGEEDecision, yes_score
 from .registry import POLICY_NAMES, get_policy, list_policies, param_choices, policy_class, policy_defaults
@@ -20,7 +20,7 @@ __all__ = [
     "NoKV", "ExactPrefix", "ASKS", "SharingPlan", "layer_weights", "pooled_cosine",
     "cosine", "identical_spans",
     "CGEE", "CGEEDecision", "yes_score",
-    "RSBCM", "LRU", "FIFO", "BlockPool",
+    "RSBCM", "LRU", "FIFO",
     "RKSC",
     "TokenPolicy", "FullCache", "StreamingLLM", "H2O", "SnapKV", "RKV", "CurDKV", "RandomEviction",
     "VASEAttnV", "VASEDKV", "run_token_eviction", "EvictionResult", "FullAttention", "attention_metrics",

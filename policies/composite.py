@@ -19,8 +19,8 @@ class _RKSCBase(PolicyBase):
     RKSC under the same name (the names do not collide) and is routed to its component:
     ``rksc.asks``, ``rksc.cgee``, ``rksc.rsbcm`` are the component policies, and
     ``plan``, ``decide``, ``skip``, ``exit_layer``, ``should_exit`` and ``victim_order``
-    delegate to them. Use it with :class:`policies.blocks.BlockPool` as the block policy
-    (``BlockPool(budget, rksc.rsbcm)``).
+    delegate to them. Its block part runs in ``sim.kvcache.BlockManager``
+    (``BlockManager(blocks, block_size, rksc.rsbcm)``).
     """
 
     kind: ClassVar[str] = "composite"

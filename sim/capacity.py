@@ -26,7 +26,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from .errors import ConfigError
 from .kvcache import KVCacheError, check_size
+from .options import check_value, declared, option
 from .scheduler import POLICIES, SchedulerConfig
 
 GIB = 1 << 30
@@ -62,40 +64,47 @@ class CapacityError(KVCacheError):
     """A problem or request that cannot fit in the KV capacity (the message says by how much)."""
 
 
+SERVING_OPTIONS: list = []  # ServingConfig's option fields, filled once below the class
+
+
 @dataclass(frozen=True)
 class ServingConfig:
     """Serving settings (CLI ``--scheduler``, ``--max-num-seqs``, ...); None = the hardware default."""
 
-    scheduler: str = "vllm-v1"
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    gpu_memory_utilization: float = DEFAULT_UTILIZATION
-    activation_reserve_bytes: float | None = None
-    kv_capacity_bytes: float | None = None     # override the computed capacity
-    decode_tokens: int | None = None            # token policies: extend long decodes to this length
-    prefix_caching: bool = True
+    scheduler: str = option("vllm-v1", kind=str, choices=POLICIES, flag="--scheduler", metavar="NAME",
+                            help="vllm-v1 (default: running decodes first, chunked prefill) or prefill-first")
+    max_num_seqs: int | None = option(None, lo=1, hi=1 << 20, flag="--max-num-seqs", metavar="S",
+                                      help="running sequences cap (default: the hardware's)")
+    max_num_batched_tokens: int | None = option(None, lo=1, hi=1 << 24, flag="--max-num-batched-tokens", metavar="M",
+                                                help="tokens per iteration (default: the hardware's vLLM default)")
+    gpu_memory_utilization: float = option(DEFAULT_UTILIZATION, kind=float, gt=0, hi=1,
+                                           flag="--gpu-memory-utilization", metavar="U",
+                                           help="share of device memory for weights + activations + KV, in (0, 1] "
+                                                "(default 0.90)")
+    activation_reserve_bytes: float | None = option(None, kind=float, lo=0, hi=1e18, flag="--activation-reserve-bytes",
+                                                    metavar="B",
+                                                    help="activation reserve in bytes (default: estimated, "
+                                                         "docs/simulator.md)")
+    kv_capacity_bytes: float | None = option(None, kind=float, lo=0, hi=1e18, flag="--kv-capacity-bytes", metavar="B",
+                                             help="KV capacity in bytes (default: memory x utilisation - weights - "
+                                                  "activation reserve)")
+    decode_tokens: int | None = option(None, lo=1, hi=MAX_DECODE_TOKENS, flag="--decode-tokens", metavar="T",
+                                       help="token policies: extend the long decodes to T tokens (results say "
+                                            "length_extrapolated; default: the recorded length)")
+    prefix_caching: bool = option(True, kind=bool, help="prefix caching across problems and branches")
 
     def __post_init__(self) -> None:
-        if self.scheduler not in POLICIES:
-            raise CapacityError(f"--scheduler: {self.scheduler!r} is not one of {', '.join(POLICIES)}")
-        check_size("--max-num-seqs", self.max_num_seqs, 1, 1 << 20, allow_none=True)
-        check_size("--max-num-batched-tokens", self.max_num_batched_tokens, 1, 1 << 24, allow_none=True)
-        check_size("--decode-tokens", self.decode_tokens, 1, MAX_DECODE_TOKENS, allow_none=True)
-        u = self.gpu_memory_utilization
-        if isinstance(u, bool) or not isinstance(u, (int, float)) or not math.isfinite(u) or not 0 < u <= 1:
-            raise CapacityError(f"--gpu-memory-utilization: must be a number in (0, 1], got {u!r}")
-        for name, v in (("--activation-reserve-bytes", self.activation_reserve_bytes),
-                        ("--kv-capacity-bytes", self.kv_capacity_bytes)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                                  or v < 0 or v > 1e18):
-                raise CapacityError(f"{name}: must be a number of bytes in 0..1e18, got {v!r}")
-        if not isinstance(self.prefix_caching, bool):
-            raise CapacityError(f"prefix_caching: must be true or false, got {self.prefix_caching!r}")
+        # The declarations above are the bounds; errors name the flag (the CLI's and the dashboard's name).
+        for f, opt in SERVING_OPTIONS or declared(self):
+            try:
+                check_value(opt.flag or f.name, opt, getattr(self, f.name))
+            except ConfigError as exc:
+                raise CapacityError(str(exc)) from None
 
     @classmethod
     def from_any(cls, x) -> "ServingConfig":
         if x is None:
-            return cls()
+            return DEFAULT_SERVING
         if isinstance(x, cls):
             return x
         if not isinstance(x, dict):
@@ -114,6 +123,10 @@ class ServingConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+SERVING_OPTIONS.extend(declared(ServingConfig))  # its option fields, once
+DEFAULT_SERVING = ServingConfig()          # frozen: every default run shares it
 
 
 def activation_reserve(model, max_num_batched_tokens: int, max_num_seqs: int) -> float:

@@ -2,7 +2,7 @@
 
 The simulator never decides anything itself: the sharing plan comes from
 ``policy.plan``, the early-exit decision from ``policy.decide``, block
-eviction from ``policies.BlockPool`` with the block policy, token eviction
+eviction from the block policy's ``evict_key`` (in ``sim.kvcache.BlockManager``), token eviction
 from ``policies.run_token_eviction``. This module only picks the trace
 columns each policy reads and combines the pieces a policy does not set with
 the baseline (documented in docs/simulator.md):
@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from policies import BlockPool, PolicyError, get_policy, list_policies, yes_score
+from policies import PolicyError, get_policy, list_policies, yes_score
 
+from .errors import ConfigError
 from .workload import build_job
 
 # Workload options: name -> default. Documented in docs/simulator.md.
@@ -47,10 +48,6 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
 BLOCK_PARAMS = ("budget_blocks", "budget_frac")
 
 
-class ConfigError(ValueError):
-    """Bad policy name, parameter or workload option (message names it)."""
-
-
 @dataclass
 class SimConfig:
     policy: str
@@ -63,6 +60,9 @@ class SimConfig:
     workload: dict = field(default_factory=dict)
     budget_blocks: int | None = None
     budget_frac: float = 0.5
+    # Memos of this config's keys (its policy objects are not changed after make_config; bind_vocab resets them).
+    static: tuple | None = field(default=None, repr=False, compare=False)       # static_key(cfg)
+    workload_key: tuple | None = field(default=None, repr=False, compare=False)  # frozen workload options
 
     @property
     def no_kv(self) -> bool:
@@ -80,35 +80,29 @@ def workload_options(workload: dict | None) -> dict:
     opts = dict(WORKLOAD_DEFAULTS)
     for k, v in (workload or {}).items():
         if k not in WORKLOAD_DEFAULTS:
-            raise ConfigError(f"workload option {k!r} is unknown; valid: {', '.join(WORKLOAD_DEFAULTS)}")
+            raise ConfigError(f"workload option {k!r} is unknown; valid: {', '.join(WORKLOAD_DEFAULTS)}", field="workload")
         opts[k] = v
     if not isinstance(opts["verify_reuses_kv"], (bool, np.bool_)):
-        raise ConfigError(f"workload option 'verify_reuses_kv' must be true or false, got {opts['verify_reuses_kv']!r}")
+        raise ConfigError(f"workload option 'verify_reuses_kv' must be true or false, got {opts['verify_reuses_kv']!r}", field="workload.verify_reuses_kv")
     bs = opts["block_size"]
     if isinstance(bs, bool) or not isinstance(bs, (int, np.integer)) or bs < 1:
-        raise ConfigError(f"workload option 'block_size' must be an integer >= 1, got {bs!r}")
+        raise ConfigError(f"workload option 'block_size' must be an integer >= 1, got {bs!r}", field="workload.block_size")
     for k in ("base_sharing", "block_sharing"):
         if opts[k] not in list_policies("sharing"):
-            raise ConfigError(f"workload option {k!r}: {opts[k]!r} is not a sharing policy ({', '.join(list_policies('sharing'))})")
+            raise ConfigError(f"workload option {k!r}: {opts[k]!r} is not a sharing policy ({', '.join(list_policies('sharing'))})", field=f"workload.{k}")
     if opts["score"] not in ("mean_prob", "vote_share", "verify_score"):
-        raise ConfigError(f"workload option 'score': {opts['score']!r} is not mean_prob, vote_share or verify_score")
+        raise ConfigError(f"workload option 'score': {opts['score']!r} is not mean_prob, vote_share or verify_score", field="workload.score")
     if opts["batching"] not in ("continuous", "static"):
-        raise ConfigError(f"workload option 'batching': {opts['batching']!r} is not continuous or static")
+        raise ConfigError(f"workload option 'batching': {opts['batching']!r} is not continuous or static", field="workload.batching")
     c = opts["concurrency"]
     if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1:
-        raise ConfigError(f"workload option 'concurrency' must be an integer >= 1, got {c!r}")
+        raise ConfigError(f"workload option 'concurrency' must be an integer >= 1, got {c!r}", field="workload.concurrency")
     return opts
 
 
-_DEFAULT_POLICIES: dict = {}
-
-
 def _default_policy(name: str):
-    """A policy at its defaults, built once (policy objects hold only their parameters)."""
-    pol = _DEFAULT_POLICIES.get(name)
-    if pol is None:
-        pol = _DEFAULT_POLICIES[name] = get_policy(name)
-    return pol
+    """A policy at its defaults (policy objects hold only their parameters)."""
+    return get_policy(name)
 
 
 def make_config(policy: str, params: dict | None, workload: dict | None) -> SimConfig:
@@ -116,7 +110,7 @@ def make_config(policy: str, params: dict | None, workload: dict | None) -> SimC
     params = dict(params or {})
     opts = workload_options(workload)
     if policy not in list_policies():
-        raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(list_policies())}")
+        raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(list_policies())}", field="policy")
     try:
         kind = policy_kind(policy)
         budget_blocks = opts["kv_budget_blocks"]
@@ -127,13 +121,13 @@ def make_config(policy: str, params: dict | None, workload: dict | None) -> SimC
             budget_frac = params.get("budget_frac", budget_frac)
             if budget_blocks is not None and (isinstance(budget_blocks, bool) or not isinstance(budget_blocks, (int, float))
                                               or int(budget_blocks) != budget_blocks or budget_blocks < 0):
-                raise ConfigError(f"policy {policy!r}: budget_blocks: must be an integer >= 0, got {budget_blocks!r}")
+                raise ConfigError(f"policy {policy!r}: budget_blocks: must be an integer >= 0, got {budget_blocks!r}", field="params")
             if isinstance(budget_frac, bool) or not isinstance(budget_frac, (int, float)) or not budget_frac > 0:
-                raise ConfigError(f"policy {policy!r}: budget_frac: must be a number > 0, got {budget_frac!r}")
+                raise ConfigError(f"policy {policy!r}: budget_frac: must be a number > 0, got {budget_frac!r}", field="params")
         else:
             base = get_policy(policy, **params)
     except PolicyError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(str(exc), field="params") from None
     cfg = SimConfig(policy=policy, params=params, kind=kind, sharing=None, workload=opts,
                     budget_blocks=None if budget_blocks is None else int(budget_blocks), budget_frac=budget_frac)
     if kind == "sharing":
@@ -153,7 +147,7 @@ def make_config(policy: str, params: dict | None, workload: dict | None) -> SimC
 _SKIP_ONLY = frozenset({"tau_conf", "delta_rel", "level1_rule", "nb_conf", "nb_margin"})
 
 
-def _fields(obj) -> dict:
+def fields_of(obj) -> dict:
     """A leaf policy's parameters by name (``dataclasses.asdict`` without its deep copy)."""
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
@@ -165,23 +159,22 @@ def static_key(cfg: SimConfig) -> tuple:
     parameters that no key below resolves; ``level1`` the parameters of CGEE's skip rule.
     Memoised on the config (its policy objects are not changed after :func:`make_config`).
     """
-    hit = cfg.__dict__.get("_static_key")
-    if hit is not None:
-        return hit
+    if cfg.static is not None:
+        return cfg.static
     sh, ex = cfg.sharing, cfg.exit
-    sp = _fields(sh)
+    sp = fields_of(sh)
     tau = sp.pop("tau", None)
     key = (sh.name, tuple(sorted((k, repr(v)) for k, v in sp.items())))
     theta = eps = l_min = level1 = None
     if ex is not None:
-        ep = _fields(ex)
+        ep = fields_of(ex)
         # theta in nats: the unit and vocabulary act only through it.
         ep.pop("theta"), ep.pop("theta_unit", None), ep.pop("vocab_size", None)
         theta, eps, l_min = ex.theta_nats, float(ep.pop("eps")), ep.pop("l_min")
         # What the skip rule reads; its outcome (not these values) enters the decision key.
         level1 = tuple(sorted((k, repr(v)) for k, v in ep.items()))
         key += ("cgee", tuple((k, v) for k, v in level1 if k not in _SKIP_ONLY))
-    out = cfg.__dict__["_static_key"] = (key, (None if tau is None else float(tau)), theta, eps, l_min, level1)
+    out = cfg.static = (key, (None if tau is None else float(tau)), theta, eps, l_min, level1)
     return out
 
 
@@ -298,13 +291,13 @@ def bind_vocab(cfg: SimConfig, vocab_size) -> SimConfig:
         return cfg
     if vocab_size is None:
         raise ConfigError(f"policy {cfg.policy!r}: theta_unit: 'ln_v' needs the trace's model.vocab_size "
-                          "(manifest.json has none); state theta in nats")
+                          "(manifest.json has none); state theta in nats", field="params")
     if ex.vocab_size is None:
         cfg.exit = dataclasses.replace(ex, vocab_size=int(vocab_size))
-        cfg.__dict__.pop("_static_key", None)
+        cfg.static = None
     elif int(ex.vocab_size) != int(vocab_size):
         raise ConfigError(f"policy {cfg.policy!r}: vocab_size: {ex.vocab_size} differs from the trace model's "
-                          f"vocabulary ({vocab_size}); the entropies tested are the trace model's")
+                          f"vocabulary ({vocab_size}); the entropies tested are the trace model's", field="params")
     return cfg
 
 
@@ -405,8 +398,15 @@ def job_for(f, cfg: SimConfig, dec: ProblemDecision, L: int):
                      static=cfg.workload["batching"] == "static")
 
 
-def make_pool(cfg: SimConfig, budget: int) -> BlockPool:
-    return BlockPool(int(budget), cfg.block)
+def workload_key(cfg: SimConfig) -> tuple:
+    """The workload options as a sorted tuple of ``(name, repr(value))``, computed once per config."""
+    if cfg.workload_key is None:
+        cfg.workload_key = freeze(cfg.workload)
+    return cfg.workload_key
+
+
+def freeze(d) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in (d or {}).items()))
 
 
 def params_of_config(cfg: SimConfig) -> dict:

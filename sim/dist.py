@@ -101,21 +101,20 @@ def chunk_key(chunk: Sequence[tuple[str, dict]], round_: int = 0) -> str:
     return f"rksim-sweep-{h}" + (f"-r{round_}" if round_ else "")
 
 
-def run_dask(evaluate, trace: str, policy: str, items: Sequence[tuple[str, dict]], options: dict, *,
+def run_dask(task, evaluate, trace: str, policy: str, items: Sequence[tuple[str, dict]], options: dict, *,
              workers: int | None = None, scheduler: str | None = None, client: Any = None,
              progress: bool = True, retries: int = 3, chunk_size: int | None = None) -> dict[str, dict]:
-    """Evaluate every item on Dask; returns {config_id: metrics}, complete and without duplicates."""
+    """Run ``task(evaluate, trace, policy, chunk, options) -> [(config_id, metrics), ...]`` on every chunk of
+    ``items`` on Dask; returns {config_id: metrics}, complete and without duplicates."""
     if client is not None:
-        return _run_on(client, evaluate, trace, policy, items, options, progress, retries, chunk_size)
+        return _run_on(client, task, evaluate, trace, policy, items, options, progress, retries, chunk_size)
     with open_client(scheduler, workers) as c:
-        return _run_on(c, evaluate, trace, policy, items, options, progress, retries, chunk_size)
+        return _run_on(c, task, evaluate, trace, policy, items, options, progress, retries, chunk_size)
 
 
-def _run_on(client, evaluate, trace, policy, items, options, progress, retries, chunk_size):
+def _run_on(client, task, evaluate, trace, policy, items, options, progress, retries, chunk_size):
     distributed = require_dask()
     from tqdm.auto import tqdm
-
-    from sim.sweep import evaluate_chunk
 
     n_workers = max(1, len(client.scheduler_info().get("workers", {})))
     chunks = chunk_items(items, n_workers, chunk_size)
@@ -130,7 +129,7 @@ def _run_on(client, evaluate, trace, policy, items, options, progress, retries, 
                 break
             futures = {}
             for key, ch in pending.items():
-                fut = client.submit(evaluate_chunk, evaluate, trace, policy, ch, options,
+                fut = client.submit(task, evaluate, trace, policy, ch, options,
                                     key=chunk_key(ch, round_), pure=True, retries=retries)
                 futures[fut] = key
             failed: dict[str, list] = {}

@@ -84,9 +84,8 @@ def _plan_ids(pos: int, job: Job) -> list:
     """Stand-in token ids that realise a job's sharing plan when the trace's are not given: branch ``b``'s
     first ``reused_b`` tokens are its source's (all of them when it shares the root's KV), the rest its own
     (negative ids, unique per problem position, branch and token)."""
-    memo = job.__dict__.get("_plan_ids")
-    if memo is not None:
-        return memo
+    if job.plan_ids is not None:
+        return job.plan_ids
     out = []
     for b in range(job.B):
         ids = -(1 + pos * 10 ** 9 + b * 10 ** 6 + np.arange(int(job.ctx[b]), dtype=np.int64))
@@ -96,7 +95,7 @@ def _plan_ids(pos: int, job: Job) -> list:
             r = min(r, len(out[s]))
             ids[:r] = out[s][:r]
         out.append(ids)
-    job.__dict__["_plan_ids"] = out
+    job.plan_ids = out
     return out
 
 
@@ -208,7 +207,7 @@ class Engine:
         req = Request((p.pseq, "b", b), int(j.ctx[b]), int(j.gen[b]),
                       content=_content_fn(p.pos, b, ids, self.bs, tag), cacheable=self.caching,
                       allow_full_hit=share, hold=hold, depth=0, gen_depth=1, data=(p, 1, b))
-        long = j.__dict__.get("_long")
+        long = j.long
         if long is not None:
             req.kv_cap = long.cap
         req.arrival = self.env.now   # ready to run (gate done, source's first token out)
@@ -273,7 +272,7 @@ class Engine:
         if req is None:
             return
         s = float(p.job.score[b]) if p.job.score is not None else 0.0
-        for key in req.__dict__.get("_keys", ()):
+        for key in self.kv.chain_keys(req):
             self.kv.set_score(key, s)
 
     def _verify_done(self, p: _Prob, b: int) -> None:
@@ -326,7 +325,7 @@ class Engine:
             # (a copy-only fork's first token is its source's), or if it recomputes past the prompt
             logits = 1.0 if end >= ctx and (end > ctx or j.computed[b] > 0) else 0.0
             return [(float(n - cp), float(c), None, 0.0, logits, float(cp))], 1
-        long = j.__dict__.get("_long")
+        long = j.long
         if long is not None and n == 1:
             # token eviction: the step attends over the policy's cache, not every token so far
             self._extra_dt += long.evict_s.get(c, 0.0)

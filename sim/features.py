@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -73,10 +72,6 @@ class TraceFeatures:
     vocab_size: int | None = None  # the trace model's V (manifest model.vocab_size)
 
 
-_CACHE: dict = {}
-_RAW: dict = {}  # path as given -> resolved key (resolving costs a syscall per call)
-
-
 def _gen_arrays(df, prefix: str) -> dict:
     col = lambda c: df[prefix + c]  # noqa: E731
     ans = col("answer").astype(str).to_numpy()
@@ -136,28 +131,16 @@ def _vocab_size(manifest: dict) -> int | None:
 
 
 def load(trace) -> TraceFeatures:
-    """Features of ``trace`` (a path or a loaded ``traces.store.Trace``), cached per process."""
+    """Features of ``trace`` (a path or a loaded ``traces.store.Trace``), built anew on every call.
+
+    Keep them in a :class:`sim.session.Session` (which also sees a trace re-captured in place).
+    """
     from traces.store import load_trace  # no torch: the store is pure pyarrow/numpy
 
     built = getattr(trace, "reshaped_features", None)
     if built is not None:  # a sim.reshape.ReshapedTrace: its features are built in memory
         return built
-    if isinstance(trace, (str, os.PathLike)):
-        raw = _RAW.get(str(trace))
-        if raw is not None and raw in _CACHE:
-            return _CACHE[raw]
-        key = ("path", str(Path(trace).resolve()))
-        _RAW[str(trace)] = key
-        hit = _CACHE.get(key)
-        if hit is not None:
-            return hit
-        tr = load_trace(trace, verify=True)
-    else:
-        tr = trace
-        key = ("obj", id(tr), str(getattr(tr, "path", "")))
-        hit = _CACHE.get(key)
-        if hit is not None and hit.trace is tr:
-            return hit
+    tr = load_trace(trace, verify=True) if isinstance(trace, (str, os.PathLike)) else trace
     L = int(tr.n_layers)
     probs = [problem_features(p, i, L) for i, p in enumerate(tr.problems)]
     longs = []
@@ -168,5 +151,4 @@ def load(trace) -> TraceFeatures:
     tf = TraceFeatures(path=str(getattr(tr, "path", "")), manifest=tr.manifest, model_name=tr.model_name,
                        n_layers=L, problems=probs, longs=longs, timings=[p.timings for p in tr.problems], trace=tr,
                        vocab_size=_vocab_size(tr.manifest))
-    _CACHE[key] = tf
     return tf

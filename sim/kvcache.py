@@ -147,6 +147,7 @@ class BlockManager:
         self._heap: list = []
         self.req_blocks: dict = {}  # req_id -> [Block]
         self._n_keyed: dict = {}    # req_id -> blocks of the request already keyed
+        self._chain: dict = {}      # id(req) -> (req, chain keys of its blocks)
         self.tick = 0.0
         self.evictions = 0
         self.hits = 0              # blocks found in the cache
@@ -188,14 +189,20 @@ class BlockManager:
 
     # ------------------------------------------------------------------ keys
     def _key_of(self, req, k: int) -> int:
-        # the chain keys live on the request (its content never changes, preempted or not)
-        keys = req.__dict__.get("_keys")
-        if keys is None:
-            keys = req.__dict__["_keys"] = []
+        # a request's chain keys are kept for the pool's life (its content never changes, preempted or not)
+        hit = self._chain.get(id(req))
+        if hit is None:
+            hit = self._chain[id(req)] = (req, [])  # the request is held so its id stays its own
+        keys = hit[1]
         while len(keys) <= k:
             parent = keys[-1] if keys else ROOT_KEY
             keys.append(block_key(parent, req.block_content(len(keys))))
         return keys[k]
+
+    def chain_keys(self, req) -> list:
+        """The chain keys of ``req``'s blocks computed so far (empty before its first)."""
+        hit = self._chain.get(id(req))
+        return hit[1] if hit is not None else []
 
     def key(self, req, k: int) -> int:
         """Chain key of block ``k`` of ``req`` (computed from its content and its parents')."""

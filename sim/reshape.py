@@ -91,37 +91,37 @@ class ReshapeSpec:
             if v is None and k != "seed":
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise ConfigError(f"reshape: {k}: must be an integer, got {v!r}")
+                raise ConfigError(f"reshape: {k}: must be an integer, got {v!r}", field="reshape")
             lo, hi = _BOUNDS[k]
             if v < lo:
-                raise ConfigError(f"reshape: {k}: must be >= {lo}, got {v}")
+                raise ConfigError(f"reshape: {k}: must be >= {lo}, got {v}", field="reshape")
             if v > hi:
-                raise ConfigError(f"reshape: {k}: at most {hi}, got {v}")
+                raise ConfigError(f"reshape: {k}: at most {hi}, got {v}", field="reshape")
             object.__setattr__(self, k, int(v))
 
     @classmethod
     def parse(cls, text: str) -> "ReshapeSpec":
         """``"prefix_tokens=1024,branches=8,gen_tokens=256[,seed=0]"`` -> spec (errors name the key)."""
         if not isinstance(text, str):
-            raise ConfigError(f"reshape: expected KEY=N[,KEY=N...] text, got {type(text).__name__}")
+            raise ConfigError(f"reshape: expected KEY=N[,KEY=N...] text, got {type(text).__name__}", field="reshape")
         items = [t.strip() for t in text.split(",") if t.strip()]
         if not items:
-            raise ConfigError(f"reshape: empty; expected KEY=N[,KEY=N...] with keys {', '.join(_KEYS)}")
+            raise ConfigError(f"reshape: empty; expected KEY=N[,KEY=N...] with keys {', '.join(_KEYS)}", field="reshape")
         vals: dict = {}
         for it in items:
             if "=" not in it:
-                raise ConfigError(f"reshape: {_short(it)}: expected KEY=N (keys {', '.join(_KEYS)})")
+                raise ConfigError(f"reshape: {_short(it)}: expected KEY=N (keys {', '.join(_KEYS)})", field="reshape")
             k, v = (s.strip() for s in it.split("=", 1))
             if k not in _BOUNDS:
-                raise ConfigError(f"reshape: unknown key {_short(k)}; valid: {', '.join(_KEYS)}")
+                raise ConfigError(f"reshape: unknown key {_short(k)}; valid: {', '.join(_KEYS)}", field="reshape")
             if k in vals:
-                raise ConfigError(f"reshape: {k}: given twice")
+                raise ConfigError(f"reshape: {k}: given twice", field="reshape")
             if not _INT.fullmatch(v):
-                raise ConfigError(f"reshape: {k}: must be an integer, got {_short(v)}")
+                raise ConfigError(f"reshape: {k}: must be an integer, got {_short(v)}", field="reshape")
             if len(v.lstrip("+-").lstrip("0")) > 19:  # beyond every bound: do not build the integer
                 lo, hi = _BOUNDS[k]
                 raise ConfigError(f"reshape: {k}: " + (f"must be >= {lo}" if v.startswith("-") else f"at most {hi}")
-                                  + f", got {_short(v)}")
+                                  + f", got {_short(v)}", field="reshape")
             vals[k] = int(v)
         return cls(**vals)
 
@@ -133,7 +133,7 @@ class ReshapeSpec:
         if isinstance(spec, dict):
             bad = [k for k in spec if k not in _BOUNDS]
             if bad:
-                raise ConfigError(f"reshape: unknown key {bad[0]!r}; valid: {', '.join(_KEYS)}")
+                raise ConfigError(f"reshape: unknown key {bad[0]!r}; valid: {', '.join(_KEYS)}", field="reshape")
             return cls(**spec)
         return cls.parse(spec)
 
@@ -179,7 +179,7 @@ def _branch_index(f: ProblemFeatures, B: int, rng: np.random.Generator) -> np.nd
         return np.concatenate([[0], np.sort(rng.choice(rest, size=B - 1, replace=False))]).astype(np.int64)
     if rest.size == 0:
         raise ConfigError(f"reshape: branches: problem {f.index} has only its root branch; "
-                          "there is no branch to resample beyond it")
+                          "there is no branch to resample beyond it", field="reshape")
     return np.concatenate([np.arange(B0), rng.choice(rest, size=B - B0, replace=True)]).astype(np.int64)
 
 
@@ -198,7 +198,7 @@ def _layout(f: ProblemFeatures, N: int | None) -> tuple[list, np.ndarray]:
     if d < 0 and -d >= region.shape[0]:
         raise ConfigError(f"reshape: prefix_tokens: {N} is too short for problem {f.index}: its prompt has "
                           f"{n0 - region.shape[0]} tokens outside the shared problem text (at least "
-                          f"{n0 - region.shape[0] + 1} needed)")
+                          f"{n0 - region.shape[0] + 1} needed)", field="reshape")
     ext = np.resize(region, d) if d > 0 else None  # np.resize repeats the region's own ids
     out = []
     for b, ids in enumerate(ids0):
@@ -208,11 +208,11 @@ def _layout(f: ProblemFeatures, N: int | None) -> tuple[list, np.ndarray]:
             new = (np.concatenate([ids[:cut], ext, ids[cut:]]) if d > 0 else
                    np.concatenate([ids[:cut], ids[cut - d:]]))
             if d < 0 and ids.shape[0] - e <= -d:
-                raise ConfigError(f"reshape: prefix_tokens: {N} is too short for branch {b} of problem {f.index}")
+                raise ConfigError(f"reshape: prefix_tokens: {N} is too short for branch {b} of problem {f.index}", field="reshape")
         else:
             cut = s
             if d < 0 and s <= -d:
-                raise ConfigError(f"reshape: prefix_tokens: {N} is too short for branch {b} of problem {f.index}")
+                raise ConfigError(f"reshape: prefix_tokens: {N} is too short for branch {b} of problem {f.index}", field="reshape")
             new = np.concatenate([ids[:cut], ext, ids[cut:]]) if d > 0 else np.concatenate([ids[:cut + d], ids[cut:]])
             spans[b] += d
         out.append(new.astype(np.int64, copy=False))
@@ -323,21 +323,15 @@ def build_reshaped(tf: TraceFeatures, spec) -> ReshapedTrace:
 
 
 def reshape_trace(trace, spec) -> ReshapedTrace:
-    """:func:`build_reshaped` of ``trace`` (a path, a loaded trace or features), memoised on its features.
+    """:func:`build_reshaped` of ``trace`` (a path, a loaded trace or features).
 
-    The memo lives on the source's features object (``tf.__dict__["_reshaped"]``, owned by whoever
-    holds them), so the same (source, spec) gives the same reshaped object, and the simulator's
-    memo tables, which follow the features object, are reused across calls.
+    Built anew on every call; ``sim.session.Session.reshaped`` keeps the reshaped session (and
+    so the simulator's memo tables for it) per spec.
     """
     from . import features
 
-    spec = ReshapeSpec.coerce(spec)
     tf = trace if isinstance(trace, TraceFeatures) else features.load(trace)
-    memo = tf.__dict__.setdefault("_reshaped", {})
-    hit = memo.get(spec)
-    if hit is None:
-        hit = memo[spec] = build_reshaped(tf, spec)
-    return hit
+    return build_reshaped(tf, ReshapeSpec.coerce(spec))
 
 
 def describe(tf: TraceFeatures) -> dict | None:

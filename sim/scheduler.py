@@ -147,6 +147,7 @@ class Request:
     num_preemptions: int = field(default=0, init=False)
     recompute_tokens: int = field(default=0, init=False)
     cached_tokens: int = field(default=0, init=False)   # tokens the prefix cache gave at the last admission
+    block_size: int = field(default=16, init=False)     # the scheduler's (set when queued)
 
     def __post_init__(self) -> None:
         self.prompt_tokens = int(self.prompt_tokens)
@@ -165,7 +166,7 @@ class Request:
 
     def block_depth(self, k: int) -> int:
         """Tree depth RSBCM reads for block ``k``: ``depth`` inside the prompt, else ``gen_depth``."""
-        return self.depth if k < self.prompt_tokens // self.__dict__.get("_bs", 16) else self.gen_depth
+        return self.depth if k < self.prompt_tokens // self.block_size else self.gen_depth
 
     @property
     def pending(self) -> int:
@@ -233,7 +234,7 @@ class Scheduler:
         """Queue a request (FCFS)."""
         if req.req_id in self._live:
             raise SchedulerError(f"request {req.req_id!r}: already queued")
-        req.__dict__["_bs"] = self.bs
+        req.block_size = self.bs
         req.status = WAITING
         self._live[req.req_id] = req
         self.waiting.append(req)

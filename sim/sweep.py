@@ -21,8 +21,8 @@ under the key ``rksim.sweep`` in the Parquet schema metadata
 
 The unit of work shipped to a Dask worker holds plain data only — the trace
 *path*, the policy name, a list of ``(config_id, params)`` and the options;
-each worker process loads the trace itself once (``sim.api`` caches it per
-process), so a sweep never moves arrays over the network. Every backend
+each chunk loads the trace itself into a :class:`sim.session.Session` it owns,
+so a sweep never moves arrays over the network. Every backend
 evaluates with one BLAS thread (:func:`single_thread_blas`), so rows are the
 same floats whatever the core count.
 """
@@ -148,9 +148,18 @@ def single_thread_blas() -> Iterator[None]:
 
 def evaluate_chunk(evaluate: EvaluateFn, trace: Any, policy: str,
                    items: Sequence[tuple[str, dict]], options: dict) -> list[tuple[str, dict]]:
-    """Evaluate ``items`` = [(config_id, params), ...] with one BLAS thread; the task a Dask worker runs."""
+    """Evaluate ``items`` = [(config_id, params), ...] with one BLAS thread; the task a Dask worker runs.
+
+    The chunk's evaluations share one :class:`sim.session.Session` of ``trace`` (loaded here, owned
+    by this call), so each loads the trace once.
+    """
     with single_thread_blas():
-        return _evaluate_items(evaluate, trace, policy, items, options)
+        return _evaluate_items(evaluate, open_session(trace), policy, items, options)
+
+
+def open_session(trace):
+    from sim.session import Session  # imported late: the simulator is heavier than grid parsing
+    return Session.of(trace)
 
 
 def _evaluate_items(evaluate, trace, policy, items, options) -> list[tuple[str, dict]]:
@@ -228,7 +237,8 @@ def run_sweep(trace: str | os.PathLike, policy: str, configs: Iterable[dict] | G
     ids = [config_id(c) for c in configs]
     if len(set(ids)) != len(ids):
         raise ValueError("--grid: the grid holds the same configuration twice")
-    trace = os.fspath(trace)
+    # a path, or the caller's sim.session.Session (local backend: its memo tables are reused)
+    trace = trace if hasattr(trace, "refresh") else os.fspath(trace)
     opts = options.kwargs()
     items = list(zip(ids, configs))
     if backend == "local":
@@ -236,7 +246,7 @@ def run_sweep(trace: str | os.PathLike, policy: str, configs: Iterable[dict] | G
     elif backend == "dask":
         from sim import dist
 
-        results = dist.run_dask(evaluate, trace, policy, items, opts, workers=workers,
+        results = dist.run_dask(evaluate_chunk, evaluate, os.fspath(getattr(trace, "source", trace)), policy, items, opts, workers=workers,
                                 scheduler=scheduler, client=client, progress=progress,
                                 retries=retries, chunk_size=chunk_size)
     else:
@@ -248,10 +258,11 @@ def _run_local(evaluate, trace, policy, items, opts, progress) -> dict[str, dict
     from tqdm.auto import tqdm
 
     results: dict[str, dict] = {}
+    session = open_session(trace)  # this sweep's: every configuration reuses its memo tables
     with single_thread_blas():
         for item in tqdm(items, desc=f"sweep {policy}", unit="config", disable=not progress,
                          mininterval=0.5):
-            (cid, metrics), = _evaluate_items(evaluate, trace, policy, [item], opts)
+            (cid, metrics), = _evaluate_items(evaluate, session, policy, [item], opts)
             results[cid] = metrics
     return results
 

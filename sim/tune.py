@@ -301,8 +301,11 @@ def _tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
     opts_tune = SweepOptions(**{**base_opts, "problems": tuple(tune_idx)})
     opts_held = SweepOptions(**{**base_opts, "problems": tuple(held_idx)})
 
+    from sim.sweep import open_session
+    session = open_session(trace)  # the tuning's own: every evaluation reuses its memo tables
+
     def ev(params: dict, opts: SweepOptions, pol: str = policy) -> dict:
-        return dict(evaluate(trace, policy=pol, params=dict(params), **opts.kwargs()))
+        return dict(evaluate(session, policy=pol, params=dict(params), **opts.kwargs()))
 
     base_tune = ev({}, opts_tune, "no-kv")
     base_held = ev({}, opts_held, "no-kv")

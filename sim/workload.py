@@ -67,6 +67,12 @@ class Job:
     v_reuse: bool = False         # verification reads the branch's generation KV
     has_prefill: np.ndarray = field(default=None)
     score: np.ndarray = field(default=None)   # branch score for the block pool (RSBCM omega)
+    # A token policy's long decode (sim.engine.LongDecode): the per-step KV cap and eviction costs
+    # the engine charges (None: an ordinary problem).
+    long: object = field(default=None, repr=False, compare=False)
+    # Memos of derived values (the job's arrays are not changed once built):
+    query_range: tuple | None = field(default=None, repr=False, compare=False)  # (max context, max new tokens)
+    plan_ids: list | None = field(default=None, repr=False, compare=False)      # sim.engine stand-in token ids
 
     def __post_init__(self) -> None:
         self.has_prefill = (self.computed > 0) | (self.copy > 0)

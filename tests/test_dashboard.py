@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app" / "dashboard.py"
-BUNDLED = ROOT / "examples" / "trace-gsm8k-persona"
+from trace_files import BUNDLED  # noqa: E402
 PAGES = ["whatif", "serving", "explorer", "sweeps", "calibration", "compare"]
 TIMEOUT = 240
 

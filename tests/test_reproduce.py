@@ -15,10 +15,9 @@ from hypothesis import strategies as st
 from app.reproduce import DEFAULT_MEASURED, DEFAULT_ROOT, Reproducer, ReproduceConfig, discover, trace_info
 from app.reproduce_report import VERDICTS, md_table, write_report
 from app.verdicts import TOL, Cond, combine
-from sim.api import default_trace_path
 
 ROOT = Path(__file__).resolve().parent.parent
-BUNDLED = default_trace_path()
+from trace_files import BUNDLED  # noqa: E402
 OUT_DOCS = ROOT / "docs" / "reproduction"
 
 

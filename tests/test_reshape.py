@@ -12,12 +12,13 @@ from hypothesis import strategies as st
 from app.cli import main
 from policies import get_policy
 from sim import features
-from sim.api import compare_policies, default_trace_path, evaluate, simulate
+from sim.api import Session as api_session
+from sim.api import compare_policies, evaluate, simulate
 from sim.decisions import ConfigError, decide, make_config
 from sim.reshape import MAX_BRANCHES, MAX_GEN_TOKENS, MAX_PREFIX_TOKENS, ReshapeSpec, build_reshaped, reshape_trace
 from sim.synthetic import write_synthetic_trace
 
-BUNDLED = default_trace_path()
+from trace_files import BUNDLED  # noqa: E402
 pytestmark = pytest.mark.skipif(not (BUNDLED / "manifest.json").is_file(), reason="bundled trace missing")
 RESHAPE_KEYS = ("reshaped", "reshape_spec", "reshape_source")
 PAPER = "prefix_tokens=1024,branches=8,gen_tokens=256"
@@ -135,7 +136,9 @@ def test_same_inputs_bit_identical_and_seed_matters(tf):
                for f1, f2 in zip(r1.features.problems, other.features.problems))
     kw = dict(policy="rksc", hardware="h100-sxm", model_preset="qwen2.5-7b")
     assert simulate(r1, **kw).summary == simulate(r2, **kw).summary
-    assert reshape_trace(BUNDLED, spec) is reshape_trace(tf, ReshapeSpec.parse(spec))  # memoised per process
+    session = api_session(BUNDLED)
+    assert session.reshaped(spec) is session.reshaped(ReshapeSpec.parse(spec))  # memoised in the caller's session
+    assert reshape_trace(BUNDLED, spec).features.manifest == reshape_trace(tf, spec).features.manifest
 
 
 # ---------------------------------------------------------------------------- distributions

@@ -10,18 +10,16 @@ from sim.capacity import CapacityError, ServingConfig, activation_reserve, kv_ca
 from sim.engine import Engine
 from sim.profiles import load_hardware, load_model
 from sim.scheduler import SchedulerConfig
-from sim.synthetic import write_synthetic_trace
 from sim.workload import Job
 
-BUNDLED = api.default_trace_path()
-HAS_BUNDLED = (BUNDLED / "manifest.json").is_file()
+from trace_files import BUNDLED, HAS_BUNDLED  # noqa: E402
 UNLIMITED = {"scheduler": "prefill-first", "max_num_seqs": 1 << 20, "max_num_batched_tokens": 1 << 24,
              "kv_capacity_bytes": 1e18}
 
 
 @pytest.fixture(scope="module")
-def syn(tmp_path_factory):
-    return str(write_synthetic_trace(tmp_path_factory.mktemp("syn") / "t", n_problems=4, seed=11))
+def syn(syn_factory):
+    return syn_factory(n_problems=4, seed=11)
 
 
 @pytest.mark.parametrize("policy,params", [("no-kv", {}), ("exact-prefix", {}), ("asks", {"tau": 0.8}),

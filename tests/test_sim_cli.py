@@ -11,21 +11,20 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from sim.api import default_trace_path, evaluate
+from sim.api import evaluate
 from sim.metrics import SUMMARY_KEYS, roc_auc
 from sim.synthetic import write_synthetic_trace
 
 ROOT = Path(__file__).resolve().parent.parent
-BUNDLED = default_trace_path()
-HAS_BUNDLED = (BUNDLED / "manifest.json").is_file()
+from trace_files import BUNDLED, HAS_BUNDLED  # noqa: E402
 COMPARE_KEYS = ("latency_mean_s", "latency_p50_s", "latency_p95_s", "speedup_vs_no_kv", "speedup_vs_exact_prefix",
                 "kv_reuse", "skip_rate", "mean_exit_layer", "cgee_error_rate", "accuracy", "peak_kv_bytes",
                 "evictions", "recompute_tokens", "asks_gate_auc")
 
 
 @pytest.fixture(scope="module")
-def syn(tmp_path_factory):
-    return str(write_synthetic_trace(tmp_path_factory.mktemp("cli") / "t", n_problems=3, seed=7))
+def syn(syn_factory):
+    return syn_factory(n_problems=3, seed=7)
 
 
 def _rksim(*args, env_extra=None) -> subprocess.CompletedProcess:

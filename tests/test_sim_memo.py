@@ -1,6 +1,6 @@
 """The fast path's memoisation never changes a number: a warm sweep equals cold evaluations.
 
-``sim.api`` memoises (in the trace's caller-owned ``LoadedTrace``) decisions per threshold *outcome* (ASKS's sign(sigma - tau), CGEE's
+``sim.api`` memoises (in the trace's caller-owned ``Session``) decisions per threshold *outcome* (ASKS's sign(sigma - tau), CGEE's
 skip outcome and exit layers), rows per decision and summaries per row set. A configuration
 evaluated after many others (caches warm, sweep order) must give exactly the metrics it gives
 alone (caches cleared).
@@ -12,7 +12,7 @@ import pytest
 
 from sim import api
 
-BUNDLED = api.default_trace_path()
+from trace_files import BUNDLED  # noqa: E402
 pytestmark = pytest.mark.skipif(not (BUNDLED / "manifest.json").is_file(), reason="bundled trace not present")
 
 
@@ -44,13 +44,13 @@ def test_warm_sweep_equals_cold_evaluations(model_preset, hardware):
         if k not in seen:
             seen.add(k)
             configs.append((pol, p))
-    api.clear_caches()
-    warm = [api.evaluate(trace, pol, p, model_preset=model_preset, hardware=hardware) for pol, p in configs]
+    session = api.Session(trace)
+    warm = [api.evaluate(session, pol, p, model_preset=model_preset, hardware=hardware) for pol, p in configs]
     # The memo really was shared: fewer decisions than (configuration, problem) pairs.
-    assert len(api.loaded(trace).decisions) < len(configs) * warm[0]["n_problems"]
+    assert len(session.decisions) < len(configs) * warm[0]["n_problems"]
     for (pol, p), w in zip(configs, warm):
-        api.clear_caches()
-        cold = api.evaluate(trace, pol, p, model_preset=model_preset, hardware=hardware)
+        session.clear()
+        cold = api.evaluate(session, pol, p, model_preset=model_preset, hardware=hardware)
         assert cold == w, (pol, p)
 
 
@@ -58,23 +58,23 @@ def test_problem_subsets_share_exit_memo_correctly():
     """Exit layers prefetched for one problem subset serve another subset exactly."""
     trace = str(BUNDLED)
     p = {"theta": 1.5, "eps": 0.2, "l_min": 20, "tau_conf": 1.1}
-    api.clear_caches()
-    a = api.evaluate(trace, "cgee", p, problems=[0, 1, 2])
-    b = api.evaluate(trace, "cgee", p, problems=[0, 3, 5])
-    api.clear_caches()
-    assert api.evaluate(trace, "cgee", p, problems=[0, 3, 5]) == b
-    api.clear_caches()
-    assert api.evaluate(trace, "cgee", p, problems=[0, 1, 2]) == a
+    session = api.Session(trace)
+    a = api.evaluate(session, "cgee", p, problems=[0, 1, 2])
+    b = api.evaluate(session, "cgee", p, problems=[0, 3, 5])
+    session.clear()
+    assert api.evaluate(session, "cgee", p, problems=[0, 3, 5]) == b
+    session.clear()
+    assert api.evaluate(session, "cgee", p, problems=[0, 1, 2]) == a
 
 
 def test_thresholds_that_decide_nothing_reuse_decisions():
     """tau_conf > 1 never skips (confidences are <= 1), so delta_rel decides nothing: no new decision."""
     trace = str(BUNDLED)
-    api.clear_caches()
-    a = api.evaluate(trace, "cgee", {"tau_conf": 1.1, "delta_rel": 0.3})
-    n = len(api.loaded(trace).decisions)
-    b = api.evaluate(trace, "cgee", {"tau_conf": 1.1, "delta_rel": 0.5})
-    assert len(api.loaded(trace).decisions) == n
+    session = api.Session(trace)
+    a = api.evaluate(session, "cgee", {"tau_conf": 1.1, "delta_rel": 0.3})
+    n = len(session.decisions)
+    b = api.evaluate(session, "cgee", {"tau_conf": 1.1, "delta_rel": 0.5})
+    assert len(session.decisions) == n
     assert a == b and a["skip_rate"] == 0.0
 
 
@@ -86,11 +86,11 @@ def test_targets_of_other_depths_and_theta_units_share_no_wrong_memo():
     frac = {**p, "theta": 1.0 / np.log(49152), "theta_unit": "ln_v"}
     runs = [("cgee", p, "qwen2.5-7b"), ("cgee", p, None), ("cgee", frac, "qwen2.5-7b"), ("rksc", p, None),
             ("rksc", p, "qwen2.5-7b"), ("cgee", frac, None)]
-    api.clear_caches()
-    warm = [api.evaluate(trace, pol, q, model_preset=m, hardware="h100-sxm") for pol, q, m in runs]
+    session = api.Session(trace)
+    warm = [api.evaluate(session, pol, q, model_preset=m, hardware="h100-sxm") for pol, q, m in runs]
     assert warm[0]["layers"] == 28 and warm[1]["layers"] == 30
     assert warm[0]["mean_exit_layer"] < warm[1]["mean_exit_layer"] <= 30
     assert warm[2]["mean_exit_layer"] == warm[0]["mean_exit_layer"]       # theta 1.0 nats either way
     for (pol, q, m), w in zip(runs, warm):
-        api.clear_caches()
-        assert api.evaluate(trace, pol, q, model_preset=m, hardware="h100-sxm") == w, (pol, q, m)
+        session.clear()
+        assert api.evaluate(session, pol, q, model_preset=m, hardware="h100-sxm") == w, (pol, q, m)

@@ -9,13 +9,12 @@ import pytest
 
 from sim.api import simulate
 from sim.decisions import ConfigError
-from sim.synthetic import write_synthetic_trace
 from sim.workload import _pad_static, build_job
 
 
 @pytest.fixture(scope="module")
-def syn(tmp_path_factory):
-    return str(write_synthetic_trace(tmp_path_factory.mktemp("syn") / "t", n_problems=4, seed=5))
+def syn(syn_factory):
+    return syn_factory(n_problems=4, seed=5)
 
 
 def _feat(prompt_len, gen, vlen):

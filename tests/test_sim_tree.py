@@ -11,12 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.cli import main
-from sim.api import default_trace_path
 from sim.profiles import load_model
 from sim.tree import BLOCK_POLICIES, TreeError, TreeSpec, _structure, compare_tree, simulate_tree, walk_tree
 
-BUNDLED = default_trace_path()
-HAS_BUNDLED = (BUNDLED / "manifest.json").is_file()
+from trace_files import BUNDLED, HAS_BUNDLED  # noqa: E402
 SUFFIX, STOP = [7, 8, 9], [2]
 
 

@@ -12,7 +12,7 @@ import pytest
 from sim import api, features
 from sim.decisions import ConfigError
 
-BUNDLED = api.default_trace_path()
+from trace_files import BUNDLED  # noqa: E402
 pytestmark = pytest.mark.skipif(not (BUNDLED / "manifest.json").is_file(), reason="bundled trace not present")
 TRACE = str(BUNDLED)
 EXITING = {"l_min": 16, "theta": 1.0, "eps": 0.05}   # some passes exit before the last layer

@@ -14,7 +14,7 @@ from app.cli import main as cli_main
 from traces.store import TraceError, load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-BUNDLED = ROOT / "examples" / "trace-gsm8k-persona"
+from trace_files import BUNDLED  # noqa: E402
 
 
 @pytest.fixture(scope="module")

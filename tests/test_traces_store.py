@@ -243,7 +243,10 @@ def test_verify_false_skips_checksums(trace):
     b = bytearray(f.read_bytes())
     b[-20] ^= 0x01  # footer metadata stays parseable or not; size unchanged
     f.write_bytes(bytes(b))
-    load_trace(trace, verify=False)  # sizes match: no error until the table is read
+    tr = load_trace(trace, verify=False)  # sizes match: no error until the table is read
+    assert tr.manifest["files"] and len(tr.problems) == 2
+    with pytest.raises(TraceError, match="asks.parquet"):  # the checksum is what verify=True adds
+        load_trace(trace, verify=True)
 
 
 def test_writer_refuses_other_config(trace):

@@ -22,3 +22,12 @@ def deterministic_files(root: Path) -> dict[str, bytes]:
         else:
             out[rel] = p.read_bytes()
     return out
+
+
+def _bundled() -> Path:
+    from sim.session import default_trace_path
+    return default_trace_path()
+
+
+BUNDLED = _bundled()                                     # the bundled example trace
+HAS_BUNDLED = (BUNDLED / "manifest.json").is_file()

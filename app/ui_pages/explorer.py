@@ -48,9 +48,9 @@ def _problem_body(trace: str, facts: dict, pos: int) -> None:
 
     st.subheader("ASKS sigma against tau")
     c = st.columns(3)
-    from app.ui_policy import _tau_span
+    from app.ui_policy import tau_span
 
-    lo, hi = _tau_span(U.observed_sigmas(trace, {}))  # the span What-if's tau slider has
+    lo, hi = tau_span(U.observed_sigmas(trace, {}))  # the span What-if's tau slider has
     tau = c[0].slider("tau (spans the trace's sigmas)", lo, hi, lo, 0.001, format="%.3f", key="explorer.tau")
     alpha = c[1].slider("alpha", 0.0, 5.0, 1.0, 0.1, key="explorer.alpha")
     pooling = c[2].selectbox("pooling", ["mean", "last"], key="explorer.pooling")

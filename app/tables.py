@@ -1,0 +1,44 @@
+"""The comparison table the CLI prints and the HTML report and dashboard show (one formatting for all)."""
+from __future__ import annotations
+
+# Columns of the printed comparison table (all in the JSON too).
+TABLE_COLS = ["latency_mean_s", "speedup_vs_no_kv", "speedup_vs_exact_prefix", "kv_reuse", "asks_gate_auc",
+              "skip_rate", "mean_exit_layer", "cgee_error_rate", "cgee_branch_disagreement_rate", "accuracy",
+              "peak_kv_bytes", "evictions",
+              "recompute_tokens", "attn_output_rel_error", "attn_mass_recall", "kv_capacity_bytes", "kv_budget_blocks"]
+
+
+def fmt_table(policies: dict):
+    """``{"policy": metrics}`` as a DataFrame of :data:`TABLE_COLS` (MB / GB columns; the trace model's figures marked *)."""
+    import pandas as pd
+    df = pd.DataFrame({k: {c: v.get(c) for c in TABLE_COLS} for k, v in policies.items()}).T
+    df = df.apply(pd.to_numeric, errors="coerce")
+    if "peak_kv_bytes" in df:
+        df["peak_kv_MB"] = df.pop("peak_kv_bytes") / 1e6
+    if "kv_capacity_bytes" in df:
+        # the KV capacity each policy ran under (block and token policies: the budget too)
+        df["kv_capacity_GB"] = df.pop("kv_capacity_bytes") / 1e9
+    marked = {k for v in policies.values() for k in (v.get("trace_model_figures") or [])}
+    return df.rename(columns={c: c + "*" for c in df.columns if c in marked})
+
+
+def trace_model_note(summaries) -> str:
+    """The footnote for figures marked * (the trace model's own: sim.metrics.TRACE_MODEL_FIGURES)."""
+    for m in summaries:
+        if m.get("trace_model_figures"):
+            return (f"* the trace model's own figures ({m.get('decisions_model')}), not {m.get('cost_model')}'s: "
+                    "replay keeps its answers, confidences, entropies and generation lengths")
+    return ""
+
+
+def print_table(policies: dict) -> None:
+    """Print :func:`fmt_table` of ``policies`` and its footnote."""
+    import pandas as pd
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
+        print(fmt_table(policies).to_string())
+    note = trace_model_note(policies.values())
+    if note:
+        print(note)
+
+
+__all__ = ["TABLE_COLS", "fmt_table", "trace_model_note", "print_table"]

@@ -1,0 +1,77 @@
+"""Regenerate (``--write``) or check the simulator's invariant goldens in ``tests/golden/``.
+
+Each golden is the ``--json`` output of one ``rksim`` command on the bundled trace
+(:data:`CASES`), with the repository root written as ``<repo>`` so the files do not depend
+on where the checkout lives. ``tests/test_goldens.py`` runs the same commands and compares
+the JSON exactly. Regenerate only when a change moves a figure on purpose, and say why in
+``tests/golden/NOTES.md``::
+
+    python scripts/goldens.py --write
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "golden"
+
+TARGETS = (("local-cpu", None), ("h100-sxm", "qwen2.5-7b"), ("h200", "qwen3-4b"))
+SERVE_POLICIES = ("rksc", "rsbcm", "vase-dkv")
+SERVE_REQUESTS = 6
+
+
+def _cases() -> dict[str, list[str]]:
+    out = {}
+    for hw, model in TARGETS:
+        name = f"compare-{model or 'trace'}-{hw}"
+        out[name] = ["compare", "--json", "--hardware", hw] + (["--model-preset", model] if model else [])
+    for pol in SERVE_POLICIES:
+        out[f"serve-{pol}"] = ["serve", "--json", "--policy", pol, "--requests", str(SERVE_REQUESTS)]
+    return out
+
+
+CASES = _cases()
+
+
+def run_case(argv: list[str]) -> dict:
+    """The parsed JSON that ``rksim ARGV`` prints (run in this process), repository root as ``<repo>``."""
+    from app.cli import main
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(list(argv))
+    if rc != 0:
+        raise RuntimeError(f"rksim {' '.join(argv)} exited {rc}")
+    return json.loads(buf.getvalue().replace(str(ROOT), "<repo>"))
+
+
+def dump(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="rewrite tests/golden/*.json (default: check only)")
+    args = ap.parse_args(argv)
+    bad = []
+    for name, case in CASES.items():
+        path = GOLDEN / f"{name}.json"
+        text = dump(run_case(case))
+        if args.write:
+            GOLDEN.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+            print(f"wrote {path.relative_to(ROOT)}")
+        elif not path.is_file() or path.read_text() != text:
+            bad.append(name)
+            print(f"differs: {name}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The registry of simulation modes: ``(policy kind, mode) -> run(session, target, config) -> SimResult``.
+
+:func:`run` is the one path of a simulation: the runner of the configuration's kind and mode,
+then (where the mode has them) the no-KV and exact-prefix baselines, memoised in the
+:class:`sim.session.Session`, then the summary's speedups (``sim.summary.finish``).
+"""
+from __future__ import annotations
+
+from . import isolated, serving, token
+from .errors import ConfigError
+from .records import SimResult
+from .summary import finish
+
+BASELINES = ("no-kv", "exact-prefix")
+
+RUNNERS = {(kind, mode): mod.run
+           for kind in ("sharing", "exit", "block", "composite")
+           for mode, mod in (("isolated", isolated), ("serving", serving))}
+RUNNERS.update({("token", "isolated"): token.run, ("token", "serving"): token.run})
+
+
+def runner(kind: str, mode: str):
+    """The run function of ``(kind, mode)``; a combination with none is refused by name."""
+    fn = RUNNERS.get((kind, mode))
+    if fn is None:
+        raise ConfigError(f"mode: {mode!r} does not apply to {kind} policies "
+                          f"(modes: {', '.join(m for k, m in RUNNERS if k == kind)})", field="mode")
+    return fn
+
+
+def baseline_latency(session, target, config, name: str) -> float:
+    """Mean latency of the baseline ``name`` on the same target, problems, workload and seed (memoised)."""
+    key = config.baseline_key(name) + (session.target_id(target.key), repr(target.serving))
+    hit = session.baselines.get(key)
+    if hit is None:
+        base = config.baseline(name)
+        hit = session.baselines[key] = runner(base.kind, base.mode)(session, target, base).summary["latency_mean_s"]
+    return hit
+
+
+def run(session, target, config) -> SimResult:
+    """Simulate ``config`` on ``target`` with the session's trace (holding the session's lock)."""
+    with session.lock:
+        res = runner(config.kind, config.mode)(session, target, config)
+        if config.kind == "token":
+            return res  # token.run finishes its own summary (no baselines)
+        base = {n: baseline_latency(session, target, config, n) for n in BASELINES} if config.wants_baselines else None
+        finish(res.summary, base)
+        return res
+
+
+__all__ = ["run", "runner", "RUNNERS", "BASELINES"]

@@ -1,0 +1,299 @@
+"""The simulator core's structure: no import circles, one path per simulation, no hidden state, thread safety."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from sim import api
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("sim", "app", "policies", "traces", "calibrate")
+from trace_files import BUNDLED  # noqa: E402
+
+
+# ---------------------------------------------------------------------------- import graph
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(p.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = p
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports anywhere in its body (function-level imports too)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    head = base[:len(base) - node.level + 1]
+                    src = ".".join(head + ([node.module] if node.module else []))
+                else:
+                    src = node.module or ""
+                names = [src] + [f"{src}.{a.name}" for a in node.names]
+            for n in names:
+                while n and n not in mods:
+                    n = n.rpartition(".")[0]
+                if n and n != mod and not mod.startswith(n + "."):  # a package's own __init__ is not a circle
+                    graph[mod].add(n)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_circle_finder_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_two_modules_import_each_other():
+    graph = import_graph()
+    assert graph["sim.api"] >= {"sim.modes", "sim.session", "sim.target", "sim.runconfig"}  # the graph is real
+    assert circles(graph) == []
+
+
+# ---------------------------------------------------------------------------- one path per simulation
+def returns(fn, graph) -> list[tuple[str, ...]]:
+    """Call stacks of ``fn()`` in which a project module calls, by name, a module the path already left.
+
+    The stack is read as project modules (consecutive frames of one module merged). A call from
+    module ``b`` into module ``a`` already lower on the stack is a return when ``b`` imports ``a``
+    (``graph``): the reader following names would go back to ``a``. Callbacks through objects
+    handed down (argparse's formatter class, a request's content function) are not calls by name.
+    """
+    seen: set = set()
+    bad = []
+
+    def prof(frame, event, arg):
+        if event != "call" or frame.f_back is None:
+            return
+        callee = frame.f_globals.get("__name__", "")
+        caller = frame.f_back.f_globals.get("__name__", "")
+        if callee == caller or callee not in graph or callee not in graph.get(caller, ()):
+            return
+        mods = []
+        f = frame.f_back
+        while f is not None:
+            name = f.f_globals.get("__name__", "")
+            if name in graph and (not mods or mods[-1] != name):
+                mods.append(name)
+            f = f.f_back
+        key = tuple(reversed(mods)) + (callee,)
+        if callee in mods and key not in seen:
+            seen.add(key)
+            bad.append(key)
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return bad
+
+
+def test_path_checker_sees_a_return():
+    """The checker itself: the old shape (baselines computed by re-entering simulate through a helper
+    module that imports the API back) is reported."""
+    import types
+    api_mod = types.ModuleType("sim.fake_api")
+    helper = types.ModuleType("sim.fake_helper")
+    exec("def simulate(depth=0):\n    return helper.baseline(depth) if depth == 0 else 1.0", api_mod.__dict__)
+    exec("def baseline(depth):\n    return api.simulate(depth + 1)", helper.__dict__)
+    api_mod.helper, helper.api = helper, api_mod
+    graph = {"sim.fake_api": {"sim.fake_helper"}, "sim.fake_helper": {"sim.fake_api"}}
+    assert returns(api_mod.simulate, graph) == [("sim.fake_api", "sim.fake_helper", "sim.fake_api")]
+    assert returns(lambda: helper.api.helper and 1.0, graph) == []
+
+
+@pytest.mark.skipif(not (BUNDLED / "manifest.json").is_file(), reason="bundled trace not present")
+@pytest.mark.parametrize("argv", [["simulate", "--policy", "rksc", "--json"],
+                                  ["simulate", "--policy", "asks", "--mode", "serving", "--requests", "4", "--json"],
+                                  ["simulate", "--policy", "vase-dkv", "--json"]])
+def test_one_simulation_never_returns_to_a_module_it_left(argv, capsys):
+    from app.cli import main
+    rcs = []
+    bad = returns(lambda: rcs.append(main(list(argv))), import_graph())
+    assert rcs == [0]
+    assert bad == [], "\n".join(" -> ".join(k) for k in bad[:40])
+
+
+# ---------------------------------------------------------------------------- the session
+THREAD_RUNS = [(pol, hw, model, mode) for pol in ("asks", "cgee", "rksc", "rsbcm", "no-kv", "h2o")
+               for hw, model in (("local-cpu", None), ("h100-sxm", "qwen2.5-7b"), ("h200", "qwen3-4b"))
+               for mode in ("isolated",)] + [("exact-prefix", "h100-sxm", "qwen2.5-7b", "serving"),
+                                             ("rksc", "h200", "qwen3-4b", "serving")]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (BUNDLED / "manifest.json").is_file(), reason="bundled trace not present")
+def test_threads_on_one_session_equal_serial_results():
+    """20 threads, different targets and policies, one shared Session (cold): the serial results exactly."""
+    def one(session, pol, hw, model, mode):
+        wl = {"n_requests": 4} if mode == "serving" else None
+        return api.evaluate(session, pol, {}, model_preset=model, hardware=hw, mode=mode, workload=wl)
+
+    serial = [one(api.Session(BUNDLED), *r) for r in THREAD_RUNS]  # a fresh session each: no shared memo
+    shared = api.Session(BUNDLED)
+    got: list = [None] * len(THREAD_RUNS)
+    barrier = threading.Barrier(len(THREAD_RUNS))
+
+    def work(i):
+        barrier.wait()
+        got[i] = one(shared, *THREAD_RUNS[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(THREAD_RUNS))]
+    assert len(threads) >= 16
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == serial
+    assert len({r["cost_model"] for r in got}) == 3
+
+
+def test_session_sees_a_trace_recaptured_in_place(tmp_path):
+    """Rewriting the trace directory (same path): ``refresh`` reloads the features and forgets every memo."""
+    import shutil
+
+    from sim.synthetic import write_synthetic_trace
+    path = write_synthetic_trace(tmp_path / "t", n_problems=2, seed=1)
+    session = api.Session(path)
+    a = api.evaluate(session, "asks", {"tau": 0.8}, hardware="h100-sxm")
+    assert a["n_problems"] == 2 and len(session.decisions) > 0
+    shutil.rmtree(path)
+    write_synthetic_trace(path, n_problems=3, seed=2)
+    assert api.evaluate(session, "asks", {"tau": 0.8}, hardware="h100-sxm") == a  # its owner has not looked yet
+    b = api.evaluate(session.refresh(), "asks", {"tau": 0.8}, hardware="h100-sxm")
+    assert b["n_problems"] == 3
+    assert b == api.evaluate(api.Session(path), "asks", {"tau": 0.8}, hardware="h100-sxm")
+
+
+def test_memo_tables_are_bounded():
+    from sim.session import Memo
+    m = Memo(3)
+    for i in range(10):
+        m[i] = i
+    assert list(m) == [7, 8, 9]
+    m[8] = "again"  # an update of a held key evicts nothing
+    assert list(m.items()) == [(7, 7), (8, "again"), (9, 9)]
+
+
+def test_no_module_level_caches_in_sim_or_app():
+    """No module of sim/ or app/ binds a mutable container at module level, except constant tables
+    (upper-case names, never written) and registries filled at import."""
+    allowed = {"app.cli": {"_AREAS"}}
+    bad = []
+    for mod, path in _modules().items():
+        if not mod.startswith(("sim", "app")):
+            continue
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) and node.value is not None else []
+            value = getattr(node, "value", None)
+            for t in targets:
+                name = getattr(t, "id", None)
+                if name is None or name.isupper() or name.startswith("__") or name in allowed.get(mod, ()):
+                    continue
+                if isinstance(value, (ast.Dict, ast.List, ast.Set)) or (
+                        isinstance(value, ast.Call) and getattr(value.func, "attr", getattr(value.func, "id", ""))
+                        in ("WeakSet", "WeakValueDictionary", "WeakKeyDictionary", "defaultdict", "OrderedDict")):
+                    bad.append(f"{mod}.{name}")
+    assert bad == []
+
+
+def test_no_attributes_written_into_other_objects():
+    """No ``x.__dict__[...] = `` writes in sim/ or app/ (what an object carries is a declared field)."""
+    bad = []
+    for mod, path in _modules().items():
+        if not mod.startswith(("sim", "app")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Assign, ast.AugAssign)):
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                    if isinstance(t, ast.Subscript) and getattr(t.value, "attr", None) == "__dict__":
+                        bad.append(f"{mod}:{node.lineno}")
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) in ("setdefault", "pop") \
+                    and getattr(node.func.value, "attr", None) == "__dict__":
+                bad.append(f"{mod}:{node.lineno}")
+    assert bad == []
+
+
+# ---------------------------------------------------------------------------- declarations
+def test_a_declared_option_is_a_flag_and_a_check():
+    """One declaration makes the CLI flag, its help and its bounds; errors name the flag by field."""
+    import argparse
+
+    from app.cli_sim import add_declared, declared_values, flagged
+    from sim.errors import ConfigError
+    from sim.options import option
+
+    @dataclasses.dataclass(frozen=True)
+    class Spec:
+        tensor_parallel_size: int = option(1, lo=1, hi=64, flag="--tensor-parallel-size", metavar="N",
+                                           help="GPUs a model is split over")
+
+    p = argparse.ArgumentParser()
+    add_declared(p, Spec, text=True)
+    assert "--tensor-parallel-size" in p.format_help() and "GPUs a model is split over" in p.format_help()
+    assert declared_values(p.parse_args(["--tensor-parallel-size", "8"]), Spec) == {"tensor_parallel_size": 8}
+    with pytest.raises(ValueError, match=r"^--tensor-parallel-size: must be an integer in 1\.\.64, got 65$"):
+        declared_values(p.parse_args(["--tensor-parallel-size", "65"]), Spec)
+    assert flagged(ConfigError("mode: 'x' is not one of isolated, serving", field="mode")).startswith("--mode: ")
+    assert flagged(ConfigError("policy 'asks': tau: bad", field="params")) == "--set: policy 'asks': tau: bad"
+    assert flagged(ConfigError("unknown hardware preset 'x'", field="hardware")).startswith("--hardware: ")
+
+
+def test_token_policies_refuse_options_they_cannot_use():
+    from sim.errors import ConfigError
+    with pytest.raises(ConfigError) as e:
+        api.RunConfig(policy="h2o", problems=[0])
+    assert e.value.field == "problems"
+    with pytest.raises(ValueError, match="^engine: not applicable"):
+        api.RunConfig(policy="h2o", engine=True)
