@@ -244,7 +244,8 @@ def fit_files(files: list, model, hw, *, max_num_seqs=None, max_num_batched_toke
               "max_new_tokens": max(t[2]["max_new_tokens"] for t in tabs),
               "max_batch": max(t[2]["max_batch"] for t in tabs), "models": [model.name],
               "dtypes": [model.dtype_name]}
-    prof = dataclasses.replace(res.profile, name=hw.name, calibrated=True, fitted_range=frange)
+    prof = dataclasses.replace(res.profile, name=hw.name, calibrated=True, calibration_status="end-to-end",
+                               fitted_range=frange)
     per_iter = prof.per_kernel_s * (C.K_LAYER * model.n_layers + C.K_FWD)
     coeffs = {p: getattr(prof, p) for p in res.fitted if p not in ("per_layer_s", "host_per_iter_s",
                                                                    "sample_s_per_vocab", "per_kernel_graph_s")}

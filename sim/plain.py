@@ -277,7 +277,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
             key = (P, T)
             if key not in memo:
                 memo[key] = _long_decode(model, hw, token_policy, P, T)
-            job.__dict__["_long"] = memo[key]
+            job.long = memo[key]
         jobs.append((i, job))
         own = -(1 + i * 10 ** 9 + np.arange(P - wl.prefix_len, dtype=np.int64))
         ids.append([np.concatenate([pre, own]) if wl.prefix_len else own])
