@@ -126,14 +126,18 @@ class Engine:
         When a branch's ``Job.score`` becomes known to the block policy.
     per_problem_timeline : bool
         Record each problem's KV after every iteration it took part in (isolated mode).
+    cost : optional
+        Prices an iteration (``seconds(items)``); default :class:`sim.cost.ScalarCost` of ``model`` on ``hw``.
     """
 
     def __init__(self, model, hw, jobs, *, concurrency: int = 1, arrival_rate: float | None = None, seed: int = 0,
                  scheduler: SchedulerConfig | None = None, kv_blocks: int | None = None, block_policy=None,
                  caching: bool = True, prompt_ids=None, score_at: str = "generation", max_batch: int | None = None,
-                 hw_name: str = "", per_problem_timeline: bool = False, kv_bytes_per_block: float | None = None):
+                 hw_name: str = "", per_problem_timeline: bool = False, kv_bytes_per_block: float | None = None,
+                 cost=None):
         self.m, self.hw = model, hw
-        self.cost = ScalarCost(model, hw)
+        # cost: anything with ScalarCost's seconds(items), e.g. sim.parallel.ParallelCost for a TP x PP replica
+        self.cost = ScalarCost(model, hw) if cost is None else cost
         self.env = simpy.Environment()
         self.jobs = jobs
         self.concurrency = int(concurrency)

@@ -303,16 +303,19 @@ class ParallelCost:
     ``seconds`` = the sum over stages (one batch through the pipeline); ``stage_seconds`` the list.
     """
 
-    def __init__(self, m: ModelShape, hw, node: NodeProfile | None, par: ParallelConfig, cuda_graph: bool = False):
+    def __init__(self, m: ModelShape, hw, node: NodeProfile | None, par: ParallelConfig, cuda_graph: bool = False,
+                 delegate_single: bool = True):
+        # delegate_single=False runs the staged path even at TP = PP = 1 (the test that it reduces exactly)
         self.m, self.par, self.node = m, par, node
-        self.single = par.is_single
+        self.single = par.is_single and delegate_single
         if self.single:
             self._one = ScalarCost(m, hw, cuda_graph=cuda_graph)
             return
-        if node is None:
+        if node is None and not par.is_single:
             raise ParallelError(f"--tensor-parallel-size {par.tensor_parallel_size} --pipeline-parallel-size "
                                 f"{par.pipeline_parallel_size}: a node preset is needed to price the communication")
-        par.validate(m, node)
+        if node is not None:
+            par.validate(m, node)
         tp, pp = par.tensor_parallel_size, par.pipeline_parallel_size
         self.tp, self.pp = tp, pp
         self.parts = stage_layers(m.n_layers, pp)
@@ -325,7 +328,7 @@ class ParallelCost:
                        for ell in self.parts]
         self.act = float(m.hidden_size * m.dtype_bytes)      # bytes of one token's activations
         self.logit_row = float(m.vocab_size * m.dtype_bytes)
-        self.inter_node = tp * pp > node.gpus_per_node       # stages spill onto other nodes
+        self.inter_node = node is not None and tp * pp > node.gpus_per_node   # stages spill onto other nodes
 
     def stage_seconds(self, items) -> list[float]:
         """Seconds of each stage for one batch (compute, its collectives, and the send to the next stage)."""
