@@ -210,3 +210,14 @@ def test_replica_capacity_and_refusal_names_the_smallest_layout():
     assert kv_capacity(s, hw, parallel=ParallelConfig()) == kv_capacity(s, hw)
     assert smallest_fitting(s, hw) == ParallelConfig()
     assert smallest_fitting(load_model("qwen2.5-72b"), load_hardware("l4")) == ParallelConfig(8, 1)
+
+
+def test_tp_prediction_against_vidur_measurement():
+    """Fitted at TP 1 only, the shard of each rank predicts Vidur's TP 2/4/8 layer times within 10% (median)."""
+    from calibrate.tp_vidur import table
+    res = table()
+    for tp in ("2", "4", "8"):
+        r = res["by_tp"][tp]
+        assert not r["in_fit"] and r["points"] > 400
+        assert r["layer_sum"]["median_abs_rel_error"] <= 0.10, (tp, r["layer_sum"])
+    assert res["goal_met"]
