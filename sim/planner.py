@@ -1,0 +1,123 @@
+"""Deployment planner: TP x PP x replicas x scheduler limits x policy within a GPU budget, judged on goodput.
+
+Like Vidur-Search, plus the policies: every deployment that the model, node and budget admit
+(:meth:`sim.parallel.ParallelConfig.validate`) and whose weights fit (:func:`sim.capacity.fits`) is
+served by :class:`sim.replicas.Replicas` (each replica priced by :class:`sim.parallel.ParallelCost`, its
+KV capacity :func:`sim.capacity.kv_capacity` at that layout) on the policy's jobs, and scored by its
+goodput under the SLOs (:mod:`sim.goodput`). The frontier is the deployments no other beats on both
+fewer GPUs and more goodput (:func:`sim.pareto.pareto_mask`); with a GPU-hour price, the cost per
+million output tokens is ``price * gpus / 3600 / (output tokens / s) * 1e6``.
+
+:func:`evaluate` is one pure task per deployment (what a Dask backend maps); the workload of each policy
+(its jobs, token ids, block policy, caching) comes from the caller, who owns the trace decisions.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from .capacity import ServingConfig, capacity_blocks, fits, kv_capacity
+from .goodput import SLO
+from .parallel import TP_SIZES, ParallelConfig, ParallelCost, ParallelError
+from .pareto import pareto_mask
+from .replicas import Replicas, summary
+from .router import make_router
+from .scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One point of the sweep."""
+
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    data_parallel_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    policy: str
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size)
+
+    @property
+    def gpus(self) -> int:
+        return self.parallel.gpus
+
+    def serving(self) -> ServingConfig:
+        return ServingConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "gpus": self.gpus}
+
+
+def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes=TP_SIZES, pp_sizes=(1, 2, 4, 8),
+                replicas: Iterable[int] | None = None, max_num_seqs=(256,), max_num_batched_tokens=(2048,)
+                ) -> Iterator[Deployment]:
+    """Every admissible deployment within ``gpus`` GPUs (a generator: nothing sized by the budget is stored).
+
+    ``replicas`` default: ``1 .. gpus // (TP x PP)`` for each layout.
+    """
+    pols = list(policies)
+    for tp, pp in itertools.product(tp_sizes, pp_sizes):
+        try:
+            ParallelConfig(tp, pp).validate(model, node, gpus)
+        except ParallelError:
+            continue
+        dps = range(1, gpus // (tp * pp) + 1) if replicas is None else [d for d in replicas if d * tp * pp <= gpus]
+        for mns, mnbt in itertools.product(max_num_seqs, max_num_batched_tokens):
+            if not fits(model, hw, ServingConfig(max_num_seqs=mns, max_num_batched_tokens=mnbt), ParallelConfig(tp, pp)):
+                continue
+            for dp in dps:
+                for pol in pols:
+                    yield Deployment(tp, pp, int(dp), int(mns), int(mnbt), pol)
+
+
+def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], *, router: str = "prefix-affinity",
+             slo: SLO | None = None, arrival_rate: float | None = None, concurrency: int = 1, seed: int = 0,
+             gpu_hour_cost: float | None = None) -> dict:
+    """Serve ``workload(dep.policy)`` (``{"jobs", "prompt_ids"?, "block_policy"?, "caching"?}``) on ``dep``;
+    one row of the planner's table."""
+    w = workload(dep.policy)
+    jobs = w["jobs"]
+    par = dep.parallel
+    cap = kv_capacity(model, hw, dep.serving(), par)
+    bs = jobs[0][1].bs if jobs else 16
+    blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
+    cost = ParallelCost(model, hw, node, par)      # stateless: one object prices every replica
+    sched = SchedulerConfig(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=dep.max_num_batched_tokens,
+                            policy="vllm-v1")
+    run = Replicas(model, hw, jobs, make_router(router, par.data_parallel_size), par.data_parallel_size,
+                   costs=[cost] * par.data_parallel_size, concurrency=concurrency, arrival_rate=arrival_rate,
+                   seed=seed, scheduler=sched, kv_blocks=blocks, block_policy=w.get("block_policy"),
+                   caching=w.get("caching", True), prompt_ids=w.get("prompt_ids"), hw_name=hw.name).run()
+    s = summary(run, jobs, slo)
+    tot = s["total"]
+    tps = tot["throughput_tokens_per_s"]
+    row = {**dep.to_dict(), "router": router, "slo": s["slo"], "kv_capacity_blocks_per_replica": blocks,
+           "goodput_problems_per_s": tot["goodput_problems_per_s"], "throughput_problems_per_s": tot["throughput_problems_per_s"],
+           "throughput_tokens_per_s": tps, "slo_attainment": tot["slo_attainment"], "ttft_p99_s": tot["ttft_p99_s"],
+           "tpot_p99_s": tot["tpot_p99_s"], "e2e_p99_s": tot["e2e_p99_s"], "prefix_hit_rate": tot["prefix_hit_rate"],
+           "preemptions": tot["preemptions"], "lost_asks_shares": s["lost_asks_shares"],
+           "lost_prefix_reuse": s["lost_prefix_reuse"], "model": model.name, "hardware": hw.name, "node": node.name}
+    if gpu_hour_cost is not None:
+        row["cost_per_million_output_tokens"] = (gpu_hour_cost * dep.gpus / 3600.0 / tps * 1e6) if tps else None
+    return row
+
+
+def frontier(rows) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``(table, frontier, best per policy)``: frontier = fewest GPUs against most goodput, non-dominated;
+    best per policy = most goodput, then fewest GPUs."""
+    df = pd.DataFrame(list(rows))
+    if df.empty:
+        return df, df, df
+    g = df["goodput_problems_per_s"].astype(float).to_numpy()
+    mask = pareto_mask(df["gpus"].to_numpy(np.float64), g, minimize_x=True, maximize_y=True)
+    front = df[mask].sort_values(["gpus", "goodput_problems_per_s"]).reset_index(drop=True)
+    best = (df.sort_values(["policy", "goodput_problems_per_s", "gpus"], ascending=[True, False, True])
+            .groupby("policy", as_index=False).head(1).reset_index(drop=True))
+    return df, front, best
