@@ -177,9 +177,10 @@ def rank_weight_bytes(m: ModelShape, tp: int, pp: int) -> list[float]:
 class NodeProfile:
     """A node: its GPU's hardware preset, how many, and the interconnect that prices collectives.
 
-    ``collectives`` holds either fitted lines (``all_reduce: {gpus: {latency_s, bw_bytes_per_s}}``,
-    ``send_recv``, ``send_recv_inter_node``; :mod:`calibrate.collectives`) or ``model: ring`` with
-    ``link_eff`` and ``latency_s`` (datasheet pricing)::
+    ``collectives`` holds either fitted piecewise lines (``all_reduce: {gpus: [segment, ...]}``,
+    ``send_recv`` and ``send_recv_inter_node``: ``[segment, ...]``; a segment is ``{max_size, latency_s,
+    bw_bytes_per_s}``, ``max_size`` None on the last, open one; :mod:`calibrate.collectives`) or
+    ``model: ring`` with ``link_eff`` and ``latency_s`` (datasheet pricing)::
 
         ring all-reduce over p GPUs:  t(N) = latency_s + N / (link_eff * link_bw * p / (2 (p - 1)))
         send/recv:                    t(N) = latency_s + N / (link_eff * link_bw)
@@ -217,7 +218,7 @@ class NodeProfile:
         """True when collectives come from a measured profile, False for the datasheet ring model."""
         return (self.collectives or {}).get("model") is None
 
-    def _line(self, kind: str, gpus: int) -> tuple[float, float]:
+    def _line(self, kind: str, gpus: int, nbytes: float) -> tuple[float, float]:
         c = self.collectives
         if c.get("model") == "ring":
             eff, lat = float(c.get("link_eff", 1.0)), float(c.get("latency_s", 0.0))
@@ -234,14 +235,20 @@ class NodeProfile:
             ln = c.get(kind)
             if ln is None:
                 raise OutOfCalibrationError(f"node {self.name}: no measured {kind} profile")
-        return float(ln["latency_s"]), float(ln["bw_bytes_per_s"])
+        if isinstance(ln, dict):
+            ln = [ln]
+        for seg in ln:
+            if seg.get("max_size") is None or nbytes < seg["max_size"]:
+                break
+        return float(seg["latency_s"]), float(seg["bw_bytes_per_s"])
 
     def allreduce_seconds(self, nbytes: float, gpus: int) -> float:
-        """One all-reduce of ``nbytes`` over ``gpus`` GPUs of this node: ``latency + N / bw``; 0 for one GPU
-        or no bytes. Beyond the largest measured size the line continues (the bandwidth-bound regime)."""
+        """One all-reduce of ``nbytes`` over ``gpus`` GPUs of this node: ``latency_k + N / bw_k`` of the size's
+        segment; 0 for one GPU or no bytes. Beyond the largest measured size (64 MiB) the last segment's line
+        continues: the bandwidth-bound regime, where time is linear in size."""
         if gpus <= 1 or nbytes <= 0:
             return 0.0
-        lat, bw = self._line("all_reduce", gpus)
+        lat, bw = self._line("all_reduce", gpus, nbytes)
         return lat + nbytes / bw
 
     def sendrecv_seconds(self, nbytes: float, inter_node: bool = False) -> float:
@@ -249,11 +256,11 @@ class NodeProfile:
         if nbytes <= 0:
             return 0.0
         if inter_node and self.collectives.get("model") != "ring":
-            lat, bw = self._line("send_recv_inter_node", 2)
+            lat, bw = self._line("send_recv_inter_node", 2, nbytes)
         elif inter_node:
             lat, bw = float(self.collectives.get("latency_s", 0.0)), self.inter_node_bw_bytes_per_s
         else:
-            lat, bw = self._line("send_recv", 2)
+            lat, bw = self._line("send_recv", 2, nbytes)
         return lat + nbytes / bw
 
     def to_dict(self) -> dict:
