@@ -6,8 +6,9 @@ Usage::
 
 Writes ``DIR/replicas.json`` and prints a table. Cases:
 
-* ``routing``: the bundled multi-branch trace (8 branches per problem; decisions of its model, costs of
-  qwen2.5-7b on h100-sxm), exact-prefix and ASKS, served closed-loop (64 problems, 16 users) by one
+* ``routing_unique`` / ``routing``: the bundled multi-branch trace (8 branches per problem; decisions of its model, costs of
+  qwen2.5-7b on h100-sxm), exact-prefix and ASKS, served closed-loop (its 12 problems once by 4 users;
+  64 problems, the 12 repeated, by 16 users) by one
   replica and by 4 replicas behind each router (prefix-affinity also without its load fallback): prefix hit rate, the shares and reuse each routing made
   impossible, throughput. Goal: prefix-affinity keeps the single-replica reuse; round-robin loses most.
 * ``scale``: N problems (default 10,000) x 8 branches on 16 replicas behind prefix-affinity, Poisson
@@ -112,11 +113,14 @@ def main(argv=None) -> int:
     ap.add_argument("--scale-problems", type=int, default=None)
     a = ap.parse_args(argv)
     from traces.store import atomic_write_text
-    res = {"routing": bench_routing(16 if a.quick else 64, 8 if a.quick else 16)}
-    for c in res["routing"]["cases"]:
-        print(f"{c['policy']:13s} x{c['replicas']} {c['router']:38s} hit={c['prefix_hit_rate']:.3f} "
-              f"lost asks={c['lost_asks_shares']}/{c['planned_asks_shares']} "
-              f"lost prefix={c['lost_prefix_reuse']}/{c['planned_prefix_reuse']} tok/s={c['throughput_tokens_per_s']:.0f}")
+    res = {"routing_unique": bench_routing(12, 4), "routing": bench_routing(16 if a.quick else 64, 8 if a.quick else 16)}
+    for case in ("routing_unique", "routing"):
+        print(f"{case}: {res[case]['problems']} problems, {res[case]['concurrency']} users")
+        for c in res[case]["cases"]:
+            print(f"{c['policy']:13s} x{c['replicas']} {c['router']:38s} hit={c['prefix_hit_rate']:.3f} "
+                  f"lost asks={c['lost_asks_shares']}/{c['planned_asks_shares']} "
+                  f"lost prefix={c['lost_prefix_reuse']}/{c['planned_prefix_reuse']} "
+                  f"split={c['split_problems']} tok/s={c['throughput_tokens_per_s']:.0f}")
     n = a.scale_problems or (500 if a.quick else 10000)
     res["scale"] = bench_scale(n)
     print(json.dumps(res["scale"], indent=1))
