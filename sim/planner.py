@@ -121,3 +121,67 @@ def frontier(rows) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     best = (df.sort_values(["policy", "goodput_problems_per_s", "gpus"], ascending=[True, False, True])
             .groupby("policy", as_index=False).head(1).reset_index(drop=True))
     return df, front, best
+
+
+# --------------------------------------------------------------------------- a trace's workload, as one task
+def trace_workload(trace, policy: str, model, n_requests: int | None = None) -> dict:
+    """The jobs, token ids, caching and block policy of ``policy`` (its default parameters) on a trace's
+    problems, in the cost model's layers; ``n_requests`` repeats the problems in order (as ``serve``)."""
+    from . import api
+    from .decisions import make_config
+
+    lt = api.loaded(trace)
+    cfg = make_config(policy, {}, None)
+    probs = list(lt.tf.problems)
+    hits = api._decisions(lt, cfg, probs, model.n_layers)
+    jobs = [(f.pos, job) for f, (_, job, _) in zip(probs, hits)]
+    ids = [api._kv_ids(f, dec) for f, (dec, _, _) in zip(probs, hits)]
+    if n_requests is not None:
+        idx = [i % len(jobs) for i in range(int(n_requests))]
+        jobs, ids = [jobs[i] for i in idx], [ids[i] for i in idx]
+    return {"jobs": jobs, "prompt_ids": ids, "caching": not cfg.no_kv,
+            "block_policy": (lambda: make_config(policy, {}, None).block) if cfg.block is not None else None,
+            "decisions_model": lt.tf.model_name}
+
+
+def evaluate_deployment(trace, policy: str | None = None, params: dict | None = None, *, model_preset: str,
+                        node: str, router: str = "prefix-affinity", slo: str | None = None,
+                        arrival_rate: float | None = None, concurrency: int = 1, n_requests: int | None = None,
+                        seed: int = 0, gpu_hour_cost: float | None = None) -> dict:
+    """One planner task on plain data (what a Dask worker runs, :func:`sim.dist.run_dask`'s ``evaluate``):
+    ``params`` = :meth:`Deployment.to_dict` without ``gpus``."""
+    from .parallel import load_node
+    from .profiles import load_hardware, load_model
+
+    p = {k: v for k, v in (params or {}).items() if k != "gpus"}
+    dep = Deployment(**p)
+    m = load_model(model_preset)
+    nd = load_node(node)
+    hw = load_hardware(nd.gpu)
+    w = trace_workload(trace, dep.policy, m, n_requests)
+    row = evaluate(dep, m, hw, nd, lambda _pol: w, router=router, slo=SLO.parse(slo), arrival_rate=arrival_rate,
+                   concurrency=concurrency, seed=seed, gpu_hour_cost=gpu_hour_cost)
+    row["decisions_model"] = w["decisions_model"]
+    return row
+
+
+def deployment_id(dep: Deployment) -> str:
+    return (f"tp{dep.tensor_parallel_size}-pp{dep.pipeline_parallel_size}-dp{dep.data_parallel_size}-"
+            f"s{dep.max_num_seqs}-t{dep.max_num_batched_tokens}-{dep.policy}")
+
+
+def run_plan(trace, deps: Iterable[Deployment], options: dict, backend: str = "local", workers: int | None = None,
+             progress: bool = True) -> list[dict]:
+    """Evaluate every deployment (``options``: :func:`evaluate_deployment`'s keywords) locally or on Dask
+    (:func:`sim.dist.run_dask`: chunked tasks, reruns, nothing lost or duplicated); rows in input order."""
+    items = [(deployment_id(d), {k: v for k, v in d.to_dict().items() if k != "gpus"}) for d in deps]
+    if backend == "local":
+        from tqdm.auto import tqdm
+        return [evaluate_deployment(trace, params=p, **options)
+                for _, p in tqdm(items, desc="plan", unit="deployment", disable=not progress)]
+    if backend == "dask":
+        from . import dist
+        res = dist.run_dask(evaluate_deployment, str(trace), "plan", items, options, workers=workers,
+                            progress=progress)
+        return [res[cid] for cid, _ in items]
+    raise ValueError(f"--backend: {backend!r} is not one of local, dask")

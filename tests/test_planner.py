@@ -45,3 +45,44 @@ def test_planner_frontier_is_non_dominated_and_best_per_policy():
     one = df[(df["gpus"] == 1)].set_index("policy")["throughput_tokens_per_s"]
     assert one["exact-prefix"] > one["no-kv"]
     assert np.isfinite(g).all()
+
+
+import pytest  # noqa: E402
+
+from app.cli import main  # noqa: E402
+
+BASE = ["plan", "--model-preset", "qwen2.5-32b", "--hardware", "dgx-h100", "--gpus", "2"]
+
+
+@pytest.mark.parametrize("extra,flag", [(["--tensor-parallel-size", "3"], "--tensor-parallel-size"),
+                                        (["--tensor-parallel-size", "x"], "--tensor-parallel-size"),
+                                        (["--pipeline-parallel-size", "0"], "--pipeline-parallel-size"),
+                                        (["--router", "random"], "--router"),
+                                        (["--slo", "ttft"], "--slo"),
+                                        (["--policies", "nope"], "--policies"),
+                                        (["--arrival-rate", "-1"], "--arrival-rate"),
+                                        (["--gpu-hour-cost", "-2"], "--gpu-hour-cost")])
+def test_plan_bad_flags_one_line_naming_the_flag(capsys, extra, flag):
+    rc = main(BASE + extra)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and flag in err[0] and err[0].startswith("rksim: error:")
+
+
+def test_plan_refuses_a_budget_nothing_fits(capsys):
+    rc = main(["plan", "--model-preset", "llama-3-70b", "--hardware", "dgx-h100", "--gpus", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--gpus 1: no deployment of llama-3-70b" in err[0]
+
+
+def test_plan_writes_the_table_with_its_frontier(tmp_path, capsys):
+    import pandas as pd
+    out = tmp_path / "plan.parquet"
+    rc = main(BASE + ["--policies", "exact-prefix,asks", "--tensor-parallel-size", "1,2", "--requests", "12",
+                      "--concurrency", "4", "--slo", "e2e=5", "--out", str(out), "--json"])
+    assert rc == 0
+    import json
+    res = json.loads(capsys.readouterr().out)
+    df = pd.read_parquet(out)
+    assert len(df) == 2 * 3 and res["meta"]["deployments"] == 6     # TP 1 x 1..2 replicas, TP 2 x 1; two policies
+    assert df["on_frontier"].sum() == len(res["frontier"]) >= 1
+    assert {r["policy"] for r in res["best_per_policy"]} == {"exact-prefix", "asks"}
