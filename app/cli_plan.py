@@ -107,7 +107,7 @@ def register(sub) -> None:
                        description="Sweep TP x PP x replicas x max_num_seqs x max_num_batched_tokens x policy within "
                                    "--gpus GPUs on a trace's problems; report the frontier of GPUs against goodput "
                                    "(docs/parallelism.md).")
-    p.add_argument("--trace", default=None, metavar="DIR", help="trace directory (default: the bundled trace)")
+    p.add_argument("--trace", default=None, metavar="PATH", help="trace directory (default: the bundled trace)")
     p.add_argument("--model-preset", required=True, metavar="M", help="model whose costs are simulated")
     p.add_argument("--hardware", required=True, metavar="NODE", help="node preset (dgx-a100, dgx-h100, l4-pcie) or file")
     p.add_argument("--gpus", required=True, type=int, metavar="G", help="GPU budget")
@@ -122,16 +122,17 @@ def register(sub) -> None:
                    help="vLLM max_num_batched_tokens values (default 2048)")
     p.add_argument("--router", default="prefix-affinity", metavar="R",
                    help="round-robin, least-outstanding, prefix-affinity (default) or branch-spread")
-    p.add_argument("--slo", default=None, metavar="ttft=S,tpot=S,e2e=S", help="latency SLOs in seconds (any subset)")
+    p.add_argument("--slo", default=None, metavar="KEY=S,KEY=S",
+                   help="latency SLOs in seconds, KEY one of ttft, tpot, e2e, any subset (default: none)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--arrival-rate", type=float, default=None, metavar="R", help="Poisson arrivals, problems/s")
+    g.add_argument("--arrival-rate", type=float, default=None, metavar="R", help="Poisson arrivals, problems/s (default: closed loop)")
     g.add_argument("--concurrency", type=int, default=16, metavar="C", help="closed-loop users (default 16)")
-    p.add_argument("--requests", type=int, default=None, metavar="N", help="problems served (the trace's repeated)")
+    p.add_argument("--requests", type=int, default=None, metavar="N", help="problems served, the trace's repeated (default: the trace's, once)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="arrival seed (default 0)")
     p.add_argument("--gpu-hour-cost", type=float, default=None, metavar="USD",
-                   help="price of one GPU-hour: adds cost per million output tokens")
+                   help="price of one GPU-hour: adds cost per million output tokens (default: none)")
     p.add_argument("--backend", choices=("local", "dask"), default="local", help="run locally or on Dask")
     p.add_argument("--workers", type=int, default=None, metavar="N", help="Dask LocalCluster workers (default 2)")
-    p.add_argument("--out", default=None, metavar="FILE", help="write the table to FILE.parquet (atomically)")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the table to FILE.parquet, atomically (default: none)")
     p.add_argument("--json", action="store_true", help="print the frontier and the best per policy as JSON")
     p.set_defaults(func=_cmd_plan)
