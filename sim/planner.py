@@ -175,13 +175,17 @@ def run_plan(trace, deps: Iterable[Deployment], options: dict, backend: str = "l
     """Evaluate every deployment (``options``: :func:`evaluate_deployment`'s keywords) locally or on Dask
     (:func:`sim.dist.run_dask`: chunked tasks, reruns, nothing lost or duplicated); rows in input order."""
     items = [(deployment_id(d), {k: v for k, v in d.to_dict().items() if k != "gpus"}) for d in deps]
+    if trace is None:
+        from .api import default_trace_path
+        trace = default_trace_path()
+    trace = str(trace)
     if backend == "local":
         from tqdm.auto import tqdm
         return [evaluate_deployment(trace, params=p, **options)
                 for _, p in tqdm(items, desc="plan", unit="deployment", disable=not progress)]
     if backend == "dask":
         from . import dist
-        res = dist.run_dask(evaluate_deployment, str(trace), "plan", items, options, workers=workers,
+        res = dist.run_dask(evaluate_deployment, trace, "plan", items, options, workers=workers,
                             progress=progress)
         return [res[cid] for cid, _ in items]
     raise ValueError(f"--backend: {backend!r} is not one of local, dask")

@@ -86,3 +86,15 @@ def test_plan_writes_the_table_with_its_frontier(tmp_path, capsys):
     assert len(df) == 2 * 3 and res["meta"]["deployments"] == 6     # TP 1 x 1..2 replicas, TP 2 x 1; two policies
     assert df["on_frontier"].sum() == len(res["frontier"]) >= 1
     assert {r["policy"] for r in res["best_per_policy"]} == {"exact-prefix", "asks"}
+
+
+@pytest.mark.slow
+def test_plan_on_dask_equals_local():
+    pytest.importorskip("distributed")
+    from sim.planner import run_plan
+    m, node = load_model("qwen2.5-32b"), load_node("dgx-h100")
+    deps = list(deployments(m, load_hardware(node.gpu), node, 2, ["exact-prefix"], tp_sizes=(1, 2)))
+    opts = {"model_preset": "qwen2.5-32b", "node": "dgx-h100", "slo": "e2e=5", "concurrency": 4, "n_requests": 12}
+    local = run_plan(None, deps, opts, progress=False)
+    on_dask = run_plan(None, deps, opts, backend="dask", workers=2, progress=False)
+    assert local == on_dask
