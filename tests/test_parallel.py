@@ -62,12 +62,16 @@ def test_allreduce_zero_at_one_gpu_and_grows_with_size():
 def test_fitted_lines_reproduce_the_measured_profile():
     """The node preset's line, priced at the measured sizes, against Vidur's medians (the residual file)."""
     from calibrate.collectives import load
-    node = load_node("dgx-h100")
-    d = load("h100_dgx", "all_reduce")
-    d = d[(d.num_workers == 8) & (d.devices_per_node == 8) & (d["size"] >= 1 << 20)]
-    pred = np.array([node.allreduce_seconds(s, 8) for s in d["size"]])
-    rel = pred / d["seconds"].to_numpy() - 1
-    assert np.median(np.abs(rel)) < 0.10
+    for name, prof in (("dgx-h100", "h100_dgx"), ("dgx-a100", "a100_dgx")):
+        node = load_node(name)
+        d = load(prof, "all_reduce")
+        for g in (2, 4, 8):
+            # every size range of at least 1 MiB priced by its own segment
+            for lo, hi in ((1 << 20, 1 << 24), (1 << 24, 1 << 27)):
+                s = d[(d.num_workers == g) & (d.devices_per_node == g) & (d["size"] >= lo) & (d["size"] < hi)]
+                pred = np.array([node.allreduce_seconds(x, g) for x in s["size"]])
+                rel = pred / s["seconds"].to_numpy() - 1
+                assert np.median(np.abs(rel)) < 0.10, (name, g, lo)
     fit = json.loads(open("calibrate/data/vidur/network-fit.json").read())
     assert {"a100_dgx", "h100_dgx", "a100_pairwise_nvlink", "h100_pairwise_nvlink"} == set(fit["profiles"])
 
