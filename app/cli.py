@@ -13,7 +13,8 @@ import os
 import sys
 
 # Order sets the order in --help.
-_AREAS = ["app.cli_trace", "app.cli_sim", "app.cli_sweep", "app.cli_bench", "app.cli_calibrate", "app.cli_app"]
+_AREAS = ["app.cli_trace", "app.cli_sim", "app.cli_sweep", "app.cli_bench", "app.cli_plan", "app.cli_calibrate",
+          "app.cli_app"]
 
 
 class CLIError(Exception):

@@ -112,11 +112,19 @@ def _gemm(n, K, N):
     return 2.0 * n * K * N, S * K * N + 0.0 * n
 
 
-def vidur_rows(device: str, model: str) -> pd.DataFrame:
-    """Operator rows of one Vidur ``mlp.csv`` (tensor parallel 1; the embedding gather left out)."""
-    prof = vidur.load_mlp(vidur.mlp_path(device, model))
+def vidur_rows(device: str, model: str, tp: int = 1) -> pd.DataFrame:
+    """Operator rows of one Vidur ``mlp.csv`` at tensor parallel ``tp`` (the embedding gather left out).
+
+    At ``tp > 1`` each row times one rank's shard: the shape is the rank's, split as vLLM splits it
+    (:func:`sim.parallel.kv_heads_per_rank`: ``H / TP`` query heads, ``max(1, Hkv / TP)`` KV heads,
+    ``F / TP`` MLP width; ``d`` whole).
+    """
+    prof = vidur.load_mlp(vidur.mlp_path(device, model), tp)
     m = _shape_from_vidur(prof.attrs, model)
-    key = f"vidur-{device}-{model}"
+    if tp > 1:
+        from sim.parallel import kv_heads_per_rank
+        m = dataclasses.replace(m, H=m.H // tp, Hkv=kv_heads_per_rank(m.Hkv, tp), F=m.F // tp)
+    key = f"vidur-{device}-{model}" + (f"-tp{tp}" if tp > 1 else "")
     d, H, Hkv, Dh, Fm = m.d, m.H, m.Hkv, m.Dh, m.F
     out = []
     for op, g in prof.groupby("op", sort=False):

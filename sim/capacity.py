@@ -129,21 +129,30 @@ SERVING_OPTIONS.extend(declared(ServingConfig))  # its option fields, once
 DEFAULT_SERVING = ServingConfig()          # frozen: every default run shares it
 
 
-def activation_reserve(model, max_num_batched_tokens: int, max_num_seqs: int) -> float:
-    """Estimated non-KV memory of a forward besides the weights (bytes).
+def activation_reserve(model, max_num_batched_tokens: int, max_num_seqs: int, tensor_parallel_size: int = 1) -> float:
+    """Estimated non-KV memory of a forward besides the weights (bytes), on one GPU.
 
-    ``tokens * s * (4 d + 2 F) + seqs * V * 4 + 1 GiB``: the residual stream, the
+    ``tokens * s * (4 d + 2 F / TP) + seqs * V * 4 + 1 GiB``: the residual stream, the
     q/k/v/o activations and the MLP's gate and up projections of one layer at a
-    time for ``max_num_batched_tokens`` tokens (``s`` bytes each), the sampler's
-    float32 logits for ``max_num_seqs`` rows, and :data:`NON_TORCH_RESERVE`.
+    time for ``max_num_batched_tokens`` tokens (``s`` bytes each; a tensor-parallel
+    rank holds ``F / TP`` of the MLP's), the sampler's float32 logits for
+    ``max_num_seqs`` rows (the whole vocabulary on every rank: vLLM gathers the
+    logits), and :data:`NON_TORCH_RESERVE`.
     """
     d, F, V, s = model.hidden_size, model.intermediate_size, model.vocab_size, model.dtype_bytes
-    return float(max_num_batched_tokens * s * (4 * d + 2 * F) + max_num_seqs * V * 4 + NON_TORCH_RESERVE)
+    f = F if tensor_parallel_size == 1 else F / tensor_parallel_size
+    return float(max_num_batched_tokens * s * (4 * d + 2 * f) + max_num_seqs * V * 4 + NON_TORCH_RESERVE)
 
 
-def kv_capacity(model, hw, serving: ServingConfig | None = None) -> dict:
+def kv_capacity(model, hw, serving: ServingConfig | None = None, parallel=None) -> dict:
     """``{kv_capacity_bytes, capacity_source, mem_capacity_bytes, gpu_memory_utilization,
-    weight_bytes, activation_reserve_bytes}`` for a target (module docstring)."""
+    weight_bytes, activation_reserve_bytes}`` for a target (module docstring).
+
+    ``parallel`` (a :class:`sim.parallel.ParallelConfig`; None or TP = PP = 1: one GPU, the formula
+    above) gives the capacity of one replica of TP x PP GPUs: :func:`replica_kv_capacity`.
+    """
+    if parallel is not None and not parallel.is_single:
+        return replica_kv_capacity(model, hw, serving, parallel)
     sv = serving or ServingConfig()
     sc = sv.scheduler_config(hw.name)
     if sv.activation_reserve_bytes is not None:
@@ -162,6 +171,107 @@ def kv_capacity(model, hw, serving: ServingConfig | None = None) -> dict:
         out["capacity_source"] = (f"{hw.name}: mem_capacity {hw.mem_capacity:.6g} B ({mem_src or hw.source or 'preset'})"
                                   f" x {sv.gpu_memory_utilization:g} - weights - activation reserve ({rsrc})")
     return out
+
+
+def replica_kv_capacity(model, hw, serving: ServingConfig | None, parallel) -> dict:
+    """KV capacity of one TP x PP replica, per GPU and in total.
+
+    Each GPU of stage ``k`` (``ell_k`` layers, :func:`sim.parallel.stage_layers`) holds its weight
+    shard ``W_k`` (:func:`sim.parallel.rank_weight_bytes`) and its activation reserve ``A``
+    (:func:`activation_reserve` at TP), and keeps KV for ``Hkv_r`` heads of its layers
+    (``Hkv_r`` = :func:`sim.parallel.kv_heads_per_rank`: replicated KV heads cost memory on every rank)::
+
+        kv_rank_k   = mem_capacity * gpu_memory_utilization - W_k - A
+        tokens_k    = kv_rank_k / (2 ell_k Hkv_r Dh s)
+        tokens      = min_k tokens_k                      # every stage must hold every token's KV
+        kv_capacity_bytes = tokens * 2 L Hkv Dh s         # in the whole model's bytes per token
+
+    so the engine's block arithmetic (``bytes / (block_size * model.kv_bytes_per_token)``) gives the
+    replica's block count unchanged.
+    """
+    from .parallel import kv_heads_per_rank, rank_weight_bytes, stage_layers
+
+    sv = serving or ServingConfig()
+    sc = sv.scheduler_config(hw.name)
+    tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+    if sv.activation_reserve_bytes is not None:
+        reserve, rsrc = float(sv.activation_reserve_bytes), "given"
+    else:
+        reserve, rsrc = activation_reserve(model, sc.max_num_batched_tokens, sc.max_num_seqs, tp), "estimated"
+    usable = hw.mem_capacity * sv.gpu_memory_utilization
+    w = rank_weight_bytes(model, tp, pp)
+    hkv = kv_heads_per_rank(model.n_kv_heads, tp)
+    ranks = []
+    for ell, wk in zip(stage_layers(model.n_layers, pp), w):
+        per_tok = 2.0 * ell * hkv * model.head_dim * model.dtype_bytes
+        kvb = max(0.0, usable - wk - reserve)
+        ranks.append({"layers": ell, "weight_bytes": wk, "kv_bytes": kvb, "kv_bytes_per_token": per_tok,
+                      "kv_tokens": kvb / per_tok})
+    tokens = min(r["kv_tokens"] for r in ranks)
+    out = {"mem_capacity_bytes": float(hw.mem_capacity), "gpu_memory_utilization": float(sv.gpu_memory_utilization),
+           "weight_bytes": float(max(w)), "activation_reserve_bytes": reserve, "activation_reserve_source": rsrc,
+           "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "per_rank": ranks,
+           "kv_tokens": tokens, "kv_heads_per_rank": hkv}
+    if sv.kv_capacity_bytes is not None:
+        out["kv_capacity_bytes"] = float(sv.kv_capacity_bytes)
+        out["capacity_source"] = "given (--kv-capacity-bytes)"
+    else:
+        out["kv_capacity_bytes"] = float(tokens * model.kv_bytes_per_token)
+        out["capacity_source"] = (f"{hw.name} x {tp * pp} (TP {tp} x PP {pp}): per GPU mem_capacity "
+                                  f"{hw.mem_capacity:.6g} B x {sv.gpu_memory_utilization:g} - weight shard - "
+                                  f"activation reserve ({rsrc}); the replica holds the fewest tokens of any stage")
+    return out
+
+
+def fits(model, hw, serving: ServingConfig | None = None, parallel=None, min_kv_tokens: int = 16) -> bool:
+    """True when every GPU of the layout keeps room for ``min_kv_tokens`` tokens of KV (one block)."""
+    cap = kv_capacity(model, hw, serving, parallel)
+    tokens = cap.get("kv_tokens", cap["kv_capacity_bytes"] / model.kv_bytes_per_token)
+    return tokens >= min_kv_tokens
+
+
+def smallest_fitting(model, hw, serving: ServingConfig | None = None, max_gpus: int = 64, node=None,
+                     min_kv_tokens: int = 16):
+    """The smallest TP x PP (fewest GPUs; then the larger TP, kept inside a node) that fits, or None.
+
+    Candidates are the layouts :meth:`sim.parallel.ParallelConfig.validate` accepts for the model
+    (and the node: TP within one node).
+    """
+    from .parallel import TP_SIZES, ParallelConfig, ParallelError
+
+    cands = []
+    for tp in TP_SIZES:
+        for pp in range(1, min(model.n_layers, max_gpus // tp) + 1):
+            par = ParallelConfig(tp, pp)
+            try:
+                par.validate(model, node)
+            except ParallelError:
+                continue
+            cands.append(par)
+    for par in sorted(cands, key=lambda p: (p.gpus_per_replica, -p.tensor_parallel_size)):
+        if fits(model, hw, serving, par, min_kv_tokens):
+            return par
+    return None
+
+
+def check_fits(model, hw, serving: ServingConfig | None = None, parallel=None, node=None,
+               min_kv_tokens: int = 16) -> dict:
+    """The capacity of the layout, or :class:`CapacityError` naming the smallest TP x PP that would fit."""
+    cap = kv_capacity(model, hw, serving, parallel)
+    tokens = cap.get("kv_tokens", cap["kv_capacity_bytes"] / model.kv_bytes_per_token)
+    if tokens >= min_kv_tokens:
+        return cap
+    tp = parallel.tensor_parallel_size if parallel is not None else 1
+    pp = parallel.pipeline_parallel_size if parallel is not None else 1
+    best = smallest_fitting(model, hw, serving, node=node, min_kv_tokens=min_kv_tokens)
+    hint = ("no layout of up to 64 GPUs fits" if best is None else
+            f"the smallest that fits: --tensor-parallel-size {best.tensor_parallel_size} "
+            f"--pipeline-parallel-size {best.pipeline_parallel_size} ({best.gpus_per_replica} GPUs)")
+    raise CapacityError(
+        f"--tensor-parallel-size {tp} --pipeline-parallel-size {pp}: {model.name} does not fit on {hw.name}: "
+        f"{cap['weight_bytes'] / 1e9:.1f} GB of weights + {cap['activation_reserve_bytes'] / 1e9:.1f} GB activation "
+        f"reserve per GPU against {hw.mem_capacity * cap['gpu_memory_utilization'] / 1e9:.1f} GB usable "
+        f"(x {cap['gpu_memory_utilization']:g}), no room for {min_kv_tokens} tokens of KV; {hint}")
 
 
 def capacity_blocks(kv_bytes: float, block_size: int, kv_bytes_per_token: float) -> int:

@@ -305,12 +305,14 @@ class ScalarCost:
     results (to rounding) as the vectorised path, both rooflines.
     """
 
-    def __init__(self, m: ModelShape, hw, cuda_graph: bool = False):
+    def __init__(self, m: ModelShape, hw, cuda_graph: bool = False, sample_vocab: int | None = None):
+        # sample_vocab: entries the sampler sorts per row when it differs from m.vocab_size (a tensor-parallel
+        # rank holds V / TP of the LM head but samples over the gathered V logits: sim.parallel)
         self.L = float(m.n_layers)
         self.P = float(m.params_per_layer)
         self.att = 4.0 * m.n_heads * m.head_dim
         self.dV = float(m.hidden_size * m.vocab_size)
-        self.V = float(m.vocab_size)
+        self.V = float(m.vocab_size if sample_vocab is None else sample_vocab)
         self.d = float(m.hidden_size)
         self.s = float(m.dtype_bytes)
         self.kvt = 2.0 * m.n_kv_heads * m.head_dim

@@ -136,16 +136,25 @@ class Engine:
         others wait FIFO and arrive (are sent) when a slot frees.
     record_token_times : bool
         Record the time of every sampled token of every branch (``token_times`` of the records).
+    cost : optional
+        Prices an iteration (``seconds(items)``); default :class:`sim.cost.ScalarCost` of ``model`` on ``hw``.
     """
 
     def __init__(self, model, hw, jobs, *, concurrency: int = 1, arrival_rate: float | None = None, seed: int = 0,
                  scheduler: SchedulerConfig | None = None, kv_blocks: int | None = None, block_policy=None,
                  caching: bool = True, prompt_ids=None, score_at: str = "generation", max_batch: int | None = None,
                  hw_name: str = "", per_problem_timeline: bool = False, kv_bytes_per_block: float | None = None,
-                 arrival_times=None, max_concurrency: int | None = None, record_token_times: bool = False):
+                 arrival_times=None, max_concurrency: int | None = None, record_token_times: bool = False,
+                 cost=None, env: simpy.Environment | None = None, settle: int | None = None,
+                 block_size: int | None = None):
         self.m, self.hw = model, hw
-        self.cost = ScalarCost(model, hw)
-        self.env = simpy.Environment()
+        # cost: anything with ScalarCost's seconds(items), e.g. sim.parallel.ParallelCost for a TP x PP replica
+        self.cost = ScalarCost(model, hw) if cost is None else cost
+        # env: a shared environment (several replicas' engines under one clock, sim.replicas)
+        self.env = simpy.Environment() if env is None else env
+        # settle: before forming a batch, yield zero-time steps while events are due now (None: until none are;
+        # k: at most k, which several accelerators sharing one clock need so they do not wait on each other)
+        self.settle = settle
         self.jobs = jobs
         self.concurrency = int(concurrency)
         self.arrival_rate = arrival_rate
@@ -155,7 +164,7 @@ class Engine:
         self.max_concurrency = max_concurrency
         self.record_tokens = bool(record_token_times)
         self.rng = np.random.default_rng(seed)
-        bs = jobs[0][1].bs if jobs else 16
+        bs = int(block_size) if block_size is not None else (jobs[0][1].bs if jobs else 16)
         self.bs = bs
         self.cfg = scheduler or SchedulerConfig(max_num_seqs=1 << 20, max_num_batched_tokens=1 << 24,
                                                 policy="prefill-first")
@@ -341,8 +350,14 @@ class Engine:
                 yield self._wake
                 self._wake = None
             # Let every arrival at this instant be queued before the batch is formed.
-            while env.peek() == env.now:
-                yield env.timeout(0)
+            if self.settle is None:
+                while env.peek() == env.now:
+                    yield env.timeout(0)
+            else:
+                for _ in range(self.settle):
+                    if env.peek() != env.now:
+                        break
+                    yield env.timeout(0)
             out = sched.schedule()
             items = out.items
             nrun = len(sched.running)
@@ -497,10 +512,36 @@ class Engine:
             if self._wake is not None and not self._wake.triggered:
                 self._wake.succeed()
 
+    # ------------------------------------------------------------------ driven from outside (sim.replicas)
+    def start(self):
+        """Start the accelerator process (once); arrivals then come through :meth:`submit`."""
+        self._acc = self.env.process(self._accelerator())
+        return self._acc
+
+    def submit(self, pseq: int, pos: int, job: Job, prompt_ids=None, user_done=None) -> None:
+        """A problem arrives now: ``pseq`` its key (unique per engine), ``pos`` its trace position,
+        ``prompt_ids`` its branches' token ids (per branch), ``user_done`` an event succeeded when it is answered."""
+        if prompt_ids is not None:
+            if self.prompt_ids is None:
+                self.prompt_ids = {}
+            self.prompt_ids[pseq] = prompt_ids
+        self._arrive(_Prob(pseq, pos, job, None), user_done)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def result(self, n_expected: int | None = None) -> "EngineResult":
+        """The run's result once the environment is exhausted (raises if a problem is unfinished)."""
+        stuck = [p.pos for p in self.probs if not p.end == p.end]
+        if stuck or len(self.probs) < (len(self.jobs) if n_expected is None else n_expected):
+            raise RuntimeError(f"engine: the run stopped with problems {stuck[:5]} unfinished "
+                               f"({len(self.sched.waiting)} waiting, {len(self.sched.running)} running requests)")
+        self.probs.sort(key=lambda p: p.pseq)
+        return EngineResult(self)
+
     # ------------------------------------------------------------------ run
     def run(self) -> "EngineResult":
         env = self.env
-        acc = env.process(self._accelerator())
+        acc = self.start()
         if self.arrival_times is not None:
             slots = simpy.Resource(env, capacity=int(self.max_concurrency)) if self.max_concurrency else None
             for pseq in range(len(self.jobs)):
@@ -526,12 +567,7 @@ class Engine:
         # events: simpy events plus one per request scheduled in an iteration (what a per-step event loop
         # such as Vidur's processes); the branches' bookkeeping runs as callbacks, not as simpy processes
         self.events = n_ev + self.items_scheduled
-        stuck = [p.pos for p in self.probs if not p.end == p.end]
-        if stuck or len(self.probs) < len(self.jobs):
-            raise RuntimeError(f"engine: the run stopped with problems {stuck[:5]} unfinished "
-                               f"({len(self.sched.waiting)} waiting, {len(self.sched.running)} running requests)")
-        self.probs.sort(key=lambda p: p.pseq)
-        return EngineResult(self)
+        return self.result()
 
 
 class LongDecode:

@@ -1,0 +1,138 @@
+"""``rksim plan``: deployments (TP x PP x replicas x scheduler limits x policy) within a GPU budget,
+served on a trace's problems and judged on SLO goodput (docs/parallelism.md)."""
+from __future__ import annotations
+
+import json
+import math
+import time
+
+
+def _ints(flag: str, text: str) -> list[int]:
+    out = []
+    for part in str(text).split(","):
+        try:
+            v = int(part)
+        except ValueError:
+            raise ValueError(f"{flag}: {part.strip()!r} is not an integer (a comma-separated list)") from None
+        if v < 1:
+            raise ValueError(f"{flag}: {v} must be >= 1")
+        out.append(v)
+    return out
+
+
+def _cmd_plan(args) -> int:
+    from sim.goodput import SLO
+    from sim.parallel import TP_SIZES, load_node
+    from sim.planner import deployments, frontier, run_plan
+    from sim.profiles import load_hardware, load_model
+    from sim.router import ROUTERS
+    from sim.sweep import write_parquet
+
+    if args.gpus < 1:
+        raise ValueError(f"--gpus: must be >= 1, got {args.gpus}")
+    tps = _ints("--tensor-parallel-size", args.tensor_parallel_size)
+    bad = [t for t in tps if t not in TP_SIZES]
+    if bad:
+        raise ValueError(f"--tensor-parallel-size: {bad[0]} is not one of {', '.join(map(str, TP_SIZES))}")
+    pps = _ints("--pipeline-parallel-size", args.pipeline_parallel_size)
+    dps = _ints("--data-parallel-size", args.data_parallel_size) if args.data_parallel_size else None
+    mns = _ints("--max-num-seqs", args.max_num_seqs)
+    mnbt = _ints("--max-num-batched-tokens", args.max_num_batched_tokens)
+    if args.router not in ROUTERS:
+        raise ValueError(f"--router: {args.router!r} is not one of {', '.join(ROUTERS)}")
+    slo = SLO.parse(args.slo)
+    if args.arrival_rate is not None and (not math.isfinite(args.arrival_rate) or args.arrival_rate <= 0):
+        raise ValueError(f"--arrival-rate: must be a positive number of problems/s, got {args.arrival_rate}")
+    if args.gpu_hour_cost is not None and (not math.isfinite(args.gpu_hour_cost) or args.gpu_hour_cost < 0):
+        raise ValueError(f"--gpu-hour-cost: must be a number >= 0, got {args.gpu_hour_cost}")
+    from sim.decisions import make_config
+    pols = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not pols:
+        raise ValueError("--policies: give at least one policy")
+    for pol in pols:
+        try:
+            make_config(pol, {}, None)
+        except ValueError as exc:
+            raise ValueError(f"--policies: {exc}") from None
+    m = load_model(args.model_preset)
+    node = load_node(args.hardware)
+    hw = load_hardware(node.gpu)
+    deps = list(deployments(m, hw, node, args.gpus, pols, tp_sizes=tps, pp_sizes=pps, replicas=dps,
+                            max_num_seqs=mns, max_num_batched_tokens=mnbt))
+    if not deps:
+        raise ValueError(f"--gpus {args.gpus}: no deployment of {m.name} on {node.name} fits in {args.gpus} GPU(s) "
+                         f"with --tensor-parallel-size {args.tensor_parallel_size} --pipeline-parallel-size "
+                         f"{args.pipeline_parallel_size}")
+    opts = {"model_preset": args.model_preset, "node": args.hardware, "router": args.router, "slo": str(slo) if
+            slo.stated else None, "arrival_rate": args.arrival_rate, "concurrency": args.concurrency,
+            "n_requests": args.requests, "seed": args.seed, "gpu_hour_cost": args.gpu_hour_cost}
+    t0, c0 = time.perf_counter(), time.process_time()
+    rows = run_plan(args.trace, deps, opts, backend=args.backend, workers=args.workers, progress=not args.json)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    df, front, best = frontier(rows)
+    meta = {"command": "plan", "model": m.name, "node": node.name, "hardware": hw.name, "gpus": args.gpus,
+            "slo": str(slo), "router": args.router, "policies": pols, "deployments": len(deps),
+            "backend": args.backend, "wall_s": wall,
+            "decisions_model": df["decisions_model"].iloc[0] if len(df) else None}
+    if args.out:
+        write_parquet(_mark(df, front), args.out, meta)
+    cols = ["gpus", "policy", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
+            "max_num_batched_tokens", "goodput_problems_per_s", "slo_attainment", "e2e_p99_s"]
+    if args.gpu_hour_cost is not None:
+        cols.append("cost_per_million_output_tokens")
+    if args.json:
+        print(json.dumps({"meta": meta, "frontier": front[cols].to_dict("records"),
+                          "best_per_policy": best[cols].to_dict("records")}, indent=2, default=float))
+        return 0
+    print(f"{len(deps)} deployments of {m.name} on {node.name} (<= {args.gpus} GPUs), SLO {slo}, router "
+          f"{args.router}; decisions of {meta['decisions_model']}; {wall:.1f} s ({args.backend})")
+    print("frontier (fewest GPUs against most goodput):")
+    print(front[cols].to_string(index=False))
+    print("best per policy:")
+    print(best[cols].to_string(index=False))
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _mark(df, front):
+    key = ["tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
+           "max_num_batched_tokens", "policy"]
+    on = set(map(tuple, front[key].to_numpy().tolist()))
+    return df.assign(on_frontier=[tuple(r) in on for r in df[key].to_numpy().tolist()])
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="deployments within a GPU budget, judged on SLO goodput: the frontier",
+                       description="Sweep TP x PP x replicas x max_num_seqs x max_num_batched_tokens x policy within "
+                                   "--gpus GPUs on a trace's problems; report the frontier of GPUs against goodput "
+                                   "(docs/parallelism.md).")
+    p.add_argument("--trace", default=None, metavar="PATH", help="trace directory (default: the bundled trace)")
+    p.add_argument("--model-preset", required=True, metavar="M", help="model whose costs are simulated")
+    p.add_argument("--hardware", required=True, metavar="NODE", help="node preset (dgx-a100, dgx-h100, l4-pcie) or file")
+    p.add_argument("--gpus", required=True, type=int, metavar="G", help="GPU budget")
+    p.add_argument("--policies", default="no-kv,exact-prefix,rksc", metavar="P,P",
+                   help="policies, each with its default parameters (default no-kv,exact-prefix,rksc)")
+    p.add_argument("--tensor-parallel-size", default="1,2,4,8", metavar="N,N", help="TP sizes (default 1,2,4,8)")
+    p.add_argument("--pipeline-parallel-size", default="1", metavar="N,N", help="PP sizes (default 1)")
+    p.add_argument("--data-parallel-size", default=None, metavar="N,N",
+                   help="replica counts (default: 1 .. GPUs / (TP x PP))")
+    p.add_argument("--max-num-seqs", default="256", metavar="N,N", help="vLLM max_num_seqs values (default 256)")
+    p.add_argument("--max-num-batched-tokens", default="2048", metavar="N,N",
+                   help="vLLM max_num_batched_tokens values (default 2048)")
+    p.add_argument("--router", default="prefix-affinity", metavar="R",
+                   help="round-robin, least-outstanding, prefix-affinity (default) or branch-spread")
+    p.add_argument("--slo", default=None, metavar="KEY=S,KEY=S",
+                   help="latency SLOs in seconds, KEY one of ttft, tpot, e2e, any subset (default: none)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--arrival-rate", type=float, default=None, metavar="R", help="Poisson arrivals, problems/s (default: closed loop)")
+    g.add_argument("--concurrency", type=int, default=16, metavar="C", help="closed-loop users (default 16)")
+    p.add_argument("--requests", type=int, default=None, metavar="N", help="problems served, the trace's repeated (default: the trace's, once)")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="arrival seed (default 0)")
+    p.add_argument("--gpu-hour-cost", type=float, default=None, metavar="USD",
+                   help="price of one GPU-hour: adds cost per million output tokens (default: none)")
+    p.add_argument("--backend", choices=("local", "dask"), default="local", help="run locally or on Dask")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="Dask LocalCluster workers (default 2)")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the table to FILE.parquet, atomically (default: none)")
+    p.add_argument("--json", action="store_true", help="print the frontier and the best per policy as JSON")
+    p.set_defaults(func=_cmd_plan)

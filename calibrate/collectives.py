@@ -1,0 +1,244 @@
+"""Fit NCCL collective times on Vidur's measured network profiles: latency + size / bandwidth.
+
+The data are Vidur's (Microsoft, MIT license) ``data/profiling/network/<node>/{all_reduce,send_recv}.csv``,
+shipped unchanged in ``calibrate/data/vidur/network/`` (``SOURCE.md`` beside them): rank 0's CUDA time
+(milliseconds, median over the active steps) of one NCCL all-reduce or send/recv of ``size`` bytes over
+``num_workers`` GPUs, ``devices_per_node`` of them on each node, on DGX A100 / DGX H100 nodes (NVSwitch)
+and on nodes whose GPUs are NVLink-connected in pairs (``*_pairwise_nvlink``).
+
+Per (node profile, collective, num_workers, devices_per_node) the fit is the alpha-beta model of
+collective communication (Hockney; the form NCCL's own tuning model uses per algorithm and protocol),
+piecewise in the message size::
+
+    t(N) = latency_k + N / bw_k        for N in segment k  (N < max_size_k; the last segment is open)
+
+with ``N`` the message size in bytes. NCCL switches protocol and algorithm with the size (LL, LL128,
+Simple; ring or tree), and the measured times step where it does (A100, 4 GPUs: 20 us up to 100 KiB,
+60 us from 104 KiB), which one line cannot follow; so the sizes are split into at most
+:data:`MAX_SEGMENTS` segments at breakpoints on a power-of-two grid, chosen by dynamic programming
+to minimise the fit cost, a further segment kept only if it lowers the cost by :data:`SPLIT_GAIN`.
+Each segment is fitted by ``scipy.optimize.least_squares`` on the relative residual
+``t_pred / t - 1`` (soft-L1, so the jitter of the microsecond-scale small messages does not pull the
+bandwidth), over the median time of each size. ``bw`` is the *algorithm* bandwidth (bytes of the
+message per second, NCCL's ``algbw``), not the link's; for a ring all-reduce the bus bandwidth is
+``2 (p - 1) / p`` times it. Residuals are reported per GPU count and per size range, for the segments
+and for a single line (``single_line``) for comparison.
+
+``python -m calibrate.collectives`` prints the fit; ``--write`` writes the residual table to
+``calibrate/data/vidur/network-fit.json`` and the coefficients into the ``collectives`` block of the
+node presets that name a profile (``sim/presets/nodes/*.yaml``, ``collectives.profile``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+DATA = Path(__file__).resolve().parent / "data" / "vidur" / "network"
+PROFILES = ("a100_dgx", "h100_dgx", "a100_pairwise_nvlink", "h100_pairwise_nvlink")
+COLLECTIVES = ("all_reduce", "send_recv")
+SOURCE = ("github:microsoft/vidur data/profiling/network/ (commit 60277c06b41e49483609bdab55f71fe0fb5fdd54, "
+          "MIT license, copies in calibrate/data/vidur/network/)")
+# Size ranges the residuals are reported over (bytes, [lo, hi)).
+SIZE_RANGES = ((0, 1 << 16), (1 << 16, 1 << 20), (1 << 20, 1 << 24), (1 << 24, 1 << 40))
+FIT_PATH = DATA.parent / "network-fit.json"
+MAX_SEGMENTS = 3
+SPLIT_GAIN = 0.7          # a further segment must bring the cost below 0.7 x the cost without it
+MIN_POINTS = 12           # sizes per segment at least
+BREAKS = tuple(1 << k for k in range(13, 26))   # candidate breakpoints: 8 KiB .. 32 MiB
+
+
+def _range_name(lo: int, hi: int) -> str:
+    def h(x):
+        for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+            if x >= 1 << k:
+                return f"{x >> k}{unit}"
+        return f"{x}B"
+    return f"{h(lo)}-{h(hi)}" if hi < 1 << 40 else f">={h(lo)}"
+
+
+def load(profile: str, collective: str) -> pd.DataFrame:
+    """``size, num_workers, devices_per_node, seconds`` (median over duplicate rows of one size)."""
+    path = DATA / profile / f"{collective}.csv"
+    d = pd.read_csv(path)
+    col = f"time_stats.{collective}.median"
+    g = d.groupby(["num_workers", "devices_per_node", "size"], as_index=False)[col].median()
+    return g.rename(columns={col: "seconds"}).assign(seconds=lambda x: x["seconds"] * 1e-3)
+
+
+def fit_line(size: np.ndarray, seconds: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """``(latency_s, bw_bytes_per_s, relative residuals)`` of ``t = latency + size / bw``."""
+    from scipy.optimize import least_squares
+
+    size = np.asarray(size, np.float64)
+    y = np.asarray(seconds, np.float64)
+    # parameters: latency in microseconds, inverse bandwidth in seconds per GB (well scaled for the solver)
+    def pred(x):
+        return x[0] * 1e-6 + size * x[1] * 1e-9
+
+    big = size >= np.quantile(size, 0.75)
+    inv0 = float(np.median(y[big] / size[big])) * 1e9
+    x0 = [float(np.min(y)) * 1e6, inv0]
+    r = least_squares(lambda x: pred(x) / y - 1.0, x0, loss="soft_l1", f_scale=0.05,
+                      bounds=([0.0, 1e-6], [1e5, 1e6]))
+    return float(r.x[0] * 1e-6), float(1e9 / r.x[1]), pred(r.x) / y - 1.0
+
+
+def _cost(rel: np.ndarray, f_scale: float = 0.05) -> float:
+    z = (rel / f_scale) ** 2
+    return float(np.sum(f_scale ** 2 * 2.0 * (np.sqrt(1.0 + z) - 1.0)))   # soft-L1, as least_squares uses
+
+
+def fit_segments(size: np.ndarray, seconds: np.ndarray) -> tuple[list[dict], np.ndarray]:
+    """Segments ``[{max_size (None: open), latency_s, bw_bytes_per_s, n}]`` and the relative residuals."""
+    size = np.asarray(size, np.float64)
+    y = np.asarray(seconds, np.float64)
+    order = np.argsort(size)
+    size, y = size[order], y[order]
+    cuts = [0] + [int(np.searchsorted(size, b)) for b in BREAKS] + [size.size]
+    cuts = sorted(set(c for c in cuts if 0 <= c <= size.size))
+    memo: dict = {}
+
+    def seg(i, j):
+        if (i, j) not in memo:
+            lat, bw, rel = fit_line(size[cuts[i]:cuts[j]], y[cuts[i]:cuts[j]])
+            memo[(i, j)] = (_cost(rel), lat, bw)
+        return memo[(i, j)]
+
+    m = len(cuts) - 1
+    # best[k][j]: cheapest split of cuts[0]..cuts[j] into k segments of >= MIN_POINTS sizes each
+    best = [{0: (0.0, [])}]
+    for k in range(1, MAX_SEGMENTS + 1):
+        cur = {}
+        for j in range(1, m + 1):
+            for i, (c0, path) in best[k - 1].items():
+                if i < j and cuts[j] - cuts[i] >= MIN_POINTS:
+                    c = c0 + seg(i, j)[0]
+                    if j not in cur or c < cur[j][0]:
+                        cur[j] = (c, path + [(i, j)])
+        best.append(cur)
+    chosen = None
+    for k in range(1, MAX_SEGMENTS + 1):
+        if m in best[k] and (chosen is None or best[k][m][0] < SPLIT_GAIN * chosen[0]):
+            chosen = best[k][m]
+    segs, rel = [], np.empty(size.size)
+    for n_seg, (i, j) in enumerate(chosen[1]):
+        _, lat, bw = seg(i, j)
+        last = n_seg == len(chosen[1]) - 1
+        segs.append({"max_size": None if last else int(size[cuts[j]]), "latency_s": lat, "bw_bytes_per_s": bw,
+                     "n": int(cuts[j] - cuts[i])})
+        rel[cuts[i]:cuts[j]] = (lat + size[cuts[i]:cuts[j]] / bw) / y[cuts[i]:cuts[j]] - 1.0
+    back = np.empty_like(rel)
+    back[order] = rel
+    return segs, back
+
+
+def _by_range(sz: np.ndarray, rel: np.ndarray) -> dict:
+    out = {}
+    for lo, hi in SIZE_RANGES:
+        sel = (sz >= lo) & (sz < hi)
+        if sel.any():
+            out[_range_name(lo, hi)] = {
+                "n": int(sel.sum()), "median_rel_error": float(np.median(rel[sel])),
+                "median_abs_rel_error": float(np.median(np.abs(rel[sel]))),
+                "max_abs_rel_error": float(np.max(np.abs(rel[sel])))}
+    return out
+
+
+def fit() -> dict:
+    """Every (profile, collective, num_workers, devices_per_node) line with its residuals."""
+    out = {"source": SOURCE, "model": "t = latency_s + size_bytes / bw_bytes_per_s (relative soft-L1 least squares)",
+           "size_ranges": [_range_name(lo, hi) for lo, hi in SIZE_RANGES], "profiles": {}}
+    for prof in PROFILES:
+        pr = out["profiles"][prof] = {}
+        for coll in COLLECTIVES:
+            d = load(prof, coll)
+            rows = []
+            for (nw, dpn), g in d.groupby(["num_workers", "devices_per_node"]):
+                sz, y = g["size"].to_numpy(), g["seconds"].to_numpy()
+                segs, rel = fit_segments(sz, y)
+                lat1, bw1, rel1 = fit_line(sz, y)
+                rows.append({"num_workers": int(nw), "devices_per_node": int(dpn), "segments": segs,
+                             "sizes": [int(sz.min()), int(sz.max())], "n": int(len(sz)),
+                             "median_abs_rel_error": float(np.median(np.abs(rel))),
+                             "rel_rms": float(np.sqrt(np.mean(rel ** 2))), "by_size_range": _by_range(sz, rel),
+                             "single_line": {"latency_s": lat1, "bw_bytes_per_s": bw1,
+                                             "median_abs_rel_error": float(np.median(np.abs(rel1))),
+                                             "rel_rms": float(np.sqrt(np.mean(rel1 ** 2))),
+                                             "by_size_range": _by_range(sz, rel1)}})
+            pr[coll] = rows
+    return out
+
+
+def node_block(res: dict, profile: str) -> dict:
+    """The ``collectives`` block of a node preset: the intra-node lines (all GPUs on one node), and the
+    two-node send/recv (one GPU per node) as ``send_recv_inter_node``."""
+    p = res["profiles"][profile]
+
+    def segs(r):
+        return [{"max_size": s["max_size"], "latency_s": float(f"{s['latency_s']:.4g}"),
+                 "bw_bytes_per_s": float(f"{s['bw_bytes_per_s']:.4g}")} for s in r["segments"]]
+
+    ar = {str(r["num_workers"]): segs(r) for r in p["all_reduce"] if r["num_workers"] == r["devices_per_node"]}
+    sr = [r for r in p["send_recv"] if r["devices_per_node"] == 2]
+    sx = [r for r in p["send_recv"] if r["devices_per_node"] == 1]
+    blk = {"profile": profile, "source": SOURCE, "residuals": "calibrate/data/vidur/network-fit.json",
+           "max_size_bytes": int(max(r["sizes"][1] for r in p["all_reduce"])), "all_reduce": ar}
+    if sr:
+        blk["send_recv"] = segs(sr[0])
+    if sx:
+        blk["send_recv_inter_node"] = segs(sx[0])
+    return blk
+
+
+BEGIN = "# --- collectives fitted on Vidur's network profiles (python -m calibrate.collectives --write) ---"
+
+
+def write_node(path: Path, block: dict) -> None:
+    """Replace the fitted ``collectives`` block at the end of a node preset, in place (atomic)."""
+    import yaml
+
+    from traces.store import atomic_write_text
+
+    t = Path(path).read_text()
+    if BEGIN in t:
+        t = t[:t.index(BEGIN)].rstrip("\n") + "\n"
+    t = re.sub(r"^collectives:.*(\n[ ]+.*)*\n?", "", t, flags=re.M)
+    t = t.rstrip("\n") + "\n" + BEGIN + "\n" + yaml.safe_dump({"collectives": block}, sort_keys=False, width=110)
+    atomic_write_text(path, t)
+
+
+def main(argv=None) -> int:
+    from sim.profiles import PRESET_DIR, _read_file
+    from traces.store import atomic_write_text
+
+    ap = argparse.ArgumentParser(prog="python -m calibrate.collectives", description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="write network-fit.json and the node presets' collectives")
+    a = ap.parse_args(argv)
+    res = fit()
+    for prof, colls in res["profiles"].items():
+        for coll, rows in colls.items():
+            for r in rows:
+                segs = "  ".join(f"<{s['max_size'] or 'inf'}: {s['latency_s'] * 1e6:.1f} us + N/{s['bw_bytes_per_s'] / 1e9:.1f} GB/s"
+                                 for s in r["segments"])
+                print(f"{prof:22s} {coll:10s} gpus={r['num_workers']:2d} per_node={r['devices_per_node']} "
+                      f"median|rel|={r['median_abs_rel_error']:.3f} (one line {r['single_line']['median_abs_rel_error']:.3f})  "
+                      f"rms={r['rel_rms']:.3f}  {segs}")
+    if a.write:
+        atomic_write_text(FIT_PATH, json.dumps(res, indent=1) + "\n")
+        for p in sorted((PRESET_DIR / "nodes").glob("*.yaml")):
+            prof = (_read_file(p).get("collectives") or {}).get("profile")
+            if prof in res["profiles"]:
+                write_node(p, node_block(res, prof))
+                print(f"wrote {p}")
+        print(f"wrote {FIT_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

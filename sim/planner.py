@@ -1,0 +1,196 @@
+"""Deployment planner: TP x PP x replicas x scheduler limits x policy within a GPU budget, judged on goodput.
+
+Like Vidur-Search, plus the policies: every deployment that the model, node and budget admit
+(:meth:`sim.parallel.ParallelConfig.validate`) and whose weights fit (:func:`sim.capacity.fits`) is
+served by :class:`sim.replicas.Replicas` (each replica priced by :class:`sim.parallel.ParallelCost`, its
+KV capacity :func:`sim.capacity.kv_capacity` at that layout) on the policy's jobs, and scored by its
+goodput under the SLOs (:mod:`sim.goodput`). The frontier is the deployments no other beats on both
+fewer GPUs and more goodput (:func:`sim.pareto.pareto_mask`); with a GPU-hour price, the cost per
+million output tokens is ``price * gpus / 3600 / (output tokens / s) * 1e6``.
+
+:func:`evaluate` is one pure task per deployment (what a Dask backend maps); the workload of each policy
+(its jobs, token ids, block policy, caching) comes from the caller, who owns the trace decisions.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from .capacity import ServingConfig, capacity_blocks, fits, kv_capacity
+from .goodput import SLO
+from .parallel import TP_SIZES, ParallelConfig, ParallelCost, ParallelError
+from .pareto import pareto_mask
+from .replicas import Replicas, summary
+from .router import make_router
+from .scheduler import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One point of the sweep."""
+
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    data_parallel_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    policy: str
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size)
+
+    @property
+    def gpus(self) -> int:
+        return self.parallel.gpus
+
+    def serving(self) -> ServingConfig:
+        return ServingConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "gpus": self.gpus}
+
+
+def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes=TP_SIZES, pp_sizes=(1, 2, 4, 8),
+                replicas: Iterable[int] | None = None, max_num_seqs=(256,), max_num_batched_tokens=(2048,)
+                ) -> Iterator[Deployment]:
+    """Every admissible deployment within ``gpus`` GPUs (a generator: nothing sized by the budget is stored).
+
+    ``replicas`` default: ``1 .. gpus // (TP x PP)`` for each layout.
+    """
+    pols = list(policies)
+    for tp, pp in itertools.product(tp_sizes, pp_sizes):
+        try:
+            ParallelConfig(tp, pp).validate(model, node, gpus)
+        except ParallelError:
+            continue
+        dps = range(1, gpus // (tp * pp) + 1) if replicas is None else [d for d in replicas if d * tp * pp <= gpus]
+        for mns, mnbt in itertools.product(max_num_seqs, max_num_batched_tokens):
+            if not fits(model, hw, ServingConfig(max_num_seqs=mns, max_num_batched_tokens=mnbt), ParallelConfig(tp, pp)):
+                continue
+            for dp in dps:
+                for pol in pols:
+                    yield Deployment(tp, pp, int(dp), int(mns), int(mnbt), pol)
+
+
+def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], *, router: str = "prefix-affinity",
+             slo: SLO | None = None, arrival_rate: float | None = None, concurrency: int = 1, seed: int = 0,
+             gpu_hour_cost: float | None = None) -> dict:
+    """Serve ``workload(dep.policy)`` (``{"jobs", "prompt_ids"?, "block_policy"?, "caching"?}``) on ``dep``;
+    one row of the planner's table."""
+    w = workload(dep.policy)
+    jobs = w["jobs"]
+    par = dep.parallel
+    cap = kv_capacity(model, hw, dep.serving(), par)
+    bs = jobs[0][1].bs if jobs else 16
+    blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
+    cost = ParallelCost(model, hw, node, par)      # stateless: one object prices every replica
+    sched = SchedulerConfig(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=dep.max_num_batched_tokens,
+                            policy="vllm-v1")
+    run = Replicas(model, hw, jobs, make_router(router, par.data_parallel_size), par.data_parallel_size,
+                   costs=[cost] * par.data_parallel_size, concurrency=concurrency, arrival_rate=arrival_rate,
+                   seed=seed, scheduler=sched, kv_blocks=blocks, block_policy=w.get("block_policy"),
+                   caching=w.get("caching", True), prompt_ids=w.get("prompt_ids"), hw_name=hw.name).run()
+    s = summary(run, jobs, slo)
+    tot = s["total"]
+    tps = tot["throughput_tokens_per_s"]
+    row = {**dep.to_dict(), "router": router, "slo": s["slo"], "kv_capacity_blocks_per_replica": blocks,
+           "goodput_problems_per_s": tot["goodput_problems_per_s"], "throughput_problems_per_s": tot["throughput_problems_per_s"],
+           "throughput_tokens_per_s": tps, "slo_attainment": tot["slo_attainment"], "ttft_p99_s": tot["ttft_p99_s"],
+           "tpot_p99_s": tot["tpot_p99_s"], "e2e_p99_s": tot["e2e_p99_s"], "prefix_hit_rate": tot["prefix_hit_rate"],
+           "preemptions": tot["preemptions"], "lost_asks_shares": s["lost_asks_shares"],
+           "lost_prefix_reuse": s["lost_prefix_reuse"], "model": model.name, "hardware": hw.name, "node": node.name}
+    if gpu_hour_cost is not None:
+        row["cost_per_million_output_tokens"] = (gpu_hour_cost * dep.gpus / 3600.0 / tps * 1e6) if tps else None
+    return row
+
+
+def frontier(rows) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``(table, frontier, best per policy)``: frontier = fewest GPUs against most goodput, non-dominated;
+    best per policy = most goodput, then fewest GPUs."""
+    df = pd.DataFrame(list(rows))
+    if df.empty:
+        return df, df, df
+    g = df["goodput_problems_per_s"].astype(float).to_numpy()
+    mask = pareto_mask(df["gpus"].to_numpy(np.float64), g, minimize_x=True, maximize_y=True)
+    front = df[mask].sort_values(["gpus", "goodput_problems_per_s"]).reset_index(drop=True)
+    best = (df.sort_values(["policy", "goodput_problems_per_s", "gpus"], ascending=[True, False, True])
+            .groupby("policy", as_index=False).head(1).reset_index(drop=True))
+    return df, front, best
+
+
+# --------------------------------------------------------------------------- a trace's workload, as one task
+def trace_workload(trace, policy: str, model, n_requests: int | None = None, params: dict | None = None) -> dict:
+    """The jobs, token ids, caching and block policy of ``policy`` (``params``, default: its defaults) on a trace's
+    problems, in the cost model's layers; ``n_requests`` repeats the problems in order (as ``serve``)."""
+    from .decisions import make_config
+    from .jobs import decided, kv_ids
+    from .session import Session
+
+    lt = trace if isinstance(trace, Session) else Session.of(trace)
+    cfg = make_config(policy, dict(params or {}), None)
+    probs = list(lt.tf.problems)
+    hits = decided(lt, cfg, probs, model.n_layers)
+    jobs = [(f.pos, job) for f, (_, job, _) in zip(probs, hits)]
+    ids = [kv_ids(f, dec) for f, (dec, _, _) in zip(probs, hits)]
+    if n_requests is not None:
+        idx = [i % len(jobs) for i in range(int(n_requests))]
+        jobs, ids = [jobs[i] for i in idx], [ids[i] for i in idx]
+    return {"jobs": jobs, "prompt_ids": ids, "caching": not cfg.no_kv,
+            "block_policy": (lambda: make_config(policy, dict(params or {}), None).block) if cfg.block is not None else None,
+            "decisions_model": lt.tf.model_name}
+
+
+def evaluate_deployment(trace, policy: str | None = None, params: dict | None = None, *, model_preset: str,
+                        node: str, router: str = "prefix-affinity", slo: str | None = None,
+                        arrival_rate: float | None = None, concurrency: int = 1, n_requests: int | None = None,
+                        seed: int = 0, gpu_hour_cost: float | None = None) -> dict:
+    """One planner task on plain data (what a Dask worker runs, :func:`sim.dist.run_dask`'s ``evaluate``):
+    ``params`` = :meth:`Deployment.to_dict` without ``gpus``."""
+    from .parallel import load_node
+    from .profiles import load_hardware, load_model
+
+    p = {k: v for k, v in (params or {}).items() if k != "gpus"}
+    dep = Deployment(**p)
+    m = load_model(model_preset)
+    nd = load_node(node)
+    hw = load_hardware(nd.gpu)
+    w = trace_workload(trace, dep.policy, m, n_requests)
+    row = evaluate(dep, m, hw, nd, lambda _pol: w, router=router, slo=SLO.parse(slo), arrival_rate=arrival_rate,
+                   concurrency=concurrency, seed=seed, gpu_hour_cost=gpu_hour_cost)
+    row["decisions_model"] = w["decisions_model"]
+    return row
+
+
+def deployment_id(dep: Deployment) -> str:
+    return (f"tp{dep.tensor_parallel_size}-pp{dep.pipeline_parallel_size}-dp{dep.data_parallel_size}-"
+            f"s{dep.max_num_seqs}-t{dep.max_num_batched_tokens}-{dep.policy}")
+
+
+def run_plan(trace, deps: Iterable[Deployment], options: dict, backend: str = "local", workers: int | None = None,
+             progress: bool = True) -> list[dict]:
+    """Evaluate every deployment (``options``: :func:`evaluate_deployment`'s keywords) locally or on Dask
+    (:func:`sim.dist.run_dask`: chunked tasks, reruns, nothing lost or duplicated); rows in input order."""
+    items = [(deployment_id(d), {k: v for k, v in d.to_dict().items() if k != "gpus"}) for d in deps]
+    if trace is None:
+        from .api import default_trace_path
+        trace = default_trace_path()
+    trace = str(trace)
+    if backend == "local":
+        from tqdm.auto import tqdm
+
+        from .session import Session
+        session = Session(trace)  # this plan's: every deployment reuses its decisions
+        return [evaluate_deployment(session, params=p, **options)
+                for _, p in tqdm(items, desc="plan", unit="deployment", disable=not progress)]
+    if backend == "dask":
+        from . import dist
+        from .sweep import evaluate_chunk
+        res = dist.run_dask(evaluate_chunk, evaluate_deployment, trace, "plan", items, options, workers=workers,
+                            progress=progress)
+        return [res[cid] for cid, _ in items]
+    raise ValueError(f"--backend: {backend!r} is not one of local, dask")
