@@ -40,6 +40,14 @@ def _target_args(p) -> None:
     _reshape_arg(p)
 
 
+def _calibration_args(p) -> None:
+    """A fitted profile's limits: its host and its fitted range (sim.host, sim.ranges)."""
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a hardware profile fitted on another host (default: say so in one line)")
+    p.add_argument("--allow-extrapolation", action="store_true",
+                   help="price queries outside the profile's fitted range; the result says which (default: refuse)")
+
+
 def _reshape_arg(p) -> None:
     p.add_argument("--reshape", default=None, metavar="SPEC",
                    help="replay the trace's problems reshaped, prefix_tokens=N,branches=B,gen_tokens=T[,seed=S]: "
@@ -138,6 +146,7 @@ def register(sub) -> None:
                    help="serving mode: Poisson arrivals, problems/s (default: closed loop)")
     p.add_argument("--engine", action="store_true", help="use the simpy engine in isolated mode too")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    _calibration_args(p)
     _serving_args(p)
     p.set_defaults(func=_cmd_simulate)
 
@@ -158,6 +167,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="simulator seed: arrivals and stochastic policies (default 0)")
     _reshape_arg(p)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    _calibration_args(p)
     _serving_args(p, with_arrival=True)
     p.set_defaults(func=_cmd_serve, mode="serving", engine=False)
 
@@ -272,9 +282,13 @@ def _cmd_simulate(args) -> int:
     try:
         r = simulate(trace, policy=args.policy, params=params, model_preset=args.model_preset,
                      hardware=args.hardware, mode=args.mode, workload=workload, seed=args.seed,
-                     arrival_rate=rate, engine=args.engine, serving=sv, reshape=getattr(args, "reshape", None))
+                     arrival_rate=rate, engine=args.engine, serving=sv, reshape=getattr(args, "reshape", None),
+                     strict=args.strict, allow_extrapolation=args.allow_extrapolation)
     except (ConfigError, PresetError) as exc:
         raise ValueError(_flagged(str(exc))) from None
+    for line in [r.info.get("host_note")] + list(r.info.get("extrapolated") or []):
+        if line:
+            print(f"rksim: note: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(r.to_json_dict(), indent=2, sort_keys=True))
     else:
@@ -317,6 +331,11 @@ def _cmd_compare(args) -> int:
             raise ValueError(f"--policies: unknown policy {bad[0]!r}; valid: {', '.join(list_policies())}")
     out = run_compare(trace, args.model_preset, args.hardware, args.mode, _workload(args), args.seed, pols,
                       progress=not args.json and sys.stderr.isatty(), reshape=args.reshape)
+    from sim.host import host_fields
+    from sim.profiles import load_hardware
+    note = host_fields(load_hardware(args.hardware))["host_note"]
+    if note:
+        print(f"rksim: note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
     else:
@@ -335,9 +354,13 @@ def _cmd_demo(args) -> int:
     from app.report import write_report
     from sim.api import simulate
 
+    from sim.host import profile_line
+    from sim.profiles import load_hardware
+
     trace = _check_trace(args.trace)
     out_dir = Path(args.out)
     t0 = time.perf_counter()
+    print(profile_line(load_hardware(DEMO_TARGETS[0][1])))   # does the shipped CPU profile belong to this host?
     results = {}
     for model, hw in DEMO_TARGETS:
         label = f"{model or 'trace model'} on {hw}"

@@ -215,12 +215,60 @@ def fitted_range(model: ModelShape, phases: pd.DataFrame, device: str | None = N
     ctx = [int(n) + int(c) for ns, cs in zip(fw["n"], fw["c"]) for n, c in zip(ns, cs)]
     new = [int(n) for ns in fw["n"] for n in ns]
     out = {"max_context_tokens": int(max(ctx)), "max_new_tokens": int(max(new)),
-           "max_batch": int(max(len(ns) for ns in fw["n"])), "models": [model.name]}
+           "max_batch": int(max(len(ns) for ns in fw["n"])),
+           "max_tokens_per_iteration": int(max(int(sum(ns)) for ns in fw["n"])),
+           "mixed_iterations": bool(any(any(int(n) > 1 for n in ns) and any(int(n) == 1 for n in ns)
+                                        for ns in fw["n"])),
+           "models": [model.name]}
     if device is not None:
         out["device"] = str(device)
     if dtype is not None:
         out["dtypes"] = [str(dtype)]
     return out
+
+
+def merge_ranges(frs: list[dict]) -> dict:
+    """The envelope of several runs' fitted ranges (maxima; mixed if any run had mixed iterations)."""
+    out = {}
+    for k in ("max_context_tokens", "max_new_tokens", "max_batch", "max_tokens_per_iteration"):
+        vals = [f[k] for f in frs if k in f]
+        if vals:
+            out[k] = max(vals)
+    if any("mixed_iterations" in f for f in frs):
+        out["mixed_iterations"] = any(f.get("mixed_iterations", False) for f in frs)
+    out["models"] = sorted({m for f in frs for m in f.get("models", [])})
+    return out
+
+
+def profile_out_path(name: str, out: Path | None = None, force: bool = False) -> Path:
+    """Where a fit writes: ``out``, else the user profile directory's ``hardware/<name>.yaml``.
+
+    Never over a shipped preset (a file in the package's ``sim/presets``) without ``force``.
+    """
+    from sim.profiles import is_shipped, user_profile_dir
+
+    path = Path(out) if out else user_profile_dir() / "hardware" / f"{name}.yaml"
+    if path.exists() and is_shipped(path) and not force:
+        raise ValueError(f"--out: {path} is a shipped preset; a fit goes to the user profile directory "
+                         f"({user_profile_dir()}) unless --force replaces the shipped file")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run_fingerprint(runs: list[dict], dirs: list) -> dict | None:
+    """The one host fingerprint the runs recorded (None if none did); runs from two hosts are refused."""
+    from sim.host import fingerprint_differences
+
+    fps = [(d, r.get("fingerprint")) for d, r in zip(dirs, runs) if r.get("fingerprint")]
+    if not fps:
+        return None
+    d0, f0 = fps[0]
+    for d, f in fps[1:]:
+        diff = fingerprint_differences(f0, f)
+        if diff:
+            raise ValueError(f"calibrate fit: {d} was measured on another host than {d0} ({'; '.join(diff)}); "
+                             "one profile is fitted per host")
+    return dict(f0)
 
 
 def _yaml_dump(obj) -> str:
@@ -229,7 +277,7 @@ def _yaml_dump(obj) -> str:
 
 
 def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_on: dict, notes: str,
-                 clock: str = "wall", calibration_note: str | None = None) -> dict:
+                 clock: str = "wall", calibration_note: str | None = None, fingerprint: dict | None = None) -> dict:
     p = res.profile
     data = {
         "name": p.name, "peak_flops": float(p.peak_flops), "mem_bw": float(p.mem_bw),
@@ -243,6 +291,7 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
         "eff_kv": None if p.eff_kv is None else float(p.eff_kv),
         "calibrated": True, "provisional": False, "fitted_range": frange, "device": device,
         "fitted_on": fitted_on,
+        **({"fingerprint": fingerprint} if fingerprint else {}),
         "calibration_note": calibration_note or (f"fitted end to end on {device} ({fitted_on.get('model')} "
                                                  f"{fitted_on.get('dtype')}, {clock} clock)"),
         "fit": {"method": "scipy.optimize.least_squares (trf, soft_l1 on relative residuals)",
@@ -259,7 +308,7 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
         old = None
     if isinstance(old, dict):
         for k, v in old.items():
-            if k not in data and k not in ("fit", "notes", "fitted_on", "residuals", "reference"):
+            if k not in data and k not in ("fit", "notes", "fitted_on", "residuals", "reference", "fingerprint"):
                 data[k] = v
     header = ("# Fitted by `rksim calibrate fit` (calibrate/fit.py) on measured phases; do not edit by hand.\n"
               "# peak_flops / mem_bw are the base profile's; the coefficients in fit.params are fitted.\n")
@@ -322,17 +371,18 @@ def _where(d: Path) -> str:
 
 
 def fit_run_dir(dir_: Path, name: str = "local-cpu", out: Path | None = None, holdout: float = 0.5,
-                seed: int = 0, clock: str = "auto", roofline: str = "auto") -> dict:
+                seed: int = 0, clock: str = "auto", roofline: str = "auto", force: bool = False) -> dict:
     """``rksim calibrate fit DIR``: fit on the fit split's phases and the op sweep; write the preset.
 
     ``clock``: ``auto`` (thread CPU time on CPU, wall on CUDA), ``cpu`` or ``wall``
     (:func:`calibrate.timing.select_clock`; runs without CPU time fall back to wall).
     """
-    return fit_run_dirs([dir_], name=name, out=out, holdout=holdout, seed=seed, clock=clock, roofline=roofline)
+    return fit_run_dirs([dir_], name=name, out=out, holdout=holdout, seed=seed, clock=clock, roofline=roofline,
+                        force=force)
 
 
 def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = None, holdout: float = 0.5,
-                 seed: int = 0, clock: str = "auto", roofline: str = "auto") -> dict:
+                 seed: int = 0, clock: str = "auto", roofline: str = "auto", force: bool = False) -> dict:
     """``rksim calibrate fit DIR [DIR ...]``: one hardware profile fitted on several runs (several models
     on one device, e.g. the GPU kit's random-weight models). Every run is split into fit / held-out
     problems on its own; its ``fit.json`` records its split and the shared preset."""
@@ -340,6 +390,7 @@ def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = N
     from sim.profiles import model_from_manifest
 
     dirs = [Path(d) for d in dirs]
+    path = profile_out_path(name, out, force)
     parts, runs = [], []
     for dir_ in dirs:
         for f in ("phases.parquet", "run.json"):
@@ -369,11 +420,8 @@ def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = N
     res = fit_profile(base, terms, secs, roofline=roofline)
     device = devices.pop()
     frs = [fitted_range(p[6], p[2]) for p in parts]
-    frange = {"max_context_tokens": max(f["max_context_tokens"] for f in frs),
-              "max_new_tokens": max(f["max_new_tokens"] for f in frs),
-              "max_batch": max(f["max_batch"] for f in frs),
-              "models": sorted({m for f in frs for m in f["models"]}), "device": device, "dtypes": dtypes}
-    path = Path(out) if out else PRESET_DIR / "hardware" / f"{name}.yaml"
+    frange = {**merge_ranges(frs), "device": device, "dtypes": dtypes}
+    fp = run_fingerprint(runs, dirs)
     models = ", ".join(f"{p[1]['model']['name']} ({p[1]['model']['dtype']}; fit {p[7]}, held out {p[8]})"
                        for p in parts)
     notes = (f"fitted on {res.n} phases of {models} on {device} with {runs[0].get('threads')} threads, "
@@ -381,7 +429,7 @@ def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = N
     fitted_on = {"run": _where(dirs[0]) if len(dirs) == 1 else [_where(d) for d in dirs],
                  "created": runs[0].get("created"), "model": ", ".join(sorted({r["model"]["name"] for r in runs})),
                  "dtype": "/".join(dtypes), "threads": runs[0].get("threads")}
-    write_preset(path, res, frange, device=device, fitted_on=fitted_on, notes=notes, clock=used)
+    write_preset(path, res, frange, device=device, fitted_on=fitted_on, notes=notes, clock=used, fingerprint=fp)
     info = {}
     for dir_, run, use, _, _, _, model, fit_p, hold_p in parts:
         info = {"preset": str(path.resolve()), "path": str(path), "name": name, "fit_problems": fit_p,

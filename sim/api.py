@@ -29,9 +29,11 @@ from .capacity import (MAX_BLOCKS, CapacityError, ServingConfig, capacity_blocks
 from .cost import batch_terms, eviction_scoring_terms
 from .decisions import ConfigError, _fields, decide, job_for, make_config, scale_layers
 from .fastpath import FastPath
+from .host import host_fields
 from .metrics import SUMMARY_KEYS, branch_rows, clean, mark_trace_model_figures, problem_row, summarize
 from .profiles import HardwareProfile, ModelShape, load_hardware, load_model, model_from_manifest
 from .profiles import load_presets as _load_presets
+from .ranges import job_extent
 from .scheduler import SchedulerConfig
 from .serving_metrics import serving_summary, timelines
 from .workload import blocks, probes_for
@@ -303,11 +305,12 @@ def _decisions(lt: LoadedTrace, cfg, probs, L_target: int):
     return out
 
 
-def _check_range(lt: LoadedTrace, hw, model, jobs, batch_items: int) -> None:
+def _check_range(lt: LoadedTrace, hw, model, jobs, batch_items: int, allow_extrapolation: bool = False,
+                 tokens: int = 0, mixed: bool = False) -> list:
     # Jobs are memoised objects (held by lt.decisions): the same jobs on the same target pass again.
-    okey = (tuple(id(j) for _, j in jobs), id(hw), id(model), batch_items)
+    okey = (tuple(id(j) for _, j in jobs), id(hw), id(model), batch_items, allow_extrapolation, tokens, mixed)
     if okey in lt.range_ok:
-        return
+        return lt.range_ok[okey][3]
     max_ctx = max_new = 0
     for _, j in jobs:
         if not j.B:
@@ -318,8 +321,10 @@ def _check_range(lt: LoadedTrace, hw, model, jobs, batch_items: int) -> None:
                 max(int((j.ctx + j.gen).max()), int((j.v_cached + j.v_new).max()) if j.verify_on else 0),
                 max(int(j.computed.max()), int(j.gate.max()), int(j.v_new.max()) if j.verify_on else 0))
         max_ctx, max_new = max(max_ctx, rng[0]), max(max_new, rng[1])
-    hw.check_query(model, max_context=max_ctx, max_new=max_new, max_batch=batch_items)
-    lt.range_ok[okey] = (hw, model, [j for _, j in jobs])  # kept alive so the ids in the key stay theirs
+    marks = hw.check_query(model, max_context=max_ctx, max_new=max_new, max_batch=batch_items,
+                           tokens=tokens, mixed=mixed, allow_extrapolation=allow_extrapolation)
+    lt.range_ok[okey] = (hw, model, [j for _, j in jobs], marks)  # kept alive so the ids in the key stay theirs
+    return marks
 
 
 def _user_budget(cfg, params, workload) -> tuple:
@@ -360,8 +365,13 @@ def _refuse_if_too_big(peaks, positions, cap: dict, model, hw, what: str = "prob
 def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = None, model_preset=None,
              hardware="local-cpu", mode: str = "isolated", problems=None, workload: dict | None = None,
              seed: int = 0, arrival_rate: float | None = None, baselines: bool = True,
-             engine: bool = False, serving=None, reshape=None) -> SimResult:
+             engine: bool = False, serving=None, reshape=None, strict: bool = False,
+             allow_extrapolation: bool = False) -> SimResult:
     """Simulate one configuration; see :func:`evaluate` for the arguments.
+
+    ``strict``: refuse a profile fitted on another host (:func:`sim.host.host_status`) instead of
+    noting it; ``allow_extrapolation``: price queries outside the fitted range, marked in
+    ``info["extrapolated"]`` (:mod:`sim.ranges`).
 
     ``engine=True`` forces the simpy engine in isolated mode too (the fast path
     and the engine agree to 1e-9; the tests check it). ``serving``: a
@@ -396,7 +406,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     cap = _capacity_info(model, hw, sv, sched_cfg, bs)
     info = {"policy": policy, "params": dict(params or {}), "components": cfg.describe(),
             "decisions_model": tf.model_name, "cost_model": model.name, "hardware": hw.name,
-            "hardware_calibrated": bool(getattr(hw, "calibrated", hw.fitted_range is not None)),
+            **host_fields(hw, strict),   # sim.host: is the profile this host's? (one-line note if not)
             "hardware_provisional": bool(getattr(hw, "provisional", False)),
             "mode": mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"]),
             "workload": {k: v for k, v in cfg.workload.items()}, "seed": int(seed),
@@ -412,7 +422,9 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     triples = _decisions(lt, cfg, probs, L)
     jobs = [(f.pos, job) for f, (_, job, _) in zip(probs, triples)]
     # Serving mode: the batch an iteration reaches is only known while it runs; the engine checks it.
-    _check_range(lt, hw, model, jobs, max((j.B for _, j in jobs), default=0))
+    info["extrapolated"] = _check_range(lt, hw, model, jobs, max((j.B for _, j in jobs), default=0),
+                                        allow_extrapolation, *job_extent([j for _, j in jobs], mode,
+                                                                         sched_cfg.max_num_batched_tokens))
     rows, brows, timeline = [], [], []
     makespan = peak = None
     extra: dict = {}

@@ -5,6 +5,14 @@ Presets are YAML (or JSON) files under ``sim/presets/models`` and
 Users add their own by passing a file path instead of a name, or by pointing
 ``RKSIM_PRESETS`` at a directory holding ``models/*.yaml`` and/or
 ``hardware/*.yaml`` (user files shadow the shipped ones of the same name).
+
+Profiles a user fits (``rksim calibrate fit``, ``rksim calibrate host``) live
+outside the package, in the *user profile directory*
+(:func:`user_profile_dir`: ``$RKSIM_PROFILE_DIR``, else
+``$XDG_CONFIG_HOME/rksim``, else ``~/.config/rksim``; profiles in its
+``hardware/``). A name resolves from ``RKSIM_PRESETS``, then the user profile
+directory, then the package: a user's fit shadows a shipped preset of the same
+name and never overwrites it.
 """
 from __future__ import annotations
 
@@ -19,6 +27,16 @@ import numpy as np
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 USER_PRESETS_ENV = "RKSIM_PRESETS"
+PROFILE_DIR_ENV = "RKSIM_PROFILE_DIR"
+
+
+def user_profile_dir() -> Path:
+    """Where a user's fitted profiles go: ``$RKSIM_PROFILE_DIR``, ``$XDG_CONFIG_HOME/rksim`` or ``~/.config/rksim``."""
+    d = os.environ.get(PROFILE_DIR_ENV)
+    if d:
+        return Path(d)
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".config") / "rksim"
 
 
 class PresetError(ValueError):
@@ -277,8 +295,15 @@ class HardwareProfile:
                 + g(terms, "iters", 0.0) * self.host_per_iter_s)
 
     def check_query(self, model: ModelShape, max_context: int, max_new: int = 0, max_batch: int = 0,
-                    device: str | None = None) -> None:
+                    device: str | None = None, tokens: int = 0, mixed: bool = False,
+                    allow_extrapolation: bool = False) -> list[str]:
         """Refuse a query outside the fitted range (raises :class:`OutOfCalibrationError`).
+
+        Sizes are checked per dimension by :func:`sim.ranges.check` (sequences ``max_batch`` and
+        ``tokens`` of one iteration, ``max_context``, ``max_new`` tokens of one item, ``mixed``
+        prefill + decode iterations); with ``allow_extrapolation`` a size outside is let through
+        and the returned notes (one per dimension) mark the result. Model, dtype and device are
+        always refused.
 
         The range covers the device and dtype the fit measured as well as sizes: a
         ``model`` in another dtype (``model.dtype_name``), or a ``device`` (when the
@@ -291,7 +316,7 @@ class HardwareProfile:
                 f"more than the {self.mem_capacity / 1e9:.1f} GB of memory")
         fr = self.fitted_range
         if not fr:
-            return
+            return []
         fdev = fr.get("device")
         if device is not None and fdev and not _same_device(str(device), str(fdev)):
             raise OutOfCalibrationError(
@@ -311,14 +336,25 @@ class HardwareProfile:
             raise OutOfCalibrationError(
                 f"hardware {self.name}: calibrated on model(s) {', '.join(models)} only; refusing to extrapolate to "
                 f"{model.name} (fit this hardware for that model with `rksim calibrate fit`)")
-        for key, value, what in (("max_context_tokens", max_context, "context"),
-                                 ("max_new_tokens", max_new, "tokens in one forward item"),
-                                 ("max_batch", max_batch, "batch")):
-            lim = fr.get(key)
-            if lim is not None and value > lim:
-                raise OutOfCalibrationError(
-                    f"hardware {self.name}: {what} of {value} is outside the calibrated range "
-                    f"(fitted_range.{key} = {lim}); refusing to extrapolate")
+        from .ranges import RangeQuery, check
+        return check(self.name, fr, RangeQuery(seqs=max_batch, tokens=tokens, context=max_context,
+                                               item_tokens=max_new, mixed=mixed), allow_extrapolation)
+
+    @property
+    def fingerprint(self) -> dict | None:
+        """The host (CPU) or device (GPU) the profile was fitted on (:mod:`sim.host`); None if not recorded."""
+        fp = self.extra.get("fingerprint")
+        return dict(fp) if isinstance(fp, dict) else None
+
+    def host_status(self, current: dict | None = None) -> dict:
+        """Whether this profile belongs to this host (:func:`sim.host.host_status`), plus
+        ``hardware_calibrated``: fitted end to end *and* not on another host."""
+        from .host import host_status
+        fr = self.fitted_range or {}
+        cpu_fit = bool(self.calibrated) and str(fr.get("device", self.extra.get("device", ""))).startswith("cpu")
+        st = host_status(self.name, self.fingerprint, cpu_fit, current)
+        st["hardware_calibrated"] = bool(self.calibrated) and st["host_match"] is not False
+        return st
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -361,8 +397,32 @@ def _dirs(kind: str) -> list[Path]:
     user = os.environ.get(USER_PRESETS_ENV)
     if user:
         dirs.append(Path(user) / kind)
+    dirs.append(user_profile_dir() / kind)
     dirs.append(PRESET_DIR / kind)
     return dirs
+
+
+def preset_origin(path: Path) -> str:
+    """``package`` (shipped), ``user`` (the user profile directory), ``RKSIM_PRESETS`` or ``file``."""
+    p = Path(path).resolve()
+    for name, root in (("package", PRESET_DIR), ("user", user_profile_dir()),
+                       (USER_PRESETS_ENV, Path(os.environ.get(USER_PRESETS_ENV) or "/nonexistent"))):
+        try:
+            p.relative_to(Path(root).resolve())
+            return name
+        except ValueError:
+            continue
+    return "file"
+
+
+def is_shipped(path: Path) -> bool:
+    """``path`` lies in the package's presets (a shipped preset: overwritten only with ``--force``)."""
+    return preset_origin(path) == "package"
+
+
+def preset_path(kind: str, name_or_path) -> Path:
+    """The file a preset name (or path) resolves to (first match: RKSIM_PRESETS, user directory, package)."""
+    return _resolve(kind, name_or_path)
 
 
 def list_presets(kind: str) -> list[str]:
@@ -417,7 +477,7 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     path = _resolve("hardware", name_or_path)
     data = _read_file(path)
     extra = {k: data.pop(k) for k in list(data) if k not in _HW_FIELDS}
-    allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals", "calibration_note", "reference"}
+    allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals", "calibration_note", "reference", "fingerprint"}
     unknown = set(extra) - allowed_extra
     if unknown:
         raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: "
