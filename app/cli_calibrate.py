@@ -127,7 +127,9 @@ def _cmd_profiles(args) -> int:
     else:
         import pandas as pd
         with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_colwidth", 60):
-            print(df.to_string(index=False))
+            print(df.drop(columns=["note"], errors="ignore").to_string(index=False))
+            print(f"user profile directory: {df.attrs.get('user_profile_dir')} (fits go there; names resolve "
+                  "there first, then in the package)")
     return 0
 
 

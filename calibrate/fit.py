@@ -49,13 +49,19 @@ from sim.profiles import ROOFLINES, HardwareProfile, ModelShape, PRESET_DIR, Pre
 # (parameter, term it multiplies, optimiser scale in seconds); eff_c / eff_m are the roofline's.
 _LINEAR = (("per_kernel_s", "kernels", 1e-6), ("per_layer_s", "layers", 1e-6),
            ("sample_s_per_vocab", "samples", 1e-9), ("host_per_iter_s", "iters", 1e-6),
-           ("per_kernel_graph_s", "graph_kernels", 1e-6))
+           ("per_kernel_graph_s", "graph_kernels", 1e-6), ("row_pass_s_per_byte", "rows", 1e-12))
+# Row blocking of the small-M GEMM path (sim.cost): candidate rows per block and largest small-M row
+# count, searched on a grid (each a least-squares fit of row_pass_s_per_byte with the rest)
+ROW_BLOCKS = (2, 3, 4, 6, 8)
+SMALL_M_MAX = (7, 11, 15, 23, 31, 63, None)
+ROW_TERM_GAIN = 0.9   # kept only if it lowers the robust loss by 10% or more
 # eff_mv: the matrix-vector regime's efficiency (weights of one-token-row forwards), fitted in log space
 # like the roofline's where a phase has one token row; else it stays at the base profile's (None: eff_m)
 # eff_att / eff_kv: attention's own compute and KV-traffic efficiencies, fitted (log space) where
 # some phase runs attention; else None (= eff_c / eff_m)
 _LOG_OPTIONAL = ("eff_mv", "eff_att", "eff_kv")
-FIT_PARAMS = ("eff_c", "eff_m") + _LOG_OPTIONAL + tuple(p for p, _, _ in _LINEAR)
+FIT_PARAMS = ("eff_c", "eff_m") + _LOG_OPTIONAL + tuple(p for p, _, _ in _LINEAR) + ("gemm_row_block",
+                                                                                    "gemm_small_m_max")
 _IDX = {k: i for i, k in enumerate(C.TERM_NAMES)}
 # decode phases sample every row once per step (runs recorded before the `sampled` column)
 _SAMPLING_PHASES = ("decode",)
@@ -139,13 +145,22 @@ class FitResult:
     fitted: list = field(default_factory=list)          # coefficients the data identified
     by_roofline: dict = field(default_factory=dict)     # roofline -> {rel_rms, rel_median_abs, cost}
     residuals: np.ndarray | None = None
+    row_blocks: dict | None = None    # the row-block grid's choice (None: the term did not pay)
 
 
-def _fit_one(base, A, y, roofline, loss, f_scale, free):
+def _fit_one(base, A, y, roofline, loss, f_scale, free, x0=None):
     def resid(x):
         return (predict(_with(base, x, free, roofline), A) - y) / y
 
     best = None
+    logp = _log_params(free)
+    nl = len(logp)
+    nlin = len(free) - (nl - 2)
+    if x0 is not None:   # one start (the row-block grid starts from the fit without the term)
+        r = least_squares(resid, x0, bounds=([-20] * nl + [0] * nlin, [5] * nl + [1e7] * nlin),
+                          loss=loss, f_scale=f_scale, x_scale=[1.0] * nl + [10.0] * nlin, method="trf",
+                          max_nfev=2000)
+        return r, resid(r.x)
     logp = _log_params(free)
     nl = len(logp)
     nlin = len(free) - (nl - 2)
@@ -162,7 +177,8 @@ def _fit_one(base, A, y, roofline, loss, f_scale, free):
 
 
 def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, loss: str = "soft_l1",
-                f_scale: float = 0.05, roofline: str = "auto", attention: bool = True) -> FitResult:
+                f_scale: float = 0.05, roofline: str = "auto", attention: bool = True,
+                row_blocks: bool = True) -> FitResult:
     """Least-squares fit of the coefficients (see module docstring).
 
     ``roofline``: ``"iteration"``, ``"operator"``, or ``"auto"`` (fit both, keep the lower
@@ -180,7 +196,7 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
     # column as another's (a CUDA graph's kernels are fitted only where a phase replayed one).
     free = ((["eff_mv"] if np.any(A[_IDX["b_lin_mv"]] > 0) else [])
             + (["eff_att", "eff_kv"] if attention and np.any(A[_IDX["f_att"]] > 0) else [])
-            + [p for p, t, _ in _LINEAR if np.any(A[_IDX[t]] > 0)])
+            + [p for p, t, _ in _LINEAR if np.any(A[_IDX[t]] > 0) and p != "row_pass_s_per_byte"])
     if y.size < 2 + len(free):
         raise ValueError(f"fit: {y.size} measured phases; need at least {2 + len(free)}")
     modes = ROOFLINES if roofline == "auto" else (roofline,)
@@ -194,6 +210,25 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
     pick = min(fits, key=lambda k: fits[k][0].cost)
     best, rel = fits[pick]
     prof = _with(base, best.x, free, pick)
+    rows_fit = None
+    if row_blocks and np.any(A[_IDX["rows"]] >= 2) and len(np.unique(A[_IDX["rows"]])) >= 4:
+        # the small-M GEMM's row blocks (sim.cost): grid over (mr, m_small), row_pass_s_per_byte fitted
+        free_r = free + ["row_pass_s_per_byte"]
+        grid = []
+        for mr in ROW_BLOCKS:
+            for mmax in SMALL_M_MAX:
+                if mmax is not None and mmax <= mr:
+                    continue
+                b = dataclasses.replace(base, gemm_row_block=mr, gemm_small_m_max=mmax)
+                r, rr = _fit_one(b, A, y, pick, loss, f_scale, free_r, x0=np.append(best.x, 1.0))
+                grid.append((r.cost, mr, mmax, r, rr, b))
+        cost_r, mr, mmax, r, rr, b = min(grid, key=lambda g: g[0])
+        if cost_r < ROW_TERM_GAIN * best.cost:
+            rows_fit = {"gemm_row_block": mr, "gemm_small_m_max": mmax, "cost_without": float(best.cost),
+                        "cost_with": float(cost_r)}
+            best, rel, free = r, rr, free_r
+            prof = _with(b, r.x, free, pick)
+            fits[pick] = (r, rr)
     return FitResult(profile=prof, rel_rms=float(np.sqrt(np.mean(rel ** 2))),
                      rel_median_abs=float(np.median(np.abs(rel))), n=int(y.size), cost=float(best.cost),
                      success=bool(best.success), message=str(best.message), roofline=pick,
@@ -201,7 +236,7 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
                      by_roofline={k: {"rel_rms": float(np.sqrt(np.mean(v[1] ** 2))),
                                       "rel_median_abs": float(np.median(np.abs(v[1]))), "cost": float(v[0].cost)}
                                   for k, v in fits.items()},
-                     residuals=rel)
+                     residuals=rel, row_blocks=rows_fit)
 
 
 def fitted_range(model: ModelShape, phases: pd.DataFrame, device: str | None = None,
@@ -289,6 +324,9 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
         "eff_mv": None if p.eff_mv is None else float(p.eff_mv),
         "eff_att": None if p.eff_att is None else float(p.eff_att),
         "eff_kv": None if p.eff_kv is None else float(p.eff_kv),
+        **({"gemm_row_block": int(p.gemm_row_block),
+            "gemm_small_m_max": None if p.gemm_small_m_max is None else int(p.gemm_small_m_max),
+            "row_pass_s_per_byte": float(p.row_pass_s_per_byte)} if p.gemm_row_block else {}),
         "calibrated": True, "provisional": False, "fitted_range": frange, "device": device,
         "fitted_on": fitted_on,
         **({"fingerprint": fingerprint} if fingerprint else {}),
@@ -297,7 +335,7 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
         "fit": {"method": "scipy.optimize.least_squares (trf, soft_l1 on relative residuals)",
                 "params": list(res.fitted), "clock": clock, "roofline": res.roofline,
                 "by_roofline": res.by_roofline, "n_phases": res.n, "rel_rms": res.rel_rms,
-                "rel_median_abs": res.rel_median_abs, "success": res.success},
+                "rel_median_abs": res.rel_median_abs, "success": res.success, "row_blocks": res.row_blocks},
         "notes": notes,
     }
     # keep what the fit does not own (capacity / scheduler keys another tool or person set in this file)

@@ -23,8 +23,8 @@ range. Every shape runs ``repeats`` times (its fastest kept: a neighbour
 slows a run, never speeds it). The budget (``--minutes``, default 3, on the
 process's CPU time, fit included) is enforced by :func:`measure`: a shape is
 started only if the time spent plus its estimated cost (its last repeat, or
-the slowest shape of its kind so far) plus the reserve for the fit stays
-within the budget.
+the slowest repeat so far) plus the reserve for the fit stays within the
+budget.
 
 Output: a hardware profile named after the host (``host-<hostname>``, or
 ``--name``) in the user profile directory (``sim.profiles.user_profile_dir``)
@@ -144,9 +144,8 @@ def measure(shapes: list[Shape], run_one, budget_s: float, clock=time.process_ti
     """Run ``run_one(shape) -> (wall_s, cpu_s)`` ``repeats`` times per shape within ``budget_s`` of ``clock``.
 
     A repeat starts only if ``elapsed + estimate + reserve_s <= budget_s``, the estimate
-    being that shape's previous repeat, else the slowest measured repeat of the same kind
-    (0 before any: the first shape of a kind always runs once, unless the reserve alone is
-    spent). Returns ``(rows, info)``: ``rows`` ``(shape, wall_s, cpu_s)`` with the fastest
+    being that shape's previous repeat, else the slowest repeat measured so far (0 before
+    any: the plan's first round holds the costliest shapes, so the estimate is learnt early). Returns ``(rows, info)``: ``rows`` ``(shape, wall_s, cpu_s)`` with the fastest
     repeat (CPU time) of every shape measured; ``info`` the shapes planned / measured / cut
     and the CPU seconds spent. ``clock`` is injectable (tests use a fake one).
     """
@@ -156,7 +155,7 @@ def measure(shapes: list[Shape], run_one, budget_s: float, clock=time.process_ti
     for s in shapes:
         best = None
         for r in range(repeats):
-            est = best[1] if best is not None else slowest.get(s.kind, 0.0)
+            est = best[1] if best is not None else max(slowest.values(), default=0.0)
             if clock() - t0 + est + reserve_s > budget_s:
                 break
             wall, cpu = run_one(s)

@@ -37,12 +37,12 @@ def fingerprint(device: str = "cpu", threads: int | None = None, dtype: str | No
 
     dt = str(dtype).replace("torch.", "") if dtype else None
     if str(device).startswith("cuda"):
-        fp = {"kind": "gpu", "device_name": torch.cuda.get_device_name(torch.device(device)),
-              "torch": torch.__version__}
+        fp = {"kind": "gpu", "device_name": str(torch.cuda.get_device_name(torch.device(device))),
+              "torch": str(torch.__version__)}
     else:
         fp = current_cpu_fingerprint()
         fp["threads"] = int(threads if threads is not None else torch.get_num_threads())
-        fp["torch"] = torch.__version__
+        fp["torch"] = str(torch.__version__)
         fp["blas"] = blas_backend()
     if dt:
         fp["dtype"] = dt

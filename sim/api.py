@@ -497,7 +497,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
         base = {}
         for name in ("no-kv", "exact-prefix"):
             base[name] = _baseline_latency(lt, name, model, hw, mode, problems, cfg.workload, seed, arrival_rate,
-                                           wl_key=_wl_key(cfg), serving=sv)
+                                           wl_key=_wl_key(cfg), serving=sv, allow_extrapolation=allow_extrapolation)
         lat = summary["latency_mean_s"]
         summary["speedup_vs_no_kv"] = base["no-kv"] / lat if lat and lat > 0 else None
         summary["speedup_vs_exact_prefix"] = base["exact-prefix"] / lat if lat and lat > 0 else None
@@ -584,15 +584,16 @@ def _run_engine(lt, cfg, model, hw, probs, triples, seed, arrival_rate, sched_cf
 
 
 def _baseline_latency(lt, name, model, hw, mode, problems, workload, seed, arrival_rate, wl_key=None,
-                      serving=None) -> float:
+                      serving=None, allow_extrapolation: bool = False) -> float:
     wl = {k: v for k, v in workload.items()}
     key = (name, _target_id(lt, model, hw), mode, None if problems is None else tuple(int(p) for p in problems),
-           _freeze(wl) if wl_key is None else wl_key, seed, arrival_rate, repr(serving))
+           _freeze(wl) if wl_key is None else wl_key, seed, arrival_rate, repr(serving), allow_extrapolation)
     hit = lt.baselines.get(key)
     if hit is None:
         r = simulate(lt, policy=name, params={}, model_preset=model,
                      hardware=hw, mode=mode, problems=problems, workload=wl, seed=seed,
-                     arrival_rate=arrival_rate, baselines=False, serving=serving)
+                     arrival_rate=arrival_rate, baselines=False, serving=serving,
+                     allow_extrapolation=allow_extrapolation)
         hit = lt.baselines[key] = r.summary["latency_mean_s"]
     return hit
 

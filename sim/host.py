@@ -220,8 +220,7 @@ def profiles_table(current: dict | None = None):
         st = hw.host_status(current) if hw.calibrated else {"host_match": None}
         fo = hw.extra.get("fitted_on") or {}
         rows.append({"name": name, "status": status,
-                     "host": describe(hw.fingerprint) if hw.fingerprint else (
-                         str(hw.extra.get("device") or "") or ("unrecorded" if hw.calibrated else "")),
+                     "host": describe(hw.fingerprint) if hw.fingerprint else ("unrecorded" if hw.calibrated else ""),
                      "this_host": {True: "yes", False: "no", None: ""}[st["host_match"]],
                      "date": str(fo.get("created") or "")[:10],
                      "origin": preset_origin(preset_path("hardware", name)), "note": note})

@@ -224,6 +224,9 @@ class HardwareProfile:
     eff_mv: float | None = None     # matrix-vector products' (one token row) fraction of bandwidth (None: eff_m)
     eff_att: float | None = None    # attention's (QK^T, AV) fraction of peak flops (None: eff_c)
     eff_kv: float | None = None     # attention's KV traffic's fraction of bandwidth (None: eff_m)
+    gemm_row_block: int | None = None      # rows per block of the small-M GEMM path (None: no row-block term)
+    gemm_small_m_max: int | None = None    # most rows the small-M path takes (None: every count)
+    row_pass_s_per_byte: float = 0.0       # seconds per weight byte of every extra row-block pass
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -236,7 +239,13 @@ class HardwareProfile:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0):
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
                                   f"number or null, got {v!r}")
-        for f in ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s"):
+        for f in ("gemm_row_block", "gemm_small_m_max"):
+            v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
+                                  f"integer or null, got {v!r}")
+        for f in ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s",
+                  "row_pass_s_per_byte"):
             v = getattr(self, f)
             if v is None and f == "per_kernel_graph_s":
                 continue
@@ -290,6 +299,12 @@ class HardwareProfile:
         else:
             raise ValueError(f"roofline: {mode!r} is not one of {', '.join(ROOFLINES)}")
         pkg = self.per_kernel_s if self.per_kernel_graph_s is None else self.per_kernel_graph_s
+        if self.gemm_row_block and self.row_pass_s_per_byte:
+            # small-M GEMM: the weights once more per extra block of rows (sim.cost, "Row blocking")
+            r = np.asarray(g(terms, "rows", 0.0), dtype=np.float64)
+            on = (r >= 2) & (r <= (np.inf if self.gemm_small_m_max is None else self.gemm_small_m_max))
+            roof = roof + np.where(on, np.ceil(r / self.gemm_row_block) - 1.0, 0.0) * g(terms, "b_lin", 0.0) \
+                * self.row_pass_s_per_byte
         return (roof + terms.kernels * self.per_kernel_s + terms.layers * self.per_layer_s
                 + g(terms, "graph_kernels", 0.0) * pkg + g(terms, "samples", 0.0) * self.sample_s_per_vocab
                 + g(terms, "iters", 0.0) * self.host_per_iter_s)
@@ -488,7 +503,7 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     data.setdefault("name", path.stem)
     for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s",
               "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem", "eff_mv", "eff_att",
-              "eff_kv"):
+              "eff_kv", "row_pass_s_per_byte"):
         if k in data and isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
             try:
                 data[k] = float(data[k])
