@@ -49,9 +49,9 @@ from sim.profiles import ROOFLINES, HardwareProfile, ModelShape, PRESET_DIR, Pre
 # (parameter, term it multiplies, optimiser scale in seconds); eff_c / eff_m are the roofline's.
 _LINEAR = (("per_kernel_s", "kernels", 1e-6), ("per_layer_s", "layers", 1e-6),
            ("sample_s_per_vocab", "samples", 1e-9), ("host_per_iter_s", "iters", 1e-6),
-           ("per_kernel_graph_s", "graph_kernels", 1e-6), ("row_pass_s_per_byte", "rows", 1e-12))
-# Row blocking of the small-M GEMM path (sim.cost): candidate rows per block and largest small-M row
-# count, searched on a grid (each a least-squares fit of row_pass_s_per_byte with the rest)
+           ("per_kernel_graph_s", "graph_kernels", 1e-6))
+# The small-M GEMM path (sim.cost, "Row blocking"): candidate rows per weight pass and largest small-M
+# row count, searched on a grid (each a least-squares fit of the coefficients with them fixed)
 ROW_BLOCKS = (2, 3, 4, 6, 8)
 SMALL_M_MAX = (7, 11, 15, 23, 31, 63, None)
 ROW_TERM_GAIN = 0.9   # kept only if it lowers the robust loss by 10% or more
@@ -196,7 +196,7 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
     # column as another's (a CUDA graph's kernels are fitted only where a phase replayed one).
     free = ((["eff_mv"] if np.any(A[_IDX["b_lin_mv"]] > 0) else [])
             + (["eff_att", "eff_kv"] if attention and np.any(A[_IDX["f_att"]] > 0) else [])
-            + [p for p, t, _ in _LINEAR if np.any(A[_IDX[t]] > 0) and p != "row_pass_s_per_byte"])
+            + [p for p, t, _ in _LINEAR if np.any(A[_IDX[t]] > 0)])
     if y.size < 2 + len(free):
         raise ValueError(f"fit: {y.size} measured phases; need at least {2 + len(free)}")
     modes = ROOFLINES if roofline == "auto" else (roofline,)
@@ -212,15 +212,15 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
     prof = _with(base, best.x, free, pick)
     rows_fit = None
     if row_blocks and np.any(A[_IDX["rows"]] >= 2) and len(np.unique(A[_IDX["rows"]])) >= 4:
-        # the small-M GEMM's row blocks (sim.cost): grid over (mr, m_small), row_pass_s_per_byte fitted
-        free_r = free + ["row_pass_s_per_byte"]
+        # the small-M GEMM path (sim.cost): grid over (mr, m_small); eff_mv prices its weight passes
+        free_r = free if "eff_mv" in free else ["eff_mv"] + free
         grid = []
         for mr in ROW_BLOCKS:
             for mmax in SMALL_M_MAX:
                 if mmax is not None and mmax <= mr:
                     continue
                 b = dataclasses.replace(base, gemm_row_block=mr, gemm_small_m_max=mmax)
-                r, rr = _fit_one(b, A, y, pick, loss, f_scale, free_r, x0=np.append(best.x, 1.0))
+                r, rr = _fit_one(b, A, y, pick, loss, f_scale, free_r)
                 grid.append((r.cost, mr, mmax, r, rr, b))
         cost_r, mr, mmax, r, rr, b = min(grid, key=lambda g: g[0])
         if cost_r < ROW_TERM_GAIN * best.cost:
@@ -325,8 +325,8 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
         "eff_att": None if p.eff_att is None else float(p.eff_att),
         "eff_kv": None if p.eff_kv is None else float(p.eff_kv),
         **({"gemm_row_block": int(p.gemm_row_block),
-            "gemm_small_m_max": None if p.gemm_small_m_max is None else int(p.gemm_small_m_max),
-            "row_pass_s_per_byte": float(p.row_pass_s_per_byte)} if p.gemm_row_block else {}),
+            "gemm_small_m_max": None if p.gemm_small_m_max is None else int(p.gemm_small_m_max)}
+           if p.gemm_row_block else {}),
         "calibrated": True, "provisional": False, "fitted_range": frange, "device": device,
         "fitted_on": fitted_on,
         **({"fingerprint": fingerprint} if fingerprint else {}),

@@ -76,10 +76,11 @@ panels once per block. Measured on SmolLM2, one thread of a Sapphire Rapids
 core: a decode iteration takes 61 ms at 1 row, 80 at 3, 112 at 4, 160 at 7,
 209 at 10, 249 at 13 (a step of about 25 ms -- the weights once more -- every 3
 rows), then 236 ms at 16 rows, where another kernel takes over. The profile
-prices the extra passes (:class:`sim.profiles.HardwareProfile`, off unless
-``gemm_row_block`` is set)::
+prices the small-M path (:class:`sim.profiles.HardwareProfile`, off unless
+``gemm_row_block`` is set) as that many passes over the weights at the
+matrix-vector rate::
 
-    t_rows = (ceil(rows / mr) - 1) * b_lin * row_pass_s_per_byte   for 2 <= rows <= m_small
+    weights: ceil(rows / mr) (b_lin + b_head) / (bw eff_mv)   for 2 <= rows <= m_small
 
 Mixed context lengths in a batch are summed item by item (exact), never
 replaced by their mean. Activations other than the residual stream are not
@@ -345,7 +346,6 @@ class ScalarCost:
         self.rate_kv = hw.mem_bw * (hw.eff_m if ek is None else ek)
         self.row_block = getattr(hw, "gemm_row_block", None)
         self.small_m = getattr(hw, "gemm_small_m_max", None)
-        self.row_pass = getattr(hw, "row_pass_s_per_byte", 0.0) or 0.0
 
     def seconds(self, items) -> float:
         """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled])`` tuples (layers None = L).
@@ -389,8 +389,11 @@ class ScalarCost:
         b_att = self.s * kv
         b_rest = self.s * (emb + cp * L * self.kvt)
         rc, rm = self.rate_c, self.rate_m
-        # one token row: the weights are read by matrix-vector products, priced at eff_mv
+        # one token row: the weights are read by matrix-vector products, priced at eff_mv; the
+        # small-M path (2 .. m_small rows) reads them once per row block at that rate
         rw = self.rate_mv if rows_n == 1.0 else rm
+        if self.row_block and rows_n >= 2.0 and (self.small_m is None or rows_n <= self.small_m):
+            rw = self.rate_mv / math.ceil(rows_n / self.row_block)
         ra, rkv = self.rate_a, self.rate_kv
         if self.per_op:
             t = (max(f_lin / rc, b_lin / rw) + max(f_att / ra, b_att / rkv) + max(f_head / rc, b_head / rw)
@@ -400,11 +403,8 @@ class ScalarCost:
             tm = (b_lin + b_head) / rw + b_att / rkv + b_rest / rm
             t = t if t > tm else tm
         kernels = (K_LAYER * lmax + K_FWD if lmax > 0 else 0.0) + K_PROBE * pmax + cp_any
-        extra = 0.0
-        if self.row_pass and self.row_block and rows_n >= 2 and (self.small_m is None or rows_n <= self.small_m):
-            extra = (math.ceil(rows_n / self.row_block) - 1) * b_lin * self.row_pass
         return (t + kernels * self.pk + lmax * self.pl + rows * self.V * self.ps
-                + (self.pi if lmax > 0 else 0.0) + extra)
+                + (self.pi if lmax > 0 else 0.0))
 
 
 def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False) -> OpTerms:

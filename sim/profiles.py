@@ -184,6 +184,13 @@ class HardwareProfile:
     and LM-head operators become ``max(f / rc, (b - b_mv) / rm + b_mv / rmv)``; in the
     whole-iteration one ``roof = max(flops / rc, (bytes - b_mv) / rm + b_mv / rmv)``.
 
+    Small-M path (``gemm_row_block`` = ``mr``, ``gemm_small_m_max`` = ``m_small``; None: off):
+    an iteration of ``2 <= rows <= m_small`` token rows (``rows``, :mod:`sim.cost`) streams
+    the linear and LM-head weights ``ceil(rows / mr)`` times at ``mem_bw * eff_mv``, the
+    matrix-vector rate (one row is the case ``mr >= 1``): ``(b_lin - b_sm) / rm +
+    ceil(rows / mr) b_sm / rmv`` with ``b_sm = b_lin`` in that range. Above ``m_small`` the GEMM
+    packs the weights and the roofline of the matrix-matrix regime applies.
+
     Attention at its own efficiencies: the attention operator's flops (``f_att``) run at
     ``ra = peak_flops * eff_att`` and its KV traffic (``b_att``) at ``rkv = mem_bw * eff_kv``
     (None: ``eff_c`` / ``eff_m``, the same formula as without them). A fused attention
@@ -224,9 +231,8 @@ class HardwareProfile:
     eff_mv: float | None = None     # matrix-vector products' (one token row) fraction of bandwidth (None: eff_m)
     eff_att: float | None = None    # attention's (QK^T, AV) fraction of peak flops (None: eff_c)
     eff_kv: float | None = None     # attention's KV traffic's fraction of bandwidth (None: eff_m)
-    gemm_row_block: int | None = None      # rows per block of the small-M GEMM path (None: no row-block term)
-    gemm_small_m_max: int | None = None    # most rows the small-M path takes (None: every count)
-    row_pass_s_per_byte: float = 0.0       # seconds per weight byte of every extra row-block pass
+    gemm_row_block: int | None = None      # rows per weight pass of the small-M path (None: only 1 row is)
+    gemm_small_m_max: int | None = None    # most token rows the small-M path takes (None: every count)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -244,8 +250,7 @@ class HardwareProfile:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
                                   f"integer or null, got {v!r}")
-        for f in ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s",
-                  "row_pass_s_per_byte"):
+        for f in ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s"):
             v = getattr(self, f)
             if v is None and f == "per_kernel_graph_s":
                 continue
@@ -283,28 +288,31 @@ class HardwareProfile:
         mode = roofline or self.roofline
         g = getattr
         blm, bhm = g(terms, "b_lin_mv", 0.0), g(terms, "b_head_mv", 0.0)
+        mult = 1.0
+        if self.gemm_row_block:
+            # small-M path (sim.cost, "Row blocking"): 2 .. m_small token rows stream the weights
+            # once per block of gemm_row_block rows, at the matrix-vector rate
+            r = np.asarray(g(terms, "rows", 0.0), dtype=np.float64)
+            small = (r >= 2) & (r <= (np.inf if self.gemm_small_m_max is None else self.gemm_small_m_max))
+            blm = np.where(small, g(terms, "b_lin", 0.0), blm)
+            bhm = np.where(small, g(terms, "b_head", 0.0), bhm)
+            mult = np.where(small, np.ceil(r / self.gemm_row_block), 1.0)
         fa, ba = g(terms, "f_att", 0.0), g(terms, "b_att", 0.0)
         if mode == "operator":
             fl, bl = g(terms, "f_lin", 0.0), g(terms, "b_lin", 0.0)
             fh, bh = g(terms, "f_head", 0.0), g(terms, "b_head", 0.0)
             fr = np.maximum(terms.flops - fl - fa - fh, 0.0)
             br = np.maximum(terms.bytes - bl - ba - bh, 0.0)
-            roof = (np.maximum(fl / rc, (bl - blm) / rm + blm / rmv) + np.maximum(fa / ra, ba / rkv)
-                    + np.maximum(fh / rc, (bh - bhm) / rm + bhm / rmv)
+            roof = (np.maximum(fl / rc, (bl - blm) / rm + mult * blm / rmv) + np.maximum(fa / ra, ba / rkv)
+                    + np.maximum(fh / rc, (bh - bhm) / rm + mult * bhm / rmv)
                     + np.maximum(fr / rc, br / rm)
                     + g(terms, "b_elem", 0.0) / (self.mem_bw * (self.eff_m if self.eff_elem is None else self.eff_elem)))
         elif mode == "iteration":
             roof = np.maximum((terms.flops - fa) / rc + fa / ra,
-                              (terms.bytes - blm - bhm - ba) / rm + (blm + bhm) / rmv + ba / rkv)
+                              (terms.bytes - blm - bhm - ba) / rm + mult * (blm + bhm) / rmv + ba / rkv)
         else:
             raise ValueError(f"roofline: {mode!r} is not one of {', '.join(ROOFLINES)}")
         pkg = self.per_kernel_s if self.per_kernel_graph_s is None else self.per_kernel_graph_s
-        if self.gemm_row_block and self.row_pass_s_per_byte:
-            # small-M GEMM: the weights once more per extra block of rows (sim.cost, "Row blocking")
-            r = np.asarray(g(terms, "rows", 0.0), dtype=np.float64)
-            on = (r >= 2) & (r <= (np.inf if self.gemm_small_m_max is None else self.gemm_small_m_max))
-            roof = roof + np.where(on, np.ceil(r / self.gemm_row_block) - 1.0, 0.0) * g(terms, "b_lin", 0.0) \
-                * self.row_pass_s_per_byte
         return (roof + terms.kernels * self.per_kernel_s + terms.layers * self.per_layer_s
                 + g(terms, "graph_kernels", 0.0) * pkg + g(terms, "samples", 0.0) * self.sample_s_per_vocab
                 + g(terms, "iters", 0.0) * self.host_per_iter_s)
@@ -503,7 +511,7 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     data.setdefault("name", path.stem)
     for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s",
               "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem", "eff_mv", "eff_att",
-              "eff_kv", "row_pass_s_per_byte"):
+              "eff_kv"):
         if k in data and isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
             try:
                 data[k] = float(data[k])
