@@ -93,6 +93,8 @@ def matrix(args) -> int:
                      "makespan_real_cpu_s": c["makespan_real_s"], "makespan_sim_s": c["makespan_sim_s"],
                      "hardware_calibrated": res.get("hardware_calibrated"), "cpu_s": time.process_time() - c1})
         r = rows[-1]
+        atomic_write_json(args.out / "calibrate-matrix.partial.json", {"shapes": rows, "host_profile": str(prof),
+                                                                        "fingerprint": hw.fingerprint})
         print(f"shape {i + 1}/{len(shapes)} C={conc} cap={cap} B={br} T={new}: parity {r['scheduling_parity']:.0%}, "
               f"makespan {r['makespan_error']:+.1%}, throughput {r['throughput_error']:+.1%}, e2e median "
               f"{r['e2e_median_abs_pct_error']:.1f}% ({r['preemptions']} preemptions, {r['iterations']} iterations)",
@@ -119,6 +121,7 @@ def matrix(args) -> int:
            "seconds": time.perf_counter() - t0}
     atomic_write_json(args.out / "calibrate-matrix.json", res)
     atomic_write_text(args.out / "calibrate-matrix.md", md + "\n")
+    (args.out / "calibrate-matrix.partial.json").unlink(missing_ok=True)
     print(md)
     print(f"all {len(rows)} shapes within {MATRIX_GOAL:.0%}: {all(ok)} -> {args.out / 'calibrate-matrix.json'}")
     return 0

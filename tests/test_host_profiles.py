@@ -188,9 +188,10 @@ def test_fit_recovers_a_step_at_a_batch_size():
     got = res.profile
     assert got.gemm_row_block == 3 and got.gemm_small_m_max == 15
     assert got.eff_mv == pytest.approx(true.eff_mv, rel=0.1)
-    assert res.rel_median_abs < 0.01 and res.rel_rms < 0.05
+    assert res.rel_median_abs < 0.03 and res.rel_rms < 0.05
     flat = fit_profile(base, terms, y, row_blocks=False)
-    assert np.max(np.abs(flat.residuals)) > 0.08   # a model without the term misses the step
+    # a model without the term misses the step: residuals several times larger, 8% or more somewhere
+    assert flat.rel_rms > 3 * res.rel_rms and np.max(np.abs(flat.residuals)) > 0.08
 
 
 # --------------------------------------------------------------------------- user profiles
@@ -229,3 +230,33 @@ def test_profile_line_for_a_newcomer():
     there = dataclasses.replace(hw, extra={**hw.extra, "fingerprint": {**FP, "cpu_model": "Elsewhere"}})
     line = profile_line(there)
     assert "\n" not in line and "another host" in line and "rksim calibrate host" in line
+
+
+@pytest.mark.slow
+def test_committed_inputs_recreate_the_shipped_local_cpu(tmp_path):
+    """`calibrate fit` on calibrate/data/local-cpu-fit re-creates the shipped profile's prices (its fit inputs
+    are in the repository); eff_mv is not identified by them (1-row decodes are flop-bound), so prices are compared."""
+    import json
+    import shutil
+
+    import pandas as pd
+
+    from calibrate.fit import fit_run_dirs, phase_terms, predict
+    from sim.profiles import model_from_manifest
+
+    data = Path(__file__).resolve().parents[1] / "calibrate" / "data" / "local-cpu-fit"
+    dirs = []
+    for name in ("calrun", "serve-C", "serve-B"):   # copies: the fit writes fit.json beside its inputs
+        shutil.copytree(data / name, tmp_path / name)
+        dirs.append(tmp_path / name)
+    info = fit_run_dirs(dirs, name="local-cpu", out=tmp_path / "local-cpu.yaml", clock="cpu")
+    new, shipped = load_hardware(str(tmp_path / "local-cpu.yaml")), load_hardware("local-cpu")
+    assert info["roofline"] == shipped.roofline and new.gemm_row_block == shipped.gemm_row_block
+    for k in ("max_context_tokens", "max_new_tokens", "max_batch", "models", "device", "dtypes"):
+        assert new.fitted_range[k] == shipped.fitted_range[k], k
+    for d in dirs:
+        run = json.loads((d / "run.json").read_text())
+        ph = pd.read_parquet(d / "phases.parquet")
+        ph = ph[ph["kind"] != "host"]
+        T = phase_terms(model_from_manifest({"model": run["model"]}), ph)
+        np.testing.assert_allclose(predict(new, T), predict(shipped, T), rtol=1e-5)
