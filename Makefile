@@ -42,6 +42,7 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	mkdir -p runs/bench
 	for f in bench/bench_*.py; do echo "== $$f"; $(PY) $$f --out runs/bench || exit 1; done
+	echo "== bench/bench_calibrate.py --matrix"; $(PY) bench/bench_calibrate.py --matrix --out runs/bench
 	$(PY) bench/summary.py runs/bench
 
 # Re-creates the bundled example trace (the exact command is in its manifest).

@@ -28,7 +28,7 @@ def _cmd_fit(args) -> int:
     from calibrate.fit import fit_run_dirs
 
     res = fit_run_dirs([Path(d) for d in args.dir], name=args.name, out=Path(args.out) if args.out else None,
-                       holdout=args.holdout, clock=args.clock, roofline=args.roofline)
+                       holdout=args.holdout, clock=args.clock, roofline=args.roofline, force=args.force)
     print(f"wrote {res['path']}: rms relative error {res['rel_rms']:.3%} on {res['n_phases']} phases "
           f"({res['n_fit_problems']} fit problems)")
     print(f"{res['clock_note']}; roofline {res['roofline']} (rms relative error: "
@@ -39,7 +39,8 @@ def _cmd_fit(args) -> int:
 def _cmd_report(args) -> int:
     from calibrate.report import fidelity_report
 
-    rep = fidelity_report(Path(args.dir), hardware=args.hardware, clock=args.clock)
+    rep = fidelity_report(Path(args.dir), hardware=args.hardware, clock=args.clock,
+                          allow_other_host=args.allow_other_host)
     if args.json:
         _print_json(rep)
     else:
@@ -77,7 +78,8 @@ def _cmd_serve(args) -> int:
 
     if args.rescore:
         from calibrate.serve import rescore
-        res = rescore(Path(args.rescore), hardware=args.hardware, clock=args.clock)
+        res = rescore(Path(args.rescore), hardware=args.hardware, clock=args.clock,
+                      allow_other_host=args.allow_other_host, allow_extrapolation=args.allow_extrapolation)
         if args.json:
             _print_json(res)
         else:
@@ -97,10 +99,44 @@ def _cmd_serve(args) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(serve_run_result(Path(args.out), cfg.clock)))
         print(f"wrote {path}")
+    import sys
+    for line in [res.get("host_note")] + list((res.get("sim") or {}).get("extrapolated") or []):
+        if line:
+            print(f"rksim: note: {line}", file=sys.stderr)
     if args.json:
         _print_json({k: v for k, v in res.items() if k not in ("config", "model", "versions")})
     else:
         print(format_serve(res))
+    return 0
+
+
+def _cmd_host(args) -> int:
+    from calibrate.host import HostConfig, format_host, run_host
+
+    cfg = HostConfig(minutes=args.minutes, name=args.name, model=args.model, threads=args.threads,
+                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                     capacity_tokens=args.capacity_tokens, seed=args.seed)
+    res = run_host(cfg, out=Path(args.out) if args.out else None, keep=Path(args.keep) if args.keep else None,
+                   force=args.force)
+    if args.json:
+        _print_json(res)
+    else:
+        print(format_host(res))
+    return 0
+
+
+def _cmd_profiles(args) -> int:
+    from sim.catalog import profiles_table
+
+    df = profiles_table()
+    if args.json:
+        _print_json(df.to_dict(orient="records"))
+    else:
+        import pandas as pd
+        with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_colwidth", 60):
+            print(df.drop(columns=["note"], errors="ignore").to_string(index=False))
+            print(f"user profile directory: {df.attrs.get('user_profile_dir')} (fits go there; names resolve "
+                  "there first, then in the package)")
     return 0
 
 
@@ -141,7 +177,9 @@ def register(sub) -> None:
     p = csub.add_parser("fit", help="fit the hardware coefficients on a run's measured phases")
     p.add_argument("dir", nargs="+", help="directories written by 'calibrate run' (one device; several models)")
     p.add_argument("--name", default="local-cpu", help="preset name (default local-cpu)")
-    p.add_argument("--out", default=None, help="preset file (default sim/presets/hardware/<name>.yaml)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="profile file (default: <user profile directory>/hardware/<name>.yaml, see `rksim profiles`)")
+    p.add_argument("--force", action="store_true", help="allow --out to replace a shipped preset of the package")
     p.add_argument("--holdout", type=float, default=0.5, help="share of problems held out of the fit (default 0.5)")
     p.add_argument("--clock", default="auto", choices=["auto", "cpu", "wall"],
                    help="measured seconds to fit: auto = thread CPU time on CPU, wall time on CUDA")
@@ -155,6 +193,8 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--clock", default="auto", choices=["auto", "cpu", "wall"],
                    help="measured seconds to compare with: auto = thread CPU time on CPU, wall time on CUDA")
+    p.add_argument("--allow-other-host", action="store_true",
+                   help="compare with a profile fitted on another host (default: refused, naming the difference)")
     p.set_defaults(func=_cmd_report)
 
     p = csub.add_parser("quality", help="quality of token eviction: KL, agreement, repetition, accuracy")
@@ -209,6 +249,10 @@ def register(sub) -> None:
                    help="also write the run as a vllm bench serve --save-detailed result (calibrate vllm-bench reads it)")
     p.add_argument("--result-dir", default=None, metavar="DIR", help="folder of that file (default: the run folder)")
     p.add_argument("--result-filename", default="vllm-bench.json", metavar="FILE", help="its name")
+    p.add_argument("--allow-other-host", action="store_true",
+                   help="replay with a profile fitted on another host (default: refused, naming the difference)")
+    p.add_argument("--allow-extrapolation", action="store_true",
+                   help="price iterations outside the profile's fitted range, marked (default: refused)")
     p.set_defaults(func=_cmd_serve)
 
     p = csub.add_parser("vllm-bench", help="fit a hardware profile on vllm bench serve --save-detailed result files")
@@ -240,6 +284,28 @@ def register(sub) -> None:
     g.add_argument("--write", action="store_true", help="rewrite the fitted presets and calibrate/data/public-profiles-fit.json")
     g.add_argument("--check", action="store_true", help="exit 1 if a shipped preset or the JSON differs from the fit")
     p.set_defaults(func=_cmd_public_profiles)
+
+    p = csub.add_parser("host", help="fit the machine this runs on over the shapes serving uses (minutes of CPU)")
+    p.add_argument("--minutes", type=float, default=3.0, help="CPU-time budget, fit included (default 3)")
+    p.add_argument("--name", default=None, help="profile name (default host-<hostname>)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="profile file (default: <user profile directory>/hardware/<name>.yaml)")
+    p.add_argument("--force", action="store_true", help="allow --out to replace a shipped preset of the package")
+    p.add_argument("--keep", default=None, metavar="DIR", help="also keep the measured phases (phases.parquet, run.json) in DIR (default: not kept)")
+    p.add_argument("--model", default="smollm2-135m", help="model preset (default smollm2-135m)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the token ids and sampling (default 0)")
+    p.add_argument("--max-num-seqs", type=int, default=64,
+                   help="largest decode batch measured (default 64: 8 users x 8 branches on a CPU host)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="largest prefill chunk (default 2048)")
+    p.add_argument("--capacity-tokens", type=int, default=16384,
+                   help="KV capacity that binds: b sequences hold at most this / b tokens each (default 16384)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_cmd_host)
+
+    p = sub.add_parser("profiles", help="hardware profiles: status, host, date, where they come from")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_profiles)
 
 
 def _cmd_vllm_bench(args) -> int:

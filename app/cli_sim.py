@@ -33,6 +33,9 @@ def add_declared(p, cls, only=None, text: bool = False, rename: dict | None = No
         kw = {"dest": dest((rename or {}).get(f.name, opt.flag)), "metavar": opt.metavar, "help": opt.help}
         if opt.choices is not None:
             kw.update(choices=opt.choices, metavar=None)
+        if opt.kind is bool:  # a switch: off by default
+            p.add_argument((rename or {}).get(f.name, opt.flag), action="store_true", dest=kw["dest"], help=opt.help)
+            continue
         if text:
             kw["default"] = None
         else:
@@ -70,6 +73,12 @@ def _target_args(p) -> None:
                         "see docs/simulator.md; default: the defaults listed there)")
     add_declared(p, RunConfig, only=("seed",))
     _reshape_arg(p)
+
+
+def _calibration_args(p) -> None:
+    """A fitted profile's limits: its host and its fitted range (sim.host, sim.ranges; RunConfig's declarations)."""
+    from sim.runconfig import RunConfig
+    add_declared(p, RunConfig, only=("strict", "allow_extrapolation"))
 
 
 def _reshape_arg(p) -> None:
@@ -154,6 +163,7 @@ def register(sub) -> None:
     add_declared(p, RunConfig, only=("arrival_rate",), text=True)
     p.add_argument("--engine", action="store_true", help="use the simpy engine in isolated mode too")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    _calibration_args(p)
     _serving_args(p)
     p.set_defaults(func=_cmd_simulate)
 
@@ -173,6 +183,7 @@ def register(sub) -> None:
     add_declared(p, RunConfig, only=("seed",))
     _reshape_arg(p)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    _calibration_args(p)
     _serving_args(p, with_arrival=True)
     p.set_defaults(func=_cmd_serve, mode="serving", engine=False)
 
@@ -237,9 +248,13 @@ def _cmd_simulate(args) -> int:
     try:
         r = simulate(trace, policy=args.policy, params=params, model_preset=args.model_preset,
                      hardware=args.hardware, mode=args.mode, workload=workload, seed=args.seed,
-                     arrival_rate=rate, engine=args.engine, serving=sv, reshape=getattr(args, "reshape", None))
+                     arrival_rate=rate, engine=args.engine, serving=sv, reshape=getattr(args, "reshape", None),
+                     strict=args.strict, allow_extrapolation=args.allow_extrapolation)
     except ConfigError as exc:
         raise ValueError(flagged(exc)) from None
+    for line in [r.info.get("host_note")] + list(r.info.get("extrapolated") or []):
+        if line:
+            print(f"rksim: note: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(r.to_json_dict(), indent=2, sort_keys=True))
     else:
@@ -281,6 +296,11 @@ def _cmd_compare(args) -> int:
             raise ValueError(f"--policies: unknown policy {bad[0]!r}; valid: {', '.join(list_policies())}")
     out = run_compare(trace, args.model_preset, args.hardware, args.mode, _workload(args), args.seed, pols,
                       progress=not args.json and sys.stderr.isatty(), reshape=args.reshape)
+    from sim.host import host_fields
+    from sim.profiles import load_hardware
+    note = host_fields(load_hardware(args.hardware))["host_note"]
+    if note:
+        print(f"rksim: note: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
     else:
@@ -294,9 +314,13 @@ def _cmd_demo(args) -> int:
     from app.tables import print_table
     from sim.api import simulate
 
+    from sim.host import profile_line
+    from sim.profiles import load_hardware
+
     trace = check_trace(args.trace)
     out_dir = Path(args.out)
     t0 = time.perf_counter()
+    print(profile_line(load_hardware(DEMO_TARGETS[0][1])))   # does the shipped CPU profile belong to this host?
     results = {}
     for model, hw in DEMO_TARGETS:
         label = f"{model or 'trace model'} on {hw}"

@@ -13,6 +13,15 @@ default model, 1 CPU thread):
 Goals (from the issue): mean latency error <= 2%, per-problem median <= 5%,
 speedup-ratio error <= 3%, RKSC >= 3x faster than No-KV on the paper's shape.
 
+``--matrix`` instead measures serving fidelity on this machine: ``rksim calibrate
+host`` fits the host (or ``--host-profile FILE`` reuses such a fit), then
+``calibrate serve`` runs the shapes of :data:`MATRIX` — concurrency 1, 2, 4, 8 x
+KV capacity binding or not x 4 or 8 branches x 32 or 64 new tokens, every
+level of every factor in four of the eight — each replayed by the simulator
+under the host's profile. Written to ``DIR/calibrate-matrix.json`` and
+``DIR/calibrate-matrix.md`` (goal: every shape within 5% on makespan,
+throughput and e2e median, scheduling parity 100%).
+
 ``--runs N`` repeats step 1 N consecutive times (the fidelity goals must hold on
 each), ``--stress-seconds S`` first starts one CPU-bound stress process (a
 pure-Python busy loop that stops itself after S seconds, killed when the benchmark ends) so
@@ -32,6 +41,99 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# (concurrency, capacity binds, branches, max new tokens): each level of each factor in 4 of the 8
+MATRIX = ((1, False, 4, 32), (1, True, 8, 64), (2, True, 4, 32), (2, False, 8, 64),
+          (4, True, 8, 32), (4, False, 4, 64), (8, True, 4, 64), (8, False, 8, 32))
+BINDING_TOKENS = {1: 512, 2: 768, 4: 1024, 8: 1536}   # less than the shape's KV demand: preemptions happen
+FREE_TOKENS = 65536                                     # more than any shape needs
+MATRIX_GOAL = 0.05
+
+
+def matrix(args) -> int:
+    """``--matrix``: the serving-fidelity matrix (module docstring)."""
+    import torch
+
+    from calibrate.host import HostConfig, format_host, run_host
+    from calibrate.serve import ServeConfig, run_serve
+    from sim.host import describe, profile_host_status
+    from sim.profiles import load_hardware
+    from traces.models import load_model
+    from traces.store import atomic_write_json, atomic_write_text
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.out / "calibrate-matrix"
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if args.host_profile:
+        prof, host = Path(args.host_profile), None
+    else:
+        prof = work / "host.yaml"
+        host = run_host(HostConfig(minutes=args.host_minutes), out=prof, keep=work / "host-phases")
+        print(format_host(host), flush=True)
+    hw = load_hardware(str(prof))
+    torch.set_num_threads(1)
+    lm = load_model("smollm2-135m", device="cpu")
+    rows = []
+    shapes = MATRIX[:args.matrix_shapes] if args.matrix_shapes else MATRIX
+    for i, (conc, binds, br, new) in enumerate(shapes):
+        cap = BINDING_TOKENS[conc] if binds else FREE_TOKENS
+        cfg = ServeConfig(problems=max(4, 2 * conc), capacity_tokens=cap, concurrency=conc, branches=br,
+                          max_new_tokens=new, hardware=str(prof), seed=args.matrix_seed)
+        c1 = time.process_time()
+        res = run_serve(cfg, work / f"shape{i}", progress=False, lm=lm)
+        c = res["comparison"]
+        rows.append({"concurrency": conc, "capacity_tokens": cap, "capacity_binds": binds, "branches": br,
+                     "max_new_tokens": new, "problems": cfg.problems, "iterations": res["n_iterations"],
+                     "preemptions": res["preemptions"], "max_running_seqs": res["max_running_seqs"],
+                     "scheduling_parity": res["scheduling_parity"], "makespan_error": res["makespan_error"],
+                     "throughput_error": res["throughput_error"],
+                     "e2e_median_abs_pct_error": res["e2e_median_abs_pct_error"],
+                     "iteration_abs_pct_error_median": c["iteration_abs_pct_error_median"],
+                     "makespan_real_cpu_s": c["makespan_real_s"], "makespan_sim_s": c["makespan_sim_s"],
+                     "hardware_calibrated": res.get("hardware_calibrated"), "cpu_s": time.process_time() - c1})
+        r = rows[-1]
+        atomic_write_json(args.out / "calibrate-matrix.partial.json", {"shapes": rows, "host_profile": str(prof),
+                                                                        "fingerprint": hw.fingerprint})
+        print(f"shape {i + 1}/{len(shapes)} C={conc} cap={cap} B={br} T={new}: parity {r['scheduling_parity']:.0%}, "
+              f"makespan {r['makespan_error']:+.1%}, throughput {r['throughput_error']:+.1%}, e2e median "
+              f"{r['e2e_median_abs_pct_error']:.1f}% ({r['preemptions']} preemptions, {r['iterations']} iterations)",
+              flush=True)
+    ok = [abs(r["makespan_error"]) <= MATRIX_GOAL and abs(r["throughput_error"]) <= MATRIX_GOAL
+          and r["e2e_median_abs_pct_error"] <= 100 * MATRIX_GOAL and r["scheduling_parity"] == 1.0 for r in rows]
+    for r, k in zip(rows, ok):
+        r["within_goal"] = bool(k)
+    import pandas as pd
+    df = pd.DataFrame(rows)
+    show = df[["concurrency", "capacity_tokens", "branches", "max_new_tokens", "preemptions", "scheduling_parity",
+               "makespan_error", "throughput_error", "e2e_median_abs_pct_error", "within_goal"]]
+    fp = hw.fingerprint
+    shipped = load_hardware("local-cpu")
+    head = (f"Serving fidelity on {describe(fp)}: `calibrate serve` (smollm2-135m, 1 thread, cpu clock, vllm-v1, "
+            f"block 16, max_num_batched_tokens 2048) vs the simulator under the `calibrate host` profile {prof.name} "
+            f"({hw.extra.get('notes', '')}). Shipped local-cpu on this host: "
+            f"{'matches' if profile_host_status(shipped, fp)['host_match'] else 'does not match (or records no fingerprint)'}.")
+    md = head + "\n\n" + (show.to_markdown(index=False, floatfmt=".4f") if _has_tabulate() else show.to_string(index=False))
+    res = {"shapes": rows, "all_within_goal": all(ok), "goal": MATRIX_GOAL, "host_profile": str(prof),
+           "fingerprint": fp, "shipped_local_cpu_matches_host": profile_host_status(shipped, fp)["host_match"],
+           "calibrate_host": None if host is None else {k: host[k] for k in ("cpu_seconds", "budget_s", "shapes",
+                                                                             "rel_rms", "roofline")},
+           "seconds": time.perf_counter() - t0}
+    atomic_write_json(args.out / "calibrate-matrix.json", res)
+    atomic_write_text(args.out / "calibrate-matrix.md", md + "\n")
+    (args.out / "calibrate-matrix.partial.json").unlink(missing_ok=True)
+    print(md)
+    print(f"all {len(rows)} shapes within {MATRIX_GOAL:.0%}: {all(ok)} -> {args.out / 'calibrate-matrix.json'}")
+    return 0
+
+
+def _has_tabulate() -> bool:
+    try:
+        import tabulate  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
 
 GOALS = {"mean_abs_pct_error": 0.02, "median_abs_pct_error": 0.05, "speedup_ratio_error": 0.03,
          "rksc_speedup_vs_no_kv": 3.0}
@@ -55,7 +157,14 @@ def main(argv=None) -> int:
     ap.add_argument("--fidelity-only", action="store_true", help="skip the speedup and quality steps")
     ap.add_argument("--reuse-runs", action="store_true",
                     help="keep finished run directories under OUT/calibrate and only re-fit and re-report them")
+    ap.add_argument("--matrix", action="store_true", help="the serving-fidelity matrix instead (module docstring)")
+    ap.add_argument("--host-profile", default=None, help="--matrix: a `calibrate host` profile (default: fit one)")
+    ap.add_argument("--host-minutes", type=float, default=3.0, help="--matrix: calibrate host's budget (default 3)")
+    ap.add_argument("--matrix-shapes", type=int, default=0, help="--matrix: only the first N shapes (default all)")
+    ap.add_argument("--matrix-seed", type=int, default=0, help="--matrix: sampling seed of the serve runs")
     args = ap.parse_args(argv)
+    if args.matrix:
+        return matrix(args)
 
     from calibrate.fit import fit_run_dir
     from calibrate.quality import QualityConfig, run_quality

@@ -50,12 +50,18 @@ from sim.profiles import ROOFLINES, HardwareProfile, ModelShape, PRESET_DIR, Pre
 _LINEAR = (("per_kernel_s", "kernels", 1e-6), ("per_layer_s", "layers", 1e-6),
            ("sample_s_per_vocab", "samples", 1e-9), ("host_per_iter_s", "iters", 1e-6),
            ("per_kernel_graph_s", "graph_kernels", 1e-6))
+# The small-M GEMM path (sim.cost, "Row blocking"): candidate rows per weight pass and largest small-M
+# row count, searched on a grid (each a least-squares fit of the coefficients with them fixed)
+ROW_BLOCKS = (2, 3, 4, 6, 8)
+SMALL_M_MAX = (7, 11, 15, 23, 31, 63, None)
+ROW_TERM_GAIN = 0.9   # kept only if it lowers the robust loss by 10% or more
 # eff_mv: the matrix-vector regime's efficiency (weights of one-token-row forwards), fitted in log space
 # like the roofline's where a phase has one token row; else it stays at the base profile's (None: eff_m)
 # eff_att / eff_kv: attention's own compute and KV-traffic efficiencies, fitted (log space) where
 # some phase runs attention; else None (= eff_c / eff_m)
 _LOG_OPTIONAL = ("eff_mv", "eff_att", "eff_kv")
-FIT_PARAMS = ("eff_c", "eff_m") + _LOG_OPTIONAL + tuple(p for p, _, _ in _LINEAR)
+FIT_PARAMS = ("eff_c", "eff_m") + _LOG_OPTIONAL + tuple(p for p, _, _ in _LINEAR) + ("gemm_row_block",
+                                                                                    "gemm_small_m_max")
 _IDX = {k: i for i, k in enumerate(C.TERM_NAMES)}
 # decode phases sample every row once per step (runs recorded before the `sampled` column)
 _SAMPLING_PHASES = ("decode",)
@@ -139,13 +145,22 @@ class FitResult:
     fitted: list = field(default_factory=list)          # coefficients the data identified
     by_roofline: dict = field(default_factory=dict)     # roofline -> {rel_rms, rel_median_abs, cost}
     residuals: np.ndarray | None = None
+    row_blocks: dict | None = None    # the row-block grid's choice (None: the term did not pay)
 
 
-def _fit_one(base, A, y, roofline, loss, f_scale, free):
+def _fit_one(base, A, y, roofline, loss, f_scale, free, x0=None):
     def resid(x):
         return (predict(_with(base, x, free, roofline), A) - y) / y
 
     best = None
+    logp = _log_params(free)
+    nl = len(logp)
+    nlin = len(free) - (nl - 2)
+    if x0 is not None:   # one start (the row-block grid starts from the fit without the term)
+        r = least_squares(resid, x0, bounds=([-20] * nl + [0] * nlin, [5] * nl + [1e7] * nlin),
+                          loss=loss, f_scale=f_scale, x_scale=[1.0] * nl + [10.0] * nlin, method="trf",
+                          max_nfev=2000)
+        return r, resid(r.x)
     logp = _log_params(free)
     nl = len(logp)
     nlin = len(free) - (nl - 2)
@@ -162,7 +177,8 @@ def _fit_one(base, A, y, roofline, loss, f_scale, free):
 
 
 def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, loss: str = "soft_l1",
-                f_scale: float = 0.05, roofline: str = "auto", attention: bool = True) -> FitResult:
+                f_scale: float = 0.05, roofline: str = "auto", attention: bool = True,
+                row_blocks: bool = True) -> FitResult:
     """Least-squares fit of the coefficients (see module docstring).
 
     ``roofline``: ``"iteration"``, ``"operator"``, or ``"auto"`` (fit both, keep the lower
@@ -194,6 +210,25 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
     pick = min(fits, key=lambda k: fits[k][0].cost)
     best, rel = fits[pick]
     prof = _with(base, best.x, free, pick)
+    rows_fit = None
+    if row_blocks and np.any(A[_IDX["rows"]] >= 2) and len(np.unique(A[_IDX["rows"]])) >= 4:
+        # the small-M GEMM path (sim.cost): grid over (mr, m_small); eff_mv prices its weight passes
+        free_r = free if "eff_mv" in free else ["eff_mv"] + free
+        grid = []
+        for mr in ROW_BLOCKS:
+            for mmax in SMALL_M_MAX:
+                if mmax is not None and mmax <= mr:
+                    continue
+                b = dataclasses.replace(base, gemm_row_block=mr, gemm_small_m_max=mmax)
+                r, rr = _fit_one(b, A, y, pick, loss, f_scale, free_r)
+                grid.append((r.cost, mr, mmax, r, rr, b))
+        cost_r, mr, mmax, r, rr, b = min(grid, key=lambda g: g[0])
+        if cost_r < ROW_TERM_GAIN * best.cost:
+            rows_fit = {"gemm_row_block": mr, "gemm_small_m_max": mmax, "cost_without": float(best.cost),
+                        "cost_with": float(cost_r)}
+            best, rel, free = r, rr, free_r
+            prof = _with(b, r.x, free, pick)
+            fits[pick] = (r, rr)
     return FitResult(profile=prof, rel_rms=float(np.sqrt(np.mean(rel ** 2))),
                      rel_median_abs=float(np.median(np.abs(rel))), n=int(y.size), cost=float(best.cost),
                      success=bool(best.success), message=str(best.message), roofline=pick,
@@ -201,7 +236,7 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
                      by_roofline={k: {"rel_rms": float(np.sqrt(np.mean(v[1] ** 2))),
                                       "rel_median_abs": float(np.median(np.abs(v[1]))), "cost": float(v[0].cost)}
                                   for k, v in fits.items()},
-                     residuals=rel)
+                     residuals=rel, row_blocks=rows_fit)
 
 
 def fitted_range(model: ModelShape, phases: pd.DataFrame, device: str | None = None,
@@ -215,12 +250,60 @@ def fitted_range(model: ModelShape, phases: pd.DataFrame, device: str | None = N
     ctx = [int(n) + int(c) for ns, cs in zip(fw["n"], fw["c"]) for n, c in zip(ns, cs)]
     new = [int(n) for ns in fw["n"] for n in ns]
     out = {"max_context_tokens": int(max(ctx)), "max_new_tokens": int(max(new)),
-           "max_batch": int(max(len(ns) for ns in fw["n"])), "models": [model.name]}
+           "max_batch": int(max(len(ns) for ns in fw["n"])),
+           "max_tokens_per_iteration": int(max(int(sum(ns)) for ns in fw["n"])),
+           "mixed_iterations": bool(any(any(int(n) > 1 for n in ns) and any(int(n) == 1 for n in ns)
+                                        for ns in fw["n"])),
+           "models": [model.name]}
     if device is not None:
         out["device"] = str(device)
     if dtype is not None:
         out["dtypes"] = [str(dtype)]
     return out
+
+
+def merge_ranges(frs: list[dict]) -> dict:
+    """The envelope of several runs' fitted ranges (maxima; mixed if any run had mixed iterations)."""
+    out = {}
+    for k in ("max_context_tokens", "max_new_tokens", "max_batch", "max_tokens_per_iteration"):
+        vals = [f[k] for f in frs if k in f]
+        if vals:
+            out[k] = max(vals)
+    if any("mixed_iterations" in f for f in frs):
+        out["mixed_iterations"] = any(f.get("mixed_iterations", False) for f in frs)
+    out["models"] = sorted({m for f in frs for m in f.get("models", [])})
+    return out
+
+
+def profile_out_path(name: str, out: Path | None = None, force: bool = False) -> Path:
+    """Where a fit writes: ``out``, else the user profile directory's ``hardware/<name>.yaml``.
+
+    Never over a shipped preset (a file in the package's ``sim/presets``) without ``force``.
+    """
+    from sim.profiles import is_shipped, user_profile_dir
+
+    path = Path(out) if out else user_profile_dir() / "hardware" / f"{name}.yaml"
+    if path.exists() and is_shipped(path) and not force:
+        raise ValueError(f"--out: {path} is a shipped preset; a fit goes to the user profile directory "
+                         f"({user_profile_dir()}) unless --force replaces the shipped file")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run_fingerprint(runs: list[dict], dirs: list) -> dict | None:
+    """The one host fingerprint the runs recorded (None if none did); runs from two hosts are refused."""
+    from sim.host import fingerprint_differences
+
+    fps = [(d, r.get("fingerprint")) for d, r in zip(dirs, runs) if r.get("fingerprint")]
+    if not fps:
+        return None
+    d0, f0 = fps[0]
+    for d, f in fps[1:]:
+        diff = fingerprint_differences(f0, f)
+        if diff:
+            raise ValueError(f"calibrate fit: {d} was measured on another host than {d0} ({'; '.join(diff)}); "
+                             "one profile is fitted per host")
+    return dict(f0)
 
 
 def _yaml_dump(obj) -> str:
@@ -229,7 +312,7 @@ def _yaml_dump(obj) -> str:
 
 
 def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_on: dict, notes: str,
-                 clock: str = "wall", calibration_note: str | None = None) -> dict:
+                 clock: str = "wall", calibration_note: str | None = None, fingerprint: dict | None = None) -> dict:
     p = res.profile
     data = {
         "name": p.name, "peak_flops": float(p.peak_flops), "mem_bw": float(p.mem_bw),
@@ -241,14 +324,18 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
         "eff_mv": None if p.eff_mv is None else float(p.eff_mv),
         "eff_att": None if p.eff_att is None else float(p.eff_att),
         "eff_kv": None if p.eff_kv is None else float(p.eff_kv),
+        **({"gemm_row_block": int(p.gemm_row_block),
+            "gemm_small_m_max": None if p.gemm_small_m_max is None else int(p.gemm_small_m_max)}
+           if p.gemm_row_block else {}),
         "calibrated": True, "provisional": False, "fitted_range": frange, "device": device,
         "fitted_on": fitted_on,
+        **({"fingerprint": fingerprint} if fingerprint else {}),
         "calibration_note": calibration_note or (f"fitted end to end on {device} ({fitted_on.get('model')} "
                                                  f"{fitted_on.get('dtype')}, {clock} clock)"),
         "fit": {"method": "scipy.optimize.least_squares (trf, soft_l1 on relative residuals)",
                 "params": list(res.fitted), "clock": clock, "roofline": res.roofline,
                 "by_roofline": res.by_roofline, "n_phases": res.n, "rel_rms": res.rel_rms,
-                "rel_median_abs": res.rel_median_abs, "success": res.success},
+                "rel_median_abs": res.rel_median_abs, "success": res.success, "row_blocks": res.row_blocks},
         "notes": notes,
     }
     # keep what the fit does not own (capacity / scheduler keys another tool or person set in this file)
@@ -259,7 +346,7 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
         old = None
     if isinstance(old, dict):
         for k, v in old.items():
-            if k not in data and k not in ("fit", "notes", "fitted_on", "residuals", "reference"):
+            if k not in data and k not in ("fit", "notes", "fitted_on", "residuals", "reference", "fingerprint"):
                 data[k] = v
     header = ("# Fitted by `rksim calibrate fit` (calibrate/fit.py) on measured phases; do not edit by hand.\n"
               "# peak_flops / mem_bw are the base profile's; the coefficients in fit.params are fitted.\n")
@@ -322,17 +409,18 @@ def _where(d: Path) -> str:
 
 
 def fit_run_dir(dir_: Path, name: str = "local-cpu", out: Path | None = None, holdout: float = 0.5,
-                seed: int = 0, clock: str = "auto", roofline: str = "auto") -> dict:
+                seed: int = 0, clock: str = "auto", roofline: str = "auto", force: bool = False) -> dict:
     """``rksim calibrate fit DIR``: fit on the fit split's phases and the op sweep; write the preset.
 
     ``clock``: ``auto`` (thread CPU time on CPU, wall on CUDA), ``cpu`` or ``wall``
     (:func:`calibrate.timing.select_clock`; runs without CPU time fall back to wall).
     """
-    return fit_run_dirs([dir_], name=name, out=out, holdout=holdout, seed=seed, clock=clock, roofline=roofline)
+    return fit_run_dirs([dir_], name=name, out=out, holdout=holdout, seed=seed, clock=clock, roofline=roofline,
+                        force=force)
 
 
 def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = None, holdout: float = 0.5,
-                 seed: int = 0, clock: str = "auto", roofline: str = "auto") -> dict:
+                 seed: int = 0, clock: str = "auto", roofline: str = "auto", force: bool = False) -> dict:
     """``rksim calibrate fit DIR [DIR ...]``: one hardware profile fitted on several runs (several models
     on one device, e.g. the GPU kit's random-weight models). Every run is split into fit / held-out
     problems on its own; its ``fit.json`` records its split and the shared preset."""
@@ -340,6 +428,7 @@ def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = N
     from sim.profiles import model_from_manifest
 
     dirs = [Path(d) for d in dirs]
+    path = profile_out_path(name, out, force)
     parts, runs = [], []
     for dir_ in dirs:
         for f in ("phases.parquet", "run.json"):
@@ -369,11 +458,8 @@ def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = N
     res = fit_profile(base, terms, secs, roofline=roofline)
     device = devices.pop()
     frs = [fitted_range(p[6], p[2]) for p in parts]
-    frange = {"max_context_tokens": max(f["max_context_tokens"] for f in frs),
-              "max_new_tokens": max(f["max_new_tokens"] for f in frs),
-              "max_batch": max(f["max_batch"] for f in frs),
-              "models": sorted({m for f in frs for m in f["models"]}), "device": device, "dtypes": dtypes}
-    path = Path(out) if out else PRESET_DIR / "hardware" / f"{name}.yaml"
+    frange = {**merge_ranges(frs), "device": device, "dtypes": dtypes}
+    fp = run_fingerprint(runs, dirs)
     models = ", ".join(f"{p[1]['model']['name']} ({p[1]['model']['dtype']}; fit {p[7]}, held out {p[8]})"
                        for p in parts)
     notes = (f"fitted on {res.n} phases of {models} on {device} with {runs[0].get('threads')} threads, "
@@ -381,7 +467,7 @@ def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = N
     fitted_on = {"run": _where(dirs[0]) if len(dirs) == 1 else [_where(d) for d in dirs],
                  "created": runs[0].get("created"), "model": ", ".join(sorted({r["model"]["name"] for r in runs})),
                  "dtype": "/".join(dtypes), "threads": runs[0].get("threads")}
-    write_preset(path, res, frange, device=device, fitted_on=fitted_on, notes=notes, clock=used)
+    write_preset(path, res, frange, device=device, fitted_on=fitted_on, notes=notes, clock=used, fingerprint=fp)
     info = {}
     for dir_, run, use, _, _, _, model, fit_p, hold_p in parts:
         info = {"preset": str(path.resolve()), "path": str(path), "name": name, "fit_problems": fit_p,

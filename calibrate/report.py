@@ -110,7 +110,8 @@ def _errors(df: pd.DataFrame) -> dict:
     }, df
 
 
-def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto") -> dict:
+def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto",
+                    allow_other_host: bool = False) -> dict:
     """Held-out fidelity. Primary numbers: the simulator (``sim.api.simulate`` on the run's parity trace,
     decisions from the trace, costs from the fitted profile); ``cost_model_replay``: the cost model
     charged for the operations the run itself executed (isolates the cost model from the job model).
@@ -130,6 +131,11 @@ def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto"
         raise ValueError(f"{dir_ / 'fit.json'}: holdout_problems: empty; refit with --holdout > 0")
     # the profile's fitted range covers the device and dtype of this run too
     hw.check_query(model, max_context=0, device=run_device(run))
+    # ... and the host: a run measured here against a profile fitted on another host is refused
+    host = {"hardware_calibrated": bool(hw.calibrated), "host_match": None, "host_note": ""}
+    if run.get("fingerprint"):
+        from calibrate.serve import check_host
+        host = check_host(str(hw_path), run["fingerprint"], allow_other_host=allow_other_host)
     _, _, used, clock_note = select_clock(phases, dec, clock, run.get("device", "cpu"))
     col = "cpu_seconds" if used == "cpu" else "seconds"
     sim = simulate_records(phases, hw, model, seconds=col)
@@ -173,7 +179,8 @@ def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto"
         "n_holdout": int(len(hold)),
         "source": source,
         "hardware": hw.name,
-        "hardware_calibrated": bool(hw.calibrated),
+        "hardware_calibrated": bool(host["hardware_calibrated"]),
+        "host_match": host["host_match"], "host_note": host["host_note"],
         "calibration_note": hw.calibration_note,
         "roofline": hw.roofline,
         "clock": used,

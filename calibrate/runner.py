@@ -410,6 +410,7 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
         "device_name": (torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda"
                         else (platform.processor() or platform.machine())),
         "clocks": ["wall", "cpu"],   # phases.parquet seconds (wall) and cpu_seconds (timing thread)
+        "fingerprint": _fingerprint(lm),
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
                      "platform": platform.platform()},
         "command": " ".join(sys.argv), "n_problems": len(problems), "policies": list(cfg.policies),
@@ -437,6 +438,14 @@ def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
         summary["asks_sigma_max_abs_diff_vs_trace"] = float(sig.max()) if len(sig) else None
     atomic_write_json(out / "run.json", summary)
     return summary
+
+
+def _fingerprint(lm) -> dict:
+    """The host (or GPU) this run measures, with its threads and dtype (:mod:`calibrate.hostinfo`)."""
+    import torch
+
+    from calibrate.hostinfo import fingerprint
+    return fingerprint(str(lm.device), torch.get_num_threads(), str(lm.dtype))
 
 
 def decision_parity(out: Path, dec: pd.DataFrame, pols: dict) -> float:

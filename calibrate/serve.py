@@ -89,6 +89,8 @@ class ServeConfig:
     temperature: float = 0.7
     top_p: float = 0.95
     warmup: bool = True
+    allow_other_host: bool = False      # price with a profile fitted on another host (the result says so)
+    allow_extrapolation: bool = False   # price iterations outside the profile's fitted range (marked)
 
     def __post_init__(self) -> None:
         for f in ("problems", "capacity_tokens", "concurrency", "branches", "max_new_tokens", "block_size",
@@ -159,6 +161,31 @@ class ServeConfig:
         if kw.get("scheduler") is not None and kw["scheduler"] not in SCHEDULERS:
             raise ValueError(f"--scheduler: {kw['scheduler']!r} is not one of {', '.join(SCHEDULERS)}")
         return cls(**kw)
+
+
+def check_host(hardware: str, fp: dict, allow_other_host: bool = False) -> dict:
+    """Refuse to compare a run on this host with a profile fitted on another (naming the difference).
+
+    ``calibrate serve`` and ``calibrate report`` measure this host: a profile from another host
+    can only disagree with it. ``allow_other_host``: go on; the result carries the one-line note
+    and ``hardware_calibrated: false``. Returns :func:`sim.host.profile_host_status`.
+    """
+    from sim.host import profile_host_status
+    from sim.profiles import OutOfCalibrationError, load_hardware
+
+    hw = load_hardware(hardware)
+    st = profile_host_status(hw, fp)
+    if st["host_match"] is False and not allow_other_host:
+        raise OutOfCalibrationError(
+            f"--hardware {hardware}: fitted on another host ({'; '.join(st['host_differences'])}); this run "
+            f"measures this one (fit it: rksim calibrate host; or --allow-other-host to compare anyway)")
+    return st
+
+
+def _host_fields(hardware: str, fp: dict) -> dict:
+    from sim.host import host_fields
+    from sim.profiles import load_hardware
+    return host_fields(load_hardware(hardware), current=fp)
 
 
 def _int_flag(flag: str, v) -> int:
@@ -530,7 +557,8 @@ REAL_COLUMNS = ("iteration", "seqs", "c", "n", "sample", "preempted", "finished"
                 "wall_s", "cpu_s", "forward_wall_s", "forward_cpu_s")
 
 
-def rescore(run_dir: Path, hardware: str | None = None, clock: str | None = None) -> dict:
+def rescore(run_dir: Path, hardware: str | None = None, clock: str | None = None, allow_other_host: bool = False,
+            allow_extrapolation: bool = False) -> dict:
     """Replay a saved run again (another hardware profile or clock) without running the model.
 
     Reads ``requests.parquet``, the real columns of ``iterations.parquet`` and the
@@ -541,19 +569,26 @@ def rescore(run_dir: Path, hardware: str | None = None, clock: str | None = None
     run_dir = Path(run_dir)
     if not (run_dir / SUMMARY_FILE).is_file():
         raise FileNotFoundError(f"{run_dir / SUMMARY_FILE}: missing (not a calibrate serve run)")
-    conf = json.loads((run_dir / SUMMARY_FILE).read_text())["config"]
+    saved = json.loads((run_dir / SUMMARY_FILE).read_text())
+    conf = saved["config"]
     if hardware is not None:
         conf["hardware"] = hardware
     if clock is not None:
         conf["clock"] = clock
+    conf["allow_other_host"], conf["allow_extrapolation"] = bool(allow_other_host), bool(allow_extrapolation)
     cfg = ServeConfig(**conf)
     it = pd.read_parquet(run_dir / "iterations.parquet")
     rows = it[[c for c in REAL_COLUMNS if c in it.columns]].dropna(subset=["cpu_s"]).reset_index(drop=True)
     rq = pd.read_parquet(run_dir / "requests.parquet")
     rq = rq[[c for c in rq.columns if not c.startswith("sim_")]]
+    host = {}
+    if saved.get("fingerprint"):   # the run's host against the profile's: refused when they differ
+        check_host(cfg.hardware, saved["fingerprint"], allow_other_host=cfg.allow_other_host)
+        host = _host_fields(cfg.hardware, saved["fingerprint"])
     sim_rows, sim_req, info = replay(cfg, rq)
     return {**compare(rows, sim_rows, rq.merge(sim_req, on="rid"), cfg.clock), "hardware": info["hardware"],
-            "hardware_source": info["hardware_source"], "clock": cfg.clock}
+            "hardware_source": info["hardware_source"], "clock": cfg.clock, **host,
+            "extrapolated": info["extrapolated"]}
 
 
 def phases_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -596,6 +631,9 @@ def run_serve(cfg: ServeConfig, out: Path | None = None, progress: bool = True, 
         # first calls allocate and pick kernels: one short unrecorded run, not part of any measurement
         wcfg = dataclasses.replace(cfg, problems=1, concurrency=1, max_new_tokens=2)
         real_loop(lm, wcfg, build_requests(lm, wcfg), stop, progress=False, record=False)
+    from calibrate.runner import _fingerprint
+    fp = _fingerprint(lm)
+    check_host(cfg.hardware, fp, allow_other_host=cfg.allow_other_host)   # before the run: nothing is lost
     reqs = build_requests(lm, cfg)
     rows, rq, sim_rows, sim_info, cmp, loop_wall = serve_requests(lm, cfg, reqs, stop, progress=progress)
     it = rows.merge(sim_rows.add_prefix("sim_").rename(columns={"sim_iteration": "iteration", "sim_sim_s": "sim_s"}),
@@ -619,8 +657,10 @@ def run_serve(cfg: ServeConfig, out: Path | None = None, progress: bool = True, 
         "makespan_wall_s": float(rows["wall_s"].sum()), "makespan_cpu_s": float(rows["cpu_s"].sum()),
         "sched_wall_s": float(rows["sched_wall_s"].sum()), "loop_wall_s": float(loop_wall),
         "sim": sim_info,
+        **_host_fields(cfg.hardware, fp),
         "config": dataclasses.asdict(cfg),
         "model": lm.info(), "device": str(lm.device), "threads": torch.get_num_threads(),
+        "fingerprint": fp,
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform()},
         "command": " ".join(sys.argv),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -628,7 +668,8 @@ def run_serve(cfg: ServeConfig, out: Path | None = None, progress: bool = True, 
     if out is not None:
         # run.json: what `rksim calibrate fit DIR` reads next to phases.parquet
         run_json = {"kind": "calibrate serve", "problems": [], "model": lm.info(), "device": str(lm.device),
-                    "threads": torch.get_num_threads(), "created": summary["created"], "clock": cfg.clock}
+                    "threads": torch.get_num_threads(), "created": summary["created"], "clock": cfg.clock,
+                    "fingerprint": fp}
         write_run(Path(out), {
             "iterations.parquet": _parquet_bytes(it),
             "requests.parquet": _parquet_bytes(rq),

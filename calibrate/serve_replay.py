@@ -17,6 +17,8 @@ takes each iteration's seconds from the simulated clock.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
@@ -90,8 +92,6 @@ def replay(cfg, rq: pd.DataFrame):
 
     model = load_model(cfg.model_preset or cfg.model)
     if getattr(cfg, "dtype", ""):
-        import dataclasses
-
         from sim.profiles import _DTYPE_BYTES
         model = dataclasses.replace(model, dtype=cfg.dtype, dtype_bytes=_DTYPE_BYTES.get(cfg.dtype, model.dtype_bytes))
     hw = load_hardware(cfg.hardware)
@@ -118,9 +118,11 @@ def replay(cfg, rq: pd.DataFrame):
     t = [r["t0"] for r in its] + [res.makespan]
     rows = pd.DataFrame([{"iteration": i, **{k: v for k, v in r.items() if k not in ("t0", "out")},
                           "sim_s": t[i + 1] - t[i]} for i, r in enumerate(its)])
-    # a calibrated profile answers only inside what it was fitted on: the items priced here
-    hw.check_query(model, max_context=max(c + n for cs, ns in zip(rows["c"], rows["n"]) for c, n in zip(cs, ns)),
-                   max_new=max(max(ns) for ns in rows["n"]), max_batch=max(len(ns) for ns in rows["n"]))
+    # a calibrated profile answers only inside what it was fitted on: the iterations priced here
+    from sim.ranges import iteration_query
+    q = iteration_query([list(zip(ns, cs)) for ns, cs in zip(rows["n"], rows["c"])])
+    marks = hw.check_query(model, max_context=q.context, max_new=q.item_tokens, max_batch=q.seqs, tokens=q.tokens,
+                           mixed=q.mixed, allow_extrapolation=bool(getattr(cfg, "allow_extrapolation", False)))
     first, last, arrival, n_sampled = {}, {}, {}, {}
     for i, r in enumerate(its):
         for rid, s in zip(r["seqs"], r["sample"]):
@@ -140,5 +142,6 @@ def replay(cfg, rq: pd.DataFrame):
                          "sim_e2e_s": float(rec[int(r) // B]["latency_s"])} for r in rq["rid"]])
     info = {"hardware": hw.name, "hardware_source": hw.source, "model_preset": model.name,
             "engine": "sim.engine.Engine (simpy; sim.scheduler + sim.kvcache; sim.cost.ScalarCost)",
-            "makespan_s": res.makespan, "engine_iterations": int(res.iterations), "events": int(res.events)}
+            "makespan_s": res.makespan, "engine_iterations": int(res.iterations), "events": int(res.events),
+            "extrapolated": marks, "range_query": dataclasses.asdict(q)}
     return rows, req, info

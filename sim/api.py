@@ -47,8 +47,12 @@ def loaded(trace=None, reshape=None) -> Session:
 def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = None, model_preset=None,
              hardware="local-cpu", mode: str = "isolated", problems=None, workload: dict | None = None,
              seed: int = 0, arrival_rate: float | None = None, baselines: bool | None = None,
-             engine: bool = False, serving=None, reshape=None) -> SimResult:
+             engine: bool = False, serving=None, reshape=None, strict: bool = False,
+             allow_extrapolation: bool = False) -> SimResult:
     """Simulate one configuration; see :func:`evaluate` for the arguments.
+
+    ``strict``: refuse a profile fitted on another host (``sim.host``) instead of noting it;
+    ``allow_extrapolation``: price queries outside the fitted range, listed in ``info["extrapolated"]``.
 
     ``engine=True`` forces the simpy engine in isolated mode too (the fast path and the engine
     agree to 1e-9; the tests check it). ``serving``: a :class:`sim.capacity.ServingConfig` or
@@ -58,7 +62,8 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     token policies have none, and ``problems`` / ``engine`` / ``baselines`` given to one are refused).
     """
     config = RunConfig(policy=policy, params=dict(params or {}), workload=dict(workload or {}), mode=mode, seed=seed,
-                       arrival_rate=arrival_rate, problems=problems, engine=engine, baselines=baselines)
+                       arrival_rate=arrival_rate, problems=problems, engine=engine, baselines=baselines,
+                       strict=strict, allow_extrapolation=allow_extrapolation)
     session = loaded(trace, reshape)
     return run(session, Target.resolve(session, model_preset, hardware, serving), config)
 

@@ -1,4 +1,4 @@
-"""The simulator's configuration error: its message names the problem, ``field`` the option at fault."""
+"""The simulator's errors: configuration (``field`` names the option at fault), presets, calibration ranges."""
 from __future__ import annotations
 
 
@@ -15,4 +15,12 @@ class ConfigError(ValueError):
         self.field = field
 
 
-__all__ = ["ConfigError"]
+class PresetError(ValueError):
+    """An unknown preset name or a malformed preset file (message names it)."""
+
+
+class OutOfCalibrationError(ValueError):
+    """A query outside the range a hardware profile was calibrated on (or, under ``strict``, its host)."""
+
+
+__all__ = ["ConfigError", "PresetError", "OutOfCalibrationError"]

@@ -15,6 +15,7 @@ import numpy as np
 from .decisions import (bind_vocab, decide, decision_key, in_target_units, job_for, prefetch_exits, scale_layers,
                         static_key, workload_key)
 from .errors import ConfigError
+from .ranges import job_extent
 from .summary import info_of
 from .workload import probes_for
 
@@ -71,12 +72,15 @@ def decided(session, cfg, probs, L_target: int) -> list:
     return out
 
 
-def check_range(session, target, jobs, batch_items: int) -> None:
-    """Refuse jobs outside the fitted range (context, new tokens, batch); a passed set is remembered."""
+def check_range(session, target, jobs, batch_items: int, tokens: int = 0, mixed: bool = False,
+                allow_extrapolation: bool = False) -> list:
+    """Refuse jobs outside the fitted range (context, new tokens, batch, tokens per iteration, mixed
+    iterations: :mod:`sim.ranges`); a passed set is remembered. Returns the extrapolation notes."""
     # Jobs are memoised objects (held by session.decisions): the same jobs on the same target pass again.
-    okey = (tuple(id(j) for _, j in jobs), id(target.hardware), id(target.model), batch_items)
+    okey = (tuple(id(j) for _, j in jobs), id(target.hardware), id(target.model), batch_items, tokens, mixed,
+            allow_extrapolation)
     if okey in session.range_ok:
-        return
+        return session.range_ok[okey][3]
     max_ctx = max_new = 0
     for _, j in jobs:
         if not j.B:
@@ -86,9 +90,11 @@ def check_range(session, target, jobs, batch_items: int) -> None:
                 max(int((j.ctx + j.gen).max()), int((j.v_cached + j.v_new).max()) if j.verify_on else 0),
                 max(int(j.computed.max()), int(j.gate.max()), int(j.v_new.max()) if j.verify_on else 0))
         max_ctx, max_new = max(max_ctx, j.query_range[0]), max(max_new, j.query_range[1])
-    target.check_query(max_context=max_ctx, max_new=max_new, max_batch=batch_items)
+    marks = target.check_query(max_context=max_ctx, max_new=max_new, max_batch=batch_items, tokens=tokens,
+                               mixed=mixed, allow_extrapolation=allow_extrapolation)
     # kept alive so the ids in the key stay theirs
-    session.range_ok[okey] = (target.hardware, target.model, [j for _, j in jobs])
+    session.range_ok[okey] = (target.hardware, target.model, [j for _, j in jobs], marks)
+    return marks
 
 
 def kv_ids(f, dec) -> list:
@@ -141,7 +147,10 @@ def prepare(session, target, config) -> Prepared:
     L = target.model.n_layers
     out = Prepared(sched, cap, info_of(session, target, config, cap, sched), probs, L, decided(session, cfg, probs, L))
     jobs = out.jobs
-    check_range(session, target, jobs, max((j.B for _, j in jobs), default=0))
+    out.info["extrapolated"] = check_range(
+        session, target, jobs, max((j.B for _, j in jobs), default=0),
+        *job_extent([j for _, j in jobs], config.mode, sched.max_num_batched_tokens),
+        allow_extrapolation=config.allow_extrapolation)
     return out
 
 

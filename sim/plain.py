@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from .capacity import GENERIC_DEFAULTS, SCHEDULER_DEFAULTS, ServingConfig, capacity_blocks, kv_capacity
+from .host import host_fields
 from .kvcache import check_size
 from .workload import Job
 
@@ -292,7 +293,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     e2el = np.array([r["latency_s"] for r in recs])
     itls = [np.diff(np.asarray(r["token_times"][0])).tolist() for r in recs]
     info = {"model": model.name, "hardware": hw.name, "calibration": hw.calibration_note,
-            "hardware_calibrated": bool(getattr(hw, "calibrated", False)),
+            **host_fields(hw), "calibration_status": hw.calibration_status,
             "scheduler": sched.to_dict(), "block_size": bs, "kv_capacity_blocks": int(blocks),
             "kv_capacity_bytes": float(cap["kv_capacity_bytes"]), "capacity_source": cap["capacity_source"],
             "prefix_caching": bool(sv.prefix_caching) and token_policy is None,

@@ -5,6 +5,14 @@ Presets are YAML (or JSON) files under ``sim/presets/models`` and
 Users add their own by passing a file path instead of a name, or by pointing
 ``RKSIM_PRESETS`` at a directory holding ``models/*.yaml`` and/or
 ``hardware/*.yaml`` (user files shadow the shipped ones of the same name).
+
+Profiles a user fits (``rksim calibrate fit``, ``rksim calibrate host``) live
+outside the package, in the *user profile directory*
+(:func:`user_profile_dir`: ``$RKSIM_PROFILE_DIR``, else
+``$XDG_CONFIG_HOME/rksim``, else ``~/.config/rksim``; profiles in its
+``hardware/``). A name resolves from ``RKSIM_PRESETS``, then the user profile
+directory, then the package: a user's fit shadows a shipped preset of the same
+name and never overwrites it.
 """
 from __future__ import annotations
 
@@ -17,16 +25,20 @@ from typing import Any
 
 import numpy as np
 
+from .errors import OutOfCalibrationError, PresetError  # defined there: sim.host and sim.ranges raise them too
+
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 USER_PRESETS_ENV = "RKSIM_PRESETS"
+PROFILE_DIR_ENV = "RKSIM_PROFILE_DIR"
 
 
-class PresetError(ValueError):
-    """An unknown preset name or a malformed preset file (message names it)."""
-
-
-class OutOfCalibrationError(ValueError):
-    """A query outside the range a hardware profile was calibrated on."""
+def user_profile_dir() -> Path:
+    """Where a user's fitted profiles go: ``$RKSIM_PROFILE_DIR``, ``$XDG_CONFIG_HOME/rksim`` or ``~/.config/rksim``."""
+    d = os.environ.get(PROFILE_DIR_ENV)
+    if d:
+        return Path(d)
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".config") / "rksim"
 
 
 # --------------------------------------------------------------------------- model
@@ -177,6 +189,13 @@ class HardwareProfile:
     and LM-head operators become ``max(f / rc, (b - b_mv) / rm + b_mv / rmv)``; in the
     whole-iteration one ``roof = max(flops / rc, (bytes - b_mv) / rm + b_mv / rmv)``.
 
+    Small-M path (``gemm_row_block`` = ``mr``, ``gemm_small_m_max`` = ``m_small``; None: off):
+    an iteration of ``2 <= rows <= m_small`` token rows (``rows``, :mod:`sim.cost`) streams
+    the linear and LM-head weights ``ceil(rows / mr)`` times at ``mem_bw * eff_mv``, the
+    matrix-vector rate (one row is the case ``mr >= 1``): ``(b_lin - b_sm) / rm +
+    ceil(rows / mr) b_sm / rmv`` with ``b_sm = b_lin`` in that range. Above ``m_small`` the GEMM
+    packs the weights and the roofline of the matrix-matrix regime applies.
+
     Attention at its own efficiencies: the attention operator's flops (``f_att``) run at
     ``ra = peak_flops * eff_att`` and its KV traffic (``b_att``) at ``rkv = mem_bw * eff_kv``
     (None: ``eff_c`` / ``eff_m``, the same formula as without them). A fused attention
@@ -221,6 +240,8 @@ class HardwareProfile:
     eff_att: float | None = None    # attention's (QK^T, AV) fraction of peak flops (None: eff_c)
     eff_kv: float | None = None     # attention's KV traffic's fraction of bandwidth (None: eff_m)
     calibration_status: str = ""    # CALIBRATION_STATUSES; "" = derived from calibrated / provisional
+    gemm_row_block: int | None = None      # rows per weight pass of the small-M path (None: only 1 row is)
+    gemm_small_m_max: int | None = None    # most token rows the small-M path takes (None: every count)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -233,6 +254,11 @@ class HardwareProfile:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0):
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
                                   f"number or null, got {v!r}")
+        for f in ("gemm_row_block", "gemm_small_m_max"):
+            v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
+                                  f"integer or null, got {v!r}")
         for f in ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s"):
             v = getattr(self, f)
             if v is None and f == "per_kernel_graph_s":
@@ -300,19 +326,28 @@ class HardwareProfile:
         mode = roofline or self.roofline
         g = getattr
         blm, bhm = g(terms, "b_lin_mv", 0.0), g(terms, "b_head_mv", 0.0)
+        mult = 1.0
+        if self.gemm_row_block:
+            # small-M path (sim.cost, "Row blocking"): 2 .. m_small token rows stream the weights
+            # once per block of gemm_row_block rows, at the matrix-vector rate
+            r = np.asarray(g(terms, "rows", 0.0), dtype=np.float64)
+            small = (r >= 2) & (r <= (np.inf if self.gemm_small_m_max is None else self.gemm_small_m_max))
+            blm = np.where(small, g(terms, "b_lin", 0.0), blm)
+            bhm = np.where(small, g(terms, "b_head", 0.0), bhm)
+            mult = np.where(small, np.ceil(r / self.gemm_row_block), 1.0)
         fa, ba = g(terms, "f_att", 0.0), g(terms, "b_att", 0.0)
         if mode == "operator":
             fl, bl = g(terms, "f_lin", 0.0), g(terms, "b_lin", 0.0)
             fh, bh = g(terms, "f_head", 0.0), g(terms, "b_head", 0.0)
             fr = np.maximum(terms.flops - fl - fa - fh, 0.0)
             br = np.maximum(terms.bytes - bl - ba - bh, 0.0)
-            roof = (np.maximum(fl / rc, (bl - blm) / rm + blm / rmv) + np.maximum(fa / ra, ba / rkv)
-                    + np.maximum(fh / rc, (bh - bhm) / rm + bhm / rmv)
+            roof = (np.maximum(fl / rc, (bl - blm) / rm + mult * blm / rmv) + np.maximum(fa / ra, ba / rkv)
+                    + np.maximum(fh / rc, (bh - bhm) / rm + mult * bhm / rmv)
                     + np.maximum(fr / rc, br / rm)
                     + g(terms, "b_elem", 0.0) / (self.mem_bw * (self.eff_m if self.eff_elem is None else self.eff_elem)))
         elif mode == "iteration":
             roof = np.maximum((terms.flops - fa) / rc + fa / ra,
-                              (terms.bytes - blm - bhm - ba) / rm + (blm + bhm) / rmv + ba / rkv)
+                              (terms.bytes - blm - bhm - ba) / rm + mult * (blm + bhm) / rmv + ba / rkv)
         else:
             raise ValueError(f"roofline: {mode!r} is not one of {', '.join(ROOFLINES)}")
         pkg = self.per_kernel_s if self.per_kernel_graph_s is None else self.per_kernel_graph_s
@@ -321,8 +356,15 @@ class HardwareProfile:
                 + g(terms, "iters", 0.0) * self.host_per_iter_s)
 
     def check_query(self, model: ModelShape, max_context: int, max_new: int = 0, max_batch: int = 0,
-                    device: str | None = None) -> None:
+                    device: str | None = None, tokens: int = 0, mixed: bool = False,
+                    allow_extrapolation: bool = False) -> list[str]:
         """Refuse a query outside the fitted range (raises :class:`OutOfCalibrationError`).
+
+        Sizes are checked per dimension by :func:`sim.ranges.check` (sequences ``max_batch`` and
+        ``tokens`` of one iteration, ``max_context``, ``max_new`` tokens of one item, ``mixed``
+        prefill + decode iterations); with ``allow_extrapolation`` a size outside is let through
+        and the returned notes (one per dimension) mark the result. Model, dtype and device are
+        always refused.
 
         The range covers the device and dtype the fit measured as well as sizes: a
         ``model`` in another dtype (``model.dtype_name``), or a ``device`` (when the
@@ -337,7 +379,7 @@ class HardwareProfile:
                 f"more than the {self.mem_capacity / 1e9:.1f} GB of memory")
         fr = self.fitted_range
         if not fr:
-            return
+            return []
         fdev = fr.get("device")
         if device is not None and fdev and not _same_device(str(device), str(fdev)):
             raise OutOfCalibrationError(
@@ -357,14 +399,25 @@ class HardwareProfile:
             raise OutOfCalibrationError(
                 f"hardware {self.name}: calibrated on model(s) {', '.join(models)} only; refusing to extrapolate to "
                 f"{model.name} (fit this hardware for that model with `rksim calibrate fit`)")
-        for key, value, what in (("max_context_tokens", max_context, "context"),
-                                 ("max_new_tokens", max_new, "tokens in one forward item"),
-                                 ("max_batch", max_batch, "batch")):
-            lim = fr.get(key)
-            if lim is not None and value > lim:
-                raise OutOfCalibrationError(
-                    f"hardware {self.name}: {what} of {value} is outside the calibrated range "
-                    f"(fitted_range.{key} = {lim}); refusing to extrapolate")
+        from .ranges import RangeQuery, check
+        return check(self.name, fr, RangeQuery(seqs=max_batch, tokens=tokens, context=max_context,
+                                               item_tokens=max_new, mixed=mixed), allow_extrapolation)
+
+    @property
+    def fingerprint(self) -> dict | None:
+        """The host (CPU) or device (GPU) the profile was fitted on (:mod:`sim.host`); None if not recorded."""
+        fp = self.extra.get("fingerprint")
+        return dict(fp) if isinstance(fp, dict) else None
+
+    def host_status(self, current: dict | None = None) -> dict:
+        """Whether this profile belongs to this host (:func:`sim.host.host_status`), plus
+        ``hardware_calibrated``: fitted end to end *and* not on another host."""
+        from .host import host_status
+        fr = self.fitted_range or {}
+        cpu_fit = bool(self.calibrated) and str(fr.get("device", self.extra.get("device", ""))).startswith("cpu")
+        st = host_status(self.name, self.fingerprint, cpu_fit, current)
+        st["hardware_calibrated"] = bool(self.calibrated) and st["host_match"] is not False
+        return st
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -407,8 +460,32 @@ def _dirs(kind: str) -> list[Path]:
     user = os.environ.get(USER_PRESETS_ENV)
     if user:
         dirs.append(Path(user) / kind)
+    dirs.append(user_profile_dir() / kind)
     dirs.append(PRESET_DIR / kind)
     return dirs
+
+
+def preset_origin(path: Path) -> str:
+    """``package`` (shipped), ``user`` (the user profile directory), ``RKSIM_PRESETS`` or ``file``."""
+    p = Path(path).resolve()
+    for name, root in (("package", PRESET_DIR), ("user", user_profile_dir()),
+                       (USER_PRESETS_ENV, Path(os.environ.get(USER_PRESETS_ENV) or "/nonexistent"))):
+        try:
+            p.relative_to(Path(root).resolve())
+            return name
+        except ValueError:
+            continue
+    return "file"
+
+
+def is_shipped(path: Path) -> bool:
+    """``path`` lies in the package's presets (a shipped preset: overwritten only with ``--force``)."""
+    return preset_origin(path) == "package"
+
+
+def preset_path(kind: str, name_or_path) -> Path:
+    """The file a preset name (or path) resolves to (first match: RKSIM_PRESETS, user directory, package)."""
+    return _resolve(kind, name_or_path)
 
 
 def list_presets(kind: str) -> list[str]:
@@ -463,7 +540,7 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     path = _resolve("hardware", name_or_path)
     data = _read_file(path)
     extra = {k: data.pop(k) for k in list(data) if k not in _HW_FIELDS}
-    allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals", "calibration_note", "reference"}
+    allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals", "calibration_note", "reference", "fingerprint"}
     unknown = set(extra) - allowed_extra
     if unknown:
         raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: "

@@ -36,6 +36,11 @@ class RunConfig:
     problems: tuple | None = None
     engine: bool = field(default=False, metadata={"flag": "--engine"})
     baselines: bool | None = None      # None: where the mode has them (not token policies)
+    strict: bool = option(False, kind=bool, flag="--strict",
+                          help="refuse a hardware profile fitted on another host (default: say so in one line)")
+    allow_extrapolation: bool = option(False, kind=bool, flag="--allow-extrapolation",
+                                       help="price queries outside the profile's fitted range; the result says which "
+                                            "(default: refuse)")
     sim: SimConfig = field(init=False, repr=False, compare=False)
     budget: tuple | None = field(init=False, repr=False, compare=False)  # ("blocks", n) | ("frac", f) | None
 
@@ -76,10 +81,12 @@ class RunConfig:
     def baseline(self, name: str) -> "RunConfig":
         """The same run under the baseline policy ``name`` at its defaults (fast path, no baselines)."""
         return RunConfig(policy=name, params={}, workload=self.sim.workload, mode=self.mode, seed=self.seed,
-                         arrival_rate=self.arrival_rate, problems=self.problems, baselines=False)
+                         arrival_rate=self.arrival_rate, problems=self.problems, baselines=False,
+                         allow_extrapolation=self.allow_extrapolation)
 
     def baseline_key(self, name: str) -> tuple:
-        return (name, self.mode, self.problems, workload_key(self.sim), self.seed, self.arrival_rate)
+        return (name, self.mode, self.problems, workload_key(self.sim), self.seed, self.arrival_rate,
+                self.allow_extrapolation)
 
     def describe(self) -> dict:
         return {"policy": self.policy, "params": dict(self.params or {}), "components": self.sim.describe()}

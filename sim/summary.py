@@ -7,6 +7,7 @@ model's own figures (``sim.metrics.mark_trace_model_figures``).
 """
 from __future__ import annotations
 
+from .host import host_fields
 from .metrics import mark_trace_model_figures
 from .reshape import describe as reshape_info
 
@@ -24,7 +25,8 @@ def info_of(session, target, config, cap: dict, sched) -> dict:
     hw = target.hardware
     return {**config.describe(),
             "decisions_model": tf.model_name, "cost_model": target.model.name, "hardware": hw.name,
-            "hardware_calibrated": target.calibrated, "hardware_provisional": bool(getattr(hw, "provisional", False)),
+            **host_fields(hw, config.strict),  # is the profile this host's? (a one-line note if not)
+            "hardware_provisional": bool(getattr(hw, "provisional", False)),
             "mode": config.mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"]),
             "workload": dict(cfg.workload), "seed": int(config.seed),
             "arrival_rate": config.arrival_rate, "trace": tf.path, "reshape": reshape_info(tf),

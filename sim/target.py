@@ -133,9 +133,12 @@ class Target:
         cap["scheduler"] = sched.to_dict()
         return cap
 
-    def check_query(self, max_context: int, max_new: int, max_batch: int) -> None:
-        """Refuse a query outside the hardware profile's fitted range (``HardwareProfile.check_query``)."""
-        self.hardware.check_query(self.model, max_context=max_context, max_new=max_new, max_batch=max_batch)
+    def check_query(self, max_context: int, max_new: int, max_batch: int, tokens: int = 0, mixed: bool = False,
+                    allow_extrapolation: bool = False) -> list:
+        """Refuse a query outside the hardware profile's fitted range (``HardwareProfile.check_query``,
+        :mod:`sim.ranges`); with ``allow_extrapolation`` the notes of what was extrapolated instead."""
+        return self.hardware.check_query(self.model, max_context=max_context, max_new=max_new, max_batch=max_batch,
+                                         tokens=tokens, mixed=mixed, allow_extrapolation=allow_extrapolation)
 
     def note(self, decisions_model: str) -> str:
         m, hw = self.model.name, self.hardware.name

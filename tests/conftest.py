@@ -1,10 +1,21 @@
-"""Fixtures shared by the test modules: synthetic traces (``syn``, ``syn_factory``).
+"""Test session setup and shared fixtures: synthetic traces (``syn``, ``syn_factory``).
+
+Fitted profiles go to a private user profile directory, never the user's own.
 
 The bundled example trace is ``trace_files.BUNDLED`` (a constant: ``skipif`` marks read it at import).
 """
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+
+def pytest_configure(config):
+    # a user's ~/.config/rksim profiles must not shadow the shipped presets the tests read
+    if not os.environ.get("RKSIM_PROFILE_DIR"):
+        os.environ["RKSIM_PROFILE_DIR"] = tempfile.mkdtemp(prefix="rksim-test-profiles-")
 
 
 @pytest.fixture(scope="session")

@@ -77,7 +77,8 @@ def test_preset_written_loads_and_refuses_outside_range(tmp_path):
     res = fit_profile(HardwareProfile(name="local-test", peak_flops=2e11, mem_bw=2e10, mem_capacity=16e9),
                       terms, predict(TRUE, terms))
     fr = fitted_range(SMOL, df)
-    assert fr == {"max_context_tokens": 2048, "max_new_tokens": 2048, "max_batch": 8, "models": ["smollm2-135m"]}
+    assert fr == {"max_context_tokens": 2048, "max_new_tokens": 2048, "max_batch": 8, "max_tokens_per_iteration": 2048,
+                  "mixed_iterations": False, "models": ["smollm2-135m"]}
     path = tmp_path / "local-test.yaml"
     write_preset(path, res, fr, device="cpu", fitted_on={"run": "synthetic"}, notes="test")
     hw = load_hardware(str(path))

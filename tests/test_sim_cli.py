@@ -93,7 +93,8 @@ def test_out_of_calibration_refused(syn, tmp_path, capsys):
     hw.write_text("peak_flops: 1.0e11\nmem_bw: 1.0e10\nmem_capacity: 1.0e10\ncalibrated: true\n"
                   "fitted_range:\n  max_context_tokens: 40\n  models: [synthetic-tiny]\n")
     e = _err(capsys, ["simulate", "--trace", syn, "--policy", "no-kv", "--hardware", str(hw)])
-    assert "outside the calibrated range" in e and "refusing to extrapolate" in e
+    assert "context length" in e and "outside the fitted range [0, 40]" in e and "refusing to extrapolate" in e
+    assert "--allow-extrapolation" in e
 
 
 def test_compare_json_has_every_key(syn, capsys):

@@ -1,0 +1,262 @@
+"""A fitted profile belongs to a host and a range: fingerprints, per-dimension ranges, the host fit, user profiles."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from sim.host import fingerprint_differences, host_status, parse_cpuinfo, profile_host_status
+from sim.profiles import HardwareProfile, ModelShape, OutOfCalibrationError, load_hardware
+from sim.ranges import RangeQuery, check, iteration_query, violations
+
+SMOL = ModelShape(name="smollm2-135m", n_layers=30, hidden_size=576, n_heads=9, n_kv_heads=3, head_dim=64,
+                  intermediate_size=1536, vocab_size=49152, dtype_bytes=4, tied_embeddings=True, dtype="float32")
+FP = {"kind": "cpu", "cpu_model": "Intel(R) Xeon(R) Processor", "isa": ["amx_tile", "avx2", "avx512f"],
+      "threads": 1, "torch": "2.13.0+cpu", "blas": "mkl", "dtype": "float32"}
+BUNDLED = Path(__file__).resolve().parents[1] / "examples" / "trace-gsm8k-persona"
+
+
+def test_cpuinfo_flags_are_the_blas_ones():
+    text = ("processor\t: 0\nmodel name\t: Some  CPU @ 2GHz\nflags\t\t: fpu sse avx avx2 fma avx512f avx512_bf16 "
+            "amx_tile amx_bf16 avx_vnni\nprocessor\t: 1\nmodel name\t: Some CPU\n")
+    info = parse_cpuinfo(text)
+    assert info == {"cpu_model": "Some CPU @ 2GHz", "isa": ["amx_bf16", "amx_tile", "avx2", "avx512_bf16", "avx512f"],
+                    "logical_cpus": 2}
+
+
+def test_fingerprint_differences_name_what_differs():
+    assert fingerprint_differences(FP, dict(FP)) == []
+    other = {**FP, "cpu_model": "AMD EPYC 7B13", "isa": ["avx2"]}
+    d = fingerprint_differences(FP, other)
+    assert any("cpu_model" in x and "AMD EPYC 7B13" in x for x in d)
+    assert any("ISA flags differ" in x and "amx_tile" in x and "avx512f" in x for x in d)
+    # keys the current side does not know (the simulator knows no threads / BLAS) are not compared
+    assert fingerprint_differences(FP, {"kind": "cpu", "cpu_model": FP["cpu_model"], "isa": FP["isa"]}) == []
+    assert fingerprint_differences(FP, {**FP, "threads": 2}) == ["threads 1 vs 2 here"]
+    gpu = {"kind": "gpu", "device_name": "NVIDIA H100 80GB HBM3"}
+    assert fingerprint_differences(gpu, {"kind": "gpu", "device_name": "NVIDIA A100-SXM4-80GB"})
+
+
+def _fitted(tmp_path, fp, **fr) -> Path:
+    data = {"name": "fit-x", "peak_flops": 1e11, "mem_bw": 2e10, "mem_capacity": 2e10, "calibrated": True,
+            "device": "cpu", "fitted_range": {"max_context_tokens": 4096, "max_new_tokens": 2048, "max_batch": 64,
+                                              "models": ["smollm2-135m"], "device": "cpu", "dtypes": ["float32"],
+                                              **fr}}
+    if fp is not None:
+        data["fingerprint"] = fp
+    p = tmp_path / "fit-x.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_mismatching_host_says_so_and_is_not_calibrated(tmp_path):
+    from sim.host import current_cpu_fingerprint
+
+    here = current_cpu_fingerprint()
+    same = load_hardware(str(_fitted(tmp_path, {**FP, **here})))
+    st = profile_host_status(same)
+    assert st["host_match"] is True and st["hardware_calibrated"] and st["host_note"] == ""
+    foreign = load_hardware(str(_fitted(tmp_path, {**FP, **here, "cpu_model": "Foreign CPU 9000",
+                                                   "isa": ["avx2"]})))
+    st = profile_host_status(foreign)
+    assert st["host_match"] is False and st["hardware_calibrated"] is False
+    assert "\n" not in st["host_note"] and "another host" in st["host_note"] and "Foreign CPU 9000" in st["host_note"]
+    assert "rksim calibrate host" in st["host_note"]
+    # a datasheet profile is not a host's: nothing to say
+    assert profile_host_status(load_hardware("h100-sxm"))["host_match"] is None
+    assert host_status("x", None, calibrated=False)["host_note"] == ""
+
+
+def test_simulate_marks_and_strict_refuses_a_foreign_profile(tmp_path, capsys):
+    from app.cli import main
+    from sim.api import simulate
+    from sim.host import current_cpu_fingerprint
+
+    shipped = yaml.safe_load(Path(load_hardware("local-cpu").source).read_text())
+    shipped["fingerprint"] = {**current_cpu_fingerprint(), "cpu_model": "Foreign CPU 9000"}
+    p = tmp_path / "foreign-cpu.yaml"
+    p.write_text(yaml.safe_dump(shipped))
+    r = simulate(BUNDLED, policy="exact-prefix", hardware=str(p), problems=[0])
+    assert r.info["hardware_calibrated"] is False and r.summary["hardware_calibrated"] is False
+    assert "Foreign CPU 9000" in r.info["host_note"]
+    with pytest.raises(OutOfCalibrationError, match=r"--strict: .*another host .*cpu_model 'Foreign CPU 9000'"):
+        simulate(BUNDLED, policy="exact-prefix", hardware=str(p), problems=[0], strict=True)
+    assert main(["simulate", "--trace", str(BUNDLED), "--policy", "no-kv", "--hardware", str(p)]) == 0
+    err = capsys.readouterr().err
+    assert [ln for ln in err.splitlines() if "another host" in ln] and "hardware_calibrated=false" in err
+    assert main(["simulate", "--trace", str(BUNDLED), "--policy", "no-kv", "--hardware", str(p), "--strict"]) == 2
+    assert "Foreign CPU 9000" in capsys.readouterr().err
+
+
+def test_each_dimension_outside_is_refused_naming_it():
+    fr = {"max_batch": 8, "max_tokens_per_iteration": 512, "max_context_tokens": 1000, "max_new_tokens": 256,
+          "mixed_iterations": False}
+    assert violations(fr, RangeQuery(seqs=8, tokens=512, context=1000, item_tokens=256)) == []
+    cases = [(RangeQuery(seqs=9), "sequences per iteration 9 is outside the fitted range [1, 8]"),
+             (RangeQuery(tokens=513), "tokens per iteration 513 is outside the fitted range [1, 512]"),
+             (RangeQuery(context=1001), "context length 1001 is outside the fitted range [0, 1000]"),
+             (RangeQuery(item_tokens=300), "new tokens of one forward item 300 is outside the fitted range [1, 256]"),
+             (RangeQuery(mixed=True), "mixed prefill + decode iterations present")]
+    for q, msg in cases:
+        with pytest.raises(OutOfCalibrationError, match=msg.replace("[", r"\[").replace("]", r"\]").replace("+", r"\+")):
+            check("fit", fr, q)
+        notes = check("fit", fr, q, allow_extrapolation=True)
+        assert len(notes) == 1 and notes[0].startswith("extrapolated: ")
+    # a key an older profile does not record is not checked
+    assert check("fit", {"max_batch": 8}, RangeQuery(tokens=10 ** 6, mixed=True)) == []
+    q = iteration_query([[(1, 100), (1, 200), (64, 10)], [(1, 300)]])
+    assert q == RangeQuery(seqs=3, tokens=66, context=301, item_tokens=64, mixed=True)
+
+
+def test_check_query_refuses_and_extrapolation_marks(tmp_path):
+    from sim.api import simulate
+
+    hw = load_hardware(str(_fitted(tmp_path, None, max_context_tokens=40)))
+    with pytest.raises(OutOfCalibrationError, match=r"context length \d+ is outside the fitted range \[0, 40\]"):
+        hw.check_query(SMOL, max_context=500)
+    assert hw.check_query(SMOL, max_context=500, allow_extrapolation=True)[0].startswith("extrapolated: hardware fit-x")
+    p = _fitted(tmp_path, None, max_context_tokens=40)
+    data = yaml.safe_load(p.read_text())
+    data["fitted_range"]["models"] = ["smollm2-135m"]
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(OutOfCalibrationError, match="context length"):
+        simulate(BUNDLED, policy="no-kv", hardware=str(p), problems=[0])
+    r = simulate(BUNDLED, policy="no-kv", hardware=str(p), problems=[0], allow_extrapolation=True)
+    assert any("context length" in x for x in r.info["extrapolated"])
+
+
+# --------------------------------------------------------------------------- calibrate host
+def test_host_budget_is_respected_on_a_fake_clock():
+    from calibrate.host import HostConfig, measure, plan_shapes
+
+    shapes = plan_shapes(HostConfig())
+    kinds = {s.kind for s in shapes}
+    assert kinds == {"decode", "prefill", "mixed"}
+    assert max(s.decodes for s in shapes) == 64 and max(s.prefill for s in shapes) == 2048
+    assert {s.decodes for s in shapes if s.kind == "decode"} >= set(range(1, 17))
+
+    class Clock:
+        t = 0.0
+
+        def __call__(self):
+            return self.t
+
+    clock = Clock()
+    cost = {"decode": 0.4, "prefill": 1.5, "mixed": 0.9}
+
+    def run_one(s):
+        dt = cost[s.kind] * (1 + s.decodes / 64)
+        clock.t += dt
+        return dt, dt
+
+    for budget in (20.0, 60.0, 180.0):
+        clock.t = 0.0
+        rows, info = measure(shapes, run_one, budget_s=budget, clock=clock, repeats=2, reserve_s=5.0)
+        assert clock.t <= budget - 5.0 + 1e-9, (budget, clock.t)
+        assert info["measured"] == len(rows) and info["measured"] + info["cut_by_budget"] == len(shapes)
+    # the first round covers every dimension at its extremes, so even a short budget keeps the range
+    clock.t = 0.0
+    rows, _ = measure(shapes, run_one, budget_s=30.0, clock=clock, repeats=1, reserve_s=5.0)
+    got = [s for s, _, _ in rows]
+    assert max(s.decodes for s in got) == 64 and max(s.prefill for s in got) == 2048
+    assert any(s.kind == "mixed" for s in got)
+
+
+def test_fit_recovers_a_step_at_a_batch_size():
+    """Decode time steps up every 3 rows (the small-M GEMM's row blocks): the fit finds the block and its cost;
+    without the term the same data cannot be fitted."""
+    from calibrate.fit import fit_profile, phase_terms, predict
+    from calibrate.timing import PhaseRow, phases_frame
+
+    true = HardwareProfile(name="t", peak_flops=2e11, mem_bw=2e10, mem_capacity=16e9, eff_c=0.35, eff_m=0.6,
+                           per_kernel_s=4e-5, per_layer_s=3e-4, eff_mv=0.9, gemm_row_block=3, gemm_small_m_max=15)
+    rng = np.random.default_rng(0)
+    rows = [PhaseRow("prefill").items([n], [0]) for n in (16, 64, 256, 1024, 2048)]
+    for b in list(range(1, 17)) + [24, 32]:
+        for ctx in (64, 512):
+            rows.append(PhaseRow("decode").items([1] * b, [ctx] * b))
+    for b in (2, 8):
+        rows.append(PhaseRow("mixed").items([1] * b + [128], [200] * b + [0]))
+    df = phases_frame(rows)
+    terms = phase_terms(SMOL, df)
+    y = predict(true, terms) * np.exp(rng.normal(0, 0.005, terms.shape[1]))
+    base = HardwareProfile(name="t", peak_flops=2e11, mem_bw=2e10, mem_capacity=16e9)
+    res = fit_profile(base, terms, y)
+    got = res.profile
+    assert got.gemm_row_block == 3 and got.gemm_small_m_max == 15
+    assert got.eff_mv == pytest.approx(true.eff_mv, rel=0.1)
+    assert res.rel_median_abs < 0.03 and res.rel_rms < 0.05
+    flat = fit_profile(base, terms, y, row_blocks=False)
+    # a model without the term misses the step: residuals several times larger, 8% or more somewhere
+    assert flat.rel_rms > 3 * res.rel_rms and np.max(np.abs(flat.residuals)) > 0.08
+
+
+# --------------------------------------------------------------------------- user profiles
+def test_fits_go_to_the_user_directory_never_over_a_shipped_preset(tmp_path, monkeypatch):
+    from calibrate.fit import profile_out_path
+    from sim.catalog import profiles_table
+    from sim.profiles import PRESET_DIR, preset_origin, user_profile_dir
+
+    monkeypatch.setenv("RKSIM_PROFILE_DIR", str(tmp_path / "profiles"))
+    monkeypatch.delenv("RKSIM_PRESETS", raising=False)
+    assert user_profile_dir() == tmp_path / "profiles"
+    assert profile_out_path("local-cpu") == tmp_path / "profiles" / "hardware" / "local-cpu.yaml"
+    with pytest.raises(ValueError, match="shipped preset.*--force"):
+        profile_out_path("local-cpu", PRESET_DIR / "hardware" / "local-cpu.yaml")
+    assert profile_out_path("local-cpu", PRESET_DIR / "hardware" / "local-cpu.yaml", force=True).name == "local-cpu.yaml"
+    # a user profile shadows the shipped one of the same name
+    shipped = load_hardware("local-cpu")
+    assert preset_origin(Path(shipped.source)) == "package"
+    d = tmp_path / "profiles" / "hardware"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "local-cpu.yaml").write_text(Path(shipped.source).read_text().replace("eff_c:", "eff_c: 0.5 #"))
+    mine = load_hardware("local-cpu")
+    assert preset_origin(Path(mine.source)) == "user" and mine.eff_c == 0.5
+    tab = profiles_table().set_index("name")
+    assert tab.loc["local-cpu", "origin"] == "user" and tab.loc["h100-sxm", "status"] == "public profiles" and tab.loc["l4", "status"] == "datasheet"
+    assert tab.loc["a100-80gb", "status"] == "public profiles"
+    assert tab.loc["local-cpu", "status"] == "fitted end to end" and tab.loc["local-cpu", "date"]
+
+
+def test_profile_line_for_a_newcomer():
+    from sim.host import current_cpu_fingerprint, profile_line
+
+    hw = load_hardware("local-cpu")
+    here = dataclasses.replace(hw, extra={**hw.extra, "fingerprint": {**FP, **current_cpu_fingerprint()}})
+    assert "fitted on this host" in profile_line(here)
+    there = dataclasses.replace(hw, extra={**hw.extra, "fingerprint": {**FP, "cpu_model": "Elsewhere"}})
+    line = profile_line(there)
+    assert "\n" not in line and "another host" in line and "rksim calibrate host" in line
+
+
+@pytest.mark.slow
+def test_committed_inputs_recreate_the_shipped_local_cpu(tmp_path):
+    """`calibrate fit` on calibrate/data/local-cpu-fit re-creates the shipped profile's prices (its fit inputs
+    are in the repository); eff_mv is not identified by them (1-row decodes are flop-bound), so prices are compared."""
+    import json
+    import shutil
+
+    import pandas as pd
+
+    from calibrate.fit import fit_run_dirs, phase_terms, predict
+    from sim.profiles import model_from_manifest
+
+    data = Path(__file__).resolve().parents[1] / "calibrate" / "data" / "local-cpu-fit"
+    dirs = []
+    for name in ("calrun", "serve-C", "serve-B"):   # copies: the fit writes fit.json beside its inputs
+        shutil.copytree(data / name, tmp_path / name)
+        dirs.append(tmp_path / name)
+    info = fit_run_dirs(dirs, name="local-cpu", out=tmp_path / "local-cpu.yaml", clock="cpu")
+    new, shipped = load_hardware(str(tmp_path / "local-cpu.yaml")), load_hardware("local-cpu")
+    assert info["roofline"] == shipped.roofline and new.gemm_row_block == shipped.gemm_row_block
+    for k in ("max_context_tokens", "max_new_tokens", "max_batch", "models", "device", "dtypes"):
+        assert new.fitted_range[k] == shipped.fitted_range[k], k
+    for d in dirs:
+        run = json.loads((d / "run.json").read_text())
+        ph = pd.read_parquet(d / "phases.parquet")
+        ph = ph[ph["kind"] != "host"]
+        T = phase_terms(model_from_manifest({"model": run["model"]}), ph)
+        np.testing.assert_allclose(predict(new, T), predict(shipped, T), rtol=1e-5)
