@@ -62,8 +62,9 @@ class StreamError(ValueError):
     pass
 
 
-def drive(stream: dict, side, max_steps: int = 200_000) -> list[dict]:
-    """Run ``stream`` through ``side`` (``add(req)``, ``has_unfinished()``, ``step() -> record``)."""
+def drive(stream: dict, side, max_steps: int = 200_000, stop_after: int | None = None) -> list[dict]:
+    """Run ``stream`` through ``side`` (``add(req)``, ``has_unfinished()``, ``step() -> record``);
+    ``stop_after``: return after that many steps."""
     groups = stream["groups"]
     kind = stream["arrival"]["kind"]
     conc = int(stream["arrival"].get("concurrency", 0))
@@ -90,6 +91,8 @@ def drive(stream: dict, side, max_steps: int = 200_000) -> list[dict]:
             raise StreamError(f"stream {stream['name']}: step {len(log)} scheduled nothing with requests "
                               f"unfinished (a request larger than the KV capacity?)")
         log.append(rec)
+        if stop_after is not None and len(log) >= stop_after:
+            return log
         for rid in rec["f"]:
             g = group_of.pop(rid)
             open_groups[g].discard(rid)
@@ -143,7 +146,7 @@ def _req(rid, prompt, max_tokens):
 
 
 def make_streams(seed: int = 0) -> list[dict]:
-    """The seven streams of the check (each runs 1,000+ steps on both schedulers)."""
+    """The eight streams of the check (each runs 1,000+ steps on both schedulers)."""
     rng = random.Random(seed)
     out = []
     seg = [10]
@@ -184,7 +187,7 @@ def make_streams(seed: int = 0) -> list[dict]:
 
     # 3. multi-branch problems: 4-8 branches share a problem prefix, each with its own suffix
     groups = []
-    for _ in range(70):
+    for _ in range(80):
         p = new_seg()
         plen = rng.randint(40, 200)
         reqs = []
@@ -193,12 +196,12 @@ def make_streams(seed: int = 0) -> list[dict]:
             rid += 1
         groups.append({"arrive": None, "requests": reqs})
     out.append({"name": "multi-branch", "about": "problems of 4-8 branches sharing a 40-200-token prefix, "
-                "2 problems in flight, 96 blocks", "config": cfg(num_blocks=96, max_num_seqs=12),
+                "2 problems in flight, 64 blocks", "config": cfg(num_blocks=64, max_num_seqs=12),
                 "arrival": {"kind": "closed", "concurrency": 2}, "groups": groups})
 
     # 4. long prompts cut by max_num_batched_tokens (chunked prefill over many steps)
     groups = []
-    for _ in range(90):
+    for _ in range(140):
         groups.append({"arrive": None, "requests": [_req(rid, [[new_seg(), 0, rng.randint(300, 1400)]],
                                                          rng.randint(4, 30))]})
         rid += 1
@@ -224,12 +227,12 @@ def make_streams(seed: int = 0) -> list[dict]:
         n_blk = rng.randint(1, 8)
         pool.append([new_seg(), n_blk * 16 if rng.random() < 0.6 else n_blk * 16 + rng.randint(1, 15)])
     groups = []
-    for _ in range(260):
+    for _ in range(320):
         s, n = rng.choice(pool)
         groups.append({"arrive": None, "requests": [_req(rid, [[s, 0, n]], rng.randint(4, 40))]})
         rid += 1
     out.append({"name": "whole-prompt-hits", "about": "12 distinct prompts (60% a whole number of blocks) "
-                "repeated, closed loop of 6, 72 blocks", "config": cfg(num_blocks=72, max_num_seqs=8),
+                "repeated, closed loop of 6, 48 blocks", "config": cfg(num_blocks=48, max_num_seqs=8),
                 "arrival": {"kind": "closed", "concurrency": 6}, "groups": groups})
 
     # 7. same-step hits: groups of 4 arriving together, later ones repeating the first's tokens
@@ -255,6 +258,19 @@ def make_streams(seed: int = 0) -> list[dict]:
     out.append({"name": "same-step-hits", "about": "groups of 4 arriving together (Poisson, 0.08 groups per "
                 "step), later members repeating all or part of the first's prompt, 96 blocks",
                 "config": cfg(num_blocks=96, max_num_seqs=8), "arrival": {"kind": "poisson"}, "groups": groups})
+
+    # 8. long_prefill_token_threshold (applied only while more than one request runs or waits),
+    #    prefix caching off (a preempted request recomputes everything)
+    groups, t = [], 0.0
+    for _ in range(150):
+        t += rng.expovariate(0.06)
+        n = rng.randint(200, 900) if rng.random() < 0.5 else rng.randint(8, 80)
+        groups.append({"arrive": int(t), "requests": [_req(rid, [[new_seg(), 0, n]], rng.randint(8, 60))]})
+        rid += 1
+    out.append({"name": "threshold-no-caching", "about": "long_prefill_token_threshold 48 with a 256-token "
+                "budget, half the prompts 200-900 tokens, Poisson 0.06 per step, prefix caching off, 64 blocks",
+                "config": cfg(num_blocks=64, max_num_seqs=8, long_prefill_token_threshold=48, prefix_caching=False),
+                "arrival": {"kind": "poisson"}, "groups": groups})
     return out
 
 
