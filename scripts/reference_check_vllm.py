@@ -46,7 +46,9 @@ from reference_check_vllm_common import (FIELDS, compare, drive, make_streams, o
 # (rksim --scheduler, vLLM scheduler_reserve_full_isl, checked: must agree on every step)
 PAIRS = [("vllm-v1", "true", True), ("vllm-v1-chunk-admit", "false", True),
          ("vllm-v1-chunk-admit", "true", False), ("vllm-v1", "false", False)]
-RECORD = ("same-step-hits", "whole-prompt-hits", "kv-exhaustion", "multi-branch")
+# recorded for make test: (stream, vLLM scheduler_reserve_full_isl)
+RECORD = (("same-step-hits", "true"), ("whole-prompt-hits", "true"), ("kv-exhaustion", "true"),
+          ("closed-loop", "true"), ("closed-loop", "false"))
 
 
 class RksimSide:
@@ -96,10 +98,15 @@ def run_rksim(streams: list, policy: str, kv_factory=None) -> dict:
 
 
 def record(path: Path, stream: dict, vllm_log: list, n_steps: int, meta: dict) -> None:
-    """A recorded vLLM step log for ``make test``: the stream and vLLM's first ``n_steps`` steps (gzip JSON)."""
+    """A recorded vLLM step log for ``make test``: vLLM's first ``n_steps`` steps (gzip JSON) and the
+    stream cut to the groups those steps reach (plus a few queued behind them)."""
+    steps = vllm_log[:n_steps]
+    seen = {it[0] for rec in steps for it in rec["s"]}
+    last = max(g for g, grp in enumerate(stream["groups"]) if any(r["id"] in seen for r in grp["requests"]))
+    cut = {**stream, "groups": stream["groups"][:last + 1 + 8]}
     obj = {"about": "vLLM 0.33.0 V1 Scheduler decisions on this stream, recorded by "
                     "scripts/reference_check_vllm.py (fields: scripts/reference_check_vllm_common.py)",
-           **meta, "stream": stream, "steps": vllm_log[:n_steps]}
+           **meta, "stream": cut, "steps": steps}
     tmp = path.with_suffix(".tmp")
     with gzip.GzipFile(tmp, "wb", mtime=0) as f:
         f.write(json.dumps(obj, separators=(",", ":")).encode())
@@ -118,7 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "runs/reference-check-vllm"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--record", default=None, metavar="DIR", help="write recorded vLLM step logs for make test")
-    ap.add_argument("--record-steps", type=int, default=400)
+    ap.add_argument("--record-steps", type=int, default=300)
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -181,10 +188,9 @@ def main(argv=None) -> int:
         rec = Path(a.record)
         rec.mkdir(parents=True, exist_ok=True)
         by = {st["name"]: st for st in streams}
-        for name in RECORD:
-            for rfi in ("true", "false"):
-                record(rec / f"{name}-reserve-full-isl-{rfi}.json.gz", by[name], vllm_logs[rfi][name],
-                       a.record_steps, {**vllm_meta[rfi], "seed": a.seed})
+        for name, rfi in RECORD:
+            record(rec / f"{name}-reserve-full-isl-{rfi}.json.gz", by[name], vllm_logs[rfi][name],
+                   a.record_steps, {**vllm_meta[rfi], "seed": a.seed})
         print(f"recorded vLLM step logs in {rec}")
     print(f"report: {out / 'report.md'}")
     return 1 if fail else 0
