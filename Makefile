@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: install run test test-fast bench capture app clean reference-check reproduce reproduce-traces reproduce-measured
+.PHONY: install run test test-fast bench capture app clean reference-check reference-check-vllm reproduce reproduce-traces reproduce-measured
 
 install: $(STAMP)
 
@@ -60,6 +60,18 @@ $(REFVENV)/.kvpress-installed: Makefile
 
 reference-check: $(STAMP) $(REFVENV)/.kvpress-installed
 	$(PY) scripts/reference_check.py --kvpress-python $(REFVENV)/bin/python --out runs/reference-check
+
+# rksim's serving scheduler against vLLM 0.33's V1 Scheduler, driven on CPU in its own venv (about 9 GB;
+# not part of `make test`, which replays recorded vLLM steps from tests/data/vllm_steps/).
+# Report: runs/reference-check-vllm/report.{md,json}; exit 1 when a matched pair disagrees on a step.
+VLLMVENV ?= .venv-vllm
+$(VLLMVENV)/.vllm-installed: Makefile
+	test -x $(VLLMVENV)/bin/python || python3 -m venv $(VLLMVENV)
+	$(VLLMVENV)/bin/python -m pip install -q vllm==0.33.0
+	touch $@
+
+reference-check-vllm: $(STAMP) $(VLLMVENV)/.vllm-installed
+	$(PY) scripts/reference_check_vllm.py --vllm-python $(VLLMVENV)/bin/python --out runs/reference-check-vllm
 
 # The papers' claims, one row each with a verdict (docs/reproduction/report.{md,html}, claims.json),
 # from the stored traces (examples/reproduce/) and real-module runs (docs/reproduction/measured/).
