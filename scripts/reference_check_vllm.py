@@ -126,6 +126,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--record", default=None, metavar="DIR", help="write recorded vLLM step logs for make test")
     ap.add_argument("--record-steps", type=int, default=300)
+    ap.add_argument("--reuse-vllm", action="store_true",
+                    help="reuse OUT's vLLM step logs when OUT/streams.json holds the same streams (rksim side only)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -134,11 +136,23 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     streams = make_streams(a.seed)
+    same = False
+    if a.reuse_vllm and (out / "streams.json").exists():
+        with open(out / "streams.json") as f:
+            same = json.load(f) == streams
     write_json(str(out / "streams.json"), streams)
 
     vllm_logs, vllm_meta = {}, {}
     for rfi in ("true", "false"):
         dst = out / f"vllm-reserve-full-isl-{rfi}.json"
+        if same and dst.exists():
+            with open(dst) as f:
+                d = json.load(f)
+            vllm_logs[rfi] = d["logs"]
+            vllm_meta[rfi] = {"vllm_version": d["vllm_version"], "vllm_scheduler": d["scheduler"],
+                              "scheduler_reserve_full_isl": d["scheduler_reserve_full_isl"]}
+            print(f"vLLM {d['vllm_version']} (scheduler_reserve_full_isl={rfi}): reused {dst}")
+            continue
         t0 = time.time()
         cmd = [a.vllm_python, str(ROOT / "scripts/reference_check_vllm_driver.py"), str(out / "streams.json"),
                str(dst), "--reserve-full-isl", rfi if rfi == "false" else "default"]
@@ -204,8 +218,12 @@ def _markdown(rep: dict, streams: list) -> str:
              "on (sha256 block hashes), chunked prefill on; the fake model samples each stream's next "
              "output token for every request whose known tokens are all computed. rksim: "
              "`sim.scheduler.Scheduler` over `sim.kvcache.BlockManager` (LRU). Compared per step: "
-             + ", ".join(f"`{f}`" for f in rep["fields"]) + " (scripts/reference_check_vllm_common.py). "
-             f"Seed {rep['seed']}.", "",
+             + ", ".join(f"`{f}`" for f in rep["fields"]) + f". Seed {rep['seed']}.", "",
+             "Fields: `s` the scheduled requests in order, `[id, tokens computed before the step (prefix hit "
+             "included), tokens scheduled]`; `p` requests preempted while forming the step, in order; `f` "
+             "requests finished by the step; `fs` / `fu` free blocks (clean + evictable cache) after schedule / "
+             "after update. A row marked (information) crosses the admission rules: it shows where "
+             "`scheduler_reserve_full_isl` changes the schedule, and is not checked.", "",
              "| stream | rksim `--scheduler` | vLLM `scheduler_reserve_full_isl` | steps_compared | "
              "steps_agreeing | preemptions rksim / vLLM | first divergence |",
              "| --- | --- | --- | ---: | ---: | --- | --- |"]
