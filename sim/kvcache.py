@@ -152,7 +152,7 @@ class BlockManager:
         self._spare_ids: list = []  # ids returned to the free pool (reused lowest first)
         self.n_clean = self.num_blocks  # free blocks holding nothing useful
         self.cached: dict[int, Block] = {}   # key -> the block a lookup returns (referenced or evictable)
-        self._dups: dict[int, list] = {}     # key -> later blocks with the same key, in insertion order
+        self._dups: dict[int, dict] = {}     # key -> {block_id: block} of later copies, in insertion order
         self._evictable: dict[int, Block] = {}  # block_id -> block with ref 0 and a key
         self._heap: list = []
         self.req_blocks: dict = {}  # req_id -> [Block]
@@ -195,7 +195,7 @@ class BlockManager:
                 assert b.ref == refd[b.block_id], (b.block_id, b.ref, refd[b.block_id])
         for b in self._evictable.values():
             assert b.ref == 0 and b.key is not None
-            assert self.cached.get(b.key) is b or b in self._dups.get(b.key, ()), b.block_id
+            assert self.cached.get(b.key) is b or self._dups.get(b.key, {}).get(b.block_id) is b, b.block_id
 
     # ------------------------------------------------------------------ keys
     def _key_of(self, req, k: int) -> int:
@@ -324,8 +324,8 @@ class BlockManager:
                 else:
                     # a duplicate (computed while the first copy existed) is cached too, as vLLM's
                     # BlockPool does; lookups return the earliest surviving copy
-                    b.score = first.score
-                    self._dups.setdefault(key, []).append(b)
+                    b.score = first.score   # every copy of a key has the same score (set_score)
+                    self._dups.setdefault(key, {})[b.block_id] = b
         self._n_keyed[rid] = max(k0, min(full, len(blks)))
 
     def _take(self) -> Block:
@@ -351,11 +351,11 @@ class BlockManager:
         dups = self._dups.get(key)
         if self.cached.get(key) is b:
             if dups:
-                self.cached[key] = dups.pop(0)
+                self.cached[key] = dups.pop(next(iter(dups)))
             else:
                 del self.cached[key]
         elif dups:
-            dups.remove(b)
+            dups.pop(b.block_id, None)
         if dups is not None and not dups:
             del self._dups[key]
 
@@ -402,13 +402,13 @@ class BlockManager:
     def set_score(self, key: int, score: float) -> None:
         """RSBCM: the branch owning a block got its score; the block keeps the highest known."""
         b = self.cached.get(key)
-        if b is None:
+        if b is None or not score > b.score:   # every copy of a key has the same score
             return
-        for x in (b, *self._dups.get(key, ())):
-            if score > x.score:
-                x.score = float(score)
-                if x.ref == 0 and x.block_id in self._evictable:
-                    self._push(x)
+        dups = self._dups.get(key)
+        for x in (b,) if dups is None else (b, *dups.values()):
+            x.score = float(score)
+            if x.ref == 0 and x.block_id in self._evictable:
+                self._push(x)
 
     def blocks_of(self, req_id) -> list:
         """Block ids of a request, in sequence order (a real runner's block table)."""

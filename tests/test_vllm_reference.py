@@ -191,9 +191,9 @@ def test_duplicate_blocks_are_cached_and_hand_over_their_key():
     key1 = bm.key(out.items[0].req, 1)
     first = bm.cached[key1]
     s.update(out)
-    assert len(bm._dups[key1]) == 1 and bm._dups[key1][0] is not first
+    assert len(bm._dups[key1]) == 1 and first not in bm._dups[key1].values()
     bm.check()
-    second = bm._dups[key1][0]
+    (second,) = bm._dups[key1].values()
     # 3 clean blocks left, then LRU: a's last block (the first copy) is evicted first
     s.add(_req("c", 16, out=1))
     s.schedule()
