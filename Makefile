@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: install run test test-fast bench capture app clean reference-check reference-check-vllm reproduce reproduce-traces reproduce-measured
+.PHONY: install run test test-fast bench capture app clean reference-check reproduce reproduce-traces reproduce-measured
 
 install: $(STAMP)
 
@@ -64,6 +64,7 @@ reference-check: $(STAMP) $(REFVENV)/.kvpress-installed
 # rksim's serving scheduler against vLLM 0.33's V1 Scheduler, driven on CPU in its own venv (about 9 GB;
 # not part of `make test`, which replays recorded vLLM steps from tests/data/vllm_steps/).
 # Report: runs/reference-check-vllm/report.{md,json}; exit 1 when a matched pair disagrees on a step.
+.PHONY: reference-check-vllm
 VLLMVENV ?= .venv-vllm
 $(VLLMVENV)/.vllm-installed: Makefile
 	test -x $(VLLMVENV)/bin/python || python3 -m venv $(VLLMVENV)

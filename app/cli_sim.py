@@ -61,8 +61,7 @@ def _serving_args(p, with_arrival: bool = False) -> None:
     g.add_argument("--decode-tokens", default=None, metavar="T",
                    help="token policies: extend the long decodes to T tokens (results say length_extrapolated; default: the recorded length)")
     g.add_argument("--scheduler", default=None, metavar="NAME",
-                   help="vllm-v1 (default, vLLM 0.33: running decodes first, chunked prefill, admission needs room "
-                        "for the whole prompt), vllm-v1-chunk-admit (room for the first chunk) or prefill-first")
+                   help="vllm-v1 (default: running decodes first, chunked prefill) or prefill-first")
     g.add_argument("--max-num-seqs", default=None, metavar="S", help="running sequences cap (default: the hardware's)")
     g.add_argument("--max-num-batched-tokens", default=None, metavar="M",
                    help="tokens per iteration (default: the hardware's vLLM default)")
