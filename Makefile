@@ -62,6 +62,19 @@ $(REFVENV)/.kvpress-installed: Makefile
 reference-check: $(STAMP) $(REFVENV)/.kvpress-installed
 	$(PY) scripts/reference_check.py --kvpress-python $(REFVENV)/bin/python --out runs/reference-check
 
+# rksim's serving scheduler against vLLM 0.33's V1 Scheduler, driven on CPU in its own venv (about 9 GB;
+# not part of `make test`, which replays recorded vLLM steps from tests/data/vllm_steps/).
+# Report: runs/reference-check-vllm/report.{md,json}; exit 1 when a matched pair disagrees on a step.
+.PHONY: reference-check-vllm
+VLLMVENV ?= .venv-vllm
+$(VLLMVENV)/.vllm-installed: Makefile
+	test -x $(VLLMVENV)/bin/python || python3 -m venv $(VLLMVENV)
+	$(VLLMVENV)/bin/python -m pip install -q vllm==0.33.0
+	touch $@
+
+reference-check-vllm: $(STAMP) $(VLLMVENV)/.vllm-installed
+	$(PY) scripts/reference_check_vllm.py --vllm-python $(VLLMVENV)/bin/python --out runs/reference-check-vllm
+
 # The papers' claims, one row each with a verdict (docs/reproduction/report.{md,html}, claims.json),
 # from the stored traces (examples/reproduce/) and real-module runs (docs/reproduction/measured/).
 # published serving figures beside rksim's predictions (docs/validation); rerun after any preset refit

@@ -233,7 +233,8 @@ def register(sub) -> None:
     p.add_argument("--block-size", default="16", metavar="T", help="tokens per KV block (default 16, vLLM's)")
     p.add_argument("--max-num-seqs", default="256", metavar="S", help="running sequences at most (default 256)")
     p.add_argument("--max-num-batched-tokens", default="2048", metavar="M", help="tokens per iteration (default 2048)")
-    p.add_argument("--scheduler", default="vllm-v1", help="vllm-v1 (chunked prefill, decodes first) or prefill-first")
+    p.add_argument("--scheduler", default="vllm-v1", help="vllm-v1 (vLLM 0.33: chunked prefill, decodes first, admission needs room for the whole prompt), "
+                   "vllm-v1-chunk-admit (admission needs room for the first chunk) or prefill-first")
     p.add_argument("--block-policy", default="lru", help="eviction order of cached blocks: lru, fifo, rsbcm")
     p.add_argument("--no-prefix-caching", action="store_true", help="no block is ever reused")
     p.add_argument("--hardware", default=None, help="hardware profile the replay prices iterations with (default local-cpu)")

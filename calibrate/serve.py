@@ -58,7 +58,7 @@ import pandas as pd
 
 SUMMARY_FILE = "serve.json"
 CLOCKS = ("cpu", "wall")
-SCHEDULERS = ("vllm-v1", "prefill-first")
+from sim.scheduler import POLICIES as SCHEDULERS  # noqa: E402  (one list of scheduler names)
 
 
 @dataclass

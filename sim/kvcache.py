@@ -17,6 +17,15 @@ same reachability):
   rounded down to whole blocks, as vLLM V1 caps it (``max_cache_hit_length =
   num_tokens - 1``): the last position must be computed to have logits. A request may waive the cap
   (``allow_full_hit``: a zero-copy fork whose first token is its source's).
+* **Same-step hits.** Full blocks covering the tokens scheduled are keyed when
+  allocated (vLLM caches them in ``allocate_slots``), so a request admitted
+  later in the same step hits blocks an earlier one has just allocated.
+* **Duplicates.** A block computed while a copy with the same key is cached
+  (the recomputed last block of a whole-prompt hit, a block two requests
+  filled in the same steps) is keyed too; lookups return the earliest
+  surviving copy and evicting it hands the key to the next, as vLLM's
+  ``BlockHashToBlockMap`` does (it never de-duplicates, so block tables stay
+  append-only).
 * **References.** A block used by a running request has ``ref > 0`` and is
   never evicted. Freed blocks (``ref == 0``) with a key form the *evictable
   cache*; blocks without a key (partial, or caching off) go back to the free
@@ -142,7 +151,8 @@ class BlockManager:
         self._next_id = 0          # ids >= this were never handed out
         self._spare_ids: list = []  # ids returned to the free pool (reused lowest first)
         self.n_clean = self.num_blocks  # free blocks holding nothing useful
-        self.cached: dict[int, Block] = {}   # key -> block (referenced or evictable)
+        self.cached: dict[int, Block] = {}   # key -> the block a lookup returns (referenced or evictable)
+        self._dups: dict[int, dict] = {}     # key -> {block_id: block} of later copies, in insertion order
         self._evictable: dict[int, Block] = {}  # block_id -> block with ref 0 and a key
         self._heap: list = []
         self.req_blocks: dict = {}  # req_id -> [Block]
@@ -185,7 +195,8 @@ class BlockManager:
             for b in blks:
                 assert b.ref == refd[b.block_id], (b.block_id, b.ref, refd[b.block_id])
         for b in self._evictable.values():
-            assert b.ref == 0 and b.key is not None and self.cached.get(b.key) is b
+            assert b.ref == 0 and b.key is not None
+            assert self.cached.get(b.key) is b or self._dups.get(b.key, {}).get(b.block_id) is b, b.block_id
 
     # ------------------------------------------------------------------ keys
     def _key_of(self, req, k: int) -> int:
@@ -310,12 +321,18 @@ class BlockManager:
             b = blks[k]
             if b.key is None:
                 key = self._key_of(req, k)
-                if key not in self.cached:  # a duplicate stays unkeyed: the cached copy serves hits
-                    b.key = key
-                    b.depth = int(req.block_depth(k))
-                    self.tick += 1.0
-                    b.inserted = self.tick
+                b.key = key
+                b.depth = int(req.block_depth(k))
+                self.tick += 1.0
+                b.inserted = self.tick
+                first = self.cached.get(key)
+                if first is None:
                     self.cached[key] = b
+                else:
+                    # a duplicate (computed while the first copy existed) is cached too, as vLLM's
+                    # BlockPool does; lookups return the earliest surviving copy
+                    b.score = first.score   # every copy of a key has the same score (set_score)
+                    self._dups.setdefault(key, {})[b.block_id] = b
         self._n_keyed[rid] = max(k0, min(full, len(blks)))
 
     def _take(self) -> Block:
@@ -330,10 +347,24 @@ class BlockManager:
         b = self._pop_victim()
         self.evictions += 1
         self.evicted_log.append(b.key)
-        del self.cached[b.key]
+        self._uncache(b)
         b.key, b.ref, b.score, b.depth = None, 1, 0.0, 0
         b.version += 1
         return b
+
+    def _uncache(self, b: Block) -> None:
+        """Drop ``b``'s key from the cache; a later duplicate, if any, serves the key from now on."""
+        key = b.key
+        dups = self._dups.get(key)
+        if self.cached.get(key) is b:
+            if dups:
+                self.cached[key] = dups.pop(next(iter(dups)))
+            else:
+                del self.cached[key]
+        elif dups:
+            dups.pop(b.block_id, None)
+        if dups is not None and not dups:
+            del self._dups[key]
 
     def _pop_victim(self) -> Block:
         heap = self._heap
@@ -370,7 +401,7 @@ class BlockManager:
                 self._push(b)
             else:
                 if b.key is not None:
-                    del self.cached[b.key]
+                    self._uncache(b)
                     b.key = None
                 self.n_clean += 1
                 heapq.heappush(self._spare_ids, b.block_id)
@@ -378,11 +409,13 @@ class BlockManager:
     def set_score(self, key: int, score: float) -> None:
         """RSBCM: the branch owning a block got its score; the block keeps the highest known."""
         b = self.cached.get(key)
-        if b is None or not score > b.score:
+        if b is None or not score > b.score:   # every copy of a key has the same score
             return
-        b.score = float(score)
-        if b.ref == 0 and b.block_id in self._evictable:
-            self._push(b)
+        dups = self._dups.get(key)
+        for x in (b,) if dups is None else (b, *dups.values()):
+            x.score = float(score)
+            if x.ref == 0 and x.block_id in self._evictable:
+                self._push(x)
 
     def blocks_of(self, req_id) -> list:
         """Block ids of a request, in sequence order (a real runner's block table)."""

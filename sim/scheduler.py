@@ -5,7 +5,8 @@ tokens each computes; the simpy engine (:mod:`sim.engine`) and a real torch
 runner (``calibrate``) both drive it, so their scheduling can be compared one
 for one. KV memory is a :class:`sim.kvcache.BlockManager`.
 
-``policy="vllm-v1"`` (vLLM V1 ``Scheduler.schedule``, the default since vLLM 0.8):
+``policy="vllm-v1"`` (vLLM V1 ``Scheduler.schedule`` with vLLM 0.33's defaults; V1 is the default
+engine since vLLM 0.8):
 
 1. *Running first*, in admission order: each running request gets
    ``min(num_tokens - num_computed_tokens, token_budget)`` tokens (1 for a
@@ -17,8 +18,22 @@ for one. KV memory is a :class:`sim.kvcache.BlockManager`.
 2. *Then waiting* (FCFS), only if nothing was preempted this step, while
    ``len(running) < max_num_seqs`` and tokens are left: the longest cached
    prefix is reused (:meth:`BlockManager.find_cached`), the rest is scheduled
-   up to the remaining ``token_budget`` (a chunk); a request whose blocks do
-   not fit stays waiting and stops admission (FCFS: no overtaking).
+   up to the remaining ``token_budget`` (a chunk). A request is admitted only
+   if the free blocks hold its *whole* known sequence after the hit, not just
+   the first chunk (vLLM 0.33's ``scheduler_reserve_full_isl=True``: blocks
+   are still allocated chunk by chunk, the check only gates admission); one
+   that does not fit stays waiting and stops admission (FCFS: no overtaking).
+   A cached block allocated earlier in the same step is a hit (blocks are
+   keyed when allocated).
+
+``policy="vllm-v1-chunk-admit"``: the same, but a waiting request is admitted
+when its first chunk fits (vLLM's ``scheduler_reserve_full_isl=False``). Under
+KV pressure it admits a request with the last few free blocks and preempts it
+(or another) a step later, so it preempts more than the default.
+
+``long_prefill_token_threshold`` (0 = off, vLLM's default) caps one request's
+chunk only while more than one request is running or waiting, as vLLM 0.33
+does (a lone request has nobody to starve).
 
 ``policy="prefill-first"`` (vLLM V0's default without chunked prefill; Vidur's
 vLLM scheduler): if a waiting request can be admitted, the iteration
@@ -52,7 +67,7 @@ from typing import Any, Hashable
 
 from .kvcache import BlockManager, KVCacheError, check_size
 
-POLICIES = ("vllm-v1", "prefill-first")
+POLICIES = ("vllm-v1", "vllm-v1-chunk-admit", "prefill-first")
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 MAX_TOKENS_LIMIT = 1 << 24  # bound on max_num_batched_tokens (16M tokens per iteration)
 MAX_SEQS_LIMIT = 1 << 20
@@ -73,9 +88,13 @@ class SchedulerConfig:
     max_num_batched_tokens : int
         Tokens computed per iteration (vLLM V1 default 8192 for online serving on
         data-centre GPUs with chunked prefill; 2048 in older releases).
-    policy : {"vllm-v1", "prefill-first"}
+    policy : {"vllm-v1", "vllm-v1-chunk-admit", "prefill-first"}
+        ``vllm-v1``: vLLM 0.33's default (admission needs room for the whole prompt);
+        ``vllm-v1-chunk-admit``: admission needs room for the first chunk only
+        (``scheduler_reserve_full_isl=False``); ``prefill-first``: vLLM V0 without chunking.
     long_prefill_token_threshold : int
-        vLLM's cap on one request's prefill chunk per iteration; 0 = none (vLLM default).
+        vLLM's cap on one request's prefill chunk per iteration when more than one request
+        is running or waiting; 0 = none (vLLM default).
     """
 
     max_num_seqs: int = 256
@@ -92,6 +111,11 @@ class SchedulerConfig:
             raise SchedulerError(str(exc)) from None
         if self.policy not in POLICIES:
             raise SchedulerError(f"scheduler: {self.policy!r} is not one of {', '.join(POLICIES)}")
+
+    @property
+    def reserve_full_prompt(self) -> bool:
+        """Admission needs free blocks for the whole known sequence (vLLM ``scheduler_reserve_full_isl``)."""
+        return self.policy != "vllm-v1-chunk-admit"
 
     def to_dict(self) -> dict:
         return {"scheduler": self.policy, "max_num_seqs": int(self.max_num_seqs),
@@ -298,9 +322,15 @@ class Scheduler:
         rec = max(0, min(c + n, req.high_water) - c)
         return Scheduled(req, n, c, pl, rec, c + n == req.num_tokens and not req.done_sampling, new, hit)
 
-    def _chunk(self, req: Request, budget: int) -> int:
-        n = min(req.pending, budget)
+    def _threshold(self) -> int:
+        """``long_prefill_token_threshold``, or 0 when at most one request runs or waits (vLLM 0.33)."""
         thr = self.cfg.long_prefill_token_threshold
+        if thr and len(self.running) + len(self.waiting) <= 1:
+            return 0
+        return thr
+
+    def _chunk(self, req: Request, budget: int, thr: int = 0) -> int:
+        n = min(req.pending, budget)
         if thr and n > 1:
             n = min(n, thr)
         return n
@@ -318,7 +348,7 @@ class Scheduler:
             self.waiting.appendleft(victim)
         preempted.append(victim)
 
-    def _run_running(self, budget: int, items: list, preempted: list, only=None) -> int:
+    def _run_running(self, budget: int, items: list, preempted: list, only=None, thr: int = 0) -> int:
         """Schedule running requests in order (``only``: a filter on requests); returns the budget left."""
         i = 0
         while i < len(self.running) and budget > 0:
@@ -326,7 +356,7 @@ class Scheduler:
             if req.pending == 0 or (only is not None and not only(req)):
                 i += 1
                 continue
-            n = self._chunk(req, budget)
+            n = self._chunk(req, budget, thr)
             ok = True
             alloc = self.kv.allocate_one if n == 1 else None
             while not (alloc(req) if alloc is not None else self.kv.allocate(req, n)):
@@ -342,27 +372,30 @@ class Scheduler:
             i += 1
         return budget
 
-    def _admit(self, req: Request, budget: int, whole: bool):
-        """Try to admit the head of the waiting queue; returns the item or None."""
+    def _admit(self, req: Request, budget: int, whole: bool, thr: int = 0):
+        """Try to admit the head of the waiting queue; returns the item or None.
+
+        ``whole``: schedule the whole rest (prefill-first); else a chunk of at most ``budget``
+        (``thr``: ``long_prefill_token_threshold``), admitted only if the whole rest fits in the
+        free blocks unless the policy is ``vllm-v1-chunk-admit``.
+        """
         blocks, hit = self.kv.find_cached(req)
         req.num_computed_tokens = 0
         n_total = req.num_tokens - hit
         if whole:
             n = n_total
         else:
-            n = self._chunk_after_hit(req, n_total, budget)
+            n = min(n_total, budget)
+            if thr and n > 1:
+                n = min(n, thr)
+            if (n < n_total and self.cfg.reserve_full_prompt
+                    and not self.kv.can_allocate(req, n_total, blocks, hit)):
+                return None
         if not self.kv.allocate(req, n, blocks, hit):
             return None
         req.num_computed_tokens = hit
         req.cached_tokens = hit
         return self._item(req, n, True, hit)
-
-    def _chunk_after_hit(self, req, n_total, budget):
-        n = min(n_total, budget)
-        thr = self.cfg.long_prefill_token_threshold
-        if thr and n > 1:
-            n = min(n, thr)
-        return n
 
     def _take_waiting(self) -> Request:
         req = self.waiting.popleft()
@@ -373,10 +406,11 @@ class Scheduler:
     def _schedule_v1(self) -> SchedulerOutput:
         budget = int(self.cfg.max_num_batched_tokens)
         items, preempted = [], []
-        budget = self._run_running(budget, items, preempted)
+        thr = self._threshold()   # fixed for the step, as vLLM counts requests once per step
+        budget = self._run_running(budget, items, preempted, thr=thr)
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-                item = self._admit(self.waiting[0], budget, whole=False)
+                item = self._admit(self.waiting[0], budget, whole=False, thr=thr)
                 if item is None:
                     break
                 self._take_waiting()
@@ -388,8 +422,9 @@ class Scheduler:
         budget = int(self.cfg.max_num_batched_tokens)
         items, preempted = [], []
         # Prefill iteration: running requests' given tokens (extensions), then whole prompts FCFS.
+        thr = self.cfg.long_prefill_token_threshold
         budget = self._run_running(budget, items, preempted,
-                                   only=lambda r: r.num_computed_tokens < r.prompt_like)
+                                   only=lambda r: r.num_computed_tokens < r.prompt_like, thr=thr)
         if not preempted:
             while self.waiting and len(self.running) < self.cfg.max_num_seqs:
                 head = self.waiting[0]
@@ -406,7 +441,7 @@ class Scheduler:
         if items or preempted:
             return self._out(items, preempted, "prefill")
         budget = int(self.cfg.max_num_batched_tokens)
-        budget = self._run_running(budget, items, preempted)
+        budget = self._run_running(budget, items, preempted, thr=thr)
         return self._out(items, preempted, "decode")
 
     def _out(self, items, preempted, kind) -> SchedulerOutput:
