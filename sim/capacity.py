@@ -72,7 +72,9 @@ class ServingConfig:
     """Serving settings (CLI ``--scheduler``, ``--max-num-seqs``, ...); None = the hardware default."""
 
     scheduler: str = option("vllm-v1", kind=str, choices=POLICIES, flag="--scheduler", metavar="NAME",
-                            help="vllm-v1 (default: running decodes first, chunked prefill) or prefill-first")
+                            help="vllm-v1 (default: vLLM 0.33's V1 rules: running decodes first, chunked prefill, a waiting "
+                                 "request admitted only if its whole prompt fits), vllm-v1-chunk-admit (admits on its first "
+                                 "chunk: scheduler_reserve_full_isl=False) or prefill-first")
     max_num_seqs: int | None = option(None, lo=1, hi=1 << 20, flag="--max-num-seqs", metavar="S",
                                       help="running sequences cap (default: the hardware's)")
     max_num_batched_tokens: int | None = option(None, lo=1, hi=1 << 24, flag="--max-num-batched-tokens", metavar="M",
