@@ -216,6 +216,20 @@ def reused_timings(res: dict) -> set:
 
 
 # ---------------------------------------------------------------------------- the claims
+# a profile's status in a condition's kind
+PROFILE_PHRASE = {"datasheet": "datasheet profile", "public profiles": "profile fitted on public per-operator measurements",
+                  "fitted end to end": "profile fitted end to end", "provisional": "provisional profile"}
+
+
+def profile_status(hw: str) -> str:
+    """What a hardware profile rests on, in the words of ``rksim profiles`` (datasheet, public profiles,
+    fitted end to end, provisional): a property of the profile, never of the host running the report."""
+    from sim.catalog import STATUS_WORDS
+    from sim.profiles import load_hardware
+    st = load_hardware(hw).calibration_status
+    return STATUS_WORDS.get(st, st)
+
+
 class Reproducer:
     """Computes the claim rows; holds the loaded traces (caller-owned memo, see ``sim.api.loaded``)."""
 
@@ -233,7 +247,7 @@ class Reproducer:
         self.rows: list[dict] = []
         self.figures: dict = {}
         self.tables: dict = {}
-        self.profiles: dict = {}   # hardware profile -> calibrated? (every one a row's figure used)
+        self.profiles: dict = {}   # hardware profile -> what it rests on (every one a row's figure used)
 
     # -- selection
     def pick(self, model_prefix=None, dataset=None, layout=None, long=False, tree=False) -> list[TraceInfo]:
@@ -268,16 +282,16 @@ class Reproducer:
 
     def sim_kind(self, summary: dict, what: str = "") -> str:
         """The evidence kind of a simulated figure: which costs, which profile and its calibration status."""
-        hw, cal = summary.get("hardware"), bool(summary.get("hardware_calibrated"))
-        self.profiles[hw] = cal
+        hw = summary.get("hardware")
+        self.profiles[hw] = profile_status(hw)
         return self.target_kind(summary.get("cost_model"), hw, what)
 
     def target_kind(self, model, hw, what: str = "") -> str:
-        """``simulated: costs MODEL on HW (calibrated | uncalibrated datasheet profile)``; the decisions'
-        model is in each condition's label. A profile no simulation has reported yet is "status not reported"."""
-        cal = self.profiles.get(hw)
-        status = "calibrated" if cal else "uncalibrated datasheet" if cal is not None else "status not reported"
-        return f"simulated: costs {model} on {hw} ({status} profile){what}"
+        """``simulated: costs MODEL on HW (STATUS profile)`` with the profile's status
+        (:data:`sim.catalog.STATUS_WORDS`: datasheet, public profiles, fitted end to end, provisional);
+        the decisions' model is in each condition's label."""
+        status = self.profiles.setdefault(hw, profile_status(hw))
+        return f"simulated: costs {model} on {hw} ({PROFILE_PHRASE.get(status, status + ' profile')}){what}"
 
     @staticmethod
     def real_kind(res: dict, what: str = "") -> str:
@@ -319,14 +333,13 @@ class Reproducer:
                         m = self.ev(twin, pol, target=(None, "local-cpu"), reshape=spec, verify_reuses_kv=reuse,
                                     workload={"batching": "static"})
                         sim[reuse] = m[key]
-                        self.profiles[m["hardware"]] = bool(m.get("hardware_calibrated"))
+                        self.profiles[m["hardware"]] = profile_status(m["hardware"])
                     except ValueError as exc:  # outside local-cpu's fitted range: say so, do not extrapolate
                         sim[reuse] = None
                         data.setdefault("refused", str(exc)[:200])
-            cal = self.profiles.get("local-cpu")
+            st = self.profiles.setdefault('local-cpu', profile_status('local-cpu'))
             twin_txt = (f"; simulated for the same shape on local-cpu "
-                        f"({'calibrated' if cal else 'uncalibrated' if cal is not None else 'status not reported'} "
-                        f"profile): {fmt(sim.get(False))}× / "
+                        f"({PROFILE_PHRASE.get(st, st + ' profile')}): {fmt(sim.get(False))}× / "
                         f"{fmt(sim.get(True))}× (`{twin.name}` reshaped, static padded batches as the real "
                         f"module runs them)" if sim else "")
             reused = sorted(reused_timings(res))

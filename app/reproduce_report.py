@@ -15,6 +15,15 @@ from app.verdicts import VERDICTS, legend
 LEGEND = legend()   # generated from app.verdicts.RULES: the rules are written once
 
 
+# what a profile's status (sim.catalog.STATUS_WORDS) means for the figures priced with it
+PROFILE_MEANING = {
+    "datasheet": "datasheet profile: peak rates from the vendor's datasheet with assumed efficiencies, never fitted "
+                 "to a measurement",
+    "public profiles": "fitted on public per-operator GPU measurements, not end to end on a device",
+    "fitted end to end": "fitted end to end on its device",
+    "provisional": "provisional fit",
+}
+
 def _cell(x) -> str:
     if x is None:
         return "—"
@@ -65,7 +74,7 @@ def _inputs_md(res: dict) -> list[str]:
     prof = inp.get("profiles") or {}
     if prof:
         out += ["Hardware profiles behind the simulated figures: " + ", ".join(
-            f"`{k}` ({'calibrated' if v else 'uncalibrated datasheet profile: its figures are the datasheet cost model, never fitted to a measurement'})"
+            f"`{k}` ({PROFILE_MEANING.get(v, v)})"
             for k, v in prof.items()) + ".", ""]
     st = inp.get("settings") or {}
     if st:

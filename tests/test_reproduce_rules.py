@@ -18,7 +18,7 @@ from app.reproduce_report import to_markdown
 from app.verdicts import Cond, combine
 
 ROOT = Path(__file__).resolve().parent.parent
-SIM = "simulated: costs qwen2.5-7b on h100-sxm (uncalibrated datasheet profile)"
+SIM = "simulated: costs qwen2.5-7b on h100-sxm (profile fitted on public per-operator measurements)"
 REAL = "real: smollm2-135m on this CPU (1 thread), 2 problems, one timing each"
 
 
@@ -248,11 +248,11 @@ def test_report_renders_a_synthetic_claims_file(tmp_path):
            "tables": {}, "figures": {},
            "inputs": {"traces": [], "missing_traces": {}, "measured": {}, "seed": 0,
                       "rksc_target": ["qwen2.5-7b", "h100-sxm"], "vase_targets": [], "paper_shape": "x",
-                      "profiles": {"h100-sxm": False}}}
+                      "profiles": {"h100-sxm": "datasheet"}}}
     json.dumps(res)                                                    # a claims.json is plain JSON
     md = to_markdown(res)
     assert "**does not hold**" in md and "also: real" in md and REAL in md
-    assert "`h100-sxm` (uncalibrated" in md and V.legend() in md
+    assert "`h100-sxm` (datasheet profile: peak rates" in md and V.legend() in md
 
 
 def test_calibrate_speedup_names_the_timings_it_reuses():
