@@ -47,7 +47,9 @@ def loaded(trace=None, reshape=None) -> Session:
 def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = None, model_preset=None,
              hardware="local-cpu", mode: str = "isolated", problems=None, workload: dict | None = None,
              seed: int = 0, arrival_rate: float | None = None, baselines: bool | None = None,
-             engine: bool = False, serving=None, reshape=None) -> SimResult:
+             engine: bool = False, serving=None, reshape=None, node=None, tensor_parallel_size: int = 1,
+             pipeline_parallel_size: int = 1, data_parallel_size: int = 1, router: str = "prefix-affinity",
+             slo: str | None = None) -> SimResult:
     """Simulate one configuration; see :func:`evaluate` for the arguments.
 
     ``engine=True`` forces the simpy engine in isolated mode too (the fast path and the engine
@@ -56,20 +58,28 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     activation_reserve_bytes, kv_capacity_bytes, decode_tokens, prefix_caching).
     ``baselines``: speedups over no-kv and exact-prefix (default: where the mode has them;
     token policies have none, and ``problems`` / ``engine`` / ``baselines`` given to one are refused).
+    ``node``, ``tensor_parallel_size``, ``pipeline_parallel_size``, ``data_parallel_size``: the deployment
+    (docs/parallelism.md; :meth:`sim.target.Target.resolve`); ``router`` routes the replicas' requests and
+    ``slo`` (``"ttft=S,tpot=S,e2e=S"``) adds goodput, serving mode.
     """
     config = RunConfig(policy=policy, params=dict(params or {}), workload=dict(workload or {}), mode=mode, seed=seed,
-                       arrival_rate=arrival_rate, problems=problems, engine=engine, baselines=baselines)
+                       arrival_rate=arrival_rate, problems=problems, engine=engine, baselines=baselines,
+                       router=router, slo=slo)
     session = loaded(trace, reshape)
-    return run(session, Target.resolve(session, model_preset, hardware, serving), config)
+    return run(session, Target.resolve(session, model_preset, hardware, serving, node=node,
+                                       tensor_parallel_size=tensor_parallel_size,
+                                       pipeline_parallel_size=pipeline_parallel_size,
+                                       data_parallel_size=data_parallel_size), config)
 
 
 def evaluate(trace, policy: str = "asks", params: dict | None = None, model_preset=None, hardware="local-cpu",
              mode: str = "isolated", problems=None, workload: dict | None = None, seed: int = 0,
-             arrival_rate: float | None = None, serving=None, reshape=None) -> dict:
-    """Metrics of one configuration as plain Python scalars (docs/sim-api.md)."""
+             arrival_rate: float | None = None, serving=None, reshape=None, **deployment) -> dict:
+    """Metrics of one configuration as plain Python scalars (docs/sim-api.md); ``deployment``: the
+    parallelism, router and SLO keywords of :func:`simulate`."""
     return simulate(trace, policy=policy, params=params, model_preset=model_preset, hardware=hardware, mode=mode,
                     problems=problems, workload=workload, seed=seed, arrival_rate=arrival_rate, serving=serving,
-                    reshape=reshape).scalars()
+                    reshape=reshape, **deployment).scalars()
 
 
 def _token_entry(session, target, name: str, mode: str, workload, seed: int) -> dict:
@@ -89,7 +99,9 @@ def _token_entry(session, target, name: str, mode: str, workload, seed: int) -> 
 
 def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: str = "isolated",
                      policies=None, workload: dict | None = None, seed: int = 0, problems=None,
-                     progress: bool = False, serving=None, reshape=None) -> dict:
+                     progress: bool = False, serving=None, reshape=None, node=None, tensor_parallel_size: int = 1,
+                     pipeline_parallel_size: int = 1, data_parallel_size: int = 1,
+                     router: str = "prefix-affinity") -> dict:
     """``{"policies": {NAME: metrics}}`` for every registered policy at its defaults (docs/sim-api.md).
 
     Token-eviction policies also get ``budgets`` = ``{"2x": {budget, attn_output_rel_error,
@@ -97,7 +109,9 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
     KV capacity (``kv_capacity_bytes``) and block budget (``kv_budget_blocks``) it ran under.
     """
     session = loaded(trace, reshape)
-    target = Target.resolve(session, model_preset, hardware, ServingConfig.from_any(serving))
+    target = Target.resolve(session, model_preset, hardware, ServingConfig.from_any(serving), node=node,
+                            tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+                            data_parallel_size=data_parallel_size)
     names = list(policies) if policies is not None else list_policies()
     if progress:
         from tqdm import tqdm
@@ -110,7 +124,7 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
                 out[name] = _token_entry(session, target, name, mode, workload, seed)
             continue
         config = RunConfig(policy=name, params={}, workload=dict(workload or {}), mode=mode, seed=seed,
-                           problems=problems)
+                           problems=problems, router=router)
         out[name] = {**run(session, target, config).scalars(), "kind": kind}
     result = {"policies": out}
     if reshape_info(session.tf) is not None:
