@@ -120,7 +120,7 @@ class Target:
                 par = ParallelConfig(spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.data_parallel_size)
             except ParallelError as exc:
                 raise ConfigError(str(exc), field=_flag_field(str(exc))) from None
-            nd = _node(session, node, hw, par)
+            nd = resolve_node(node, hw, par, session.presets)
             try:
                 par.validate(m, nd, nd.gpus_per_node if nd is not None else None)
             except ParallelError as exc:
@@ -237,17 +237,18 @@ def _flag_field(msg: str) -> str:
     return next((f for flag, f in _FLAG_FIELDS.items() if msg.startswith(flag)), "tensor_parallel_size")
 
 
-def _node(session, node, hw: HardwareProfile, par: ParallelConfig) -> NodeProfile | None:
+def resolve_node(node, hw: HardwareProfile, par: ParallelConfig, memo: dict | None = None) -> NodeProfile | None:
     """The node of the layout: the one named (its GPUs must be ``hw``), else for TP x PP > 1 the one shipped
-    node preset of ``hw``'s GPU, else None (one GPU of ``hw``)."""
+    node preset of ``hw``'s GPU, else None (one GPU of ``hw``). ``memo``: the caller's preset memo."""
+    memo = {} if memo is None else memo
     if isinstance(node, NodeProfile):
         nd = node
     elif node is not None:
         key = ("node", str(node))
-        nd = session.presets.get(key)
+        nd = memo.get(key)
         if nd is None:
             try:
-                nd = session.presets[key] = load_node(node)
+                nd = memo[key] = load_node(node)
             except (PresetError, OSError, ValueError) as exc:
                 raise ConfigError(f"--node: {exc}", field="node") from None
     elif par.is_single:
@@ -272,4 +273,4 @@ def _node(session, node, hw: HardwareProfile, par: ParallelConfig) -> NodeProfil
     return nd
 
 
-__all__ = ["Target", "TargetSpec", "ISOLATED_SCHEDULER", "hw_key"]
+__all__ = ["Target", "TargetSpec", "resolve_node", "ISOLATED_SCHEDULER", "hw_key"]
