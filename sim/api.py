@@ -122,6 +122,8 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
     for name in names:
         kind = policy_kind(name)
         if kind == "token":
+            if target.layout():
+                continue  # one sequence's decode on one GPU (sim.modes.check_layout): not a deployment's figure
             if session.tf.longs:
                 out[name] = _token_entry(session, target, name, mode, workload, seed)
             continue

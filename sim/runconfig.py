@@ -36,8 +36,8 @@ class RunConfig:
     router: str = option("prefix-affinity", kind=str, flag="--router", metavar="NAME",
                          help="serving mode with --data-parallel-size > 1: round-robin, least-outstanding, "
                               "prefix-affinity or branch-spread (docs/parallelism.md; default prefix-affinity)")
-    slo: str | None = option(None, kind=str, flag="--slo", metavar="ttft=S,tpot=S,e2e=S",
-                             help="serving mode: latency SLOs in seconds (any subset); goodput (problems/s meeting "
+    slo: str | None = option(None, kind=str, flag="--slo", metavar="KEY=S,KEY=S",
+                             help="serving mode: latency SLOs ttft=S,tpot=S,e2e=S in seconds (any subset); goodput (problems/s meeting "
                                   "every one) is reported beside throughput (default: none)")
     problems: tuple | None = None
     engine: bool = field(default=False, metadata={"flag": "--engine"})
