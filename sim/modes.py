@@ -48,7 +48,8 @@ def check_layout(target, config) -> None:
 
 def baseline_latency(session, target, config, name: str) -> float:
     """Mean latency of the baseline ``name`` on the same target, problems, workload and seed (memoised)."""
-    key = config.baseline_key(name) + (session.target_id(target.key), repr(target.serving))
+    key = config.baseline_key(name) + (session.target_id(target.key), repr(target.serving),
+                                        target.data_parallel_size)
     hit = session.baselines.get(key)
     if hit is None:
         base = config.baseline(name)

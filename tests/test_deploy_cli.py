@@ -161,3 +161,16 @@ def test_bench_serve_takes_tp(capsys):
     assert mean_tpot(four) < mean_tpot(two)
     err = _err(capsys, base + ["--tensor-parallel-size", "2", "--node", "l4-pcie"])
     assert err.startswith("--node l4-pcie: its GPUs are l4")
+
+
+def test_one_session_keeps_layouts_apart():
+    """Baselines are memoised per session: a replica count or a layout is part of their key."""
+    from sim.api import Session
+    s = Session()
+    kw = dict(policy="asks", mode="serving", model_preset="qwen2.5-7b", hardware="h100-sxm")
+    one = simulate(s, **kw).summary
+    four = simulate(s, data_parallel_size=4, **kw).summary
+    fresh = simulate(Session(), data_parallel_size=4, **kw).summary
+    assert four["speedup_vs_no_kv"] == fresh["speedup_vs_no_kv"] != one["speedup_vs_no_kv"]
+    tp2 = simulate(s, tensor_parallel_size=2, **kw).summary
+    assert tp2["speedup_vs_no_kv"] == simulate(Session(), tensor_parallel_size=2, **kw).summary["speedup_vs_no_kv"]
