@@ -264,7 +264,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     sv_eff = ServingConfig(**{**sv.to_dict(), "max_num_seqs": sched.max_num_seqs,
                               "max_num_batched_tokens": sched.max_num_batched_tokens})
     from .capacity import check_fits
-    from .parallel import ParallelConfig, ParallelCost, ParallelError, rank_model, stage_layers
+    from .parallel import ParallelConfig, ParallelCost, rank_model, stage_layers
     from .target import resolve_node
     par = ParallelConfig(tensor_parallel_size, pipeline_parallel_size)
     nd = resolve_node(node, hw, par)
