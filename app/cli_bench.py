@@ -64,6 +64,9 @@ def _target_flags(p, offline: bool) -> None:
                    help="a parameter of --policy (repeatable), e.g. --set budget=256 (default: none)")
     p.add_argument("--seed", default=0,
                    help="simulator seed: vLLM's --seed (lengths and arrivals)")
+    from app.cli_sim import add_declared
+    from sim.target import TargetSpec
+    add_declared(p, TargetSpec, only=("node", "tensor_parallel_size", "pipeline_parallel_size"))
 
 
 def _dataset_flags(p, serve: bool) -> None:
@@ -217,6 +220,12 @@ def _target(args):
     return model, hw, sv, pol
 
 
+def _layout(args) -> dict:
+    """The replica layout flags (declared on ``sim.target.TargetSpec``) as ``sim.plain.run`` keywords."""
+    return {"tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
+            "node": args.node}
+
+
 def _write_json(path: Path, obj) -> None:
     import json
 
@@ -247,7 +256,7 @@ def _cmd_serve(args) -> int:
             raise ValueError(f"--percentile-metrics: {m!r} is not one of ttft, tpot, itl, e2el")
     r = plain.run(model, hw, wl, request_rate=args.request_rate, burstiness=args.burstiness,
                   max_concurrency=args.max_concurrency, seed=args.seed, serving=sv, token_policy=pol,
-                  block_size=args.block_size)
+                  block_size=args.block_size, **_layout(args))
     res = plain.serve_result(r, percentiles=args.metric_percentiles, metrics=metrics, request_rate=args.request_rate,
                              burstiness=args.burstiness, max_concurrency=args.max_concurrency,
                              model_id=model.name, num_prompts=wl.n, detailed=args.save_detailed,
@@ -275,7 +284,7 @@ def _cmd_throughput(args) -> int:
         wl = plain.random_workload(args.num_prompts or 1000, args.input_len, args.output_len,
                                    args.random_range_ratio, args.prefix_len, args.seed)
     r = plain.run(model, hw, wl, seed=args.seed, serving=sv, offline=True, token_policy=pol,
-                  block_size=args.block_size)
+                  block_size=args.block_size, **_layout(args))
     res = plain.throughput_result(r)
     print(plain.format_throughput(res))
     if args.output_json:

@@ -68,6 +68,7 @@ def _target_args(p) -> None:
     from sim.target import TargetSpec
     add_declared(p, TargetSpec)
     add_declared(p, RunConfig, only=("mode",))
+    add_declared(p, RunConfig, only=("router",))
     p.add_argument("--workload", action="append", default=[], metavar="KEY=VALUE",
                    help="workload option, repeatable (verify_reuses_kv, concurrency, block_size, kv_budget_frac, ...; "
                         "see docs/simulator.md; default: the defaults listed there)")
@@ -161,6 +162,7 @@ def register(sub) -> None:
                    help="policy parameter, repeatable (e.g. --set tau=0.8; default: the policy's defaults, see `rksim policies`)")
     _target_args(p)
     add_declared(p, RunConfig, only=("arrival_rate",), text=True)
+    add_declared(p, RunConfig, only=("slo",))
     p.add_argument("--engine", action="store_true", help="use the simpy engine in isolated mode too")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     _calibration_args(p)
@@ -178,6 +180,7 @@ def register(sub) -> None:
     from sim.runconfig import RunConfig
     from sim.target import TargetSpec
     add_declared(p, TargetSpec)
+    add_declared(p, RunConfig, only=("router", "slo"))
     p.add_argument("--workload", action="append", default=[], metavar="K=V",
                    help="workload option, repeatable (see docs/simulator.md; default: the defaults listed there)")
     add_declared(p, RunConfig, only=("seed",))
@@ -213,7 +216,7 @@ def register(sub) -> None:
     g.add_argument("--budget-blocks", type=int, default=None, metavar="N", help="budget in blocks (default: from --budget-frac)")
     p.add_argument("--tree", type=int, default=0, metavar="I", help="tree index in the trace (default 0)")
     p.add_argument("--block-size", type=int, default=16, metavar="T", help="tokens per KV block (default 16)")
-    add_declared(p, TargetSpec)
+    add_declared(p, TargetSpec, only=("model", "hardware"))  # one problem's tree on one GPU
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_tree)
 
@@ -249,7 +252,8 @@ def _cmd_simulate(args) -> int:
         r = simulate(trace, policy=args.policy, params=params, model_preset=args.model_preset,
                      hardware=args.hardware, mode=args.mode, workload=workload, seed=args.seed,
                      arrival_rate=rate, engine=args.engine, serving=sv, reshape=getattr(args, "reshape", None),
-                     strict=args.strict, allow_extrapolation=args.allow_extrapolation)
+                     strict=args.strict, allow_extrapolation=args.allow_extrapolation,
+                     router=args.router, slo=args.slo, **deployment_kwargs(args))
     except ConfigError as exc:
         raise ValueError(flagged(exc)) from None
     for line in [r.info.get("host_note")] + list(r.info.get("extrapolated") or []):
@@ -267,7 +271,32 @@ def _cmd_simulate(args) -> int:
                          if not isinstance(v, (dict, list))}).to_string())
         if marked:
             print(trace_model_note([s]))
+        print_replicas(s)
     return 0
+
+
+def deployment_kwargs(args) -> dict:
+    """The deployment flags (``sim.target.TargetSpec``'s node and parallel sizes) as ``simulate`` keywords."""
+    from sim.options import declared
+    from sim.target import TargetSpec
+    return {f.name: getattr(args, dest(opt.flag)) for f, opt in declared(TargetSpec)
+            if f.name not in ("model", "hardware") and hasattr(args, dest(opt.flag))}
+
+
+def print_replicas(s: dict) -> None:
+    """Per-replica metrics (and goodput under the SLO) as a table, when the run has them."""
+    per = s.get("per_replica")
+    if not per:
+        return
+    import pandas as pd
+    cols = ["replica", "problems", "throughput_tokens_per_s", "throughput_problems_per_s", "goodput_problems_per_s",
+            "slo_attainment", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p50_s", "e2e_p99_s", "prefix_hit_rate",
+            "preemptions", "gpu_utilisation"]
+    df = pd.DataFrame(per)
+    df = df[[c for c in cols if c in df.columns]].set_index("replica")
+    print(f"\nper replica (router {s.get('router', '-')}, SLO {s.get('slo') or 'none'}):")
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
+        print(df.to_string())
 
 
 def _cmd_serve(args) -> int:
@@ -275,12 +304,12 @@ def _cmd_serve(args) -> int:
 
 
 def run_compare(trace, model_preset, hardware, mode="isolated", workload=None, seed=0, policies=None,
-                progress=True, reshape=None) -> dict:
+                progress=True, reshape=None, **deployment) -> dict:
     from sim.api import compare_policies
     from sim.errors import ConfigError
     try:
         return compare_policies(trace, model_preset=model_preset, hardware=hardware, mode=mode, workload=workload,
-                                seed=seed, policies=policies, progress=progress, reshape=reshape)
+                                seed=seed, policies=policies, progress=progress, reshape=reshape, **deployment)
     except ConfigError as exc:
         raise ValueError(flagged(exc)) from None
 
@@ -295,7 +324,8 @@ def _cmd_compare(args) -> int:
         if bad:
             raise ValueError(f"--policies: unknown policy {bad[0]!r}; valid: {', '.join(list_policies())}")
     out = run_compare(trace, args.model_preset, args.hardware, args.mode, _workload(args), args.seed, pols,
-                      progress=not args.json and sys.stderr.isatty(), reshape=args.reshape)
+                      progress=not args.json and sys.stderr.isatty(), reshape=args.reshape, router=args.router,
+                      **deployment_kwargs(args))
     from sim.host import host_fields
     from sim.profiles import load_hardware
     note = host_fields(load_hardware(args.hardware))["host_note"]

@@ -1,6 +1,8 @@
 """``rksim sweep``, ``rksim tune``, ``rksim pareto``: thresholds, not just one run (docs/sweeps.md)."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import os
@@ -57,9 +59,17 @@ def _options(args):
     sv, wl, _ = serving_options(ns)
     if args.mode != "serving" and wl:
         raise ValueError(f"--{'requests' if 'n_requests' in wl else 'concurrency'}: only with --mode serving")
+    from app.cli_sim import deployment_kwargs
+    from sim.runconfig import RunConfig
+    from sim.target import TargetSpec
+    # the deployment flags that differ from their declared defaults (a one-GPU sweep passes none: as before)
+    defaults = {f.name: f.default for cls in (TargetSpec, RunConfig) for f in dataclasses.fields(cls)}
+    dep = {k: v for k, v in {**deployment_kwargs(args), "router": args.router, "slo": args.slo}.items()
+           if v != defaults[k]}
     return SweepOptions(model_preset=args.model_preset, hardware=args.hardware, mode=args.mode,
                         workload={**(_parse_workload(args.workload) or {}), **wl} or None, seed=args.sim_seed,
-                        arrival_rate=args.arrival_rate, serving=sv or None, reshape=args.reshape)
+                        arrival_rate=args.arrival_rate, serving=sv or None, reshape=args.reshape,
+                        deployment=dep or None)
 
 
 def _check_trace(path: str):
@@ -237,6 +247,8 @@ def _sim_flags(p) -> None:
     p.add_argument("--mode", choices=("isolated", "serving"), default="isolated",
                    help="isolated: one problem at a time; serving: arrivals and contention")
     add_declared(p, TargetSpec)
+    from sim.runconfig import RunConfig
+    add_declared(p, RunConfig, only=("router", "slo"))
     p.add_argument("--workload", action="append", metavar="KEY=VALUE",
                    help="workload option, e.g. verify_reuses_kv=false; repeatable (default: docs/simulator.md's)")
     p.add_argument("--arrival-rate", type=float, default=None, metavar="R",

@@ -48,7 +48,9 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
              hardware="local-cpu", mode: str = "isolated", problems=None, workload: dict | None = None,
              seed: int = 0, arrival_rate: float | None = None, baselines: bool | None = None,
              engine: bool = False, serving=None, reshape=None, strict: bool = False,
-             allow_extrapolation: bool = False) -> SimResult:
+             allow_extrapolation: bool = False, node=None, tensor_parallel_size: int = 1,
+             pipeline_parallel_size: int = 1, data_parallel_size: int = 1, router: str = "prefix-affinity",
+             slo: str | None = None) -> SimResult:
     """Simulate one configuration; see :func:`evaluate` for the arguments.
 
     ``strict``: refuse a profile fitted on another host (``sim.host``) instead of noting it;
@@ -60,21 +62,30 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     activation_reserve_bytes, kv_capacity_bytes, decode_tokens, prefix_caching).
     ``baselines``: speedups over no-kv and exact-prefix (default: where the mode has them;
     token policies have none, and ``problems`` / ``engine`` / ``baselines`` given to one are refused).
+    ``node``, ``tensor_parallel_size``, ``pipeline_parallel_size``, ``data_parallel_size``: the deployment
+    (docs/parallelism.md; :meth:`sim.target.Target.resolve`); ``router`` routes the replicas' requests and
+    ``slo`` (``"ttft=S,tpot=S,e2e=S"``) adds goodput, serving mode.
     """
     config = RunConfig(policy=policy, params=dict(params or {}), workload=dict(workload or {}), mode=mode, seed=seed,
                        arrival_rate=arrival_rate, problems=problems, engine=engine, baselines=baselines,
-                       strict=strict, allow_extrapolation=allow_extrapolation)
+                       strict=strict, allow_extrapolation=allow_extrapolation, router=router, slo=slo)
     session = loaded(trace, reshape)
-    return run(session, Target.resolve(session, model_preset, hardware, serving), config)
+    return run(session, Target.resolve(session, model_preset, hardware, serving, node=node,
+                                       tensor_parallel_size=tensor_parallel_size,
+                                       pipeline_parallel_size=pipeline_parallel_size,
+                                       data_parallel_size=data_parallel_size), config)
 
 
 def evaluate(trace, policy: str = "asks", params: dict | None = None, model_preset=None, hardware="local-cpu",
              mode: str = "isolated", problems=None, workload: dict | None = None, seed: int = 0,
-             arrival_rate: float | None = None, serving=None, reshape=None) -> dict:
-    """Metrics of one configuration as plain Python scalars (docs/sim-api.md)."""
-    return simulate(trace, policy=policy, params=params, model_preset=model_preset, hardware=hardware, mode=mode,
-                    problems=problems, workload=workload, seed=seed, arrival_rate=arrival_rate, serving=serving,
-                    reshape=reshape).scalars()
+             arrival_rate: float | None = None, serving=None, reshape=None, **deployment) -> dict:
+    """Metrics of one configuration as plain Python scalars (docs/sim-api.md); ``deployment``: the
+    parallelism, router and SLO keywords of :func:`simulate`."""
+    out = simulate(trace, policy=policy, params=params, model_preset=model_preset, hardware=hardware, mode=mode,
+                   problems=problems, workload=workload, seed=seed, arrival_rate=arrival_rate, serving=serving,
+                   reshape=reshape, **deployment).scalars()
+    out.pop("per_replica", None)  # a list; the totals are the summary's own keys
+    return out
 
 
 def _token_entry(session, target, name: str, mode: str, workload, seed: int) -> dict:
@@ -94,7 +105,9 @@ def _token_entry(session, target, name: str, mode: str, workload, seed: int) -> 
 
 def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: str = "isolated",
                      policies=None, workload: dict | None = None, seed: int = 0, problems=None,
-                     progress: bool = False, serving=None, reshape=None) -> dict:
+                     progress: bool = False, serving=None, reshape=None, node=None, tensor_parallel_size: int = 1,
+                     pipeline_parallel_size: int = 1, data_parallel_size: int = 1,
+                     router: str = "prefix-affinity") -> dict:
     """``{"policies": {NAME: metrics}}`` for every registered policy at its defaults (docs/sim-api.md).
 
     Token-eviction policies also get ``budgets`` = ``{"2x": {budget, attn_output_rel_error,
@@ -102,7 +115,9 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
     KV capacity (``kv_capacity_bytes``) and block budget (``kv_budget_blocks``) it ran under.
     """
     session = loaded(trace, reshape)
-    target = Target.resolve(session, model_preset, hardware, ServingConfig.from_any(serving))
+    target = Target.resolve(session, model_preset, hardware, ServingConfig.from_any(serving), node=node,
+                            tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+                            data_parallel_size=data_parallel_size)
     names = list(policies) if policies is not None else list_policies()
     if progress:
         from tqdm import tqdm
@@ -111,11 +126,13 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
     for name in names:
         kind = policy_kind(name)
         if kind == "token":
+            if target.layout():
+                continue  # one sequence's decode on one GPU (sim.modes.check_layout): not a deployment's figure
             if session.tf.longs:
                 out[name] = _token_entry(session, target, name, mode, workload, seed)
             continue
         config = RunConfig(policy=name, params={}, workload=dict(workload or {}), mode=mode, seed=seed,
-                           problems=problems)
+                           problems=problems, router=router)
         out[name] = {**run(session, target, config).scalars(), "kind": kind}
     result = {"policies": out}
     if reshape_info(session.tf) is not None:

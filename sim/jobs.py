@@ -118,7 +118,7 @@ def make_engine(target, cfg, jobs, feats, decs, sched_cfg, budget, *, concurrenc
                   scheduler=sched_cfg, kv_blocks=budget, block_policy=cfg.block,
                   caching=caching and not cfg.no_kv, prompt_ids=[kv_ids(f, d) for f, d in zip(feats, decs)],
                   score_at=SCORE_AT[cfg.workload["score"]], max_batch=target.max_batch,
-                  hw_name=target.hardware.name, per_problem_timeline=per_problem)
+                  hw_name=target.hardware.name, per_problem_timeline=per_problem, cost=target.cost())
 
 
 @dataclass

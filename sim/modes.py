@@ -28,9 +28,28 @@ def runner(kind: str, mode: str):
     return fn
 
 
+def check_layout(target, config) -> None:
+    """Refuse a multi-GPU or multi-replica target where the mode has no such deployment, naming the flag:
+    isolated mode's fast path prices one GPU, and the token policies replay one sequence's decode."""
+    where = None
+    if config.kind == "token":
+        where = f"the token policy {config.policy!r} (one sequence's decode on one GPU)"
+    elif config.mode != "serving":
+        where = "isolated mode (one problem alone on one GPU; use --mode serving)"
+    if where is None:
+        return
+    for name, flag in (("tensor_parallel_size", "--tensor-parallel-size"),
+                       ("pipeline_parallel_size", "--pipeline-parallel-size"),
+                       ("data_parallel_size", "--data-parallel-size")):
+        v = getattr(target, name)
+        if v != 1:
+            raise ConfigError(f"{flag}: {v} is not supported in {where}", field=name)
+
+
 def baseline_latency(session, target, config, name: str) -> float:
     """Mean latency of the baseline ``name`` on the same target, problems, workload and seed (memoised)."""
-    key = config.baseline_key(name) + (session.target_id(target.key), repr(target.serving))
+    key = config.baseline_key(name) + (session.target_id(target.key), repr(target.serving),
+                                        target.data_parallel_size)
     hit = session.baselines.get(key)
     if hit is None:
         base = config.baseline(name)
@@ -41,6 +60,7 @@ def baseline_latency(session, target, config, name: str) -> float:
 def run(session, target, config) -> SimResult:
     """Simulate ``config`` on ``target`` with the session's trace (holding the session's lock)."""
     with session.lock:
+        check_layout(target, config)
         res = runner(config.kind, config.mode)(session, target, config)
         if config.kind == "token":
             return res  # token.run finishes its own summary (no baselines)
@@ -49,4 +69,4 @@ def run(session, target, config) -> SimResult:
         return res
 
 
-__all__ = ["run", "runner", "RUNNERS", "BASELINES"]
+__all__ = ["run", "runner", "check_layout", "RUNNERS", "BASELINES"]

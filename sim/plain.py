@@ -237,7 +237,8 @@ class PlainRun:
 def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstiness: float = 1.0,
         max_concurrency: int | None = None, seed: int = 0, serving: ServingConfig | None = None,
         offline: bool = False, token_policy=None, block_size: int = BLOCK_SIZE,
-        arrivals: np.ndarray | None = None) -> PlainRun:
+        arrivals: np.ndarray | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+        node=None) -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.engine.Engine` and return per-request timings.
 
     ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
@@ -245,6 +246,10 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     caching; ``token_policy``: a token eviction policy of :mod:`policies` bounding each
     request's KV (its decode attends over the policy's cache; scoring costs are charged).
     ``arrivals``: explicit send schedule (overrides ``request_rate`` / ``burstiness``).
+    ``tensor_parallel_size`` x ``pipeline_parallel_size`` GPUs of ``node`` (None: the node preset of
+    ``hw``'s GPU) serve as one replica: iterations priced by :class:`sim.parallel.ParallelCost`, KV the
+    replica's (:func:`sim.capacity.kv_capacity`), the fitted range checked on one rank's shard; a layout
+    whose weights do not fit is refused naming the smallest that does (:func:`sim.capacity.check_fits`).
     """
     from .engine import Engine
     from .scheduler import SchedulerConfig
@@ -259,10 +264,20 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
                             policy=sv.scheduler)
     sv_eff = ServingConfig(**{**sv.to_dict(), "max_num_seqs": sched.max_num_seqs,
                               "max_num_batched_tokens": sched.max_num_batched_tokens})
-    cap = kv_capacity(model, hw, sv_eff)
+    from .capacity import check_fits
+    from .parallel import ParallelConfig, ParallelCost, rank_model, stage_layers
+    from .target import resolve_node
+    par = ParallelConfig(tensor_parallel_size, pipeline_parallel_size)
+    nd = resolve_node(node, hw, par)
+    par.validate(model, nd, None)
+    if not par.is_single or model.weight_bytes > hw.mem_capacity:
+        check_fits(model, hw, sv_eff, par, nd)   # names the smallest TP x PP that fits
+    cap = kv_capacity(model, hw, sv_eff, None if par.is_single else par)
     blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
     inp, out = wl.input_lens, wl.output_lens
-    hw.check_query(model, max_context=int((inp + out).max()),
+    shard = model if par.is_single else rank_model(model, par.tensor_parallel_size,
+                                                   max(stage_layers(model.n_layers, par.pipeline_parallel_size)))
+    hw.check_query(shard, max_context=int((inp + out).max()),
                    max_new=int(min(int(inp.max()), sched.max_num_batched_tokens)), max_batch=0)
     sched_t = np.zeros(wl.n) if offline else (
         np.asarray(arrivals, np.float64) if arrivals is not None else
@@ -285,7 +300,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     eng = Engine(model, hw, jobs, seed=seed, scheduler=sched, kv_blocks=blocks,
                  caching=bool(sv.prefix_caching) and token_policy is None, prompt_ids=ids,
                  max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name,
-                 arrival_times=sched_t, max_concurrency=max_concurrency, record_token_times=True)
+                 arrival_times=sched_t, max_concurrency=max_concurrency, record_token_times=True,
+                 cost=None if par.is_single else ParallelCost(model, hw, nd, par))
     res = eng.run()
     recs = res.records()
     start = np.array([r["arrival_s"] for r in recs])
@@ -301,6 +317,9 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
             "preemptions": int(res.stats["preemptions"]), "max_running_seqs": int(res.stats["max_running_seqs"]),
             "iterations": int(res.iterations), "offline": bool(offline),
             "prefix_hit_tokens": int(sum(r["prefix_hit_tokens"] for r in recs))}
+    if not par.is_single:
+        info.update({"tensor_parallel_size": par.tensor_parallel_size,
+                     "pipeline_parallel_size": par.pipeline_parallel_size, "node": nd.name})
     return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, float(res.makespan), info)
 
 
@@ -423,7 +442,9 @@ def provenance(info: dict) -> str:
     """One line: which target's costs, under what scheduler, batch and capacity."""
     s = info["scheduler"]
     pol = info.get("token_policy")
-    return (f"simulated: model {info['model']} on {info['hardware']} ({info['calibration']}); scheduler "
+    lay = (f" x TP {info['tensor_parallel_size']} x PP {info['pipeline_parallel_size']} on {info['node']}"
+           if "tensor_parallel_size" in info else "")
+    return (f"simulated: model {info['model']} on {info['hardware']}{lay} ({info['calibration']}); scheduler "
             f"{s['scheduler']}, max_num_seqs {s['max_num_seqs']}, max_num_batched_tokens "
             f"{s['max_num_batched_tokens']}, KV capacity {info['kv_capacity_blocks']} blocks of "
             f"{info['block_size']} tokens ({info['kv_capacity_bytes'] / 1e9:.2f} GB), prefix caching "

@@ -33,6 +33,12 @@ class RunConfig:
     seed: int = option(0, kind=int, flag="--seed", help="simulator seed: arrivals and stochastic policies (default 0)")
     arrival_rate: float | None = option(None, kind=float, gt=0, flag="--arrival-rate",
                                         help="serving mode: Poisson arrivals, problems/s (default: closed loop)")
+    router: str = option("prefix-affinity", kind=str, flag="--router", metavar="NAME",
+                         help="serving mode with --data-parallel-size > 1: round-robin, least-outstanding, "
+                              "prefix-affinity or branch-spread (docs/parallelism.md; default prefix-affinity)")
+    slo: str | None = option(None, kind=str, flag="--slo", metavar="KEY=S,KEY=S",
+                             help="serving mode: latency SLOs ttft=S,tpot=S,e2e=S in seconds (any subset); goodput (problems/s meeting "
+                                  "every one) is reported beside throughput (default: none)")
     problems: tuple | None = None
     engine: bool = field(default=False, metadata={"flag": "--engine"})
     baselines: bool | None = None      # None: where the mode has them (not token policies)
@@ -48,6 +54,17 @@ class RunConfig:
         validate_options(self, RUN_OPTIONS)
         if self.arrival_rate is not None and self.mode != "serving":
             raise ConfigError("arrival_rate: only meaningful with mode='serving'", field="arrival_rate")
+        from .goodput import SLOError, SLO
+        from .router import ROUTERS
+        if self.router not in ROUTERS:
+            raise ConfigError(f"--router: {self.router!r} is not one of {', '.join(ROUTERS)}", field="router")
+        if self.slo is not None:
+            if self.mode != "serving":
+                raise ConfigError("--slo: only meaningful with mode='serving'", field="slo")
+            try:
+                SLO.parse(self.slo)
+            except SLOError as exc:
+                raise ConfigError(str(exc), field="slo") from None
         if self.problems is not None:
             object.__setattr__(self, "problems", tuple(self.problems))
         cfg = make_config(self.policy, self.params, self.workload)
@@ -82,11 +99,17 @@ class RunConfig:
         """The same run under the baseline policy ``name`` at its defaults (fast path, no baselines)."""
         return RunConfig(policy=name, params={}, workload=self.sim.workload, mode=self.mode, seed=self.seed,
                          arrival_rate=self.arrival_rate, problems=self.problems, baselines=False,
-                         allow_extrapolation=self.allow_extrapolation)
+                         allow_extrapolation=self.allow_extrapolation, router=self.router)
 
     def baseline_key(self, name: str) -> tuple:
         return (name, self.mode, self.problems, workload_key(self.sim), self.seed, self.arrival_rate,
-                self.allow_extrapolation)
+                self.allow_extrapolation, self.router)
+
+    @property
+    def slo_spec(self):
+        """The parsed ``--slo`` (``sim.goodput.SLO``), or None when none is stated."""
+        from .goodput import SLO
+        return None if self.slo is None else SLO.parse(self.slo)
 
     def describe(self) -> dict:
         return {"policy": self.policy, "params": dict(self.params or {}), "components": self.sim.describe()}

@@ -31,7 +31,18 @@ def info_of(session, target, config, cap: dict, sched) -> dict:
             "workload": dict(cfg.workload), "seed": int(config.seed),
             "arrival_rate": config.arrival_rate, "trace": tf.path, "reshape": reshape_info(tf),
             "kv_capacity_bytes": cap["kv_capacity_bytes"], "capacity_source": cap["capacity_source"],
-            "capacity": cap, "scheduler": sched.to_dict(), "note": target.note(tf.model_name)}
+            "capacity": cap, "scheduler": sched.to_dict(), "note": target.note(tf.model_name),
+            **({"deployment": deployment_fields(target)} if target.layout() else {})}
+
+
+def deployment_fields(target) -> dict:
+    """The layout a multi-GPU or multi-replica result ran on (empty for one GPU, one replica: today's keys)."""
+    if not target.layout():
+        return {}
+    return {"tensor_parallel_size": target.tensor_parallel_size, "pipeline_parallel_size": target.pipeline_parallel_size,
+            "data_parallel_size": target.data_parallel_size,
+            "node": target.node.name if target.node is not None else None,
+            "gpus": target.tensor_parallel_size * target.pipeline_parallel_size * target.data_parallel_size}
 
 
 def stated_under(session, target, config, cap: dict, sched, info: dict) -> dict:
@@ -41,7 +52,8 @@ def stated_under(session, target, config, cap: dict, sched, info: dict) -> dict:
             "mode": config.mode, "verify_reuses_kv": bool(config.sim.workload["verify_reuses_kv"]),
             **reshape_fields(tf), "kv_capacity_bytes": cap["kv_capacity_bytes"],
             "capacity_source": cap["capacity_source"], "hardware_calibrated": info["hardware_calibrated"],
-            **{k: v for k, v in sched.to_dict().items() if k != "long_prefill_token_threshold"}}
+            **{k: v for k, v in sched.to_dict().items() if k != "long_prefill_token_threshold"},
+            **deployment_fields(target)}
 
 
 def finish(summary: dict, base: dict | None) -> dict:
@@ -54,4 +66,4 @@ def finish(summary: dict, base: dict | None) -> dict:
     return summary
 
 
-__all__ = ["info_of", "stated_under", "finish", "reshape_fields", "reshape_info"]
+__all__ = ["info_of", "stated_under", "deployment_fields", "finish", "reshape_fields", "reshape_info"]

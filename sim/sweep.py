@@ -61,6 +61,9 @@ class SweepOptions:
     arrival_rate: float | None = None
     serving: dict | None = None   # serving settings (sim.capacity.ServingConfig fields), mode serving
     reshape: str | None = None  # sim.reshape.ReshapeSpec text; kept canonical
+    # the deployment keywords of sim.api.simulate that differ from their defaults (node, tensor/pipeline/
+    # data_parallel_size, router, slo; declared on sim.target.TargetSpec and sim.runconfig.RunConfig)
+    deployment: dict | None = None
 
     def __post_init__(self):
         if self.mode not in ("isolated", "serving"):
@@ -81,6 +84,7 @@ class SweepOptions:
             kw["problems"] = list(kw["problems"])
         if kw["reshape"] is None:
             del kw["reshape"]  # evaluate functions that predate reshaping still take these kwargs
+        kw.update(kw.pop("deployment") or {})  # absent for one GPU: as before
         return kw
 
 

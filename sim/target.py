@@ -12,10 +12,12 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
-from .capacity import ServingConfig, capacity_blocks, kv_capacity
+from .capacity import CapacityError, ServingConfig, capacity_blocks, check_fits, kv_capacity
 from .errors import ConfigError
 from .options import option, validate_options
 from .profiles import HardwareProfile, ModelShape, PresetError, load_hardware, load_model, model_from_manifest
+from .parallel import MAX_DP, MAX_PP, NodeProfile, ParallelConfig, ParallelCost, ParallelError, load_node, \
+    rank_model, stage_layers
 from .scheduler import SchedulerConfig
 
 # Isolated mode: one problem alone, every branch admitted at once, prefills first.
@@ -60,6 +62,16 @@ class TargetSpec:
                                help="cost target model: preset name or YAML/JSON file (default: the trace's own model)")
     hardware: str = option("local-cpu", kind=str, flag="--hardware", metavar="NAME",
                            help="hardware preset name or YAML/JSON file (default local-cpu)")
+    node: str | None = option(None, kind=str, flag="--node", metavar="NAME",
+                              help="node preset (dgx-a100, dgx-h100, l4-pcie or a YAML/JSON file) whose interconnect "
+                                   "prices tensor/pipeline parallelism; its GPUs must be --hardware (default: one GPU "
+                                   "of --hardware; with TP x PP > 1 the one node preset of that GPU)")
+    tensor_parallel_size: int = option(1, kind=int, lo=1, hi=8, flag="--tensor-parallel-size", metavar="TP",
+                                       help="GPUs a replica's layers are split over (1, 2, 4, 8; vLLM's flag; default 1)")
+    pipeline_parallel_size: int = option(1, kind=int, lo=1, hi=MAX_PP, flag="--pipeline-parallel-size", metavar="PP",
+                                         help="pipeline stages per replica (vLLM's flag; default 1)")
+    data_parallel_size: int = option(1, kind=int, lo=1, hi=MAX_DP, flag="--data-parallel-size", metavar="DP",
+                                     help="serving mode: replicas of TP x PP GPUs behind --router (default 1)")
 
     def __post_init__(self) -> None:
         validate_options(self)
@@ -76,10 +88,22 @@ class Target:
     hardware: HardwareProfile
     serving: ServingConfig
     trace_model: ModelShape
+    node: NodeProfile | None = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
 
     @classmethod
-    def resolve(cls, session, model=None, hardware="local-cpu", serving=None) -> "Target":
-        """A target from preset names, files or profiles (``model=None``: the trace's own model)."""
+    def resolve(cls, session, model=None, hardware="local-cpu", serving=None, node=None, tensor_parallel_size=1,
+                pipeline_parallel_size=1, data_parallel_size=1) -> "Target":
+        """A target from preset names, files or profiles (``model=None``: the trace's own model).
+
+        ``node`` (a node preset or :class:`sim.parallel.NodeProfile`) prices the collectives of a
+        ``tensor_parallel_size`` x ``pipeline_parallel_size`` replica; ``None`` with TP x PP > 1: the one
+        shipped node preset whose GPU is ``hardware``. The layout is checked against the model and the
+        node (:meth:`sim.parallel.ParallelConfig.validate`), and the replica's weights against its GPUs
+        (:func:`sim.capacity.check_fits`, which names the smallest TP x PP that fits).
+        """
         with session.lock:  # the session's preset memo is shared by its threads
             if session.trace_model is None:
                 session.trace_model = model_from_manifest(session.tf.manifest)
@@ -88,18 +112,77 @@ class Target:
             else:
                 m = model if isinstance(model, ModelShape) else _preset(session, "model", model)
             hw = hardware if isinstance(hardware, HardwareProfile) else _preset(session, "hardware", hardware)
-            return cls(model=m, hardware=hw, serving=ServingConfig.from_any(serving), trace_model=session.trace_model)
+            sv = ServingConfig.from_any(serving)
+            spec = TargetSpec(model=None, hardware="-", node=None if node is None or isinstance(node, NodeProfile)
+                              else str(node), tensor_parallel_size=tensor_parallel_size,
+                              pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size)
+            try:
+                par = ParallelConfig(spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.data_parallel_size)
+            except ParallelError as exc:
+                raise ConfigError(str(exc), field=_flag_field(str(exc))) from None
+            nd = resolve_node(node, hw, par, session.presets)
+            try:
+                par.validate(m, nd, nd.gpus_per_node if nd is not None else None)
+            except ParallelError as exc:
+                msg = str(exc).replace("(--gpus)", f"on one {nd.name} node (--node)") if nd is not None else str(exc)
+                raise ConfigError(msg, field=_flag_field(msg)) from None
+            # one GPU: only where today's weight check refuses anyway, so its refusal names the layout that fits
+            if not par.is_single or m.weight_bytes > hw.mem_capacity:
+                try:
+                    check_fits(m, hw, sv, par, nd)
+                except CapacityError as exc:
+                    raise ConfigError(str(exc), field="tensor_parallel_size") from None
+            return cls(model=m, hardware=hw, serving=sv, trace_model=session.trace_model, node=nd,
+                       tensor_parallel_size=par.tensor_parallel_size, pipeline_parallel_size=par.pipeline_parallel_size,
+                       data_parallel_size=par.data_parallel_size)
 
     key: tuple = field(init=False, repr=False)  # (model, hardware cost terms): what a job's costs depend on
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "key", (self.model, hw_key(self.hardware)))
+        key = (self.model, hw_key(self.hardware))
+        if not self.single:  # one GPU keeps today's key; a layout prices differently
+            key += (("parallel", self.tensor_parallel_size, self.pipeline_parallel_size,
+                     self.node.name if self.node is not None else None),)
+        object.__setattr__(self, "key", key)
 
     def __hash__(self) -> int:
-        return hash((self.key, self.serving))
+        return hash((self.key, self.serving, self.data_parallel_size))
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Target) and (self.key, self.serving) == (other.key, other.serving)
+        return isinstance(other, Target) and (self.key, self.serving, self.data_parallel_size) == \
+            (other.key, other.serving, other.data_parallel_size)
+
+    # ------------------------------------------------------------------ the layout
+    @property
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size)
+
+    @property
+    def single(self) -> bool:
+        """One GPU per replica (TP = PP = 1): priced by ``sim.cost.ScalarCost`` as ever."""
+        return self.tensor_parallel_size == 1 and self.pipeline_parallel_size == 1
+
+    def cost(self):
+        """The cost object of one replica: None (the engine's own ``ScalarCost``) at TP = PP = 1, else a
+        :class:`sim.parallel.ParallelCost` of the layout on the node."""
+        return None if self.single else ParallelCost(self.model, self.hardware, self.node, self.parallel)
+
+    @property
+    def rank_model(self) -> ModelShape:
+        """The shard one GPU of the largest stage holds (``sim.parallel.rank_model``): what the fitted range
+        and the one-GPU weight check see."""
+        if self.single:
+            return self.model
+        return rank_model(self.model, self.tensor_parallel_size,
+                          max(stage_layers(self.model.n_layers, self.pipeline_parallel_size)))
+
+    def layout(self) -> str:
+        """``TP 2 x PP 1 x DP 4 on dgx-h100`` (empty for one GPU, one replica)."""
+        if self.single and self.data_parallel_size == 1:
+            return ""
+        where = f" on {self.node.name}" if self.node is not None else f" ({self.hardware.name} per GPU)"
+        return (f"TP {self.tensor_parallel_size} x PP {self.pipeline_parallel_size} x DP "
+                f"{self.data_parallel_size}{where}")
 
     # ------------------------------------------------------------------ what the target answers
     @property
@@ -127,7 +210,7 @@ class Target:
     def capacity(self, mode: str, block_size: int) -> dict:
         """KV capacity (``sim.capacity.kv_capacity``) plus its blocks, block size and the mode's scheduler."""
         sched = self.scheduler(mode)
-        cap = kv_capacity(self.model, self.hardware, self.serving)
+        cap = kv_capacity(self.model, self.hardware, self.serving, None if self.single else self.parallel)
         cap["kv_capacity_blocks"] = capacity_blocks(cap["kv_capacity_bytes"], block_size, self.model.kv_bytes_per_token)
         cap["block_size"] = int(block_size)
         cap["scheduler"] = sched.to_dict()
@@ -136,14 +219,62 @@ class Target:
     def check_query(self, max_context: int, max_new: int, max_batch: int, tokens: int = 0, mixed: bool = False,
                     allow_extrapolation: bool = False) -> list:
         """Refuse a query outside the hardware profile's fitted range (``HardwareProfile.check_query``,
-        :mod:`sim.ranges`); with ``allow_extrapolation`` the notes of what was extrapolated instead."""
-        return self.hardware.check_query(self.model, max_context=max_context, max_new=max_new, max_batch=max_batch,
+        :mod:`sim.ranges`) on the shard one GPU holds; with ``allow_extrapolation`` the notes of what
+        was extrapolated instead."""
+        return self.hardware.check_query(self.rank_model, max_context=max_context, max_new=max_new, max_batch=max_batch,
                                          tokens=tokens, mixed=mixed, allow_extrapolation=allow_extrapolation)
 
     def note(self, decisions_model: str) -> str:
         m, hw = self.model.name, self.hardware.name
+        if self.layout():
+            hw = f"{hw}, {self.layout()}"
         return (f"decisions from the trace's model {decisions_model}; costs from {m} on {hw}"
                 if m != decisions_model else f"decisions and costs from {m} on {hw}")
 
 
-__all__ = ["Target", "TargetSpec", "ISOLATED_SCHEDULER", "hw_key"]
+_FLAG_FIELDS = {"--tensor-parallel-size": "tensor_parallel_size", "--pipeline-parallel-size": "pipeline_parallel_size",
+                "--data-parallel-size": "data_parallel_size", "--node": "node"}
+
+
+def _flag_field(msg: str) -> str:
+    """The target field a ``sim.parallel`` message names by its flag."""
+    return next((f for flag, f in _FLAG_FIELDS.items() if msg.startswith(flag)), "tensor_parallel_size")
+
+
+def resolve_node(node, hw: HardwareProfile, par: ParallelConfig, memo: dict | None = None) -> NodeProfile | None:
+    """The node of the layout: the one named (its GPUs must be ``hw``), else for TP x PP > 1 the one shipped
+    node preset of ``hw``'s GPU, else None (one GPU of ``hw``). ``memo``: the caller's preset memo."""
+    memo = {} if memo is None else memo
+    if isinstance(node, NodeProfile):
+        nd = node
+    elif node is not None:
+        key = ("node", str(node))
+        nd = memo.get(key)
+        if nd is None:
+            try:
+                nd = memo[key] = load_node(node)
+            except (PresetError, OSError, ValueError) as exc:
+                raise ConfigError(f"--node: {exc}", field="node") from None
+    elif par.is_single:
+        return None
+    else:
+        from .profiles import list_presets
+        names = []
+        for name in list_presets("nodes"):
+            try:
+                if load_node(name).gpu == hw.name:
+                    names.append(name)
+            except (PresetError, OSError, ValueError):
+                continue
+        if len(names) != 1:
+            raise ConfigError(f"--node: --tensor-parallel-size {par.tensor_parallel_size} --pipeline-parallel-size "
+                              f"{par.pipeline_parallel_size} needs a node preset to price the communication; "
+                              f"{'none' if not names else ', '.join(names)} of {hw.name}'s GPUs "
+                              f"{'is shipped' if not names else 'match'}: name one with --node", field="node")
+        nd = load_node(names[0])
+    if nd.gpu != hw.name:
+        raise ConfigError(f"--node {nd.name}: its GPUs are {nd.gpu}, not --hardware {hw.name}", field="node")
+    return nd
+
+
+__all__ = ["Target", "TargetSpec", "resolve_node", "ISOLATED_SCHEDULER", "hw_key"]

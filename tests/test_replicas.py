@@ -55,7 +55,9 @@ def test_one_replica_is_the_engine_bit_for_bit(monkeypatch, workload, rate):
     (model, hw, jobs), kw = got["args"], got["kwargs"]
     pol = kw.pop("block_policy")
     kw.pop("per_problem_timeline", None)
-    r = Replicas(model, hw, jobs, make_router("round-robin", 1), 1, block_policy=lambda: pol, **kw).run()
+    cost = kw.pop("cost", None)   # the target's replica cost (None: one GPU, the engine's ScalarCost)
+    r = Replicas(model, hw, jobs, make_router("round-robin", 1), 1, block_policy=lambda: pol,
+                 costs=None if cost is None else [cost], **kw).run()
     _same_records(got["records"], r.records[0])
     _same_records(got["records"], r.problems)
     if rate is None:
