@@ -409,16 +409,6 @@ class HardwareProfile:
         fp = self.extra.get("fingerprint")
         return dict(fp) if isinstance(fp, dict) else None
 
-    def host_status(self, current: dict | None = None) -> dict:
-        """Whether this profile belongs to this host (:func:`sim.host.host_status`), plus
-        ``hardware_calibrated``: fitted end to end *and* not on another host."""
-        from .host import host_status
-        fr = self.fitted_range or {}
-        cpu_fit = bool(self.calibrated) and str(fr.get("device", self.extra.get("device", ""))).startswith("cpu")
-        st = host_status(self.name, self.fingerprint, cpu_fit, current)
-        st["hardware_calibrated"] = bool(self.calibrated) and st["host_match"] is not False
-        return st
-
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("extra", None)

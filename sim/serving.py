@@ -60,12 +60,7 @@ def run(session, target, config) -> SimResult:
     recs = res.records()
     if recs:  # one pool for all problems: its evictions are reported once (on the first record)
         recs[0]["evictions"] = int(res.kv.evictions)
-    rows, brows = [], []
-    for r in recs:
-        f = tf.problems[r["pos"]]
-        dec = triples[r["pseq"] % len(triples)][0]
-        rows.append(problem_row(f, dec, r, L))
-        brows.extend(branch_rows(f, dec, L))
+    rows, brows = _rows(tf, recs, triples, L)
     peak = float(res.timeline_b.max()) if res.timeline_b.size else 0.0
     summary = summarize(rows, brows, cfg=cfg, L=L, makespan=res.makespan, peak_kv_bytes=peak)
     summary.update(serving_summary(recs, res, cap, budget))
@@ -80,6 +75,17 @@ def run(session, target, config) -> SimResult:
                          events=int(res.events))
         _add_goodput(summary, one, [r[0] for r in reqs], config)
     return SimResult(summary, rows, brows, [(-1, res.timeline_t, res.timeline_b)], info)
+
+
+def _rows(tf, recs, triples, L: int) -> tuple[list, list]:
+    """Per-problem and per-branch rows of the engine's records (a repeated problem: its trace decision)."""
+    rows, brows = [], []
+    for r in recs:
+        f = tf.problems[r["pos"]]
+        dec = triples[r["pseq"] % len(triples)][0]
+        rows.append(problem_row(f, dec, r, L))
+        brows.extend(branch_rows(f, dec, L))
+    return rows, brows
 
 
 def _add_goodput(summary: dict, run, jobs, config) -> dict:
@@ -128,12 +134,7 @@ def _run_replicas(session, target, config, prep, budget: int, reqs) -> SimResult
                     prompt_ids=[kv_ids(r[1], r[2]) for r in reqs], score_at=SCORE_AT[cfg.workload["score"]],
                     max_batch=target.max_batch, hw_name=target.hardware.name).run()
     recs = run_.problems
-    rows, brows = [], []
-    for r in recs:
-        f = tf.problems[r["pos"]]
-        dec = triples[r["pseq"] % len(triples)][0]
-        rows.append(problem_row(f, dec, r, L))
-        brows.extend(branch_rows(f, dec, L))
+    rows, brows = _rows(tf, recs, triples, L)
     t, b = _server_timeline(run_.results)
     summary = summarize(rows, brows, cfg=cfg, L=L, makespan=run_.makespan,
                         peak_kv_bytes=float(b.max()) if b.size else 0.0)
