@@ -41,6 +41,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/summary.py: the Markdown check
+
+from summary import has_tabulate  # noqa: E402
 
 # (concurrency, capacity binds, branches, max new tokens): each level of each factor in 4 of the 8
 MATRIX = ((1, False, 4, 32), (1, True, 8, 64), (2, True, 4, 32), (2, False, 8, 64),
@@ -113,7 +116,7 @@ def matrix(args) -> int:
             f"block 16, max_num_batched_tokens 2048) vs the simulator under the `calibrate host` profile {prof.name} "
             f"({hw.extra.get('notes', '')}). Shipped local-cpu on this host: "
             f"{'matches' if profile_host_status(shipped, fp)['host_match'] else 'does not match (or records no fingerprint)'}.")
-    md = head + "\n\n" + (show.to_markdown(index=False, floatfmt=".4f") if _has_tabulate() else show.to_string(index=False))
+    md = head + "\n\n" + (show.to_markdown(index=False, floatfmt=".4f") if has_tabulate() else show.to_string(index=False))
     res = {"shapes": rows, "all_within_goal": all(ok), "goal": MATRIX_GOAL, "host_profile": str(prof),
            "fingerprint": fp, "shipped_local_cpu_matches_host": profile_host_status(shipped, fp)["host_match"],
            "calibrate_host": None if host is None else {k: host[k] for k in ("cpu_seconds", "budget_s", "shapes",
@@ -125,14 +128,6 @@ def matrix(args) -> int:
     print(md)
     print(f"all {len(rows)} shapes within {MATRIX_GOAL:.0%}: {all(ok)} -> {args.out / 'calibrate-matrix.json'}")
     return 0
-
-
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 GOALS = {"mean_abs_pct_error": 0.02, "median_abs_pct_error": 0.05, "speedup_ratio_error": 0.03,

@@ -46,13 +46,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     df = pd.DataFrame(rows)
     _atomic_write(args.dir / "summary.json", json.dumps(rows, indent=2, default=str))
-    _atomic_write(args.dir / "summary.md", df.to_markdown(index=False) if _has_tabulate() else df.to_string(index=False))
+    _atomic_write(args.dir / "summary.md", df.to_markdown(index=False) if has_tabulate() else df.to_string(index=False))
     with pd.option_context("display.max_rows", None, "display.width", 200, "display.max_colwidth", 80):
         print(df.to_string(index=False))
     return 0
 
 
-def _has_tabulate() -> bool:
+def has_tabulate() -> bool:
+    """Whether pandas can write Markdown tables (``to_markdown`` needs the optional tabulate)."""
     try:
         import tabulate  # noqa: F401
     except ImportError:
