@@ -2,7 +2,7 @@
 
 llama-3-8b and qwen2.5-7b on h100-sxm and a100-80gb; prefill of 128..8192
 tokens (batch 1, nothing cached) and one decode step at batch 1..256 and
-context 512..16384. Writes the table into ``docs/calibration.md`` between the
+context 512..16384. Writes the table into ``docs/benchmarks/calibration.md`` (a dated log) between the
 ``peers-table`` markers and every number to ``runs/peers/peers.json``.
 
 The peers are installed into their own virtual environment
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--venv", type=Path, default=ROOT / "runs" / "peers-venv")
-    ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "calibration.md")
+    ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks" / "calibration.md")
     ap.add_argument("--no-doc", action="store_true")
     a = ap.parse_args(argv)
     cs = cases()
