@@ -162,7 +162,7 @@ def _simulate_params() -> set[str]:
     return set(inspect.signature(simulate).parameters)
 
 
-# Serving controls (issue 9). Each goes to sim.api.simulate as a keyword where that build of the
+# Serving controls. Each goes to sim.api.simulate as a keyword where that build of the
 # simulator takes it (arrival_rate), else into its ``serving=`` settings where it has them
 # (sim.capacity.ServingConfig: scheduler, max_num_seqs, ...), else into the workload where the workload
 # knows it (concurrency, n_requests), else it is reported as "not applied by this simulator" (never
@@ -458,7 +458,7 @@ def default_minimise(metric: str) -> bool:
 
 
 # ------------------------------------------------------------------ calibration folders
-SERVE_SUMMARIES = ("serve.json", "summary.json")  # calibrate/serve.py's SUMMARY_FILE, and the issue's name
+SERVE_SUMMARIES = ("serve.json", "summary.json")  # calibrate/serve.py's SUMMARY_FILE, and the older name
 
 
 def _serve_summary(folder: Path) -> Path | None:

@@ -1,4 +1,4 @@
-"""The serving-at-capacity controls (issue 9), shared by the What-if and Serving pages.
+"""The serving-at-capacity controls, shared by the What-if and Serving pages.
 
 Each box is checked by :func:`app.params.number` with the bounds of the CLI flag of the same
 name; :func:`app.ui_backend.serving_kwargs` routes the values to the simulator.

@@ -10,7 +10,7 @@ default model, 1 CPU thread):
    32 new tokens);
 3. ``calibrate quality`` for the token-eviction policies at 2x, 4x, 8x.
 
-Goals (from the issue): mean latency error <= 2%, per-problem median <= 5%,
+Goals: mean latency error <= 2%, per-problem median <= 5%,
 speedup-ratio error <= 3%, RKSC >= 3x faster than No-KV on the paper's shape.
 
 ``--matrix`` instead measures serving fidelity on this machine: ``rksim calibrate

@@ -5,8 +5,8 @@ The rules (docs/design.md, "Figures in the docs"):
 1. **Quoted figures.** A figure copied from a file the project generates carries a marker right
    after it, ``1.95×<!-- quote docs/reproduction/claims.json rows[id=vase-4].data.table[model=qwen3-4b].throughput_vs_full -->``:
    the path is relative to the repository root (JSON or YAML), the key a path into it
-   (``a.b``, ``[3]`` a list index, ``[field=value]`` the list item whose field equals value,
-   ``[some.key]`` a dict key holding dots), and an optional ``scale=100`` multiplies the source
+   (``a.b``, ``[3]`` a list index, ``[field=value]`` the one list item whose field equals value,
+   ``[f=a&g=b]`` several fields, ``[some.key]`` a dict key holding dots; spaces are allowed), and an optional ``scale=100`` multiplies the source
    (fractions quoted as percent). The figure is the number just before the marker (units such as
    ``%``, ``×``, ``x``, ``s``, ``ms``, ``µs`` and ``**`` may follow it); it passes when the
    source, rounded to the figure's decimals, equals it. A string source (a claim's ``paper``
@@ -50,7 +50,7 @@ def all_docs() -> list[Path]:
 
 # ---------------------------------------------------------------------------- markers and keys
 
-MARKER = re.compile(r"<!--\s*quote\s+(?P<path>\S+)\s+(?P<key>\S+)(?:\s+scale=(?P<scale>[-0-9.e]+))?\s*-->")
+MARKER = re.compile(r"<!--\s*quote\s+(?P<path>\S+)\s+(?P<key>.+?)(?:\s+scale=(?P<scale>[-0-9.e]+))?\s*-->")
 NUMBER = r"[-+−]?\d[\d,]*(?:\.\d+)?"
 # the figure just before a marker: a number, then at most a unit and closing emphasis
 FIGURE_BEFORE = re.compile(
@@ -83,8 +83,8 @@ def resolve(data, key: str):
                     raise KeyError(f"{part} out of range in {key!r}")
                 cur = cur[int(inner)]
             elif "=" in inner and isinstance(cur, list):
-                field, value = inner.split("=", 1)
-                hits = [x for x in cur if isinstance(x, dict) and str(x.get(field)) == value]
+                conds = [c.split("=", 1) for c in inner.split("&")]
+                hits = [x for x in cur if isinstance(x, dict) and all(str(x.get(f)) == v for f, v in conds)]
                 if len(hits) != 1:
                     raise KeyError(f"{part} matches {len(hits)} items in {key!r}")
                 cur = hits[0]
@@ -269,6 +269,7 @@ FORBIDDEN = [
     (re.compile(r"\b(?:this|the) task\b|\bwas lent\b", re.I), "the circumstances of writing"),
     (re.compile(r"\bat hand\b", re.I), "the circumstances of writing"),
     (re.compile(r"\blandings?\b", re.I), "the circumstances of writing"),
+    (re.compile(r"\bDESIGN(?:\.md)? §|\bDESIGN §", re.I), "a file outside the repository"),
 ]
 
 

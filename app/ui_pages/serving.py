@@ -30,7 +30,7 @@ def _results(trace: str, chosen: list[str], model, hardware: str, seed: int, ser
     keys = B.serving_kpis(next(iter(results.values()))["summary"])
     not_applied = sorted({k for r in results.values() for k in r["not_applied"]})
     if not_applied:
-        st.warning(f"not applied by this simulator build: {', '.join(not_applied)} (serving at capacity, issue 9)")
+        st.warning(f"not applied by this simulator build: {', '.join(not_applied)} (serving at capacity)")
     cols = st.columns(len(results))
     for col, (n, r) in zip(cols, results.items()):
         with col:

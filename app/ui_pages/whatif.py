@@ -96,7 +96,7 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
                f"({info.get('decisions_model')}, {facts['n_layers']} layers) and do not change with the target.")
     not_applied = sorted({k for r in results.values() for k in r["not_applied"]})
     if not_applied:
-        st.warning(f"not applied by this simulator build: {', '.join(not_applied)} (serving at capacity, issue 9)")
+        st.warning(f"not applied by this simulator build: {', '.join(not_applied)} (serving at capacity)")
     branch = {n: r for n, r in results.items() if B.policy_kind(n) != "token"}
     token = {n: r for n, r in results.items() if B.policy_kind(n) == "token"}
     ref = branch.get("exact-prefix", {}).get("summary")
