@@ -16,7 +16,7 @@ The rules (docs/design.md, "Figures in the docs"):
    compares (``<!-- generated: tests/test_x.py -->`` ... ``<!-- /generated -->``, the test
    named reading this doc), must sit under a date label, ``measured 2026-12-01`` or
    ``measured 1 Dec 2026`` (also ``dated``, ``as of``): in its own line, its paragraph or table
-   (a table's caption paragraph counts), or a heading above it. Fenced code blocks are skipped.
+   (the paragraph just before a table or a list, its caption, counts), or a heading above it. Fenced code blocks are skipped.
 3. **Benchmark logs** (``docs/benchmarks/*.md``) are dated by construction: every ``##`` entry
    names its date.
 4. **Words.** No doc refers to issue numbers, people or the circumstances of its writing.
@@ -194,7 +194,7 @@ def check_quotes(path: Path) -> list[str]:
 RESULT_FIGURE = re.compile(r"(?<![\w.])\d+\.\d+\s?(?:×|x(?![\w])|%)")
 MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*"
 DATE_LABEL = re.compile(
-    rf"\b(?:measured|dated|as of)\b[^\n]*?(?:\b20\d\d-\d\d-\d\d\b|\b\d{{1,2}} {MONTH} 20\d\d\b)", re.I)
+    rf"\b(?:measured|dated|as of)\b[\s\S]{{0,160}}?(?:\b20\d\d-\d\d-\d\d\b|\b\d{{1,2}} {MONTH} 20\d\d\b)", re.I)
 HEADING = re.compile(r"^(#+)\s")
 
 
@@ -223,8 +223,8 @@ def undated_figures(path: Path) -> list[str]:
     def block_text(i: int) -> str:
         return "\n".join(lines[n] for n in blocks[i])
 
-    def is_table(i: int) -> bool:
-        return lines[blocks[i][0]].lstrip().startswith("|")
+    def is_table(i: int) -> bool:  # a table or a list: the paragraph before it is its caption
+        return bool(re.match(r"\s*(?:\||[-*] |\d+\. )", lines[blocks[i][0]]))
 
     # headings in scope for each line (a stack by level)
     scope, stack = {}, []
@@ -242,7 +242,10 @@ def undated_figures(path: Path) -> list[str]:
         if HEADING.match(line):
             continue
         bare = MARKER.sub("", line)
+        code_spans = [s.span() for s in re.finditer(r"`[^`]*`", line)]  # formulas and commands, not figures
         for m in RESULT_FIGURE.finditer(line):
+            if any(a <= m.start() < b for a, b in code_spans):
+                continue
             # quoted: a marker follows this figure directly
             if MARKER.match(line, m.end()) or re.match(r"\s*(?:\*\*)?\s*<!--\s*quote", line[m.end():]):
                 continue
