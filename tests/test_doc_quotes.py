@@ -125,6 +125,7 @@ def matches(quoted: str, source, scale: float) -> bool:
 
 GENERATED_BEGIN = re.compile(r"<!--\s*generated:\s*(?P<test>tests/\S+\.py)\b[^>]*-->")
 GENERATED_END = re.compile(r"<!--\s*/generated\s*-->")
+INLINE_CODE = re.compile(r"`[^`]*`")
 
 
 def strip_code(text: str, generated: bool = True) -> list[tuple[int, str]]:
@@ -135,19 +136,20 @@ def strip_code(text: str, generated: bool = True) -> list[tuple[int, str]]:
         if line.lstrip().startswith("```"):
             fenced = not fenced
             continue
-        if GENERATED_BEGIN.search(line):
+        prose = INLINE_CODE.sub("", line)  # a marker quoted in `code` is an example, not a marker
+        if not fenced and GENERATED_BEGIN.search(prose):
             gen = True
         if not fenced and (generated or not gen):
             out.append((i, line))
-        if GENERATED_END.search(line):
+        if not fenced and GENERATED_END.search(prose):
             gen = False
     return out
 
 
 def generated_blocks(path: Path) -> list[str]:
     """Problems with a doc's generated blocks: each names a test that exists and reads this doc."""
-    out, text = [], path.read_text()
-    rel = path.relative_to(ROOT)
+    text = "\n".join(INLINE_CODE.sub("", ln) for _, ln in strip_code(path.read_text()))
+    out, rel = [], path.relative_to(ROOT)
     begins, ends = list(GENERATED_BEGIN.finditer(text)), list(GENERATED_END.finditer(text))
     if len(begins) != len(ends):
         out.append(f"{rel}: {len(begins)} '<!-- generated: ... -->' markers but {len(ends)} '<!-- /generated -->'")
@@ -163,6 +165,7 @@ def generated_blocks(path: Path) -> list[str]:
 def quotes(path: Path):
     """Every marker of a doc: (line number, quoted figure or None, source path, key, scale)."""
     for n, line in strip_code(path.read_text()):
+        line = INLINE_CODE.sub(lambda m: " " * len(m.group(0)), line)  # examples in `code` are not quotes
         for m in MARKER.finditer(line):
             before = MARKER.sub("", line[: m.start()])
             fig = FIGURE_BEFORE.search(before)
@@ -318,6 +321,16 @@ def test_benchmark_log_entries_are_dated():
 def test_docs_speak_of_the_project(doc):
     problems = forbidden_words(doc)
     assert not problems, "\n".join(problems)
+
+
+def test_readme_links_stay_in_the_repository():
+    """The README links only files of the repository (no web addresses), and each one exists."""
+    text = (ROOT / "README.md").read_text()
+    assert not re.findall(r"https?://", text), "README.md: links outside the repository"
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        assert (ROOT / target.split("#")[0]).exists(), f"README.md links {target}, which does not exist"
+    assert text.startswith("# rksim\n\n```\nmake run ") and "\nmake test " in text.split("```")[1], \
+        "README.md must lead with make run and make test"
 
 
 def test_the_readme_quotes_some_figures():
