@@ -1,4 +1,4 @@
-"""Serving at capacity: the scheduler's realism and the engine's speed (issue "serving at capacity").
+"""Serving at capacity: the scheduler's realism and the engine's speed.
 
 Usage::
 
@@ -80,7 +80,7 @@ def bench_vidur(n: int, rate: float) -> dict:
             "ttft_mean_s": float(ttft.mean()), "ttft_p50_s": float(np.median(ttft)), "ttft_p99_s": float(np.percentile(ttft, 99)),
             "e2e_p50_s": float(np.median(e2e)), "e2e_p99_s": float(np.percentile(e2e, 99)),
             "preemptions": res.stats["preemptions"], "max_running_seqs": res.stats["max_running_seqs"],
-            "vidur_reference": "Vidur's event loop on this workload: about 3 s (issue text); rksim before: 3.5-3.8 s"}
+            "vidur_reference": "Vidur's event loop on this workload: about 3 s (quoted for Vidur, not measured here); rksim before: 3.5-3.8 s"}
 
 
 def bench_burst() -> dict:

@@ -1,4 +1,4 @@
-"""Serving metrics of one engine run (issue "serving at capacity"): latency percentiles from arrival,
+"""Serving metrics of one engine run (serving at capacity): latency percentiles from arrival,
 throughput, queueing, preemptions, running sequences, KV use and the timelines the report draws.
 
 All latencies are measured from each problem's (request's) *arrival*: ``ttft`` = first token (mean
