@@ -54,7 +54,7 @@ MARKER = re.compile(r"<!--\s*quote\s+(?P<path>\S+)\s+(?P<key>.+?)(?:\s+scale=(?P
 NUMBER = r"[-+−]?\d[\d,]*(?:\.\d+)?"
 # the figure just before a marker: a number, then at most a unit and closing emphasis
 FIGURE_BEFORE = re.compile(
-    rf"(?P<num>{NUMBER})\s*(?:%|×|x|s|ms|µs|us|pts|points|tokens)?\s*(?:\*\*|\*)?\s*$")
+    rf"(?P<num>{NUMBER})\s*(?:%|×|x|s|ms|µs|us|pts|points|tokens|MiB|GiB|MB|GB|tok/s)?\s*(?:\*\*|\*)?\s*$")
 
 
 def parse_number(text: str) -> tuple[float, int]:
