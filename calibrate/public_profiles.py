@@ -15,13 +15,15 @@ cost model's accounting (:mod:`sim.cost`, ``s = 2`` bytes, float16)::
     matrix product   F = 2 n K N              B = s K N                      (the weight stream)
     RMSNorm          B = s (2 n d + d)        RoPE  B = s 2 n (H + Hkv) Dh
     SiLU(gate)*up    B = s 3 n F_mlp          add   B = s 3 n d
+    (vLLM's fused kernels; under the ``hf-eager`` stack, k kernels and their bytes:
+    :mod:`calibrate.kernel_stacks`)
     softmax, LayerNorm over M x N, GELU over M:    B = s 2 (elements)
     attention        F = 4 H Dh (n c + n (n + 1) / 2)    B = s 2 Hkv Dh (c + n)
 
 and its time is the per-operator roofline of :class:`sim.profiles.HardwareProfile`::
 
     t = max(F / (peak eff_c), B / (bw eff_m)) + per_kernel_s          matrix products
-    t = B / (bw eff_elem) + per_kernel_s                              element-wise kernels
+    t = B / (bw eff_elem) + k per_kernel_s                            element-wise (k kernels)
     t = max(F / (peak eff_att), B / (bw eff_kv)) + per_kernel_s       attention
 
 Fit: ``scipy.optimize.least_squares`` on relative residuals with a soft-L1 loss
@@ -34,13 +36,18 @@ attention reads cached tokens (``c > 0``; no shipped row does, so ``eff_kv`` sta
 Which kernels a preset follows: vLLM's (fused q/k/v and gate/up GEMMs, fused RMSNorm, RoPE
 and SiLU*mul, one kernel each: :data:`sim.cost.K_LAYER`). Vidur's and LLMCompass's
 element-wise rows are such single kernels; LLMServingSim's Hugging Face element-wise
-operators (RMSNorm as ~7 PyTorch ops, RoPE as ~10) are not, so they are held out of the
-preset fit and reported in the cross-validation as the stack difference they are. Its
-GEMMs (cuBLAS) and attention (PyTorch SDPA) are fit rows.
+operators (RMSNorm as 8 PyTorch kernels, RoPE as 10: :mod:`calibrate.kernel_stacks`) are
+not, so they are held out of the preset fit and reported in the cross-validation as the
+stack difference they are. Its GEMMs (cuBLAS) and attention (PyTorch SDPA) are fit rows.
 
-Cross-validation (:func:`cross_validate`): the same fit on one model's profile predicts
-the other model's measured operators and layer sums at 1..4,096 tokens per forward:
-H100 Vidur Llama-2-7B <-> LLMServingSim Llama-3.1-8B, A100 Vidur Llama-2-7B <-> Llama-3-8B.
+Cross-validation (:func:`cross_validate`, tables :data:`CROSS`): the same fit on one model's
+profile predicts another model's measured operators and layer sums at 1..4,096 tokens per
+forward: H100 Vidur Llama-2-7B <-> LLMServingSim Llama-3.1-8B with every element-wise row
+priced as vLLM's fused kernel (``h100``) and with each source's rows priced under its own
+kernel stack (``h100-by-stack``: LLMServingSim's as Hugging Face eager runs them, kernel
+counts and bytes from the shape, fit rows when it is the source); H100 Vidur Llama-2-7B <->
+CodeLlama-34B and InternLM-20B, one profiler and one stack (``h100-same-stack``); A100 Vidur
+Llama-2-7B <-> Llama-3-8B (``a100``).
 
 ``python -m calibrate.public_profiles`` prints the fits; ``--write`` rewrites the fitted part
 of ``sim/presets/hardware/{h100-sxm,a100-80gb}.yaml`` (the datasheet header above the
