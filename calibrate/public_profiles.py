@@ -15,13 +15,15 @@ cost model's accounting (:mod:`sim.cost`, ``s = 2`` bytes, float16)::
     matrix product   F = 2 n K N              B = s K N                      (the weight stream)
     RMSNorm          B = s (2 n d + d)        RoPE  B = s 2 n (H + Hkv) Dh
     SiLU(gate)*up    B = s 3 n F_mlp          add   B = s 3 n d
+    (vLLM's fused kernels; under the ``hf-eager`` stack, k kernels and their bytes:
+    :mod:`calibrate.kernel_stacks`)
     softmax, LayerNorm over M x N, GELU over M:    B = s 2 (elements)
     attention        F = 4 H Dh (n c + n (n + 1) / 2)    B = s 2 Hkv Dh (c + n)
 
 and its time is the per-operator roofline of :class:`sim.profiles.HardwareProfile`::
 
     t = max(F / (peak eff_c), B / (bw eff_m)) + per_kernel_s          matrix products
-    t = B / (bw eff_elem) + per_kernel_s                              element-wise kernels
+    t = B / (bw eff_elem) + k per_kernel_s                            element-wise (k kernels)
     t = max(F / (peak eff_att), B / (bw eff_kv)) + per_kernel_s       attention
 
 Fit: ``scipy.optimize.least_squares`` on relative residuals with a soft-L1 loss
@@ -34,13 +36,18 @@ attention reads cached tokens (``c > 0``; no shipped row does, so ``eff_kv`` sta
 Which kernels a preset follows: vLLM's (fused q/k/v and gate/up GEMMs, fused RMSNorm, RoPE
 and SiLU*mul, one kernel each: :data:`sim.cost.K_LAYER`). Vidur's and LLMCompass's
 element-wise rows are such single kernels; LLMServingSim's Hugging Face element-wise
-operators (RMSNorm as ~7 PyTorch ops, RoPE as ~10) are not, so they are held out of the
-preset fit and reported in the cross-validation as the stack difference they are. Its
-GEMMs (cuBLAS) and attention (PyTorch SDPA) are fit rows.
+operators (RMSNorm as 8 PyTorch kernels, RoPE as 10: :mod:`calibrate.kernel_stacks`) are
+not, so they are held out of the preset fit and reported in the cross-validation as the
+stack difference they are. Its GEMMs (cuBLAS) and attention (PyTorch SDPA) are fit rows.
 
-Cross-validation (:func:`cross_validate`): the same fit on one model's profile predicts
-the other model's measured operators and layer sums at 1..4,096 tokens per forward:
-H100 Vidur Llama-2-7B <-> LLMServingSim Llama-3.1-8B, A100 Vidur Llama-2-7B <-> Llama-3-8B.
+Cross-validation (:func:`cross_validate`, tables :data:`CROSS`): the same fit on one model's
+profile predicts another model's measured operators and layer sums at 1..4,096 tokens per
+forward: H100 Vidur Llama-2-7B <-> LLMServingSim Llama-3.1-8B with every element-wise row
+priced as vLLM's fused kernel (``h100``) and with each source's rows priced under its own
+kernel stack (``h100-by-stack``: LLMServingSim's as Hugging Face eager runs them, kernel
+counts and bytes from the shape, fit rows when it is the source); H100 Vidur Llama-2-7B <->
+CodeLlama-34B and InternLM-20B, one profiler and one stack (``h100-same-stack``); A100 Vidur
+Llama-2-7B <-> Llama-3-8B (``a100``).
 
 ``python -m calibrate.public_profiles`` prints the fits; ``--write`` rewrites the fitted part
 of ``sim/presets/hardware/{h100-sxm,a100-80gb}.yaml`` (the datasheet header above the
@@ -60,7 +67,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import llmcompass, llmservingsim, vidur
+from . import kernel_stacks, llmcompass, llmservingsim, vidur
 
 DATA = Path(__file__).resolve().parent / "data"
 FIT_JSON = DATA / "public-profiles-fit.json"
@@ -97,14 +104,14 @@ def _shape_from_vidur(attrs: dict, name: str) -> Shape:
 
 # ----------------------------------------------------------------------------- rows
 def _rows(profile: str, family: str, kind: str, n, seconds, F, B, c=0, op=None, in_layer=True,
-          host_timed=False) -> pd.DataFrame:
+          host_timed=False, kernels=1) -> pd.DataFrame:
     n = np.asarray(n, dtype=np.float64)
     return pd.DataFrame({"profile": profile, "op": op or family, "family": family, "kind": kind,
                          "n": n, "c": np.broadcast_to(np.asarray(c, dtype=np.float64), n.shape),
                          "seconds": np.asarray(seconds, dtype=np.float64),
                          "F": np.broadcast_to(np.asarray(F, dtype=np.float64), n.shape),
                          "B": np.broadcast_to(np.asarray(B, dtype=np.float64), n.shape), "in_layer": in_layer,
-                         "host_timed": host_timed})
+                         "host_timed": host_timed, "kernels": float(kernels)})
 
 
 def _gemm(n, K, N):
@@ -139,23 +146,29 @@ def vidur_rows(device: str, model: str, tp: int = 1) -> pd.DataFrame:
             out.append(_rows(key, "gate_up", "gemm", n, t, *_gemm(n, d, 2 * Fm), op=op))
         elif op == "mlp_down_proj":
             out.append(_rows(key, "down", "gemm", n, t, *_gemm(n, Fm, d), op=op))
-        elif op in ("input_layernorm", "post_attention_layernorm"):
-            out.append(_rows(key, "norm", "elem", n, t, z, S * (2 * n * d + d), op=op))
-        elif op == "attn_rope":
-            out.append(_rows(key, "rope", "elem", n, t, z, S * 2 * n * (H + Hkv) * Dh, op=op))
-        elif op == "mlp_act":
-            out.append(_rows(key, "act", "elem", n, t, z, S * 3 * n * Fm, op=op))
+        elif op in ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act"):
+            fam = {"attn_rope": "rope", "mlp_act": "act"}.get(op, "norm")
+            k, B = kernel_stacks.elementwise("vllm", fam, n, d, H, Hkv, Dh, Fm)
+            out.append(_rows(key, fam, "elem", n, t, z, B, op=op, kernels=k))
         elif op == "add":
             out.append(_rows(key, "add", "elem", n, t, z, S * 3 * n * d, op=op))
     return pd.concat(out, ignore_index=True)
 
 
-def llmservingsim_rows(tp: int = 1) -> pd.DataFrame:
-    """Operator rows of LLMServingSim's H100 Llama-3.1-8B ``layers.csv`` (per-rank shapes at ``tp``)."""
+def llmservingsim_rows(tp: int = 1, stack: str = "vllm") -> pd.DataFrame:
+    """Operator rows of LLMServingSim's H100 Llama-3.1-8B ``layers.csv`` (per-rank shapes at ``tp``).
+
+    ``stack`` prices its RMSNorm, RoPE and SiLU*up rows (:mod:`calibrate.kernel_stacks`):
+    ``"vllm"`` with one fused kernel's bytes each, kind ``elem_unfused`` (held out of the
+    presets' fit: the stack those rows ran is not the one the presets follow); ``"hf-eager"``
+    with the kernel count and bytes of the Hugging Face code that produced them, kind ``elem``
+    (fit rows like any other element-wise kernel).
+    """
     prof = llmservingsim.load_layers(llmservingsim.layers_path(tp))
     m = LLAMA_3_8B
     d, H, Hkv, Dh, Fm, V = m.d, m.H // tp, m.Hkv // tp, m.Dh, m.F // tp, m.V // tp
-    key = f"llmservingsim-h100-llama-3.1-8b" + ("" if tp == 1 else f"-tp{tp}")
+    key = f"llmservingsim-h100-llama-3.1-8b" + ("" if tp == 1 else f"-tp{tp}") + ("" if stack == "vllm" else f"@{stack}")
+    ekind = "elem_unfused" if stack == "vllm" else "elem"
     gem = {"q_proj": ("qkv", d, H * Dh), "k_proj": ("qkv", d, Hkv * Dh), "v_proj": ("qkv", d, Hkv * Dh),
            "o_proj": ("o", H * Dh, d), "gate_proj": ("gate_up", d, Fm), "up_proj": ("gate_up", d, Fm),
            "down_proj": ("down", Fm, d), "lm_head": ("lm_head", d, V)}
@@ -171,12 +184,10 @@ def llmservingsim_rows(tp: int = 1) -> pd.DataFrame:
         elif op == "attn":
             out.append(_rows(key, "attention", "attn", n, t, 4.0 * H * Dh * (n * c + n * (n + 1.0) / 2.0),
                              S * 2.0 * Hkv * Dh * (c + n), c=c, op=op))
-        elif op in ("input_layernorm", "post_layernorm"):
-            out.append(_rows(key, "norm", "elem_unfused", n, t, z, S * (2 * n * d + d), op=op))
-        elif op == "rope":
-            out.append(_rows(key, "rope", "elem_unfused", n, t, z, S * 2 * n * (H + Hkv) * Dh, op=op))
-        elif op == "act_fn":
-            out.append(_rows(key, "act", "elem_unfused", n, t, z, S * 3 * n * Fm, op=op))
+        elif op in ("input_layernorm", "post_layernorm", "rope", "act_fn"):
+            fam = {"rope": "rope", "act_fn": "act"}.get(op, "norm")
+            k, B = kernel_stacks.elementwise(stack, fam, n, d, H, Hkv, Dh, Fm)
+            out.append(_rows(key, fam, ekind, n, t, z, B, op=op, kernels=k))
         # embedding and final_layernorm: outside the decoder layer, not priced as operators here
     return pd.concat(out, ignore_index=True)
 
@@ -209,6 +220,9 @@ def llmcompass_rows() -> pd.DataFrame:
 PROFILES = {
     "vidur-h100-llama-2-7b": lambda: vidur_rows("h100", "llama-2-7b"),
     "llmservingsim-h100-llama-3.1-8b": lambda: llmservingsim_rows(1),
+    "llmservingsim-h100-llama-3.1-8b@hf-eager": lambda: llmservingsim_rows(1, "hf-eager"),
+    "vidur-h100-codellama-34b": lambda: vidur_rows("h100", "codellama-34b"),
+    "vidur-h100-internlm-20b": lambda: vidur_rows("h100", "internlm-20b"),
     "vidur-a100-llama-2-7b": lambda: vidur_rows("a100", "llama-2-7b"),
     "vidur-a100-llama-3-8b": lambda: vidur_rows("a100", "llama-3-8b"),
     "llmcompass-a100": llmcompass_rows,
@@ -259,7 +273,7 @@ def predict(rows: pd.DataFrame, k: Coefs, peak: float, bw: float) -> np.ndarray:
     rc = np.where(kind == "attn", peak * e_att, peak * k.eff_c)
     rb = np.select([kind == "gemm", kind == "attn"], [bw * k.eff_m, bw * e_kv], bw * e_elem)
     host = rows["host_timed"].to_numpy(dtype=bool) * (k.host_call_s or 0.0)
-    return np.maximum(F / rc, B / rb) + k.per_kernel_s + host
+    return np.maximum(F / rc, B / rb) + k.per_kernel_s * rows["kernels"].to_numpy() + host
 
 
 def _soft_l1(r: np.ndarray) -> np.ndarray:
@@ -339,8 +353,14 @@ def _r4(x):
     return x
 
 
-def evaluate(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, max_tokens: int | None = None) -> dict:
-    """Per-family and per-layer-sum relative errors of ``k`` on ``rows`` (``n <= max_tokens``)."""
+def evaluate(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, max_tokens: int | None = None,
+             shared: tuple | None = None) -> dict:
+    """Per-family and per-layer-sum relative errors of ``k`` on ``rows`` (``n <= max_tokens``).
+
+    Layer sums: ``layer`` (every timed operator of the layer), ``layer_gemm_attention``,
+    ``layer_gemm`` and, with ``shared`` (the families the fit's source also times, so that the
+    fit constrains their coefficients), ``layer_shared``.
+    """
     if max_tokens is not None:
         rows = rows[rows["n"] <= max_tokens].reset_index(drop=True)
     p = predict(rows, k, peak, bw)
@@ -350,6 +370,8 @@ def evaluate(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, max_tokens: i
     if rows["in_layer"].any():
         groups = {"layer": None, "layer_gemm_attention": ("qkv", "o", "gate_up", "down", "attention"),
                   "layer_gemm": ("qkv", "o", "gate_up", "down")}
+        if shared is not None:
+            groups["layer_shared"] = tuple(f for f in LAYER_FAMILIES if f in shared)
         for name, fam in groups.items():
             ls = layer_sums(rows, p, fam)
             r = (ls["p"] / ls["y"] - 1.0).to_numpy()
@@ -372,13 +394,22 @@ PRESETS = {
     "a100-80gb": (("vidur-a100-llama-2-7b", "vidur-a100-llama-3-8b", "llmcompass-a100"), ("elem_unfused",),
                   "NVIDIA A100 (Vidur's 'a100'; LLMCompass's real A100 80GB)", True),
 }
-CROSS = {  # device -> ((fit profile, held-out profile), ...)
+CROSS = {  # table -> ((fit profile, held-out profile), ...)
+    # across sources, every element-wise row priced as vLLM's fused kernel (LLMServingSim's held out of its fit)
     "h100": (("vidur-h100-llama-2-7b", "llmservingsim-h100-llama-3.1-8b"),
              ("llmservingsim-h100-llama-3.1-8b", "vidur-h100-llama-2-7b")),
     "a100": (("vidur-a100-llama-2-7b", "vidur-a100-llama-3-8b"),
              ("vidur-a100-llama-3-8b", "vidur-a100-llama-2-7b")),
+    # across sources, each source's rows priced under the kernel stack that produced them (kernel_stacks)
+    "h100-by-stack": (("vidur-h100-llama-2-7b", "llmservingsim-h100-llama-3.1-8b@hf-eager"),
+                      ("llmservingsim-h100-llama-3.1-8b@hf-eager", "vidur-h100-llama-2-7b")),
+    # one source, one stack (Vidur's profiler, vLLM's kernels, the same H100), another model
+    "h100-same-stack": (("vidur-h100-llama-2-7b", "vidur-h100-codellama-34b"),
+                        ("vidur-h100-codellama-34b", "vidur-h100-llama-2-7b"),
+                        ("vidur-h100-llama-2-7b", "vidur-h100-internlm-20b"),
+                        ("vidur-h100-internlm-20b", "vidur-h100-llama-2-7b")),
 }
-CROSS_PRESET = {"h100": "h100-sxm", "a100": "a100-80gb"}
+CROSS_PRESET = {"h100": "h100-sxm", "a100": "a100-80gb", "h100-by-stack": "h100-sxm", "h100-same-stack": "h100-sxm"}
 
 
 def _datasheet(preset: str) -> tuple[float, float]:
@@ -423,9 +454,11 @@ def cross_validate(cache: dict | None = None) -> dict:
         for fit_p, test_p in pairs:
             fr = cache.setdefault(fit_p, PROFILES[fit_p]())
             tr = cache.setdefault(test_p, PROFILES[test_p]())
-            k = fit_rows(_fit_scope(fr, held), peak, bw)
+            scope = _fit_scope(fr, held)
+            shared = tuple(sorted(set(scope.loc[scope["in_layer"], "family"]) & set(tr.loc[tr["in_layer"], "family"])))
+            k = fit_rows(scope, peak, bw)
             res.append({"fit_on": fit_p, "predict": test_p, "coefficients": k.as_dict(),
-                        "held_out": evaluate(tr, k, peak, bw, MAX_TOKENS_CV)})
+                        "held_out": evaluate(tr, k, peak, bw, MAX_TOKENS_CV, shared)})
         out[dev] = res
     return out
 
@@ -531,15 +564,16 @@ def crossval_markdown(cv: dict) -> str:
     parts = []
     for dev, pairs in cv.items():
         fams = [f for f in FAMILY_ORDER if any(f in p["held_out"]["by_family"] for p in pairs)]
-        hdr = "| fit on → predict | tokens | " + " | ".join(fams) + " | layer sum | layer: GEMM + attention | layer: GEMM |"
-        sep = "| --- " * (len(fams) + 5) + "|"
+        hdr = ("| fit on → predict | tokens | " + " | ".join(fams)
+               + " | layer sum | layer: families both time | layer: GEMM + attention | layer: GEMM |")
+        sep = "| --- " * (len(fams) + 6) + "|"
         lines = [f"{dev.upper()} (median signed error per operator family; layer sums: median / p90 of |error|)", "",
                  hdr, sep]
         for p in pairs:
             h = p["held_out"]
             cells = [_pct(h["by_family"][f]["median"]) if f in h["by_family"] else "—" for f in fams]
-            lay = [f"{_apct(h[g]['median_abs'])} / {_apct(h[g]['p90_abs'])}" for g in
-                   ("layer", "layer_gemm_attention", "layer_gemm")]
+            lay = [f"{_apct(h[g]['median_abs'])} / {_apct(h[g]['p90_abs'])}" if g in h else "—" for g in
+                   ("layer", "layer_shared", "layer_gemm_attention", "layer_gemm")]
             lines.append(f"| {p['fit_on']} → {p['predict']} | {h['tokens'][0]}–{h['tokens'][1]} | "
                          + " | ".join(cells) + " | " + " | ".join(lay) + " |")
         parts.append("\n".join(lines))

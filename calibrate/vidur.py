@@ -37,6 +37,12 @@ MLP_FILES = {  # (device, model) -> (file here, path upstream, commit that last 
     ("h100", "llama-2-7b"): ("h100-llama-2-7b-mlp.csv",
                              "data/profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv",
                              "e26eb8f79fa9a6a7c38eac0f5291302402b20364"),
+    ("h100", "codellama-34b"): ("h100-codellama-34b-mlp.csv",
+                                "data/profiling/compute/h100/codellama/CodeLlama-34b-Instruct-hf/mlp.csv",
+                                "e26eb8f79fa9a6a7c38eac0f5291302402b20364"),
+    ("h100", "internlm-20b"): ("h100-internlm-20b-mlp.csv",
+                               "data/profiling/compute/h100/internlm/internlm-20b/mlp.csv",
+                               "e26eb8f79fa9a6a7c38eac0f5291302402b20364"),
 }
 NETWORK_TOPOLOGIES = ("a100_dgx", "h100_dgx", "a100_pairwise_nvlink", "h100_pairwise_nvlink")
 COLLECTIVES = ("all_reduce", "send_recv")

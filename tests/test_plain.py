@@ -337,6 +337,12 @@ def test_validate_the_shipped_figures(capsys, tmp_path):
     fp8 = df[df["dtype"] == "fp8"]
     assert len(fp8) and fp8["status"].str.startswith("refused: dtype fp8").all() and fp8["predicted"].isna().all()
     assert df["status"].str.contains("parallelism tp=2").any()
+    # figures from more than one publisher, each with the exact place it was read
+    from urllib.parse import urlparse
+    pubs = {"/".join(urlparse(f["source"]["url"]).path.split("/")[1:3]) if "github.com" in f["source"]["url"]
+            else urlparse(f["source"]["url"]).netloc for f in figs}
+    assert {"LambdaLabsML/vllm-benchmark", "buildkite.com", "NVIDIA/TensorRT-LLM"} <= pubs
+    assert all(f["source"].get("where") for f in figs)
     md = tmp_path / "r.md"
     assert main(["validate", str(FIGS), "--markdown", str(md)]) == 0
     assert "rksim validate" in md.read_text() and "| lambda-h100-llama3-8b-median-tpot |" in md.read_text()

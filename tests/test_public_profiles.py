@@ -33,7 +33,7 @@ def test_shipped_data_has_source_license_and_checksums(source, license_words):
         assert hashlib.sha256(data).hexdigest() == sha, name
     assert "commit" in src and "github.com" in src
     total = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
-    assert total < 6e6   # a few MB per source at most
+    assert total < 6.5e6   # a few MB per source at most (Vidur: 6.3 MB, five mlp.csv and the network profiles)
 
 
 def test_loaders_read_every_shipped_profile():
@@ -186,3 +186,36 @@ def test_cli_hook_runs_the_same_command(monkeypatch):
     assert main(["calibrate", "public-profiles", "--write"]) == 0
     assert main(["calibrate", "public-profiles"]) == 0
     assert seen == [["--check"], ["--write"], []]
+
+
+def test_kernel_stacks_count_the_hf_eager_chains_from_the_shape():
+    from calibrate import kernel_stacks as ks
+    n, d, H, Hkv, Dh, F = 16.0, 4096, 32, 8, 128, 14336
+    # vLLM: one fused kernel each, the cost model's bytes
+    assert ks.elementwise("vllm", "norm", n, d, H, Hkv, Dh, F) == (1, 2 * (2 * n * d + d))
+    assert ks.elementwise("vllm", "rope", n, d, H, Hkv, Dh, F) == (1, 2 * 2 * n * (H + Hkv) * Dh)
+    assert ks.elementwise("vllm", "act", n, d, H, Hkv, Dh, F) == (1, 2 * 3 * n * F)
+    # HF eager: 8 / 10 / 2 kernels; RMSNorm's float32 round trip is 9x the fused bytes per element, RoPE 5x
+    k, B = ks.elementwise("hf-eager", "norm", n, d, H, Hkv, Dh, F)
+    assert k == 8 and B == 36 * n * d + 24 * n + 2 * d
+    k, B = ks.elementwise("hf-eager", "rope", n, d, H, Hkv, Dh, F)
+    assert k == 10 and B == 20 * n * (H + Hkv) * Dh + 8 * n * Dh
+    assert ks.elementwise("hf-eager", "act", n, d, H, Hkv, Dh, F) == (2, 10 * n * F)
+    with pytest.raises(ValueError, match="unknown kernel stack 'trt'"):
+        ks.elementwise("trt", "norm", n, d, H, Hkv, Dh, F)
+
+
+def test_cross_validation_prices_each_stack_and_same_stack_pairs_exist():
+    res = json.loads(pp.FIT_JSON.read_text())["cross_validation"]
+    by = {(p["fit_on"], p["predict"]): p for t in res.values() for p in t}
+    assert set(res) == set(pp.CROSS)
+    hf = pp.PROFILES["llmservingsim-h100-llama-3.1-8b@hf-eager"]()
+    el = hf[hf["family"].isin(["norm", "rope", "act"])]
+    assert set(el["kind"]) == {"elem"} and sorted(el.groupby("family")["kernels"].first()) == [2.0, 8.0, 10.0]
+    # the stack option moves the element-wise prediction, not the GEMMs: same fit, same GEMM errors
+    old = by[("vidur-h100-llama-2-7b", "llmservingsim-h100-llama-3.1-8b")]["held_out"]["by_family"]
+    new = by[("vidur-h100-llama-2-7b", "llmservingsim-h100-llama-3.1-8b@hf-eager")]["held_out"]["by_family"]
+    assert old["gate_up"] == new["gate_up"] and old["norm"]["median"] < -0.8 < new["norm"]["median"]
+    for fit_on, predict in pp.CROSS["h100-same-stack"]:
+        assert fit_on.startswith("vidur-h100-") and predict.startswith("vidur-h100-")
+        assert "layer_shared" in by[(fit_on, predict)]["held_out"]
