@@ -7,7 +7,7 @@ A figure file (``docs/validation/published-figures.yaml`` is the shipped one) ho
         model: llama-3-8b                 # model preset
         hardware: h100-sxm                # hardware preset
         dtype: bfloat16                   # what the run served (fp8, int4, ... are refused by name)
-        parallelism: {tp: 1, pp: 1, dp: 1}   # > 1 is refused by name (not modelled yet)
+        parallelism: {tp: 1, pp: 1, dp: 1}   # tp, pp priced (sim.parallel); dp > 1 refused by name
         serving: {scheduler: prefill-first, max_num_seqs: 1024, max_num_batched_tokens: 2048,
                   gpu_memory_utilization: 0.95, prefix_caching: false}   # optional: the run's server
         workload:                         # vllm bench serve's workload
@@ -109,10 +109,12 @@ def refusal(f: dict) -> str | None:
     par = f.get("parallelism") or {}
     if not isinstance(par, dict):
         raise FigureError(f"figure {f['id']!r}: parallelism must be a mapping such as {{tp: 1}}")
-    big = {k: v for k, v in par.items() if isinstance(v, (int, float)) and v > 1}
-    if big:
-        return ("parallelism " + ", ".join(f"{k}={v}" for k, v in big.items())
-                + ": not modelled yet (one device per replica only)")
+    bad = set(par) - {"tp", "pp", "dp"}
+    if bad:
+        raise FigureError(f"figure {f['id']!r}: parallelism: unknown keys {sorted(bad)}; valid: dp, pp, tp")
+    # tp and pp are priced (sim.parallel); replicas behind a router are not a single benchmark's figure
+    if isinstance(par.get("dp"), (int, float)) and par["dp"] > 1:
+        return f"parallelism dp={par['dp']}: a figure is one replica's (replicas: rksim serve --data-parallel-size)"
     return None
 
 
@@ -153,8 +155,10 @@ def predict(f: dict, hardware: str | None = None) -> dict:
     w = f["workload"]
     rate, burst = _rate(w.get("request_rate")), float(w.get("burstiness", 1.0))
     conc = w.get("max_concurrency")
+    par = f.get("parallelism") or {}
     r = plain.run(model, hw, wl, request_rate=rate, burstiness=burst, max_concurrency=conc,
-                  seed=int(w.get("seed", 0)), serving=serving, block_size=bs)
+                  seed=int(w.get("seed", 0)), serving=serving, block_size=bs,
+                  tensor_parallel_size=int(par.get("tp", 1)), pipeline_parallel_size=int(par.get("pp", 1)))
     pcts = [float(m.split("_")[0][1:]) for m in [f["metric"]] if m.split("_")[0].startswith("p")]
     return plain.serve_result(r, percentiles=pcts or (99.0,), request_rate=rate, burstiness=burst,
                               max_concurrency=conc, model_id=model.name, detailed=False)
