@@ -6,6 +6,8 @@ STAMP  := $(VENV)/.rksim-installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export PYTHONHASHSEED := 0
+# one pytest worker per core (pytest-xdist); PYTEST_WORKERS= runs the suite in one process
+PYTEST_WORKERS ?= -n auto --durations=20
 
 .PHONY: install run test test-fast bench capture app clean reference-check reproduce reproduce-traces reproduce-measured validate
 
@@ -34,10 +36,10 @@ run: $(STAMP)
 	$(RKSIM) demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_WORKERS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(PYTEST_WORKERS) -m "not slow"
 
 bench: $(STAMP)
 	mkdir -p runs/bench

@@ -13,9 +13,12 @@ import pytest
 
 
 def pytest_configure(config):
-    # a user's ~/.config/rksim profiles must not shadow the shipped presets the tests read
-    if not os.environ.get("RKSIM_PROFILE_DIR"):
-        os.environ["RKSIM_PROFILE_DIR"] = tempfile.mkdtemp(prefix="rksim-test-profiles-")
+    # a user's ~/.config/rksim profiles must not shadow the shipped presets the tests read; each
+    # pytest-xdist worker gets its own directory (workers inherit the controller's environment, and
+    # two workers fitting profiles of the same name must not see each other's)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker or not os.environ.get("RKSIM_PROFILE_DIR"):
+        os.environ["RKSIM_PROFILE_DIR"] = tempfile.mkdtemp(prefix=f"rksim-test-profiles-{worker or 'main'}-")
 
 
 @pytest.fixture(scope="session")
