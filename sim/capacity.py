@@ -72,6 +72,7 @@ class ServingConfig:
     """Serving settings (CLI ``--scheduler``, ``--max-num-seqs``, ...); None = the hardware default."""
 
     scheduler: str = option("vllm-v1", kind=str, choices=POLICIES, flag="--scheduler", metavar="NAME",
+                            aliases=("--batch-scheduler",),
                             help="vllm-v1 (default: vLLM 0.33's V1 rules: running decodes first, chunked prefill, a waiting "
                                  "request admitted only if its whole prompt fits), vllm-v1-chunk-admit (admits on its first "
                                  "chunk: scheduler_reserve_full_isl=False) or prefill-first")
