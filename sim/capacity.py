@@ -61,7 +61,13 @@ CAPACITY_SOURCES = {
 
 
 class CapacityError(KVCacheError):
-    """A problem or request that cannot fit in the KV capacity (the message says by how much)."""
+    """A problem or request that cannot fit in the KV capacity (the message says by how much), or a bad serving
+    setting. ``field`` names the :class:`ServingConfig` setting at fault (``"kv_capacity_bytes"`` for a
+    capacity too small), as :class:`sim.errors.ConfigError`'s does; ``None`` when no single setting is."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 SERVING_OPTIONS: list = []  # ServingConfig's option fields, filled once below the class
@@ -102,7 +108,7 @@ class ServingConfig:
             try:
                 check_value(opt.flag or f.name, opt, getattr(self, f.name))
             except ConfigError as exc:
-                raise CapacityError(str(exc)) from None
+                raise CapacityError(str(exc), field=f.name) from None
 
     @classmethod
     def from_any(cls, x) -> "ServingConfig":

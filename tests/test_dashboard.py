@@ -191,7 +191,7 @@ def test_whatif_serving_controls_validate_like_the_cli(env, capsys):
     _ok(at)
     at.text_input(key="whatif.srv.arrival_rate").set_value("abc").run()
     _ok(at)
-    assert [e.value for e in at.error] == ["--arrival-rate: 'abc' is not a number"]
+    assert [e.value for e in at.error] == ["--problem-rate: 'abc' is not a number"]
     at.text_input(key="whatif.srv.arrival_rate").set_value("0.5").run()
     _ok(at)
     if at.error:  # a simulator that refuses a batch past local-cpu's calibrated one says so in place (one that
@@ -218,7 +218,7 @@ def test_serving_page(env):
     _ok(at)
     assert at.title[0].value == "Serving"
     assert any(m.label.startswith("asks · throughput") for m in at.metric)
-    at.select_slider(key="serving.conc").set_value(16).run()
+    at.select_slider(key="serving.srv.concurrency").set_value(16).run()
     _ok(at)
 
 
