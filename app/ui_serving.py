@@ -9,25 +9,34 @@ from __future__ import annotations
 import streamlit as st
 
 from app import ui_common as U
+from sim.capacity import ServingConfig
+from sim.options import flag_for
+from sim.runconfig import RunConfig
+from sim.workload_config import Workload
+
+
+def _flag(name: str) -> str:
+    """The CLI flag of a serving field, from its declaration (the box's errors name it)."""
+    return flag_for(name, RunConfig, Workload, ServingConfig)
 
 # name, label, CLI flag, default text, check. The upper bounds keep a typed size from building work in
 # proportion to itself on the dashboard's server (the CLI, run by its own user, takes any size).
 MAX_REQUESTS = 100_000
-SPEC = [("arrival_rate", "problem rate (problems/s, each B branch requests; empty = closed loop)", "--problem-rate", "",
+SPEC = [("arrival_rate", "problem rate (problems/s, each B branch requests; empty = closed loop)", _flag("arrival_rate"), "",
          dict(lo=0, lo_open=True, allow_none=True)),
-        ("concurrency", "max concurrent problems (problems in flight)", "--max-concurrent-problems", "4",
+        ("concurrency", "max concurrent problems (problems in flight)", _flag("concurrency"), "4",
          dict(lo=1, hi=4096, integer=True)),
-        ("n_requests", f"number of problems (empty = each problem once; at most {MAX_REQUESTS:,})", "--num-problems", "",
+        ("n_requests", f"number of problems (empty = each problem once; at most {MAX_REQUESTS:,})", _flag("n_requests"), "",
          dict(lo=1, hi=MAX_REQUESTS, integer=True, allow_none=True)),
-        ("max_num_seqs", "max_num_seqs (empty = the hardware preset's)", "--max-num-seqs", "",
+        ("max_num_seqs", "max_num_seqs (empty = the hardware preset's)", _flag("max_num_seqs"), "",
          dict(lo=1, hi=65536, integer=True, allow_none=True)),
-        ("max_num_batched_tokens", "max_num_batched_tokens (empty = preset)", "--max-num-batched-tokens", "",
+        ("max_num_batched_tokens", "max_num_batched_tokens (empty = preset)", _flag("max_num_batched_tokens"), "",
          dict(lo=1, hi=1 << 24, integer=True, allow_none=True)),
-        ("gpu_memory_utilization", "gpu_memory_utilization (0–1, empty = 0.90)", "--gpu-memory-utilization", "",
+        ("gpu_memory_utilization", "gpu_memory_utilization (0–1, empty = 0.90)", _flag("gpu_memory_utilization"), "",
          dict(lo=0, hi=1, lo_open=True, allow_none=True)),
         ("kv_capacity_bytes", "KV capacity in bytes (empty = memory x utilisation - weights - reserve)",
-         "--kv-capacity-bytes", "", dict(lo=0, hi=1e18, allow_none=True)),
-        ("decode_tokens", "decode tokens per long sequence (empty = recorded; at most 131,072)", "--decode-tokens", "",
+         _flag("kv_capacity_bytes"), "", dict(lo=0, hi=1e18, allow_none=True)),
+        ("decode_tokens", "decode tokens per long sequence (empty = recorded; at most 131,072)", _flag("decode_tokens"), "",
          dict(lo=1, hi=131072, integer=True, allow_none=True))]
 
 
