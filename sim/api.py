@@ -113,6 +113,7 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
     Token-eviction policies also get ``budgets`` = ``{"2x": {budget, attn_output_rel_error,
     attn_mass_recall, ...}, ...}`` at the workload's ``token_compressions``. Every entry states the
     KV capacity (``kv_capacity_bytes``) and block budget (``kv_budget_blocks``) it ran under.
+    ``arrival_rate``: serving mode's Poisson problems/s (default: the closed loop of ``workload.concurrency``).
     """
     session = loaded(trace, reshape)
     target = Target.resolve(session, model_preset, hardware, ServingConfig.from_any(serving), node=node,
