@@ -49,7 +49,9 @@ def _register_reproduce(sub) -> None:
                    help="folder of real-module runs: */speedup.json (calibrate speedup), */quality.json "
                         "(calibrate quality) (default: docs/reproduction/measured)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder (e.g. docs/reproduction/)")
-    p.add_argument("--seed", type=arg_type(seed, "--seed"), default=0, help="reshape seed")
+    from app.cli_sim import renamed_argument
+    renamed_argument(p, "--reshape-seed", "--seed", type=arg_type(seed, "--reshape-seed"), default=0,
+                     help="seed of the reshaped problems' draws (default 0)")
     p.add_argument("--quick", action="store_true",
                    help="a first look: a 2x2x2 shape grid and a 2,048-token, 16-request VASE serving run "
                         "(the rows say so)")
@@ -67,7 +69,7 @@ def _cmd_reproduce(args) -> int:
     measured = Path(args.measured) if args.measured else DEFAULT_MEASURED
     if args.measured and not measured.is_dir():
         raise ValueError(f"--measured {args.measured!r}: no such folder")
-    cfg = ReproduceConfig(traces=traces, measured=measured, expected=missing, seed=args.seed)
+    cfg = ReproduceConfig(traces=traces, measured=measured, expected=missing, seed=args.reshape_seed)
     if args.quick:
         cfg = cfg.quick()
     res = Reproducer(cfg, progress=not args.no_progress).run()

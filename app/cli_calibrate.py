@@ -143,7 +143,9 @@ def _cmd_profiles(args) -> int:
 def _model_flags(p) -> None:
     p.add_argument("--model", default="smollm2-135m", help="model preset or local Hugging Face directory")
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of the real model's run")
+    from app.cli_sim import renamed_argument
+    renamed_argument(p, "--sampling-seed", "--seed", dest="seed", type=int, default=0,
+                     help="sampling seed of the real model's run")
     p.add_argument("--threads", type=int, default=1,
                    help="torch intra-op threads (default 1: two threads oversubscribe a shared 2-core CPU)")
 

@@ -41,8 +41,8 @@ def _cmd_plan(args) -> int:
     if args.router not in ROUTERS:
         raise ValueError(f"--router: {args.router!r} is not one of {', '.join(ROUTERS)}")
     slo = SLO.parse(args.slo)
-    if args.arrival_rate is not None and (not math.isfinite(args.arrival_rate) or args.arrival_rate <= 0):
-        raise ValueError(f"--arrival-rate: must be a positive number of problems/s, got {args.arrival_rate}")
+    if args.problem_rate is not None and (not math.isfinite(args.problem_rate) or args.problem_rate <= 0):
+        raise ValueError(f"--problem-rate: must be a positive number of problems/s, got {args.problem_rate}")
     if args.gpu_hour_cost is not None and (not math.isfinite(args.gpu_hour_cost) or args.gpu_hour_cost < 0):
         raise ValueError(f"--gpu-hour-cost: must be a number >= 0, got {args.gpu_hour_cost}")
     from sim.decisions import make_config
@@ -64,8 +64,8 @@ def _cmd_plan(args) -> int:
                          f"with --tensor-parallel-size {args.tensor_parallel_size} --pipeline-parallel-size "
                          f"{args.pipeline_parallel_size}")
     opts = {"model_preset": args.model_preset, "node": args.hardware, "router": args.router, "slo": str(slo) if
-            slo.stated else None, "arrival_rate": args.arrival_rate, "concurrency": args.concurrency,
-            "n_requests": args.requests, "seed": args.seed, "gpu_hour_cost": args.gpu_hour_cost}
+            slo.stated else None, "arrival_rate": args.problem_rate, "concurrency": args.max_concurrent_problems,
+            "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost}
     t0, c0 = time.perf_counter(), time.process_time()
     rows = run_plan(args.trace, deps, opts, backend=args.backend, workers=args.workers, progress=not args.json)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -124,11 +124,15 @@ def register(sub) -> None:
                    help="round-robin, least-outstanding, prefix-affinity (default) or branch-spread")
     p.add_argument("--slo", default=None, metavar="KEY=S,KEY=S",
                    help="latency SLOs in seconds, KEY one of ttft, tpot, e2e, any subset (default: none)")
+    from app.cli_sim import renamed_argument
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--arrival-rate", type=float, default=None, metavar="R", help="Poisson arrivals, problems/s (default: closed loop)")
-    g.add_argument("--concurrency", type=int, default=16, metavar="C", help="closed-loop users (default 16)")
-    p.add_argument("--requests", type=int, default=None, metavar="N", help="problems served, the trace's repeated (default: the trace's, once)")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="arrival seed (default 0)")
+    renamed_argument(g, "--problem-rate", "--arrival-rate", type=float, default=None, metavar="R",
+                     help="Poisson arrivals of problems per second, each B branch requests (default: closed loop)")
+    renamed_argument(g, "--max-concurrent-problems", "--concurrency", type=int, default=16, metavar="C",
+                     help="closed loop: problems in flight (default 16)")
+    renamed_argument(p, "--num-problems", "--requests", type=int, default=None, metavar="N",
+                     help="problems served, the trace's repeated (default: the trace's, once)")
+    renamed_argument(p, "--sim-seed", "--seed", type=int, default=0, metavar="N", help="arrival seed (default 0)")
     p.add_argument("--gpu-hour-cost", type=float, default=None, metavar="USD",
                    help="price of one GPU-hour: adds cost per million output tokens (default: none)")
     p.add_argument("--backend", choices=("local", "dask"), default="local", help="run locally or on Dask")

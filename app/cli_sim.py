@@ -21,20 +21,27 @@ def trace_arg(p) -> None:
 
 def add_declared(p, cls, only=None, text: bool = False, rename: dict | None = None) -> None:
     """One flag per declared option of ``cls`` (``sim.options.option`` fields; ``only``: these names;
-    ``rename``: field -> another flag spelling, same destination).
+    ``rename``: field -> another flag spelling, same destination). A declared option's ``aliases`` are
+    accepted too, each with a one-line deprecation warning on stderr (:func:`deprecating`).
 
     ``text``: the value stays text (parsed by :func:`declared_values`, errors naming the flag);
     else argparse converts it with the declared type.
     """
+    import argparse
+
     from sim.options import declared
     for f, opt in declared(cls):
         if opt.flag is None or (only is not None and f.name not in only):
             continue
-        kw = {"dest": dest((rename or {}).get(f.name, opt.flag)), "metavar": opt.metavar, "help": opt.help}
+        flag = (rename or {}).get(f.name, opt.flag)
+        names = [flag] + [a for a in opt.aliases if a != flag]
+        helptext = opt.help + (f" (also {', '.join(names[1:])}: deprecated)" if len(names) > 1 else "")
+        kw = {"dest": dest(flag), "metavar": opt.metavar, "help": helptext}
         if opt.choices is not None:
-            kw.update(choices=opt.choices, metavar=None)
+            kw.update(choices=opt.choices, metavar=opt.metavar)
         if opt.kind is bool:  # a switch: off by default
-            p.add_argument((rename or {}).get(f.name, opt.flag), action="store_true", dest=kw["dest"], help=opt.help)
+            p.add_argument(*names, action=deprecating(argparse._StoreTrueAction, flag, names[1:]), dest=kw["dest"],
+                           help=helptext)
             continue
         if text:
             kw["default"] = None
@@ -42,7 +49,34 @@ def add_declared(p, cls, only=None, text: bool = False, rename: dict | None = No
             kw["default"] = f.default
             if opt.kind in (int, float) and opt.choices is None:
                 kw["type"] = opt.kind
-        p.add_argument((rename or {}).get(f.name, opt.flag), **kw)
+        p.add_argument(*names, action=deprecating(argparse._StoreAction, flag, names[1:]), **kw)
+
+
+def deprecating(action, flag: str, old) -> type:
+    """``action`` that warns in one line on stderr when the flag is spelt one of its deprecated ``old`` names."""
+    if not old:
+        return action
+
+    class Deprecated(action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            if option_string in old:
+                warn_renamed(option_string, flag)
+            super().__call__(parser, namespace, values, option_string)
+    return Deprecated
+
+
+def warn_renamed(old: str, new: str) -> None:
+    """The one-line warning for a deprecated spelling (kept for one release)."""
+    print(f"rksim: warning: {old} is deprecated; use {new}", file=sys.stderr)
+
+
+def renamed_argument(p, flag: str, old: str, **kw) -> None:
+    """A hand-declared flag with a deprecated old spelling (``add_argument(flag, old, ...)`` that warns on ``old``)."""
+    import argparse
+    store_true = kw.pop("action", None) == "store_true"
+    base = argparse._StoreTrueAction if store_true else argparse._StoreAction
+    kw["help"] = kw.get("help", "") + f" (also {old}: deprecated)"
+    p.add_argument(flag, old, action=deprecating(base, flag, (old,)), **kw)
 
 
 def dest(flag: str) -> str:
@@ -50,11 +84,13 @@ def dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
 
-def declared_values(args, cls) -> dict:
+def declared_values(args, cls, only=None) -> dict:
     """The declared options of ``cls`` given as text flags, parsed and checked (errors name the flag)."""
     from sim.options import check_value, declared
     out = {}
     for f, opt in declared(cls):
+        if only is not None and f.name not in only:
+            continue
         text = getattr(args, dest(opt.flag), None) if opt.flag is not None else None
         if text is None:
             continue
@@ -69,11 +105,15 @@ def _target_args(p) -> None:
     add_declared(p, TargetSpec)
     add_declared(p, RunConfig, only=("mode",))
     add_declared(p, RunConfig, only=("router",))
-    p.add_argument("--workload", action="append", default=[], metavar="KEY=VALUE",
-                   help="workload option, repeatable (verify_reuses_kv, concurrency, block_size, kv_budget_frac, ...; "
-                        "see docs/simulator.md; default: the defaults listed there)")
+    workload_arg(p)
     add_declared(p, RunConfig, only=("seed",))
     _reshape_arg(p)
+
+
+def workload_arg(p) -> None:
+    p.add_argument("--workload", action="append", default=[], metavar="KEY=VALUE",
+                   help="workload option, repeatable (verify_reuses_kv, block_size, kv_budget_frac, batching, ...; "
+                        "see docs/simulator.md; default: the defaults listed there)")
 
 
 def _calibration_args(p) -> None:
@@ -89,17 +129,21 @@ def _reshape_arg(p) -> None:
                         "default: the trace's own shape)")
 
 
-def _serving_args(p, with_arrival: bool = False) -> None:
-    """The serving-at-capacity options: ``sim.capacity.ServingConfig``'s declared fields, plus the closed loop."""
+def serving_args(p, with_mode: bool = True) -> None:
+    """The one set of serving flags (``serve``, ``simulate``/``compare``/``sweep``/``tune`` ``--mode serving``).
+
+    Declared once: the load (``RunConfig.arrival_rate`` or ``Workload.concurrency``, exclusive; and
+    ``Workload.n_requests``) and the server (``sim.capacity.ServingConfig``). ``with_mode``: the command has a
+    ``--mode`` and the group's title says these apply under ``--mode serving``.
+    """
     from sim.capacity import ServingConfig
     from sim.runconfig import RunConfig
-    g = p.add_argument_group("serving (mode serving)")
-    g.add_argument("--requests", default=None, metavar="N",
-                   help="problems submitted, cycling over the trace's (default: each selected problem once)")
-    x = g.add_mutually_exclusive_group() if with_arrival else g
-    if with_arrival:
-        add_declared(x, RunConfig, only=("arrival_rate",), text=True)
-    x.add_argument("--concurrency", default=None, metavar="C", help="closed loop: problems in flight (default 4)")
+    from sim.workload_config import Workload
+    g = p.add_argument_group("serving (with --mode serving)" if with_mode else "serving")
+    x = g.add_mutually_exclusive_group()
+    add_declared(x, RunConfig, only=("arrival_rate",), text=True)
+    add_declared(x, Workload, only=("concurrency",), text=True)
+    add_declared(g, Workload, only=("n_requests",), text=True)
     add_declared(g, ServingConfig, text=True)
 
 
@@ -120,21 +164,30 @@ def _num(flag: str, text, kind=int, lo=None, hi=None):
 
 
 def serving_options(args) -> tuple[dict, dict, float | None]:
-    """``(serving settings, workload additions, arrival_rate)`` from the serving flags."""
+    """``(serving settings, workload additions, arrival_rate)`` from the serving flags (:func:`serving_args`)."""
     from sim.capacity import ServingConfig
+    from sim.runconfig import RunConfig
+    from sim.workload_config import Workload
     sv = declared_values(args, ServingConfig)
-    wl = {}
-    n = _num("--requests", getattr(args, "requests", None), int, 1, 10_000_000)
-    if n is not None:
-        wl["n_requests"] = n
-    c = _num("--concurrency", getattr(args, "concurrency", None), int, 1, 1 << 20)
-    if c is not None:
-        wl["concurrency"] = c
-    rate = getattr(args, "arrival_rate", None)
-    if isinstance(rate, str):
-        from sim.runconfig import RunConfig
-        rate = declared_values(args, RunConfig).get("arrival_rate")
-    return sv, wl, rate
+    wl = declared_values(args, Workload)
+    return sv, wl, declared_values(args, RunConfig, only=("arrival_rate",)).get("arrival_rate")
+
+
+def workload_options(args) -> dict:
+    """``--workload KEY=VALUE`` items and the serving flags' workload options; a key with a flag of its own
+    given as ``--workload`` is deprecated (one line naming the flag), and the flag wins."""
+    from sim.options import declared
+    from sim.workload_config import Workload
+    wl = parse_sets(args.workload or [], "--workload")
+    flags = {f.name: opt.flag for f, opt in declared(Workload) if opt.flag is not None}
+    for k in wl:
+        if k in flags:
+            warn_renamed(f"--workload {k}=...", flags[k])
+    own = serving_options(args)[1] if hasattr(args, dest(flags["n_requests"])) else {}
+    if getattr(args, "mode", "serving") != "serving" and own:
+        flag = flags["n_requests" if "n_requests" in own else "concurrency"]
+        raise ValueError(f"{flag}: only with --mode serving")
+    return {**wl, **own}
 
 
 def flagged(exc) -> str:
@@ -145,7 +198,8 @@ def flagged(exc) -> str:
     from sim.target import TargetSpec
     msg = str(exc)
     field = getattr(exc, "field", None)
-    flag = "--reshape" if field == "reshape" else flag_for(field, RunConfig, TargetSpec, ServingConfig)
+    from sim.workload_config import Workload
+    flag = "--reshape" if field == "reshape" else flag_for(field, RunConfig, TargetSpec, ServingConfig, Workload)
     if flag is None or msg.startswith(flag):
         return msg
     return f"{flag}: {msg.removeprefix(field + ': ') if field in ('reshape',) else msg}"
@@ -161,12 +215,11 @@ def register(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                    help="policy parameter, repeatable (e.g. --set tau=0.8; default: the policy's defaults, see `rksim policies`)")
     _target_args(p)
-    add_declared(p, RunConfig, only=("arrival_rate",), text=True)
     add_declared(p, RunConfig, only=("slo",))
     p.add_argument("--engine", action="store_true", help="use the simpy engine in isolated mode too")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     _calibration_args(p)
-    _serving_args(p)
+    serving_args(p)
     p.set_defaults(func=_cmd_simulate)
 
     p = sub.add_parser("serve", help="serve one policy at the target's KV capacity (vLLM-style scheduler)",
@@ -181,13 +234,12 @@ def register(sub) -> None:
     from sim.target import TargetSpec
     add_declared(p, TargetSpec)
     add_declared(p, RunConfig, only=("router", "slo"))
-    p.add_argument("--workload", action="append", default=[], metavar="K=V",
-                   help="workload option, repeatable (see docs/simulator.md; default: the defaults listed there)")
+    workload_arg(p)
     add_declared(p, RunConfig, only=("seed",))
     _reshape_arg(p)
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     _calibration_args(p)
-    _serving_args(p, with_arrival=True)
+    serving_args(p, with_mode=False)
     p.set_defaults(func=_cmd_serve, mode="serving", engine=False)
 
     p = sub.add_parser("compare", help="every policy at its defaults on one trace and target",
@@ -196,6 +248,7 @@ def register(sub) -> None:
     _target_args(p)
     p.add_argument("--policies", default=None, metavar="NAME,NAME", help="comma list of policies (default: all)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    serving_args(p)
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("demo", help="compare on the bundled trace for two targets; write runs/demo/report.html",
@@ -203,7 +256,7 @@ def register(sub) -> None:
                                    "qwen2.5-7b on h100-sxm, print the tables, write an HTML report.")
     trace_arg(p)
     p.add_argument("--out", default="runs/demo", metavar="DIR", help="output directory (default runs/demo)")
-    p.add_argument("--seed", type=int, default=0, help="simulator seed: arrivals and stochastic policies")
+    add_declared(p, RunConfig, only=("seed",))
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("tree", help="RSBCM vs LRU vs FIFO on a trace's tree search under a KV block budget",
@@ -219,10 +272,6 @@ def register(sub) -> None:
     add_declared(p, TargetSpec, only=("model", "hardware"))  # one problem's tree on one GPU
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_tree)
-
-
-def _workload(args) -> dict:
-    return parse_sets(args.workload, "--workload")
 
 
 def check_trace(path):
@@ -244,13 +293,11 @@ def _cmd_simulate(args) -> int:
 
     trace = check_trace(args.trace)
     params = parse_sets(args.sets, "--set")
-    sv, wl, rate = serving_options(args)
-    workload = {**_workload(args), **wl}
-    if args.mode != "serving" and wl:
-        raise ValueError(f"--{'requests' if 'n_requests' in wl else 'concurrency'}: only with --mode serving")
+    sv, _, rate = serving_options(args)
+    workload = workload_options(args)
     try:
         r = simulate(trace, policy=args.policy, params=params, model_preset=args.model_preset,
-                     hardware=args.hardware, mode=args.mode, workload=workload, seed=args.seed,
+                     hardware=args.hardware, mode=args.mode, workload=workload, seed=args.sim_seed,
                      arrival_rate=rate, engine=args.engine, serving=sv, reshape=getattr(args, "reshape", None),
                      strict=args.strict, allow_extrapolation=args.allow_extrapolation,
                      router=args.router, slo=args.slo, **deployment_kwargs(args))
@@ -305,6 +352,7 @@ def _cmd_serve(args) -> int:
 
 def run_compare(trace, model_preset, hardware, mode="isolated", workload=None, seed=0, policies=None,
                 progress=True, reshape=None, **deployment) -> dict:
+    """``compare_policies`` with its errors as the CLI says them; ``deployment``: its other keywords."""
     from sim.api import compare_policies
     from sim.errors import ConfigError
     try:
@@ -323,9 +371,10 @@ def _cmd_compare(args) -> int:
         bad = [p for p in pols if p not in list_policies()]
         if bad:
             raise ValueError(f"--policies: unknown policy {bad[0]!r}; valid: {', '.join(list_policies())}")
-    out = run_compare(trace, args.model_preset, args.hardware, args.mode, _workload(args), args.seed, pols,
+    sv, _, rate = serving_options(args)
+    out = run_compare(trace, args.model_preset, args.hardware, args.mode, workload_options(args), args.sim_seed, pols,
                       progress=not args.json and sys.stderr.isatty(), reshape=args.reshape, router=args.router,
-                      **deployment_kwargs(args))
+                      serving=sv or None, arrival_rate=rate, **deployment_kwargs(args))
     from sim.host import host_fields
     from sim.profiles import load_hardware
     note = host_fields(load_hardware(args.hardware))["host_note"]
@@ -354,7 +403,7 @@ def _cmd_demo(args) -> int:
     results = {}
     for model, hw in DEMO_TARGETS:
         label = f"{model or 'trace model'} on {hw}"
-        comp = run_compare(trace, model, hw, seed=args.seed, progress=sys.stderr.isatty())
+        comp = run_compare(trace, model, hw, seed=args.sim_seed, progress=sys.stderr.isatty())
         results[label] = {"model": model, "hardware": hw, "compare": comp}
         any_m = next((m for m in comp["policies"].values() if m.get("decisions_model")), {})
         print(f"\n== {label} (isolated; verify_reuses_kv=True; decisions from the trace's model "
@@ -364,7 +413,7 @@ def _cmd_demo(args) -> int:
     details = {}
     for pol in ("no-kv", "exact-prefix", "asks", "cgee", "rksc", "lru", "rsbcm"):
         details[pol] = simulate(trace, policy=pol, hardware=DEMO_TARGETS[0][1], model_preset=DEMO_TARGETS[0][0],
-                                seed=args.seed)
+                                seed=args.sim_seed)
     path = write_report(out_dir / "report.html", trace, results, details)
     print(f"\nwrote {path} in {time.perf_counter() - t0:.1f} s")
     return 0

@@ -30,45 +30,21 @@ def _clean(obj):
     return obj
 
 
-def _parse_workload(items: list[str] | None) -> dict | None:
-    from sim.grid import GridError, parse_list
-
-    if not items:
-        return None
-    out = {}
-    for text in items:
-        if "=" not in text:
-            raise ValueError(f"--workload {text!r}: expected KEY=VALUE")
-        key, val = text.split("=", 1)
-        try:
-            (v,) = parse_list(text, val)
-        except (GridError, ValueError):
-            raise ValueError(f"--workload {text!r}: expected one value after '='") from None
-        out[key.strip()] = v
-    return out
-
-
 def _options(args):
-    import argparse
-
-    from app.cli_sim import serving_options
-    from sim.sweep import SweepOptions
-
-    # the serving flags of `rksim serve` (the batch scheduler is --batch-scheduler here: --scheduler is Dask's)
-    ns = argparse.Namespace(**{**vars(args), "scheduler": getattr(args, "batch_scheduler", None)})
-    sv, wl, _ = serving_options(ns)
-    if args.mode != "serving" and wl:
-        raise ValueError(f"--{'requests' if 'n_requests' in wl else 'concurrency'}: only with --mode serving")
-    from app.cli_sim import deployment_kwargs
+    from app.cli_sim import deployment_kwargs, serving_options, workload_options
     from sim.runconfig import RunConfig
+    from sim.sweep import SweepOptions
     from sim.target import TargetSpec
+
+    sv, _, rate = serving_options(args)  # the serving flags of `rksim serve`, declared once (app.cli_sim)
+    wl = workload_options(args)
     # the deployment flags that differ from their declared defaults (a one-GPU sweep passes none: as before)
     defaults = {f.name: f.default for cls in (TargetSpec, RunConfig) for f in dataclasses.fields(cls)}
     dep = {k: v for k, v in {**deployment_kwargs(args), "router": args.router, "slo": args.slo}.items()
            if v != defaults[k]}
     return SweepOptions(model_preset=args.model_preset, hardware=args.hardware, mode=args.mode,
-                        workload={**(_parse_workload(args.workload) or {}), **wl} or None, seed=args.sim_seed,
-                        arrival_rate=args.arrival_rate, serving=sv or None, reshape=args.reshape,
+                        workload=wl or None, seed=args.sim_seed,
+                        arrival_rate=rate, serving=sv or None, reshape=args.reshape,
                         deployment=dep or None)
 
 
@@ -100,8 +76,8 @@ def _grid(args, trace):
 
 
 def _validate_backend(args) -> None:
-    if args.backend == "local" and (args.scheduler or args.workers is not None):
-        raise ValueError("--scheduler/--workers need --backend dask")
+    if args.backend == "local" and (args.dask_scheduler or args.workers is not None):
+        raise ValueError("--dask-scheduler/--workers need --backend dask")
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers {args.workers}: needs at least 1")
 
@@ -128,7 +104,7 @@ def _cmd_sweep(args) -> int:
         evaluate(args.trace, policy=args.policy, params=dict(configs[0]), **options.kwargs())
     t0 = time.perf_counter()
     df = run_sweep(args.trace, args.policy, configs, options, evaluate=evaluate, backend=args.backend,
-                   workers=args.workers, scheduler=args.scheduler, progress=not args.quiet)
+                   workers=args.workers, scheduler=args.dask_scheduler, progress=not args.quiet)
     wall = time.perf_counter() - t0
     meta = {"trace": os.path.abspath(args.trace), "policy": args.policy, "grid": grid.to_json(),
             "options": options.kwargs(), "backend": args.backend, "n_configs": len(df),
@@ -154,7 +130,7 @@ def _cmd_tune(args) -> int:
     grid = _grid(args, trace)
     res = tune(args.trace, args.policy, spec, grid, _options(args), n_problems=len(trace.problems),
                n_layers=trace.n_layers, backend=args.backend,
-               workers=args.workers, scheduler=args.scheduler, progress=not args.quiet and not args.json)
+               workers=args.workers, scheduler=args.dask_scheduler, progress=not args.quiet and not args.json)
     js = _clean(res.to_json())
     if args.out:
         _atomic_write_text(Path(args.out), json.dumps(js, indent=2, sort_keys=True) + "\n", "--out")
@@ -234,8 +210,7 @@ def _positive_int(text: str) -> int:
 
 
 def _sim_flags(p) -> None:
-    from app.cli_sim import add_declared, trace_arg
-    from sim.capacity import ServingConfig
+    from app.cli_sim import add_declared, serving_args, trace_arg, workload_arg
     from sim.target import TargetSpec
     trace_arg(p)
     p.add_argument("--policy", required=True, help="policy registry name (asks, cgee, vase-dkv, ...; see `rksim policies`)")
@@ -244,30 +219,22 @@ def _sim_flags(p) -> None:
                         "(default: the policy's default grid, sim/tune.py)")
     p.add_argument("--max-configs", type=_positive_int, default=DEFAULT_MAX_CONFIGS, metavar="N",
                    help=f"refuse grids larger than N configurations (default {DEFAULT_MAX_CONFIGS:,})")
-    p.add_argument("--mode", choices=("isolated", "serving"), default="isolated",
-                   help="isolated: one problem at a time; serving: arrivals and contention")
-    add_declared(p, TargetSpec)
     from sim.runconfig import RunConfig
+    add_declared(p, RunConfig, only=("mode",))
+    add_declared(p, TargetSpec)
     add_declared(p, RunConfig, only=("router", "slo"))
-    p.add_argument("--workload", action="append", metavar="KEY=VALUE",
-                   help="workload option, e.g. verify_reuses_kv=false; repeatable (default: docs/simulator.md's)")
-    p.add_argument("--arrival-rate", type=float, default=None, metavar="R",
-                   help="serving mode: Poisson arrivals, problems/s (default: closed loop)")
-    p.add_argument("--seed", "--sim-seed", type=int, default=0, dest="sim_seed", metavar="N",
-                   help="simulator seed: arrivals and stochastic policies (evaluate(seed=...))")
+    workload_arg(p)
+    add_declared(p, RunConfig, only=("seed",))
     p.add_argument("--reshape", default=None, metavar="SPEC",
                    help="evaluate on the trace's problems reshaped (docs/simulator.md, Workload reshaping; "
                         "default: the trace's own shape)")
     p.add_argument("--backend", choices=("local", "dask"), default="local",
-                   help="local: this process; dask: a LocalCluster or --scheduler")
-    p.add_argument("--scheduler", default=None, metavar="ADDR", help="Dask scheduler address (tcp://host:8786; default: a LocalCluster)")
+                   help="local: this process; dask: a LocalCluster or --dask-scheduler")
+    p.add_argument("--dask-scheduler", default=None, metavar="ADDR",
+                   help="Dask scheduler address (tcp://host:8786; default: a LocalCluster)")
     p.add_argument("--workers", type=int, default=None, metavar="N", help="LocalCluster worker processes (default 2)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    g = p.add_argument_group("serving (mode serving; as `rksim serve`)")
-    g.add_argument("--requests", default=None, metavar="N", help="problems submitted (default: each once)")
-    g.add_argument("--concurrency", default=None, metavar="C", help="closed loop: problems in flight (default 4)")
-    # the serving flags of `rksim serve`, from the same declarations (--scheduler is Dask's here)
-    add_declared(g, ServingConfig, text=True, rename={"scheduler": "--batch-scheduler"})
+    serving_args(p)  # the serving flags of `rksim serve`, from the same declarations
 
 
 def register(sub) -> None:
@@ -290,7 +257,7 @@ def register(sub) -> None:
                    help="constraint: accuracy >= accuracy(no-kv) - X on the same split (default: none)")
     p.add_argument("--split", type=float, default=0.5, metavar="F", help="share of problems in the tune split (default 0.5)")
     p.add_argument("--split-seed", type=int, default=0, dest="seed", metavar="N",
-                   help="seed of the split and of the refinement (the simulator's is --seed)")
+                   help="seed of the split and of the refinement (the simulator's is --sim-seed)")
     rg = p.add_mutually_exclusive_group()
     rg.add_argument("--refine", dest="refine", action="store_const", const=True, default=None,
                     help="refine the grid winner with differential evolution (default, except token-eviction policies)")

@@ -27,7 +27,8 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per branch")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of the capture (no simulator here)")
+    from app.cli_sim import renamed_argument
+    renamed_argument(p, "--sampling-seed", "--seed", type=int, default=0, help="sampling seed of the capture")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--threads", type=int, default=1,
@@ -76,7 +77,7 @@ def capture_config(args):
     return CaptureConfig(
         model=args.model, dataset=args.dataset, problems=args.problems, problem_start=args.problem_start,
         branches=args.branches, layout=args.layout, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, top_p=args.top_p, seed=args.seed, device=args.device, dtype=args.dtype,
+        temperature=args.temperature, top_p=args.top_p, seed=args.sampling_seed, device=args.device, dtype=args.dtype,
         threads=args.threads,
         target_prefix_tokens=args.target_prefix_tokens, hidden_vectors=not args.no_hidden_vectors,
         long_decode=args.long_decode, long_decode_seqs=args.long_decode_seqs,

@@ -114,7 +114,7 @@ def policy_params(policy: str, params: dict) -> dict:
 
 def workload(options: dict | None) -> dict:
     """Check workload options as the simulator does (unknown keys and bad values raise naming them)."""
-    from sim.decisions import workload_options
+    from sim.workload_config import Workload
 
-    workload_options(options)
+    Workload.from_any(dict(options or {}))
     return dict(options or {})

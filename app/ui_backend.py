@@ -190,7 +190,7 @@ def scheduler_choices() -> tuple[str, ...]:
 
 def serving_kwargs(options: dict) -> tuple[dict, dict, list[str]]:
     """``(kwargs for simulate, workload additions, names not applied)`` for the serving controls set."""
-    from sim.decisions import WORKLOAD_DEFAULTS
+    from sim.workload_config import WORKLOAD_DEFAULTS
 
     sig = _simulate_params()
     fields = _serving_fields() if "serving" in sig else set()

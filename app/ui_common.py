@@ -64,6 +64,61 @@ def error(exc_or_text) -> None:
     st.error(exc_or_text if isinstance(exc_or_text, str) else one_line(exc_or_text), icon=":material/error:")
 
 
+def _field_widgets() -> dict[str, str]:
+    """``ConfigError.field`` (or ``CapacityError.field``) -> the key, under a page's prefix, of the widget that
+    sets it. Every page that builds a RunConfig / Target keys its widgets so (``{prefix}.{suffix}``)."""
+    from sim.capacity import ServingConfig
+    from sim.options import declared
+    out = {"model": "model", "hardware": "hardware", "seed": "seed", "mode": "mode",
+           # the dashboard runs one GPU: a model whose weights do not fit (the layout's refusal) is the model's
+           "tensor_parallel_size": "model", "pipeline_parallel_size": "model",
+           "workload.verify_reuses_kv": "verify",
+           "arrival_rate": "srv.arrival_rate", "workload.concurrency": "srv.concurrency",
+           "workload.n_requests": "srv.n_requests"}
+    out.update({f.name: f"srv.{f.name}" for f, _ in declared(ServingConfig)})
+    return out
+
+
+FIELD_WIDGETS = _field_widgets()
+
+
+class ErrorSlots:
+    """Places right under a page's widgets where a simulator error about that widget's field is shown.
+
+    A page makes one per run (it owns it), calls :meth:`under` after drawing each widget of
+    :data:`FIELD_WIDGETS`, and :meth:`show` for an error of a run: the error goes beside the widget of
+    its ``field`` (never matched on the message's text), once per distinct message.
+    """
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self._slots: dict[str, object] = {}
+        self._shown: dict[str, list[str]] = {}
+
+    def under(self, suffix: str, where=None) -> None:
+        """An empty slot under the widget ``{prefix}.{suffix}`` just drawn (``where``: its container)."""
+        self._slots[suffix] = (where if where is not None else st).empty()
+
+    def widget_of(self, exc: BaseException) -> str | None:
+        """The key of the widget on this page that sets ``exc``'s field (None: no such widget here)."""
+        suffix = FIELD_WIDGETS.get(getattr(exc, "field", None))
+        return f"{self.prefix}.{suffix}" if suffix in self._slots else None
+
+    def show(self, exc: BaseException, label: str | None = None) -> bool:
+        """Show ``exc`` under its field's widget; False (nothing shown) where this page has no widget for it."""
+        if self.widget_of(exc) is None:
+            return False
+        suffix = FIELD_WIDGETS[exc.field]
+        msg = f"{label}: {one_line(exc)}" if label else one_line(exc)
+        shown = self._shown.setdefault(suffix, [])
+        if msg not in shown:
+            shown.append(msg)
+        with self._slots[suffix].container():
+            for m in shown:
+                st.error(m, icon=":material/error:")
+        return True
+
+
 def pick(kind: str, label: str, key: str, help: str | None = None, query_param: str | None = None) -> str | None:
     """A select box of the ``kind`` entries under the trace roots; returns the chosen path.
 
@@ -116,20 +171,27 @@ def text_number(label: str, key: str, flag: str, default="", help: str | None = 
         return None, False
 
 
-def target_controls(prefix: str, trace: str | None, sidebar: bool = True):
-    """Target model, hardware and seed pickers; returns ``(model or None, hardware, seed, ok)``."""
+def target_controls(prefix: str, trace: str | None, sidebar: bool = True, slots: ErrorSlots | None = None):
+    """Target model, hardware and seed pickers; returns ``(model or None, hardware, seed, ok)``.
+
+    ``slots``: the page's :class:`ErrorSlots`, given a place under each picker.
+    """
     where = st.sidebar if sidebar else st.container()
+    slots = slots if slots is not None else ErrorSlots(prefix)
     pr = B.presets()
     models = ["(the trace's own model)"] + pr["models"]
     hw = pr["hardware"]
     m = where.selectbox("target model", models, key=f"{prefix}.model",
                         help="cost model's model; decisions always come from the trace's own model")
+    slots.under("model", where)
     dh = B.default_hardware()
     h = where.selectbox("hardware", hw, index=hw.index(dh) if dh in hw else 0, key=f"{prefix}.hardware")
+    slots.under("hardware", where)
     with where:
-        seed, ok = text_number("simulator seed", f"{prefix}.seed", "--seed", default="0", lo=0, hi=2**32 - 1,
+        seed, ok = text_number("simulator seed", f"{prefix}.seed", "--sim-seed", default="0", lo=0, hi=2**32 - 1,
                                integer=True,
-                               help="seed of arrivals and stochastic policies (the CLI's --seed)")
+                               help="seed of arrivals and stochastic policies (the CLI's --sim-seed)")
+    slots.under("seed", where)
     return (None if m == models[0] else m), h, (seed if ok else 0), ok
 
 

@@ -31,7 +31,7 @@ def _cases() -> dict[str, list[str]]:
         name = f"compare-{model or 'trace'}-{hw}"
         out[name] = ["compare", "--json", "--hardware", hw] + (["--model-preset", model] if model else [])
     for pol in SERVE_POLICIES:
-        out[f"serve-{pol}"] = ["serve", "--json", "--policy", pol, "--requests", str(SERVE_REQUESTS)]
+        out[f"serve-{pol}"] = ["serve", "--json", "--policy", pol, "--num-problems", str(SERVE_REQUESTS)]
     return out
 
 

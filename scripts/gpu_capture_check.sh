@@ -21,7 +21,7 @@ rm -rf "$OUT"
 start=$(date +%s)
 # bf16 is the CUDA default; --dtype makes it explicit.
 timeout 300 "$PY" -m app.cli capture --model smollm2-135m --dataset gsm8k --problems 4 --branches 8 \
-  --layout persona-prefix --max-new-tokens 128 --device cuda --dtype bfloat16 --seed 0 \
+  --layout persona-prefix --max-new-tokens 128 --device cuda --dtype bfloat16 --sampling-seed 0 \
   --long-decode 512 --long-decode-seqs 1 --long-decode-layers 8,16,24,30 \
   --tree-depth 2 --tree-expand 2 --tree-branching 3 --tree-step 32 --no-progress --out "$OUT"
 "$PY" -m app.cli trace validate "$OUT"

@@ -15,7 +15,7 @@ OUT = ROOT / "examples" / "trace-gsm8k-persona"
 
 ARGS = [
     "capture", "--model", "smollm2-135m", "--dataset", "gsm8k", "--problems", "12", "--branches", "8",
-    "--layout", "persona-prefix", "--max-new-tokens", "128", "--seed", "0", "--device", "cpu",
+    "--layout", "persona-prefix", "--max-new-tokens", "128", "--sampling-seed", "0", "--device", "cpu",
     "--long-decode", "512", "--long-decode-seqs", "2", "--long-decode-layers", "8,16,24,30",
     "--tree-depth", "2", "--tree-expand", "2", "--tree-branching", "3", "--tree-step", "32",
     "--out", "examples/trace-gsm8k-persona",

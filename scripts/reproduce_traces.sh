@@ -8,7 +8,7 @@ set -euo pipefail
 RKSIM=${RKSIM:-.venv/bin/rksim}
 OUT=${OUT:-examples/reproduce}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONHASHSEED=0
-COMMON="--problems 24 --branches 8 --max-new-tokens 128 --seed 0 --device cpu --threads 1 --no-hidden-vectors"
+COMMON="--problems 24 --branches 8 --max-new-tokens 128 --sampling-seed 0 --device cpu --threads 1 --no-hidden-vectors"
 declare -A ARGS=(
   [smollm2-gsm8k-persona]="--model smollm2-135m --dataset gsm8k --layout persona-prefix --long-decode 512 --long-decode-seqs 2 --long-decode-layers 8,16,24,30 --tree-depth 2 --tree-expand 2 --tree-branching 3 --tree-step 32 --trees 2"
   [smollm2-gsm8k-paraphrase]="--model smollm2-135m --dataset gsm8k --layout paraphrase"

@@ -12,12 +12,12 @@ from __future__ import annotations
 from policies import list_policies
 
 from .capacity import ServingConfig
-from .decisions import policy_kind, workload_options
+from .decisions import policy_kind
 from .metrics import SUMMARY_KEYS, clean
 from .modes import run
 from .profiles import load_presets as _load_presets
 from .records import SimResult
-from .runconfig import MODES, RunConfig
+from .runconfig import MODES, RunConfig, Workload
 from .session import Session, default_trace_path
 from .summary import reshape_fields, reshape_info
 from .target import Target
@@ -66,7 +66,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     (docs/parallelism.md; :meth:`sim.target.Target.resolve`); ``router`` routes the replicas' requests and
     ``slo`` (``"ttft=S,tpot=S,e2e=S"``) adds goodput, serving mode.
     """
-    config = RunConfig(policy=policy, params=dict(params or {}), workload=dict(workload or {}), mode=mode, seed=seed,
+    config = RunConfig(policy=policy, params=dict(params or {}), workload=workload, mode=mode, seed=seed,
                        arrival_rate=arrival_rate, problems=problems, engine=engine, baselines=baselines,
                        strict=strict, allow_extrapolation=allow_extrapolation, router=router, slo=slo)
     session = loaded(trace, reshape)
@@ -88,13 +88,13 @@ def evaluate(trace, policy: str = "asks", params: dict | None = None, model_pres
     return out
 
 
-def _token_entry(session, target, name: str, mode: str, workload, seed: int) -> dict:
+def _token_entry(session, target, name: str, mode: str, workload, seed: int, arrival_rate=None) -> dict:
     """A token policy at each of the workload's compression ratios; the headline is its 4x budget."""
-    opts = workload_options(workload)
+    opts = Workload.from_any(workload)
     res = {}
-    for label, K in token_budgets(session, name, opts["token_compressions"], target.serving.decode_tokens).items():
-        config = RunConfig(policy=name, params={"budget": K} if name != "full" else {}, workload=dict(workload or {}),
-                           mode=mode, seed=seed)
+    for label, K in token_budgets(session, name, list(opts.token_compressions), target.serving.decode_tokens).items():
+        config = RunConfig(policy=name, params={"budget": K} if name != "full" else {}, workload=workload,
+                           mode=mode, seed=seed, arrival_rate=arrival_rate)
         r = run(session, target, config)
         res[label] = clean({"budget": K, **{k: r.summary.get(k) for k in TOKEN_BUDGET_KEYS}})
     entry = {k: None for k in SUMMARY_KEYS}
@@ -107,12 +107,13 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
                      policies=None, workload: dict | None = None, seed: int = 0, problems=None,
                      progress: bool = False, serving=None, reshape=None, node=None, tensor_parallel_size: int = 1,
                      pipeline_parallel_size: int = 1, data_parallel_size: int = 1,
-                     router: str = "prefix-affinity") -> dict:
+                     router: str = "prefix-affinity", arrival_rate: float | None = None) -> dict:
     """``{"policies": {NAME: metrics}}`` for every registered policy at its defaults (docs/sim-api.md).
 
     Token-eviction policies also get ``budgets`` = ``{"2x": {budget, attn_output_rel_error,
     attn_mass_recall, ...}, ...}`` at the workload's ``token_compressions``. Every entry states the
     KV capacity (``kv_capacity_bytes``) and block budget (``kv_budget_blocks``) it ran under.
+    ``arrival_rate``: serving mode's Poisson problems/s (default: the closed loop of ``workload.concurrency``).
     """
     session = loaded(trace, reshape)
     target = Target.resolve(session, model_preset, hardware, ServingConfig.from_any(serving), node=node,
@@ -129,10 +130,10 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
             if target.layout():
                 continue  # one sequence's decode on one GPU (sim.modes.check_layout): not a deployment's figure
             if session.tf.longs:
-                out[name] = _token_entry(session, target, name, mode, workload, seed)
+                out[name] = _token_entry(session, target, name, mode, workload, seed, arrival_rate)
             continue
-        config = RunConfig(policy=name, params={}, workload=dict(workload or {}), mode=mode, seed=seed,
-                           problems=problems, router=router)
+        config = RunConfig(policy=name, params={}, workload=workload, mode=mode, seed=seed,
+                           problems=problems, router=router, arrival_rate=arrival_rate)
         out[name] = {**run(session, target, config).scalars(), "kind": kind}
     result = {"policies": out}
     if reshape_info(session.tf) is not None:

@@ -61,7 +61,13 @@ CAPACITY_SOURCES = {
 
 
 class CapacityError(KVCacheError):
-    """A problem or request that cannot fit in the KV capacity (the message says by how much)."""
+    """A problem or request that cannot fit in the KV capacity (the message says by how much), or a bad serving
+    setting. ``field`` names the :class:`ServingConfig` setting at fault (``"kv_capacity_bytes"`` for a
+    capacity too small), as :class:`sim.errors.ConfigError`'s does; ``None`` when no single setting is."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 SERVING_OPTIONS: list = []  # ServingConfig's option fields, filled once below the class
@@ -72,6 +78,7 @@ class ServingConfig:
     """Serving settings (CLI ``--scheduler``, ``--max-num-seqs``, ...); None = the hardware default."""
 
     scheduler: str = option("vllm-v1", kind=str, choices=POLICIES, flag="--scheduler", metavar="NAME",
+                            aliases=("--batch-scheduler",),
                             help="vllm-v1 (default: vLLM 0.33's V1 rules: running decodes first, chunked prefill, a waiting "
                                  "request admitted only if its whole prompt fits), vllm-v1-chunk-admit (admits on its first "
                                  "chunk: scheduler_reserve_full_isl=False) or prefill-first")
@@ -101,7 +108,7 @@ class ServingConfig:
             try:
                 check_value(opt.flag or f.name, opt, getattr(self, f.name))
             except ConfigError as exc:
-                raise CapacityError(str(exc)) from None
+                raise CapacityError(str(exc), field=f.name) from None
 
     @classmethod
     def from_any(cls, x) -> "ServingConfig":

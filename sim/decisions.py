@@ -27,22 +27,7 @@ from policies import PolicyError, get_policy, list_policies, yes_score
 
 from .errors import ConfigError
 from .workload import build_job
-
-# Workload options: name -> default. Documented in docs/simulator.md.
-WORKLOAD_DEFAULTS: dict[str, Any] = {
-    "verify_reuses_kv": True,   # verification reads the branch's generation KV (No-KV always recomputes)
-    "base_sharing": "no-kv",    # sharing under exit-only and token-only policies
-    "block_sharing": "exact-prefix",  # sharing under block policies
-    "block_size": 16,           # KV block (tokens) for memory accounting and the block pool
-    "kv_budget_frac": 0.5,      # block policies: budget = ceil(frac * unconstrained peak blocks) per problem
-    "kv_budget_blocks": None,   # block policies: explicit budget (overrides kv_budget_frac)
-    "score": "mean_prob",       # RSBCM branch score: mean_prob (generation confidence) | vote_share | verify_score
-    "concurrency": 4,           # serving mode, closed loop: problems in flight
-    "n_requests": None,         # serving mode: problems submitted (default: every selected problem once)
-    "token_compressions": [2, 4, 8],  # token policies: KV compression ratios reported
-    "max_long_layers": None,    # token policies: evaluate at most this many recorded layers per sequence
-    "batching": "continuous",   # isolated mode: continuous (variable-length rows) | static (left-padded, eager HF)
-}
+from .workload_config import Workload
 
 # Parameters of the block pool accepted in ``params`` of a block policy (not policy fields).
 BLOCK_PARAMS = ("budget_blocks", "budget_frac")
@@ -57,7 +42,7 @@ class SimConfig:
     exit: Any = None
     block: Any = None
     token: Any = None
-    workload: dict = field(default_factory=dict)
+    workload: Workload = field(default_factory=Workload)
     budget_blocks: int | None = None
     budget_frac: float = 0.5
     # Memos of this config's keys (its policy objects are not changed after make_config; bind_vocab resets them).
@@ -76,28 +61,9 @@ class SimConfig:
                 "token": getattr(self.token, "name", None) if self.token is not None else None}
 
 
-def workload_options(workload: dict | None) -> dict:
-    opts = dict(WORKLOAD_DEFAULTS)
-    for k, v in (workload or {}).items():
-        if k not in WORKLOAD_DEFAULTS:
-            raise ConfigError(f"workload option {k!r} is unknown; valid: {', '.join(WORKLOAD_DEFAULTS)}", field="workload")
-        opts[k] = v
-    if not isinstance(opts["verify_reuses_kv"], (bool, np.bool_)):
-        raise ConfigError(f"workload option 'verify_reuses_kv' must be true or false, got {opts['verify_reuses_kv']!r}", field="workload.verify_reuses_kv")
-    bs = opts["block_size"]
-    if isinstance(bs, bool) or not isinstance(bs, (int, np.integer)) or bs < 1:
-        raise ConfigError(f"workload option 'block_size' must be an integer >= 1, got {bs!r}", field="workload.block_size")
-    for k in ("base_sharing", "block_sharing"):
-        if opts[k] not in list_policies("sharing"):
-            raise ConfigError(f"workload option {k!r}: {opts[k]!r} is not a sharing policy ({', '.join(list_policies('sharing'))})", field=f"workload.{k}")
-    if opts["score"] not in ("mean_prob", "vote_share", "verify_score"):
-        raise ConfigError(f"workload option 'score': {opts['score']!r} is not mean_prob, vote_share or verify_score", field="workload.score")
-    if opts["batching"] not in ("continuous", "static"):
-        raise ConfigError(f"workload option 'batching': {opts['batching']!r} is not continuous or static", field="workload.batching")
-    c = opts["concurrency"]
-    if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 1:
-        raise ConfigError(f"workload option 'concurrency' must be an integer >= 1, got {c!r}", field="workload.concurrency")
-    return opts
+def workload_options(workload) -> Workload:
+    """The workload options as a validated :class:`sim.workload_config.Workload` (a dict, None or one already)."""
+    return Workload.from_any(workload)
 
 
 def _default_policy(name: str):
@@ -113,8 +79,8 @@ def make_config(policy: str, params: dict | None, workload: dict | None) -> SimC
         raise ConfigError(f"unknown policy {policy!r}; valid: {', '.join(list_policies())}", field="policy")
     try:
         kind = policy_kind(policy)
-        budget_blocks = opts["kv_budget_blocks"]
-        budget_frac = float(opts["kv_budget_frac"])
+        budget_blocks = opts.kv_budget_blocks
+        budget_frac = opts.budget_frac
         if kind in ("block", "composite"):
             base = get_policy(policy, **{k: v for k, v in params.items() if k not in BLOCK_PARAMS})
             budget_blocks = params.get("budget_blocks", budget_blocks)
@@ -133,13 +99,13 @@ def make_config(policy: str, params: dict | None, workload: dict | None) -> SimC
     if kind == "sharing":
         cfg.sharing = base
     elif kind == "exit":
-        cfg.sharing, cfg.exit = _default_policy(opts["base_sharing"]), base
+        cfg.sharing, cfg.exit = _default_policy(opts.base_sharing), base
     elif kind == "block":
-        cfg.sharing, cfg.block = _default_policy(opts["block_sharing"]), base
+        cfg.sharing, cfg.block = _default_policy(opts.block_sharing), base
     elif kind == "composite":
         cfg.sharing, cfg.exit, cfg.block = base.asks, base.cgee, base.rsbcm
     elif kind == "token":
-        cfg.sharing, cfg.token = get_policy(opts["base_sharing"]), base
+        cfg.sharing, cfg.token = get_policy(opts.base_sharing), base
     return cfg
 
 
@@ -392,16 +358,16 @@ def branch_score(f, dec: ProblemDecision, which: str) -> np.ndarray:
 
 def job_for(f, cfg: SimConfig, dec: ProblemDecision, L: int):
     ex = cfg.exit
-    return build_job(f, dec.plan, dec.exit_layers, dec.skipped, L=L, bs=int(cfg.workload["block_size"]),
-                     verify_reuses_kv=bool(cfg.workload["verify_reuses_kv"]), no_kv=cfg.no_kv,
-                     l_min=getattr(ex, "l_min", None), score=branch_score(f, dec, cfg.workload["score"]),
-                     static=cfg.workload["batching"] == "static")
+    return build_job(f, dec.plan, dec.exit_layers, dec.skipped, L=L, bs=int(cfg.workload.block_size),
+                     verify_reuses_kv=bool(cfg.workload.verify_reuses_kv), no_kv=cfg.no_kv,
+                     l_min=getattr(ex, "l_min", None), score=branch_score(f, dec, cfg.workload.score),
+                     static=cfg.workload.batching == "static")
 
 
 def workload_key(cfg: SimConfig) -> tuple:
     """The workload options as a sorted tuple of ``(name, repr(value))``, computed once per config."""
     if cfg.workload_key is None:
-        cfg.workload_key = freeze(cfg.workload)
+        cfg.workload_key = cfg.workload.key()
     return cfg.workload_key
 
 

@@ -369,7 +369,7 @@ class Engine:
                         f"request {head.req_id} (problem {head.data[0].pos}) needs {need} KV blocks "
                         f"({need * self.block_bytes / 1e9:.3f} GB) but the KV capacity is {kv.num_blocks} blocks "
                         f"({kv.num_blocks * self.block_bytes / 1e9:.3f} GB): {need - kv.num_blocks} blocks "
-                        f"({(need - kv.num_blocks) * self.block_bytes / 1e9:.3f} GB) short")
+                        f"({(need - kv.num_blocks) * self.block_bytes / 1e9:.3f} GB) short", field="kv_capacity_bytes")
                 if sched.has_unfinished():
                     # only held requests are left, waiting for an event (an arrival): wait for it
                     self._wake = env.event()

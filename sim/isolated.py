@@ -32,7 +32,7 @@ def refuse_if_too_big(peaks, positions, cap: dict, target, what: str = "problem"
                    f"{cap['mem_capacity_bytes'] / 1e9:.3f} GB x {cap['gpu_memory_utilization']:g} - "
                    f"{cap['weight_bytes'] / 1e9:.3f} GB weights - {cap['activation_reserve_bytes'] / 1e9:.3f} GB "
                    f"activation reserve") + f"): {(peak - kvcap) / 1e9:.3f} GB "
-                f"short (use --mode serving to queue, a smaller model, or a larger --gpu-memory-utilization)")
+                f"short (use --mode serving to queue, a smaller model, or a larger --gpu-memory-utilization)", field="kv_capacity_bytes")
 
 
 def fastpath(session, target) -> FastPath:

@@ -117,7 +117,7 @@ def make_engine(target, cfg, jobs, feats, decs, sched_cfg, budget, *, concurrenc
     return Engine(target.model, target.hardware, jobs, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
                   scheduler=sched_cfg, kv_blocks=budget, block_policy=cfg.block,
                   caching=caching and not cfg.no_kv, prompt_ids=[kv_ids(f, d) for f, d in zip(feats, decs)],
-                  score_at=SCORE_AT[cfg.workload["score"]], max_batch=target.max_batch,
+                  score_at=SCORE_AT[cfg.workload.score], max_batch=target.max_batch,
                   hw_name=target.hardware.name, per_problem_timeline=per_problem, cost=target.cost())
 
 
@@ -142,7 +142,7 @@ def prepare(session, target, config) -> Prepared:
     fitted-range check (serving: the batch an iteration reaches is only known while it runs; the engine checks it)."""
     cfg = config.sim
     sched = target.scheduler(config.mode)
-    cap = target.capacity(config.mode, int(cfg.workload["block_size"]))
+    cap = target.capacity(config.mode, int(cfg.workload.block_size))
     probs = select(session, config.problems)
     L = target.model.n_layers
     out = Prepared(sched, cap, info_of(session, target, config, cap, sched), probs, L, decided(session, cfg, probs, L))

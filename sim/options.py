@@ -26,13 +26,14 @@ class Option:
     hi: float | None = None
     gt: float | None = None       # exclusive lower bound
     choices: tuple | None = None
+    aliases: tuple = ()           # deprecated spellings of the flag (accepted, with a one-line warning)
 
 
 def option(default, *, kind: type = int, help: str = "", flag=None, metavar=None, lo=None, hi=None, gt=None,
-           choices=None):
+           choices=None, aliases=()):
     """A dataclass field declaring an option (its metadata carries an :class:`Option`)."""
     opt = Option(kind=kind, help=help, flag=flag, metavar=metavar, lo=lo, hi=hi, gt=gt,
-                 choices=None if choices is None else tuple(choices))
+                 choices=None if choices is None else tuple(choices), aliases=tuple(aliases))
     return dataclasses.field(default=default, metadata={"option": opt})
 
 
@@ -79,11 +80,13 @@ def describe_range(opt: Option) -> str:
 
 
 def flag_for(field_name: str | None, *classes) -> str | None:
-    """The command-line flag of a (dotted) field of one of ``classes`` (``"workload.block_size"`` -> ``--workload``)."""
+    """The command-line flag of a (dotted) field of one of ``classes``: the field's own flag where it has one
+    (``"workload.concurrency"`` -> ``--max-concurrent-problems`` with :class:`sim.workload_config.Workload` among
+    ``classes``), else its head's (``"workload.block_size"`` -> ``--workload``)."""
     if field_name is None:
         return None
-    head = field_name.split(".")[0]
-    exact = [f for c in classes for f in dataclasses.fields(c) if f.name == field_name]
+    head, _, tail = field_name.partition(".")
+    exact = [f for c in classes for f in dataclasses.fields(c) if f.name in (field_name, tail)]
     for f in exact + [f for c in classes for f in dataclasses.fields(c) if f.name == head]:
         opt = f.metadata.get("option")
         flag = opt.flag if opt is not None else f.metadata.get("flag")

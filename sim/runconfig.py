@@ -17,6 +17,7 @@ from .capacity import check_block_budget, check_block_size, check_budget_frac
 from .decisions import SimConfig, freeze, make_config, workload_key
 from .errors import ConfigError
 from .options import declared, option, validate_options
+from .workload_config import Workload
 
 MODES = ("isolated", "serving")
 
@@ -27,12 +28,15 @@ class RunConfig:
 
     policy: str = field(default="exact-prefix", metadata={"flag": "--policy"})
     params: dict = field(default_factory=dict, metadata={"flag": "--set"})
-    workload: dict = field(default_factory=dict, metadata={"flag": "--workload"})
+    workload: Workload = field(default_factory=Workload, metadata={"flag": "--workload"})  # a dict is converted
     mode: str = option("isolated", kind=str, choices=MODES, flag="--mode",
                        help="isolated: one problem at a time (per-problem latency); serving: arrivals and contention")
-    seed: int = option(0, kind=int, flag="--seed", help="simulator seed: arrivals and stochastic policies (default 0)")
-    arrival_rate: float | None = option(None, kind=float, gt=0, flag="--arrival-rate",
-                                        help="serving mode: Poisson arrivals, problems/s (default: closed loop)")
+    seed: int = option(0, kind=int, flag="--sim-seed", aliases=("--seed",), metavar="N",
+                       help="simulator seed: arrivals and stochastic policies (default 0)")
+    arrival_rate: float | None = option(None, kind=float, gt=0, flag="--problem-rate", aliases=("--arrival-rate",),
+                                        metavar="R",
+                                        help="serving mode: Poisson arrivals of problems per second, each problem B "
+                                             "branch requests (default: closed loop)")
     router: str = option("prefix-affinity", kind=str, flag="--router", metavar="NAME",
                          help="serving mode with --data-parallel-size > 1: round-robin, least-outstanding, "
                               "prefix-affinity or branch-spread (docs/parallelism.md; default prefix-affinity)")
@@ -67,18 +71,14 @@ class RunConfig:
                 raise ConfigError(str(exc), field="slo") from None
         if self.problems is not None:
             object.__setattr__(self, "problems", tuple(self.problems))
+        object.__setattr__(self, "workload", Workload.from_any(self.workload))
         cfg = make_config(self.policy, self.params, self.workload)
-        if self.mode == "serving" and cfg.workload["batching"] == "static":
+        if self.mode == "serving" and cfg.workload.batching == "static":
             raise ConfigError("workload option 'batching': static pads one problem's branches into one batch "
                               "(the real module's eager runs) and is only defined in isolated mode; serving mode "
                               "is continuous batching", field="workload.batching")
-        check_block_size("workload option 'block_size'", cfg.workload["block_size"])
+        check_block_size("workload option 'block_size'", cfg.workload.block_size)
         budget = _user_budget(cfg, self.params, self.workload) if cfg.block is not None else None
-        n_req = cfg.workload.get("n_requests")
-        if n_req is not None and (isinstance(n_req, bool) or not hasattr(n_req, "__index__")
-                                  or not 1 <= int(n_req) <= 10_000_000):
-            raise ConfigError(f"workload option 'n_requests' must be an integer in 1..10000000, got {n_req!r}",
-                              field="workload.n_requests")
         if cfg.kind == "token":
             for name in ("engine", "problems", "baselines"):
                 if getattr(self, name) not in (None, False):
@@ -118,16 +118,16 @@ class RunConfig:
 RUN_OPTIONS = declared(RunConfig)  # its option fields, once
 
 
-def _user_budget(cfg, params, workload) -> tuple | None:
+def _user_budget(cfg, params, workload: Workload) -> tuple | None:
     """The block budget the user asked for: ``("blocks", n)``, ``("frac", f)`` or ``None`` (the device's capacity)."""
-    params, workload = params or {}, workload or {}
+    params = params or {}
     if cfg.budget_blocks is not None:
         return ("blocks", check_block_budget(f"policy {cfg.policy!r}: budget_blocks" if "budget_blocks" in params else
                                              "workload option 'kv_budget_blocks'", cfg.budget_blocks))
-    if "budget_frac" in params or "kv_budget_frac" in workload:
+    if "budget_frac" in params or workload.kv_budget_frac is not None:
         return ("frac", check_budget_frac(f"policy {cfg.policy!r}: budget_frac" if "budget_frac" in params else
                                           "workload option 'kv_budget_frac'", cfg.budget_frac))
     return None
 
 
-__all__ = ["RunConfig", "MODES", "freeze"]
+__all__ = ["RunConfig", "Workload", "MODES", "freeze"]

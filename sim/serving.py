@@ -37,7 +37,7 @@ def server_budget(ubudget, cap) -> int:
 
 def requests(config, items: list) -> list:
     """``items`` cycled to the workload's ``n_requests`` (default: each once)."""
-    n_req = config.sim.workload.get("n_requests")
+    n_req = config.sim.workload.n_requests
     if n_req is None:
         return list(items)
     return [items[i % len(items)] for i in range(int(n_req))]
@@ -54,7 +54,7 @@ def run(session, target, config) -> SimResult:
     if target.data_parallel_size > 1:
         return _run_replicas(session, target, config, prep, budget, reqs)
     eng = make_engine(target, cfg, [r[0] for r in reqs], [r[1] for r in reqs], [r[2] for r in reqs], sched, budget,
-                      concurrency=int(cfg.workload["concurrency"]), arrival_rate=config.arrival_rate,
+                      concurrency=int(cfg.workload.concurrency), arrival_rate=config.arrival_rate,
                       seed=config.seed, caching=target.serving.prefix_caching)
     res = eng.run()
     recs = res.records()
@@ -128,10 +128,10 @@ def _run_replicas(session, target, config, prep, budget: int, reqs) -> SimResult
     block = (lambda: make_config(config.policy, config.params, config.workload).block) if cfg.block is not None \
         else None            # each replica its own block policy state
     run_ = Replicas(target.model, target.hardware, jobs, make_router(config.router, n), n,
-                    costs=None if cost is None else [cost] * n, concurrency=int(cfg.workload["concurrency"]),
+                    costs=None if cost is None else [cost] * n, concurrency=int(cfg.workload.concurrency),
                     arrival_rate=config.arrival_rate, seed=config.seed, scheduler=sched, kv_blocks=budget,
                     block_policy=block, caching=target.serving.prefix_caching and not cfg.no_kv,
-                    prompt_ids=[kv_ids(r[1], r[2]) for r in reqs], score_at=SCORE_AT[cfg.workload["score"]],
+                    prompt_ids=[kv_ids(r[1], r[2]) for r in reqs], score_at=SCORE_AT[cfg.workload.score],
                     max_batch=target.max_batch, hw_name=target.hardware.name).run()
     recs = run_.problems
     rows, brows = _rows(tf, recs, triples, L)

@@ -27,8 +27,8 @@ def info_of(session, target, config, cap: dict, sched) -> dict:
             "decisions_model": tf.model_name, "cost_model": target.model.name, "hardware": hw.name,
             **host_fields(hw, config.strict),  # is the profile this host's? (a one-line note if not)
             "hardware_provisional": bool(getattr(hw, "provisional", False)),
-            "mode": config.mode, "verify_reuses_kv": bool(cfg.workload["verify_reuses_kv"]),
-            "workload": dict(cfg.workload), "seed": int(config.seed),
+            "mode": config.mode, "verify_reuses_kv": bool(cfg.workload.verify_reuses_kv),
+            "workload": cfg.workload.to_dict(), "seed": int(config.seed),
             "arrival_rate": config.arrival_rate, "trace": tf.path, "reshape": reshape_info(tf),
             "kv_capacity_bytes": cap["kv_capacity_bytes"], "capacity_source": cap["capacity_source"],
             "capacity": cap, "scheduler": sched.to_dict(), "note": target.note(tf.model_name),
@@ -49,7 +49,7 @@ def stated_under(session, target, config, cap: dict, sched, info: dict) -> dict:
     """The summary fields naming the decisions' model, the cost target, capacity and scheduler."""
     tf = session.tf
     return {"decisions_model": tf.model_name, "cost_model": target.model.name, "hardware": target.hardware.name,
-            "mode": config.mode, "verify_reuses_kv": bool(config.sim.workload["verify_reuses_kv"]),
+            "mode": config.mode, "verify_reuses_kv": bool(config.sim.workload.verify_reuses_kv),
             **reshape_fields(tf), "kv_capacity_bytes": cap["kv_capacity_bytes"],
             "capacity_source": cap["capacity_source"], "hardware_calibrated": info["hardware_calibrated"],
             **{k: v for k, v in sched.to_dict().items() if k != "long_prefill_token_threshold"},

@@ -134,10 +134,10 @@ def run(session, target, config) -> SimResult:
         raise ConfigError(f"policy {cfg.policy!r}: the trace {tf.path} has no long-decode sequences (long/)",
                           field="policy")
     sched_cfg = target.scheduler(mode)
-    cap = target.capacity(mode, int(cfg.workload["block_size"]))
+    cap = target.capacity(mode, int(cfg.workload.block_size))
     info = info_of(session, target, config, cap, sched_cfg)
     pol = cfg.token
-    q = token_quality(session, pol, seed, cfg.workload.get("max_long_layers"))
+    q = token_quality(session, pol, seed, cfg.workload.max_long_layers)
     # longer than recorded: the policy's steady state is held past the trace (quality stays the recorded one's)
     extrapolated = sv.decode_tokens is not None and any(sv.decode_tokens > ld.gen_len for ld in tf.longs)
     max_ctx = max(int(ld.prompt_len + _decode_len(ld, sv)) for ld in tf.longs)
@@ -211,7 +211,7 @@ def _serve_longs(config, target, longs: dict, sched_cfg, cap, token: bool) -> di
     """Serve the long decodes (``n_requests`` of them, cycling) under the token policy (``token``) or full cache."""
     from .engine import Engine, LongDecode
     cfg, model, hw = config.sim, target.model, target.hardware
-    bs = int(cfg.workload["block_size"])
+    bs = int(cfg.workload.block_size)
     jobs = []
     for pos in requests(config, sorted(longs)):
         P, T, sizes, ev_s, full_sizes = longs[pos]
@@ -220,7 +220,7 @@ def _serve_longs(config, target, longs: dict, sched_cfg, cap, token: bool) -> di
         job.long = LongDecode(P, sizes, ev_s) if token else LongDecode(P, full_sizes, {})
         jobs.append((pos, job))
     budget = int(cap["kv_capacity_blocks"])
-    eng = Engine(model, hw, jobs, concurrency=int(cfg.workload["concurrency"]), arrival_rate=config.arrival_rate,
+    eng = Engine(model, hw, jobs, concurrency=int(cfg.workload.concurrency), arrival_rate=config.arrival_rate,
                  seed=config.seed, scheduler=sched_cfg, kv_blocks=budget, caching=False,
                  max_batch=target.max_batch, hw_name=hw.name)
     res = eng.run()

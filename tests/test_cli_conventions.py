@@ -1,6 +1,6 @@
 """CLI conventions (issue 11, item 9), checked over every parser ``rksim`` builds: a description per
 sub-command, a help text per flag with its default shown, one metavar style, one ``--trace`` default,
-``--seed`` as the simulator seed, ``--version`` and ``rksim policies``."""
+``--sim-seed`` as the simulator seed, ``--version`` and ``rksim policies``."""
 from __future__ import annotations
 
 import argparse
@@ -74,10 +74,11 @@ def test_trace_has_the_same_default_in_every_command():
 
 
 def test_seed_is_the_simulator_seed_and_the_split_seed_is_its_own_flag():
-    for name in ("simulate", "compare", "sweep", "tune", "demo"):
+    for name in ("simulate", "serve", "compare", "sweep", "tune", "demo"):
         p = dict(_commands())[name]
-        act = next(a for a in p._actions if "--seed" in a.option_strings)
+        act = next(a for a in p._actions if "--sim-seed" in a.option_strings)
         assert "simulator" in act.help.lower(), (name, act.help)
+        assert act.option_strings == ["--sim-seed", "--seed"] and "deprecated" in act.help, (name, act.option_strings)
     tune = dict(_commands())["tune"]
     assert any("--split-seed" in a.option_strings for a in tune._actions)
 

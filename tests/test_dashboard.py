@@ -191,7 +191,7 @@ def test_whatif_serving_controls_validate_like_the_cli(env, capsys):
     _ok(at)
     at.text_input(key="whatif.srv.arrival_rate").set_value("abc").run()
     _ok(at)
-    assert [e.value for e in at.error] == ["--arrival-rate: 'abc' is not a number"]
+    assert [e.value for e in at.error] == ["--problem-rate: 'abc' is not a number"]
     at.text_input(key="whatif.srv.arrival_rate").set_value("0.5").run()
     _ok(at)
     if at.error:  # a simulator that refuses a batch past local-cpu's calibrated one says so in place (one that
@@ -218,7 +218,7 @@ def test_serving_page(env):
     _ok(at)
     assert at.title[0].value == "Serving"
     assert any(m.label.startswith("asks · throughput") for m in at.metric)
-    at.select_slider(key="serving.conc").set_value(16).run()
+    at.select_slider(key="serving.srv.concurrency").set_value(16).run()
     _ok(at)
 
 
@@ -480,3 +480,55 @@ def test_trace_choice_survives_a_page_switch(env):
     at.switch_page("ui_pages/explorer.py").run()
     _ok(at)
     assert at.selectbox(key="trace").value == other
+
+
+# ----------------------------------------------------------------------------- errors beside their widget
+def _drawn(node, out=None) -> list[tuple[str, str]]:
+    """The page's widgets and error lines in drawing order: ``("widget", key)`` / ``("error", text)``."""
+    out = [] if out is None else out
+    for child in getattr(node, "children", {}).values():
+        if getattr(child, "type", None) == "error":
+            out.append(("error", child.value))
+        elif getattr(child, "key", None):
+            out.append(("widget", child.key))
+        _drawn(child, out)
+    return out
+
+
+def _errors_under(node, key: str) -> list[str]:
+    """The error lines drawn right under the widget ``key`` (before the next widget)."""
+    rows = _drawn(node)
+    at = rows.index(("widget", key))
+    out = []
+    for kind, v in rows[at + 1:]:
+        if kind == "widget":
+            break
+        out.append(v)
+    return out
+
+
+def test_a_simulator_error_is_shown_beside_the_widget_of_its_field(env):
+    """ConfigError.field / CapacityError.field -> the widget (ui_common.FIELD_WIDGETS), never the message text."""
+    from app.ui_common import FIELD_WIDGETS
+    from sim.capacity import ServingConfig
+    from sim.options import declared
+
+    # every serving setting and every target field a RunConfig / Target names has its widget
+    assert {f.name for f, _ in declared(ServingConfig)} <= set(FIELD_WIDGETS)
+    assert FIELD_WIDGETS["workload.concurrency"] == "srv.concurrency" and FIELD_WIDGETS["hardware"] == "hardware"
+    # a capacity too small (CapacityError, field kv_capacity_bytes): under the KV capacity box, once per policy
+    at = _app("serving")
+    at.text_input(key="serving.srv.kv_capacity_bytes").set_value("1").run()
+    _ok(at)
+    under = _errors_under(at.main, "serving.srv.kv_capacity_bytes")
+    assert len(under) == 4 and all("KV capacity is 0 blocks" in e for e in under), under
+    assert {e.split(":")[0] for e in under} == {"no-kv", "exact-prefix", "asks", "rsbcm"}
+    assert all(e in under for e in (x.value for x in at.error))  # and nowhere else on the page
+    # a model whose weights do not fit the GPU (the layout's ConfigError): under the target model box, in the sidebar
+    at = _app()
+    at.sidebar.selectbox(key="whatif.hardware").set_value("l4").run()
+    at.sidebar.selectbox(key="whatif.model").set_value("qwen2.5-72b").run()
+    _ok(at)
+    under = _errors_under(at.sidebar, "whatif.model")
+    assert under and all("qwen2.5-72b does not fit on l4" in e for e in under), (under, [e.value for e in at.error])
+    assert not _errors_under(at.sidebar, "whatif.hardware")

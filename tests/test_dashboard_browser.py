@@ -2,7 +2,7 @@
 
 Opens every page (screenshots under runs/dashboard/), moves What-if's tau slider back and forth and
 times slider -> updated KPI in the page (p95 written to runs/dashboard/latency.json and printed; the
-goal is < 300 ms, a measurement, not an assertion), moves the Serving page's concurrency, and checks
+goal is < 300 ms, a measurement, not an assertion), moves the Serving page's max concurrent problems, and checks
 a traversal in the URL is refused. Skipped where Chromium or playwright is missing.
 """
 from __future__ import annotations
@@ -162,7 +162,7 @@ def test_dashboard_in_a_real_browser(tmp_path):
             thr = page.locator('[data-testid="stMetric"]').filter(has_text="exact-prefix · throughput (generated").first
             thr.wait_for(timeout=120_000)
             before = thr.inner_text()
-            page.locator('[data-testid="stSlider"]').filter(has_text="concurrency").first \
+            page.locator('[data-testid="stSlider"]').filter(has_text="max concurrent problems").first \
                 .locator('input[type="range"]').focus()
             # down to one problem in flight: on local-cpu the server saturates from 4 on (the fitted batch caps it),
             # so moving up would leave the throughput as it is

@@ -60,7 +60,7 @@ BASE = ["plan", "--model-preset", "qwen2.5-32b", "--hardware", "dgx-h100", "--gp
                                         (["--router", "random"], "--router"),
                                         (["--slo", "ttft"], "--slo"),
                                         (["--policies", "nope"], "--policies"),
-                                        (["--arrival-rate", "-1"], "--arrival-rate"),
+                                        (["--problem-rate", "-1"], "--problem-rate"),
                                         (["--gpu-hour-cost", "-2"], "--gpu-hour-cost")])
 def test_plan_bad_flags_one_line_naming_the_flag(capsys, extra, flag):
     rc = main(BASE + extra)
@@ -77,8 +77,8 @@ def test_plan_refuses_a_budget_nothing_fits(capsys):
 def test_plan_writes_the_table_with_its_frontier(tmp_path, capsys):
     import pandas as pd
     out = tmp_path / "plan.parquet"
-    rc = main(BASE + ["--policies", "exact-prefix,asks", "--tensor-parallel-size", "1,2", "--requests", "12",
-                      "--concurrency", "4", "--slo", "e2e=5", "--out", str(out), "--json"])
+    rc = main(BASE + ["--policies", "exact-prefix,asks", "--tensor-parallel-size", "1,2", "--num-problems", "12",
+                      "--max-concurrent-problems", "4", "--slo", "e2e=5", "--out", str(out), "--json"])
     assert rc == 0
     import json
     res = json.loads(capsys.readouterr().out)

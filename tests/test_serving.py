@@ -127,7 +127,7 @@ def test_token_eviction_in_serving_holds_more_sequences():
 @pytest.mark.parametrize("flag,value", [("--max-num-seqs", "0"), ("--max-num-seqs", "-1"), ("--max-num-seqs", "x"),
                                         ("--max-num-batched-tokens", "0"), ("--gpu-memory-utilization", "1.5"),
                                         ("--gpu-memory-utilization", "0"), ("--gpu-memory-utilization", "abc"),
-                                        ("--concurrency", "0"), ("--requests", "-5"), ("--arrival-rate", "-1"),
+                                        ("--max-concurrent-problems", "0"), ("--num-problems", "-5"), ("--problem-rate", "-1"),
                                         ("--decode-tokens", "zero"), ("--kv-capacity-bytes", "-1")])
 def test_bad_serving_flags_one_line_naming_the_flag(syn, capsys, flag, value):
     rc = main(["serve", "--trace", syn, "--policy", "exact-prefix", "--hardware", "h100-sxm", flag, value])
@@ -136,8 +136,8 @@ def test_bad_serving_flags_one_line_naming_the_flag(syn, capsys, flag, value):
 
 
 def test_serve_json_has_the_serving_keys(syn, capsys):
-    rc = main(["serve", "--trace", syn, "--policy", "rsbcm", "--hardware", "h100-sxm", "--requests", "8",
-               "--concurrency", "4", "--max-num-batched-tokens", "256", "--json"])
+    rc = main(["serve", "--trace", syn, "--policy", "rsbcm", "--hardware", "h100-sxm", "--num-problems", "8",
+               "--max-concurrent-problems", "4", "--max-num-batched-tokens", "256", "--json"])
     import json
     d = json.loads(capsys.readouterr().out)
     assert rc == 0

@@ -63,7 +63,7 @@ def test_simulate_other_target_says_which_model_decided(syn, capsys):
 
 def test_simulate_serving(syn, capsys):
     assert main(["simulate", "--trace", syn, "--policy", "rksc", "--hardware", "h100-sxm", "--mode", "serving",
-                 "--arrival-rate", "20", "--json"]) == 0
+                 "--problem-rate", "20", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mode"] == "serving" and out["latency_mean_s"] > 0
 
@@ -78,8 +78,8 @@ def test_bad_inputs_one_line(syn, capsys):
     assert "--hardware" in e and "unknown hardware preset 'h100x'" in e and "h100-sxm" in e
     e = _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--model-preset", "qwen9", "--hardware", "l4"])
     assert "--model-preset" in e and "unknown model preset 'qwen9'" in e
-    assert "--arrival-rate" in _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--hardware", "l4",
-                                             "--arrival-rate", "2"])
+    assert "--problem-rate" in _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--hardware", "l4",
+                                             "--problem-rate", "2"])
     assert "--hardware" in _err(capsys, ["compare", "--trace", syn, "--hardware", "tpu9"])
     assert "unknown policy" in _err(capsys, ["simulate", "--trace", syn, "--policy", "nope", "--hardware", "l4"])
     assert "--workload" in _err(capsys, ["simulate", "--trace", syn, "--policy", "asks", "--hardware", "l4",
@@ -123,9 +123,9 @@ def test_golden_same_inputs_identical_bytes(syn):
     assert a.returncode == 0, a.stderr
     assert a.stdout == b.stdout
     c = _rksim("simulate", "--trace", syn, "--policy", "asks", "--hardware", "h100-sxm", "--mode", "serving",
-               "--arrival-rate", "30", "--seed", "5", "--json")
+               "--problem-rate", "30", "--sim-seed", "5", "--json")
     d = _rksim("simulate", "--trace", syn, "--policy", "asks", "--hardware", "h100-sxm", "--mode", "serving",
-               "--arrival-rate", "30", "--seed", "5", "--json")
+               "--problem-rate", "30", "--sim-seed", "5", "--json")
     assert c.returncode == 0, c.stderr
     assert c.stdout == d.stdout
 

@@ -154,7 +154,7 @@ def test_path_checker_sees_a_return():
 
 @pytest.mark.skipif(not (BUNDLED / "manifest.json").is_file(), reason="bundled trace not present")
 @pytest.mark.parametrize("argv", [["simulate", "--policy", "rksc", "--json"],
-                                  ["simulate", "--policy", "asks", "--mode", "serving", "--requests", "4", "--json"],
+                                  ["simulate", "--policy", "asks", "--mode", "serving", "--num-problems", "4", "--json"],
                                   ["simulate", "--policy", "vase-dkv", "--json"]])
 def test_one_simulation_never_returns_to_a_module_it_left(argv, capsys):
     from app.cli import main

@@ -13,8 +13,10 @@ def page() -> None:
         trace = U.pick("trace", "trace", key="trace", query_param="trace")
     if trace is None:
         return
-    model, hardware, seed, ok = U.target_controls("compare", trace)
+    slots = U.ErrorSlots("compare")
+    model, hardware, seed, ok = U.target_controls("compare", trace, slots=slots)
     mode = st.sidebar.radio("mode", ["isolated", "serving"], horizontal=True, key="compare.mode")
+    slots.under("mode", st.sidebar)
     if not ok:
         return
     st.caption("Every registered policy at its defaults (token-eviction policies at 4x compression), "
@@ -23,7 +25,8 @@ def page() -> None:
         with st.spinner("comparing every policy..."):
             df = U.compare(trace, model, hardware, mode, None, int(seed))
     except ValueError as exc:
-        U.error(exc)
+        if not slots.show(exc):
+            U.error(exc)
         if B.out_of_calibration(exc):
             st.info(U.refusal_advice(trace, model or "the trace's model", model, hardware, mode))
         return

@@ -12,16 +12,18 @@ LOAD_POINTS = (1, 2, 4, 8, 16)
 
 
 @st.fragment
-def _results(trace: str, chosen: list[str], model, hardware: str, seed: int, serving: dict) -> None:
-    conc = st.select_slider("concurrency (problems in flight)", options=list(LOAD_POINTS),
-                            value=int(serving.get("concurrency") or 4), key="serving.conc")
+def _results(trace: str, chosen: list[str], model, hardware: str, seed: int, serving: dict, slots) -> None:
+    conc = st.select_slider("max concurrent problems (problems in flight)", options=list(LOAD_POINTS),
+                            value=int(serving.get("concurrency") or 4), key="serving.srv.concurrency")
+    slots.under("srv.concurrency")
     opts = {**serving, "concurrency": int(conc)}
     results = {}
     for n in chosen:
         try:
             results[n] = U.run(trace, n, {}, model, hardware, "serving", {}, seed, opts)
         except ValueError as exc:
-            U.error(f"{n}: {U.one_line(exc)}")
+            if not slots.show(exc, n):
+                U.error(f"{n}: {U.one_line(exc)}")
             if B.out_of_calibration(exc):
                 st.info(U.refusal_advice(trace, model or "the trace's model", model, hardware, "serving"))
                 return
@@ -68,18 +70,19 @@ def page() -> None:
         trace = U.pick("trace", "trace", key="trace", query_param="trace")
     if trace is None:
         return
-    model, hardware, seed, ok = U.target_controls("serving", trace)
+    slots = U.ErrorSlots("serving")
+    model, hardware, seed, ok = U.target_controls("serving", trace, slots=slots)
     from policies import list_policies
 
     names = [n for n in list_policies() if B.policy_kind(n) != "token"]
     chosen = st.multiselect("policies (at their defaults; tune them on What-if)", names,
                             default=["no-kv", "exact-prefix", "asks", "rsbcm"], key="serving.policies")
     with st.expander("serving controls", expanded=True):
-        serving, sok = ui_serving.controls("serving.srv", skip=("concurrency",))
+        serving, sok = ui_serving.controls("serving.srv", skip=("concurrency",), slots=slots)
     if not (ok and sok) or not chosen:
         st.warning("Fix the value above (or choose a policy) to see results.")
         return
-    _results(trace, list(chosen), model, hardware, int(seed), serving)
+    _results(trace, list(chosen), model, hardware, int(seed), serving, slots)
 
 
 page()

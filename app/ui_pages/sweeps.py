@@ -26,7 +26,8 @@ def _small_sweep(trace: str | None):
         n, ok = U.text_number("max configurations", "sweeps.max", "--max-configs", default=str(SMALL_MAX), lo=1,
                               hi=SMALL_MAX, integer=True)
     grid = st.text_area("grid, one --grid per line", value=EXAMPLE_GRIDS.get(pol, ""), key=f"sweeps.grid.{pol}")
-    model, hardware, seed, tok = U.target_controls("sweeps", trace)
+    slots = U.ErrorSlots("sweeps")
+    model, hardware, seed, tok = U.target_controls("sweeps", trace, slots=slots)
     if st.button("run sweep", key="sweeps.run", disabled=not (ok and tok and trace)):
         specs = [g.strip() for g in grid.splitlines() if g.strip()]
         try:
@@ -35,7 +36,8 @@ def _small_sweep(trace: str | None):
             with st.spinner("sweeping..."):
                 df = U.run_small_sweep(trace, pol, specs, int(n), model, hardware, int(seed))
         except ValueError as exc:
-            U.error(exc)
+            if not slots.show(exc):
+                U.error(exc)
             return None
         st.session_state["sweeps.ran"] = (df, {"policy": pol, "trace": trace})
     return st.session_state.get("sweeps.ran")

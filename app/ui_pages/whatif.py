@@ -55,7 +55,7 @@ def _table(results: dict, keys: list[str]) -> pd.DataFrame:
 
 @st.fragment
 def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mode: str, workload: dict,
-            seed: int, serving: dict) -> None:
+            seed: int, serving: dict, slots) -> None:
     """Policy controls and their results: a slider change re-runs only this fragment."""
     t0, wall0 = time.perf_counter(), time.time()
     configs: dict[str, dict] = {}
@@ -83,7 +83,8 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
             if B.out_of_calibration(exc):
                 refused = exc
                 break
-            U.error(f"{name}: {U.one_line(exc)}")
+            if not slots.show(exc, name):  # beside the widget of the error's field, where the page has one
+                U.error(f"{name}: {U.one_line(exc)}")
     if refused is not None:
         U.error(refused)
         st.info(U.refusal_advice(trace, model or facts["model"], model, hardware, mode))
@@ -183,12 +184,15 @@ def page() -> None:
                        help="traces under the trace roots (rksim dashboard --trace-root DIR)")
     if trace is None:
         return
-    model, hardware, seed, ok = U.target_controls("whatif", trace)
+    slots = U.ErrorSlots("whatif")
+    model, hardware, seed, ok = U.target_controls("whatif", trace, slots=slots)
     with st.sidebar:
         mode = st.radio("mode", ["isolated", "serving"], horizontal=True, key="whatif.mode",
                         help="isolated: one problem at a time; serving: arrivals and contention (simpy engine)")
+        slots.under("mode")
         verify = st.checkbox("verification reuses the branch's KV", value=True, key="whatif.verify",
                              help="No-KV always recomputes (workload option verify_reuses_kv)")
+        slots.under("verify")
     try:
         facts = U.trace_facts(trace)
     except ValueError as exc:
@@ -197,7 +201,7 @@ def page() -> None:
     serving, sok = ({}, True)
     if mode == "serving":
         with st.expander("serving controls", expanded=True):
-            serving, sok = ui_serving.controls("whatif.srv")
+            serving, sok = ui_serving.controls("whatif.srv", slots=slots)
     from policies import list_policies
 
     names = [n for n in list_policies() if n not in B.BASELINES]
@@ -209,7 +213,7 @@ def page() -> None:
         return
     workload = {"verify_reuses_kv": bool(verify)}
     P.workload(workload)
-    _whatif(trace, facts, list(chosen), model, hardware, mode, workload, int(seed), serving)
+    _whatif(trace, facts, list(chosen), model, hardware, mode, workload, int(seed), serving, slots)
 
 
 page()
