@@ -304,3 +304,37 @@ def load_keep(dir_: Path) -> tuple[dict, pd.DataFrame]:
     """A ``--keep`` directory: its run.json and phases."""
     d = Path(dir_)
     return json.loads((d / "run.json").read_text()), pd.read_parquet(d / "phases.parquet")
+
+
+# --------------------------------------------------------------------------- the host's speed, later
+# Three shapes of the plan's first round (always measured): a matrix-vector decode, a small-M decode, a prefill
+PROBE_SHAPES = (Shape("decode", 1, 48), Shape("decode", 8, 48), Shape("prefill", prefill=256))
+
+
+def probe_reference(phases: pd.DataFrame, shapes=PROBE_SHAPES) -> dict:
+    """CPU seconds the fit measured for each probe shape (``phases`` of a ``--keep`` directory); shapes the
+    budget cut are left out."""
+    out = {}
+    for s in shapes:
+        its = s.items()
+        ns, cs = [n for n, _ in its], [c for _, c in its]
+        hit = phases[[list(map(int, n)) == ns and list(map(int, c)) == cs for n, c in zip(phases["n"], phases["c"])]]
+        if len(hit):
+            out[s] = float(hit["cpu_seconds"].min())
+    return out
+
+
+def speed_drift(run_one, reference: dict, repeats: int = 3) -> dict:
+    """How much slower this host runs now than when it was fitted: for every probe shape the fastest of
+    ``repeats`` runs of ``run_one(shape) -> (wall_s, cpu_s)`` over the fit's CPU time; ``drift`` is the
+    median ratio (1.08: every iteration takes 8% more CPU time than the profile was fitted on).
+
+    On a shared machine the thread's CPU time per operation moves with the neighbours' load (memory
+    traffic and caches are shared): a price fitted in one stretch and a run measured in another differ
+    by that ratio, whatever the cost model.
+    """
+    if not reference:
+        raise ValueError("speed_drift: no probe shape was measured by the fit")
+    ratios = {f"{s.kind}:{s.decodes}x{s.context}+{s.prefill}": min(run_one(s)[1] for _ in range(repeats)) / t
+              for s, t in reference.items()}
+    return {"drift": float(np.median(list(ratios.values()))), "ratios": ratios}

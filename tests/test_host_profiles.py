@@ -165,6 +165,34 @@ def test_host_budget_is_respected_on_a_fake_clock():
     assert any(s.kind == "mixed" for s in got)
 
 
+def test_speed_drift_is_the_probes_median_ratio_to_the_fit():
+    """The probe shapes are in the plan's first round; the drift is the median of now / at-fit CPU time."""
+    from calibrate.host import PROBE_SHAPES, HostConfig, measure, phases_from, plan_shapes, probe_reference, speed_drift
+
+    shapes = plan_shapes(HostConfig())
+    r1 = shapes[:20]
+    assert set(PROBE_SHAPES) <= set(r1)
+    cost = {s: 0.01 * (1 + s.decodes + s.prefill / 16) for s in shapes}
+    rows, _ = measure(r1, lambda s: (cost[s], cost[s]), budget_s=1e9, repeats=1, reserve_s=0.0)
+    ref = probe_reference(phases_from(rows))
+    assert set(ref) == set(PROBE_SHAPES) and all(ref[s] == pytest.approx(cost[s]) for s in PROBE_SHAPES)
+    slow = {PROBE_SHAPES[0]: 1.10, PROBE_SHAPES[1]: 1.08, PROBE_SHAPES[2]: 1.30}
+    calls = []
+
+    def run_one(s):
+        calls.append(s)
+        t = cost[s] * slow[s] * (1 + 0.05 * (len(calls) % 3))   # the fastest of the repeats counts
+        return t, t
+
+    got = speed_drift(run_one, ref, repeats=3)
+    assert got["drift"] == pytest.approx(1.10) and len(calls) == 9
+    assert sorted(got["ratios"].values()) == pytest.approx([1.08, 1.10, 1.30])
+    # a fit whose budget cut every probe shape has no reference
+    assert probe_reference(phases_from([r for r in rows if r[0] not in PROBE_SHAPES])) == {}
+    with pytest.raises(ValueError, match="no probe shape"):
+        speed_drift(run_one, {})
+
+
 def test_fit_recovers_a_step_at_a_batch_size():
     """Decode time steps up every 3 rows (the small-M GEMM's row blocks): the fit finds the block and its cost;
     without the term the same data cannot be fitted."""
