@@ -165,6 +165,41 @@ def test_host_budget_is_respected_on_a_fake_clock():
     assert any(s.kind == "mixed" for s in got)
 
 
+def test_a_budget_cut_thins_the_batch_dimension_instead_of_dropping_its_top():
+    """Shapes priced by a profile with a kernel change at 24 rows, measured on a fake clock with a budget that
+    cuts a third of the plan: every decode batch of the plan is still measured at some context (a plan in
+    increasing batch order kept 1-8 and 64 only, and the fit never saw 13-63)."""
+    from calibrate.fit import phase_terms, predict
+    from calibrate.host import HostConfig, _batches, _spread, measure, phases_from, plan_shapes
+
+    assert _spread(range(1, 10)) == [1, 9, 5, 3, 7, 2, 6, 4, 8] and sorted(_spread(range(7))) == list(range(7))
+    true = HardwareProfile(name="t", peak_flops=7.6e10, mem_bw=1.9e11, mem_capacity=2.5e10, eff_c=1.3, eff_m=0.03,
+                           eff_mv=0.08, eff_att=0.8, eff_kv=0.01, per_kernel_s=7e-5, per_layer_s=2e-5,
+                           sample_s_per_vocab=1.2e-7, gemm_row_block=3, gemm_small_m_max=23, roofline="operator")
+    shapes = plan_shapes(HostConfig())
+    price = dict(zip(shapes, predict(true, phase_terms(SMOL, phases_from([(s, 1.0, 1.0) for s in shapes])))))
+
+    class Clock:
+        t = 0.0
+
+        def __call__(self):
+            return self.t
+
+    clock = Clock()
+
+    def run_one(s):
+        clock.t += price[s]
+        return price[s], price[s]
+
+    rows, info = measure(shapes, run_one, budget_s=0.6 * 2 * sum(price.values()), clock=clock, repeats=2,
+                         reserve_s=0.0)
+    assert 0.5 * len(shapes) < info["measured"] < 0.8 * len(shapes)
+    got = {s.decodes for s, _, _ in rows if s.kind == "decode"}
+    assert got == set(_batches(64))
+    assert {s.prefill for s, _, _ in rows if s.kind == "prefill" and not s.prefill_cached} >= {16, 256, 1024, 2048}
+    assert {s.decodes for s, _, _ in rows if s.kind == "mixed"} >= {1, 8, 32, 64}
+
+
 def test_speed_drift_is_the_probes_median_ratio_to_the_fit():
     """The probe shapes are in the plan's first round; the drift is the median of now / at-fit CPU time."""
     from calibrate.host import PROBE_SHAPES, HostConfig, measure, phases_from, plan_shapes, probe_reference, speed_drift
