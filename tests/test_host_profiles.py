@@ -314,4 +314,4 @@ def test_committed_inputs_recreate_the_shipped_local_cpu(tmp_path, monkeypatch):
     shipped = root / "sim" / "presets" / "hardware" / "local-cpu.yaml"
     assert out.read_text() == shipped.read_text()
     hw = load_hardware(str(shipped))
-    assert hw.fingerprint and hw.fingerprint["kind"] == "cpu" and hw.fitted_range["max_batch"] == 64
+    assert hw.fingerprint and hw.fingerprint["kind"] == "cpu" and hw.fitted_range["max_batch"] >= 64
