@@ -124,8 +124,8 @@ def matrix(args) -> int:
         print(f"shape {i + 1}/{len(shapes)} C={conc} cap={cap} B={br} T={new}: parity {r['scheduling_parity']:.0%}, "
               f"makespan {r['makespan_error']:+.1%}, throughput {r['throughput_error']:+.1%}, e2e median "
               f"{r['e2e_median_abs_pct_error']:.1f}% ({r['preemptions']} preemptions, {r['iterations']} iterations)"
-              + ("" if drift is None else f"; host {drift - 1:+.1%} slower than at the fit, makespan at that speed "
-                 f"{r['makespan_error_drift_adjusted']:+.1%}"), flush=True)
+              + ("" if drift is None else f"; the host runs {abs(drift - 1):.1%} {'slower' if drift > 1 else 'faster'} "
+                 f"than at the fit, makespan at that speed {r['makespan_error_drift_adjusted']:+.1%}"), flush=True)
     ok = [abs(r["makespan_error"]) <= MATRIX_GOAL and abs(r["throughput_error"]) <= MATRIX_GOAL
           and r["e2e_median_abs_pct_error"] <= 100 * MATRIX_GOAL and r["scheduling_parity"] == 1.0 for r in rows]
     for r, k in zip(rows, ok):
