@@ -342,6 +342,10 @@ class Reproducer:
                         f"({PROFILE_PHRASE.get(st, st + ' profile')}): {fmt(sim.get(False))}× / "
                         f"{fmt(sim.get(True))}× (`{twin.name}` reshaped, static padded batches as the real "
                         f"module runs them)" if sim else "")
+            if sim and all(x is None for x in sim.values()) and data.get("refused"):
+                # the range check refused the twin: say why instead of a bare dash
+                twin_txt = (f"; not simulated for the same shape on local-cpu: "
+                            f"{data['refused'].split('; refusing')[0]}")
             reused = sorted(reused_timings(res))
             rtxt = (f"; verify-reuse timings of {', '.join(reused)} are the recompute run's, reused, not measured "
                     "again" if reused else "")

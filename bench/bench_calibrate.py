@@ -20,7 +20,10 @@ KV capacity binding or not x 4 or 8 branches x 32 or 64 new tokens, every
 level of every factor in four of the eight — each replayed by the simulator
 under the host's profile. Written to ``DIR/calibrate-matrix.json`` and
 ``DIR/calibrate-matrix.md`` (goal: every shape within 5% on makespan,
-throughput and e2e median, scheduling parity 100%).
+throughput and e2e median, scheduling parity 100%). Before and after every
+shape three of the fit's shapes are run again (``calibrate.host.speed_drift``):
+``speed_drift`` is how much more CPU time the host takes now than when it was
+fitted, and the ``*_drift_adjusted`` columns are the errors at that speed.
 
 ``--runs N`` repeats step 1 N consecutive times (the fidelity goals must hold on
 each), ``--stress-seconds S`` first starts one CPU-bound stress process (a
@@ -57,10 +60,13 @@ def matrix(args) -> int:
     """``--matrix``: the serving-fidelity matrix (module docstring)."""
     import torch
 
-    from calibrate.host import HostConfig, format_host, run_host
+    import numpy as np
+
+    from calibrate.host import HostConfig, _Runner, format_host, probe_reference, run_host, speed_drift
     from calibrate.serve import ServeConfig, run_serve
     from sim.host import describe, profile_host_status
     from sim.profiles import load_hardware
+    import pandas as pd
     from traces.models import load_model
     from traces.store import atomic_write_json, atomic_write_text
 
@@ -70,13 +76,18 @@ def matrix(args) -> int:
     t0 = time.perf_counter()
     if args.host_profile:
         prof, host = Path(args.host_profile), None
+        keep = Path(args.host_phases) if args.host_phases else None
     else:
-        prof = work / "host.yaml"
-        host = run_host(HostConfig(minutes=args.host_minutes), out=prof, keep=work / "host-phases")
+        prof, keep = work / "host.yaml", work / "host-phases"
+        host = run_host(HostConfig(minutes=args.host_minutes), out=prof, keep=keep)
         print(format_host(host), flush=True)
     hw = load_hardware(str(prof))
     torch.set_num_threads(1)
     lm = load_model("smollm2-135m", device="cpu")
+    # the host's speed before and after every shape against the fit's (calibrate.host.speed_drift): a
+    # miss that the drift explains is the machine's, not the cost model's
+    ref = probe_reference(pd.read_parquet(keep / "phases.parquet")) if keep is not None else {}
+    probe = _Runner(lm, HostConfig()) if ref else None
     rows = []
     shapes = MATRIX[:args.matrix_shapes] if args.matrix_shapes else MATRIX
     for i, (conc, binds, br, new) in enumerate(shapes):
@@ -84,8 +95,11 @@ def matrix(args) -> int:
         cfg = ServeConfig(problems=max(4, 2 * conc), capacity_tokens=cap, concurrency=conc, branches=br,
                           max_new_tokens=new, hardware=str(prof), seed=args.matrix_seed)
         c1 = time.process_time()
+        before = speed_drift(probe, ref) if probe else None
         res = run_serve(cfg, work / f"shape{i}", progress=False, lm=lm)
+        after = speed_drift(probe, ref) if probe else None
         c = res["comparison"]
+        drift = None if probe is None else float(np.sqrt(before["drift"] * after["drift"]))
         rows.append({"concurrency": conc, "capacity_tokens": cap, "capacity_binds": binds, "branches": br,
                      "max_new_tokens": new, "problems": cfg.problems, "iterations": res["n_iterations"],
                      "preemptions": res["preemptions"], "max_running_seqs": res["max_running_seqs"],
@@ -94,22 +108,33 @@ def matrix(args) -> int:
                      "e2e_median_abs_pct_error": res["e2e_median_abs_pct_error"],
                      "iteration_abs_pct_error_median": c["iteration_abs_pct_error_median"],
                      "makespan_real_cpu_s": c["makespan_real_s"], "makespan_sim_s": c["makespan_sim_s"],
-                     "hardware_calibrated": res.get("hardware_calibrated"), "cpu_s": time.process_time() - c1})
+                     "hardware_calibrated": res.get("hardware_calibrated"), "cpu_s": time.process_time() - c1,
+                     "speed_drift": drift, "speed_drift_before": None if before is None else before["drift"],
+                     "speed_drift_after": None if after is None else after["drift"]})
         r = rows[-1]
+        if drift is not None:
+            # the same comparison with the simulator's seconds scaled by the drift (the host's speed now)
+            ms = c["makespan_sim_s"] * drift
+            er, es = np.asarray(c["e2e_real_s"]), np.asarray(c["e2e_sim_s"]) * drift
+            r.update({"makespan_error_drift_adjusted": ms / c["makespan_real_s"] - 1,
+                      "throughput_error_drift_adjusted": c["makespan_real_s"] / ms - 1,
+                      "e2e_median_abs_pct_error_drift_adjusted": float(np.median(np.abs(es - er) / er) * 100)})
         atomic_write_json(args.out / "calibrate-matrix.partial.json", {"shapes": rows, "host_profile": str(prof),
                                                                         "fingerprint": hw.fingerprint})
         print(f"shape {i + 1}/{len(shapes)} C={conc} cap={cap} B={br} T={new}: parity {r['scheduling_parity']:.0%}, "
               f"makespan {r['makespan_error']:+.1%}, throughput {r['throughput_error']:+.1%}, e2e median "
-              f"{r['e2e_median_abs_pct_error']:.1f}% ({r['preemptions']} preemptions, {r['iterations']} iterations)",
-              flush=True)
+              f"{r['e2e_median_abs_pct_error']:.1f}% ({r['preemptions']} preemptions, {r['iterations']} iterations)"
+              + ("" if drift is None else f"; the host runs {abs(drift - 1):.1%} {'slower' if drift > 1 else 'faster'} "
+                 f"than at the fit, makespan at that speed {r['makespan_error_drift_adjusted']:+.1%}"), flush=True)
     ok = [abs(r["makespan_error"]) <= MATRIX_GOAL and abs(r["throughput_error"]) <= MATRIX_GOAL
           and r["e2e_median_abs_pct_error"] <= 100 * MATRIX_GOAL and r["scheduling_parity"] == 1.0 for r in rows]
     for r, k in zip(rows, ok):
         r["within_goal"] = bool(k)
-    import pandas as pd
     df = pd.DataFrame(rows)
     show = df[["concurrency", "capacity_tokens", "branches", "max_new_tokens", "preemptions", "scheduling_parity",
-               "makespan_error", "throughput_error", "e2e_median_abs_pct_error", "within_goal"]]
+               "makespan_error", "throughput_error", "e2e_median_abs_pct_error", "within_goal"]
+              + (["speed_drift", "makespan_error_drift_adjusted", "e2e_median_abs_pct_error_drift_adjusted"]
+                 if "speed_drift" in df and df["speed_drift"].notna().all() else [])]
     fp = hw.fingerprint
     shipped = load_hardware("local-cpu")
     head = (f"Serving fidelity on {describe(fp)}: `calibrate serve` (smollm2-135m, 1 thread, cpu clock, vllm-v1, "
@@ -154,6 +179,9 @@ def main(argv=None) -> int:
                     help="keep finished run directories under OUT/calibrate and only re-fit and re-report them")
     ap.add_argument("--matrix", action="store_true", help="the serving-fidelity matrix instead (module docstring)")
     ap.add_argument("--host-profile", default=None, help="--matrix: a `calibrate host` profile (default: fit one)")
+    ap.add_argument("--host-phases", default=None,
+                    help="--matrix with --host-profile: that fit's `calibrate host --keep` folder (the speed probe's "
+                         "reference; default: no probe)")
     ap.add_argument("--host-minutes", type=float, default=3.0, help="--matrix: calibrate host's budget (default 3)")
     ap.add_argument("--matrix-shapes", type=int, default=0, help="--matrix: only the first N shapes (default all)")
     ap.add_argument("--matrix-seed", type=int, default=0, help="--matrix: sampling seed of the serve runs")

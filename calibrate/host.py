@@ -18,8 +18,9 @@ coefficients on them (:func:`calibrate.fit.fit_profile`):
   chunked prefill with running decodes first).
 
 The plan is ordered in rounds (:func:`plan_shapes`): the first covers every
-dimension at its extremes, later ones fill in, so a budget cut keeps the
-range. Every shape runs ``repeats`` times (its fastest kept: a neighbour
+dimension at its extremes, later ones fill in, each dimension in spread order
+(:func:`_spread`: ends, middle, quarters, ...), so a budget cut keeps the range
+and thins every part of it (BLAS changes kernels at row counts anywhere in it). Every shape runs ``repeats`` times (its fastest kept: a neighbour
 slows a run, never speeds it). The budget (``--minutes``, default 3, on the
 process's CPU time, fit included) is enforced by :func:`measure`: a shape is
 started only if the time spent plus its estimated cost (its last repeat, or
@@ -106,6 +107,29 @@ class Shape:
         return out
 
 
+def _spread(xs) -> list:
+    """``xs`` reordered so that every prefix covers the whole list: its ends first, then the points of the
+    van der Corput sequence (1/2, 1/4, 3/4, 1/8, ...) along it. A budget that cuts the tail of a plan in
+    this order thins the dimension instead of dropping its upper part."""
+    xs = list(xs)
+    n = len(xs)
+    if n <= 2:
+        return xs
+
+    def vdc(k: int) -> float:
+        f, d = 0.0, 0.5
+        while k:
+            f, k, d = f + d * (k & 1), k >> 1, d / 2
+        return f
+
+    seen, out = set(), []
+    for i in [0, n - 1] + [int(round(vdc(k) * (n - 1))) for k in range(1, 4 * n)] + list(range(n)):
+        if i not in seen:
+            seen.add(i)
+            out.append(xs[i])
+    return out
+
+
 def _batches(max_seqs: int) -> list[int]:
     return sorted({b for b in list(range(1, 17)) + list(range(24, max_seqs + 1, 8)) + [max_seqs] if b <= max_seqs})
 
@@ -124,12 +148,15 @@ def plan_shapes(cfg: HostConfig) -> list[Shape]:
           + [Shape("prefill", prefill=256, prefill_cached=min(1024, cap - 256))]
           + [Shape("mixed", b, 200, prefill=n, prefill_cached=0) for b, n in ((1, 64), (min(8, S), 512),
                                                                                (min(32, S), min(1024, M)))])
-    r2 = ([Shape("decode", b, c) for b in _batches(S) for c in ctxs(b)]
-          + [Shape("prefill", prefill=n) for n in chunks]
+    # every batch at its middle context first, then the short and the long ones, batches in _spread
+    # order: a budget cut keeps kernel changes anywhere in 1 .. max_num_seqs in reach of the fit
+    r2 = ([Shape("decode", b, ctxs(b)[min(ci, len(ctxs(b)) - 1)]) for ci in (1, 0, 2) for b in _spread(_batches(S))]
+          + [Shape("prefill", prefill=n) for n in _spread(chunks)]
           + [Shape("prefill", prefill=n, prefill_cached=c) for n in (32, 128, 512) for c in (256, 1024)
              if n + c <= cap]
-          + [Shape("mixed", b, c, prefill=n, prefill_cached=pc) for b in (1, 2, 4, 8, 16, 32, S) if b <= S
-             for n, pc in ((16, 0), (128, 64), (min(1024, M - b), 0)) for c in (64, min(256, cap // (b + 1)))])
+          + [Shape("mixed", b, min(c, cap // (b + 1)), prefill=min(n, M - b), prefill_cached=pc)
+             for n, pc in ((128, 64), (16, 0), (1024, 0)) for c in (64, 256)
+             for b in _spread([b for b in (1, 2, 4, 8, 16, 32, S) if b <= S])])
     # round 2 interleaved by kind, so that a budget cut thins every kind rather than dropping one
     by = [[s for s in r2 if s.kind == k] for k in ("decode", "prefill", "mixed")]
     r2 = [s for grp in zip(*[g + [None] * (max(map(len, by)) - len(g)) for g in by]) for s in grp if s is not None]
@@ -304,3 +331,37 @@ def load_keep(dir_: Path) -> tuple[dict, pd.DataFrame]:
     """A ``--keep`` directory: its run.json and phases."""
     d = Path(dir_)
     return json.loads((d / "run.json").read_text()), pd.read_parquet(d / "phases.parquet")
+
+
+# --------------------------------------------------------------------------- the host's speed, later
+# Three shapes of the plan's first round (always measured): a matrix-vector decode, a small-M decode, a prefill
+PROBE_SHAPES = (Shape("decode", 1, 48), Shape("decode", 8, 48), Shape("prefill", prefill=256))
+
+
+def probe_reference(phases: pd.DataFrame, shapes=PROBE_SHAPES) -> dict:
+    """CPU seconds the fit measured for each probe shape (``phases`` of a ``--keep`` directory); shapes the
+    budget cut are left out."""
+    out = {}
+    for s in shapes:
+        its = s.items()
+        ns, cs = [n for n, _ in its], [c for _, c in its]
+        hit = phases[[list(map(int, n)) == ns and list(map(int, c)) == cs for n, c in zip(phases["n"], phases["c"])]]
+        if len(hit):
+            out[s] = float(hit["cpu_seconds"].min())
+    return out
+
+
+def speed_drift(run_one, reference: dict, repeats: int = 3) -> dict:
+    """How much slower this host runs now than when it was fitted: for every probe shape the fastest of
+    ``repeats`` runs of ``run_one(shape) -> (wall_s, cpu_s)`` over the fit's CPU time; ``drift`` is the
+    median ratio (1.08: every iteration takes 8% more CPU time than the profile was fitted on).
+
+    On a shared machine the thread's CPU time per operation moves with the neighbours' load (memory
+    traffic and caches are shared): a price fitted in one stretch and a run measured in another differ
+    by that ratio, whatever the cost model.
+    """
+    if not reference:
+        raise ValueError("speed_drift: no probe shape was measured by the fit")
+    ratios = {f"{s.kind}:{s.decodes}x{s.context}+{s.prefill}": min(run_one(s)[1] for _ in range(repeats)) / t
+              for s, t in reference.items()}
+    return {"drift": float(np.median(list(ratios.values()))), "ratios": ratios}

@@ -165,6 +165,69 @@ def test_host_budget_is_respected_on_a_fake_clock():
     assert any(s.kind == "mixed" for s in got)
 
 
+def test_a_budget_cut_thins_the_batch_dimension_instead_of_dropping_its_top():
+    """Shapes priced by a profile with a kernel change at 24 rows, measured on a fake clock with a budget that
+    cuts a third of the plan: every decode batch of the plan is still measured at some context (a plan in
+    increasing batch order kept 1-8 and 64 only, and the fit never saw 13-63)."""
+    from calibrate.fit import phase_terms, predict
+    from calibrate.host import HostConfig, _batches, _spread, measure, phases_from, plan_shapes
+
+    assert _spread(range(1, 10)) == [1, 9, 5, 3, 7, 2, 6, 4, 8] and sorted(_spread(range(7))) == list(range(7))
+    true = HardwareProfile(name="t", peak_flops=7.6e10, mem_bw=1.9e11, mem_capacity=2.5e10, eff_c=1.3, eff_m=0.03,
+                           eff_mv=0.08, eff_att=0.8, eff_kv=0.01, per_kernel_s=7e-5, per_layer_s=2e-5,
+                           sample_s_per_vocab=1.2e-7, gemm_row_block=3, gemm_small_m_max=23, roofline="operator")
+    shapes = plan_shapes(HostConfig())
+    price = dict(zip(shapes, predict(true, phase_terms(SMOL, phases_from([(s, 1.0, 1.0) for s in shapes])))))
+
+    class Clock:
+        t = 0.0
+
+        def __call__(self):
+            return self.t
+
+    clock = Clock()
+
+    def run_one(s):
+        clock.t += price[s]
+        return price[s], price[s]
+
+    rows, info = measure(shapes, run_one, budget_s=0.6 * 2 * sum(price.values()), clock=clock, repeats=2,
+                         reserve_s=0.0)
+    assert 0.5 * len(shapes) < info["measured"] < 0.8 * len(shapes)
+    got = {s.decodes for s, _, _ in rows if s.kind == "decode"}
+    assert got == set(_batches(64))
+    assert {s.prefill for s, _, _ in rows if s.kind == "prefill" and not s.prefill_cached} >= {16, 256, 1024, 2048}
+    assert {s.decodes for s, _, _ in rows if s.kind == "mixed"} >= {1, 8, 32, 64}
+
+
+def test_speed_drift_is_the_probes_median_ratio_to_the_fit():
+    """The probe shapes are in the plan's first round; the drift is the median of now / at-fit CPU time."""
+    from calibrate.host import PROBE_SHAPES, HostConfig, measure, phases_from, plan_shapes, probe_reference, speed_drift
+
+    shapes = plan_shapes(HostConfig())
+    r1 = shapes[:20]
+    assert set(PROBE_SHAPES) <= set(r1)
+    cost = {s: 0.01 * (1 + s.decodes + s.prefill / 16) for s in shapes}
+    rows, _ = measure(r1, lambda s: (cost[s], cost[s]), budget_s=1e9, repeats=1, reserve_s=0.0)
+    ref = probe_reference(phases_from(rows))
+    assert set(ref) == set(PROBE_SHAPES) and all(ref[s] == pytest.approx(cost[s]) for s in PROBE_SHAPES)
+    slow = {PROBE_SHAPES[0]: 1.10, PROBE_SHAPES[1]: 1.08, PROBE_SHAPES[2]: 1.30}
+    calls = []
+
+    def run_one(s):
+        calls.append(s)
+        t = cost[s] * slow[s] * (1 + 0.05 * (len(calls) % 3))   # the fastest of the repeats counts
+        return t, t
+
+    got = speed_drift(run_one, ref, repeats=3)
+    assert got["drift"] == pytest.approx(1.10) and len(calls) == 9
+    assert sorted(got["ratios"].values()) == pytest.approx([1.08, 1.10, 1.30])
+    # a fit whose budget cut every probe shape has no reference
+    assert probe_reference(phases_from([r for r in rows if r[0] not in PROBE_SHAPES])) == {}
+    with pytest.raises(ValueError, match="no probe shape"):
+        speed_drift(run_one, {})
+
+
 def test_fit_recovers_a_step_at_a_batch_size():
     """Decode time steps up every 3 rows (the small-M GEMM's row blocks): the fit finds the block and its cost;
     without the term the same data cannot be fitted."""
@@ -233,30 +296,22 @@ def test_profile_line_for_a_newcomer():
 
 
 @pytest.mark.slow
-def test_committed_inputs_recreate_the_shipped_local_cpu(tmp_path):
-    """`calibrate fit` on calibrate/data/local-cpu-fit re-creates the shipped profile's prices (its fit inputs
-    are in the repository); eff_mv is not identified by them (1-row decodes are flop-bound), so prices are compared."""
-    import json
+def test_committed_inputs_recreate_the_shipped_local_cpu(tmp_path, monkeypatch):
+    """`rksim calibrate fit` on calibrate/data/local-cpu-fit (the command in docs/calibration.md, run from the
+    repository root) re-creates the shipped local-cpu.yaml byte for byte: its inputs are in the repository."""
     import shutil
 
-    import pandas as pd
+    from calibrate.fit import fit_run_dirs
 
-    from calibrate.fit import fit_run_dirs, phase_terms, predict
-    from sim.profiles import model_from_manifest
-
-    data = Path(__file__).resolve().parents[1] / "calibrate" / "data" / "local-cpu-fit"
-    dirs = []
-    for name in ("calrun", "serve-C", "serve-B"):   # copies: the fit writes fit.json beside its inputs
-        shutil.copytree(data / name, tmp_path / name)
-        dirs.append(tmp_path / name)
-    info = fit_run_dirs(dirs, name="local-cpu", out=tmp_path / "local-cpu.yaml", clock="cpu")
-    new, shipped = load_hardware(str(tmp_path / "local-cpu.yaml")), load_hardware("local-cpu")
-    assert info["roofline"] == shipped.roofline and new.gemm_row_block == shipped.gemm_row_block
-    for k in ("max_context_tokens", "max_new_tokens", "max_batch", "models", "device", "dtypes"):
-        assert new.fitted_range[k] == shipped.fitted_range[k], k
-    for d in dirs:
-        run = json.loads((d / "run.json").read_text())
-        ph = pd.read_parquet(d / "phases.parquet")
-        ph = ph[ph["kind"] != "host"]
-        T = phase_terms(model_from_manifest({"model": run["model"]}), ph)
-        np.testing.assert_allclose(predict(new, T), predict(shipped, T), rtol=1e-5)
+    root = Path(__file__).resolve().parents[1]
+    rel = Path("calibrate") / "data" / "local-cpu-fit"
+    names = ("host", "calrun")
+    for name in names:   # copies: the fit writes fit.json beside its inputs
+        shutil.copytree(root / rel / name, tmp_path / rel / name)
+    monkeypatch.chdir(tmp_path)   # the preset names its inputs relative to the working directory
+    out = tmp_path / "local-cpu.yaml"
+    fit_run_dirs([rel / n for n in names], name="local-cpu", out=out, clock="cpu")
+    shipped = root / "sim" / "presets" / "hardware" / "local-cpu.yaml"
+    assert out.read_text() == shipped.read_text()
+    hw = load_hardware(str(shipped))
+    assert hw.fingerprint and hw.fingerprint["kind"] == "cpu" and hw.fitted_range["max_batch"] >= 64
