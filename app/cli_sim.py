@@ -266,9 +266,13 @@ def _cmd_simulate(args) -> int:
         s = clean(r.summary)
         print(f"{args.policy} on {r.info['cost_model']} / {r.info['hardware']} ({args.mode}); {r.info['note']}; "
               f"verify_reuses_kv={r.info['verify_reuses_kv']}")
+        from sim.intervals import SUFFIX, fmt_ci
+        ci = clean(r.intervals())
         marked = set(s.get("trace_model_figures") or [])
-        print(pd.Series({k + ("*" if k in marked else ""): v for k, v in s.items()
-                         if not isinstance(v, (dict, list))}).to_string())
+        print(pd.Series({k + ("*" if k in marked else ""): (fmt_ci(v, ci[k + SUFFIX]) if ci.get(k + SUFFIX) else v)
+                         for k, v in s.items() if not isinstance(v, (dict, list))}).to_string())
+        if ci:
+            print("[lo, hi]: 95% intervals over the problems (Wilson for rates, paired bootstrap for ratios)")
         if marked:
             print(trace_model_note([s]))
         print_replicas(s)

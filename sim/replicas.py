@@ -118,7 +118,8 @@ class Replicas:
         self.engines = [Engine(model, hw, [], scheduler=scheduler, kv_blocks=kv_blocks,
                                block_policy=block_policy() if block_policy is not None else None, caching=caching,
                                score_at=score_at, max_batch=max_batch, hw_name=hw_name, env=self.env,
-                               settle=settle, block_size=bs, cost=None if costs is None else costs[i])
+                               settle=settle, block_size=bs, cost=None if costs is None else costs[i],
+                               record_token_times=True)   # per-request TPOT and ITL
                         for i in range(self.n)]
         self.outstanding = [0] * self.n
         self.submitted = [0] * self.n
