@@ -140,7 +140,7 @@ def policy_rows(kind: str | None = None, n_layers: int | None = None) -> list[di
         if not keys:
             why = "" if not pol["defaults"] else " (evicts nothing: no eviction parameter acts)"
             rows.append({"policy": pol["name"], "kind": pol["kind"], "parameter": "", "default": "", "unit": "",
-                         "domain": "", "accepted": "(no parameters)", "note": why.strip(" ()")})
+                         "domain": "", "allowed": "(no parameters)", "note": why.strip(" ()")})
             continue
         for k in keys:
             d = pol["defaults"][k]
@@ -150,11 +150,12 @@ def policy_rows(kind: str | None = None, n_layers: int | None = None) -> list[di
                     unit, hi = f"layer of the trace's {n_layers}-layer model", n_layers
                 else:
                     unit = "layer index (1 = first)"
-            accepted = " | ".join(pol["choices"][k]) if k in pol["choices"] else range_text(ranges.get(k)) or "any"
+            allowed = " | ".join(pol["choices"][k]) if k in pol["choices"] else range_text(ranges.get(k)) or "any"
+            allowed = "any number" if allowed == "(-inf, inf)" else allowed
             dom = " | ".join(pol["choices"][k]) if k in pol["choices"] else (
-                "true | false" if isinstance(d, bool) else domain_text(lo, hi) if k in doms else accepted)
+                "true | false" if isinstance(d, bool) else domain_text(lo, hi) if k in doms else allowed)
             rows.append({"policy": pol["name"], "kind": pol["kind"], "parameter": k, "default": d, "unit": unit,
-                         "domain": dom, "accepted": accepted, "note": note})
+                         "domain": dom, "allowed": allowed, "note": note})
     return rows
 
 
@@ -176,5 +177,5 @@ def _cmd_policies(args) -> int:
     df["default"] = df["default"].map(lambda v: "none" if v is None else str(v))
     with pd.option_context("display.width", 250, "display.max_rows", 1000, "display.max_colwidth", 70):
         print(df.to_string(index=False))
-    print("domain: where values differ in effect; accepted: what the policy's own checks allow")
+    print("domain: where values differ in effect; allowed: what the policy's own checks accept")
     return 0

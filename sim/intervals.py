@@ -38,7 +38,8 @@ SUFFIX = "_ci95"
 def wilson(k: float, n: int, z: float = Z) -> tuple[float, float]:
     """95% Wilson score interval of a proportion ``k / n``.
 
-    ``(p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``; NaN for ``n = 0``.
+    ``(p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``; NaN for ``n = 0``; exactly 0 (1) at
+    the lower (upper) end for ``k = 0`` (``k = n``), and always containing ``p``.
     """
     if n <= 0:
         return (float("nan"), float("nan"))
@@ -46,7 +47,10 @@ def wilson(k: float, n: int, z: float = Z) -> tuple[float, float]:
     d = 1 + z * z / n
     c = p + z * z / (2 * n)
     h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (max(0.0, (c - h) / d), min(1.0, (c + h) / d))
+    # at k = 0 (k = n) the lower (upper) end is 0 (1) exactly; the formula leaves a rounding residue
+    lo = 0.0 if k <= 0 else max(0.0, min(p, (c - h) / d))
+    hi = 1.0 if k >= n else min(1.0, max(p, (c + h) / d))
+    return (lo, hi)
 
 
 def _resample(n: int, seed: int, n_boot: int) -> np.ndarray:
@@ -161,17 +165,18 @@ def summary_intervals(summary: dict, rows: list, brows: list, baselines: dict | 
     paired bootstrap (absent or not the same problems in the same order: no speedup interval).
     """
     out: dict = {}
-    if not rows:
-        return out
+    if not rows or "latency_s" not in rows[0] or "pos" not in rows[0]:
+        return out   # not problem rows (a token policy's rows are its long decodes)
     n = len(rows)
+    have = rows[0].keys()
     for key, col in RATE_COLUMNS.items():
-        if key not in summary:
+        if key not in summary or col not in have:
             continue
         v = summary.get(key)
         out[key + SUFFIX] = (None if v is None or not math.isfinite(float(v))
                              else list(wilson(int(sum(bool(r[col]) for r in rows)), n)))
     for key, (num, den) in RATIO_COLUMNS.items():
-        if key not in summary:
+        if key not in summary or num not in have or den not in have:
             continue
         a = np.array([r[num] for r in rows], np.float64)
         b = np.array([r[den] for r in rows], np.float64)
@@ -190,7 +195,7 @@ def summary_intervals(summary: dict, rows: list, brows: list, baselines: dict | 
     if "asks_gate_auc" in summary:
         auc = summary.get("asks_gate_auc")
         out["asks_gate_auc" + SUFFIX] = None
-        if auc is not None and math.isfinite(float(auc)):
+        if auc is not None and math.isfinite(float(auc)) and brows and "sigma" in brows[0]:
             groups: dict = {}
             for r in brows:
                 if r["branch"] > 0:   # the root has no sigma (the summary's AUC is over branches 1..B-1)
