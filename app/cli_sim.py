@@ -273,6 +273,9 @@ def _cmd_simulate(args) -> int:
                          for k, v in s.items() if not isinstance(v, (dict, list))}).to_string())
         if ci:
             print("[lo, hi]: 95% intervals over the problems (Wilson for rates, paired bootstrap for ratios)")
+        if s.get("request_ttft_p50_s") is not None:
+            print("ttft_*, e2e_*, queue_*, tpot_*: per problem (B branch requests; its TTFT the mean over its "
+                  "branches); request_*: per request (one branch), as vllm bench serve reports them")
         if marked:
             print(trace_model_note([s]))
         print_replicas(s)
