@@ -19,16 +19,16 @@ A claim row is judged in three steps, the same for every rule:
 
 The legend of the report (:func:`legend`) and the rule table of ``docs/reproduce.md``
 (:func:`rule_table`) are generated from :data:`RULES`; every reason is generated from the numbers.
-Figures are judged raw, never rounded. Every bootstrap draws from ``numpy.random.default_rng(seed)``
-with an explicit seed, so the same inputs give the same verdicts byte for byte.
+Figures are judged raw, never rounded. The interval functions are :mod:`sim.intervals`'s, the ones
+the simulator's tables use. Every bootstrap draws from ``numpy.random.default_rng(seed)`` with an
+explicit seed, so the same inputs give the same verdicts byte for byte.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
+# the intervals live in sim.intervals (the simulator's CLI tables use the same code); re-exported here
 from sim.intervals import N_BOOT, Z, bootstrap_mean, bootstrap_ratio, bootstrap_stat, wilson  # noqa: F401
 
 VERDICTS = ("holds", "holds only when", "does not hold", "not measurable here")
