@@ -31,7 +31,10 @@ RATE_COLUMNS = {"skip_rate": "skipped", "cgee_error_rate": "cgee_differs",
                 "vote_accuracy": "vote_correct"}
 # ratio key -> (numerator column, denominator column), both summed over problems
 RATIO_COLUMNS = {"kv_reuse": ("reused_tokens", "prompt_tokens"),
-                 "answer_change_rate": ("answer_changes", "shared_branches")}
+                 "answer_change_rate": ("answer_changes", "shared_branches"),
+                 "prefix_hit_rate": ("prefix_hit_tokens", "prompt_tokens_admitted")}
+# rates given as a fraction of the problems served (serving with an SLO): Wilson of round(rate n) of n
+RATE_FRACTIONS = ("slo_attainment",)
 SPEEDUPS = {"speedup_vs_no_kv": "no-kv", "speedup_vs_exact_prefix": "exact-prefix"}
 SUFFIX = "_ci95"
 
@@ -183,6 +186,9 @@ def summary_intervals(summary: dict, rows: list, brows: list, baselines: dict | 
         v = summary.get(key)
         out[key + SUFFIX] = (None if v is None or not math.isfinite(float(v)) or b.sum() <= 0
                              else _ratio_ci(a, b, seed, n_boot))
+    for key in RATE_FRACTIONS:
+        if key in summary:
+            out[key + SUFFIX] = wilson_of_rate(summary.get(key), n)
     lat = [float(r["latency_s"]) for r in rows]
     pos = [int(r["pos"]) for r in rows]
     for key, name in SPEEDUPS.items():

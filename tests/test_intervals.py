@@ -126,3 +126,16 @@ def test_simulation_intervals_contain_their_figures(policy):
     js = r.to_json_dict()
     assert js["speedup_vs_no_kv_ci95"] == ci["speedup_vs_no_kv_ci95"]
     assert simulate(None, policy=policy, hardware="local-cpu").intervals() == ci
+
+
+def test_serving_intervals_prefix_hits_and_slo_attainment():
+    from sim.api import simulate
+    r = simulate(None, policy="exact-prefix", hardware="h100-sxm", mode="serving",
+                 workload={"n_requests": 8, "concurrency": 4}, slo="e2e=1000")
+    s, ci = r.summary, r.intervals()
+    n = len(r.problems)
+    assert ci["slo_attainment_ci95"] == pytest.approx(list(wilson(round(s["slo_attainment"] * n), n)))
+    lo, hi = ci["prefix_hit_rate_ci95"]
+    assert lo <= s["prefix_hit_rate"] <= hi and 0 < s["prefix_hit_rate"]
+    p = r.problems
+    assert p["prefix_hit_tokens"].sum() / p["prompt_tokens_admitted"].sum() == pytest.approx(s["prefix_hit_rate"])
