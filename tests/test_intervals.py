@@ -139,3 +139,18 @@ def test_serving_intervals_prefix_hits_and_slo_attainment():
     assert lo <= s["prefix_hit_rate"] <= hi and 0 < s["prefix_hit_rate"]
     p = r.problems
     assert p["prefix_hit_tokens"].sum() / p["prompt_tokens_admitted"].sum() == pytest.approx(s["prefix_hit_rate"])
+
+
+def test_the_docs_quote_the_intervals_this_code_gives():
+    """docs/design.md and docs/sweeps.md quote Wilson intervals of small samples: each is what wilson() gives."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    design = (root / "docs" / "design.md").read_text()
+    sweeps = (root / "docs" / "sweeps.md").read_text()
+    for k, n, text in ((3, 12, "3 of 12 problems reads `0.25 [{lo}, {hi}]`"),
+                       (0, 12, "no CGEE error on 12 problems reads `0 [0, {hi}]`"),
+                       (0, 4, "4 problems `0 [0, {hi}]`")):
+        lo, hi = wilson(k, n)
+        want = text.format(lo=f"{lo:.2g}", hi=f"{hi:.2g}")
+        assert want in " ".join(design.split()), want
+    assert f"problems has an upper bound of {wilson(0, 4)[1]:.2g}" in " ".join(sweeps.split())
