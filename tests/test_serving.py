@@ -149,12 +149,13 @@ def test_serve_json_has_the_serving_keys(syn, capsys):
     assert d["max_num_batched_tokens"] == 256 and len(d["timeline"]["running_seqs"]) > 0
 
 
-def test_per_request_latencies_beside_per_problem(syn):
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_per_request_latencies_beside_per_problem(syn, replicas):
     """Per-request (per-branch) TTFT/TPOT/ITL percentiles, computed from the engine's token times, beside
-    the per-problem figures (a problem's TTFT is the mean over its branches)."""
+    the per-problem figures (a problem's TTFT is the mean over its branches); one replica or several."""
     from sim.serving_metrics import REQUEST_KEYS
     r = api.simulate(syn, policy="exact-prefix", hardware="h100-sxm", mode="serving",
-                     workload={"n_requests": 6, "concurrency": 3})
+                     workload={"n_requests": 6, "concurrency": 3}, data_parallel_size=replicas)
     s = r.summary
     for k in REQUEST_KEYS:
         assert s[k] is not None and s[k] >= 0, k
