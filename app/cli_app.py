@@ -30,7 +30,7 @@ def register(sub) -> None:
                                    "allowed range (the policy's own checks) or choices.")
     p.add_argument("--kind", default=None, choices=("sharing", "exit", "block", "token", "composite"),
                    help="only policies of this kind (default: all)")
-    p.add_argument("--trace", default=None, metavar="DIR",
+    p.add_argument("--trace", default=None, metavar="PATH",
                    help="a trace: layer parameters are stated in its model's layers (default: none)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_policies)
