@@ -30,6 +30,8 @@ def register(sub) -> None:
                                    "allowed range (the policy's own checks) or choices.")
     p.add_argument("--kind", default=None, choices=("sharing", "exit", "block", "token", "composite"),
                    help="only policies of this kind (default: all)")
+    p.add_argument("--trace", default=None, metavar="PATH",
+                   help="a trace: layer parameters are stated in its model's layers (default: none)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_policies)
 
@@ -114,8 +116,20 @@ def _cmd_dashboard(args) -> int:
     return 0  # pragma: no cover
 
 
-def policy_rows(kind: str | None = None) -> list[dict]:
-    """One row per (policy, parameter): default, range or choices (policies with no parameter get one row)."""
+def domain_text(lo, hi) -> str:
+    """``[0, 1]`` / ``[1, inf)`` text of a parameter's domain (``PolicyBase.domains``)."""
+    if lo is None and hi is None:
+        return "any number"
+    return f"[{'-inf' if lo is None else f'{lo:g}'}, {'inf)' if hi is None else f'{hi:g}]'}"
+
+
+def policy_rows(kind: str | None = None, n_layers: int | None = None) -> list[dict]:
+    """One row per (policy, parameter that acts on it): default, unit, domain, the policy's enforced range or
+    choices, and a note (policies with no parameter get one row).
+
+    ``n_layers``: the depth of a trace's model, which a layer parameter (``l_min``) counts in.
+    """
+    from policies import param_applies, param_domains
     from app.ui_backend import param_ranges, policy_table, range_text
 
     rows = []
@@ -123,17 +137,39 @@ def policy_rows(kind: str | None = None) -> list[dict]:
         if kind is not None and pol["kind"] != kind:
             continue
         ranges = param_ranges(pol["name"])
-        if not pol["defaults"]:
-            rows.append({"policy": pol["name"], "kind": pol["kind"], "parameter": "", "default": "",
-                         "allowed": "(no parameters)"})
-        for k, d in pol["defaults"].items():
+        doms = param_domains(pol["name"])
+        keys = param_applies(pol["name"])
+        if not keys:
+            why = "" if not pol["defaults"] else " (evicts nothing: no eviction parameter acts)"
+            rows.append({"policy": pol["name"], "kind": pol["kind"], "parameter": "", "default": "", "unit": "",
+                         "domain": "", "allowed": "(no parameters)", "note": why.strip(" ()")})
+            continue
+        for k in keys:
+            d = pol["defaults"][k]
+            lo, hi, unit, note = doms.get(k, (None, None, "", ""))
+            if unit == "layer":
+                if n_layers is not None:
+                    unit, hi = f"layer of the trace's {n_layers}-layer model", n_layers
+                else:
+                    unit = "layer index (1 = first)"
             allowed = " | ".join(pol["choices"][k]) if k in pol["choices"] else range_text(ranges.get(k)) or "any"
-            rows.append({"policy": pol["name"], "kind": pol["kind"], "parameter": k, "default": d, "allowed": allowed})
+            allowed = "any number" if allowed == "(-inf, inf)" else allowed
+            dom = " | ".join(pol["choices"][k]) if k in pol["choices"] else (
+                "true | false" if isinstance(d, bool) else domain_text(lo, hi) if k in doms else allowed)
+            rows.append({"policy": pol["name"], "kind": pol["kind"], "parameter": k, "default": d, "unit": unit,
+                         "domain": dom, "allowed": allowed, "note": note})
     return rows
 
 
 def _cmd_policies(args) -> int:
-    rows = policy_rows(args.kind)
+    n_layers = None
+    if args.trace is not None:
+        from traces.store import load_trace
+        try:
+            n_layers = int(load_trace(args.trace, verify=False).n_layers)
+        except (OSError, ValueError) as exc:  # traces.errors.TraceError is a ValueError
+            raise ValueError(f"--trace {args.trace!r}: {str(exc).splitlines()[0]}") from None
+    rows = policy_rows(args.kind, n_layers)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
@@ -141,6 +177,7 @@ def _cmd_policies(args) -> int:
 
     df = pd.DataFrame(rows)
     df["default"] = df["default"].map(lambda v: "none" if v is None else str(v))
-    with pd.option_context("display.width", 200, "display.max_rows", 1000, "display.max_colwidth", 60):
+    with pd.option_context("display.width", 250, "display.max_rows", 1000, "display.max_colwidth", 70):
         print(df.to_string(index=False))
+    print("domain: where values differ in effect; allowed: what the policy's own checks accept")
     return 0

@@ -313,9 +313,16 @@ def _cmd_simulate(args) -> int:
         s = clean(r.summary)
         print(f"{args.policy} on {r.info['cost_model']} / {r.info['hardware']} ({args.mode}); {r.info['note']}; "
               f"verify_reuses_kv={r.info['verify_reuses_kv']}")
+        from sim.intervals import SUFFIX, fmt_ci
+        ci = clean(r.intervals())
         marked = set(s.get("trace_model_figures") or [])
-        print(pd.Series({k + ("*" if k in marked else ""): v for k, v in s.items()
-                         if not isinstance(v, (dict, list))}).to_string())
+        print(pd.Series({k + ("*" if k in marked else ""): (fmt_ci(v, ci[k + SUFFIX]) if ci.get(k + SUFFIX) else v)
+                         for k, v in s.items() if not isinstance(v, (dict, list))}).to_string())
+        if ci:
+            print("[lo, hi]: 95% intervals over the problems (Wilson for rates, paired bootstrap for ratios)")
+        if s.get("request_ttft_p50_s") is not None:
+            print("ttft_*, e2e_*, queue_*, tpot_*: per problem (B branch requests; its TTFT the mean over its "
+                  "branches); request_*: per request (one branch), as vllm bench serve reports them")
         if marked:
             print(trace_model_note([s]))
         print_replicas(s)

@@ -114,7 +114,37 @@ def _cmd_sweep(args) -> int:
     speed = f"{rate:.0f} configs/s" if rate >= 10 else f"{1 / rate:.2f} s/config"
     print(f"wrote {out}: {len(df)} configurations x {df.shape[1]} columns "
           f"({wall:.2f} s, {speed}, backend {args.backend})")
+    line = best_line(df, configs, args.trace, args.policy, options)
+    if line:
+        print(line)
     return 0
+
+
+BEST_BY = "speedup_vs_no_kv"
+BEST_SHOWN = ("speedup_vs_no_kv", "speedup_vs_exact_prefix", "skip_rate", "cgee_error_rate", "accuracy", "kv_reuse",
+              "asks_gate_auc")
+
+
+def best_line(df, configs: list, trace: str, policy: str, options) -> str:
+    """The sweep's best configuration by :data:`BEST_BY`, its figures with their 95% intervals (computed for
+    this one row only: ``sim.sweep.row_intervals``); empty when no row has the figure."""
+    import math
+
+    from sim.intervals import SUFFIX, fmt_ci
+    from sim.sweep import row_intervals
+    if BEST_BY not in df.columns:
+        return ""
+    col = df[BEST_BY].astype(float)
+    if not col.notna().any():
+        return ""
+    i = int(col.to_numpy().argmax()) if not col.isna().any() else int(col.fillna(-math.inf).to_numpy().argmax())
+    ci = row_intervals(trace, policy, [configs[i]], options)[0]
+    row = df.iloc[i]
+    figs = [f"{k} {fmt_ci(row[k], ci.get(k + SUFFIX))}" for k in BEST_SHOWN
+            if k in df.columns and row[k] is not None and row[k] == row[k]]
+    params = " ".join(f"{k}={v}" for k, v in configs[i].items())
+    over = f" over {int(row['n_problems'])} problems" if "n_problems" in df.columns else ""
+    return f"best {BEST_BY}: {params} ({row['config_id']}): " + ", ".join(figs) + f"; [lo, hi]: 95% intervals{over}"
 
 
 def _cmd_tune(args) -> int:
@@ -126,12 +156,14 @@ def _cmd_tune(args) -> int:
     spec = TuneSpec(objective=args.objective, direction=args.direction,
                     max_cgee_error=args.max_cgee_error, max_accuracy_drop=args.max_accuracy_drop,
                     split=args.split, seed=args.seed, refine=args.refine,
-                    refine_maxiter=args.refine_iters)
+                    refine_maxiter=args.refine_iters, conservative=args.conservative)
     grid = _grid(args, trace)
     res = tune(args.trace, args.policy, spec, grid, _options(args), n_problems=len(trace.problems),
                n_layers=trace.n_layers, backend=args.backend,
                workers=args.workers, scheduler=args.dask_scheduler, progress=not args.quiet and not args.json)
     js = _clean(res.to_json())
+    for line in res.held_out_breaks:
+        print(f"rksim: warning: {line}", file=sys.stderr)
     if args.out:
         _atomic_write_text(Path(args.out), json.dumps(js, indent=2, sort_keys=True) + "\n", "--out")
     if args.json:
@@ -144,6 +176,8 @@ def _cmd_tune(args) -> int:
         cons.append(f"cgee_error_rate <= {spec.max_cgee_error}")
     if spec.max_accuracy_drop is not None:
         cons.append(f"accuracy >= accuracy(no-kv) - {spec.max_accuracy_drop}")
+    if cons and spec.conservative:
+        cons[-1] += " (each at its 95% Wilson bound)"
     print(f"policy {res.policy}: {'maximise' if spec.maximize else 'minimise'} {spec.objective}"
           f"{' subject to ' + ' and '.join(cons) if cons else ''}")
     print(f"split (seed {spec.seed}): tune problems {res.tune_problems}, held-out {res.held_problems}")
@@ -255,6 +289,9 @@ def register(sub) -> None:
                    help="constraint: cgee_error_rate <= E (default: none)")
     p.add_argument("--max-accuracy-drop", type=float, default=None, metavar="X",
                    help="constraint: accuracy >= accuracy(no-kv) - X on the same split (default: none)")
+    p.add_argument("--conservative", action="store_true",
+                   help="read the constraints at their 95%% Wilson bound (error rate: upper; accuracy: lower) "
+                        "instead of the point estimate (default: point estimate)")
     p.add_argument("--split", type=float, default=0.5, metavar="F", help="share of problems in the tune split (default 0.5)")
     p.add_argument("--split-seed", type=int, default=0, dest="seed", metavar="N",
                    help="seed of the split and of the refinement (the simulator's is --sim-seed)")

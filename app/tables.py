@@ -22,6 +22,20 @@ def fmt_table(policies: dict):
     return df.rename(columns={c: c + "*" for c in df.columns if c in marked})
 
 
+def ci_table(policies: dict):
+    """:func:`fmt_table` as text, a figure with a 95% interval (``<metric>_ci95`` of its policy) shown as
+    ``"0.25 [0.1, 0.47]"`` (``sim.intervals.fmt_ci``); figures without one as plain numbers."""
+    from sim.intervals import SUFFIX, fmt_ci
+    df = fmt_table(policies)
+    out = df.astype(object)
+    for col in df.columns:
+        key = col.rstrip("*")
+        for pol in df.index:
+            v = df.at[pol, col]
+            out.at[pol, col] = fmt_ci(None if v != v else float(v), policies[pol].get(key + SUFFIX))
+    return out
+
+
 def trace_model_note(summaries) -> str:
     """The footnote for figures marked * (the trace model's own: sim.metrics.TRACE_MODEL_FIGURES)."""
     for m in summaries:
@@ -32,13 +46,16 @@ def trace_model_note(summaries) -> str:
 
 
 def print_table(policies: dict) -> None:
-    """Print :func:`fmt_table` of ``policies`` and its footnote."""
+    """Print :func:`ci_table` of ``policies`` (figures with their 95% intervals) and its footnote."""
     import pandas as pd
-    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
-        print(fmt_table(policies).to_string())
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print(ci_table(policies).to_string())
+    if any(k.endswith("_ci95") for v in policies.values() for k in v):
+        print("[lo, hi]: 95% intervals over the problems (Wilson for rates, paired bootstrap for speedups, "
+              "reuse and AUC)")
     note = trace_model_note(policies.values())
     if note:
         print(note)
 
 
-__all__ = ["TABLE_COLS", "fmt_table", "trace_model_note", "print_table"]
+__all__ = ["TABLE_COLS", "fmt_table", "ci_table", "trace_model_note", "print_table"]

@@ -43,10 +43,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "speedup_vs_full": ("speedup vs full cache (x)", "target"),
     "budget": ("token budget K (tokens)", "trace"),
     # serving at capacity (present where the simulator reports them)
-    "ttft_p50_s": ("median time to first token (s)", "target"),
-    "ttft_p99_s": ("p99 time to first token (s)", "target"),
-    "e2e_p50_s": ("median end-to-end latency (s)", "target"),
-    "e2e_p99_s": ("p99 end-to-end latency (s)", "target"),
+    "ttft_p50_s": ("median time to first token per problem (s)", "target"),
+    "ttft_p99_s": ("p99 time to first token per problem (s)", "target"),
+    "e2e_p50_s": ("median end-to-end latency per problem (s)", "target"),
+    "e2e_p99_s": ("p99 end-to-end latency per problem (s)", "target"),
+    "request_ttft_p50_s": ("median time to first token per request (s)", "target"),
+    "request_ttft_p99_s": ("p99 time to first token per request (s)", "target"),
+    "request_tpot_p50_s": ("median time per output token per request (s)", "target"),
+    "request_itl_p50_s": ("median inter-token latency (s)", "target"),
+    "request_itl_p99_s": ("p99 inter-token latency (s)", "target"),
     "queue_p50_s": ("median queueing delay (s)", "target"),
     "preemptions": ("preemptions (count)", "target"),
     "max_running_seqs": ("most sequences running at once", "target"),
@@ -60,7 +65,8 @@ KPI_TOKEN = ["attn_output_rel_error", "attn_mass_recall", "peak_kv_bytes", "spee
              "throughput_tokens_per_s"]
 KPI_SERVING = ["throughput_tokens_per_s", "throughput_problems_per_s", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s",
                "e2e_p99_s", "queue_p50_s", "preemptions", "recompute_tokens", "max_running_seqs",
-               "mean_running_seqs", "kv_capacity_bytes", "peak_kv_bytes", "prefix_hit_rate"]
+               "mean_running_seqs", "kv_capacity_bytes", "peak_kv_bytes", "prefix_hit_rate", "request_ttft_p50_s",
+               "request_ttft_p99_s", "request_tpot_p50_s", "request_itl_p50_s", "request_itl_p99_s"]
 TABLE_BRANCH = ["latency_mean_s", "latency_p95_s", "speedup_vs_no_kv", "speedup_vs_exact_prefix", "kv_reuse",
                 "skip_rate", "mean_exit_layer", "cgee_error_rate", "cgee_branch_disagreement_rate", "accuracy",
                 "peak_kv_bytes", "evictions",
@@ -97,6 +103,20 @@ def fmt(key: str, v) -> str:
     if isinstance(v, (int, np.integer)):
         return f"{int(v):,}"
     return f"{v:.4g}"
+
+
+def fmt_ci(key: str, s: dict) -> str:
+    """:func:`fmt` of ``s[key]`` with its 95% interval ``s[key + "_ci95"]`` in the same unit, where it has one."""
+    from sim.intervals import SUFFIX
+    v, ci = s.get(key), s.get(key + SUFFIX)
+    txt = fmt(key, v)
+    if not U_finite(v) or not ci or not all(U_finite(x) for x in ci):
+        return txt
+    return f"{txt} [{fmt(key, ci[0])}, {fmt(key, ci[1])}]"
+
+
+CI_NOTE = ("[lo, hi]: 95% interval over the trace's problems (Wilson for rates; a paired bootstrap over problems "
+           "for speedups, reuse and AUC)")
 
 
 # ------------------------------------------------------------------ presets and policies
@@ -228,7 +248,8 @@ def run(trace: str, policy: str, params: dict, model: str | None, hardware: str,
     kv = r.kv_timeline
     if len(kv) > 20_000:  # enough for a line; a page need not carry every iteration
         kv = kv.iloc[:: max(1, len(kv) // 20_000)]
-    return {"summary": clean(dict(r.summary)), "problems": r.problems, "branches": r.branches,
+    # each rate and ratio's 95% interval beside it (``<metric>_ci95``: sim.intervals)
+    return {"summary": clean({**r.summary, **r.intervals()}), "problems": r.problems, "branches": r.branches,
             "token": r.token, "info": clean(dict(r.info)), "kv": kv, "not_applied": skipped}
 
 
@@ -259,9 +280,18 @@ def compare(trace: str, model: str | None, hardware: str, mode: str = "isolated"
     from app.cli_sim import run_compare
     from app.tables import fmt_table
 
+    from sim.intervals import SUFFIX, fmt_ci as ci_text
+
     out = run_compare(trace, model, hardware, mode, workload, seed, None, progress=False)
     df = fmt_table(out["policies"])
     df.insert(0, "kind", [out["policies"][n].get("kind") for n in df.index])
+    # each figure that has a 95% interval gets a text column beside it (the figures stay numbers)
+    for col in list(df.columns):
+        key = col.rstrip("*")
+        cis = {n: out["policies"][n].get(key + SUFFIX) for n in df.index}
+        if any(cis.values()):
+            at = df.columns.get_loc(col) + 1
+            df.insert(at, f"{col} 95% CI", [ci_text(df.at[n, col], cis[n]) if cis[n] else "" for n in df.index])
     df.index.name = "policy"
     return df
 

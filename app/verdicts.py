@@ -19,84 +19,25 @@ A claim row is judged in three steps, the same for every rule:
 
 The legend of the report (:func:`legend`) and the rule table of ``docs/reproduce.md``
 (:func:`rule_table`) are generated from :data:`RULES`; every reason is generated from the numbers.
-Figures are judged raw, never rounded. Every bootstrap draws from ``numpy.random.default_rng(seed)``
-with an explicit seed, so the same inputs give the same verdicts byte for byte.
+Figures are judged raw, never rounded. The interval functions are :mod:`sim.intervals`'s, the ones
+the simulator's tables use. Every bootstrap draws from ``numpy.random.default_rng(seed)`` with an
+explicit seed, so the same inputs give the same verdicts byte for byte.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
+# the intervals live in sim.intervals (the simulator's CLI tables use the same code); re-exported here
+from sim.intervals import N_BOOT, Z, bootstrap_mean, bootstrap_ratio, bootstrap_stat, wilson  # noqa: F401
 
 VERDICTS = ("holds", "holds only when", "does not hold", "not measurable here")
 TOL = 0.8            # a ratio claim passes at 80% of the paper's figure
-Z = 1.96             # 95% intervals
-N_BOOT = 2000        # bootstrap resamples
 MIN_UNITS = 4        # fewer problems (or seeds) than this: a bootstrap has at most 10 distinct resamples
 TIE_MARGIN = 0.01    # a direction whose mean relative change is below 1% is a tie, whatever its interval
 COMPAT_TOL = 0.02    # a compatibility option "changes nothing" below 2% relative (0.01 absolute on rates)
 
 PASS, FAIL, TIE, UNTESTABLE = "pass", "fail", "tie", "untestable"
-
-
-# ---------------------------------------------------------------------------- intervals
-def wilson(k: float, n: int, z: float = Z) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion ``k / n``.
-
-    ``(p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``; NaN for ``n = 0``.
-    """
-    if n <= 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    d = 1 + z * z / n
-    c = p + z * z / (2 * n)
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return (max(0.0, (c - h) / d), min(1.0, (c + h) / d))
-
-
-def _resample(n: int, seed: int, n_boot: int) -> np.ndarray:
-    """(n_boot, n) indices drawn with replacement (paired: the same rows for every array)."""
-    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
-
-
-def bootstrap_ratio(num, den, seed: int = 0, n_boot: int = N_BOOT) -> tuple[float, float, float]:
-    """(``sum(num) / sum(den)``, 2.5th, 97.5th percentile) over problems resampled in pairs.
-
-    A speedup ``mean(base) / mean(policy)`` is ``bootstrap_ratio(base, policy)``.
-    """
-    a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
-        raise ValueError(f"bootstrap_ratio: paired 1-d arrays needed, got {a.shape} and {b.shape}")
-    idx = _resample(a.size, seed, n_boot)
-    r = a[idx].sum(1) / b[idx].sum(1)
-    lo, hi = np.percentile(r, [2.5, 97.5])
-    return float(a.sum() / b.sum()), float(lo), float(hi)
-
-
-def bootstrap_mean(x, seed: int = 0, n_boot: int = N_BOOT) -> tuple[float, float, float]:
-    """(mean, 2.5th, 97.5th percentile) of ``x`` resampled with replacement (a paired difference: x = a - b)."""
-    a = np.asarray(x, dtype=np.float64)
-    if a.ndim != 1 or a.size == 0:
-        raise ValueError(f"bootstrap_mean: a non-empty 1-d array needed, got shape {a.shape}")
-    m = a[_resample(a.size, seed, n_boot)].mean(1)
-    lo, hi = np.percentile(m, [2.5, 97.5])
-    return float(a.mean()), float(lo), float(hi)
-
-
-def bootstrap_stat(stat, groups: list, seed: int = 0, n_boot: int = N_BOOT) -> tuple[float, float, float]:
-    """(stat(all), 2.5th, 97.5th percentile of stat over resampled groups); NaN resamples are dropped.
-
-    ``groups``: one item per problem (e.g. its branches' (scores, labels)); ``stat`` takes a list of them.
-    """
-    full = float(stat(groups))
-    idx = _resample(len(groups), seed, n_boot)
-    vals = np.array([stat([groups[i] for i in row]) for row in idx], dtype=np.float64)
-    vals = vals[np.isfinite(vals)]
-    if not vals.size:
-        return full, float("nan"), float("nan")
-    lo, hi = np.percentile(vals, [2.5, 97.5])
-    return full, float(lo), float(hi)
 
 
 # ---------------------------------------------------------------------------- conditions

@@ -6,7 +6,8 @@ from .base import POLICY_KINDS, PolicyError
 from .blocks import FIFO, LRU, RSBCM
 from .composite import RKSC
 from .exit import CGEE, CGEEDecision, yes_score
-from .registry import POLICY_NAMES, get_policy, list_policies, param_choices, policy_class, policy_defaults
+from .registry import (POLICY_NAMES, get_policy, list_policies, param_applies, param_choices, param_domains, policy_class,
+                       policy_defaults)
 from .sharing import ASKS, ExactPrefix, NoKV, SharingPlan, layer_weights, pooled_cosine
 from .similarity import cosine, identical_spans
 from .token_loop import EvictionResult, run_token_eviction
@@ -16,7 +17,7 @@ from .tokens import (H2O, RKV, CurDKV, FullCache, RandomEviction, SnapKV, Stream
 
 __all__ = [
     "POLICY_KINDS", "POLICY_NAMES", "PolicyError", "get_policy", "list_policies", "param_choices", "policy_class",
-    "policy_defaults",
+    "policy_defaults", "param_domains", "param_applies",
     "NoKV", "ExactPrefix", "ASKS", "SharingPlan", "layer_weights", "pooled_cosine",
     "cosine", "identical_spans",
     "CGEE", "CGEEDecision", "yes_score",

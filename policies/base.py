@@ -38,6 +38,14 @@ class PolicyBase:
 
     kind: ClassVar[str] = ""
     name: ClassVar[str] = ""
+    # What each parameter means, for listings (``rksim policies``): ``{field: (lo, hi, unit, note)}``,
+    # the domain where its values differ in effect (None: unbounded), its unit ("" for a pure number)
+    # and a short note. The ``_check_*`` calls stay the enforced range; a value outside the domain
+    # is still accepted where it has a meaning (the note says which). Merged over the class's bases.
+    domains: ClassVar[dict[str, tuple]] = {}
+    # The parameters that act on this policy (None: all of them); e.g. a cache that evicts nothing
+    # takes the eviction parameters of its family but none of them does anything.
+    applies: ClassVar[tuple[str, ...] | None] = None
 
     def params(self) -> dict[str, Any]:
         """The policy's parameters as a plain dict (same as ``dataclasses.asdict``)."""

@@ -78,6 +78,8 @@ class RSBCM(_BlockPolicy):
     choices: ClassVar[dict[str, tuple[str, ...]]] = {'score_source': ('given', 'unscored')}
     score_source: str = "given"
     unscored_value: float = 0.0
+    domains: ClassVar[dict[str, tuple]] = {
+        "unscored_value": (None, None, "", "score_source=unscored only: every block's constant score")}
 
     def __post_init__(self) -> None:
         self._check_choice("score_source", ("given", "unscored"))

@@ -136,6 +136,18 @@ class CGEE(PolicyBase):
     nb_margin: float = 0.08
     theta_unit: str = "nats"
     vocab_size: int | None = None
+    domains: ClassVar[dict[str, tuple]] = {
+        "tau_conf": (0.0, 1.0, "probability", "winner's confidence (vote share or mean token probability) needed "
+                     "to skip verification; > 1 never skips"),
+        "delta_rel": (0.0, 1.0, "fraction", "relative margin (p(w) - p(second)) / p(w) needed to skip; > 1 never skips"),
+        "theta": (0.0, None, "nats", "entropy below which a layer may exit; 0 disables layer exit "
+                  "(theta_unit=ln_v: a fraction of ln V, in [0, 1])"),
+        "eps": (0.0, None, "nats", "entropy change between consecutive layers below which a layer may exit"),
+        "l_min": (1, None, "layer", "first layer allowed to exit"),
+        "nb_conf": (0.0, 1.0, "probability", "level1_rule=notebook only: second rule's confidence"),
+        "nb_margin": (0.0, 1.0, "probability", "level1_rule=notebook only: second rule's absolute margin"),
+        "vocab_size": (2, None, "tokens", "theta_unit=ln_v only: V of the tested model (the simulator fills it in)"),
+    }
 
     def __post_init__(self) -> None:
         self._check_number("tau_conf")

@@ -35,6 +35,29 @@ def policy_defaults(name: str) -> dict[str, Any]:
     return params_of(policy_class(name))
 
 
+def param_domains(name: str) -> dict[str, tuple]:
+    """``{field: (lo, hi, unit, note)}`` of a policy's parameters (``PolicyBase.domains``, merged over the
+    class's bases, the subclass first); a composite policy takes its components' too."""
+    cls = policy_class(name)
+    classes = list(cls.__mro__)
+    if cls.kind == "composite":
+        classes += [k for c in _REGISTRY.values() if c.kind != "composite" for k in c.__mro__]
+    fields = set(policy_defaults(name))
+    out: dict[str, tuple] = {}
+    for c in classes:
+        for k, v in c.__dict__.get("domains", {}).items():
+            if k in fields and k not in out:
+                out[k] = v
+    return out
+
+
+def param_applies(name: str) -> list[str]:
+    """The parameters of a policy that act on it (``PolicyBase.applies``; default all of them)."""
+    fields = list(policy_defaults(name))
+    keep = policy_class(name).applies
+    return fields if keep is None else [f for f in fields if f in keep]
+
+
 def param_choices(name: str) -> dict[str, tuple[str, ...]]:
     """The allowed values of each string-valued parameter of a policy (e.g. ``pooling: mean | last``).
 

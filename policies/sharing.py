@@ -131,6 +131,7 @@ class ExactPrefix(PolicyBase):
     kind: ClassVar[str] = "sharing"
     name: ClassVar[str] = "exact-prefix"
     block_size: int = 16
+    domains: ClassVar[dict[str, tuple]] = {"block_size": (1, None, "tokens", "granularity of prefix matching")}
 
     def __post_init__(self) -> None:
         self._check_number("block_size", lo=1, integer=True)
@@ -249,6 +250,12 @@ class ASKS(PolicyBase):
     similarity: str = "cosine"
     block_size: int = 16
     layer_weights: str = "paper"
+    domains: ClassVar[dict[str, tuple]] = {
+        "tau": (-1.0, 1.0, "cosine similarity",
+                "sigma is a layer-weighted mean of cosines, in [-1, 1]; tau > 1: the gate never passes (= exact-prefix)"),
+        "alpha": (None, None, "", "layer weight exp(alpha l / L); 0 = uniform, > 0 favours deep layers"),
+        "block_size": (1, None, "tokens", "block of the exact-prefix fallback"),
+    }
 
     def __post_init__(self) -> None:
         self._check_number("tau")

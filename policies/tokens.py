@@ -54,6 +54,21 @@ class TokenPolicy(PolicyBase):
     buffer: int = 16
     sinks: int = 4
     window: int = 0
+    domains: ClassVar[dict[str, tuple]] = {
+        "budget": (1, None, "tokens", "kept per KV head at each eviction, besides the recent buffer"),
+        "buffer": (1, None, "tokens", "recent tokens never evicted; also the eviction period (decode steps)"),
+        "sinks": (0, None, "tokens", "leading tokens always kept (at most budget)"),
+        "window": (0, None, "queries", "latest queries that score an eviction"),
+        "kernel": (1, None, "tokens", "width of the score's 1-d pooling"),
+        "mix_lambda": (0.0, 1.0, "fraction", "weight of the redundancy term"),
+        "threshold": (-1.0, 1.0, "cosine similarity", "keys more similar than this count as redundant"),
+        "rank": (0, None, "columns", "columns of the Gaussian projection; 0 = none"),
+        "g_seed": (0, None, "seed", "seed of the Gaussian projection"),
+        "local_window": (0, None, "tokens", "leverage normalisation window; 0 = all candidates"),
+        "value_frac": (0.0, 1.0, "fraction", "share of the budget chosen by value norm"),
+        "n_value": (0, None, "tokens", "tokens chosen by value norm (overrides value_frac)"),
+        "temperature": (0.0, None, "", "sampling temperature of the scores (> 0)"),
+    }
 
     def __post_init__(self) -> None:
         self._check_number("budget", lo=1, integer=True)
@@ -179,6 +194,7 @@ class FullCache(TokenPolicy):
 
     name: ClassVar[str] = "full"
     evicts: ClassVar[bool] = False
+    applies: ClassVar[tuple[str, ...] | None] = ()   # evicts nothing: no eviction parameter acts
 
     def scores(self, K, V, Q, cand_len, k_pos, q_pos, rng, state):
         return np.ones((K.shape[1], cand_len))

@@ -110,6 +110,8 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
                      router: str = "prefix-affinity", arrival_rate: float | None = None) -> dict:
     """``{"policies": {NAME: metrics}}`` for every registered policy at its defaults (docs/sim-api.md).
 
+    Every rate and ratio has its 95% interval beside it, ``<metric>_ci95 = [lo, hi]``
+    (:mod:`sim.intervals`: Wilson for rates, a paired bootstrap over problems for ratios).
     Token-eviction policies also get ``budgets`` = ``{"2x": {budget, attn_output_rel_error,
     attn_mass_recall, ...}, ...}`` at the workload's ``token_compressions``. Every entry states the
     KV capacity (``kv_capacity_bytes``) and block budget (``kv_budget_blocks``) it ran under.
@@ -134,7 +136,8 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
             continue
         config = RunConfig(policy=name, params={}, workload=workload, mode=mode, seed=seed,
                            problems=problems, router=router, arrival_rate=arrival_rate)
-        out[name] = {**run(session, target, config).scalars(), "kind": kind}
+        r = run(session, target, config)
+        out[name] = {**r.scalars(), **clean(r.intervals()), "kind": kind}
     result = {"policies": out}
     if reshape_info(session.tf) is not None:
         result["reshape"] = reshape_info(session.tf)

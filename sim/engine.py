@@ -471,8 +471,10 @@ class Engine:
             it.req.data[0].phase[KIND_NAMES[kind]] += dt * a / tot if tot > 0 else dt / len(items)
 
     # ------------------------------------------------------------------ arrivals
-    def _prob(self, pseq: int) -> _Prob:
-        pos, job = self.jobs[pseq]
+    def _prob(self, pseq: int, pos=None, job=None) -> _Prob:
+        """The problem ``pseq`` (of ``self.jobs`` unless ``pos``/``job`` are given), with its token-time lists."""
+        if job is None:
+            pos, job = self.jobs[pseq]
         p = _Prob(pseq, pos, job, None)
         if self.record_tokens:
             p.tok = [[] for _ in range(job.B)]
@@ -525,7 +527,7 @@ class Engine:
             if self.prompt_ids is None:
                 self.prompt_ids = {}
             self.prompt_ids[pseq] = prompt_ids
-        self._arrive(_Prob(pseq, pos, job, None), user_done)
+        self._arrive(self._prob(pseq, pos, job), user_done)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 

@@ -109,6 +109,9 @@ def problem_row(f, dec, res: dict, L: int) -> dict:
         "vote_answer": vote, "vote_correct": vote == f.truth and vote != "",
         "answer_diversity": len(set(nonempty.tolist())) / f.B if f.B else float("nan"),
         "evictions": int(res.get("evictions", 0)), "recompute_tokens": int(res.get("recompute_tokens", 0)),
+        # serving: prompt tokens found in the prefix cache, of those admitted (prefix_hit_rate's interval)
+        "prefix_hit_tokens": int(res.get("prefix_hit_tokens", 0)),
+        "prompt_tokens_admitted": int(res.get("prompt_tokens_admitted", 0)),
     }
     return row
 

@@ -46,15 +46,22 @@ def check_layout(target, config) -> None:
             raise ConfigError(f"{flag}: {v} is not supported in {where}", field=name)
 
 
-def baseline_latency(session, target, config, name: str) -> float:
-    """Mean latency of the baseline ``name`` on the same target, problems, workload and seed (memoised)."""
+def baseline_run(session, target, config, name: str) -> tuple:
+    """``(mean latency, positions, per-problem latencies)`` of the baseline ``name`` on the same target,
+    problems, workload and seed (memoised; the per-problem figures pair the speedups' bootstrap)."""
     key = config.baseline_key(name) + (session.target_id(target.key), repr(target.serving),
                                         target.data_parallel_size)
     hit = session.baselines.get(key)
     if hit is None:
         base = config.baseline(name)
-        hit = session.baselines[key] = runner(base.kind, base.mode)(session, target, base).summary["latency_mean_s"]
+        r = runner(base.kind, base.mode)(session, target, base)
+        hit = session.baselines[key] = (r.summary["latency_mean_s"], *r.problem_latencies())
     return hit
+
+
+def baseline_latency(session, target, config, name: str) -> float:
+    """Mean latency of the baseline ``name`` on the same target, problems, workload and seed (memoised)."""
+    return baseline_run(session, target, config, name)[0]
 
 
 def run(session, target, config) -> SimResult:
@@ -64,9 +71,11 @@ def run(session, target, config) -> SimResult:
         res = runner(config.kind, config.mode)(session, target, config)
         if config.kind == "token":
             return res  # token.run finishes its own summary (no baselines)
-        base = {n: baseline_latency(session, target, config, n) for n in BASELINES} if config.wants_baselines else None
-        finish(res.summary, base)
+        runs = {n: baseline_run(session, target, config, n) for n in BASELINES} if config.wants_baselines else None
+        finish(res.summary, None if runs is None else {n: r[0] for n, r in runs.items()})
+        if runs is not None:
+            res.baselines = {n: (r[1], r[2]) for n, r in runs.items()}
         return res
 
 
-__all__ = ["run", "runner", "check_layout", "RUNNERS", "BASELINES"]
+__all__ = ["run", "runner", "check_layout", "baseline_run", "baseline_latency", "RUNNERS", "BASELINES"]

@@ -11,10 +11,27 @@ from .metrics import clean
 class SimResult:
     """Everything one simulation produced (DataFrames built on first access)."""
 
-    def __init__(self, summary: dict, rows: list, brows: list, timeline: list, info: dict, token=None):
+    def __init__(self, summary: dict, rows: list, brows: list, timeline: list, info: dict, token=None,
+                 baselines: dict | None = None):
         self.summary, self.info, self.token = summary, info, token
         self._rows, self._brows, self._timeline = rows, brows, timeline
+        # baseline name -> (positions, per-problem latencies): the speedups' paired bootstrap
+        self.baselines = baselines
         self._frames: dict = {}
+        self._intervals: dict | None = None
+
+    def intervals(self) -> dict:
+        """``<metric>_ci95 = [lo, hi]`` of the summary's rates and ratios (:func:`sim.intervals.summary_intervals`,
+        seeded with the run's seed; computed once, on first call)."""
+        if self._intervals is None:
+            from .intervals import summary_intervals
+            self._intervals = summary_intervals(self.summary, self._rows, self._brows, self.baselines,
+                                                seed=int(self.info.get("seed", 0) or 0))
+        return self._intervals
+
+    def problem_latencies(self) -> tuple[tuple, tuple]:
+        """``(positions, latencies)`` of the problems in run order (what a speedup's bootstrap pairs)."""
+        return (tuple(int(r["pos"]) for r in self._rows), tuple(float(r["latency_s"]) for r in self._rows))
 
     @property
     def problems(self) -> pd.DataFrame:
@@ -45,8 +62,8 @@ class SimResult:
         return pd.DataFrame([clean(self.summary)], index=[self.info.get("policy", "")])
 
     def to_json_dict(self) -> dict:
-        """The summary's keys, ``info``, and (serving) ``timeline``: KV bytes and running sequences over time."""
-        out = {**self.summary, "info": {k: v for k, v in self.info.items() if k != "timeline"}}
+        """The summary's keys and their ``*_ci95`` intervals, ``info``, and (serving) ``timeline``: KV bytes and running sequences over time."""
+        out = {**self.summary, **self.intervals(), "info": {k: v for k, v in self.info.items() if k != "timeline"}}
         if "timeline" in self.info:
             out["timeline"] = self.info["timeline"]
         return clean(out)

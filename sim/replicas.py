@@ -101,7 +101,8 @@ class Replicas:
     def __init__(self, model, hw, jobs, router, n: int, *, costs=None, concurrency: int = 1,
                  arrival_rate: float | None = None, seed: int = 0, scheduler=None, kv_blocks: int | None = None,
                  block_policy=None, caching: bool = True, prompt_ids=None, prefixes=None,
-                 score_at: str = "generation", max_batch: int | None = None, hw_name: str = ""):
+                 score_at: str = "generation", max_batch: int | None = None, hw_name: str = "",
+                 record_token_times: bool = True):
         self.jobs = jobs
         self.n = int(n)
         self.router = router
@@ -118,7 +119,8 @@ class Replicas:
         self.engines = [Engine(model, hw, [], scheduler=scheduler, kv_blocks=kv_blocks,
                                block_policy=block_policy() if block_policy is not None else None, caching=caching,
                                score_at=score_at, max_batch=max_batch, hw_name=hw_name, env=self.env,
-                               settle=settle, block_size=bs, cost=None if costs is None else costs[i])
+                               settle=settle, block_size=bs, cost=None if costs is None else costs[i],
+                               record_token_times=record_token_times)   # per-request TPOT and ITL
                         for i in range(self.n)]
         self.outstanding = [0] * self.n
         self.submitted = [0] * self.n

@@ -22,7 +22,7 @@ from .capacity import MAX_BLOCKS
 from .jobs import kv_ids, make_engine, prepare
 from .metrics import branch_rows, problem_row, summarize
 from .records import SimResult
-from .serving_metrics import serving_summary, timelines
+from .serving_metrics import request_summary, serving_summary, timelines
 from .summary import stated_under
 
 
@@ -55,7 +55,7 @@ def run(session, target, config) -> SimResult:
         return _run_replicas(session, target, config, prep, budget, reqs)
     eng = make_engine(target, cfg, [r[0] for r in reqs], [r[1] for r in reqs], [r[2] for r in reqs], sched, budget,
                       concurrency=int(cfg.workload.concurrency), arrival_rate=config.arrival_rate,
-                      seed=config.seed, caching=target.serving.prefix_caching)
+                      seed=config.seed, caching=target.serving.prefix_caching, record_tokens=True)
     res = eng.run()
     recs = res.records()
     if recs:  # one pool for all problems: its evictions are reported once (on the first record)
@@ -165,7 +165,8 @@ def _run_replicas(session, target, config, prep, budget: int, reqs) -> SimResult
         "events": int(run_.events), "evictions": int(sum(x.kv.evictions for x in res)),
         "gpu_utilisation": tot["gpu_utilisation"], "replicas": n, "router": config.router,
         "lost_asks_shares": rs["lost_asks_shares"], "lost_prefix_reuse": rs["lost_prefix_reuse"],
-        "lost_reused_tokens": rs["lost_reused_tokens"], "split_problems": rs["split_problems"]})
+        "lost_reused_tokens": rs["lost_reused_tokens"], "split_problems": rs["split_problems"],
+        **request_summary(recs)})
     info["kv_budget_blocks"] = budget
     info["router"] = config.router
     summary.update(stated_under(session, target, config, cap, sched, info))

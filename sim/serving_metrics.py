@@ -1,20 +1,55 @@
 """Serving metrics of one engine run (serving at capacity): latency percentiles from arrival,
 throughput, queueing, preemptions, running sequences, KV use and the timelines the report draws.
 
-All latencies are measured from each problem's (request's) *arrival*: ``ttft`` = first token (mean
-over the problem's branches) - arrival; ``e2e`` = answer - arrival; ``queue`` = (first scheduled -
+Two kinds of figure, named apart. **Per problem** (``ttft_*``, ``e2e_*``, ``queue_*``; one problem =
+its B branch requests): all latencies are measured from each problem's *arrival*: ``ttft`` = first
+token (mean over the problem's branches) - arrival; ``e2e`` = answer - arrival; ``queue`` = (first scheduled -
 arrival) + the mean over its branches of (first scheduled - ready), ready = gate done and KV source's
 first token out: the time spent waiting for memory, sequence or token caps.
+
+**Per request** (``request_ttft_*``, ``request_tpot_*``, ``request_itl_*``: one request = one branch,
+what ``vllm bench serve`` reports per request): ``request_ttft`` = the branch's first token - the
+problem's arrival (a client that sends a problem's branches when it arrives); ``request_tpot`` =
+(last token - first token) / (output tokens - 1) over branches with more than one token; ``request_itl``
+= every gap between consecutive tokens of a branch, pooled over branches. Percentiles p50, p90, p99.
 """
 from __future__ import annotations
 
 import numpy as np
 
+REQUEST_KEYS = tuple(f"request_{m}_{q}_s" for m in ("ttft", "tpot", "itl") for q in ("p50", "p90", "p99"))
 SERVING_KEYS = ("throughput_tokens_per_s", "throughput_problems_per_s", "ttft_p50_s", "ttft_p99_s", "ttft_mean_s",
                 "e2e_p50_s", "e2e_p99_s", "e2e_mean_s", "queue_p50_s", "queue_mean_s", "preemptions",
                 "recompute_tokens", "max_running_seqs", "mean_running_seqs", "kv_capacity_bytes",
                 "kv_budget_blocks", "peak_kv_bytes", "prefix_hit_rate", "length_extrapolated", "makespan_s",
-                "iterations", "events", "evictions")
+                "iterations", "events", "evictions") + REQUEST_KEYS
+
+
+def request_summary(recs: list) -> dict:
+    """The per-request (per-branch) TTFT, TPOT and ITL percentiles of the engine's records (module docstring).
+
+    ``recs`` need ``first_token_times`` and ``token_times`` (the engine's ``record_token_times``); without
+    token times only TTFT is given.
+    """
+    ttft, tpot, itl = [], [], []
+    timed = False
+    for r in recs:
+        first = np.asarray(r.get("first_token_times", ()), np.float64)
+        ttft.extend(first[np.isfinite(first)].tolist())
+        tok = r.get("token_times")
+        if tok is None:
+            continue
+        timed = True
+        for t in tok:
+            if len(t) > 1:
+                d = np.diff(np.asarray(t, np.float64))
+                tpot.append(float(d.sum()) / d.size)   # (last - first) / (n - 1)
+                itl.extend(d.tolist())
+    out = {}
+    for m, x in (("ttft", ttft), ("tpot", tpot if timed else None), ("itl", itl if timed else None)):
+        for q in (50, 90, 99):
+            out[f"request_{m}_p{q}_s"] = None if x is None else _pct(x, q)
+    return out
 
 
 def _pct(x, q) -> float | None:
@@ -47,6 +82,7 @@ def serving_summary(recs: list, res, cap: dict, budget: int, gen_tokens: float |
         "prefix_hit_rate": hit / prompt if prompt else 0.0,
         "length_extrapolated": False, "makespan_s": float(span), "iterations": int(res.iterations),
         "events": int(res.events), "evictions": int(res.kv.evictions),
+        **request_summary(recs),
     }
 
 

@@ -271,6 +271,23 @@ def _run_local(evaluate, trace, policy, items, opts, progress) -> dict[str, dict
     return results
 
 
+def row_intervals(trace, policy: str, configs: Sequence[dict], options: SweepOptions | None = None,
+                  session=None) -> list[dict]:
+    """``<metric>_ci95`` of each of ``configs`` (:meth:`sim.records.SimResult.intervals`), re-simulated.
+
+    A sweep's rows carry point figures only (the bootstrap would cost more than the simulation of a
+    memoised configuration); the CLI asks for the intervals of the rows it reports, here, in one
+    session (the re-simulation is a memo hit for everything but the bootstrap).
+    """
+    from sim.api import simulate
+    from sim.metrics import clean
+    options = options or SweepOptions()
+    session = session if session is not None else open_session(trace)
+    with single_thread_blas():
+        return [clean(simulate(session, policy=policy, params=dict(p), **options.kwargs()).intervals())
+                for p in configs]
+
+
 def write_parquet(df: pd.DataFrame, path: str | os.PathLike, meta: dict | None = None) -> Path:
     """Write ``df`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
     import pyarrow as pa

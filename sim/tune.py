@@ -43,6 +43,17 @@ penalties — a configuration is *feasible* when its violation is 0:
 The winner is the feasible configuration with the best objective (ties: the
 first in grid order); if none is feasible, the least-violating one, and the
 result says ``feasible: false``.
+
+``conservative`` reads each constraint at the far end of its 95% interval
+instead of the point estimate (:mod:`sim.intervals`): ``cgee_error_rate``
+at its Wilson upper bound and ``accuracy`` at its Wilson lower bound (the
+no-kv reference stays a point). With few problems this is strict: 0 errors
+of 4 problems has a Wilson upper bound of 0.49, so ``max_cgee_error = 0.01``
+is met only by configurations that induce no error on many problems.
+
+After the choice, the held-out split is checked against the same
+constraints (point estimates); a break is reported in ``held_out_breaks``
+(one line per constraint), which ``rksim tune`` prints as a warning.
 """
 from __future__ import annotations
 
@@ -55,6 +66,7 @@ import numpy as np
 import pandas as pd
 
 from sim.grid import Grid, config_id, parse_grids
+from sim.intervals import wilson_of_rate
 from sim.pareto import default_minimise
 from sim.sweep import SweepOptions, default_evaluate, run_sweep
 
@@ -84,6 +96,7 @@ class TuneSpec:
     refine: bool | None = None  # None: on, except for token-eviction policies (see module doc)
     refine_maxiter: int = 20
     refine_popsize: int = 8
+    conservative: bool = False  # constraints at their 95% interval's far end (module doc)
 
     def __post_init__(self):
         if self.direction not in (None, "max", "min"):
@@ -153,6 +166,7 @@ class TuneResult:
     grid_best: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     refinement_ran: bool = False
+    held_out_breaks: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -160,7 +174,8 @@ class TuneResult:
             "objective": self.spec.objective,
             "maximize": self.spec.maximize,
             "constraints": {"max_cgee_error": self.spec.max_cgee_error,
-                            "max_accuracy_drop": self.spec.max_accuracy_drop},
+                            "max_accuracy_drop": self.spec.max_accuracy_drop,
+                            "conservative": self.spec.conservative},
             "seed": self.spec.seed,
             "split": {"tune": self.tune_problems, "held_out": self.held_problems},
             "chosen": {"params": self.params, "config_id": config_id(self.params),
@@ -172,6 +187,7 @@ class TuneResult:
             "n_evaluations": self.n_evaluations,
             "notes": self.notes,
             "refinement_ran": self.refinement_ran,
+            "held_out_breaks": self.held_out_breaks,
         }
 
     def table(self) -> pd.DataFrame:
@@ -209,20 +225,52 @@ def _num(v) -> float:
         return math.nan
 
 
-def violation(m: dict, spec: TuneSpec, baseline_accuracy: float) -> float:
-    """Total amount by which ``m`` breaks the constraints (0 = feasible)."""
+def _bound(m: dict, key: str, end: int, conservative: bool) -> float:
+    """``m[key]``, or (``conservative``) the end ``end`` (0 lower, 1 upper) of its Wilson interval over ``n_problems``."""
+    v = _num(m.get(key))
+    if not conservative or math.isnan(v):
+        return v
+    ci = wilson_of_rate(v, m.get("n_problems"))
+    if ci is None:
+        raise ValueError(f"--conservative: the metrics give no n_problems to bound {key} with")
+    return float(ci[end])
+
+
+def violation(m: dict, spec: TuneSpec, baseline_accuracy: float, conservative: bool | None = None) -> float:
+    """Total amount by which ``m`` breaks the constraints (0 = feasible); ``conservative`` (default the
+    spec's): the error rate at its Wilson upper bound, the accuracy at its lower bound."""
+    cons = spec.conservative if conservative is None else conservative
     v = 0.0
     if spec.max_cgee_error is not None:
-        e = _num(m.get("cgee_error_rate"))
+        e = _bound(m, "cgee_error_rate", 1, cons)
         if not math.isnan(e):
             v += max(0.0, e - spec.max_cgee_error)
     if spec.max_accuracy_drop is not None:
-        acc = _num(m.get("accuracy"))
+        acc = _bound(m, "accuracy", 0, cons)
         if math.isnan(acc) or math.isnan(baseline_accuracy):
             v += 1.0  # cannot show the constraint holds
         else:
             v += max(0.0, (baseline_accuracy - acc) - spec.max_accuracy_drop)
     return v
+
+
+def held_out_breaks(tune_m: dict, held_m: dict, spec: TuneSpec, acc_tune: float, acc_held: float,
+                    n_tune: int, n_held: int) -> list[str]:
+    """One line per constraint the held-out split breaks (point estimates), naming both splits' figures."""
+    out = []
+    if spec.max_cgee_error is not None:
+        e = _num(held_m.get("cgee_error_rate"))
+        if not math.isnan(e) and e > spec.max_cgee_error:
+            out.append(f"held-out cgee_error_rate {e:.4g} on {n_held} problems breaks --max-cgee-error "
+                       f"{spec.max_cgee_error:g} (tuned to {_num(tune_m.get('cgee_error_rate')):.4g} on {n_tune} "
+                       f"tuning problems{'' if spec.conservative else '; --conservative tunes on the Wilson upper bound'})")
+    if spec.max_accuracy_drop is not None:
+        a = _num(held_m.get("accuracy"))
+        if not math.isnan(a) and not math.isnan(acc_held) and (acc_held - a) > spec.max_accuracy_drop:
+            out.append(f"held-out accuracy {a:.4g} is {acc_held - a:.4g} below no-kv's {acc_held:.4g} on {n_held} "
+                       f"problems, breaking --max-accuracy-drop {spec.max_accuracy_drop:g} (tuning split: "
+                       f"{_num(tune_m.get('accuracy')):.4g} against {acc_tune:.4g})")
+    return out
 
 
 def score(m: dict, spec: TuneSpec) -> float:
@@ -380,8 +428,10 @@ def _tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
 
     held = ev(best_params, opts_held)
     n_eval += 1
+    breaks = held_out_breaks(best_m, held, spec, acc_tune, _num(base_held.get("accuracy")), len(tune_idx),
+                             len(held_idx))
     return TuneResult(policy=policy, spec=spec, tune_problems=tune_idx, held_problems=held_idx,
                       params=best_params, source=source, feasible=best_v == 0, tune=best_m, held=held,
                       baseline_tune=base_tune, baseline_held=base_held, grid_size=len(configs),
                       n_evaluations=n_eval, grid_best=grid_best, notes=notes,
-                      refinement_ran=refinement_ran)
+                      refinement_ran=refinement_ran, held_out_breaks=breaks)

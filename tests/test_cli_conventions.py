@@ -107,6 +107,31 @@ def test_policies_lists_every_policy_with_kind_defaults_and_ranges(capsys):
     assert "cgee" in out and "asks" not in out
 
 
+def test_policies_state_domains_units_and_only_parameters_that_act(capsys):
+    assert main(["policies", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by = {(r["policy"], r["parameter"]): r for r in rows}
+    # a similarity and a probability have real domains, whatever the checks accept
+    assert by[("asks", "tau")]["domain"] == "[-1, 1]" and by[("asks", "tau")]["unit"] == "cosine similarity"
+    assert by[("cgee", "tau_conf")]["domain"] == "[0, 1]" and by[("cgee", "tau_conf")]["unit"] == "probability"
+    assert not any("-inf, inf" in r["domain"] for r in rows)
+    assert by[("snapkv", "budget")]["unit"] == "tokens" and by[("cgee", "theta")]["unit"] == "nats"
+    assert by[("cgee", "l_min")]["unit"] == "layer index (1 = first)"
+    # a full cache evicts nothing: none of the eviction parameters is listed for it
+    full = [r for r in rows if r["policy"] == "full"]
+    assert len(full) == 1 and full[0]["parameter"] == "" and "evicts nothing" in full[0]["note"]
+    # with a trace, a layer is one of its model's
+    from trace_files import BUNDLED, HAS_BUNDLED
+    if HAS_BUNDLED:
+        from traces.store import load_trace
+        L = load_trace(BUNDLED, verify=False).n_layers
+        assert main(["policies", "--json", "--kind", "exit", "--trace", str(BUNDLED)]) == 0
+        r = {x["parameter"]: x for x in json.loads(capsys.readouterr().out)}["l_min"]
+        assert r["unit"] == f"layer of the trace's {L}-layer model" and r["domain"] == f"[1, {L}]"
+    assert main(["policies", "--trace", "/no/such/trace"]) == 2
+    assert "--trace" in capsys.readouterr().err
+
+
 def test_dashboard_flags_and_bad_port(capsys):
     args = build_parser().parse_args(["dashboard"])
     assert args.host == "127.0.0.1" and args.port == 8501 and args.trace_root is None

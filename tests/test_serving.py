@@ -149,6 +149,37 @@ def test_serve_json_has_the_serving_keys(syn, capsys):
     assert d["max_num_batched_tokens"] == 256 and len(d["timeline"]["running_seqs"]) > 0
 
 
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_per_request_latencies_beside_per_problem(syn, replicas):
+    """Per-request (per-branch) TTFT/TPOT/ITL percentiles, computed from the engine's token times, beside
+    the per-problem figures (a problem's TTFT is the mean over its branches); one replica or several."""
+    from sim.serving_metrics import REQUEST_KEYS
+    r = api.simulate(syn, policy="exact-prefix", hardware="h100-sxm", mode="serving",
+                     workload={"n_requests": 6, "concurrency": 3}, data_parallel_size=replicas)
+    s = r.summary
+    for k in REQUEST_KEYS:
+        assert s[k] is not None and s[k] >= 0, k
+    for m in ("ttft", "tpot", "itl"):
+        assert s[f"request_{m}_p50_s"] <= s[f"request_{m}_p90_s"] <= s[f"request_{m}_p99_s"]
+    # a problem's TTFT is the mean of its branches': the branches' spread reaches past the problems' median
+    assert 0 < s["request_ttft_p50_s"] and s["request_ttft_p99_s"] >= s["ttft_p50_s"]
+    # TPOT is the mean gap, ITL every gap: their medians differ, and both are positive decode steps
+    assert 0 < s["request_tpot_p50_s"] < s["e2e_p50_s"] and 0 < s["request_itl_p50_s"] < s["e2e_p50_s"]
+
+
+def test_request_summary_by_hand():
+    from sim.serving_metrics import request_summary
+    recs = [{"first_token_times": np.array([1.0, 3.0]), "token_times": [[11.0, 12.0, 14.0], [13.0]]},
+            {"first_token_times": np.array([2.0, np.nan]), "token_times": [[5.0, 6.0], []]}]
+    s = request_summary(recs)
+    assert s["request_ttft_p50_s"] == pytest.approx(2.0)          # of 1, 3, 2 (NaN: never started)
+    assert s["request_tpot_p50_s"] == pytest.approx(1.25)         # of (14-11)/2 = 1.5 and (6-5)/1 = 1
+    assert s["request_itl_p50_s"] == pytest.approx(1.0)           # of gaps 1, 2, 1
+    assert s["request_itl_p99_s"] == pytest.approx(np.percentile([1, 2, 1], 99))
+    no_times = request_summary([{"first_token_times": np.array([1.0])}])
+    assert no_times["request_ttft_p50_s"] == 1.0 and no_times["request_tpot_p50_s"] is None
+
+
 def test_rsbcm_scores_reach_the_cache_when_known():
     """A branch's score is set on its cached blocks once known (here: at the end of its generation), and a
     block shared by two branches keeps the higher score; before that every block ranks with score 0."""

@@ -187,3 +187,22 @@ def test_bad_trace_and_out(tmp_path, capsys):
     assert rc == 2 and "--trace" in err and "manifest.json" in err
     rc = main(["pareto", str(tmp_path / "none.parquet")])
     assert rc == 2 and "none.parquet" in capsys.readouterr().err
+
+
+def test_sweep_prints_its_best_row_with_intervals(tmp_path, capsys):
+    """The sweep's best configuration by speedup, with the intervals SimResult.intervals gives that row."""
+    from sim.api import simulate
+    from sim.intervals import fmt_ci
+    out = tmp_path / "c.parquet"
+    assert main(["sweep", "--trace", TRACE, "--hardware", HW, "--policy", "cgee", "--grid", "tau_conf=0.5,0.7",
+                 "--grid", "l_min=20,26", "--quiet", "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    df, _ = read_sweep(out)
+    best = df.iloc[int(df["speedup_vs_no_kv"].to_numpy().argmax())]
+    params = {"tau_conf": float(best["param.tau_conf"]), "l_min": int(best["param.l_min"])}
+    r = simulate(TRACE, policy="cgee", params=params, hardware=HW)
+    ci = r.intervals()
+    assert line.startswith(f"best speedup_vs_no_kv: tau_conf={params['tau_conf']:g} l_min={params['l_min']}")
+    for k in ("speedup_vs_no_kv", "skip_rate", "cgee_error_rate", "accuracy"):
+        assert f"{k} {fmt_ci(r.summary[k], ci[k + '_ci95'])}" in line, k
+    assert "over 12 problems" in line

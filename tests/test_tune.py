@@ -167,3 +167,69 @@ def test_token_policy_notes_and_no_default_refinement():
     forced = tune("unused", "vase-dkv", TuneSpec(objective="attn_output_rel_error", refine=True, refine_maxiter=2),
                   grid, evaluate=fake_token, n_problems=N, n_layers=30, progress=False, validate=False)
     assert forced.refinement_ran and forced.params["budget"] == 256
+
+
+def test_conservative_reads_the_wilson_bound():
+    from sim.intervals import wilson
+    cons = TuneSpec(max_cgee_error=0.01, conservative=True)
+    # 0 errors of 4 problems: the point meets 0.01, the Wilson upper bound (0.49) does not
+    assert violation({"cgee_error_rate": 0.0, "n_problems": 4}, TuneSpec(max_cgee_error=0.01), 0.75) == 0.0
+    assert violation({"cgee_error_rate": 0.0, "n_problems": 4}, cons, 0.75) == pytest.approx(wilson(0, 4)[1] - 0.01)
+    # accuracy at its Wilson lower bound against the no-kv point
+    acc = TuneSpec(max_accuracy_drop=0.1, conservative=True)
+    lo = wilson(6, 8)[0]
+    assert violation({"accuracy": 0.75, "n_problems": 8}, acc, 0.75) == pytest.approx(0.75 - lo - 0.1)
+    with pytest.raises(ValueError, match="--conservative"):
+        violation({"cgee_error_rate": 0.0}, cons, 0.75)
+    # on the search: the point estimate takes errors up to the bar, the bound takes none
+    grid = parse_grids(["tau=0.3:1.0:0.05"])
+    point = tune("unused", "asks", TuneSpec(max_cgee_error=0.4, refine=False), grid, evaluate=fake_evaluate,
+                 n_problems=N, n_layers=30, progress=False, validate=False)
+    safe = tune("unused", "asks", TuneSpec(max_cgee_error=0.4, refine=False, conservative=True), grid,
+                evaluate=fake_evaluate, n_problems=N, n_layers=30, progress=False, validate=False)
+    assert point.tune["cgee_error_rate"] > 0 and point.feasible
+    assert safe.tune["cgee_error_rate"] == 0 and safe.feasible   # wilson(0, 6) upper = 0.39 <= 0.4
+    assert safe.params["tau"] > point.params["tau"]
+    assert safe.to_json()["constraints"]["conservative"] is True
+
+
+def test_held_out_break_is_reported():
+    grid = parse_grids(["tau=0.3:1.0:0.05"])
+    seen_break = seen_clean = False
+    for seed in range(8):
+        res = tune("unused", "asks", TuneSpec(max_cgee_error=0.0, refine=False, seed=seed), grid,
+                   evaluate=fake_evaluate, n_problems=N, n_layers=30, progress=False, validate=False)
+        held_err = res.held["cgee_error_rate"]
+        assert res.tune["cgee_error_rate"] == 0
+        if held_err > 0:
+            seen_break = True
+            assert len(res.held_out_breaks) == 1
+            line = res.held_out_breaks[0]
+            assert f"held-out cgee_error_rate {held_err:.4g} on 6 problems breaks --max-cgee-error 0" in line
+            assert "--conservative" in line
+        else:
+            seen_clean = True
+            assert res.held_out_breaks == []
+        assert res.to_json()["held_out_breaks"] == res.held_out_breaks
+    assert seen_break and seen_clean
+
+
+def test_tune_cli_warns_in_one_line(monkeypatch, capsys):
+    """``rksim tune`` prints each held-out break as one warning line on stderr."""
+    import sim.tune as T
+    from app.cli import main
+    real = T.tune
+
+    def fake(trace, policy, spec, grid=None, options=None, **kw):
+        kw.pop("evaluate", None)
+        return real(trace, "asks", spec, parse_grids(["tau=0.3:1.0:0.05"]), options, evaluate=fake_evaluate,
+                    n_problems=N, n_layers=30, progress=False, validate=False)
+
+    monkeypatch.setattr(T, "tune", fake)
+    spec_seed = next(s for s in range(8) if fake("x", "asks", TuneSpec(max_cgee_error=0.0, refine=False,
+                                                                        seed=s)).held_out_breaks)
+    assert main(["tune", "--policy", "asks", "--max-cgee-error", "0", "--no-refine", "--split-seed",
+                 str(spec_seed), "--grid", "tau=0.5,0.6"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    warn = [ln for ln in err if ln.startswith("rksim: warning: held-out")]
+    assert len(warn) == 1 and "breaks --max-cgee-error 0" in warn[0]

@@ -31,6 +31,7 @@ def page() -> None:
             st.info(U.refusal_advice(trace, model or "the trace's model", model, hardware, mode))
         return
     st.dataframe(df, width="stretch", height=35 * (len(df) + 1) + 3, key="compare.table")  # every row
+    st.caption(B.CI_NOTE)
     name = f"compare-{model or 'trace-model'}-{hardware}-{mode}.csv"
     st.download_button("download CSV", df.to_csv().encode(), file_name=name, mime="text/csv", key="compare.csv")
 

@@ -42,14 +42,17 @@ def _kpis(name: str, s: dict, keys: list[str], ref: dict | None, info: dict | No
         delta = None
         if ref is not None and U.finite(s.get(k)) and U.finite(ref.get(k)) and k == "latency_mean_s":
             delta = f"{s[k] - ref[k]:+.3g} s vs exact prefix"
-        st.metric(f"{name} · {B.label(k)}", B.fmt(k, s.get(k)), delta=delta, delta_color="inverse")
+        ci = B.fmt_ci(k, s)
+        st.metric(f"{name} · {B.label(k)}", B.fmt(k, s.get(k)), delta=delta, delta_color="inverse",
+                  help=f"95% interval over the problems: {ci[len(B.fmt(k, s.get(k))):].strip()}"
+                  if ci != B.fmt(k, s.get(k)) else None)
 
 
 def _table(results: dict, keys: list[str]) -> pd.DataFrame:
     rows = {}
     for k in keys:
         if any(k in r["summary"] for r in results.values()):
-            rows[B.label(k)] = {n: B.fmt(k, r["summary"].get(k)) for n, r in results.items()}
+            rows[B.label(k)] = {n: B.fmt_ci(k, r["summary"]) for n, r in results.items()}
     return pd.DataFrame(rows).T
 
 
@@ -120,6 +123,7 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
     if shown:
         st.subheader("Side by side")
         st.table(_table(branch, kpi_keys + [k for k in B.TABLE_BRANCH if k not in kpi_keys]))
+        st.caption(B.CI_NOTE)
         from app.report import fig_latency_breakdown
 
         summ = {n: {**r["summary"], "kind": B.policy_kind(n)} for n, r in branch.items()}
