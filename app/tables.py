@@ -45,9 +45,36 @@ def trace_model_note(summaries) -> str:
     return ""
 
 
+def provenance_line(policies: dict) -> str:
+    """Whose decisions, whose costs, the profile's status and the serving limits the table holds under."""
+    from sim.catalog import STATUS_WORDS
+    from sim.profiles import load_hardware
+    m = next((v for v in policies.values() if v.get("decisions_model")), None)
+    if m is None:
+        return ""
+    hw = m.get("hardware")
+    try:
+        status = STATUS_WORDS.get(load_hardware(hw).calibration_status, "")
+    except Exception:  # a profile given as a file that moved since the run: the name still says what priced it
+        status = ""
+    status = f" ({status})" if status else ""
+    cap = m.get("kv_capacity_bytes")
+    cap = f", KV capacity {cap / 2**30:.1f} GiB" if isinstance(cap, (int, float)) else ""
+    mode = m.get("mode", "isolated")
+    limits = ("isolated: one problem at a time, its branches batched without a limit" if mode == "isolated" else
+              f"{mode}, scheduler {m.get('scheduler')}, max_num_seqs {m.get('max_num_seqs')}, "
+              f"max_num_batched_tokens {m.get('max_num_batched_tokens')}")
+    return (f"decisions: {m['decisions_model']} (the trace's model) | costs: {m.get('cost_model')} on {hw}{status} | "
+            f"{limits}{cap}, {m.get('n_problems')} problems")
+
+
 def print_table(policies: dict) -> None:
-    """Print :func:`ci_table` of ``policies`` (figures with their 95% intervals) and its footnote."""
+    """Print the :func:`provenance_line`, :func:`ci_table` of ``policies`` (figures with their 95% intervals)
+    and its footnote."""
     import pandas as pd
+    line = provenance_line(policies)
+    if line:
+        print(line)
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(ci_table(policies).to_string())
     if any(k.endswith("_ci95") for v in policies.values() for k in v):

@@ -165,3 +165,15 @@ def test_demo_end_to_end(tmp_path):
     html = (tmp_path / "demo" / "report.html").read_text()
     assert html.count("plotly-graph-div") >= 6
     assert "qwen2.5-7b on h100-sxm" in r.stdout and "local-cpu" in r.stdout
+
+
+def test_compare_table_says_whose_decisions_whose_costs_and_the_limits(syn, capsys):
+    # the first line a user reads names the trace's model, the target, the profile's status and the limits
+    assert main(["compare", "--trace", syn, "--model-preset", "qwen2.5-7b", "--hardware", "h100-sxm",
+                 "--mode", "serving"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("decisions: ") and "(the trace's model)" in first
+    assert "costs: qwen2.5-7b on h100-sxm (public profiles)" in first
+    assert "serving, scheduler vllm-v1, max_num_seqs " in first and "KV capacity " in first
+    assert main(["compare", "--trace", syn, "--model-preset", "qwen2.5-7b", "--hardware", "a100-80gb"]) == 0
+    assert "isolated: one problem at a time" in capsys.readouterr().out.splitlines()[0]
