@@ -525,7 +525,10 @@ class Engine:
             if self.prompt_ids is None:
                 self.prompt_ids = {}
             self.prompt_ids[pseq] = prompt_ids
-        self._arrive(_Prob(pseq, pos, job, None), user_done)
+        p = _Prob(pseq, pos, job, None)
+        if self.record_tokens:
+            p.tok = [[] for _ in range(job.B)]
+        self._arrive(p, user_done)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
