@@ -159,7 +159,7 @@ def register(sub) -> None:
     from sim.target import TargetSpec
     add_declared(p, TargetSpec, only=("data_parallel_size",))
     add_declared(p, RunConfig, only=("router", "slo"))
-    p.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
+    p.add_argument("--goodput", nargs="+", default=None, metavar="KEY_MS",
                    help="vLLM's spelling of the SLOs: KEY:VALUE in milliseconds, KEY one of ttft, tpot, e2el "
                         "(e.g. --goodput ttft:500 tpot:50); the same rule as --slo, which is in seconds (default: none)")
     p.add_argument("--save-result", action="store_true", help="write the result JSON (vLLM's schema)")

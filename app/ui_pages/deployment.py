@@ -136,7 +136,7 @@ def _frontier(df: pd.DataFrame, meta: dict) -> None:
         p = pts[0]
         cn, idx = int(p.get("curve_number", -1)), int(p.get("point_index", p.get("point_number", -1)))
         if 0 <= cn < len(curves) and 0 <= idx < len(curves[cn]):
-            clicked = curves[cn][idx]
+            clicked = int(curves[cn][idx])
     cols = [k for k in ("policy", "gpus", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
                         "max_num_seqs", "max_num_batched_tokens", "goodput_problems_per_s", "slo_attainment",
                         "throughput_tokens_per_s", "e2e_p99_s", "cost_per_million_output_tokens") if k in df.columns]
@@ -155,6 +155,7 @@ def _frontier(df: pd.DataFrame, meta: dict) -> None:
     if st.session_state.get("deploy.front.row") not in choices:
         st.session_state.pop("deploy.front.row", None)
     row = st.selectbox("deployment", choices, format_func=name, key="deploy.front.row")
+    st.caption(f"selected: {name(row)}")  # the box truncates a long line
     if st.button("open this deployment in Serving", key="deploy.open"):
         st.session_state["serving.load"] = B.serving_load(df.loc[row].to_dict(), meta)
         st.switch_page("ui_pages/serving.py")
