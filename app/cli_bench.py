@@ -154,6 +154,14 @@ def register(sub) -> None:
                    help="metrics to report percentiles of: ttft, tpot, itl, e2el")
     p.add_argument("--metric-percentiles", default="99",
                    metavar="P,P", help="percentiles of the selected metrics")
+    from app.cli_sim import add_declared
+    from sim.runconfig import RunConfig
+    from sim.target import TargetSpec
+    add_declared(p, TargetSpec, only=("data_parallel_size",))
+    add_declared(p, RunConfig, only=("router", "slo"))
+    p.add_argument("--goodput", nargs="+", default=None, metavar="KEY_MS",
+                   help="vLLM's spelling of the SLOs: KEY:VALUE in milliseconds, KEY one of ttft, tpot, e2el "
+                        "(e.g. --goodput ttft:500 tpot:50); the same rule as --slo, which is in seconds (default: none)")
     p.add_argument("--save-result", action="store_true", help="write the result JSON (vLLM's schema)")
     p.add_argument("--save-detailed", action="store_true",
                    help="keep the per-request fields (input_lens, output_lens, ttfts, itls, start_times)")
@@ -220,6 +228,24 @@ def _target(args):
     return model, hw, sv, pol
 
 
+def _slo(args):
+    """The SLO of ``--slo ttft=S,...`` (seconds) or vLLM's ``--goodput ttft:MS ...`` (milliseconds; ``e2el``)."""
+    from sim.goodput import SLO
+    if args.goodput is not None and args.slo is not None:
+        raise ValueError("--goodput: give the SLOs once, as --slo (seconds) or --goodput (milliseconds)")
+    if args.goodput is None:
+        return SLO.parse(args.slo)
+    parts = []
+    for item in args.goodput:
+        key, sep, val = str(item).partition(":")
+        key = {"e2el": "e2e"}.get(key.strip(), key.strip() if key.strip() in ("ttft", "tpot") else None)
+        if not sep or key is None:
+            raise ValueError(f"--goodput: {item!r} is not KEY:MILLISECONDS with KEY one of ttft, tpot, e2el")
+        ms = number(val, f"--goodput {item.partition(':')[0].strip()}", lo=0, lo_open=True)
+        parts.append(f"{key}={ms / 1000.0!r}")
+    return SLO.parse(",".join(parts).replace("--slo", "--goodput"))
+
+
 def _layout(args) -> dict:
     """The replica layout flags (declared on ``sim.target.TargetSpec``) as ``sim.plain.run`` keywords."""
     return {"tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
@@ -254,13 +280,15 @@ def _cmd_serve(args) -> int:
     for m in metrics:
         if m not in ("ttft", "tpot", "itl", "e2el"):
             raise ValueError(f"--percentile-metrics: {m!r} is not one of ttft, tpot, itl, e2el")
+    slo = _slo(args)
     r = plain.run(model, hw, wl, request_rate=args.request_rate, burstiness=args.burstiness,
                   max_concurrency=args.max_concurrency, seed=args.seed, serving=sv, token_policy=pol,
-                  block_size=args.block_size, **_layout(args))
+                  block_size=args.block_size, data_parallel_size=args.data_parallel_size, router=args.router,
+                  **_layout(args))
     res = plain.serve_result(r, percentiles=args.metric_percentiles, metrics=metrics, request_rate=args.request_rate,
                              burstiness=args.burstiness, max_concurrency=args.max_concurrency,
                              model_id=model.name, num_prompts=wl.n, detailed=args.save_detailed,
-                             extra={"dataset_name": name, "ignore_eos": True})
+                             extra={"dataset_name": name, "ignore_eos": True}, slo=slo)
     print(plain.format_serve(res, metrics, args.metric_percentiles))
     if args.save_result:
         conc = f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None else ""

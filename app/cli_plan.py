@@ -73,7 +73,11 @@ def _cmd_plan(args) -> int:
     meta = {"command": "plan", "model": m.name, "node": node.name, "hardware": hw.name, "gpus": args.gpus,
             "slo": str(slo), "router": args.router, "policies": pols, "deployments": len(deps),
             "backend": args.backend, "wall_s": wall,
-            "decisions_model": df["decisions_model"].iloc[0] if len(df) else None}
+            "decisions_model": df["decisions_model"].iloc[0] if len(df) else None,
+            # what a deployment loaded into the dashboard's Serving page is re-run under
+            "model_preset": args.model_preset, "node_preset": args.hardware, "trace": args.trace,
+            "arrival_rate": args.arrival_rate, "concurrency": None if args.arrival_rate is not None else args.concurrency,
+            "n_requests": args.requests, "seed": args.seed, "gpu_hour_cost": args.gpu_hour_cost}
     if args.out:
         write_parquet(_mark(df, front), args.out, meta)
     cols = ["gpus", "policy", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
@@ -92,6 +96,44 @@ def _cmd_plan(args) -> int:
     print(best[cols].to_string(index=False))
     if args.out:
         print(f"wrote {args.out}")
+    return 0
+
+
+def pareto_plan(args, df, meta) -> int:
+    """``rksim pareto PLAN.parquet [--x gpus|cost] [--y goodput|throughput] [--out FILE.html] [--json]``: the
+    frontier over all policies and per policy, printed; the figure written as self-contained HTML."""
+    from sim.planner import plan_axes, plan_caption, plan_figure, plan_frontiers
+
+    x, y = plan_axes(df, args.x or "gpus", args.y or "goodput")
+    if getattr(args, "minimize_x", None) is False or getattr(args, "maximize_y", None) is False:
+        raise ValueError(f"--{'maximize-x' if args.minimize_x is False else 'minimize-y'}: a plan's frontier is "
+                         "fewer GPUs (or cost) against more goodput (or throughput); the directions are fixed")
+    if args.out is not None and not str(args.out).endswith(".html"):
+        raise ValueError(f"--out {args.out!r}: the figure is written as self-contained HTML; name it *.html")
+    overall, per = plan_frontiers(df, x, y)
+    cols = [c for c in ("policy", "gpus", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                        "max_num_seqs", "max_num_batched_tokens", "goodput_problems_per_s", "throughput_tokens_per_s",
+                        "slo_attainment", "e2e_p99_s", "cost_per_million_output_tokens") if c in df.columns]
+    if args.json:
+        print(json.dumps({"meta": meta, "x": x, "y": y, "frontier": overall[cols].to_dict("records"),
+                          "per_policy": {p: f[cols].to_dict("records") for p, f in per.items()}},
+                         indent=2, default=float))
+    else:
+        print(f"{args.file}: {len(df)} deployments; {plan_caption(meta)}")
+        print(f"frontier, all policies (fewer {x}, more {y}):")
+        print(overall[cols].to_string(index=False))
+        for pol, f in per.items():
+            print(f"frontier of {pol}:")
+            print(f[cols].to_string(index=False))
+    if args.out is not None:
+        import plotly.io as pio
+
+        from traces.store import atomic_write_text
+
+        fig, _ = plan_figure(df, meta, x, y)
+        atomic_write_text(args.out, pio.to_html(fig, full_html=True, include_plotlyjs="inline"))
+        if not args.json:
+            print(f"wrote {args.out}")
     return 0
 
 

@@ -197,6 +197,10 @@ def _cmd_pareto(args) -> int:
     from sim.sweep import param_columns, read_sweep
 
     df, meta = read_sweep(args.file)
+    if meta.get("command") == "plan":  # a `rksim plan --out` table: its deployments' frontier per policy
+        from app.cli_plan import pareto_plan
+        return pareto_plan(args, df, meta)
+    args.x, args.y = args.x or "cgee_error_rate", args.y or "speedup_vs_no_kv"
     front = frontier(df, args.x, args.y, minimize_x=args.minimize_x, maximize_y=args.maximize_y)
     cols = (["config_id"] if "config_id" in front.columns else []) + param_columns(front) + [args.x, args.y]
     table = front[cols] if args.all_ties else collapse_ties(front[cols], args.x, args.y)
@@ -304,11 +308,13 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, metavar="FILE", help="also write the JSON result to this file (default: none)")
     p.set_defaults(func=_cmd_tune)
 
-    p = sub.add_parser("pareto", help="Pareto frontier of a sweep: plotly figure and table",
+    p = sub.add_parser("pareto", help="Pareto frontier of a sweep or a plan: plotly figure and table",
                        description="Non-dominated configurations of a sweep file (docs/sweeps.md).")
-    p.add_argument("file", help="sweep FILE.parquet")
-    p.add_argument("--x", default="cgee_error_rate", metavar="METRIC", help="x metric (default cgee_error_rate)")
-    p.add_argument("--y", default="speedup_vs_no_kv", metavar="METRIC", help="y metric (default speedup_vs_no_kv)")
+    p.add_argument("file", help="sweep FILE.parquet, or a `rksim plan --out` file (docs/parallelism.md)")
+    p.add_argument("--x", default=None, metavar="METRIC",
+                   help="x metric (default cgee_error_rate; a plan file: gpus (default) or cost)")
+    p.add_argument("--y", default=None, metavar="METRIC",
+                   help="y metric (default speedup_vs_no_kv; a plan file: goodput (default) or throughput)")
     gx = p.add_mutually_exclusive_group()
     gx.add_argument("--minimize-x", dest="minimize_x", action="store_const", const=True, default=None,
                     help="smaller x is better (default: from the metric's name)")

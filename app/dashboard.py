@@ -1,7 +1,7 @@
 """The rksim dashboard (``rksim dashboard`` / ``make app``): an engineer's workbench over the simulator.
 
 A Streamlit multipage app (``st.navigation``): What-if, Serving, Trace explorer, Sweeps,
-Calibration, Compare. Every simulator call goes through :mod:`app.ui_backend`; every file it
+Deployment, Calibration, Compare. Every simulator call goes through :mod:`app.ui_backend`; every file it
 reads is picked from :mod:`app.ui_paths`' listing of the trace roots
 (``streamlit run app/dashboard.py -- --trace-root DIR``, or ``$RKSIM_TRACE_ROOT``; default the
 bundled ``examples/`` and ``./runs``). No torch is loaded.
@@ -16,6 +16,7 @@ HERE = Path(__file__).resolve().parent
 PAGES = [("ui_pages/whatif.py", "What-if", ":material/science:"), ("ui_pages/serving.py", "Serving", ":material/dns:"),
          ("ui_pages/explorer.py", "Trace explorer", ":material/search:"),
          ("ui_pages/sweeps.py", "Sweeps", ":material/scatter_plot:"),
+         ("ui_pages/deployment.py", "Deployment", ":material/hub:"),
          ("ui_pages/calibration.py", "Calibration", ":material/target:"),
          ("ui_pages/compare.py", "Compare", ":material/table:")]
 

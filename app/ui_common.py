@@ -44,6 +44,8 @@ exit_layers = _on_session(_cache(B.exit_layers))
 value_ranges = _cache(B.value_ranges)
 read_sweep = _cache(B.read_sweep)
 run_small_sweep = _cache(B.run_small_sweep)
+read_plan = _cache(B.read_plan)
+run_small_plan = _cache(B.run_small_plan)
 calibration_run = _cache(B.calibration_run)
 calibration_serve = _cache(B.calibration_serve)
 param_ranges = _cache(B.param_ranges)
@@ -163,7 +165,8 @@ def text_number(label: str, key: str, flag: str, default="", help: str | None = 
 
     Returns ``(value, ok)``; a bad value shows one line under the box and ``ok`` is False.
     """
-    raw = st.text_input(label, value=str(default), key=key, help=help)
+    # a value already in the session state (typed, or loaded from another page) wins; no default beside it
+    raw = st.text_input(label, value="" if key in st.session_state else str(default), key=key, help=help)
     try:
         return P.number(raw, flag, **check), True
     except ValueError as exc:
@@ -185,7 +188,9 @@ def target_controls(prefix: str, trace: str | None, sidebar: bool = True, slots:
                         help="cost model's model; decisions always come from the trace's own model")
     slots.under("model", where)
     dh = B.default_hardware()
-    h = where.selectbox("hardware", hw, index=hw.index(dh) if dh in hw else 0, key=f"{prefix}.hardware")
+    # no default index where the session state holds a value (one loaded from another page): Streamlit warns
+    h = where.selectbox("hardware", hw, index=None if f"{prefix}.hardware" in st.session_state else
+                        (hw.index(dh) if dh in hw else 0), key=f"{prefix}.hardware")
     slots.under("hardware", where)
     with where:
         seed, ok = text_number("simulator seed", f"{prefix}.seed", "--sim-seed", default="0", lo=0, hi=2**32 - 1,

@@ -1,4 +1,4 @@
-"""Which files the dashboard may read: only traces, sweeps and calibration folders under the trace roots.
+"""Which files the dashboard may read: only traces, sweeps, plans and calibration folders under the trace roots.
 
 The roots come from ``rksim dashboard --trace-root DIR`` (repeatable; passed to the Streamlit
 script after ``--``) or ``$RKSIM_TRACE_ROOT`` (``os.pathsep``-separated), else the bundled
@@ -85,17 +85,31 @@ def is_trace(p: Path) -> bool:
 
 
 def is_sweep(p: Path) -> bool:
-    return p.is_file() and p.suffix == ".parquet" and p.stat().st_size > 0 and _has_sweep_meta(p)
+    return p.is_file() and p.suffix == ".parquet" and p.stat().st_size > 0 and _rksim_meta(p) not in (None, "plan")
 
 
-def _has_sweep_meta(p: Path) -> bool:
+def is_plan(p: Path) -> bool:
+    """A ``rksim plan --out`` table (a sweep-style Parquet file whose metadata says ``command: plan``)."""
+    return p.is_file() and p.suffix == ".parquet" and p.stat().st_size > 0 and _rksim_meta(p) == "plan"
+
+
+def _rksim_meta(p: Path) -> str | None:
+    """None for a file without rksim metadata, else the ``command`` it names ("" when none)."""
     try:
+        import json
+
         import pyarrow.parquet as pq
 
         md = pq.read_schema(p).metadata or {}
     except Exception:  # noqa: BLE001 - an unreadable file is simply not listed
-        return False
-    return any(k.startswith(b"rksim") for k in md)
+        return None
+    keys = [k for k in md if k.startswith(b"rksim")]
+    if not keys:
+        return None
+    try:
+        return str(json.loads(md[keys[0]]).get("command") or "")
+    except (ValueError, AttributeError):
+        return ""
 
 
 def is_calibration(p: Path) -> bool:
@@ -104,7 +118,7 @@ def is_calibration(p: Path) -> bool:
     return p.is_dir() and calibration_kind(p) is not None
 
 
-KINDS = {"trace": is_trace, "sweep": is_sweep, "calibration": is_calibration}
+KINDS = {"trace": is_trace, "sweep": is_sweep, "plan": is_plan, "calibration": is_calibration}
 
 
 def listing(kind: str, roots: list[Path] | None = None) -> dict[str, str]:

@@ -232,13 +232,14 @@ class PlainRun:
     itls: list                # per request, the gaps between consecutive tokens
     duration: float
     info: dict
+    replica: np.ndarray | None = None   # with data_parallel_size > 1: the replica each request was routed to
 
 
 def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstiness: float = 1.0,
         max_concurrency: int | None = None, seed: int = 0, serving: ServingConfig | None = None,
         offline: bool = False, token_policy=None, block_size: int = BLOCK_SIZE,
         arrivals: np.ndarray | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-        node=None) -> PlainRun:
+        node=None, data_parallel_size: int = 1, router: str = "prefix-affinity") -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.engine.Engine` and return per-request timings.
 
     ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
@@ -250,6 +251,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     ``hw``'s GPU) serve as one replica: iterations priced by :class:`sim.parallel.ParallelCost`, KV the
     replica's (:func:`sim.capacity.kv_capacity`), the fitted range checked on one rank's shard; a layout
     whose weights do not fit is refused naming the smallest that does (:func:`sim.capacity.check_fits`).
+    ``data_parallel_size`` such replicas sit behind ``router`` (:mod:`sim.router`; :func:`_replicated`); one
+    replica is the engine's own driver, unchanged.
     """
     from .engine import Engine
     from .scheduler import SchedulerConfig
@@ -267,7 +270,11 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     from .capacity import check_fits
     from .parallel import ParallelConfig, ParallelCost, rank_model, stage_layers
     from .target import resolve_node
-    par = ParallelConfig(tensor_parallel_size, pipeline_parallel_size)
+    par = ParallelConfig(tensor_parallel_size, pipeline_parallel_size, data_parallel_size)
+    if data_parallel_size > 1:
+        from .router import ROUTERS
+        if router not in ROUTERS:
+            raise PlainError(f"--router: {router!r} is not one of {', '.join(ROUTERS)}")
     nd = resolve_node(node, hw, par)
     par.validate(model, nd, None)
     if not par.is_single or model.weight_bytes > hw.mem_capacity:
@@ -297,13 +304,20 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         jobs.append((i, job))
         own = -(1 + i * 10 ** 9 + np.arange(P - wl.prefix_len, dtype=np.int64))
         ids.append([np.concatenate([pre, own]) if wl.prefix_len else own])
-    eng = Engine(model, hw, jobs, seed=seed, scheduler=sched, kv_blocks=blocks,
-                 caching=bool(sv.prefix_caching) and token_policy is None, prompt_ids=ids,
-                 max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name,
-                 arrival_times=sched_t, max_concurrency=max_concurrency, record_token_times=True,
-                 cost=None if par.is_single else ParallelCost(model, hw, nd, par))
-    res = eng.run()
-    recs = res.records()
+    kw = dict(seed=seed, scheduler=sched, kv_blocks=blocks, caching=bool(sv.prefix_caching) and token_policy is None,
+              max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name, record_token_times=True,
+              cost=None if par.is_single else ParallelCost(model, hw, nd, par))
+    where = None
+    if par.data_parallel_size == 1:
+        eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency, **kw)
+        res = eng.run()
+        recs = res.records()
+        results = [res]
+    else:
+        keys = [pre if wl.prefix_len else x[0] for x in ids]   # what prefix-affinity hashes: the shared prefix
+        results, recs, where, makespan = _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency,
+                                                     par.data_parallel_size, router, kw)
+    makespan = float(res.makespan) if where is None else makespan
     start = np.array([r["arrival_s"] for r in recs])
     ttft = np.array([r["first_token_times"][0] for r in recs])
     e2el = np.array([r["latency_s"] for r in recs])
@@ -314,13 +328,74 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
             "kv_capacity_bytes": float(cap["kv_capacity_bytes"]), "capacity_source": cap["capacity_source"],
             "prefix_caching": bool(sv.prefix_caching) and token_policy is None,
             "token_policy": getattr(token_policy, "name", None) if token_policy is not None else None,
-            "preemptions": int(res.stats["preemptions"]), "max_running_seqs": int(res.stats["max_running_seqs"]),
-            "iterations": int(res.iterations), "offline": bool(offline),
+            "preemptions": int(sum(x.stats["preemptions"] for x in results)),
+            "max_running_seqs": int(max(x.stats["max_running_seqs"] for x in results)),   # of any one replica
+            "iterations": int(sum(x.iterations for x in results)), "offline": bool(offline),
             "prefix_hit_tokens": int(sum(r["prefix_hit_tokens"] for r in recs))}
     if not par.is_single:
         info.update({"tensor_parallel_size": par.tensor_parallel_size,
                      "pipeline_parallel_size": par.pipeline_parallel_size, "node": nd.name})
-    return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, float(res.makespan), info)
+    if where is not None:
+        info.update({"data_parallel_size": par.data_parallel_size, "router": router,
+                     "kv_capacity_blocks_per_replica": int(blocks)})
+    return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where)
+
+
+def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, router: str, kw: dict):
+    """``n`` replica engines under one clock behind ``router``: each request, when due (and, with
+    ``max_concurrency``, when it holds one of the client's slots, FIFO, as the single engine's driver), is
+    routed on arrival (``outstanding`` = requests in flight per replica, :mod:`sim.router`) and submitted to
+    that replica's engine. Returns ``(engine results, records in request order, replica per request,
+    makespan)``."""
+    import simpy
+
+    from .engine import Engine
+    from .router import Arrival, make_router
+
+    env = simpy.Environment()
+    # several accelerators must not wait on each other's zero-time steps: one settle step each (sim.replicas)
+    engines = [Engine(model, hw, [], env=env, settle=1, **kw) for _ in range(n)]
+    accs = [e.start() for e in engines]
+    rt = make_router(router, n)
+    outstanding = [0] * n
+    where = np.zeros(len(jobs), np.int64)
+    slots = simpy.Resource(env, capacity=int(max_concurrency)) if max_concurrency else None
+
+    def user(i):
+        t = float(sched_t[i])
+        if t > env.now:
+            yield env.timeout(t - env.now)
+        slot = None
+        if slots is not None:
+            slot = slots.request()
+            yield slot
+        r = int(rt.route(Arrival(i, 0, 1, keys[i]), outstanding))
+        where[i] = r
+        outstanding[r] += 1
+        done = env.event()
+        engines[r].submit(i, jobs[i][0], jobs[i][1], ids[i], done)
+        yield done
+        outstanding[r] -= 1
+        if slot is not None:
+            slots.release(slot)
+
+    for i in range(len(jobs)):
+        env.process(user(i))
+    try:
+        while True:
+            env.step()
+            for a in accs:
+                if a.triggered and not a.ok:
+                    raise a.value
+    except simpy.core.EmptySchedule:
+        pass
+    counts = np.bincount(where, minlength=n)
+    results = [e.result(n_expected=int(c)) for e, c in zip(engines, counts)]
+    by = {}
+    for res in results:
+        for rec in res.records():
+            by[rec["pseq"]] = rec
+    return results, [by[i] for i in range(len(jobs))], where, float(env.now)
 
 
 def _long_decode(model, hw, pol, P: int, T: int):
@@ -350,8 +425,13 @@ def _pword(p: float) -> str:
 def serve_result(r: PlainRun, *, percentiles=(99.0,), metrics=("ttft", "tpot", "itl", "e2el"),
                  request_rate: float = math.inf, burstiness: float = 1.0, max_concurrency: int | None = None,
                  model_id: str = "", num_prompts: int | None = None, detailed: bool = True,
-                 extra: dict | None = None) -> dict:
+                 extra: dict | None = None, slo=None) -> dict:
     """``vllm bench serve``'s result dictionary (its keys; module docstring) for a simulated run.
+
+    ``slo`` (a :class:`sim.goodput.SLO`): ``request_goodput`` = requests meeting every stated SLO per second
+    of the run, vLLM's ``--goodput`` rule (TPOT ``(e2el - ttft) / (output_len - 1)``, 0 for one output token;
+    a request is good when each stated latency is <= its SLO); None when no SLO is stated. With replicas,
+    ``rksim.per_replica`` holds each replica's requests, throughput, goodput and latency percentiles.
 
     ``start_times`` are seconds from the benchmark's start (vLLM writes ``perf_counter`` values:
     only differences matter). ``extra`` keys (rksim's provenance) are added under ``"rksim"``.
@@ -398,8 +478,36 @@ def serve_result(r: PlainRun, *, percentiles=(99.0,), metrics=("ttft", "tpot", "
     if not detailed:
         for k in ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors"):
             res.pop(k, None)
-    res["rksim"] = {**r.info, **(extra or {})}
+    from .goodput import goodput, tpot
+    all_tpot = tpot(r.ttft, r.e2el, out_lens)
+    if slo is not None and slo.stated:
+        res["request_goodput"] = goodput(slo, r.ttft, all_tpot, r.e2el, dur)["goodput_rps"]
+    res["rksim"] = {**r.info, **(extra or {}), "slo": None if slo is None or not slo.stated else str(slo)}
+    if r.replica is not None:
+        res["rksim"]["per_replica"] = _per_replica(r, all_tpot, slo, percentiles)
     return res
+
+
+def _per_replica(r: PlainRun, all_tpot, slo, percentiles) -> list:
+    """Each replica's requests, request throughput and goodput over the whole run's duration, TTFT / TPOT /
+    E2EL mean and percentiles in ms."""
+    from .goodput import goodput
+    out = []
+    for k in range(int(r.info["data_parallel_size"])):
+        m = r.replica == k
+        row = {"replica": k, "completed": int(m.sum()),
+               "request_throughput": float(m.sum()) / r.duration if r.duration > 0 else None,
+               "request_goodput": (goodput(slo, r.ttft[m], all_tpot[m], r.e2el[m], r.duration)["goodput_rps"]
+                                   if slo is not None and slo.stated else None),
+               "output_throughput": float(r.workload.output_lens[m].sum()) / r.duration if r.duration > 0 else None}
+        for name, x in (("ttft", r.ttft[m]), ("tpot", all_tpot[m][r.workload.output_lens[m] > 1]), ("e2el", r.e2el[m])):
+            if m.any():
+                mean, med, _, pcts = _stats(x, percentiles)
+                row[f"mean_{name}_ms"], row[f"median_{name}_ms"] = mean, med
+                for p, v in pcts:
+                    row[f"p{_pword(p)}_{name}_ms"] = v
+        out.append(row)
+    return out
 
 
 _HEAD = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
@@ -422,6 +530,8 @@ def format_serve(res: dict, metrics=("ttft", "tpot", "itl", "e2el"), percentiles
     row("Total input tokens:", res["total_input_tokens"])
     row("Total generated tokens:", res["total_output_tokens"])
     row("Request throughput (req/s):", res["request_throughput"], "{:<10.2f}")
+    if res.get("request_goodput") is not None:
+        row("Request goodput (req/s):", res["request_goodput"], "{:<10.2f}")
     row("Output token throughput (tok/s):", res["output_throughput"], "{:<10.2f}")
     row("Peak output token throughput (tok/s):", res["max_output_tokens_per_s"], "{:<10.2f}")
     row("Peak concurrent requests:", res["max_concurrent_requests"], "{:<10.2f}")
@@ -433,6 +543,15 @@ def format_serve(res: dict, metrics=("ttft", "tpot", "itl", "e2el"), percentiles
         row(f"Median {short} (ms):", res[f"median_{m}_ms"], "{:<10.2f}")
         for p in percentiles:
             row(f"P{_pword(p)} {short} (ms):", res[f"p{_pword(p)}_{m}_ms"], "{:<10.2f}")
+    reps = res["rksim"].get("per_replica")
+    if reps:
+        lines.append("{s:{c}^{n}}".format(s=f"Per replica ({res['rksim'].get('router')})", n=50, c="-"))
+        p = _pword(percentiles[-1]) if percentiles else None
+        for x in reps:
+            good = "" if x["request_goodput"] is None else f", goodput {x['request_goodput']:.2f}"
+            tail = f", P{p} E2EL {x[f'p{p}_e2el_ms']:.0f} ms" if p and f"p{p}_e2el_ms" in x else ""
+            lines.append(f"replica {x['replica']}: {x['completed']} requests, {x['request_throughput']:.2f} req/s"
+                         f"{good}{tail}")
     lines.append("=" * 50)
     lines.append(provenance(res["rksim"]))
     return "\n".join(lines)
@@ -449,7 +568,11 @@ def provenance(info: dict) -> str:
             f"{s['max_num_batched_tokens']}, KV capacity {info['kv_capacity_blocks']} blocks of "
             f"{info['block_size']} tokens ({info['kv_capacity_bytes'] / 1e9:.2f} GB), prefix caching "
             f"{'on' if info['prefix_caching'] else 'off'}" + (f", token policy {pol}" if pol else "")
-            + f"; {info['preemptions']} preemptions, at most {info['max_running_seqs']} running")
+            + (f"; {info['data_parallel_size']} replicas behind {info['router']}, each with that capacity"
+               if "data_parallel_size" in info else "")
+            + (f"; SLO {info['slo']}" if info.get("slo") else "")
+            + f"; {info['preemptions']} preemptions, at most {info['max_running_seqs']} running"
+            + (" on one replica" if "data_parallel_size" in info else ""))
 
 
 def throughput_result(r: PlainRun) -> dict:

@@ -194,3 +194,116 @@ def run_plan(trace, deps: Iterable[Deployment], options: dict, backend: str = "l
                             progress=progress)
         return [res[cid] for cid, _ in items]
     raise ValueError(f"--backend: {backend!r} is not one of local, dask")
+
+
+# --------------------------------------------------------------------------- a plan file: its frontier and figure
+# ``rksim pareto --x``: the cost axis (fewer is better) and ``--y``: the figure deployments are chosen on (more is
+# better), each a column of the plan table.
+PLAN_X = {"gpus": "gpus", "cost": "cost_per_million_output_tokens"}
+PLAN_Y = {"goodput": "goodput_problems_per_s", "throughput": "throughput_tokens_per_s"}
+PLAN_KEY = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
+            "max_num_batched_tokens", "policy")
+
+
+class PlanError(ValueError):
+    """A file that is not a readable ``rksim plan`` table, or an axis it lacks (the message names which)."""
+
+
+def read_plan(path) -> tuple[pd.DataFrame, dict]:
+    """The rows and metadata of a ``rksim plan --out`` Parquet file (``command: plan`` in its metadata)."""
+    from .sweep import read_sweep
+
+    try:
+        df, meta = read_sweep(path)
+    except (ValueError, FileNotFoundError) as exc:
+        raise PlanError(str(exc)) from None
+    missing = [c for c in (*PLAN_KEY, "gpus", "goodput_problems_per_s") if c not in df.columns]
+    if meta.get("command") != "plan" or missing:
+        raise PlanError(f"{str(path)!r}: not a `rksim plan --out` table"
+                        + (f" (no column {missing[0]!r})" if missing else " (no plan metadata)"))
+    return df, meta
+
+
+def plan_axes(df: pd.DataFrame, x: str = "gpus", y: str = "goodput") -> tuple[str, str]:
+    """The columns of ``--x`` / ``--y``; :class:`PlanError` naming the flag for an unknown name or a column the
+    table lacks (cost needs a plan run with ``--gpu-hour-cost``)."""
+    if x not in PLAN_X:
+        raise PlanError(f"--x: {x!r} is not one of {', '.join(PLAN_X)}")
+    if y not in PLAN_Y:
+        raise PlanError(f"--y: {y!r} is not one of {', '.join(PLAN_Y)}")
+    xc, yc = PLAN_X[x], PLAN_Y[y]
+    if xc not in df.columns or df[xc].isna().all():
+        raise PlanError(f"--x {x}: the plan has no {xc} (run `rksim plan` with --gpu-hour-cost)")
+    if yc not in df.columns or df[yc].isna().all():
+        raise PlanError(f"--y {y}: the plan has no {yc}")
+    return xc, yc
+
+
+def plan_frontiers(df: pd.DataFrame, x: str = "gpus", y: str = "goodput_problems_per_s"
+                   ) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    """``(frontier over all policies, {policy: its own frontier})`` of fewer ``x`` against more ``y``.
+
+    Rows without both figures are left out; each frame keeps the table's index (its row number) and is
+    sorted by ``x``.
+    """
+    data = df.dropna(subset=[x, y])
+    data = data[np.isfinite(data[x].astype(float)) & np.isfinite(data[y].astype(float))]
+
+    def front(frame):
+        if frame.empty:
+            return frame
+        m = pareto_mask(frame[x].to_numpy(np.float64), frame[y].to_numpy(np.float64), minimize_x=True,
+                        maximize_y=True)
+        return frame[m].sort_values([x, y], kind="stable")
+
+    per = {str(p): front(g) for p, g in data.groupby("policy", sort=True)}
+    return front(data), per
+
+
+def plan_caption(meta: dict) -> str:
+    """What a plan's figures hold under: model, node, GPU budget, SLO, router, arrivals, decisions' model."""
+    arr = (f"Poisson at {meta['arrival_rate']:g} problems/s" if meta.get("arrival_rate") is not None
+           else f"closed loop of {meta['concurrency']}" if meta.get("concurrency") is not None else "")
+    parts = [f"costs from {meta.get('model', '?')} on {meta.get('node', '?')} (<= {meta.get('gpus', '?')} GPUs)",
+             f"decisions of {meta.get('decisions_model', '?')}", f"SLO {meta.get('slo', 'none')}",
+             f"router {meta.get('router', '?')}", "vLLM V1 scheduler at each point's max_num_seqs / "
+             "max_num_batched_tokens, KV capacity per replica at its layout"]
+    if arr:
+        parts.append(arr)
+    return "; ".join(parts)
+
+
+def plan_figure(df: pd.DataFrame, meta: dict, x: str = "gpus", y: str = "goodput_problems_per_s"):
+    """``(plotly figure, curves)``: per policy its deployments (markers) and its frontier (a step line), and the
+    frontier over all policies; ``curves[i]`` lists the table rows (index) of the figure's trace ``i``, so a
+    clicked point (curve number, point index) names its deployment."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+
+    overall, per = plan_frontiers(df, x, y)
+    fig, curves = go.Figure(), []
+
+    def hover(frame):
+        return [f"{r.policy}: TP {r.tensor_parallel_size} x PP {r.pipeline_parallel_size} x DP {r.data_parallel_size}"
+                f"<br>max_num_seqs {r.max_num_seqs}, max_num_batched_tokens {r.max_num_batched_tokens}"
+                for r in frame.itertuples()]
+
+    tmpl = f"{x}=%{{x}}<br>{y}=%{{y:.4g}}<br>%{{text}}<extra></extra>"
+    for i, (pol, front) in enumerate(per.items()):
+        color = qualitative.Plotly[i % len(qualitative.Plotly)]
+        rows = df[df["policy"] == pol].dropna(subset=[x, y])
+        fig.add_trace(go.Scatter(x=rows[x], y=rows[y], mode="markers", name=f"{pol}: deployments",
+                                 legendgroup=pol, marker=dict(size=7, color=color, opacity=0.35), text=hover(rows),
+                                 hovertemplate=tmpl))
+        curves.append(list(rows.index))
+        fig.add_trace(go.Scatter(x=front[x], y=front[y], mode="lines+markers", name=f"{pol}: frontier",
+                                 legendgroup=pol, line=dict(color=color, width=2, shape="hv"),
+                                 marker=dict(size=10, color=color), text=hover(front), hovertemplate=tmpl))
+        curves.append(list(front.index))
+    fig.add_trace(go.Scatter(x=overall[x], y=overall[y], mode="lines", name="frontier, all policies",
+                             line=dict(color="black", width=1, dash="dot", shape="hv"), hoverinfo="skip"))
+    curves.append(list(overall.index))
+    fig.update_layout(title=dict(text=f"Deployments: {y} against {x}<br><sup>{plan_caption(meta)}</sup>",
+                                 font=dict(size=15)),
+                      xaxis_title=x, yaxis_title=y, template="plotly_white", legend=dict(orientation="h", y=-0.2))
+    return fig, curves

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app" / "dashboard.py"
 from trace_files import BUNDLED  # noqa: E402
-PAGES = ["whatif", "serving", "explorer", "sweeps", "calibration", "compare"]
+PAGES = ["whatif", "serving", "explorer", "sweeps", "deployment", "calibration", "compare"]
 TIMEOUT = 240
 
 
@@ -69,6 +69,9 @@ def root(tmp_path_factory):
     r = tmp_path_factory.mktemp("root")
     assert main(["sweep", "--trace", str(BUNDLED), "--policy", "asks", "--grid", "tau=0.96:0.99:0.005",
                  "--quiet", "--out", str(r / "sweep-asks.parquet")]) == 0
+    assert main(["plan", "--model-preset", "qwen2.5-32b", "--hardware", "dgx-h100", "--gpus", "2", "--policies",
+                 "exact-prefix,asks", "--tensor-parallel-size", "1,2", "--requests", "12", "--concurrency", "4",
+                 "--slo", "e2e=5", "--json", "--out", str(r / "plan-32b.parquet")]) == 0
     _calibration_run(r / "cal-run")
     # a `calibrate serve` folder as calibrate/serve.py writes it: serve.json (errors: parity a share,
     # makespan/throughput signed fractions, the e2e median in percent), iterations.parquet, and a run.json +
@@ -271,6 +274,119 @@ def test_sweeps_page_runs_a_small_sweep_with_the_cli_grid_checks(env):
     assert any("4 configurations" in c.value for c in at.caption), [c.value for c in at.caption]
 
 
+# ----------------------------------------------------------------------------- Deployment
+DEPLOY = dict(model_preset="qwen2.5-32b", hardware="h100-sxm", mode="serving", tensor_parallel_size=2,
+              data_parallel_size=2, slo="ttft=1,e2e=20")
+
+
+def _block_with(at, kind: str, key: str):
+    """The innermost column holding the widget ``key`` (where its error slot is)."""
+    for col in at.columns:
+        if any(w.key == key for w in getattr(col, kind)):
+            inner = [c for c in col.columns if any(w.key == key for w in getattr(c, kind))] if hasattr(col, "columns") \
+                else []
+            return inner[0] if inner else col
+    raise AssertionError(f"no column holds {key}")
+
+
+def test_deployment_page_shows_goodput_per_replica_and_routing_losses(env):
+    from app import ui_backend as B
+    from sim.api import simulate
+
+    at = _app("deployment")
+    _ok(at)
+    assert at.title[0].value == "Deployment" and not at.error, [e.value for e in at.error]
+    for router in ("prefix-affinity", "round-robin"):
+        if router != "prefix-affinity":
+            at.selectbox(key="deploy.dep.router").set_value(router).run()
+            _ok(at)
+        for pol in ("exact-prefix", "asks"):
+            ref = simulate(str(BUNDLED), policy=pol, router=router, **DEPLOY).summary
+            for k in ("goodput_problems_per_s", "throughput_problems_per_s", "e2e_p99_s", "lost_asks_shares"):
+                assert _metric(at, f"{pol} · {B.label(k)}") == B.fmt(k, ref[k]), (router, pol, k)
+        table = next(t for t in at.tabs if t.label == "asks: per replica").dataframe[0].value
+        assert list(table.index) == ["0", "1", "total"]
+        ref = simulate(str(BUNDLED), policy="asks", router=router, **DEPLOY).summary
+        np.testing.assert_allclose(table[B.label("goodput_problems_per_s")].astype(float).to_numpy(),
+                                   [r["goodput_problems_per_s"] for r in ref["per_replica"]]
+                                   + [ref["goodput_problems_per_s"]])
+    assert ref["lost_asks_shares"] > 0  # round-robin splits problems: ASKS's forks lost
+    titles = [json.loads(c.proto.spec).get("layout", {}).get("title", {}).get("text") or ""
+              for c in at.get("plotly_chart")]
+    assert any("latency percentiles per replica" in t for t in titles)
+    assert any(t.startswith("Deployments: goodput_problems_per_s against gpus") and "dgx-h100" in t for t in titles)
+    assert any("TP 2 x PP 1 x DP 2 on dgx-h100" in c.value for c in at.caption), [c.value for c in at.caption]
+
+
+def test_deployment_page_says_a_refusal_beside_its_widget(env):
+    at = _app("deployment")
+    at.sidebar.selectbox(key="deploy.model").set_value("llama-3-70b").run()
+    at.selectbox(key="deploy.dep.tp").set_value(1).run()
+    _ok(at)
+    tp_col = _block_with(at, "selectbox", "deploy.dep.tp")
+    errs = [e.value for e in tp_col.error]
+    assert len(errs) == 1 and "llama-3-70b does not fit on h100-sxm" in errs[0] and \
+        "--tensor-parallel-size 2" in errs[0], [e.value for e in at.error]
+    assert at.title[0].value == "Deployment" and at.selectbox(key="deploy.dep.router")  # the page is still there
+    at.selectbox(key="deploy.dep.tp").set_value(2).run()
+    at.text_input(key="deploy.dep.dp").set_value("0").run()
+    _ok(at)
+    dp_col = _block_with(at, "text_input", "deploy.dep.dp")
+    assert [e.value for e in dp_col.error] == ["--data-parallel-size: must be >= 1, got 0"]
+    at.text_input(key="deploy.dep.dp").set_value("9").run()   # 9 replicas of TP 2: more GPUs than one node has
+    _ok(at)
+    assert any("--data-parallel-size" in e.value or "--node" in e.value for e in at.error), [e.value for e in at.error]
+    at.text_input(key="deploy.dep.dp").set_value("2").run()
+    at.text_input(key="deploy.dep.slo.ttft").set_value("-1").run()
+    _ok(at)
+    assert any(e.value.startswith("--slo ttft:") for e in at.error), [e.value for e in at.error]
+
+
+def test_deployment_frontier_loads_a_deployment_into_serving(env):
+    import pandas as pd
+
+    from app import ui_backend as B
+
+    at = _app("deployment")
+    _ok(at)
+    assert any("plan-32b.parquet" in o for o in at.selectbox(key="deploy.plan.file").options)
+    df = pd.read_parquet(env / "plan-32b.parquet")
+    row = at.selectbox(key="deploy.front.row")
+    assert len(row.options) == len(df) and sum(o.startswith("frontier · ") for o in row.options) == df["on_frontier"].sum()
+    pick = int(df[(df["policy"] == "exact-prefix") & (df["tensor_parallel_size"] == 2)].index[0])
+    row.set_value(pick).run()
+    at.button(key="deploy.open").click().run()
+    _ok(at)
+    assert at.title[0].value == "Serving" and not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="serving.dep.tp").value == 2 and at.text_input(key="serving.dep.dp").value == "1"
+    assert at.text_input(key="serving.dep.slo.e2e").value == "5" and at.multiselect(key="serving.policies").value \
+        == ["exact-prefix"]
+    # the Serving page re-runs the deployment through sim.api.simulate: the plan's own figures
+    r = df.loc[pick]
+    assert _metric(at, f"exact-prefix · {B.label('goodput_problems_per_s')}") == \
+        B.fmt("goodput_problems_per_s", r["goodput_problems_per_s"])
+    assert _metric(at, f"exact-prefix · {B.label('throughput_tokens_per_s')}") == \
+        B.fmt("throughput_tokens_per_s", r["throughput_tokens_per_s"])
+
+
+def test_deployment_page_runs_a_small_plan(env):
+    at = _app("deployment")
+    at.radio(key="deploy.plan.source").set_value("run a small plan here").run()
+    at.text_input(key="deploy.plan.gpus").set_value("2").run()
+    at.multiselect(key="deploy.plan.tp").set_value([1, 2]).run()
+    at.multiselect(key="deploy.plan.policies").set_value(["exact-prefix"]).run()
+    at.text_input(key="deploy.plan.requests").set_value("4").run()
+    at.button(key="deploy.plan.run").click().run()
+    _ok(at)
+    assert not at.error, [e.value for e in at.error]
+    assert any("of 3 deployments on the frontier" in c.value for c in at.caption), [c.value for c in at.caption]
+    at.text_input(key="deploy.plan.gpus").set_value("64").run()
+    at.multiselect(key="deploy.plan.tp").set_value([1, 2, 4, 8]).run()
+    at.button(key="deploy.plan.run").click().run()
+    _ok(at)
+    assert any("more than the 24 a plan run on this page may have" in e.value for e in at.error)
+
+
 def test_calibration_page_run_and_serve_folders(env):
     from calibrate.report import fidelity_report
 
@@ -339,7 +455,7 @@ def test_a_traversal_in_the_url_is_refused_in_one_line(env):
     assert at.metric
 
 
-@pytest.mark.parametrize("page", ["whatif", "serving", "explorer", "compare"])
+@pytest.mark.parametrize("page", ["whatif", "serving", "explorer", "deployment", "compare"])
 def test_a_damaged_trace_is_one_line_naming_the_file(env, page):
     at = _app(page)
     sb = at.sidebar.selectbox(key="trace")

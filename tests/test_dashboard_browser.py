@@ -3,7 +3,8 @@
 Opens every page (screenshots under runs/dashboard/), moves What-if's tau slider back and forth and
 times slider -> updated KPI in the page (p95 written to runs/dashboard/latency.json and printed; the
 goal is < 300 ms, a measurement, not an assertion), moves the Serving page's max concurrent problems, and checks
-a traversal in the URL is refused. Skipped where Chromium or playwright is missing.
+a traversal in the URL is refused, opens the Deployment page's frontier figure and sends a clicked
+deployment to Serving. Skipped where Chromium or playwright is missing.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "dashboard"
 PAGES = {"": "What-if", "serving": "Serving", "explorer": "Trace explorer", "sweeps": "Sweeps",
-         "calibration": "Calibration", "compare": "Compare"}
+         "deployment": "Deployment", "calibration": "Calibration", "compare": "Compare"}
 N_MOVES = 30
 GOAL_P95_S = 0.300
 KPI = "asks · speedup vs exact prefix (x) · target"
@@ -56,6 +57,9 @@ def test_dashboard_in_a_real_browser(tmp_path):
     root.mkdir()
     assert main(["sweep", "--policy", "asks", "--grid", "tau=0.96:0.99:0.005", "--quiet",
                  "--out", str(root / "sweep-asks.parquet")]) == 0
+    assert main(["plan", "--model-preset", "qwen2.5-32b", "--hardware", "dgx-h100", "--gpus", "2", "--policies",
+                 "exact-prefix,asks", "--tensor-parallel-size", "1,2", "--requests", "12", "--concurrency", "4",
+                 "--slo", "e2e=5", "--json", "--out", str(root / "plan-32b.parquet")]) == 0
     OUT.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     timing = tmp_path / "server-timing.jsonl"
@@ -137,6 +141,10 @@ def test_dashboard_in_a_real_browser(tmp_path):
                     page.get_by_text("download CSV").first.wait_for(timeout=60_000)
                 if path == "sweeps":
                     page.get_by_text("configurations on the frontier").first.wait_for(timeout=60_000)
+                if path == "deployment":  # the serving figures and the planner's frontier figure are drawn
+                    page.get_by_text("deployments on the frontier").first.wait_for(timeout=180_000)
+                    page.locator(".js-plotly-plot").filter(has=page.locator(".scatterlayer")).first \
+                        .wait_for(timeout=60_000)
                 _no_exception(page, title)
                 page.screenshot(path=str(OUT / f"{path or 'whatif'}.png"), full_page=True)
 
@@ -156,6 +164,24 @@ def test_dashboard_in_a_real_browser(tmp_path):
             tau_sent = chosen.split("tau=")[1].split()[0]
             assert exact.input_value() == f"tau={tau_sent}", (exact.input_value(), chosen)
             _no_exception(page, "What-if from Sweeps")
+
+            # --- Deployment: a click on a frontier point selects its row; "open in Serving" re-runs it there
+            page.goto(f"{base}/deployment", timeout=30_000)
+            page.get_by_text("deployments on the frontier").first.wait_for(timeout=180_000)
+            # the one scatter figure of the page (the per-replica figures are bars); its traces: asks' deployments,
+            # asks' frontier, exact-prefix's deployments, ... (sim.planner.plan_figure); the last frontier point of
+            # asks is TP 2
+            fig = page.locator(".js-plotly-plot").filter(has=page.locator(".scatterlayer")).first
+            point = fig.locator(".scatterlayer .trace").nth(1).locator(".point").last
+            point.wait_for(timeout=60_000)
+            point.click(force=True)
+            page.get_by_text("selected: frontier · asks: TP 2 x PP 1 x DP 1").first.wait_for(timeout=120_000)
+            _no_exception(page, "Deployment after a click")
+            page.get_by_role("button", name="open this deployment in Serving").click()
+            page.get_by_text("loaded from the planner: asks").first.wait_for(timeout=120_000)
+            page.locator('[data-testid="stMetric"]').filter(has_text="asks · goodput").first.wait_for(timeout=180_000)
+            _no_exception(page, "Serving from Deployment")
+            page.screenshot(path=str(OUT / "serving-from-deployment.png"), full_page=False)
 
             # --- Serving: move the concurrency slider, the throughput KPI follows
             page.goto(f"{base}/serving", timeout=30_000)
@@ -183,5 +209,5 @@ def test_dashboard_in_a_real_browser(tmp_path):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-    for name in ("whatif", "serving", "explorer", "sweeps", "calibration", "compare"):
+    for name in ("whatif", "serving", "explorer", "sweeps", "deployment", "calibration", "compare"):
         assert (OUT / f"{name}.png").stat().st_size > 10_000, name

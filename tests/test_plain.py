@@ -242,6 +242,68 @@ def test_bad_flags_give_one_line_errors_naming_the_flag(capsys, tmp_path):
                                           "h100-sxm"])
 
 
+# ------------------------------------------------------------------ goodput, replicas and routers on bench serve
+SMALL = ("--num-prompts", "24", "--random-input-len", "300", "--random-output-len", "20", "--random-range-ratio",
+         "0.5", "--seed", "2")
+
+
+def test_goodput_is_vllms_rule_and_both_slo_spellings_agree(tmp_path, capsys):
+    base, _ = _serve(tmp_path, capsys, *SMALL, "--request-rate", "40", name="base.json")
+    assert base["request_goodput"] is None                      # no SLO stated
+    d, out = _serve(tmp_path, capsys, *SMALL, "--request-rate", "40", "--slo", "ttft=0.015,tpot=0.008", name="s.json")
+    # the same run: the SLO only adds the figure
+    for k in ("duration", "ttfts", "latencies", "request_throughput", "p99_ttft_ms"):
+        assert d[k] == base[k], k
+    ttft, e2e, n = np.array(d["ttfts"]), np.array(d["latencies"]), np.array(d["output_lens"])
+    tpot = np.where(n > 1, (e2e - ttft) / np.maximum(n - 1, 1), 0.0)  # vLLM: 0 for one output token
+    good = int(np.sum((ttft <= 0.015) & (tpot <= 0.008)))
+    assert 0 < good < d["completed"]                             # the SLO bites on some requests, not all
+    assert d["request_goodput"] == pytest.approx(good / d["duration"], rel=1e-12)
+    assert f"Request goodput (req/s):                 {good / d['duration']:<10.2f}" in out
+    v, _ = _serve(tmp_path, capsys, *SMALL, "--request-rate", "40", "--goodput", "ttft:15", "tpot:8", name="v.json")
+    assert v["request_goodput"] == d["request_goodput"] and v["rksim"]["slo"] == d["rksim"]["slo"]
+
+
+def test_replicas_behind_a_router(tmp_path, capsys):
+    one, _ = _serve(tmp_path, capsys, *SMALL, "--request-rate", "0.5", name="one.json")
+    # a request that overlaps no other on one replica is alone on its replica too: the same timings; one that
+    # waited for another on one replica does not on two
+    two, out = _serve(tmp_path, capsys, *SMALL, "--request-rate", "0.5", "--data-parallel-size", "2",
+                      "--router", "round-robin", "--slo", "e2e=1", name="two.json")
+    st_, end = np.array(one["start_times"]), np.array(one["start_times"]) + np.array(one["latencies"])
+    alone = np.array([not np.any((st_ < end[i]) & (end > st_[i]) & (np.arange(len(st_)) != i))
+                      for i in range(len(st_))])
+    assert alone.sum() >= 18 and (~alone).any()
+    np.testing.assert_allclose(np.array(two["ttfts"])[alone], np.array(one["ttfts"])[alone], rtol=1e-12)
+    np.testing.assert_allclose(np.array(two["latencies"])[alone], np.array(one["latencies"])[alone], rtol=1e-12)
+    assert np.all(np.array(two["latencies"]) <= np.array(one["latencies"]) + 1e-12)
+    assert np.sum(np.array(two["latencies"]) < np.array(one["latencies"]) - 1e-6) >= 1
+    reps = two["rksim"]["per_replica"]
+    assert [r["completed"] for r in reps] == [12, 12]              # round-robin alternates
+    assert sum(r["request_goodput"] for r in reps) == pytest.approx(two["request_goodput"])
+    assert "------------Per replica (round-robin)-------------" in out and "2 replicas behind round-robin" in out
+    # under load, replicas serve faster than one; least-outstanding balances the in-flight counts
+    busy1, _ = _serve(tmp_path, capsys, *SMALL, name="b1.json")
+    busy4, _ = _serve(tmp_path, capsys, *SMALL, "--data-parallel-size", "4", "--router", "least-outstanding",
+                      name="b4.json")
+    assert busy4["duration"] < busy1["duration"] and busy4["mean_ttft_ms"] < busy1["mean_ttft_ms"]
+    assert [r["completed"] for r in busy4["rksim"]["per_replica"]] == [6, 6, 6, 6]   # all sent at t = 0
+    # a shared prefix: prefix-affinity sends every request to one replica (its cache), below the imbalance rule
+    pre, _ = _serve(tmp_path, capsys, "--num-prompts", "8", "--random-input-len", "300", "--random-output-len", "20",
+                    "--random-prefix-len", "256", "--request-rate", "2", "--data-parallel-size", "2", name="pre.json")
+    assert sorted(r["completed"] for r in pre["rksim"]["per_replica"]) == [0, 8]
+
+
+def test_bench_serve_deployment_flags_bad_values(capsys):
+    base = ["bench", "serve", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm", "--num-prompts", "3"]
+    assert "--router" in _err(capsys, base + ["--data-parallel-size", "2", "--router", "random"])
+    assert "--data-parallel-size" in _err(capsys, base + ["--data-parallel-size", "0"])
+    assert "--slo" in _err(capsys, base + ["--slo", "ttft"])
+    assert "--goodput" in _err(capsys, base + ["--goodput", "ttft=5"])
+    assert "--goodput" in _err(capsys, base + ["--goodput", "ttft:-5"])
+    assert "--goodput" in _err(capsys, base + ["--goodput", "ttft:5", "--slo", "ttft=1"])
+
+
 # ------------------------------------------------------------------ calibrate vllm-bench
 TRUE = {"eff_c": 0.52, "eff_m": 0.61, "per_kernel_s": 7e-6}
 

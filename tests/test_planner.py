@@ -98,3 +98,68 @@ def test_plan_on_dask_equals_local():
     local = run_plan(None, deps, opts, progress=False)
     on_dask = run_plan(None, deps, opts, backend="dask", workers=2, progress=False)
     assert local == on_dask
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan") / "plan.parquet"
+    assert main(BASE + ["--policies", "exact-prefix,asks", "--tensor-parallel-size", "1,2", "--requests", "12",
+                        "--concurrency", "4", "--slo", "e2e=5", "--gpu-hour-cost", "2.5", "--out", str(out),
+                        "--json"]) == 0
+    return out
+
+
+def test_pareto_of_a_plan_file_per_policy_end_to_end(plan_file, tmp_path, capsys):
+    import json
+
+    import pandas as pd
+    capsys.readouterr()
+    html = tmp_path / "front.html"
+    assert main(["pareto", str(plan_file), "--out", str(html), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    df = pd.read_parquet(plan_file)
+    assert res["x"] == "gpus" and res["y"] == "goodput_problems_per_s"
+    # the frontier over all policies is the plan's own (its on_frontier rows), non-dominated
+    front = res["frontier"]
+    assert sorted((r["gpus"], r["goodput_problems_per_s"]) for r in front) == \
+        sorted(df[df["on_frontier"]][["gpus", "goodput_problems_per_s"]].itertuples(index=False, name=None))
+    assert set(res["per_policy"]) == {"exact-prefix", "asks"}
+    for pol, rows in res["per_policy"].items():
+        mine = df[df["policy"] == pol]
+        for r in rows:  # no deployment of the policy has fewer-or-equal GPUs and more goodput
+            assert r["policy"] == pol
+            assert not ((mine["gpus"] <= r["gpus"]) & (mine["goodput_problems_per_s"] > r["goodput_problems_per_s"])).any()
+        best = mine["goodput_problems_per_s"].max()
+        assert max(r["goodput_problems_per_s"] for r in rows) == best
+    text = html.read_text()
+    assert "<html>" in text[:100] and "plotly" in text and "asks: frontier" in text and "dgx-h100" in text
+    assert main(["pareto", str(plan_file), "--x", "cost"]) == 0
+    out = capsys.readouterr().out
+    assert "frontier of asks:" in out and "cost_per_million_output_tokens" in out
+
+
+@pytest.mark.parametrize("extra,flag", [(["--x", "speed"], "--x"), (["--y", "latency"], "--y"),
+                                        (["--out", "f.png"], "--out"), (["--maximize-x"], "--maximize-x")])
+def test_pareto_of_a_plan_bad_flags_one_line(plan_file, capsys, extra, flag):
+    capsys.readouterr()
+    rc = main(["pareto", str(plan_file)] + extra)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"rksim: error: {flag}")
+
+
+def test_pareto_cost_axis_needs_a_price(tmp_path, capsys):
+    import pandas as pd
+
+    from sim.planner import read_plan
+    from sim.sweep import write_parquet
+    out = tmp_path / "plan.parquet"
+    assert main(BASE + ["--policies", "exact-prefix", "--tensor-parallel-size", "2", "--requests", "4",
+                        "--concurrency", "2", "--out", str(out), "--json"]) == 0
+    df, meta = read_plan(out)
+    assert meta["concurrency"] == 2 and meta["model_preset"] == "qwen2.5-32b" and meta["node_preset"] == "dgx-h100"
+    capsys.readouterr()
+    assert main(["pareto", str(out), "--x", "cost"]) == 2
+    assert "--gpu-hour-cost" in capsys.readouterr().err
+    write_parquet(pd.DataFrame({"a": [1]}), tmp_path / "other.parquet", {"command": "plan"})
+    with pytest.raises(ValueError, match="not a `rksim plan --out` table"):
+        read_plan(tmp_path / "other.parquet")

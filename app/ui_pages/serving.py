@@ -6,7 +6,7 @@ import streamlit as st
 
 from app import ui_backend as B
 from app import ui_common as U
-from app import ui_serving
+from app import ui_deploy, ui_serving
 
 LOAD_POINTS = (1, 2, 4, 8, 16)
 
@@ -14,7 +14,8 @@ LOAD_POINTS = (1, 2, 4, 8, 16)
 @st.fragment
 def _results(trace: str, chosen: list[str], model, hardware: str, seed: int, serving: dict, slots) -> None:
     conc = st.select_slider("max concurrent problems (problems in flight)", options=list(LOAD_POINTS),
-                            value=int(serving.get("concurrency") or 4), key="serving.srv.concurrency")
+                            value=None if "serving.srv.concurrency" in st.session_state else
+                            int(serving.get("concurrency") or 4), key="serving.srv.concurrency")
     slots.under("srv.concurrency")
     opts = {**serving, "concurrency": int(conc)}
     results = {}
@@ -41,6 +42,14 @@ def _results(trace: str, chosen: list[str], model, hardware: str, seed: int, ser
                 st.metric(f"{n} · {B.label(k)}", B.fmt(k, r["summary"].get(k)))
     st.dataframe(pd.DataFrame({B.label(k): {n: B.fmt(k, r["summary"].get(k)) for n, r in results.items()}
                                for k in keys}).T, width="stretch")
+    reps = {n: r for n, r in results.items() if r["summary"].get("per_replica")}
+    if reps:
+        with st.expander("per replica (throughput, goodput, latency percentiles)"):
+            for n, r in reps.items():
+                st.markdown(f"**{n}** · {r['summary'].get('router', '')}, ASKS shares lost to routing: "
+                            f"{r['summary'].get('lost_asks_shares', 0)}")
+                st.dataframe(B.per_replica(r["summary"]).rename(columns=B.label), width="stretch",
+                             key=f"serving.rep.{n}")
     import plotly.express as px
 
     kv = pd.concat([r["kv"].assign(policy=n) for n, r in results.items() if len(r["kv"])], ignore_index=True)
@@ -64,7 +73,36 @@ def _results(trace: str, chosen: list[str], model, hardware: str, seed: int, ser
                                 labels={"throughput_tokens_per_s": "generated tokens/s"}), key="serving.load")
 
 
+def _load_from_plan() -> dict | None:
+    """A deployment sent by the Deployment page (a planner row): its policy, target, layout, scheduler limits
+    and arrivals go into this page's widgets before they are drawn."""
+    load = st.session_state.pop("serving.load", None)
+    if not load:
+        return None
+    st.session_state["serving.model"] = load["model"] or "(the trace's own model)"
+    if load.get("hardware"):
+        st.session_state["serving.hardware"] = load["hardware"]
+    st.session_state["serving.policies"] = [load["policy"]]
+    ui_deploy.set_state("serving.dep", load["deployment"])
+    for k, v in load["serving"].items():
+        st.session_state[f"serving.srv.{k}"] = "" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+    if load.get("concurrency"):
+        st.session_state["serving.srv.concurrency"] = min(LOAD_POINTS, key=lambda c: abs(c - int(load["concurrency"])))
+        if st.session_state["serving.srv.concurrency"] != int(load["concurrency"]):
+            load["note"] = (f"the plan ran {load['concurrency']} problems in flight; this page's "
+                            f"max-concurrent-problems slider is at the nearest of {', '.join(map(str, LOAD_POINTS))}")
+    if load.get("seed") is not None:
+        st.session_state["serving.seed"] = str(load["seed"])
+    return load
+
+
 def page() -> None:
+    loaded = _load_from_plan()
+    if loaded:
+        d = loaded["deployment"]
+        st.success(f"loaded from the planner: {loaded['policy']} on {loaded['model']}, TP {d['tensor_parallel_size']}"
+                   f" x PP {d['pipeline_parallel_size']} x DP {d['data_parallel_size']} ({d['router']}, SLO "
+                   f"{d['slo'] or 'none'})" + (f"; {loaded['note']}" if loaded.get("note") else ""))
     st.title("Serving")
     with st.sidebar:
         trace = U.pick("trace", "trace", key="trace", query_param="trace")
@@ -76,13 +114,22 @@ def page() -> None:
 
     names = [n for n in list_policies() if B.policy_kind(n) != "token"]
     chosen = st.multiselect("policies (at their defaults; tune them on What-if)", names,
-                            default=["no-kv", "exact-prefix", "asks", "rsbcm"], key="serving.policies")
+                            default=None if "serving.policies" in st.session_state else
+                            ["no-kv", "exact-prefix", "asks", "rsbcm"], key="serving.policies")
     with st.expander("serving controls", expanded=True):
         serving, sok = ui_serving.controls("serving.srv", skip=("concurrency",), slots=slots)
-    if not (ok and sok) or not chosen:
+    with st.expander("deployment (TP, PP, replicas, router, SLOs)", expanded=bool(loaded)):
+        dep, dok, dslots = ui_deploy.controls("serving.dep")
+    if not (ok and sok and dok) or not chosen:
         st.warning("Fix the value above (or choose a policy) to see results.")
         return
-    _results(trace, list(chosen), model, hardware, int(seed), serving, slots)
+    try:  # a deployment the target refuses is said beside its widget, before any run
+        B.check_deployment(U.session(str(trace)).refresh(), model, hardware, {**serving, **dep})
+    except ValueError as exc:
+        if not ui_deploy.show_error(exc, dslots):
+            U.error(exc)
+        return
+    _results(trace, list(chosen), model, hardware, int(seed), {**serving, **dep}, slots)
 
 
 page()
