@@ -76,8 +76,9 @@ def _cmd_plan(args) -> int:
             "decisions_model": df["decisions_model"].iloc[0] if len(df) else None,
             # what a deployment loaded into the dashboard's Serving page is re-run under
             "model_preset": args.model_preset, "node_preset": args.hardware, "trace": args.trace,
-            "arrival_rate": args.arrival_rate, "concurrency": None if args.arrival_rate is not None else args.concurrency,
-            "n_requests": args.requests, "seed": args.seed, "gpu_hour_cost": args.gpu_hour_cost}
+            "arrival_rate": args.problem_rate,
+            "concurrency": None if args.problem_rate is not None else args.max_concurrent_problems,
+            "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost}
     if args.out:
         write_parquet(_mark(df, front), args.out, meta)
     cols = ["gpus", "policy", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
