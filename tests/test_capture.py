@@ -27,7 +27,7 @@ TINY = dict(problems=2, branches=3, max_new_tokens=6, long_decode=8, long_decode
             device="cpu", seed=11)
 CLI_ARGS = ["capture", "--problems", "2", "--branches", "3", "--max-new-tokens", "6", "--long-decode", "8",
             "--long-decode-seqs", "1", "--long-decode-layers", "1,30", "--tree-depth", "2", "--tree-step", "4",
-            "--tree-expand", "1", "--tree-branching", "2", "--device", "cpu", "--seed", "11", "--no-progress"]
+            "--tree-expand", "1", "--tree-branching", "2", "--device", "cpu", "--sampling-seed", "11", "--no-progress"]
 
 
 class Interrupt(Exception):
@@ -147,7 +147,7 @@ def test_cli_end_to_end(ref, tmp_path, capsys):
     assert deterministic_files(out) == deterministic_files(ref)
     # a different config into the same directory: one-line error, exit 2
     capsys.readouterr()
-    assert cli_main([*CLI_ARGS[:-1], "--seed", "12", "--no-progress", "--out", str(out)]) == 2
+    assert cli_main([*CLI_ARGS[:-1], "--sampling-seed", "12", "--no-progress", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "config.json: seed:" in err
     assert cli_main(["capture", "--layout", "middle", "--out", str(tmp_path / "x")]) == 2
