@@ -72,6 +72,7 @@ class Session:
         self._is_path = isinstance(self.source, (str, os.PathLike))
         self._stamp = None
         self._tf = None  # loaded on first use (a sweep task with a stand-in evaluate never loads it)
+        self._host = None  # this host's fingerprint, read once (it does not change under a running process)
         self.clear()
 
     @classmethod
@@ -92,6 +93,18 @@ class Session:
                 self._stamp = stamp
                 self.clear()
         return self
+
+    @property
+    def host(self) -> dict:
+        """This host's CPU fingerprint (:func:`sim.host.current_cpu_fingerprint`), read on first use: every
+        result says whether its profile was fitted here, and reading /proc/cpuinfo and the torch version
+        per evaluation would cost more than a fast-path simulation."""
+        if self._host is None:
+            from .host import current_cpu_fingerprint
+            with self.lock:
+                if self._host is None:
+                    self._host = current_cpu_fingerprint()
+        return self._host
 
     @property
     def tf(self):

@@ -25,7 +25,7 @@ def info_of(session, target, config, cap: dict, sched) -> dict:
     hw = target.hardware
     return {**config.describe(),
             "decisions_model": tf.model_name, "cost_model": target.model.name, "hardware": hw.name,
-            **host_fields(hw, config.strict),  # is the profile this host's? (a one-line note if not)
+            **host_fields(hw, config.strict, session.host),  # is the profile this host's? (a one-line note if not)
             "hardware_provisional": bool(getattr(hw, "provisional", False)),
             "mode": config.mode, "verify_reuses_kv": bool(cfg.workload.verify_reuses_kv),
             "workload": cfg.workload.to_dict(), "seed": int(config.seed),
