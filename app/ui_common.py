@@ -160,6 +160,19 @@ def pick(kind: str, label: str, key: str, help: str | None = None, query_param: 
         return None
 
 
+def pick_table(kind: str, label: str, key: str, query_param: str, reader):
+    """:func:`pick` a file of ``kind`` and read it with ``reader(path) -> (DataFrame, meta)``; None when nothing
+    is picked or the file cannot be read (the error is shown, nothing else on the page is lost)."""
+    path = pick(kind, label, key=key, query_param=query_param)
+    if path is None:
+        return None
+    try:
+        return reader(path)
+    except (ValueError, FileNotFoundError) as exc:
+        error(exc)
+        return None
+
+
 def text_number(label: str, key: str, flag: str, default="", help: str | None = None, **check):
     """A text box for a number, validated by :func:`app.params.number` (the CLI's check).
 

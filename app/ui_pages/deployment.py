@@ -187,14 +187,10 @@ def page() -> None:
     src = st.radio("source", ["a plan file under the trace roots", "run a small plan here"], horizontal=True,
                    key="deploy.plan.source")
     if src.startswith("a plan"):
-        path = U.pick("plan", "plan file (rksim plan --out)", key="deploy.plan.file", query_param="plan")
-        if path is None:
+        got = U.pick_table("plan", "plan file (rksim plan --out)", "deploy.plan.file", "plan", U.read_plan)
+        if got is None:
             return
-        try:
-            df, meta = U.read_plan(path)
-        except (ValueError, FileNotFoundError) as exc:
-            U.error(exc)
-            return
+        df, meta = got
     else:
         got = _small_plan(trace)
         if got is None:

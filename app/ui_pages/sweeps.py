@@ -101,14 +101,10 @@ def page() -> None:
                    key="sweeps.source")
     trace_label = st.session_state.get("trace")
     if src.startswith("a sweep"):
-        path = U.pick("sweep", "sweep file (rksim sweep --out)", key="sweeps.file", query_param="sweep")
-        if path is None:
+        got = U.pick_table("sweep", "sweep file (rksim sweep --out)", "sweeps.file", "sweep", U.read_sweep)
+        if got is None:
             return
-        try:
-            df, meta = U.read_sweep(path)
-        except (ValueError, FileNotFoundError) as exc:
-            U.error(exc)
-            return
+        df, meta = got
         if meta.get("trace"):
             listed = U.listing("trace", tuple(U.roots()))
             trace_label = next((k for k, v in listed.items() if v == meta["trace"]), trace_label)
