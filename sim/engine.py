@@ -138,6 +138,12 @@ class Engine:
         Record the time of every sampled token of every branch (``token_times`` of the records).
     cost : optional
         Prices an iteration (``seconds(items)``); default :class:`sim.cost.ScalarCost` of ``model`` on ``hw``.
+        A :class:`sim.parallel.ParallelCost` with ``pp > 1`` and ``pipeline_schedule == "overlapped"`` runs
+        vLLM's pipeline: the next batch is formed as soon as stage 0 is free and fewer than PP batches are
+        in flight, from requests in no in-flight batch (module docstring).
+    record_pipeline : bool
+        With PP > 1, record every batch's formation time, stage seconds, stage ends and request ids
+        (``pp_batches``; ``EngineResult.pipeline["batches"]``).
     """
 
     def __init__(self, model, hw, jobs, *, concurrency: int = 1, arrival_rate: float | None = None, seed: int = 0,
@@ -146,7 +152,7 @@ class Engine:
                  hw_name: str = "", per_problem_timeline: bool = False, kv_bytes_per_block: float | None = None,
                  arrival_times=None, max_concurrency: int | None = None, record_token_times: bool = False,
                  cost=None, env: simpy.Environment | None = None, settle: int | None = None,
-                 block_size: int | None = None):
+                 block_size: int | None = None, record_pipeline: bool = False):
         self.m, self.hw = model, hw
         # cost: anything with ScalarCost's seconds(items), e.g. sim.parallel.ParallelCost for a TP x PP replica
         self.cost = ScalarCost(model, hw) if cost is None else cost
@@ -192,6 +198,14 @@ class Engine:
         self.gen_tokens = 0
         self._extra_dt = 0.0
         self.items_scheduled = 0   # (request, iteration) pairs: one scheduling event each
+        # pipeline parallelism: the cost's stages; "overlapped" keeps up to PP batches in flight (vLLM)
+        self.pp_stages = int(getattr(self.cost, "pp", 1)) if hasattr(self.cost, "stage_seconds") else 1
+        self.pp_schedule = getattr(self.cost, "pipeline_schedule", "serial") if self.pp_stages > 1 else "serial"
+        self.stage_busy = [0.0] * self.pp_stages   # seconds each stage computed
+        self.record_pipeline = bool(record_pipeline)
+        self.pp_batches: list = []  # with record_pipeline: per batch (formed at, stage seconds, stage ends)
+        self._in_flight: set = set()   # ids of requests in a batch still in the pipeline
+        self._n_flight = 0
 
     # ------------------------------------------------------------------ requests
     def _add(self, req: Request) -> None:
@@ -386,75 +400,187 @@ class Engine:
             self.items_scheduled += len(items)
             priced = [self._price(it) for it in items]
             tup = [t for ts, _ in priced for t in ts]
-            dt = cost.seconds(tup) + self._extra_dt
-            start = env.now
-            for it in items:
-                p = it.req.data[0]
-                if p.admitted is None:
-                    p.admitted = start
-                if it.new_admission:
-                    req = it.req
-                    if req.data[1] == 1 and req.num_preemptions == 0:
-                        b = req.data[2]
-                        j = p.job
-                        planned = int(j.reused[b]) - (int(j.copy[b]) if j.share[b] else 0)
-                        if it.cache_hit < planned:
-                            p.recompute += planned - it.cache_hit
-                        p.hit_tokens += it.cache_hit
-                        p.prompt_tokens += int(j.ctx[b])
-                        p.qsum += start - req.arrival
-                        p.qn += 1
-                    if it.num_new == 0 and req.data[1] == 1:
-                        b = req.data[2]
-                        if np.isnan(p.first[b]):
-                            p.first[b] = start - p.arrival
-                            p.src_ready[b] = True
+            if self.pp_stages > 1:
+                st = cost.stage_seconds(tup)
+                dt = float(sum(st)) + self._extra_dt     # == cost.seconds(tup): one batch through every stage
+                st[-1] += self._extra_dt
+                self._record_batch(env.now, st, list(env.now + np.cumsum(st)), items)
+            else:
+                dt = cost.seconds(tup) + self._extra_dt
+            self._admitted(items, env.now)
             if dt > 0:
                 yield env.timeout(dt)
-            worked = bool(tup) and any(t[0] > 0 or t[5] > 0 for t in tup)
-            if worked:
-                self.iterations += 1
             self.busy += dt
             self.run_time += dt * nrun
-            self._attribute(items, priced, dt, worked)
-            used = kv.num_used * self.block_bytes
-            done = sched.update(out)
-            now = env.now
-            touched = {}
-            for it, (ts, kind) in zip(items, priced):
+            self._complete(out, items, priced, tup, dt, nrun)
+
+    def _record_batch(self, start, st, ends, items) -> None:
+        for k, t in enumerate(st):
+            self.stage_busy[k] += t
+        if self.record_pipeline:
+            self.pp_batches.append({"formed_s": start, "stage_s": list(st), "end_s": list(ends),
+                                    "requests": [it.req.req_id for it in items]})
+
+    def _accelerator_pp(self):
+        """vLLM's pipeline (``pipeline_schedule="overlapped"``): up to PP batches in flight, one per stage.
+
+        A batch is formed when stage 0 is free and fewer than PP batches are in flight, from requests in
+        no in-flight batch; it runs its stages in order, each when the batch before it left the stage::
+
+            end_k = max(end_{k-1}, free_k) + t_k,   free_k := end_k    (end_{-1} = formation time)
+
+        and its requests advance (:meth:`Scheduler.update`) when it leaves the last stage.
+        """
+        env, sched, kv, cost = self.env, self.sched, self.kv, self.cost
+        S = self.pp_stages
+        free = [0.0] * S          # when each stage is done with the batches already formed
+        last_end = 0.0
+        while True:
+            if self._n_flight >= S or not (sched.has_unfinished() or self._n_flight):
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            if free[0] > env.now:
+                yield env.timeout(free[0] - env.now)
+            if self.settle is None:
+                while env.peek() == env.now:
+                    yield env.timeout(0)
+            else:
+                for _ in range(self.settle):
+                    if env.peek() != env.now:
+                        break
+                    yield env.timeout(0)
+            if self._n_flight >= S:
+                continue
+            out = sched.schedule(busy=self._in_flight)
+            items = out.items
+            nrun = len(sched.running)
+            if not items:
+                if sched.waiting and not sched.running and not self._n_flight:
+                    head = sched.waiting[0]
+                    need = -(-head.num_tokens // self.bs)
+                    raise CapacityError(
+                        f"request {head.req_id} (problem {head.data[0].pos}) needs {need} KV blocks "
+                        f"({need * self.block_bytes / 1e9:.3f} GB) but the KV capacity is {kv.num_blocks} blocks "
+                        f"({kv.num_blocks * self.block_bytes / 1e9:.3f} GB): {need - kv.num_blocks} blocks "
+                        f"({(need - kv.num_blocks) * self.block_bytes / 1e9:.3f} GB) short", field="kv_capacity_bytes")
+                if sched.has_unfinished() or self._n_flight:
+                    # wait for a batch to leave the pipeline or an arrival
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wake = None
+                continue
+            if self.max_batch is not None and len(items) > self.max_batch:
+                from .profiles import OutOfCalibrationError
+                raise OutOfCalibrationError(
+                    f"hardware {self.hw_name}: an iteration batched {len(items)} sequences at t = {env.now:.3f} s, "
+                    f"outside the calibrated range (fitted_range.max_batch = {self.max_batch}); refusing to "
+                    f"extrapolate (lower the arrival rate, the concurrency or --max-num-seqs)")
+            self._extra_dt = 0.0
+            self.items_scheduled += len(items)
+            priced = [self._price(it) for it in items]
+            tup = [t for ts, _ in priced for t in ts]
+            st = cost.stage_seconds(tup)
+            st[-1] += self._extra_dt     # eviction scoring: with the sampling, on the last stage
+            start = env.now
+            ends, e = [], start
+            for k in range(S):
+                e = max(e, free[k]) + st[k]
+                free[k] = e
+                ends.append(e)
+            end = ends[-1]
+            self._record_batch(start, st, ends, items)
+            self._admitted(items, start)
+            # busy: time with a batch in the pipeline (the union of the batches' spans)
+            add = max(0.0, end - max(start, last_end))
+            last_end = max(last_end, end)
+            self.busy += add
+            self.run_time += add * nrun
+            ids = [it.req.req_id for it in items]
+            self._in_flight.update(ids)
+            self._n_flight += 1
+            env.process(self._leave(out, items, priced, tup, end - start, nrun, end, ids))
+
+    def _leave(self, out, items, priced, tup, dt, nrun, end, ids):
+        """A batch leaves the last stage at ``end``: its requests advance."""
+        if end > self.env.now:
+            yield self.env.timeout(end - self.env.now)
+        self._n_flight -= 1
+        self._in_flight.difference_update(ids)
+        self._complete(out, items, priced, tup, dt, nrun)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _admitted(self, items, start) -> None:
+        """Bookkeeping of a batch formed at ``start``: admissions, prefix hits, queueing, zero-copy forks."""
+        for it in items:
+            p = it.req.data[0]
+            if p.admitted is None:
+                p.admitted = start
+            if it.new_admission:
                 req = it.req
-                p, rkind, b = req.data
-                touched[p.pseq] = p
-                self.tokens[kind] += sum(t[0] for t in ts)
-                p.recompute += it.recompute
-                if rkind == 1:
-                    if self.record_tokens and it.samples:
-                        p.tok[b].append(now)
-                    if np.isnan(p.first[b]) and it.num_cached + it.num_new >= int(p.job.ctx[b]):
-                        p.first[b] = now - p.arrival   # the prompt is in: its first token is out
+                if req.data[1] == 1 and req.num_preemptions == 0:
+                    b = req.data[2]
+                    j = p.job
+                    planned = int(j.reused[b]) - (int(j.copy[b]) if j.share[b] else 0)
+                    if it.cache_hit < planned:
+                        p.recompute += planned - it.cache_hit
+                    p.hit_tokens += it.cache_hit
+                    p.prompt_tokens += int(j.ctx[b])
+                    p.qsum += start - req.arrival
+                    p.qn += 1
+                if it.num_new == 0 and req.data[1] == 1:
+                    b = req.data[2]
+                    if np.isnan(p.first[b]):
+                        p.first[b] = start - p.arrival
                         p.src_ready[b] = True
-                        self._try_start(p)
-                    if req.done_sampling and req.pending == 0 and not p.gen_done[b]:
-                        self.gen_tokens += int(p.job.gen[b])
-                        self._gen_finished(p, b)
-                elif rkind == 0 and req.status == "finished":
-                    p.gate_left[b] = False
+
+    def _complete(self, out, items, priced, tup, dt, nrun) -> None:
+        """A batch's forward is done (now): advance the scheduler, the branches and the records."""
+        env, sched, kv = self.env, self.sched, self.kv
+        worked = bool(tup) and any(t[0] > 0 or t[5] > 0 for t in tup)
+        if worked:
+            self.iterations += 1
+        self._attribute(items, priced, dt, worked)
+        used = kv.num_used * self.block_bytes
+        done = sched.update(out)
+        now = env.now
+        touched = {}
+        for it, (ts, kind) in zip(items, priced):
+            req = it.req
+            p, rkind, b = req.data
+            touched[p.pseq] = p
+            self.tokens[kind] += sum(t[0] for t in ts)
+            p.recompute += it.recompute
+            if rkind == 1:
+                if self.record_tokens and it.samples:
+                    p.tok[b].append(now)
+                if np.isnan(p.first[b]) and it.num_cached + it.num_new >= int(p.job.ctx[b]):
+                    p.first[b] = now - p.arrival   # the prompt is in: its first token is out
+                    p.src_ready[b] = True
                     self._try_start(p)
-            for req in done:
-                p, rkind, b = req.data
-                if rkind == 3 or (rkind == 1 and p.gen_done[b] and p.job.verify_on and p.job.v_reuse):
-                    self._verify_done(p, b)
-            if worked:
-                self.timeline_t.append(now)
-                self.timeline_b.append(used)
-                self.timeline_run.append(nrun)
-                for p in touched.values():
-                    p.iterations += 1
-                    if self.per_problem:
-                        p.times.append(now - p.admitted)
-                        p.mem.append(used)
-                    if used > p.peak:
-                        p.peak = used
+                if req.done_sampling and req.pending == 0 and not p.gen_done[b]:
+                    self.gen_tokens += int(p.job.gen[b])
+                    self._gen_finished(p, b)
+            elif rkind == 0 and req.status == "finished":
+                p.gate_left[b] = False
+                self._try_start(p)
+        for req in done:
+            p, rkind, b = req.data
+            if rkind == 3 or (rkind == 1 and p.gen_done[b] and p.job.verify_on and p.job.v_reuse):
+                self._verify_done(p, b)
+        if worked:
+            self.timeline_t.append(now)
+            self.timeline_b.append(used)
+            self.timeline_run.append(nrun)
+            for p in touched.values():
+                p.iterations += 1
+                if self.per_problem:
+                    p.times.append(now - p.admitted)
+                    p.mem.append(used)
+                if used > p.peak:
+                    p.peak = used
 
     def _attribute(self, items, priced, dt, worked) -> None:
         if not worked or dt <= 0:
@@ -517,7 +643,8 @@ class Engine:
     # ------------------------------------------------------------------ driven from outside (sim.replicas)
     def start(self):
         """Start the accelerator process (once); arrivals then come through :meth:`submit`."""
-        self._acc = self.env.process(self._accelerator())
+        overlapped = self.pp_stages > 1 and self.pp_schedule == "overlapped"
+        self._acc = self.env.process(self._accelerator_pp() if overlapped else self._accelerator())
         return self._acc
 
     def submit(self, pseq: int, pos: int, job: Job, prompt_ids=None, user_done=None) -> None:
@@ -618,6 +745,12 @@ class EngineResult:
         self.stats = eng.sched.stats()
         self.kv = eng.kv
         self.gen_tokens = eng.gen_tokens
+        # pipeline parallelism: per stage, the share of the makespan it computed nothing (its bubbles)
+        span = self.makespan
+        self.pipeline = None if eng.pp_stages == 1 else {
+            "pipeline_schedule": eng.pp_schedule, "stages": eng.pp_stages, "stage_busy_s": list(eng.stage_busy),
+            "bubble_fraction": [1.0 - b / span if span > 0 else 0.0 for b in eng.stage_busy],
+            **({"batches": eng.pp_batches} if eng.record_pipeline else {})}
 
     def records(self) -> list[dict]:
         out = []

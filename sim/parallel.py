@@ -28,7 +28,9 @@ Between stages the hidden states and the residual (vLLM's ``IntermediateTensors`
 One batch of one iteration goes through the stages in order, so its latency is the sum of the stages'
 times (:meth:`ParallelCost.seconds`); vLLM keeps up to PP batches in flight, one per stage, and
 :func:`pipeline_schedule` gives the start and end of each batch through each stage under that rule and
-the bubbles (idle stage time) it leaves.
+the bubbles (idle stage time) it leaves. The serving engine (:mod:`sim.engine`) runs that schedule
+(``schedule="overlapped"``, the default): the next batch is formed as soon as stage 0 is free, from
+requests in no in-flight batch; ``schedule="serial"`` prices one batch through all stages at a time.
 
 Collectives are priced from the node (:class:`NodeProfile`): ``t(N) = latency_s + N / bw`` per GPU
 count, fitted on Vidur's measured NCCL profiles (:mod:`calibrate.collectives`), or for a node without a
@@ -51,6 +53,8 @@ from .profiles import ModelShape, OutOfCalibrationError, PresetError, _read_file
 TP_SIZES = (1, 2, 4, 8)
 MAX_PP = 64
 MAX_DP = 4096
+# "overlapped": up to PP batches in flight, one per stage (vLLM); "serial": one batch through all stages at a time
+PIPELINE_SCHEDULES = ("overlapped", "serial")
 
 
 class ParallelError(ValueError):
@@ -311,9 +315,14 @@ class ParallelCost:
     """
 
     def __init__(self, m: ModelShape, hw, node: NodeProfile | None, par: ParallelConfig, cuda_graph: bool = False,
-                 delegate_single: bool = True):
+                 delegate_single: bool = True, schedule: str = "overlapped"):
         # delegate_single=False runs the staged path even at TP = PP = 1 (the test that it reduces exactly)
+        if schedule not in PIPELINE_SCHEDULES:
+            raise ParallelError(f"--pipeline-schedule: {schedule!r} is not one of {', '.join(PIPELINE_SCHEDULES)}")
         self.m, self.par, self.node = m, par, node
+        # how the engine runs the stages (sim.engine): up to PP batches in flight (vLLM) or one at a time
+        self.pipeline_schedule = schedule
+        self.pp = par.pipeline_parallel_size
         self.single = par.is_single and delegate_single
         if self.single:
             self._one = ScalarCost(m, hw, cuda_graph=cuda_graph)
@@ -393,13 +402,14 @@ class ParallelCost:
         return float(sum(self.stage_seconds(items)))
 
 
-def pipeline_schedule(stage_times, in_flight: int | None = None) -> dict:
+def pipeline_schedule(stage_times, in_flight: int | None = None, release=None) -> dict:
     """Start/end of batches through PP stages, one batch per stage at a time (vLLM's pipeline).
 
     ``stage_times[j][k]``: seconds of batch ``j`` on stage ``k``; batches enter in order, at most
-    ``in_flight`` (default PP, vLLM's one batch per stage) in the pipe at once::
+    ``in_flight`` (default PP, vLLM's one batch per stage) in the pipe at once, and not before
+    ``release[j]`` (default 0: when the batch could be formed; the engine's batches wait for work)::
 
-        start_j0 = max(end_{j-1,0}, end_{j-in_flight, PP-1})
+        start_j0 = max(end_{j-1,0}, end_{j-in_flight, PP-1}, release_j)
         end_jk   = max(end_{j,k-1}, end_{j-1,k}) + t_jk         (start_jk = end_jk - t_jk)
 
     Returns ``{"start": [[...]], "end": [[...]], "makespan", "busy" (per stage), "bubble_fraction"
@@ -418,7 +428,8 @@ def pipeline_schedule(stage_times, in_flight: int | None = None) -> dict:
     end = [[0.0] * S for _ in T]
     for j, row in enumerate(T):
         for k, t in enumerate(row):
-            ready = end[j][k - 1] if k else (end[j - q][S - 1] if j >= q else 0.0)
+            ready = end[j][k - 1] if k else max(end[j - q][S - 1] if j >= q else 0.0,
+                                                 float(release[j]) if release is not None else 0.0)
             free = end[j - 1][k] if j else 0.0
             start[j][k] = max(ready, free)
             end[j][k] = start[j][k] + t

@@ -239,7 +239,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         max_concurrency: int | None = None, seed: int = 0, serving: ServingConfig | None = None,
         offline: bool = False, token_policy=None, block_size: int = BLOCK_SIZE,
         arrivals: np.ndarray | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-        node=None, data_parallel_size: int = 1, router: str = "prefix-affinity") -> PlainRun:
+        node=None, data_parallel_size: int = 1, router: str = "prefix-affinity",
+        pipeline_schedule: str = "overlapped") -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.engine.Engine` and return per-request timings.
 
     ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
@@ -252,7 +253,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     replica's (:func:`sim.capacity.kv_capacity`), the fitted range checked on one rank's shard; a layout
     whose weights do not fit is refused naming the smallest that does (:func:`sim.capacity.check_fits`).
     ``data_parallel_size`` such replicas sit behind ``router`` (:mod:`sim.router`; :func:`_replicated`); one
-    replica is the engine's own driver, unchanged.
+    replica is the engine's own driver, unchanged. ``pipeline_schedule`` (PP > 1): ``"overlapped"``, vLLM's
+    up to PP batches in flight, or ``"serial"``, one batch through all stages at a time.
     """
     from .engine import Engine
     from .scheduler import SchedulerConfig
@@ -306,7 +308,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         ids.append([np.concatenate([pre, own]) if wl.prefix_len else own])
     kw = dict(seed=seed, scheduler=sched, kv_blocks=blocks, caching=bool(sv.prefix_caching) and token_policy is None,
               max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name, record_token_times=True,
-              cost=None if par.is_single else ParallelCost(model, hw, nd, par))
+              cost=None if par.is_single else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule))
     where = None
     if par.data_parallel_size == 1:
         eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency, **kw)

@@ -252,6 +252,7 @@ class Scheduler:
         self.max_running = 0
         self._live: dict = {}
         self.parked: dict = {}   # held requests preempted before their extension arrived
+        self._busy = ()          # ids of requests in an in-flight batch (the current schedule() call's)
 
     # ------------------------------------------------------------------ requests
     def add(self, req: Request) -> None:
@@ -284,8 +285,13 @@ class Scheduler:
         return self._live[req_id]
 
     # ------------------------------------------------------------------ schedule
-    def schedule(self) -> SchedulerOutput:
-        """The next iteration (nothing changes until :meth:`update`, except admissions and preemptions)."""
+    def schedule(self, busy=None) -> SchedulerOutput:
+        """The next iteration (nothing changes until :meth:`update`, except admissions and preemptions).
+
+        ``busy``: ids of requests in a batch still in flight (pipeline parallelism keeps up to PP batches
+        in flight, :mod:`sim.engine`): they are neither scheduled nor chosen as preemption victims.
+        """
+        self._busy = busy or ()
         out = self._schedule_once()
         preempted = list(out.preempted)
         while not out.items and self.waiting:
@@ -310,7 +316,7 @@ class Scheduler:
         is held there)."""
         for i in range(len(self.running) - 1, -1, -1):
             r = self.running[i]
-            if r.pending == 0:
+            if r.pending == 0 and r.req_id not in self._busy:
                 del self.running[i]
                 self._preempt(r, [])
                 return True
@@ -351,16 +357,17 @@ class Scheduler:
     def _run_running(self, budget: int, items: list, preempted: list, only=None, thr: int = 0) -> int:
         """Schedule running requests in order (``only``: a filter on requests); returns the budget left."""
         i = 0
+        busy = self._busy
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            if req.pending == 0 or (only is not None and not only(req)):
+            if req.pending == 0 or (only is not None and not only(req)) or (busy and req.req_id in busy):
                 i += 1
                 continue
             n = self._chunk(req, budget, thr)
             ok = True
             alloc = self.kv.allocate_one if n == 1 else None
             while not (alloc(req) if alloc is not None else self.kv.allocate(req, n)):
-                victim = self.running.pop()   # newest first
+                victim = self._victim()   # newest first
                 self._preempt(victim, preempted)
                 if victim is req:
                     ok = False
@@ -371,6 +378,15 @@ class Scheduler:
             budget -= n
             i += 1
         return budget
+
+    def _victim(self) -> Request:
+        """The newest running request not in flight (``req`` itself, not in flight, is the last resort)."""
+        if not self._busy:
+            return self.running.pop()
+        for i in range(len(self.running) - 1, -1, -1):
+            if self.running[i].req_id not in self._busy:
+                return self.running.pop(i)
+        raise SchedulerError("no running request outside the in-flight batches to preempt")  # pragma: no cover
 
     def _admit(self, req: Request, budget: int, whole: bool, thr: int = 0):
         """Try to admit the head of the waiting queue; returns the item or None.

@@ -66,6 +66,8 @@ def run(session, target, config) -> SimResult:
     summary.update(serving_summary(recs, res, cap, budget))
     info["kv_budget_blocks"] = budget
     info["timeline"] = timelines(res)
+    if res.pipeline is not None:   # PP > 1: the schedule and each stage's idle share of the makespan
+        info["pipeline"] = res.pipeline
     summary.update(stated_under(session, target, config, cap, sched, info))
     summary["kv_budget_blocks"] = budget
     if config.slo is not None:
@@ -169,6 +171,8 @@ def _run_replicas(session, target, config, prep, budget: int, reqs) -> SimResult
         **request_summary(recs)})
     info["kv_budget_blocks"] = budget
     info["router"] = config.router
+    if res[0].pipeline is not None:   # PP > 1, per replica
+        info["pipeline"] = [x.pipeline for x in res]
     summary.update(stated_under(session, target, config, cap, sched, info))
     summary["kv_budget_blocks"] = budget
     return SimResult(summary, rows, brows, [(-1, t, b)], info)

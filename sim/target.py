@@ -16,8 +16,8 @@ from .capacity import CapacityError, ServingConfig, capacity_blocks, check_fits,
 from .errors import ConfigError
 from .options import option, validate_options
 from .profiles import HardwareProfile, ModelShape, PresetError, load_hardware, load_model, model_from_manifest
-from .parallel import MAX_DP, MAX_PP, NodeProfile, ParallelConfig, ParallelCost, ParallelError, load_node, \
-    rank_model, stage_layers
+from .parallel import MAX_DP, MAX_PP, PIPELINE_SCHEDULES, NodeProfile, ParallelConfig, ParallelCost, ParallelError, \
+    load_node, rank_model, stage_layers
 from .scheduler import SchedulerConfig
 
 # Isolated mode: one problem alone, every branch admitted at once, prefills first.
@@ -72,6 +72,11 @@ class TargetSpec:
                                          help="pipeline stages per replica (vLLM's flag; default 1)")
     data_parallel_size: int = option(1, kind=int, lo=1, hi=MAX_DP, flag="--data-parallel-size", metavar="DP",
                                      help="serving mode: replicas of TP x PP GPUs behind --router (default 1)")
+    pipeline_schedule: str = option("overlapped", kind=str, choices=PIPELINE_SCHEDULES, flag="--pipeline-schedule",
+                                    metavar="S",
+                                    help="with PP > 1: 'overlapped' keeps up to PP batches in flight, one per stage "
+                                         "(vLLM's pipeline; default); 'serial' runs one batch through all stages "
+                                         "at a time (the pessimistic bound)")
 
     def __post_init__(self) -> None:
         validate_options(self)
@@ -92,10 +97,11 @@ class Target:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
+    pipeline_schedule: str = "overlapped"
 
     @classmethod
     def resolve(cls, session, model=None, hardware="local-cpu", serving=None, node=None, tensor_parallel_size=1,
-                pipeline_parallel_size=1, data_parallel_size=1) -> "Target":
+                pipeline_parallel_size=1, data_parallel_size=1, pipeline_schedule="overlapped") -> "Target":
         """A target from preset names, files or profiles (``model=None``: the trace's own model).
 
         ``node`` (a node preset or :class:`sim.parallel.NodeProfile`) prices the collectives of a
@@ -115,7 +121,8 @@ class Target:
             sv = ServingConfig.from_any(serving)
             spec = TargetSpec(model=None, hardware="-", node=None if node is None or isinstance(node, NodeProfile)
                               else str(node), tensor_parallel_size=tensor_parallel_size,
-                              pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size)
+                              pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
+                              pipeline_schedule=pipeline_schedule)
             try:
                 par = ParallelConfig(spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.data_parallel_size)
             except ParallelError as exc:
@@ -134,7 +141,7 @@ class Target:
                     raise ConfigError(str(exc), field="tensor_parallel_size") from None
             return cls(model=m, hardware=hw, serving=sv, trace_model=session.trace_model, node=nd,
                        tensor_parallel_size=par.tensor_parallel_size, pipeline_parallel_size=par.pipeline_parallel_size,
-                       data_parallel_size=par.data_parallel_size)
+                       data_parallel_size=par.data_parallel_size, pipeline_schedule=spec.pipeline_schedule)
 
     key: tuple = field(init=False, repr=False)  # (model, hardware cost terms): what a job's costs depend on
 
@@ -143,6 +150,8 @@ class Target:
         if not self.single:  # one GPU keeps today's key; a layout prices differently
             key += (("parallel", self.tensor_parallel_size, self.pipeline_parallel_size,
                      self.node.name if self.node is not None else None),)
+            if self.pipeline_parallel_size > 1:
+                key += (("pipeline_schedule", self.pipeline_schedule),)
         object.__setattr__(self, "key", key)
 
     def __hash__(self) -> int:
@@ -165,7 +174,8 @@ class Target:
     def cost(self):
         """The cost object of one replica: None (the engine's own ``ScalarCost``) at TP = PP = 1, else a
         :class:`sim.parallel.ParallelCost` of the layout on the node."""
-        return None if self.single else ParallelCost(self.model, self.hardware, self.node, self.parallel)
+        return None if self.single else ParallelCost(self.model, self.hardware, self.node, self.parallel,
+                                                     schedule=self.pipeline_schedule)
 
     @property
     def rank_model(self) -> ModelShape:
