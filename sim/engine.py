@@ -356,6 +356,19 @@ class Engine:
         return [(float(n), float(c), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
 
     # ------------------------------------------------------------------ accelerator
+    def _settle(self):
+        """Let every arrival at this instant be queued before a batch is formed (``settle``: at most that
+        many zero-time steps; None: until nothing else is due now)."""
+        env = self.env
+        if self.settle is None:
+            while env.peek() == env.now:
+                yield env.timeout(0)
+        else:
+            for _ in range(self.settle):
+                if env.peek() != env.now:
+                    break
+                yield env.timeout(0)
+
     def _accelerator(self):
         env, sched, kv, cost = self.env, self.sched, self.kv, self.cost
         while True:
@@ -363,43 +376,20 @@ class Engine:
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
-            # Let every arrival at this instant be queued before the batch is formed.
-            if self.settle is None:
-                while env.peek() == env.now:
-                    yield env.timeout(0)
-            else:
-                for _ in range(self.settle):
-                    if env.peek() != env.now:
-                        break
-                    yield env.timeout(0)
+            yield from self._settle()  # every arrival at this instant is queued before the batch forms
             out = sched.schedule()
             items = out.items
             nrun = len(sched.running)
             if not items:
                 if sched.waiting and not sched.running:
-                    head = sched.waiting[0]
-                    need = -(-head.num_tokens // self.bs)
-                    raise CapacityError(
-                        f"request {head.req_id} (problem {head.data[0].pos}) needs {need} KV blocks "
-                        f"({need * self.block_bytes / 1e9:.3f} GB) but the KV capacity is {kv.num_blocks} blocks "
-                        f"({kv.num_blocks * self.block_bytes / 1e9:.3f} GB): {need - kv.num_blocks} blocks "
-                        f"({(need - kv.num_blocks) * self.block_bytes / 1e9:.3f} GB) short", field="kv_capacity_bytes")
+                    raise self._no_fit(sched.waiting[0], kv)
                 if sched.has_unfinished():
                     # only held requests are left, waiting for an event (an arrival): wait for it
                     self._wake = env.event()
                     yield self._wake
                     self._wake = None
                 continue
-            if self.max_batch is not None and len(items) > self.max_batch:
-                from .profiles import OutOfCalibrationError
-                raise OutOfCalibrationError(
-                    f"hardware {self.hw_name}: an iteration batched {len(items)} sequences at t = {env.now:.3f} s, "
-                    f"outside the calibrated range (fitted_range.max_batch = {self.max_batch}); refusing to "
-                    f"extrapolate (lower the arrival rate, the concurrency or --max-num-seqs)")
-            self._extra_dt = 0.0
-            self.items_scheduled += len(items)
-            priced = [self._price(it) for it in items]
-            tup = [t for ts, _ in priced for t in ts]
+            priced, tup = self._price_batch(items, env.now)
             if self.pp_stages > 1:
                 st = cost.stage_seconds(tup)
                 dt = float(sum(st)) + self._extra_dt     # == cost.seconds(tup): one batch through every stage
@@ -443,14 +433,7 @@ class Engine:
                 continue
             if free[0] > env.now:
                 yield env.timeout(free[0] - env.now)
-            if self.settle is None:
-                while env.peek() == env.now:
-                    yield env.timeout(0)
-            else:
-                for _ in range(self.settle):
-                    if env.peek() != env.now:
-                        break
-                    yield env.timeout(0)
+            yield from self._settle()
             if self._n_flight >= S:
                 continue
             out = sched.schedule(busy=self._in_flight)
@@ -458,29 +441,14 @@ class Engine:
             nrun = len(sched.running)
             if not items:
                 if sched.waiting and not sched.running and not self._n_flight:
-                    head = sched.waiting[0]
-                    need = -(-head.num_tokens // self.bs)
-                    raise CapacityError(
-                        f"request {head.req_id} (problem {head.data[0].pos}) needs {need} KV blocks "
-                        f"({need * self.block_bytes / 1e9:.3f} GB) but the KV capacity is {kv.num_blocks} blocks "
-                        f"({kv.num_blocks * self.block_bytes / 1e9:.3f} GB): {need - kv.num_blocks} blocks "
-                        f"({(need - kv.num_blocks) * self.block_bytes / 1e9:.3f} GB) short", field="kv_capacity_bytes")
+                    raise self._no_fit(sched.waiting[0], kv)
                 if sched.has_unfinished() or self._n_flight:
                     # wait for a batch to leave the pipeline or an arrival
                     self._wake = env.event()
                     yield self._wake
                     self._wake = None
                 continue
-            if self.max_batch is not None and len(items) > self.max_batch:
-                from .profiles import OutOfCalibrationError
-                raise OutOfCalibrationError(
-                    f"hardware {self.hw_name}: an iteration batched {len(items)} sequences at t = {env.now:.3f} s, "
-                    f"outside the calibrated range (fitted_range.max_batch = {self.max_batch}); refusing to "
-                    f"extrapolate (lower the arrival rate, the concurrency or --max-num-seqs)")
-            self._extra_dt = 0.0
-            self.items_scheduled += len(items)
-            priced = [self._price(it) for it in items]
-            tup = [t for ts, _ in priced for t in ts]
+            priced, tup = self._price_batch(items, env.now)
             st = cost.stage_seconds(tup)
             st[-1] += self._extra_dt     # eviction scoring: with the sampling, on the last stage
             start = env.now
@@ -597,6 +565,30 @@ class Engine:
             it.req.data[0].phase[KIND_NAMES[kind]] += dt * a / tot if tot > 0 else dt / len(items)
 
     # ------------------------------------------------------------------ arrivals
+    def _no_fit(self, head, kv) -> CapacityError:
+        """The request at the head of the queue can never fit the KV capacity, even alone."""
+        need = -(-head.num_tokens // self.bs)
+        return CapacityError(
+            f"request {head.req_id} (problem {head.data[0].pos}) needs {need} KV blocks "
+            f"({need * self.block_bytes / 1e9:.3f} GB) but the KV capacity is {kv.num_blocks} blocks "
+            f"({kv.num_blocks * self.block_bytes / 1e9:.3f} GB): {need - kv.num_blocks} blocks "
+            f"({(need - kv.num_blocks) * self.block_bytes / 1e9:.3f} GB) short", field="kv_capacity_bytes")
+
+    def _price_batch(self, items, now: float):
+        """Price one scheduled batch: ``(per item (cost tuples, info), all cost tuples)``; refuses a batch of
+        more sequences than the profile was fitted on. Resets the eviction-scoring time the items add."""
+        n = len(items)
+        if self.max_batch is not None and n > self.max_batch:
+            from .profiles import OutOfCalibrationError
+            raise OutOfCalibrationError(
+                f"hardware {self.hw_name}: an iteration batched {n} sequences at t = {now:.3f} s, "
+                f"outside the calibrated range (fitted_range.max_batch = {self.max_batch}); refusing to "
+                f"extrapolate (lower the arrival rate, the concurrency or --max-num-seqs)")
+        self._extra_dt = 0.0
+        self.items_scheduled += n
+        priced = [self._price(it) for it in items]
+        return priced, [t for ts, _ in priced for t in ts]
+
     def _prob(self, pseq: int, pos=None, job=None) -> _Prob:
         """The problem ``pseq`` (of ``self.jobs`` unless ``pos``/``job`` are given), with its token-time lists."""
         if job is None:
