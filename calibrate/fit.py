@@ -59,7 +59,9 @@ ROW_TERM_GAIN = 0.9   # kept only if it lowers the robust loss by 10% or more
 # like the roofline's where a phase has one token row; else it stays at the base profile's (None: eff_m)
 # eff_att / eff_kv: attention's own compute and KV-traffic efficiencies, fitted (log space) where
 # some phase runs attention; else None (= eff_c / eff_m)
-_LOG_OPTIONAL = ("eff_mv", "eff_att", "eff_kv")
+# eff_kv_shared: KV re-read from blocks another item of the iteration read (sim.cost, "Shared KV reads"),
+# fitted where some phase has such reads; else None (= eff_kv)
+_LOG_OPTIONAL = ("eff_mv", "eff_att", "eff_kv", "eff_kv_shared")
 FIT_PARAMS = ("eff_c", "eff_m") + _LOG_OPTIONAL + tuple(p for p, _, _ in _LINEAR) + ("gemm_row_block",
                                                                                     "gemm_small_m_max")
 _IDX = {k: i for i, k in enumerate(C.TERM_NAMES)}
@@ -86,9 +88,11 @@ def phase_terms(m: ModelShape, phases: pd.DataFrame) -> np.ndarray:
                 n.size if row.phase in _SAMPLING_PHASES else 0)
             samp = np.zeros(n.size)
             samp[:min(k, n.size)] = 1.0
+            h = getattr(row, "shared", None)
+            h = np.asarray(h, dtype=np.float64) if h is not None and len(h) == n.size else 0.0
             t = C.batch_terms(m, n, np.asarray(row.c, dtype=np.float64), layers=lay,
                               probes=np.asarray(row.probes, dtype=np.float64),
-                              logits=np.asarray(row.logits, dtype=np.float64), sampled=samp)
+                              logits=np.asarray(row.logits, dtype=np.float64), sampled=samp, shared=h)
         elif kind == "probe":
             t = C.probe_terms(m, row.cand)
         elif kind == "evict":
@@ -166,7 +170,7 @@ def _fit_one(base, A, y, roofline, loss, f_scale, free, x0=None):
     nlin = len(free) - (nl - 2)
     # A few starts: the max() makes the objective piecewise; pick the best local optimum.
     for ec, em in ((1.0, 1.0), (0.1, 0.1), (0.01, 1.0), (1.0, 0.01), (0.3, 0.03)):
-        start = {"eff_c": ec, "eff_m": em, "eff_mv": em, "eff_att": ec, "eff_kv": em}
+        start = {"eff_c": ec, "eff_m": em, "eff_mv": em, "eff_att": ec, "eff_kv": em, "eff_kv_shared": em}
         x0 = np.array([math.log(start[p]) for p in logp] + [1.0] * nlin)
         r = least_squares(resid, x0, bounds=([-20] * nl + [0] * nlin, [5] * nl + [1e7] * nlin),
                           loss=loss, f_scale=f_scale, x_scale=[1.0] * nl + [10.0] * nlin, method="trf",
@@ -199,6 +203,7 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
     # column as another's (a CUDA graph's kernels are fitted only where a phase replayed one).
     free = ((["eff_mv"] if np.any(A[_IDX["b_lin_mv"]] > 0) else [])
             + (["eff_att", "eff_kv"] if attention and np.any(A[_IDX["f_att"]] > 0) else [])
+            + (["eff_kv_shared"] if attention and np.any(A[_IDX["b_kv_shared"]] > 0) else [])
             + [p for p, t, _ in _LINEAR if np.any(A[_IDX[t]] > 0)])
     if y.size < 2 + len(free):
         raise ValueError(f"fit: {y.size} measured phases; need at least {2 + len(free)}")
@@ -327,6 +332,7 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
         "eff_mv": None if p.eff_mv is None else float(p.eff_mv),
         "eff_att": None if p.eff_att is None else float(p.eff_att),
         "eff_kv": None if p.eff_kv is None else float(p.eff_kv),
+        **({"eff_kv_shared": float(p.eff_kv_shared)} if p.eff_kv_shared is not None else {}),
         **({"gemm_row_block": int(p.gemm_row_block),
             "gemm_small_m_max": None if p.gemm_small_m_max is None else int(p.gemm_small_m_max)}
            if p.gemm_row_block else {}),

@@ -93,11 +93,12 @@ class Shape:
     """One iteration: ``decodes`` decode steps at ``context`` cached tokens, plus ``prefill`` new tokens
     over ``prefill_cached`` (0: none)."""
 
-    kind: str            # decode | prefill | mixed
+    kind: str            # decode | shared | prefill | mixed
     decodes: int = 0
     context: int = 0
     prefill: int = 0
     prefill_cached: int = 0
+    shared_prefix: int = 0   # kind shared: the decodes' first tokens sit in the same blocks (branches of a prompt)
 
     def items(self) -> list[tuple[int, int]]:
         """``(n, c)`` of every item: the decodes first (running decodes are scheduled first)."""
@@ -105,6 +106,17 @@ class Shape:
         if self.prefill:
             out.append((self.prefill, self.prefill_cached))
         return out
+
+    def block_lists(self, bs: int) -> list[list]:
+        """Names of every item's blocks: the decodes' first ``shared_prefix // bs`` are one set of blocks, the
+        rest each item's own."""
+        sh = [("s", k) for k in range(self.shared_prefix // bs)]
+        return [sh + [(i, k) for k in range(len(sh), -(-(n + c) // bs))] for i, (n, c) in enumerate(self.items())]
+
+    def shared(self, bs: int) -> list[int]:
+        """``h_i`` of every item (:func:`sim.kvshare.shared_tokens`)."""
+        from sim.kvshare import shared_tokens
+        return shared_tokens(self.block_lists(bs), [c for _, c in self.items()], bs)
 
 
 def _spread(xs) -> list:
@@ -143,7 +155,11 @@ def plan_shapes(cfg: HostConfig) -> list[Shape]:
         return sorted({min(48, hi), min(256, hi), hi})
 
     chunks = sorted({n for n in (16, 32, 64, 128, 256, 512, 1024, 1536, M) if n <= M} | {M})
+    def shared(b, c):   # branches of one prompt: three quarters of the context shared, in full blocks
+        return Shape("shared", b, c, shared_prefix=(3 * c // 4) // cfg.block_size * cfg.block_size)
+
     r1 = ([Shape("decode", b, c) for b in (1, 2, 8, S) for c in (ctxs(b)[0], ctxs(b)[-1])]
+          + [shared(b, ctxs(b)[-1]) for b in (8, S)]
           + [Shape("prefill", prefill=n) for n in (16, 256, M)]
           + [Shape("prefill", prefill=256, prefill_cached=min(1024, cap - 256))]
           + [Shape("mixed", b, 200, prefill=n, prefill_cached=0) for b, n in ((1, 64), (min(8, S), 512),
@@ -151,6 +167,7 @@ def plan_shapes(cfg: HostConfig) -> list[Shape]:
     # every batch at its middle context first, then the short and the long ones, batches in _spread
     # order: a budget cut keeps kernel changes anywhere in 1 .. max_num_seqs in reach of the fit
     r2 = ([Shape("decode", b, ctxs(b)[min(ci, len(ctxs(b)) - 1)]) for ci in (1, 0, 2) for b in _spread(_batches(S))]
+          + [shared(b, ctxs(b)[min(ci, len(ctxs(b)) - 1)]) for ci in (1, 2) for b in _spread([b for b in (2, 4, 8, 16, 32, S) if b <= S])]
           + [Shape("prefill", prefill=n) for n in _spread(chunks)]
           + [Shape("prefill", prefill=n, prefill_cached=c) for n in (32, 128, 512) for c in (256, 1024)
              if n + c <= cap]
@@ -158,7 +175,7 @@ def plan_shapes(cfg: HostConfig) -> list[Shape]:
              for n, pc in ((128, 64), (16, 0), (1024, 0)) for c in (64, 256)
              for b in _spread([b for b in (1, 2, 4, 8, 16, 32, S) if b <= S])])
     # round 2 interleaved by kind, so that a budget cut thins every kind rather than dropping one
-    by = [[s for s in r2 if s.kind == k] for k in ("decode", "prefill", "mixed")]
+    by = [[s for s in r2 if s.kind == k] for k in ("decode", "shared", "prefill", "mixed")]
     r2 = [s for grp in zip(*[g + [None] * (max(map(len, by)) - len(g)) for g in by]) for s in grp if s is not None]
     seen, out = set(), []
     for s in r1 + r2:
@@ -226,11 +243,10 @@ class _Runner:
         from calibrate.serve_forward import Item
 
         bs = self.cfg.block_size
-        out, nxt = [], 0
-        for i, (n, c) in enumerate(s.items()):
-            need = -(-(n + c) // bs)
-            blocks = list(range(nxt, nxt + need))
-            nxt += need
+        out, ids = [], {}
+        for i, ((n, c), names) in enumerate(zip(s.items(), s.block_lists(bs))):
+            # one physical block per name: the shared prefix's blocks are the same for every decode
+            blocks = [ids.setdefault(x, len(ids)) for x in names]
             toks = [int(x) for x in self.rng.integers(100, self.V - 1, n)]
             out.append(Item(key=i, tokens=toks, start=c, slots=self.kv.slots(blocks, n + c), sample=True))
         return out
@@ -248,15 +264,16 @@ class _Runner:
         return time.perf_counter() - w0, time.thread_time() - c0
 
 
-def phases_from(rows) -> pd.DataFrame:
-    """The measured shapes as ``phases.parquet`` rows (kind forward, every item sampling)."""
+def phases_from(rows, bs: int) -> pd.DataFrame:
+    """The measured shapes as ``phases.parquet`` rows (kind forward, every item sampling; ``bs`` the block size
+    the shared prefixes are counted in)."""
     from calibrate.timing import PhaseRow, phases_frame
 
     out = []
     for s, wall, cpu in rows:
         its = s.items()
         r = PhaseRow(f"host-{s.kind}", kind="forward", problem=-1, policy="host").items(
-            [n for n, _ in its], [c for _, c in its], logits=1)
+            [n for n, _ in its], [c for _, c in its], logits=1, shared=s.shared(bs))
         r.seconds, r.cpu_seconds, r.sampled = float(wall), float(cpu), len(its)
         out.append(r)
     return phases_frame(out)
@@ -290,7 +307,7 @@ def run_host(cfg: HostConfig, out: Path | None = None, keep: Path | None = None,
     if len(rows) < 12:
         raise RuntimeError(f"calibrate host: only {len(rows)} shapes fitted in --minutes {cfg.minutes}; "
                            "allow more minutes")
-    phases = phases_from(rows)
+    phases = phases_from(rows, cfg.block_size)
     fp = fingerprint(cfg.device, cfg.threads, str(lm.dtype))
     model = model_from_manifest({"model": lm.info()})
     base = dataclasses.replace(default_base("local-cpu"), name=name)

@@ -56,6 +56,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.kvshare import shared_tokens
+
 SUMMARY_FILE = "serve.json"
 CLOCKS = ("cpu", "wall")
 from sim.scheduler import POLICIES as SCHEDULERS  # noqa: E402  (one list of scheduler names)
@@ -401,6 +403,9 @@ def _iter_row(it: int, step, finished, sched, clocks: dict) -> dict:
         "c": [int(x[1]) for x in step.items],
         "n": [int(x[2]) for x in step.items],
         "sample": [bool(x[3]) for x in step.items],
+        # cached tokens in blocks an earlier item of the iteration reads too (sim.kvshare, the engine's rule)
+        "shared": shared_tokens([step.block_tables[x[0]] for x in step.items], [int(x[1]) for x in step.items],
+                                sched.bs),
         "preempted": sorted(int(x) for x in step.preempted),
         "finished": sorted(int(r.rid) for r in finished),
         "cache_hit_tokens": int(sum(step.cache_hits.values())),
@@ -552,7 +557,7 @@ def serve_requests(lm, cfg: ServeConfig, reqs: list[Request], stop, progress: bo
     return rows, rq, sim_rows, sim_info, compare(rows, sim_rows, rq, cfg.clock), loop_wall
 
 
-REAL_COLUMNS = ("iteration", "seqs", "c", "n", "sample", "preempted", "finished", "cache_hit_tokens",
+REAL_COLUMNS = ("iteration", "seqs", "c", "n", "sample", "shared", "preempted", "finished", "cache_hit_tokens",
                 "recompute_tokens", "n_running", "n_waiting", "kv_blocks_used", "sched_wall_s", "sched_cpu_s",
                 "wall_s", "cpu_s", "forward_wall_s", "forward_cpu_s")
 
@@ -605,7 +610,8 @@ def phases_table(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     for r in rows.itertuples(index=False):
         row = PhaseRow("serve-iteration", kind="forward", problem=-1, policy="serve").items(
-            list(r.n), list(r.c), logits=[1 if x else 0 for x in r.sample])
+            list(r.n), list(r.c), logits=[1 if x else 0 for x in r.sample],
+            shared=list(getattr(r, "shared", None) if getattr(r, "shared", None) is not None else [0] * len(r.n)))
         row.seconds = float(r.wall_s)
         row.cpu_seconds = float(r.cpu_s)
         row.sampled = int(sum(bool(x) for x in r.sample))

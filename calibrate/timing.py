@@ -34,7 +34,7 @@ import pandas as pd
 PHASE_COLUMNS = [
     "phase", "branch", "n_new", "n_cached", "batch", "seconds",
     "problem", "policy", "kind", "n", "c", "layers", "probes", "logits",
-    "cand", "window", "evict_layers", "note", "cpu_seconds", "sampled",
+    "cand", "window", "evict_layers", "note", "cpu_seconds", "sampled", "shared",
 ]
 CLOCKS = ("auto", "cpu", "wall")
 KINDS = ("forward", "probe", "evict", "copy", "host")
@@ -59,9 +59,11 @@ class PhaseRow:
     note: str = ""
     cpu_seconds: float = float("nan")   # the timing thread's CPU time
     sampled: int = 0          # rows a token was sampled for inside the phase (top-p over the vocabulary)
+    shared: list[int] = field(default_factory=list)  # per item: cached tokens in KV blocks an earlier item of
+                                                     # the forward reads too (sim.kvshare; empty = none)
 
-    def items(self, n: list[int], c: list[int], layers=None, probes=None, logits=None) -> "PhaseRow":
-        """Set the batch items of a forward (layers/probes/logits: per item, or one value for all)."""
+    def items(self, n: list[int], c: list[int], layers=None, probes=None, logits=None, shared=None) -> "PhaseRow":
+        """Set the batch items of a forward (layers/probes/logits/shared: per item, or one value for all)."""
         k = len(n)
 
         def per(v, default):
@@ -71,6 +73,7 @@ class PhaseRow:
 
         self.n, self.c = [int(x) for x in n], [int(x) for x in c]
         self.layers, self.probes, self.logits = per(layers, -1), per(probes, 0), per(logits, 1)
+        self.shared = per(shared, 0)
         return self
 
     def flat(self) -> dict:

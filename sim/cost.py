@@ -82,6 +82,20 @@ matrix-vector rate::
 
     weights: ceil(rows / mr) (b_lin + b_head) / (bw eff_mv)   for 2 <= rows <= m_small
 
+Shared KV reads: when several items of one iteration attend over the same KV
+blocks (branches of one prompt, requests with a common prefix: one physical
+block, by prefix caching or a fork), every read of a block after its first in
+the iteration finds it in cache on a CPU. ``h_i`` (``shared``) is the number of
+item ``i``'s cached tokens in such blocks: full blocks an earlier item of the
+iteration also reads (:func:`sim.kvshare.shared_tokens`). Those bytes::
+
+    b_kv_shared = s sum_i l_i 2 Hkv Dh h_i              # a subset of b_att
+
+are priced at ``mem_bw * eff_kv_shared`` instead of ``eff_kv``'s rate
+(:class:`sim.profiles.HardwareProfile`; None: off, the same formula as before).
+Measured on SmolLM2, one CPU thread: a decode of 8 sequences at context 512
+over one shared prefix takes 5.8% less CPU time than over distinct blocks.
+
 Mixed context lengths in a batch are summed item by item (exact), never
 replaced by their mean. Activations other than the residual stream are not
 counted (they stay in cache/SRAM for the fused kernels this models).
@@ -105,7 +119,8 @@ K_PROBE = 3
 
 # Every field of OpTerms, in order: the rows of the calibration design matrix (``as_full_array``).
 TERM_NAMES = ("flops", "bytes", "kernels", "layers", "samples", "iters", "graph_kernels",
-              "f_lin", "b_lin", "f_att", "b_att", "f_head", "b_head", "b_elem", "b_lin_mv", "b_head_mv", "rows")
+              "f_lin", "b_lin", "f_att", "b_att", "f_head", "b_head", "b_elem", "b_lin_mv", "b_head_mv", "rows",
+              "b_kv_shared")
 
 
 @dataclass(frozen=True)
@@ -134,6 +149,8 @@ class OpTerms:
     b_lin_mv: np.ndarray | float = 0.0       # the part of b_lin read by matrix-vector products (one token row)
     b_head_mv: np.ndarray | float = 0.0      # the part of b_head read by matrix-vector products (one token row)
     rows: np.ndarray | float = 0.0           # token rows of the linear layers (sum_i n_i): BLAS row blocking
+    b_kv_shared: np.ndarray | float = 0.0    # the part of b_att re-read from KV blocks an earlier item of the
+                                             # iteration read too ("Shared KV reads")
 
     def __add__(self, other: "OpTerms") -> "OpTerms":
         """Two operations run one after the other (not batched)."""
@@ -164,7 +181,7 @@ def elem_bytes_per_token_layer(m: ModelShape) -> float:
 
 
 def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_tokens=0, mask=None,
-                sampled=None, cuda_graph=False) -> OpTerms:
+                sampled=None, cuda_graph=False, shared=0) -> OpTerms:
     """Terms of one batched forward iteration (formula in the module docstring).
 
     Parameters
@@ -188,6 +205,9 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
         pass, which scores yes/no without sampling.
     cuda_graph : bool
         The iteration replays a CUDA graph: its kernels are counted as ``graph_kernels``.
+    shared : array_like
+        Cached tokens of each item in KV blocks an earlier item of the iteration reads too
+        (``h_i`` of "Shared KV reads"; at most ``c``).
 
     Returns
     -------
@@ -221,6 +241,8 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     b_lin = s * lmax * P
     b_head = s * (pmax + gmax) * d * V
     b_att = s * np.sum(runs * ell * kv_tok * (c + n), axis=-1)
+    h = np.broadcast_to(np.asarray(shared, dtype=np.float64), n.shape)
+    b_kvs = s * np.sum(runs * ell * kv_tok * h, axis=-1)
     bytes_ = (b_lin + b_head + b_att + s * np.sum(runs * 2.0 * d * n, axis=-1)
               + s * np.sum(w * 2.0 * cp, axis=-1) * L * kv_tok)
     b_elem = np.sum(runs * n * ell, axis=-1) * elem_bytes_per_token_layer(m)
@@ -235,7 +257,7 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     else:
         gk = zero
     return OpTerms(flops, bytes_, kernels, lmax, samples, iters, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, b_elem,
-                   mv * b_lin, mv * b_head, np.sum(runs * n, axis=-1))
+                   mv * b_lin, mv * b_head, np.sum(runs * n, axis=-1), b_kvs)
 
 
 def prefill_terms(m: ModelShape, n_new, n_cached=0) -> OpTerms:
@@ -346,16 +368,21 @@ class ScalarCost:
         ea, ek = getattr(hw, "eff_att", None), getattr(hw, "eff_kv", None)
         self.rate_a = hw.peak_flops * (hw.eff_c if ea is None else ea)
         self.rate_kv = hw.mem_bw * (hw.eff_m if ek is None else ek)
+        eks = getattr(hw, "eff_kv_shared", None)
+        self.rate_kvs = self.rate_kv if eks is None else hw.mem_bw * eks
+        self.prices_shared = eks is not None   # callers skip counting shared blocks when nothing prices them
         self.row_block = getattr(hw, "gemm_row_block", None)
         self.small_m = getattr(hw, "gemm_small_m_max", None)
 
     def seconds(self, items) -> float:
-        """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled])`` tuples (layers None = L).
+        """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled[, shared]])`` tuples (layers
+        None = L).
 
-        Without the 7th field an item with an LM-head row and new tokens samples one row.
+        Without the 7th field an item with an LM-head row and new tokens samples one row; the 8th is
+        ``h_i`` of "Shared KV reads" (default 0).
         """
         f_lin = f_att = f_head = 0.0
-        kv = 0.0
+        kv = kvs = 0.0
         emb = 0.0
         cp = 0.0
         nl = 0.0
@@ -372,6 +399,8 @@ class ScalarCost:
                 f_lin += 2.0 * self.P * n * ell
                 f_att += self.att * ell * (n * c + n * (n + 1.0) / 2.0)
                 kv += ell * self.kvt * (c + n)
+                if len(it) > 7:
+                    kvs += ell * self.kvt * it[7]
                 emb += 2.0 * self.d * n
                 nl += n * ell
                 rows_n += n
@@ -397,20 +426,22 @@ class ScalarCost:
         if self.row_block and rows_n >= 2.0 and (self.small_m is None or rows_n <= self.small_m):
             rw = self.rate_mv / math.ceil(rows_n / self.row_block)
         ra, rkv = self.rate_a, self.rate_kv
+        t_kv = (b_att - self.s * kvs) / rkv + self.s * kvs / self.rate_kvs
         if self.per_op:
-            t = (max(f_lin / rc, b_lin / rw) + max(f_att / ra, b_att / rkv) + max(f_head / rc, b_head / rw)
+            t = (max(f_lin / rc, b_lin / rw) + max(f_att / ra, t_kv) + max(f_head / rc, b_head / rw)
                  + b_rest / rm + nl * self.elem / self.rate_e)
         else:
             t = (f_lin + f_head) / rc + f_att / ra
-            tm = (b_lin + b_head) / rw + b_att / rkv + b_rest / rm
+            tm = (b_lin + b_head) / rw + t_kv + b_rest / rm
             t = t if t > tm else tm
         kernels = (K_LAYER * lmax + K_FWD if lmax > 0 else 0.0) + K_PROBE * pmax + cp_any
         return (t + kernels * self.pk + lmax * self.pl + rows * self.V * self.ps
                 + (self.pi if lmax > 0 else 0.0))
 
 
-def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False) -> OpTerms:
-    """Terms of many decode iterations at once; ``contexts (J, B)`` cached tokens, ``mask (J, B)`` present.
+def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, shared=0.0) -> OpTerms:
+    """Terms of many decode iterations at once; ``contexts (J, B)`` cached tokens, ``mask (J, B)`` present,
+    ``shared (J,)`` the iteration's shared cached tokens ``sum_b h_jb`` ("Shared KV reads").
 
     Same as :func:`decode_step_terms` row by row, reduced in closed form: with
     ``k_j`` sequences and ``S_j = sum_b (c_jb + 1)``::
@@ -419,6 +450,7 @@ def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False) 
         bytes_j = s [ (L P + d V) [k_j > 0] + L 2 Hkv Dh S_j + 2 d k_j ]
         samples_j = k_j V,  iters_j = [k_j > 0]
         b_lin_mv_j = s L P [k_j == 1],  b_head_mv_j = s d V [k_j == 1]
+        b_kv_shared_j = s L 2 Hkv Dh shared_j
     """
     c = np.asarray(contexts, dtype=np.float64)
     w = np.asarray(mask, dtype=bool)
@@ -440,4 +472,5 @@ def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False) 
     one = (k == 1).astype(np.float64)
     return OpTerms(f_lin + f_head + f_att, bytes_, kernels, anyk * L, k * V, anyk, gk,
                    f_lin, b_lin, f_att, b_att, f_head, b_head, k * L * elem_bytes_per_token_layer(m),
-                   one * b_lin, one * b_head, k)
+                   one * b_lin, one * b_head, k,
+                   s * L * 2.0 * m.n_kv_heads * m.head_dim * np.broadcast_to(np.asarray(shared, np.float64), k.shape))

@@ -40,6 +40,7 @@ import simpy
 from .capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
 from .cost import ScalarCost
 from .kvcache import UNLIMITED, BlockManager
+from .kvshare import shared_tokens
 from .scheduler import Request, Scheduler, SchedulerConfig
 from .workload import KIND_NAMES, Job
 
@@ -156,6 +157,7 @@ class Engine:
         self.m, self.hw = model, hw
         # cost: anything with ScalarCost's seconds(items), e.g. sim.parallel.ParallelCost for a TP x PP replica
         self.cost = ScalarCost(model, hw) if cost is None else cost
+        self.prices_shared = bool(getattr(self.cost, "prices_shared", False))
         # env: a shared environment (several replicas' engines under one clock, sim.replicas)
         self.env = simpy.Environment() if env is None else env
         # settle: before forming a batch, yield zero-time steps while events are due now (None: until none are;
@@ -587,7 +589,28 @@ class Engine:
         self._extra_dt = 0.0
         self.items_scheduled += n
         priced = [self._price(it) for it in items]
+        if self.prices_shared:
+            priced = self._with_shared(items, priced)
         return priced, [t for ts, _ in priced for t in ts]
+
+    def _with_shared(self, items, priced):
+        """Each item's first cost tuple carries ``h_i`` (:func:`sim.kvshare.shared_tokens` over the block
+        manager's physical blocks) as its 8th field. A token-eviction decode attends over the policy's
+        cache, not its blocks in order: it shares nothing."""
+        kvb = self.kv.req_blocks
+        lists, ctxs = [], []
+        for it, (ts, _) in zip(items, priced):
+            evicting = it.req.data[1] == 1 and it.req.data[0].job.long is not None and it.num_new == 1
+            lists.append([] if evicting or not ts else [b.block_id for b in kvb.get(it.req.req_id, ())])
+            ctxs.append(it.num_cached)
+        out = []
+        for h, (ts, kind) in zip(shared_tokens(lists, ctxs, self.bs), priced):
+            if h and ts:
+                t = ts[0]
+                ts = [t[:6] + ((t[6],) if len(t) > 6 else (1.0 if t[0] > 0 and t[4] > 0 else 0.0,))
+                      + (float(h),)] + ts[1:]
+            out.append((ts, kind))
+        return out
 
     def _prob(self, pseq: int, pos=None, job=None) -> _Prob:
         """The problem ``pseq`` (of ``self.jobs`` unless ``pos``/``job`` are given), with its token-time lists."""

@@ -17,6 +17,11 @@ evictions and preemptions depend on the block manager, run on the engine):
 3. one verification iteration batching every branch's pass (unless CGEE
    skipped it).
 
+Where the profile prices shared KV reads (``eff_kv_shared``, :mod:`sim.cost`),
+each iteration's ``h_i`` follows :mod:`sim.kvshare` over the blocks the engine's
+prefix cache would hand out: branch ``b``'s first ``(ctx_b - own_b) / bs``
+blocks are its source's (:func:`sim.kvshare.block_names`).
+
 Latency is the sum of the iteration times (:func:`sim.cost.batch_terms` →
 ``HardwareProfile.time``). The decode sum is evaluated for all steps at once
 as a ``(J, B)`` array; results are memoised per distinct job, so a sweep only
@@ -27,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from .cost import ScalarCost, decode_steps_terms
+from .kvshare import block_names, shared_per_step, shared_tokens
 from .workload import Job, blocks
 
 
@@ -52,6 +58,17 @@ class FastPath:
         self.kvtok = float(model.kv_bytes_per_token)
         self._memo: dict = {}
         self._decode_memo: dict = {}
+        self.shared = self.sc.prices_shared
+
+    @staticmethod
+    def _names(job: Job) -> list:
+        """Every branch's prompt blocks, named as :func:`sim.kvshare.block_names` (shared ones alike)."""
+        return block_names(job.source, (job.ctx - job.own) // job.bs, job.ctx // job.bs)
+
+    @staticmethod
+    def _with_h(items, hs) -> list:
+        return [it[:6] + ((it[6],) if len(it) > 6 else (1.0 if it[0] > 0 and it[4] > 0 else 0.0,)) + (float(h),)
+                if h else it for it, h in zip(items, hs)]
 
     # ------------------------------------------------------------------ decode
     def _decode(self, job: Job):
@@ -59,14 +76,16 @@ class FastPath:
         J = int(steps.max()) if job.B else 0
         if J == 0:
             return np.zeros(0), np.zeros(0), np.zeros(0)
-        key = (job.ctx.tobytes(), job.gen.tobytes(), job.own.tobytes(), job.bs)
+        key = (job.ctx.tobytes(), job.gen.tobytes(), job.own.tobytes(), job.bs,
+               job.source.tobytes() if self.shared else b"")
         hit = self._decode_memo.get(key)
         if hit is not None:
             return hit
         j = np.arange(1, J + 1, dtype=np.float64)[:, None]
         mask = j <= steps[None, :]
         c = job.ctx[None, :] + j - 1.0
-        dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask)), np.float64)
+        h = shared_per_step(self._names(job), job.ctx // job.bs, mask) * job.bs if self.shared else 0.0
+        dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask, shared=h)), np.float64)
         stored = np.minimum(j, steps[None, :])
         mem = blocks(job.own[None, :] + stored, job.bs).sum(axis=1) * job.bs * self.kvtok
         out = self._decode_memo[key] = (dts, np.cumsum(dts), mem)
@@ -102,6 +121,10 @@ class FastPath:
             items = ([(float(job.gate[b]), 0.0, None, 0.0, 0.0, 0.0) for b in gates]
                      + [(float(n_p[i]), float(c_p[i]), None, 0.0, 1.0 if job.computed[b] > 0 else 0.0,
                          float(job.copy[b])) for i, b in enumerate(pre)])
+            if self.shared:
+                names = self._names(job)
+                items = self._with_h(items, [0] * gates.size + shared_tokens(
+                    [names[b] for b in pre], [int(x) for x in c_p], bs))
             dt = self.sc.seconds(items)
             share = _attribute(dt, np.array([self.sc.seconds([it]) for it in items]))
             phase["gate"] += float(share[: gates.size].sum())
@@ -124,8 +147,11 @@ class FastPath:
         if job.verify_on and B:
             n = job.v_new.astype(np.float64)
             c = job.v_cached.astype(np.float64)
-            dt = self.sc.seconds([(float(n[b]), float(c[b]), float(job.v_layers[b]), float(job.v_probes[b]),
-                                   float(job.v_head[b]), 0.0, 0.0) for b in range(B)])  # scores Yes/No: no sampling
+            vitems = [(float(n[b]), float(c[b]), float(job.v_layers[b]), float(job.v_probes[b]),
+                       float(job.v_head[b]), 0.0, 0.0) for b in range(B)]  # scores Yes/No: no sampling
+            if self.shared and job.v_reuse:
+                vitems = self._with_h(vitems, shared_tokens(self._names(job), [int(x) for x in c], bs))
+            dt = self.sc.seconds(vitems)
             phase["verify"] = dt
             t += dt
             iters += 1

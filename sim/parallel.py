@@ -326,6 +326,7 @@ class ParallelCost:
         self.single = par.is_single and delegate_single
         if self.single:
             self._one = ScalarCost(m, hw, cuda_graph=cuda_graph)
+            self.prices_shared = self._one.prices_shared
             return
         if node is None and not par.is_single:
             raise ParallelError(f"--tensor-parallel-size {par.tensor_parallel_size} --pipeline-parallel-size "
@@ -342,6 +343,7 @@ class ParallelCost:
             a += ell
         self.stages = [ScalarCost(rank_model(m, tp, ell), hw, cuda_graph=cuda_graph, sample_vocab=m.vocab_size)
                        for ell in self.parts]
+        self.prices_shared = self.stages[0].prices_shared
         self.act = float(m.hidden_size * m.dtype_bytes)      # bytes of one token's activations
         self.logit_row = float(m.vocab_size * m.dtype_bytes)
         self.inter_node = node is not None and tp * pp > node.gpus_per_node   # stages spill onto other nodes
@@ -367,12 +369,12 @@ class ParallelCost:
                     continue
                 here = max(here, 0)
                 if ends_here:
-                    sub.append((n, c, here, p, g, copy) + tuple(it[6:7]))
+                    sub.append((n, c, here, p, g, copy) + tuple(it[6:8]))
                     if n > 0:
                         rows += g   # LM-head rows whose logits are gathered across the TP ranks
                 else:
                     # passes through: no head, probes or sampling on this stage
-                    sub.append((n, c, here, 0.0, 0.0, copy, 0.0))
+                    sub.append((n, c, here, 0.0, 0.0, copy, 0.0) + tuple(it[7:8]))
                 if n > 0 and here > 0:
                     runs.append((here, float(n)))
             t = sc.seconds(sub) if sub else 0.0

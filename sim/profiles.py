@@ -206,6 +206,11 @@ class HardwareProfile:
     one ``roof = max((flops - f_att) / rc + f_att / ra, (bytes - b_mv - b_att) / rm
     + b_mv / rmv + b_att / rkv)``.
 
+    Shared KV reads (``eff_kv_shared``; None: off): the part ``b_kv_shared`` of ``b_att``
+    re-read from blocks another item of the iteration reads too (:mod:`sim.cost`) runs at
+    ``rks = mem_bw * eff_kv_shared``: ``b_att / rkv`` above becomes ``(b_att - b_kv_shared) / rkv
+    + b_kv_shared / rks``.
+
     ``fitted_range`` (None for analytical datasheet profiles) bounds the
     queries a *fitted* profile may answer: ``max_context_tokens``,
     ``max_new_tokens`` (tokens of one forward item), ``max_batch``, ``models``
@@ -239,6 +244,7 @@ class HardwareProfile:
     eff_mv: float | None = None     # matrix-vector products' (one token row) fraction of bandwidth (None: eff_m)
     eff_att: float | None = None    # attention's (QK^T, AV) fraction of peak flops (None: eff_c)
     eff_kv: float | None = None     # attention's KV traffic's fraction of bandwidth (None: eff_m)
+    eff_kv_shared: float | None = None  # KV re-read from blocks another item of the iteration read (None: eff_kv)
     calibration_status: str = ""    # CALIBRATION_STATUSES; "" = derived from calibrated / provisional
     gemm_row_block: int | None = None      # rows per weight pass of the small-M path (None: only 1 row is)
     gemm_small_m_max: int | None = None    # most token rows the small-M path takes (None: every count)
@@ -249,7 +255,7 @@ class HardwareProfile:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive number, got {v!r}")
-        for f in ("eff_elem", "eff_mv", "eff_att", "eff_kv"):
+        for f in ("eff_elem", "eff_mv", "eff_att", "eff_kv", "eff_kv_shared"):
             v = getattr(self, f)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0):
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
@@ -323,6 +329,7 @@ class HardwareProfile:
         rmv = self.mem_bw * (self.eff_m if self.eff_mv is None else self.eff_mv)
         ra = self.peak_flops * (self.eff_c if self.eff_att is None else self.eff_att)
         rkv = self.mem_bw * (self.eff_m if self.eff_kv is None else self.eff_kv)
+        rks = rkv if self.eff_kv_shared is None else self.mem_bw * self.eff_kv_shared
         mode = roofline or self.roofline
         g = getattr
         blm, bhm = g(terms, "b_lin_mv", 0.0), g(terms, "b_head_mv", 0.0)
@@ -336,18 +343,20 @@ class HardwareProfile:
             bhm = np.where(small, g(terms, "b_head", 0.0), bhm)
             mult = np.where(small, np.ceil(r / self.gemm_row_block), 1.0)
         fa, ba = g(terms, "f_att", 0.0), g(terms, "b_att", 0.0)
+        bks = g(terms, "b_kv_shared", 0.0)
+        t_kv = (ba - bks) / rkv + bks / rks
         if mode == "operator":
             fl, bl = g(terms, "f_lin", 0.0), g(terms, "b_lin", 0.0)
             fh, bh = g(terms, "f_head", 0.0), g(terms, "b_head", 0.0)
             fr = np.maximum(terms.flops - fl - fa - fh, 0.0)
             br = np.maximum(terms.bytes - bl - ba - bh, 0.0)
-            roof = (np.maximum(fl / rc, (bl - blm) / rm + mult * blm / rmv) + np.maximum(fa / ra, ba / rkv)
+            roof = (np.maximum(fl / rc, (bl - blm) / rm + mult * blm / rmv) + np.maximum(fa / ra, t_kv)
                     + np.maximum(fh / rc, (bh - bhm) / rm + mult * bhm / rmv)
                     + np.maximum(fr / rc, br / rm)
                     + g(terms, "b_elem", 0.0) / (self.mem_bw * (self.eff_m if self.eff_elem is None else self.eff_elem)))
         elif mode == "iteration":
             roof = np.maximum((terms.flops - fa) / rc + fa / ra,
-                              (terms.bytes - blm - bhm - ba) / rm + mult * (blm + bhm) / rmv + ba / rkv)
+                              (terms.bytes - blm - bhm - ba) / rm + mult * (blm + bhm) / rmv + t_kv)
         else:
             raise ValueError(f"roofline: {mode!r} is not one of {', '.join(ROOFLINES)}")
         pkg = self.per_kernel_s if self.per_kernel_graph_s is None else self.per_kernel_graph_s
@@ -541,7 +550,7 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     data.setdefault("name", path.stem)
     for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s",
               "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem", "eff_mv", "eff_att",
-              "eff_kv"):
+              "eff_kv", "eff_kv_shared"):
         if k in data and isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
             try:
                 data[k] = float(data[k])

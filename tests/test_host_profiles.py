@@ -177,7 +177,7 @@ def test_a_budget_cut_thins_the_batch_dimension_instead_of_dropping_its_top():
                            eff_mv=0.08, eff_att=0.8, eff_kv=0.01, per_kernel_s=7e-5, per_layer_s=2e-5,
                            sample_s_per_vocab=1.2e-7, gemm_row_block=3, gemm_small_m_max=23, roofline="operator")
     shapes = plan_shapes(HostConfig())
-    price = dict(zip(shapes, predict(true, phase_terms(SMOL, phases_from([(s, 1.0, 1.0) for s in shapes])))))
+    price = dict(zip(shapes, predict(true, phase_terms(SMOL, phases_from([(s, 1.0, 1.0) for s in shapes], 16)))))
 
     class Clock:
         t = 0.0
@@ -209,7 +209,7 @@ def test_speed_drift_is_the_probes_median_ratio_to_the_fit():
     assert set(PROBE_SHAPES) <= set(r1)
     cost = {s: 0.01 * (1 + s.decodes + s.prefill / 16) for s in shapes}
     rows, _ = measure(r1, lambda s: (cost[s], cost[s]), budget_s=1e9, repeats=1, reserve_s=0.0)
-    ref = probe_reference(phases_from(rows))
+    ref = probe_reference(phases_from(rows, 16))
     assert set(ref) == set(PROBE_SHAPES) and all(ref[s] == pytest.approx(cost[s]) for s in PROBE_SHAPES)
     slow = {PROBE_SHAPES[0]: 1.10, PROBE_SHAPES[1]: 1.08, PROBE_SHAPES[2]: 1.30}
     calls = []
@@ -223,7 +223,7 @@ def test_speed_drift_is_the_probes_median_ratio_to_the_fit():
     assert got["drift"] == pytest.approx(1.10) and len(calls) == 9
     assert sorted(got["ratios"].values()) == pytest.approx([1.08, 1.10, 1.30])
     # a fit whose budget cut every probe shape has no reference
-    assert probe_reference(phases_from([r for r in rows if r[0] not in PROBE_SHAPES])) == {}
+    assert probe_reference(phases_from([r for r in rows if r[0] not in PROBE_SHAPES], 16)) == {}
     with pytest.raises(ValueError, match="no probe shape"):
         speed_drift(run_one, {})
 
