@@ -134,7 +134,7 @@ def test_host_budget_is_respected_on_a_fake_clock():
 
     shapes = plan_shapes(HostConfig())
     kinds = {s.kind for s in shapes}
-    assert kinds == {"decode", "prefill", "mixed"}
+    assert kinds == {"decode", "shared", "prefill", "mixed"}
     assert max(s.decodes for s in shapes) == 64 and max(s.prefill for s in shapes) == 2048
     assert {s.decodes for s in shapes if s.kind == "decode"} >= set(range(1, 17))
 
@@ -145,7 +145,7 @@ def test_host_budget_is_respected_on_a_fake_clock():
             return self.t
 
     clock = Clock()
-    cost = {"decode": 0.4, "prefill": 1.5, "mixed": 0.9}
+    cost = {"decode": 0.4, "shared": 0.4, "prefill": 1.5, "mixed": 0.9}
 
     def run_one(s):
         dt = cost[s.kind] * (1 + s.decodes / 64)
@@ -162,7 +162,7 @@ def test_host_budget_is_respected_on_a_fake_clock():
     rows, _ = measure(shapes, run_one, budget_s=30.0, clock=clock, repeats=1, reserve_s=5.0)
     got = [s for s, _, _ in rows]
     assert max(s.decodes for s in got) == 64 and max(s.prefill for s in got) == 2048
-    assert any(s.kind == "mixed" for s in got)
+    assert any(s.kind == "mixed" for s in got) and any(s.kind == "shared" for s in got)
 
 
 def test_a_budget_cut_thins_the_batch_dimension_instead_of_dropping_its_top():
