@@ -333,6 +333,7 @@ def write_preset(path: Path, res: FitResult, frange: dict, device: str, fitted_o
         "eff_att": None if p.eff_att is None else float(p.eff_att),
         "eff_kv": None if p.eff_kv is None else float(p.eff_kv),
         **({"eff_kv_shared": float(p.eff_kv_shared)} if p.eff_kv_shared is not None else {}),
+        **({"decode_attention": p.decode_attention} if p.decode_attention != "paged" else {}),
         **({"gemm_row_block": int(p.gemm_row_block),
             "gemm_small_m_max": None if p.gemm_small_m_max is None else int(p.gemm_small_m_max)}
            if p.gemm_row_block else {}),
@@ -368,6 +369,13 @@ def run_device(run: dict) -> str:
     """The device a run measured: the GPU's name on CUDA (``run.json`` ``device_name``), else ``cpu``."""
     dev = str(run.get("device", "cpu"))
     return str(run.get("device_name") or dev) if dev.startswith("cuda") else dev.split(":")[0]
+
+
+def cpu_kernels(device: str) -> dict:
+    """Profile fields fixed by the kernels a run on ``device`` used, not fitted: on a CPU, calibrate's loops
+    attend decode rows in one call padded to the longest context (``calibrate.serve_forward``, and
+    ``calibrate run``'s left-padded decode batch), so ``decode_attention`` is ``padded``."""
+    return {"decode_attention": "padded"} if str(device).startswith("cpu") else {}
 
 
 def default_base(name: str) -> HardwareProfile:
@@ -463,9 +471,9 @@ def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = N
     used, clock_note = parts[0][4], parts[0][5]
     terms = np.concatenate([phase_terms(p[6], p[2]) for p in parts], axis=1)
     secs = np.concatenate([p[3] for p in parts])
-    base = dataclasses.replace(default_base(name), name=name)
-    res = fit_profile(base, terms, secs, roofline=roofline)
     device = devices.pop()
+    base = dataclasses.replace(default_base(name), name=name, **cpu_kernels(device))
+    res = fit_profile(base, terms, secs, roofline=roofline)
     frs = [fitted_range(p[6], p[2]) for p in parts]
     frange = {**merge_ranges(frs), "device": device, "dtypes": dtypes}
     fp = run_fingerprint(runs, dirs)

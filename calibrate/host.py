@@ -287,7 +287,8 @@ def run_host(cfg: HostConfig, out: Path | None = None, keep: Path | None = None,
     from traces.models import load_model
     from traces.store import atomic_write_json
 
-    from calibrate.fit import default_base, fit_profile, fitted_range, phase_terms, profile_out_path, write_preset
+    from calibrate.fit import (cpu_kernels, default_base, fit_profile, fitted_range, phase_terms, profile_out_path,
+                               write_preset)
     from calibrate.hostinfo import fingerprint
     from sim.profiles import model_from_manifest
 
@@ -310,7 +311,7 @@ def run_host(cfg: HostConfig, out: Path | None = None, keep: Path | None = None,
     phases = phases_from(rows, cfg.block_size)
     fp = fingerprint(cfg.device, cfg.threads, str(lm.dtype))
     model = model_from_manifest({"model": lm.info()})
-    base = dataclasses.replace(default_base("local-cpu"), name=name)
+    base = dataclasses.replace(default_base("local-cpu"), name=name, **cpu_kernels("cpu"))
     res = fit_profile(base, phase_terms(model, phases), phases["cpu_seconds"].to_numpy())
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     frange = {**fitted_range(model, phases, device="cpu", dtype=fp.get("dtype")), "device": "cpu"}

@@ -96,6 +96,19 @@ are priced at ``mem_bw * eff_kv_shared`` instead of ``eff_kv``'s rate
 Measured on SmolLM2, one CPU thread: a decode of 8 sequences at context 512
 over one shared prefix takes 5.8% less CPU time than over distinct blocks.
 
+Padded decode attention: a kernel that attends every one-token row (decode
+steps) in one call padded to the longest context among them (the CPU loop of
+:mod:`calibrate.serve_forward` and ``calibrate run``'s left-padded decode
+batch) does the work of ``c_max = max_{i: n_i = 1} c_i`` keys for every such
+row. The extra work over the exact sums above::
+
+    f_att_pad = 4 H Dh sum_{i: n_i = 1} l_i (c_max - c_i)
+    b_att_pad = s 2 Hkv Dh sum_{i: n_i = 1} l_i (c_max - c_i)
+
+is charged only by a profile with ``decode_attention: padded``
+(:class:`sim.profiles.HardwareProfile`; ``paged``, the default, is vLLM's paged
+kernel, which reads each sequence's own blocks).
+
 Mixed context lengths in a batch are summed item by item (exact), never
 replaced by their mean. Activations other than the residual stream are not
 counted (they stay in cache/SRAM for the fused kernels this models).
@@ -120,7 +133,7 @@ K_PROBE = 3
 # Every field of OpTerms, in order: the rows of the calibration design matrix (``as_full_array``).
 TERM_NAMES = ("flops", "bytes", "kernels", "layers", "samples", "iters", "graph_kernels",
               "f_lin", "b_lin", "f_att", "b_att", "f_head", "b_head", "b_elem", "b_lin_mv", "b_head_mv", "rows",
-              "b_kv_shared")
+              "b_kv_shared", "f_att_pad", "b_att_pad")
 
 
 @dataclass(frozen=True)
@@ -151,6 +164,8 @@ class OpTerms:
     rows: np.ndarray | float = 0.0           # token rows of the linear layers (sum_i n_i): BLAS row blocking
     b_kv_shared: np.ndarray | float = 0.0    # the part of b_att re-read from KV blocks an earlier item of the
                                              # iteration read too ("Shared KV reads")
+    f_att_pad: np.ndarray | float = 0.0      # attention over padding when one-token rows are padded to the
+    b_att_pad: np.ndarray | float = 0.0      # longest context ("Padded decode attention"); not in flops/bytes
 
     def __add__(self, other: "OpTerms") -> "OpTerms":
         """Two operations run one after the other (not batched)."""
@@ -243,6 +258,10 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     b_att = s * np.sum(runs * ell * kv_tok * (c + n), axis=-1)
     h = np.broadcast_to(np.asarray(shared, dtype=np.float64), n.shape)
     b_kvs = s * np.sum(runs * ell * kv_tok * h, axis=-1)
+    one = runs * (n == 1.0)
+    gap = one * ell * (np.max(np.where(one > 0, c, 0.0), axis=-1, initial=0.0)[..., None] - c)
+    f_pad = 4.0 * H * Dh * np.sum(gap, axis=-1)
+    b_pad = s * kv_tok * np.sum(gap, axis=-1)
     bytes_ = (b_lin + b_head + b_att + s * np.sum(runs * 2.0 * d * n, axis=-1)
               + s * np.sum(w * 2.0 * cp, axis=-1) * L * kv_tok)
     b_elem = np.sum(runs * n * ell, axis=-1) * elem_bytes_per_token_layer(m)
@@ -257,7 +276,7 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     else:
         gk = zero
     return OpTerms(flops, bytes_, kernels, lmax, samples, iters, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, b_elem,
-                   mv * b_lin, mv * b_head, np.sum(runs * n, axis=-1), b_kvs)
+                   mv * b_lin, mv * b_head, np.sum(runs * n, axis=-1), b_kvs, f_pad, b_pad)
 
 
 def prefill_terms(m: ModelShape, n_new, n_cached=0) -> OpTerms:
@@ -371,6 +390,7 @@ class ScalarCost:
         eks = getattr(hw, "eff_kv_shared", None)
         self.rate_kvs = self.rate_kv if eks is None else hw.mem_bw * eks
         self.prices_shared = eks is not None   # callers skip counting shared blocks when nothing prices them
+        self.padded = getattr(hw, "decode_attention", "paged") == "padded"
         self.row_block = getattr(hw, "gemm_row_block", None)
         self.small_m = getattr(hw, "gemm_small_m_max", None)
 
@@ -383,6 +403,7 @@ class ScalarCost:
         """
         f_lin = f_att = f_head = 0.0
         kv = kvs = 0.0
+        d_ell = d_ellc = d_cmax = 0.0   # one-token rows: sum l_i, sum l_i c_i, max c_i (padded attention)
         emb = 0.0
         cp = 0.0
         nl = 0.0
@@ -401,6 +422,11 @@ class ScalarCost:
                 kv += ell * self.kvt * (c + n)
                 if len(it) > 7:
                     kvs += ell * self.kvt * it[7]
+                if n == 1.0:
+                    d_ell += ell
+                    d_ellc += ell * c
+                    if c > d_cmax:
+                        d_cmax = c
                 emb += 2.0 * self.d * n
                 nl += n * ell
                 rows_n += n
@@ -427,6 +453,10 @@ class ScalarCost:
             rw = self.rate_mv / math.ceil(rows_n / self.row_block)
         ra, rkv = self.rate_a, self.rate_kv
         t_kv = (b_att - self.s * kvs) / rkv + self.s * kvs / self.rate_kvs
+        if self.padded and d_ell:
+            gap = d_cmax * d_ell - d_ellc
+            f_att += self.att * gap
+            t_kv += self.s * self.kvt * gap / rkv
         if self.per_op:
             t = (max(f_lin / rc, b_lin / rw) + max(f_att / ra, t_kv) + max(f_head / rc, b_head / rw)
                  + b_rest / rm + nl * self.elem / self.rate_e)
@@ -451,11 +481,13 @@ def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, 
         samples_j = k_j V,  iters_j = [k_j > 0]
         b_lin_mv_j = s L P [k_j == 1],  b_head_mv_j = s d V [k_j == 1]
         b_kv_shared_j = s L 2 Hkv Dh shared_j
+        f_att_pad_j = 4 H Dh L (k_j max_b c_jb - sum_b c_jb),  b_att_pad_j = s 2 Hkv Dh L (...)
     """
     c = np.asarray(contexts, dtype=np.float64)
     w = np.asarray(mask, dtype=bool)
     k = w.sum(axis=-1).astype(np.float64)
     S = np.where(w, c + 1.0, 0.0).sum(axis=-1)
+    gap = float(m.n_layers) * (k * np.max(np.where(w, c, 0.0), axis=-1, initial=0.0) - np.where(w, c, 0.0).sum(axis=-1))
     L, d, V, s = float(m.n_layers), float(m.hidden_size), float(m.vocab_size), float(m.dtype_bytes)
     P = float(m.params_per_layer)
     anyk = (k > 0).astype(np.float64)
@@ -473,4 +505,5 @@ def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, 
     return OpTerms(f_lin + f_head + f_att, bytes_, kernels, anyk * L, k * V, anyk, gk,
                    f_lin, b_lin, f_att, b_att, f_head, b_head, k * L * elem_bytes_per_token_layer(m),
                    one * b_lin, one * b_head, k,
-                   s * L * 2.0 * m.n_kv_heads * m.head_dim * np.broadcast_to(np.asarray(shared, np.float64), k.shape))
+                   s * L * 2.0 * m.n_kv_heads * m.head_dim * np.broadcast_to(np.asarray(shared, np.float64), k.shape),
+                   4.0 * m.n_heads * m.head_dim * gap, s * 2.0 * m.n_kv_heads * m.head_dim * gap)

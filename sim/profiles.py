@@ -149,6 +149,7 @@ def model_from_manifest(manifest: dict) -> ModelShape:
 
 # --------------------------------------------------------------------------- hardware
 ROOFLINES = ("iteration", "operator")
+DECODE_ATTENTION = ("paged", "padded")   # HardwareProfile.decode_attention (sim.cost, "Padded decode attention")
 UNCALIBRATED_NOTE = "uncalibrated: datasheet numbers with assumed efficiencies"
 # What a profile's coefficients stand on: datasheet peaks with assumed efficiencies; fitted on public
 # per-operator profiles of the device (not end to end); fitted end to end on measured runs on this device
@@ -211,6 +212,11 @@ class HardwareProfile:
     ``rks = mem_bw * eff_kv_shared``: ``b_att / rkv`` above becomes ``(b_att - b_kv_shared) / rkv
     + b_kv_shared / rks``.
 
+    Padded decode attention (``decode_attention: padded``; ``paged``, the default, is vLLM's
+    kernel): one-token rows attend in one call padded to their longest context, so the
+    attention term adds ``f_att_pad`` to ``f_att`` and ``b_att_pad / rkv`` to its KV time
+    (:mod:`sim.cost`). The CPU loop that ``calibrate`` measures runs that kernel.
+
     ``fitted_range`` (None for analytical datasheet profiles) bounds the
     queries a *fitted* profile may answer: ``max_context_tokens``,
     ``max_new_tokens`` (tokens of one forward item), ``max_batch``, ``models``
@@ -245,6 +251,7 @@ class HardwareProfile:
     eff_att: float | None = None    # attention's (QK^T, AV) fraction of peak flops (None: eff_c)
     eff_kv: float | None = None     # attention's KV traffic's fraction of bandwidth (None: eff_m)
     eff_kv_shared: float | None = None  # KV re-read from blocks another item of the iteration read (None: eff_kv)
+    decode_attention: str = "paged"     # DECODE_ATTENTION: paged (vLLM) or padded to the longest context (CPU loop)
     calibration_status: str = ""    # CALIBRATION_STATUSES; "" = derived from calibrated / provisional
     gemm_row_block: int | None = None      # rows per weight pass of the small-M path (None: only 1 row is)
     gemm_small_m_max: int | None = None    # most token rows the small-M path takes (None: every count)
@@ -271,6 +278,9 @@ class HardwareProfile:
                 continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v < 0:
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a number >= 0, got {v!r}")
+        if self.decode_attention not in DECODE_ATTENTION:
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'decode_attention' must be one of "
+                              f"{', '.join(DECODE_ATTENTION)}, got {self.decode_attention!r}")
         if self.roofline not in ROOFLINES:
             raise PresetError(f"hardware preset {self.source or self.name}: field 'roofline' must be one of "
                               f"{', '.join(ROOFLINES)}, got {self.roofline!r}")
@@ -345,17 +355,21 @@ class HardwareProfile:
         fa, ba = g(terms, "f_att", 0.0), g(terms, "b_att", 0.0)
         bks = g(terms, "b_kv_shared", 0.0)
         t_kv = (ba - bks) / rkv + bks / rks
+        fpad = 0.0
+        if self.decode_attention == "padded":
+            fpad = g(terms, "f_att_pad", 0.0)
+            t_kv = t_kv + g(terms, "b_att_pad", 0.0) / rkv
         if mode == "operator":
             fl, bl = g(terms, "f_lin", 0.0), g(terms, "b_lin", 0.0)
             fh, bh = g(terms, "f_head", 0.0), g(terms, "b_head", 0.0)
             fr = np.maximum(terms.flops - fl - fa - fh, 0.0)
             br = np.maximum(terms.bytes - bl - ba - bh, 0.0)
-            roof = (np.maximum(fl / rc, (bl - blm) / rm + mult * blm / rmv) + np.maximum(fa / ra, t_kv)
+            roof = (np.maximum(fl / rc, (bl - blm) / rm + mult * blm / rmv) + np.maximum((fa + fpad) / ra, t_kv)
                     + np.maximum(fh / rc, (bh - bhm) / rm + mult * bhm / rmv)
                     + np.maximum(fr / rc, br / rm)
                     + g(terms, "b_elem", 0.0) / (self.mem_bw * (self.eff_m if self.eff_elem is None else self.eff_elem)))
         elif mode == "iteration":
-            roof = np.maximum((terms.flops - fa) / rc + fa / ra,
+            roof = np.maximum((terms.flops - fa) / rc + (fa + fpad) / ra,
                               (terms.bytes - blm - bhm - ba) / rm + mult * (blm + bhm) / rmv + t_kv)
         else:
             raise ValueError(f"roofline: {mode!r} is not one of {', '.join(ROOFLINES)}")

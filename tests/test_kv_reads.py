@@ -1,4 +1,4 @@
-"""Shared KV reads (sim.kvshare, sim.cost "Shared KV reads"): the rule, its closed form, one price everywhere."""
+"""How attention reads KV: shared blocks (sim.kvshare, sim.cost "Shared KV reads") and padded decode rows."""
 from __future__ import annotations
 
 import dataclasses
@@ -137,3 +137,50 @@ def test_fit_recovers_the_shared_read_efficiency():
     blind = fit_profile(base, phase_terms(SMOL, ph.drop(columns=["shared"])), y, row_blocks=False)
     shared_rows = (ph["phase"] == "host-shared").to_numpy()
     assert np.median(np.abs(blind.residuals[shared_rows])) > 4 * np.median(np.abs(res.residuals[shared_rows]))
+
+
+# --------------------------------------------------------------------------- padded decode attention
+def test_padded_decode_attention_charges_the_longest_context():
+    """With decode_attention: padded, one-token rows cost as if every one attended over the longest context
+    among them; prefill chunks and the paged default are unchanged. Scalar and vectorised prices agree."""
+    paged = load_hardware("local-cpu")
+    if paged.decode_attention != "paged":
+        paged = dataclasses.replace(paged, decode_attention="paged")
+    padded = dataclasses.replace(paged, decode_attention="padded")
+    n, c = np.array([1, 1, 1, 64]), np.array([100, 300, 40, 20])
+    t = C.batch_terms(SMOL, n, c)
+    same = C.batch_terms(SMOL, np.array([1, 1, 1, 64]), np.array([300, 300, 300, 20]))
+    assert float(padded.time(t)) == pytest.approx(float(paged.time(same)), rel=1e-12)
+    assert float(padded.time(t)) > float(paged.time(t))
+    for hw in (paged, padded):
+        items = [(float(a), float(b), None, 0.0, 1.0, 0.0) for a, b in zip(n, c)]
+        assert C.ScalarCost(SMOL, hw).seconds(items) == pytest.approx(float(hw.time(t)), rel=1e-12)
+    # equal contexts: nothing to pad
+    eq = C.batch_terms(SMOL, np.ones(4), np.full(4, 77.0))
+    assert float(padded.time(eq)) == float(paged.time(eq))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000))
+def test_decode_steps_closed_form_matches_row_by_row_when_padded(seed):
+    rng = np.random.default_rng(seed)
+    J, B = int(rng.integers(1, 6)), int(rng.integers(1, 7))
+    c = rng.integers(0, 500, (J, B)).astype(float)
+    mask = rng.random((J, B)) < 0.7
+    hw = dataclasses.replace(load_hardware("l4"), decode_attention="padded")
+    got = np.asarray(hw.time(C.decode_steps_terms(SMOL, c, mask)))
+    for j in range(J):
+        want = float(hw.time(C.batch_terms(SMOL, np.ones(B), c[j], mask=mask[j]))) if mask[j].any() else 0.0
+        assert got[j] == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000))
+def test_fast_path_equals_engine_when_padded_and_shared(seed):
+    m = load_model("qwen3-4b")
+    hw = dataclasses.replace(load_hardware("l4"), decode_attention="padded", eff_kv_shared=3.0)
+    job = _random_job(np.random.default_rng(seed), m.n_layers)
+    a = FastPath(m, hw).run(job)
+    r = Engine(m, hw, [(0, job)]).run().records()[0]
+    for k in _EQUAL_KEYS:
+        assert r[k] == pytest.approx(a[k], rel=1e-9, abs=1e-300), k
