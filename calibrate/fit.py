@@ -61,7 +61,10 @@ ROW_TERM_GAIN = 0.9   # kept only if it lowers the robust loss by 10% or more
 # some phase runs attention; else None (= eff_c / eff_m)
 # eff_kv_shared: KV re-read from blocks another item of the iteration read (sim.cost, "Shared KV reads"),
 # fitted where some phase has such reads; else None (= eff_kv)
-_LOG_OPTIONAL = ("eff_mv", "eff_att", "eff_kv", "eff_kv_shared")
+# eff_elem: the element-wise operators' (norms, RoPE, SiLU*mul, adds: sum_i n_i l_i tokens through them), charged
+# by the per-operator roofline only, so fitted only there, where some phase has element-wise work (eager CPU
+# runs them as separate kernels: a per-token-row cost outside the GEMMs' max)
+_LOG_OPTIONAL = ("eff_mv", "eff_att", "eff_kv", "eff_kv_shared", "eff_elem")
 FIT_PARAMS = ("eff_c", "eff_m") + _LOG_OPTIONAL + tuple(p for p, _, _ in _LINEAR) + ("gemm_row_block",
                                                                                     "gemm_small_m_max")
 _IDX = {k: i for i, k in enumerate(C.TERM_NAMES)}
@@ -170,7 +173,8 @@ def _fit_one(base, A, y, roofline, loss, f_scale, free, x0=None):
     nlin = len(free) - (nl - 2)
     # A few starts: the max() makes the objective piecewise; pick the best local optimum.
     for ec, em in ((1.0, 1.0), (0.1, 0.1), (0.01, 1.0), (1.0, 0.01), (0.3, 0.03)):
-        start = {"eff_c": ec, "eff_m": em, "eff_mv": em, "eff_att": ec, "eff_kv": em, "eff_kv_shared": em}
+        start = {"eff_c": ec, "eff_m": em, "eff_mv": em, "eff_att": ec, "eff_kv": em, "eff_kv_shared": em,
+                 "eff_elem": em}
         x0 = np.array([math.log(start[p]) for p in logp] + [1.0] * nlin)
         r = least_squares(resid, x0, bounds=([-20] * nl + [0] * nlin, [5] * nl + [1e7] * nlin),
                           loss=loss, f_scale=f_scale, x_scale=[1.0] * nl + [10.0] * nlin, method="trf",
@@ -192,9 +196,9 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
     """
     y = np.asarray(seconds, dtype=np.float64)
     A = _full(terms)
-    # the row-block term is the fit's own choice (the grid below): a base profile's (e.g. the preset being
-    # re-fitted) must not price the fit without it, or a re-fit would depend on the file it replaces
-    base = dataclasses.replace(base, gemm_row_block=None, gemm_small_m_max=None)
+    # the row-block term and eff_elem are the fit's own choices (below): a base profile's (e.g. the preset being
+    # re-fitted) must not price the fit without them, or a re-fit would depend on the file it replaces
+    base = dataclasses.replace(base, gemm_row_block=None, gemm_small_m_max=None, eff_elem=None)
     if A.ndim != 2 or A.shape[1] != y.size:
         raise ValueError(f"fit: terms shape {np.shape(terms)} does not match {y.size} timings")
     if not np.all(np.isfinite(y)) or np.any(y <= 0):
@@ -211,32 +215,37 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
     for md in modes:
         if md not in ROOFLINES:
             raise ValueError(f"--roofline: {md!r} is not one of auto, {', '.join(ROOFLINES)}")
-    fits = {}
+    grid_ok = row_blocks and np.any(A[_IDX["rows"]] >= 2) and len(np.unique(A[_IDX["rows"]])) >= 4
+    fits, cands = {}, {}
     for md in modes:
-        r, rel = _fit_one(base, A, y, md, loss, f_scale, free)
+        # eff_elem prices b_elem, which only the per-operator roofline charges
+        fr = free + (["eff_elem"] if md == "operator" and np.any(A[_IDX["b_elem"]] > 0) else [])
+        if y.size < 2 + len(fr):
+            fr = free
+        r, rel = _fit_one(base, A, y, md, loss, f_scale, fr)
         fits[md] = (r, rel)
-    pick = min(fits, key=lambda k: fits[k][0].cost)
-    best, rel = fits[pick]
-    prof = _with(base, best.x, free, pick)
-    rows_fit = None
-    if row_blocks and np.any(A[_IDX["rows"]] >= 2) and len(np.unique(A[_IDX["rows"]])) >= 4:
-        # the small-M GEMM path (sim.cost): grid over (mr, m_small); eff_mv prices its weight passes
-        free_r = free if "eff_mv" in free else ["eff_mv"] + free
-        grid = []
-        for mr in ROW_BLOCKS:
-            for mmax in SMALL_M_MAX:
-                if mmax is not None and mmax <= mr:
-                    continue
-                b = dataclasses.replace(base, gemm_row_block=mr, gemm_small_m_max=mmax)
-                r, rr = _fit_one(b, A, y, pick, loss, f_scale, free_r)
-                grid.append((r.cost, mr, mmax, r, rr, b))
-        cost_r, mr, mmax, r, rr, b = min(grid, key=lambda g: g[0])
-        if cost_r < ROW_TERM_GAIN * best.cost:
-            rows_fit = {"gemm_row_block": mr, "gemm_small_m_max": mmax, "cost_without": float(best.cost),
-                        "cost_with": float(cost_r)}
-            best, rel, free = r, rr, free_r
-            prof = _with(b, r.x, free, pick)
-            fits[pick] = (r, rr)
+        cand = (r, rel, fr, _with(base, r.x, fr, md), None)
+        if grid_ok:
+            # the small-M GEMM path (sim.cost): grid over (mr, m_small); eff_mv prices its weight passes
+            free_r = fr if "eff_mv" in fr else ["eff_mv"] + fr
+            grid = []
+            for mr in ROW_BLOCKS:
+                for mmax in SMALL_M_MAX:
+                    if mmax is not None and mmax <= mr:
+                        continue
+                    b = dataclasses.replace(base, gemm_row_block=mr, gemm_small_m_max=mmax)
+                    rg, rr = _fit_one(b, A, y, md, loss, f_scale, free_r)
+                    grid.append((rg.cost, mr, mmax, rg, rr, b))
+            cost_r, mr, mmax, rg, rr, b = min(grid, key=lambda g: g[0])
+            if cost_r < ROW_TERM_GAIN * r.cost:
+                cand = (rg, rr, free_r, _with(b, rg.x, free_r, md),
+                        {"gemm_row_block": mr, "gemm_small_m_max": mmax, "cost_without": float(r.cost),
+                         "cost_with": float(cost_r)})
+                fits[md] = (rg, rr)
+        cands[md] = cand
+    # the roofline is chosen on each one's best fit (row blocks included)
+    pick = min(cands, key=lambda k: cands[k][0].cost)
+    best, rel, free, prof, rows_fit = cands[pick]
     return FitResult(profile=prof, rel_rms=float(np.sqrt(np.mean(rel ** 2))),
                      rel_median_abs=float(np.median(np.abs(rel))), n=int(y.size), cost=float(best.cost),
                      success=bool(best.success), message=str(best.message), roofline=pick,
