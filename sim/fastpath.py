@@ -66,7 +66,7 @@ class FastPath:
         j = np.arange(1, J + 1, dtype=np.float64)[:, None]
         mask = j <= steps[None, :]
         c = job.ctx[None, :] + j - 1.0
-        dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask)), np.float64)
+        dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask), model=self.m), np.float64)
         stored = np.minimum(j, steps[None, :])
         mem = blocks(job.own[None, :] + stored, job.bs).sum(axis=1) * job.bs * self.kvtok
         out = self._decode_memo[key] = (dts, np.cumsum(dts), mem)
