@@ -356,11 +356,12 @@ class HardwareProfile:
                     raise ValueError(f"hardware {self.name}: sm_count quantises matrix products; "
                                      "time() needs the terms' model shape (model=)")
                 from .cost import wave_linear_head
-                lh = wave_linear_head(model, self.sm_count, g(terms, "rows", 0.0), terms.layers,
-                                      fh / (2.0 * model.hidden_size * model.vocab_size), rc, ml, mh)
+                lin = wave_linear_head(model, self.sm_count, g(terms, "rows", 0.0), terms.layers,
+                                       fh / (2.0 * model.hidden_size * model.vocab_size), rc, ml, mh)
+                head = 0.0
             else:
-                lh = np.maximum(fl / rc, ml) + np.maximum(fh / rc, mh)
-            roof = (lh + np.maximum(fa / ra, ba / rkv)
+                lin, head = np.maximum(fl / rc, ml), np.maximum(fh / rc, mh)
+            roof = (lin + np.maximum(fa / ra, ba / rkv) + head
                     + np.maximum(fr / rc, br / rm)
                     + g(terms, "b_elem", 0.0) / (self.mem_bw * (self.eff_m if self.eff_elem is None else self.eff_elem)))
         elif mode == "iteration":
