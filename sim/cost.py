@@ -121,12 +121,6 @@ def gemm_wave_flops(rows, K, N, sms):
     return np.ceil(tiles / sms) * sms * tm * GEMM_TILE_N * 2.0 * np.asarray(K, dtype=np.float64)
 
 
-def _wave_flops(r: float, K: float, N: float, sms: int) -> float:
-    """:func:`gemm_wave_flops` of one product in plain floats (ScalarCost's hot path)."""
-    tm = GEMM_TILE_M_SMALL if r <= GEMM_TILE_M_SMALL else GEMM_TILE_M
-    return math.ceil(math.ceil(r / tm) * math.ceil(N / GEMM_TILE_N) / sms) * sms * tm * GEMM_TILE_N * 2.0 * K
-
-
 def layer_gemms(m: ModelShape) -> tuple:
     """``(K, N)`` of one layer's matrix products as vLLM fuses them: qkv, o, gate_up, down (``sum K N = P - 2 d``)."""
     d, H, Hkv, Dh, F = m.hidden_size, m.n_heads, m.n_kv_heads, m.head_dim, m.intermediate_size
@@ -396,9 +390,14 @@ class ScalarCost:
         self.rate_kv = hw.mem_bw * (hw.eff_m if ek is None else ek)
         self.row_block = getattr(hw, "gemm_row_block", None)
         self.small_m = getattr(hw, "gemm_small_m_max", None)
-        self.sms = getattr(hw, "sm_count", None)   # wave quantisation (wave_linear_head), operator roofline only
-        self.gemms = tuple((float(K), float(N), K * N / self.P) for K, N in layer_gemms(m))
-        self.dm, self.Vm = float(m.hidden_size), float(m.vocab_size)
+        self.sms = sms = getattr(hw, "sm_count", None)   # wave quantisation (wave_linear_head), operator roofline only
+        if sms:
+            # per product (head last): column tiles, seconds of one wave at tm = 64 and 128 rows, weight share
+            shapes = layer_gemms(m) + ((m.hidden_size, m.vocab_size),)
+            self.gemms = tuple((float(math.ceil(N / GEMM_TILE_N)),
+                                sms * GEMM_TILE_M_SMALL * GEMM_TILE_N * 2.0 * K / self.rate_c,
+                                sms * GEMM_TILE_M * GEMM_TILE_N * 2.0 * K / self.rate_c, K * N / self.P)
+                               for K, N in shapes)
 
     def seconds(self, items) -> float:
         """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled])`` tuples (layers None = L).
@@ -449,11 +448,17 @@ class ScalarCost:
             rw = self.rate_mv / math.ceil(rows_n / self.row_block)
         ra, rkv = self.rate_a, self.rate_kv
         if self.per_op and self.sms:
-            ml, sms = b_lin / rw, self.sms   # wave_linear_head, in plain floats
-            t = ml * (2.0 * self.dm / self.P) + max(f_att / ra, b_att / rkv) + b_rest / rm + nl * self.elem / self.rate_e
-            for K, N, sh in self.gemms:
-                t += max(lmax * _wave_flops(rows_n, K, N, sms) / rc, ml * sh)
-            t += max(_wave_flops(f_head / (2.0 * self.dV), self.dm, self.Vm, sms) / rc, b_head / rw)
+            ml, sms = b_lin / rw, self.sms   # wave_linear_head in plain floats: waves x one wave's seconds
+            t = ml * (2.0 * self.d / self.P) + max(f_att / ra, b_att / rkv) + b_rest / rm + nl * self.elem / self.rate_e
+            small = rows_n <= GEMM_TILE_M_SMALL
+            rt = math.ceil(rows_n / (GEMM_TILE_M_SMALL if small else GEMM_TILE_M))
+            for nt, w64, w128, sh in self.gemms[:4]:
+                t += max(lmax * math.ceil(rt * nt / sms) * (w64 if small else w128), ml * sh)
+            hr = f_head / (2.0 * self.dV)
+            nt, w64, w128, _ = self.gemms[4]
+            hs = hr <= GEMM_TILE_M_SMALL
+            t += max(math.ceil(math.ceil(hr / (GEMM_TILE_M_SMALL if hs else GEMM_TILE_M)) * nt / sms)
+                     * (w64 if hs else w128), b_head / rw)
         elif self.per_op:
             t = (max(f_lin / rc, b_lin / rw) + max(f_att / ra, b_att / rkv) + max(f_head / rc, b_head / rw)
                  + b_rest / rm + nl * self.elem / self.rate_e)
