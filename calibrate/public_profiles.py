@@ -26,6 +26,11 @@ and its time is the per-operator roofline of :class:`sim.profiles.HardwareProfil
     t = B / (bw eff_elem) + k per_kernel_s                            element-wise (k kernels)
     t = max(F / (peak eff_att), B / (bw eff_kv)) + per_kernel_s       attention
 
+Where the preset's datasheet header sets ``sm_count`` (the H100's 132 SMs), a matrix
+product's ``F`` is whole waves of CTA tiles, ``F_q = ceil(tiles / sm) sm tm tn 2 K`` with
+``tiles = ceil(n / tm) ceil(N / tn)`` (:func:`sim.cost.gemm_wave_flops`, the simulator's own
+function; fixed tiles, nothing fitted), so each row carries its weight's ``K`` and ``N``.
+
 Fit: ``scipy.optimize.least_squares`` on relative residuals with a soft-L1 loss
 (``f_scale = 0.05``), each profile weighted equally (its rows share weight 1), all
 efficiencies bounded by 1 (achieved <= peak). A coefficient is fitted only where a row
