@@ -512,7 +512,8 @@ def render_preset(preset: str, fit: dict, current_text: str) -> str:
     lines = [
         f"{FIT_MARK}: fitted on public per-operator profiles ({names}) by",
         "# `python -m calibrate.public_profiles --write` (calibrate/public_profiles.py); do not edit below by hand.",
-        f"eff_c: {_fmt(k['eff_c'], '.4f')}".ljust(26) + "# fitted: matrix products' fraction of peak_flops",
+        f"eff_c: {_fmt(k['eff_c'], '.4f')}".ljust(26) + "# fitted: matrix products' fraction of peak_flops"
+        + (" within whole waves of tiles (sm_count)" if fit.get("sm_count") else ""),
         f"eff_m: {_fmt(k['eff_m'], '.4f')}".ljust(26) + "# fitted: weight streams' fraction of mem_bw",
         f"eff_elem: {_fmt(k['eff_elem'], '.4f')}".ljust(26) + f"# {elem}",
         f"eff_att: {_fmt(k['eff_att'], '.4f')}".ljust(26) + f"# {att}",
