@@ -28,7 +28,7 @@ and its time is the per-operator roofline of :class:`sim.profiles.HardwareProfil
 
 Where the preset's datasheet header sets ``sm_count`` (the H100's 132 SMs), a matrix
 product's ``F`` is whole waves of CTA tiles, ``F_q = ceil(tiles / sm) sm tm tn 2 K`` with
-``tiles = ceil(n / tm) ceil(N / tn)`` (:func:`sim.cost.gemm_wave_flops`, the simulator's own
+``tiles = ceil(n / tm) ceil(N / tn)`` (:func:`sim.gemm.gemm_wave_flops`, the simulator's own
 function; fixed tiles, nothing fitted), so each row carries its weight's ``K`` and ``N``.
 
 Fit: ``scipy.optimize.least_squares`` on relative residuals with a soft-L1 loss
@@ -274,12 +274,12 @@ def predict(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, sms: int | Non
     """Seconds of every row under the per-operator roofline (module docstring); None = the profile default.
 
     ``sms`` (the preset's ``sm_count``): matrix products' flops are whole waves of CTA tiles,
-    :func:`sim.cost.gemm_wave_flops` (the simulator's function), instead of ``2 n K N``.
+    :func:`sim.gemm.gemm_wave_flops` (the simulator's function), instead of ``2 n K N``.
     """
     F, B = rows["F"].to_numpy(), rows["B"].to_numpy()
     kind = rows["kind"].to_numpy()
     if sms:
-        from sim.cost import gemm_wave_flops
+        from sim.gemm import gemm_wave_flops
         F = np.where(kind == "gemm", gemm_wave_flops(rows["n"].to_numpy(), rows["K"].to_numpy(),
                                                      rows["N"].to_numpy(), sms), F)
     e_elem = k.eff_m if k.eff_elem is None else k.eff_elem

@@ -208,9 +208,9 @@ class HardwareProfile:
 
     Wave quantisation (``sm_count``, the datasheet's SM count; None: off; per-operator
     roofline only): each matrix product's compute is whole waves of ``sm_count`` CTA tiles,
-    ``F_q = ceil(tiles / sm) sm tm tn 2 K`` (:func:`sim.cost.gemm_wave_flops`, fixed
+    ``F_q = ceil(tiles / sm) sm tm tn 2 K`` (:func:`sim.gemm.gemm_wave_flops`, fixed
     cuBLAS-like tiles), and the linear layers and LM head become one roofline per product
-    (:func:`sim.cost.wave_linear_head`), which needs the model's shape: :meth:`time` takes
+    (:func:`sim.gemm.wave_linear_head`), which needs the model's shape: :meth:`time` takes
     ``model``.
 
     ``fitted_range`` (None for analytical datasheet profiles) bounds the
@@ -355,7 +355,7 @@ class HardwareProfile:
                 if model is None:
                     raise ValueError(f"hardware {self.name}: sm_count quantises matrix products; "
                                      "time() needs the terms' model shape (model=)")
-                from .cost import wave_linear_head
+                from .gemm import wave_linear_head
                 lin = wave_linear_head(model, self.sm_count, g(terms, "rows", 0.0), terms.layers,
                                        fh / (2.0 * model.hidden_size * model.vocab_size), rc, ml, mh)
                 head = 0.0

@@ -103,7 +103,7 @@ def test_fit_recovers_known_coefficients_under_wave_quantisation():
     plain = pp.fit_rows(rows, peak, bw)
     assert abs(plain.eff_c / truth.eff_c - 1.0) > 0.05
     # quantised flops are never below the exact count, and equal it where the tiles fill whole waves
-    from sim.cost import gemm_wave_flops
+    from sim.gemm import gemm_wave_flops
     n = np.array([1.0, 64.0, 65.0, 128.0, 4224.0])
     fq = gemm_wave_flops(n, 4096, 4096, sms)
     assert np.all(fq >= 2 * n * 4096 * 4096) and fq[3] == fq[2]     # 65 and 128 rows: one 128-row tile
@@ -115,6 +115,7 @@ def test_simulator_prices_a_layer_as_the_fit_prices_its_rows():
     """One formula: a one-layer model's linear layers in the simulator (vectorised and scalar paths) cost
     what the fit's row model gives its four matrix products, with and without wave quantisation."""
     from sim import cost as C
+    from sim.gemm import layer_gemms
     from sim.profiles import ModelShape
 
     sh = pp.LLAMA_3_8B
@@ -125,7 +126,7 @@ def test_simulator_prices_a_layer_as_the_fit_prices_its_rows():
         k = pp.Coefs(hw.eff_c, hw.eff_m, hw.eff_elem, hw.eff_att, hw.eff_kv, 0.0)
         for n in (1.0, 48.0, 100.0, 333.0, 2048.0):
             rows = pd.concat([pp._gemm("x", f, [n], [1.0], K, N) for f, (K, N) in
-                              zip(("qkv", "o", "gate_up", "down"), C.layer_gemms(m))], ignore_index=True)
+                              zip(("qkv", "o", "gate_up", "down"), layer_gemms(m))], ignore_index=True)
             fit_s = pp.predict(rows, k, hw.peak_flops, hw.mem_bw, hw.sm_count).sum() + 2 * 2.0 * m.hidden_size / (
                 hw.mem_bw * hw.eff_m)  # the two norm weights' stream, which no fit row times
             t = C.batch_terms(m, [n], [0.0], logits=[0])
