@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import OutOfCalibrationError, PresetError  # defined there: sim.host and sim.ranges raise them too
+from .gemm import wave_linear_head
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 USER_PRESETS_ENV = "RKSIM_PRESETS"
@@ -355,7 +356,6 @@ class HardwareProfile:
                 if model is None:
                     raise ValueError(f"hardware {self.name}: sm_count quantises matrix products; "
                                      "time() needs the terms' model shape (model=)")
-                from .gemm import wave_linear_head
                 lin = wave_linear_head(model, self.sm_count, g(terms, "rows", 0.0), terms.layers,
                                        fh / (2.0 * model.hidden_size * model.vocab_size), rc, ml, mh)
                 head = 0.0
