@@ -197,8 +197,9 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
     y = np.asarray(seconds, dtype=np.float64)
     A = _full(terms)
     # the row-block term and eff_elem are the fit's own choices (below): a base profile's (e.g. the preset being
-    # re-fitted) must not price the fit without them, or a re-fit would depend on the file it replaces
-    base = dataclasses.replace(base, gemm_row_block=None, gemm_small_m_max=None, eff_elem=None)
+    # re-fitted) must not price the fit without them, or a re-fit would depend on the file it replaces; wave
+    # quantisation (sm_count) needs matrix shapes the phase terms do not carry: the fit prices without it
+    base = dataclasses.replace(base, gemm_row_block=None, gemm_small_m_max=None, eff_elem=None, sm_count=None)
     if A.ndim != 2 or A.shape[1] != y.size:
         raise ValueError(f"fit: terms shape {np.shape(terms)} does not match {y.size} timings")
     if not np.all(np.isfinite(y)) or np.any(y <= 0):

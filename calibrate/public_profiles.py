@@ -26,6 +26,11 @@ and its time is the per-operator roofline of :class:`sim.profiles.HardwareProfil
     t = B / (bw eff_elem) + k per_kernel_s                            element-wise (k kernels)
     t = max(F / (peak eff_att), B / (bw eff_kv)) + per_kernel_s       attention
 
+Where the preset's datasheet header sets ``sm_count`` (the H100's 132 SMs), a matrix
+product's ``F`` is whole waves of CTA tiles, ``F_q = ceil(tiles / sm) sm tm tn 2 K`` with
+``tiles = ceil(n / tm) ceil(N / tn)`` (:func:`sim.gemm.gemm_wave_flops`, the simulator's own
+function; fixed tiles, nothing fitted), so each row carries its weight's ``K`` and ``N``.
+
 Fit: ``scipy.optimize.least_squares`` on relative residuals with a soft-L1 loss
 (``f_scale = 0.05``), each profile weighted equally (its rows share weight 1), all
 efficiencies bounded by 1 (achieved <= peak). A coefficient is fitted only where a row
@@ -104,19 +109,21 @@ def _shape_from_vidur(attrs: dict, name: str) -> Shape:
 
 # ----------------------------------------------------------------------------- rows
 def _rows(profile: str, family: str, kind: str, n, seconds, F, B, c=0, op=None, in_layer=True,
-          host_timed=False, kernels=1) -> pd.DataFrame:
+          host_timed=False, kernels=1, K=0, N=0) -> pd.DataFrame:
     n = np.asarray(n, dtype=np.float64)
+    bc = lambda v: np.broadcast_to(np.asarray(v, dtype=np.float64), n.shape)  # noqa: E731
     return pd.DataFrame({"profile": profile, "op": op or family, "family": family, "kind": kind,
                          "n": n, "c": np.broadcast_to(np.asarray(c, dtype=np.float64), n.shape),
                          "seconds": np.asarray(seconds, dtype=np.float64),
                          "F": np.broadcast_to(np.asarray(F, dtype=np.float64), n.shape),
                          "B": np.broadcast_to(np.asarray(B, dtype=np.float64), n.shape), "in_layer": in_layer,
-                         "host_timed": host_timed, "kernels": float(kernels)})
+                         "host_timed": host_timed, "kernels": float(kernels), "K": bc(K), "N": bc(N)})
 
 
-def _gemm(n, K, N):
+def _gemm(profile: str, family: str, n, seconds, K: int, N: int, **kw) -> pd.DataFrame:
+    """Rows of ``n`` tokens through a ``K x N`` weight: ``F = 2 n K N``, ``B = s K N`` (the weight stream)."""
     n = np.asarray(n, dtype=np.float64)
-    return 2.0 * n * K * N, S * K * N + 0.0 * n
+    return _rows(profile, family, "gemm", n, seconds, 2.0 * n * K * N, S * K * N + 0.0 * n, K=K, N=N, **kw)
 
 
 def vidur_rows(device: str, model: str, tp: int = 1) -> pd.DataFrame:
@@ -139,13 +146,13 @@ def vidur_rows(device: str, model: str, tp: int = 1) -> pd.DataFrame:
         t = g["seconds"].to_numpy()
         z = 0.0 * n
         if op == "attn_pre_proj":
-            out.append(_rows(key, "qkv", "gemm", n, t, *_gemm(n, d, (H + 2 * Hkv) * Dh), op=op))
+            out.append(_gemm(key, "qkv", n, t, d, (H + 2 * Hkv) * Dh, op=op))
         elif op == "attn_post_proj":
-            out.append(_rows(key, "o", "gemm", n, t, *_gemm(n, H * Dh, d), op=op))
+            out.append(_gemm(key, "o", n, t, H * Dh, d, op=op))
         elif op == "mlp_up_proj":
-            out.append(_rows(key, "gate_up", "gemm", n, t, *_gemm(n, d, 2 * Fm), op=op))
+            out.append(_gemm(key, "gate_up", n, t, d, 2 * Fm, op=op))
         elif op == "mlp_down_proj":
-            out.append(_rows(key, "down", "gemm", n, t, *_gemm(n, Fm, d), op=op))
+            out.append(_gemm(key, "down", n, t, Fm, d, op=op))
         elif op in ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act"):
             fam = {"attn_rope": "rope", "mlp_act": "act"}.get(op, "norm")
             k, B = kernel_stacks.elementwise("vllm", fam, n, d, H, Hkv, Dh, Fm)
@@ -180,7 +187,7 @@ def llmservingsim_rows(tp: int = 1, stack: str = "vllm") -> pd.DataFrame:
         z = 0.0 * n
         if op in gem:
             fam, K, N = gem[op]
-            out.append(_rows(key, fam, "gemm", n, t, *_gemm(n, K, N), op=op, in_layer=op != "lm_head"))
+            out.append(_gemm(key, fam, n, t, K, N, op=op, in_layer=op != "lm_head"))
         elif op == "attn":
             out.append(_rows(key, "attention", "attn", n, t, 4.0 * H * Dh * (n * c + n * (n + 1.0) / 2.0),
                              S * 2.0 * Hkv * Dh * (c + n), c=c, op=op))
@@ -210,7 +217,7 @@ def llmcompass_rows() -> pd.DataFrame:
         if op == "matmul":
             N, K = g["N"].to_numpy(np.float64), g["K"].to_numpy(np.float64)
             out.append(_rows(key, "matmul", "gemm", M, t, 2.0 * M * N * K, S * (M * K + K * N + M * N),
-                             in_layer=False, host_timed=True))
+                             in_layer=False, host_timed=True, K=K, N=N))
         else:
             out.append(_rows(key, op, "elem", M, t, 0.0 * M, S * 2.0 * g["elements"].to_numpy(), in_layer=False,
                              host_timed=True))
@@ -263,10 +270,18 @@ class Coefs:
         return dataclasses.asdict(self)
 
 
-def predict(rows: pd.DataFrame, k: Coefs, peak: float, bw: float) -> np.ndarray:
-    """Seconds of every row under the per-operator roofline (module docstring); None = the profile default."""
+def predict(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, sms: int | None = None) -> np.ndarray:
+    """Seconds of every row under the per-operator roofline (module docstring); None = the profile default.
+
+    ``sms`` (the preset's ``sm_count``): matrix products' flops are whole waves of CTA tiles,
+    :func:`sim.gemm.gemm_wave_flops` (the simulator's function), instead of ``2 n K N``.
+    """
     F, B = rows["F"].to_numpy(), rows["B"].to_numpy()
     kind = rows["kind"].to_numpy()
+    if sms:
+        from sim.gemm import gemm_wave_flops
+        F = np.where(kind == "gemm", gemm_wave_flops(rows["n"].to_numpy(), rows["K"].to_numpy(),
+                                                     rows["N"].to_numpy(), sms), F)
     e_elem = k.eff_m if k.eff_elem is None else k.eff_elem
     e_att = k.eff_c if k.eff_att is None else k.eff_att
     e_kv = k.eff_m if k.eff_kv is None else k.eff_kv
@@ -281,7 +296,7 @@ def _soft_l1(r: np.ndarray) -> np.ndarray:
     return np.sign(r) * F_SCALE * np.sqrt(2.0 * (np.sqrt(1.0 + (r / F_SCALE) ** 2) - 1.0))
 
 
-def fit_rows(rows: pd.DataFrame, peak: float, bw: float) -> Coefs:
+def fit_rows(rows: pd.DataFrame, peak: float, bw: float, sms: int | None = None) -> Coefs:
     """Least-squares fit of the coefficients the rows constrain (module docstring)."""
     from scipy.optimize import least_squares
 
@@ -308,7 +323,7 @@ def fit_rows(rows: pd.DataFrame, peak: float, bw: float) -> Coefs:
                      e[4] if free[4] else None, x[5] * 1e-6, x[6] * 1e-6 if has_host else None)
 
     def resid(z):
-        return sw * _soft_l1(predict(rows, coefs(full(z)), peak, bw) / y - 1.0)
+        return sw * _soft_l1(predict(rows, coefs(full(z)), peak, bw, sms) / y - 1.0)
 
     lo = np.array([-10.0] * 5 + [0.0, 0.0])[free]
     hi = np.array([0.0] * 5 + [1e3, 1e4])[free]
@@ -354,7 +369,7 @@ def _r4(x):
 
 
 def evaluate(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, max_tokens: int | None = None,
-             shared: tuple | None = None) -> dict:
+             shared: tuple | None = None, sms: int | None = None) -> dict:
     """Per-family and per-layer-sum relative errors of ``k`` on ``rows`` (``n <= max_tokens``).
 
     Layer sums: ``layer`` (every timed operator of the layer), ``layer_gemm_attention``,
@@ -363,7 +378,7 @@ def evaluate(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, max_tokens: i
     """
     if max_tokens is not None:
         rows = rows[rows["n"] <= max_tokens].reset_index(drop=True)
-    p = predict(rows, k, peak, bw)
+    p = predict(rows, k, peak, bw, sms)
     rel = p / rows["seconds"].to_numpy() - 1.0
     fams = {f: _stats(rel[(rows["family"] == f).to_numpy()]) for f in FAMILY_ORDER if (rows["family"] == f).any()}
     out = {"tokens": [int(rows["n"].min()), int(rows["n"].max())], "by_family": fams}
@@ -412,11 +427,13 @@ CROSS = {  # table -> ((fit profile, held-out profile), ...)
 CROSS_PRESET = {"h100": "h100-sxm", "a100": "a100-80gb", "h100-by-stack": "h100-sxm", "h100-same-stack": "h100-sxm"}
 
 
-def _datasheet(preset: str) -> tuple[float, float]:
+def _datasheet(preset: str) -> tuple[float, float, int | None]:
+    """``peak_flops``, ``mem_bw`` and ``sm_count`` (None: no wave quantisation) of a preset's datasheet header."""
     from sim.profiles import PRESET_DIR, _read_file
 
     d = _read_file(PRESET_DIR / "hardware" / f"{preset}.yaml")
-    return float(d["peak_flops"]), float(d["mem_bw"])
+    sms = d.get("sm_count")
+    return float(d["peak_flops"]), float(d["mem_bw"]), None if sms is None else int(sms)
 
 
 def _fit_scope(rows: pd.DataFrame, held_kinds) -> pd.DataFrame:
@@ -427,10 +444,10 @@ def fit_preset(preset: str, cache: dict | None = None) -> dict:
     """Fit one preset on its profiles; coefficients, per-profile residuals, sources and row counts."""
     profiles, held, device, enforce = PRESETS[preset]
     cache = {} if cache is None else cache
-    peak, bw = _datasheet(preset)
+    peak, bw, sms = _datasheet(preset)
     allrows = {p: cache.setdefault(p, PROFILES[p]()) for p in profiles}
     fitrows = pd.concat([_fit_scope(r, held) for r in allrows.values()], ignore_index=True)
-    k = fit_rows(fitrows, peak, bw)
+    k = fit_rows(fitrows, peak, bw, sms)
     srcs = []
     for p, r in allrows.items():
         used = _fit_scope(r, held)
@@ -438,8 +455,9 @@ def fit_preset(preset: str, cache: dict | None = None) -> dict:
                      "rows_held_out": int(len(r) - len(used)),
                      "operators_used": sorted(used["op"].unique().tolist()),
                      "tokens": [int(r["n"].min()), int(r["n"].max())]})
-    resid = {p: evaluate(r, k, peak, bw) for p, r in allrows.items()}
-    return {"preset": preset, "device": device, "enforce_dtypes": enforce, "peak_flops": peak, "mem_bw": bw, "coefficients": k.as_dict(),
+    resid = {p: evaluate(r, k, peak, bw, sms=sms) for p, r in allrows.items()}
+    return {"preset": preset, "device": device, "enforce_dtypes": enforce, "peak_flops": peak, "mem_bw": bw,
+            "sm_count": sms, "coefficients": k.as_dict(),
             "rows": int(len(fitrows)), "max_tokens": int(fitrows.loc[fitrows["in_layer"] | (fitrows["family"] == "lm_head"), "n"].max()), "sources": srcs, "residuals": resid}
 
 
@@ -448,7 +466,7 @@ def cross_validate(cache: dict | None = None) -> dict:
     cache = {} if cache is None else cache
     out = {}
     for dev, pairs in CROSS.items():
-        peak, bw = _datasheet(CROSS_PRESET[dev])
+        peak, bw, sms = _datasheet(CROSS_PRESET[dev])
         held = PRESETS[CROSS_PRESET[dev]][1]
         res = []
         for fit_p, test_p in pairs:
@@ -456,9 +474,9 @@ def cross_validate(cache: dict | None = None) -> dict:
             tr = cache.setdefault(test_p, PROFILES[test_p]())
             scope = _fit_scope(fr, held)
             shared = tuple(sorted(set(scope.loc[scope["in_layer"], "family"]) & set(tr.loc[tr["in_layer"], "family"])))
-            k = fit_rows(scope, peak, bw)
-            res.append({"fit_on": fit_p, "predict": test_p, "coefficients": k.as_dict(),
-                        "held_out": evaluate(tr, k, peak, bw, MAX_TOKENS_CV, shared)})
+            k = fit_rows(scope, peak, bw, sms)
+            res.append({"fit_on": fit_p, "predict": test_p, "coefficients": k.as_dict(), "sm_count": sms,
+                        "held_out": evaluate(tr, k, peak, bw, MAX_TOKENS_CV, shared, sms)})
         out[dev] = res
     return out
 
@@ -494,7 +512,8 @@ def render_preset(preset: str, fit: dict, current_text: str) -> str:
     lines = [
         f"{FIT_MARK}: fitted on public per-operator profiles ({names}) by",
         "# `python -m calibrate.public_profiles --write` (calibrate/public_profiles.py); do not edit below by hand.",
-        f"eff_c: {_fmt(k['eff_c'], '.4f')}".ljust(26) + "# fitted: matrix products' fraction of peak_flops",
+        f"eff_c: {_fmt(k['eff_c'], '.4f')}".ljust(26) + "# fitted: matrix products' fraction of peak_flops"
+        + (" within whole waves of tiles (sm_count)" if fit.get("sm_count") else ""),
         f"eff_m: {_fmt(k['eff_m'], '.4f')}".ljust(26) + "# fitted: weight streams' fraction of mem_bw",
         f"eff_elem: {_fmt(k['eff_elem'], '.4f')}".ljust(26) + f"# {elem}",
         f"eff_att: {_fmt(k['eff_att'], '.4f')}".ljust(26) + f"# {att}",

@@ -50,8 +50,8 @@ def table(model: str = "llama-3-8b", hardware: str = "a100-80gb") -> dict:
            "goal": "layer-sum median |error| <= 0.10 at TP 2, 4, 8", "by_tp": {}}
     for tp in TP_SIZES:
         rows = vidur_rows("a100", model, tp)
-        p = predict(rows, k, hw.peak_flops, hw.mem_bw)
-        ev = evaluate(rows, k, hw.peak_flops, hw.mem_bw)
+        p = predict(rows, k, hw.peak_flops, hw.mem_bw, hw.sm_count)
+        ev = evaluate(rows, k, hw.peak_flops, hw.mem_bw, sms=hw.sm_count)
         ls = layer_sums(rows, p)
         n = ls.index.to_numpy()
         ops = {}

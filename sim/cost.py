@@ -120,6 +120,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .gemm import GEMM_TILE_M, GEMM_TILE_M_SMALL, GEMM_TILE_N, layer_gemms
 from .profiles import ModelShape
 
 # Kernels per decoder layer: 2 norms, fused qkv, rope, attention, o_proj, gate_up, act*mul, down, 2 residual adds.
@@ -128,7 +129,6 @@ K_LAYER = 11
 K_FWD = 4
 # Kernels per logit-lens probe: final norm, d x V matmul, softmax/entropy reduction.
 K_PROBE = 3
-
 
 # Every field of OpTerms, in order: the rows of the calibration design matrix (``as_full_array``).
 TERM_NAMES = ("flops", "bytes", "kernels", "layers", "samples", "iters", "graph_kernels",
@@ -393,6 +393,14 @@ class ScalarCost:
         self.padded = getattr(hw, "decode_attention", "paged") == "padded"
         self.row_block = getattr(hw, "gemm_row_block", None)
         self.small_m = getattr(hw, "gemm_small_m_max", None)
+        self.sms = sms = getattr(hw, "sm_count", None)   # wave quantisation (wave_linear_head), operator roofline only
+        if sms:
+            # per product (head last): column tiles, seconds of one wave at tm = 64 and 128 rows, weight share
+            shapes = layer_gemms(m) + ((m.hidden_size, m.vocab_size),)
+            self.gemms = tuple((float(math.ceil(N / GEMM_TILE_N)),
+                                sms * GEMM_TILE_M_SMALL * GEMM_TILE_N * 2.0 * K / self.rate_c,
+                                sms * GEMM_TILE_M * GEMM_TILE_N * 2.0 * K / self.rate_c, K * N / self.P)
+                               for K, N in shapes)
 
     def seconds(self, items) -> float:
         """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled[, shared]])`` tuples (layers
@@ -457,7 +465,19 @@ class ScalarCost:
             gap = d_cmax * d_ell - d_ellc
             f_att += self.att * gap
             t_kv += self.s * self.kvt * gap / rkv
-        if self.per_op:
+        if self.per_op and self.sms:
+            ml, sms = b_lin / rw, self.sms   # wave_linear_head in plain floats: waves x one wave's seconds
+            t = ml * (2.0 * self.d / self.P) + max(f_att / ra, t_kv) + b_rest / rm + nl * self.elem / self.rate_e
+            small = rows_n <= GEMM_TILE_M_SMALL
+            rt = math.ceil(rows_n / (GEMM_TILE_M_SMALL if small else GEMM_TILE_M))
+            for nt, w64, w128, sh in self.gemms[:4]:
+                t += max(lmax * math.ceil(rt * nt / sms) * (w64 if small else w128), ml * sh)
+            hr = f_head / (2.0 * self.dV)
+            nt, w64, w128, _ = self.gemms[4]
+            hs = hr <= GEMM_TILE_M_SMALL
+            t += max(math.ceil(math.ceil(hr / (GEMM_TILE_M_SMALL if hs else GEMM_TILE_M)) * nt / sms)
+                     * (w64 if hs else w128), b_head / rw)
+        elif self.per_op:
             t = (max(f_lin / rc, b_lin / rw) + max(f_att / ra, t_kv) + max(f_head / rc, b_head / rw)
                  + b_rest / rm + nl * self.elem / self.rate_e)
         else:

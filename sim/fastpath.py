@@ -85,7 +85,7 @@ class FastPath:
         mask = j <= steps[None, :]
         c = job.ctx[None, :] + j - 1.0
         h = shared_per_step(self._names(job), job.ctx // job.bs, mask) * job.bs if self.shared else 0.0
-        dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask, shared=h)), np.float64)
+        dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask, shared=h), model=self.m), np.float64)
         stored = np.minimum(j, steps[None, :])
         mem = blocks(job.own[None, :] + stored, job.bs).sum(axis=1) * job.bs * self.kvtok
         out = self._decode_memo[key] = (dts, np.cumsum(dts), mem)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import OutOfCalibrationError, PresetError  # defined there: sim.host and sim.ranges raise them too
+from .gemm import wave_linear_head
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 USER_PRESETS_ENV = "RKSIM_PRESETS"
@@ -217,6 +218,13 @@ class HardwareProfile:
     attention term adds ``f_att_pad`` to ``f_att`` and ``b_att_pad / rkv`` to its KV time
     (:mod:`sim.cost`). The CPU loop that ``calibrate`` measures runs that kernel.
 
+    Wave quantisation (``sm_count``, the datasheet's SM count; None: off; per-operator
+    roofline only): each matrix product's compute is whole waves of ``sm_count`` CTA tiles,
+    ``F_q = ceil(tiles / sm) sm tm tn 2 K`` (:func:`sim.gemm.gemm_wave_flops`, fixed
+    cuBLAS-like tiles), and the linear layers and LM head become one roofline per product
+    (:func:`sim.gemm.wave_linear_head`), which needs the model's shape: :meth:`time` takes
+    ``model``.
+
     ``fitted_range`` (None for analytical datasheet profiles) bounds the
     queries a *fitted* profile may answer: ``max_context_tokens``,
     ``max_new_tokens`` (tokens of one forward item), ``max_batch``, ``models``
@@ -255,6 +263,7 @@ class HardwareProfile:
     calibration_status: str = ""    # CALIBRATION_STATUSES; "" = derived from calibrated / provisional
     gemm_row_block: int | None = None      # rows per weight pass of the small-M path (None: only 1 row is)
     gemm_small_m_max: int | None = None    # most token rows the small-M path takes (None: every count)
+    sm_count: int | None = None     # streaming multiprocessors (datasheet): matrix products wave-quantised (None: off)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -267,7 +276,7 @@ class HardwareProfile:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0):
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
                                   f"number or null, got {v!r}")
-        for f in ("gemm_row_block", "gemm_small_m_max"):
+        for f in ("gemm_row_block", "gemm_small_m_max", "sm_count"):
             v = getattr(self, f)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
@@ -329,10 +338,11 @@ class HardwareProfile:
                 f"for {'/'.join(self.priced_dtypes)}, and {name}'s tensor-core rate and scale traffic are not modelled; "
                 f"refusing rather than pricing it as {self.priced_dtypes[-1]}")
 
-    def time(self, terms, roofline: str | None = None) -> np.ndarray | float:
+    def time(self, terms, roofline: str | None = None, model: ModelShape | None = None) -> np.ndarray | float:
         """Seconds for ``terms`` (an :class:`sim.cost.OpTerms`, scalar or array fields).
 
-        ``roofline`` overrides the profile's (``"iteration"`` or ``"operator"``).
+        ``roofline`` overrides the profile's (``"iteration"`` or ``"operator"``); ``model``, the
+        shape the terms are of, is needed where ``sm_count`` quantises matrix products.
         """
         rc = self.peak_flops * self.eff_c
         rm = self.mem_bw * self.eff_m
@@ -364,8 +374,17 @@ class HardwareProfile:
             fh, bh = g(terms, "f_head", 0.0), g(terms, "b_head", 0.0)
             fr = np.maximum(terms.flops - fl - fa - fh, 0.0)
             br = np.maximum(terms.bytes - bl - ba - bh, 0.0)
-            roof = (np.maximum(fl / rc, (bl - blm) / rm + mult * blm / rmv) + np.maximum((fa + fpad) / ra, t_kv)
-                    + np.maximum(fh / rc, (bh - bhm) / rm + mult * bhm / rmv)
+            ml, mh = (bl - blm) / rm + mult * blm / rmv, (bh - bhm) / rm + mult * bhm / rmv
+            if self.sm_count and np.any((np.asarray(fl) > 0) | (np.asarray(fh) > 0)):
+                if model is None:
+                    raise ValueError(f"hardware {self.name}: sm_count quantises matrix products; "
+                                     "time() needs the terms' model shape (model=)")
+                lin = wave_linear_head(model, self.sm_count, g(terms, "rows", 0.0), terms.layers,
+                                       fh / (2.0 * model.hidden_size * model.vocab_size), rc, ml, mh)
+                head = 0.0
+            else:
+                lin, head = np.maximum(fl / rc, ml), np.maximum(fh / rc, mh)
+            roof = (lin + np.maximum((fa + fpad) / ra, t_kv) + head
                     + np.maximum(fr / rc, br / rm)
                     + g(terms, "b_elem", 0.0) / (self.mem_bw * (self.eff_m if self.eff_elem is None else self.eff_elem)))
         elif mode == "iteration":

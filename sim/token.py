@@ -114,9 +114,9 @@ def eviction_schedule(pol, P: int, T: int) -> tuple[np.ndarray, list, list]:
 
 def _long_latency(model, hw, P: int, sizes: np.ndarray, cands: list, window: int) -> dict:
     """One long decode alone: prefill of P tokens, then one decode step per token over its (evicted) cache."""
-    pre = float(hw.time(batch_terms(model, [float(P)], [0.0])))
+    pre = float(hw.time(batch_terms(model, [float(P)], [0.0]), model=model))
     ctx = np.asarray(sizes, np.float64) - 1.0  # cached tokens before each step
-    dec = float(np.sum(hw.time(batch_terms(model, np.ones((ctx.size, 1)), ctx[:, None])))) if ctx.size else 0.0
+    dec = float(np.sum(hw.time(batch_terms(model, np.ones((ctx.size, 1)), ctx[:, None]), model=model))) if ctx.size else 0.0
     ev = float(sum(float(hw.time(eviction_scoring_terms(model, c, max(window, 1)))) for c in cands))
     return {"prefill_s": pre, "decode_s": dec, "evict_s": ev, "latency_s": pre + dec + ev}
 

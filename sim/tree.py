@@ -566,7 +566,7 @@ def _price(model: ModelShape, hw: HardwareProfile, phase: str, items: list) -> f
     M = np.zeros((len(items), k), dtype=bool)
     for r, (n, c) in enumerate(items):
         N[r, :len(n)], Cc[r, :len(c)], M[r, :len(n)] = n, c, True
-    return float(np.sum(hw.time(C.batch_terms(model, N, Cc, mask=M))))
+    return float(np.sum(hw.time(C.batch_terms(model, N, Cc, mask=M), model=model)))
 
 
 def simulate_tree(trace=None, policy: str = "rsbcm", params: dict | None = None, budget_blocks: int | None = None,

@@ -380,3 +380,26 @@ def test_eff_att_and_eff_kv_in_presets(tmp_path):
     hw = load_hardware(str(p))
     assert (hw.eff_att, hw.eff_kv) == (0.5, 0.25)
     assert load_hardware("h200").eff_att is None and load_hardware("h200").eff_kv is None   # datasheet: off
+
+
+def test_scalar_cost_equals_vectorised_under_wave_quantisation():
+    """h100-sxm (sm_count 132): the engine's scalar path and the vectorised one are one formula over batches
+    of every size regime (rows <= 64 and above, LM-head rows above 64, probes, early exit, KV copies)."""
+    m, hw = load_model("qwen2.5-7b"), load_hardware("h100-sxm")
+    assert hw.sm_count and hw.roofline == "operator"
+    sc = C.ScalarCost(m, hw)
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        k = int(rng.integers(1, 90))
+        n = rng.choice([1, 1, 1, 7, 64, 65, 300, 2048], size=k).astype(float)
+        c = rng.integers(0, 4000, size=k).astype(float)
+        ell = rng.choice([m.n_layers, m.n_layers, 12], size=k)
+        p = rng.choice([0, 0, 2], size=k)
+        g = rng.choice([1, 1, 0], size=k)
+        cp = rng.choice([0, 0, 0, 5], size=k)
+        items = [(n[i], c[i], int(ell[i]), int(p[i]), int(g[i]), int(cp[i])) for i in range(k)]
+        t = C.batch_terms(m, n, c, layers=ell, probes=p, logits=g, copy_tokens=cp)
+        assert sc.seconds(items) == pytest.approx(float(hw.time(t, model=m)), rel=1e-12)
+    # a one-row decode and a 65-row chunk cross the 64-row tile boundary: both quantised, the second dearer
+    one, chunk = sc.seconds([(1.0, 100.0, None, 0, 1, 0)]), sc.seconds([(65.0, 100.0, None, 0, 1, 0)])
+    assert chunk > one

@@ -58,13 +58,13 @@ def test_loaders_read_every_shipped_profile():
         vidur.mlp_path("h200", "llama-2-7b")
 
 
-def _synthetic_rows(truth: pp.Coefs, peak: float, bw: float, kv: bool, seed: int) -> pd.DataFrame:
+def _synthetic_rows(truth: pp.Coefs, peak: float, bw: float, kv: bool, seed: int, sms=None) -> pd.DataFrame:
     """Operator rows of two shapes at 1..8192 tokens timed by ``truth`` (1% lognormal noise)."""
     n = np.unique(np.round(np.geomspace(1, 8192, 60)))
     parts = []
     for key, m in (("a", pp.LLAMA_2_7B), ("b", pp.LLAMA_3_8B)):
-        parts += [pp._rows(key, "qkv", "gemm", n, 0 * n, *pp._gemm(n, m.d, (m.H + 2 * m.Hkv) * m.Dh)),
-                  pp._rows(key, "down", "gemm", n, 0 * n, *pp._gemm(n, m.F, m.d)),
+        parts += [pp._gemm(key, "qkv", n, 0 * n, m.d, (m.H + 2 * m.Hkv) * m.Dh),
+                  pp._gemm(key, "down", n, 0 * n, m.F, m.d),
                   pp._rows(key, "norm", "elem", n, 0 * n, 0 * n, pp.S * (2 * n * m.d + m.d)),
                   pp._rows(key, "act", "elem", n, 0 * n, 0 * n, pp.S * 3 * n * m.F)]
         c = np.where(np.arange(n.size) % 2, 4096.0, 0.0) if kv else 0.0 * n
@@ -73,7 +73,7 @@ def _synthetic_rows(truth: pp.Coefs, peak: float, bw: float, kv: bool, seed: int
                               pp.S * 2.0 * m.Hkv * m.Dh * (c + nq), c=c))
     rows = pd.concat(parts, ignore_index=True)
     rng = np.random.default_rng(seed)
-    rows["seconds"] = pp.predict(rows, truth, peak, bw) * np.exp(rng.normal(0.0, 0.01, len(rows)))
+    rows["seconds"] = pp.predict(rows, truth, peak, bw, sms) * np.exp(rng.normal(0.0, 0.01, len(rows)))
     return rows
 
 
@@ -89,6 +89,56 @@ def test_fit_recovers_known_coefficients(kv):
         assert got.eff_kv == pytest.approx(truth.eff_kv, rel=0.03)
     else:
         assert got.eff_kv is None   # no cached tokens in any row: eff_kv is not fitted, eff_m applies
+
+
+def test_fit_recovers_known_coefficients_under_wave_quantisation():
+    """Rows timed with whole waves of CTA tiles (``sm_count`` 132): the fit with the same form recovers the
+    coefficients; the plain roofline, fitted to the same rows, cannot (its eff_c absorbs the idle SMs)."""
+    peak, bw, sms = 989.4e12, 3.35e12, 132
+    truth = pp.Coefs(eff_c=0.85, eff_m=0.8, eff_elem=0.55, eff_att=0.2, eff_kv=None, per_kernel_s=2e-6)
+    rows = _synthetic_rows(truth, peak, bw, kv=False, seed=5, sms=sms)
+    got = pp.fit_rows(rows, peak, bw, sms)
+    for f in ("eff_c", "eff_m", "eff_elem", "eff_att", "per_kernel_s"):
+        assert getattr(got, f) == pytest.approx(getattr(truth, f), rel=0.03), f
+    plain = pp.fit_rows(rows, peak, bw)
+    assert abs(plain.eff_c / truth.eff_c - 1.0) > 0.05
+    # quantised flops are never below the exact count, and equal it where the tiles fill whole waves
+    from sim.gemm import gemm_wave_flops
+    n = np.array([1.0, 64.0, 65.0, 128.0, 4224.0])
+    fq = gemm_wave_flops(n, 4096, 4096, sms)
+    assert np.all(fq >= 2 * n * 4096 * 4096) and fq[3] == fq[2]     # 65 and 128 rows: one 128-row tile
+    assert gemm_wave_flops(4224.0, 4096, 4096, sms) == 2 * 4224 * 4096 * 4096   # 33 x 32 tiles = 8 waves exactly
+    assert gemm_wave_flops(0.0, 4096, 4096, sms) == 0.0
+
+
+def test_simulator_prices_a_layer_as_the_fit_prices_its_rows():
+    """One formula: a one-layer model's linear layers in the simulator (vectorised and scalar paths) cost
+    what the fit's row model gives its four matrix products, with and without wave quantisation."""
+    from sim import cost as C
+    from sim.gemm import layer_gemms
+    from sim.profiles import ModelShape
+
+    sh = pp.LLAMA_3_8B
+    m = ModelShape("one-layer", 1, sh.d, sh.H, sh.Hkv, sh.Dh, sh.F, sh.V, 2, False)
+    base = load_hardware("h100-sxm")
+    assert base.sm_count == 132
+    for hw in (base, dataclasses.replace(base, sm_count=None)):
+        k = pp.Coefs(hw.eff_c, hw.eff_m, hw.eff_elem, hw.eff_att, hw.eff_kv, 0.0)
+        for n in (1.0, 48.0, 100.0, 333.0, 2048.0):
+            rows = pd.concat([pp._gemm("x", f, [n], [1.0], K, N) for f, (K, N) in
+                              zip(("qkv", "o", "gate_up", "down"), layer_gemms(m))], ignore_index=True)
+            fit_s = pp.predict(rows, k, hw.peak_flops, hw.mem_bw, hw.sm_count).sum() + 2 * 2.0 * m.hidden_size / (
+                hw.mem_bw * hw.eff_m)  # the two norm weights' stream, which no fit row times
+            t = C.batch_terms(m, [n], [0.0], logits=[0])
+            lin = float(hw.time(dataclasses.replace(t, f_att=0.0, b_att=0.0, b_elem=0.0, kernels=0.0, iters=0.0,
+                                                    flops=t.f_lin, bytes=t.b_lin), model=m))
+            # exact under wave quantisation; the plain path prices the layer as one roofline whose flops also
+            # count the norm weights (2 P n with P = sum K N + 2 d): under 1e-4 of it
+            assert lin == pytest.approx(fit_s, rel=1e-12 if hw.sm_count else 1e-4), (hw.sm_count, n)
+            items = [(n, 0.0, None, 0, 0, 0)]
+            assert C.ScalarCost(m, hw).seconds(items) == pytest.approx(float(hw.time(t, model=m)), rel=1e-12)
+    with pytest.raises(ValueError, match="sm_count quantises matrix products"):
+        base.time(C.batch_terms(m, [8.0], [0.0]))
 
 
 def test_fit_leaves_unconstrained_coefficients_null():

@@ -1,0 +1,52 @@
+"""Wave quantisation of matrix products: whole waves of CTA tiles on ``sm_count`` SMs.
+
+``HardwareProfile.sm_count`` (None: off). A GEMM of
+``r`` token rows through a ``K x N`` weight runs as CTA tiles of ``tm x tn`` outputs, one tile
+per SM at a time (cuBLAS-like: 128 x 128; ``tm`` 64 at r <= 64, one Hopper warpgroup's
+wgmma M): its compute takes whole waves of ``sm`` tiles::
+
+    tiles = ceil(r / tm) ceil(N / tn),   F_q = ceil(tiles / sm) sm tm tn 2 K   (>= 2 r K N)
+
+and each product is its own roofline ``max(F_q / rc, B / rm)`` (constants, not fitted).
+
+Used by the per-operator roofline (:class:`sim.profiles.HardwareProfile`, :class:`sim.cost.ScalarCost`)
+and by the public-profile fits (:mod:`calibrate.public_profiles`): one formula. ``m`` below is a
+:class:`sim.profiles.ModelShape`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+GEMM_TILE_M, GEMM_TILE_M_SMALL, GEMM_TILE_N = 128, 64, 128
+
+
+def gemm_wave_flops(rows, K, N, sms):
+    """``F_q``: the flops of whole waves of CTA tiles (formula above); 0 at 0 rows. Arrays broadcast."""
+    r = np.asarray(rows, dtype=np.float64)
+    tm = np.where(r <= GEMM_TILE_M_SMALL, GEMM_TILE_M_SMALL, GEMM_TILE_M)
+    tiles = np.ceil(r / tm) * np.ceil(np.asarray(N, dtype=np.float64) / GEMM_TILE_N)
+    return np.ceil(tiles / sms) * sms * tm * GEMM_TILE_N * 2.0 * np.asarray(K, dtype=np.float64)
+
+
+def layer_gemms(m) -> tuple:
+    """``(K, N)`` of one layer's matrix products as vLLM fuses them: qkv, o, gate_up, down (``sum K N = P - 2 d``)."""
+    d, H, Hkv, Dh, F = m.hidden_size, m.n_heads, m.n_kv_heads, m.head_dim, m.intermediate_size
+    return ((d, (H + 2 * Hkv) * Dh), (H * Dh, d), (d, 2 * F), (F, d))
+
+
+def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head):
+    """Linear layers' and LM head's time under wave quantisation (``sim.profiles.HardwareProfile.sm_count``).
+
+    ``rows`` token rows through ``layers`` layers (every running item's rows through the deepest
+    item's layers), ``head_rows = f_head / (2 d V)`` LM-head / probe rows as one ``d x V``
+    product; ``mem_lin`` / ``mem_head`` their weight-stream seconds, split over the products by
+    weight share (the norm weights' ``2 d`` streamed alone)::
+
+        t = sum_j max(layers F_q(rows, K_j, N_j) / rc, mem_lin K_j N_j / P) + mem_lin 2 d / P
+            + max(F_q(head_rows, d, V) / rc, mem_head)
+    """
+    P = float(m.params_per_layer)
+    t = mem_lin * (2.0 * m.hidden_size / P)
+    for K, N in layer_gemms(m):
+        t = t + np.maximum(layers * gemm_wave_flops(rows, K, N, sms) / rc, mem_lin * (K * N / P))
+    return t + np.maximum(gemm_wave_flops(head_rows, m.hidden_size, m.vocab_size, sms) / rc, mem_head)
