@@ -597,12 +597,24 @@ class Engine:
         """Each item's first cost tuple carries ``h_i`` (:func:`sim.kvshare.shared_tokens` over the block
         manager's physical blocks) as its 8th field. A token-eviction decode attends over the policy's
         cache, not its blocks in order: it shares nothing."""
-        kvb = self.kv.req_blocks
+        if len(items) < 2:
+            return priced
+        kvb, bs = self.kv.req_blocks, self.bs
         lists, ctxs = [], []
         for it, (ts, _) in zip(items, priced):
-            evicting = it.req.data[1] == 1 and it.req.data[0].job.long is not None and it.num_new == 1
-            lists.append([] if evicting or not ts else [b.block_id for b in kvb.get(it.req.req_id, ())])
-            ctxs.append(it.num_cached)
+            c = it.num_cached
+            blks = kvb.get(it.req.req_id)
+            ids = []
+            # only a block held by two requests (ref >= 2) can be read by two items, and a request's shared
+            # blocks are a prefix of its table (prefix-cache hits and forks share leading blocks only)
+            if ts and blks and blks[0].ref > 1 and c >= bs and not (
+                    it.req.data[1] == 1 and it.num_new == 1 and it.req.data[0].job.long is not None):
+                for b in blks[: c // bs]:
+                    if b.ref < 2:
+                        break
+                    ids.append(b.block_id)
+            lists.append(ids)
+            ctxs.append(c)
         out = []
         for h, (ts, kind) in zip(shared_tokens(lists, ctxs, self.bs), priced):
             if h and ts:

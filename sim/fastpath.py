@@ -71,7 +71,7 @@ class FastPath:
                 if h else it for it, h in zip(items, hs)]
 
     # ------------------------------------------------------------------ decode
-    def _decode(self, job: Job):
+    def _decode(self, job: Job, names=None):
         steps = job.decode_steps
         J = int(steps.max()) if job.B else 0
         if J == 0:
@@ -84,7 +84,7 @@ class FastPath:
         j = np.arange(1, J + 1, dtype=np.float64)[:, None]
         mask = j <= steps[None, :]
         c = job.ctx[None, :] + j - 1.0
-        h = shared_per_step(self._names(job), job.ctx // job.bs, mask) * job.bs if self.shared else 0.0
+        h = shared_per_step(names, job.ctx // job.bs, mask) * job.bs if self.shared else 0.0
         dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask, shared=h), model=self.m), np.float64)
         stored = np.minimum(j, steps[None, :])
         mem = blocks(job.own[None, :] + stored, job.bs).sum(axis=1) * job.bs * self.kvtok
@@ -102,6 +102,7 @@ class FastPath:
         B = job.B
         wave, ready = job.waves()
         W = int(wave.max()) if B else 0
+        names = self._names(job) if self.shared else None
         phase = {"gate": 0.0, "prefill": 0.0, "decode": 0.0, "verify": 0.0}
         t = 0.0
         end = np.zeros(W + 1)
@@ -122,7 +123,6 @@ class FastPath:
                      + [(float(n_p[i]), float(c_p[i]), None, 0.0, 1.0 if job.computed[b] > 0 else 0.0,
                          float(job.copy[b])) for i, b in enumerate(pre)])
             if self.shared:
-                names = self._names(job)
                 items = self._with_h(items, [0] * gates.size + shared_tokens(
                     [names[b] for b in pre], [int(x) for x in c_p], bs))
             dt = self.sc.seconds(items)
@@ -137,7 +137,7 @@ class FastPath:
             mem.append(float(alloc.sum() * bs * kvtok))
         first = end[np.where(job.has_prefill, wave, ready)] if B else np.zeros(0)
         t_prefill_end = t
-        dts, cum, dmem = self._decode(job)
+        dts, cum, dmem = self._decode(job, names)
         if dts.size:
             phase["decode"] = float(dts.sum())
             times.extend((t_prefill_end + cum).tolist())
@@ -150,7 +150,7 @@ class FastPath:
             vitems = [(float(n[b]), float(c[b]), float(job.v_layers[b]), float(job.v_probes[b]),
                        float(job.v_head[b]), 0.0, 0.0) for b in range(B)]  # scores Yes/No: no sampling
             if self.shared and job.v_reuse:
-                vitems = self._with_h(vitems, shared_tokens(self._names(job), [int(x) for x in c], bs))
+                vitems = self._with_h(vitems, shared_tokens(names, [int(x) for x in c], bs))
             dt = self.sc.seconds(vitems)
             phase["verify"] = dt
             t += dt
