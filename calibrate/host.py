@@ -11,7 +11,9 @@ coefficients on them (:func:`calibrate.fit.fit_profile`):
 * **decode** iterations of ``b`` sequences, ``b = 1 .. max_num_seqs`` (every
   batch up to 16, then steps of 8: BLAS changes kernels with the number of
   token rows), each at a short, a middle and the longest context a binding
-  capacity allows (``b * context <= capacity_tokens``);
+  capacity allows (``b * context <= capacity_tokens``); and the same decodes over one shared prefix
+  (kind ``shared``: three quarters of the context in one set of blocks, as branches of one prompt
+  read it), which fit ``eff_kv_shared`` (:mod:`sim.kvshare`);
 * **prefill** chunks of ``n`` tokens up to ``max_num_batched_tokens``, over
   no cached tokens and over a cached context;
 * **mixed** iterations: one prefill chunk beside ``b`` decode steps (vLLM V1's
