@@ -155,7 +155,17 @@ class FitResult:
     row_blocks: dict | None = None    # the row-block grid's choice (None: the term did not pay)
 
 
-def _fit_one(base, A, y, roofline, loss, f_scale, free, x0=None):
+def _start_from(x: np.ndarray, free: list[str], free_r: list[str]) -> np.ndarray:
+    """``x`` (parameters ``free``) laid out for ``free_r`` (a superset); a parameter ``x`` lacks starts at
+    eff_m's value (eff_mv: the matrix-vector rate starts at the matrix rate)."""
+    logp, logr = _log_params(free), _log_params(free_r)
+    val = dict(zip(logp, x[:len(logp)]))
+    lin = dict(zip([q for q in free if q not in _LOG_OPTIONAL], x[len(logp):]))
+    return np.array([val.get(p, val["eff_m"]) for p in logr]
+                    + [lin.get(q, 1.0) for q in free_r if q not in _LOG_OPTIONAL])
+
+
+def _fit_one(base, A, y, roofline, loss, f_scale, free, x0=None, starts: int = 5):
     def resid(x):
         return (predict(_with(base, x, free, roofline), A) - y) / y
 
@@ -172,7 +182,7 @@ def _fit_one(base, A, y, roofline, loss, f_scale, free, x0=None):
     nl = len(logp)
     nlin = len(free) - (nl - 2)
     # A few starts: the max() makes the objective piecewise; pick the best local optimum.
-    for ec, em in ((1.0, 1.0), (0.1, 0.1), (0.01, 1.0), (1.0, 0.01), (0.3, 0.03)):
+    for ec, em in ((1.0, 1.0), (0.1, 0.1), (0.01, 1.0), (1.0, 0.01), (0.3, 0.03))[:starts]:
         start = {"eff_c": ec, "eff_m": em, "eff_mv": em, "eff_att": ec, "eff_kv": em, "eff_kv_shared": em,
                  "eff_elem": em}
         x0 = np.array([math.log(start[p]) for p in logp] + [1.0] * nlin)
@@ -229,13 +239,18 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
         if grid_ok:
             # the small-M GEMM path (sim.cost): grid over (mr, m_small); eff_mv prices its weight passes
             free_r = fr if "eff_mv" in fr else ["eff_mv"] + fr
+            x0 = _start_from(r.x, fr, free_r)
             grid = []
             for mr in ROW_BLOCKS:
                 for mmax in SMALL_M_MAX:
                     if mmax is not None and mmax <= mr:
                         continue
                     b = dataclasses.replace(base, gemm_row_block=mr, gemm_small_m_max=mmax)
-                    rg, rr = _fit_one(b, A, y, md, loss, f_scale, free_r)
+                    # warm (the fit without the term) and one cold start: the grid is 30 fits per roofline
+                    rg, rr = _fit_one(b, A, y, md, loss, f_scale, free_r, x0=x0)
+                    rc_, rrc = _fit_one(b, A, y, md, loss, f_scale, free_r, starts=1)
+                    if rc_.cost < rg.cost:
+                        rg, rr = rc_, rrc
                     grid.append((rg.cost, mr, mmax, rg, rr, b))
             cost_r, mr, mmax, rg, rr, b = min(grid, key=lambda g: g[0])
             if cost_r < ROW_TERM_GAIN * r.cost:
