@@ -64,7 +64,7 @@ def shared_per_step(names, full_blocks, active) -> np.ndarray:
     for b, nm in enumerate(names):
         for x in nm[: int(full_blocks[b])]:
             reads.setdefault(x, []).append(b)
-    multi = [bs_ for bs_ in reads.values() if len(bs_) > 1]
+    multi = [readers for readers in reads.values() if len(readers) > 1]
     if not multi or J == 0:
         return np.zeros(J)
     M = np.zeros((active.shape[1], len(multi)))
