@@ -489,6 +489,15 @@ class ScalarCost:
                 + (self.pi if lmax > 0 else 0.0))
 
 
+def with_shared(item: tuple, h: float) -> tuple:
+    """``item`` (a :meth:`ScalarCost.seconds` tuple) with ``h_i`` as its 8th field; an absent 7th field (rows
+    sampled) gets its default, one row when the item has an LM-head row."""
+    if not h:
+        return item
+    sampled = item[6] if len(item) > 6 else (1.0 if item[4] > 0 else 0.0)
+    return tuple(item[:6]) + (sampled, float(h))
+
+
 def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, shared=0.0) -> OpTerms:
     """Terms of many decode iterations at once; ``contexts (J, B)`` cached tokens, ``mask (J, B)`` present,
     ``shared (J,)`` the iteration's shared cached tokens ``sum_b h_jb`` ("Shared KV reads").

@@ -38,7 +38,7 @@ import numpy as np
 import simpy
 
 from .capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
-from .cost import ScalarCost
+from .cost import ScalarCost, with_shared
 from .kvcache import UNLIMITED, BlockManager
 from .kvshare import shared_tokens
 from .scheduler import Request, Scheduler, SchedulerConfig
@@ -618,9 +618,7 @@ class Engine:
         out = []
         for h, (ts, kind) in zip(shared_tokens(lists, ctxs, self.bs), priced):
             if h and ts:
-                t = ts[0]
-                ts = [t[:6] + ((t[6],) if len(t) > 6 else (1.0 if t[0] > 0 and t[4] > 0 else 0.0,))
-                      + (float(h),)] + ts[1:]
+                ts = [with_shared(ts[0], h)] + ts[1:]
             out.append((ts, kind))
         return out
 

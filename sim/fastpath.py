@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cost import ScalarCost, decode_steps_terms
+from .cost import ScalarCost, decode_steps_terms, with_shared
 from .kvshare import block_names, shared_per_step, shared_tokens
 from .workload import Job, blocks
 
@@ -40,6 +40,10 @@ def _key(job: Job) -> bytes:
     parts = [job.reused, job.computed, job.copy, job.gate, job.source, job.gen,
              job.v_new, job.v_cached, job.v_layers, job.v_probes, job.v_head]
     return b"|".join(np.ascontiguousarray(a, dtype=np.int64).tobytes() for a in parts) + bytes([job.verify_on, job.v_reuse]) + str(job.bs).encode()
+
+
+def _with_h(items, hs) -> list:
+    return [with_shared(it, h) for it, h in zip(items, hs)]
 
 
 def _attribute(dt: float, alone: np.ndarray) -> np.ndarray:
@@ -65,10 +69,6 @@ class FastPath:
         """Every branch's prompt blocks, named as :func:`sim.kvshare.block_names` (shared ones alike)."""
         return block_names(job.source, (job.ctx - job.own) // job.bs, job.ctx // job.bs)
 
-    @staticmethod
-    def _with_h(items, hs) -> list:
-        return [it[:6] + ((it[6],) if len(it) > 6 else (1.0 if it[0] > 0 and it[4] > 0 else 0.0,)) + (float(h),)
-                if h else it for it, h in zip(items, hs)]
 
     # ------------------------------------------------------------------ decode
     def _decode(self, job: Job, names=None):
@@ -123,7 +123,7 @@ class FastPath:
                      + [(float(n_p[i]), float(c_p[i]), None, 0.0, 1.0 if job.computed[b] > 0 else 0.0,
                          float(job.copy[b])) for i, b in enumerate(pre)])
             if self.shared:
-                items = self._with_h(items, [0] * gates.size + shared_tokens(
+                items = _with_h(items, [0] * gates.size + shared_tokens(
                     [names[b] for b in pre], [int(x) for x in c_p], bs))
             dt = self.sc.seconds(items)
             share = _attribute(dt, np.array([self.sc.seconds([it]) for it in items]))
@@ -150,7 +150,7 @@ class FastPath:
             vitems = [(float(n[b]), float(c[b]), float(job.v_layers[b]), float(job.v_probes[b]),
                        float(job.v_head[b]), 0.0, 0.0) for b in range(B)]  # scores Yes/No: no sampling
             if self.shared and job.v_reuse:
-                vitems = self._with_h(vitems, shared_tokens(names, [int(x) for x in c], bs))
+                vitems = _with_h(vitems, shared_tokens(names, [int(x) for x in c], bs))
             dt = self.sc.seconds(vitems)
             phase["verify"] = dt
             t += dt
