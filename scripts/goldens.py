@@ -2,7 +2,8 @@
 
 Each golden is the ``--json`` output of one ``rksim`` command on the bundled trace
 (:data:`CASES`), with the repository root written as ``<repo>`` so the files do not depend
-on where the checkout lives. ``tests/test_goldens.py`` runs the same commands and compares
+on where the checkout lives, and run as on the host ``local-cpu`` was fitted on (:func:`on_fitted_host`),
+so that they do not depend on which machine runs them either. ``tests/test_goldens.py`` runs the same commands and compares
 the JSON exactly. Regenerate only when a change moves a figure on purpose, and say why in
 ``tests/golden/NOTES.md``::
 
@@ -38,11 +39,34 @@ def _cases() -> dict[str, list[str]]:
 CASES = _cases()
 
 
+@contextlib.contextmanager
+def on_fitted_host():
+    """Within this block this process reads the host as the one the shipped ``local-cpu`` was fitted on.
+
+    A golden priced with ``local-cpu`` says whether the profile belongs to the host it runs on
+    (``hardware_calibrated``, ``host_note``: :mod:`sim.host`); on any other CPU those fields, and only
+    those, would differ. What a foreign host prints is tested on its own (``tests/test_host_profiles.py``).
+    """
+    import sim.host
+    from sim.profiles import load_hardware
+
+    recorded = load_hardware("local-cpu").fingerprint or {}
+    here = sim.host.current_cpu_fingerprint()
+    pinned = {**here, **{k: recorded[k] for k in ("cpu_model", "isa", "torch") if k in recorded}}
+    real = sim.host.current_cpu_fingerprint
+    sim.host.current_cpu_fingerprint = lambda *a, **k: dict(pinned)
+    try:
+        yield
+    finally:
+        sim.host.current_cpu_fingerprint = real
+
+
 def run_case(argv: list[str]) -> dict:
-    """The parsed JSON that ``rksim ARGV`` prints (run in this process), repository root as ``<repo>``."""
+    """The parsed JSON that ``rksim ARGV`` prints (run in this process, as on ``local-cpu``'s host), repository
+    root as ``<repo>``."""
     from app.cli import main
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    with contextlib.redirect_stdout(buf), on_fitted_host():
         rc = main(list(argv))
     if rc != 0:
         raise RuntimeError(f"rksim {' '.join(argv)} exited {rc}")

@@ -315,3 +315,21 @@ def test_committed_inputs_recreate_the_shipped_local_cpu(tmp_path, monkeypatch):
     assert out.read_text() == shipped.read_text()
     hw = load_hardware(str(shipped))
     assert hw.fingerprint and hw.fingerprint["kind"] == "cpu" and hw.fitted_range["max_batch"] >= 64
+
+
+def test_calibrate_serve_and_report_refuse_a_profile_of_another_host():
+    """``calibrate serve`` / ``report`` measure this host: a profile fitted on another is refused, naming the
+    difference; ``--allow-other-host`` goes on and says the prices are not this machine's."""
+    from calibrate.serve import check_host
+    from sim.profiles import load_hardware
+
+    recorded = load_hardware("local-cpu").fingerprint
+    run_here = {**recorded, "cpu_model": "Foreign CPU 9000", "isa": ["avx2"]}
+    with pytest.raises(OutOfCalibrationError, match=r"--hardware local-cpu: fitted on another host \(cpu_model "
+                                                    r"'Intel.*' vs 'Foreign CPU 9000' here; ISA flags differ"):
+        check_host("local-cpu", run_here)
+    st = check_host("local-cpu", run_here, allow_other_host=True)
+    assert st["host_match"] is False and st["hardware_calibrated"] is False
+    assert "Foreign CPU 9000" in st["host_note"] and "\n" not in st["host_note"]
+    same = check_host("local-cpu", dict(recorded))
+    assert same["host_match"] is True and same["hardware_calibrated"] is True and same["host_note"] == ""
