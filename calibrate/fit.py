@@ -403,8 +403,22 @@ def cpu_kernels(device: str) -> dict:
     return {"decode_attention": "padded"} if str(device).startswith("cpu") else {}
 
 
-def default_base(name: str) -> HardwareProfile:
-    """The profile to start from: the existing preset of that name, else a generic CPU."""
+# the base every CPU fit starts from (calibrate host's, calibrate fit's under any --name)
+CPU_BASE = "local-cpu"
+
+
+def default_base(name: str, device: str = "cpu") -> HardwareProfile:
+    """The profile a fit starts from.
+
+    The fit's starting points are efficiencies relative to the base's ``peak_flops`` and ``mem_bw``,
+    and its objective (a max of rooflines) has several local optima, so the base decides which one a fit
+    lands in. A CPU fit therefore always starts from the shipped ``local-cpu`` (:data:`CPU_BASE`), whatever
+    ``--name`` says: the same phases give the same profile under any name, and ``calibrate fit`` of a
+    ``calibrate host --keep`` folder gives the profile ``calibrate host`` wrote. A GPU fit starts from the
+    preset of that name (its datasheet peaks), else a generic device.
+    """
+    if str(device).startswith("cpu"):
+        return dataclasses.replace(load_hardware(str(PRESET_DIR / "hardware" / f"{CPU_BASE}.yaml")), name=name)
     try:
         return load_hardware(name)
     except PresetError:
@@ -497,7 +511,7 @@ def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = N
     terms = np.concatenate([phase_terms(p[6], p[2]) for p in parts], axis=1)
     secs = np.concatenate([p[3] for p in parts])
     device = devices.pop()
-    base = dataclasses.replace(default_base(name), name=name, **cpu_kernels(device))
+    base = dataclasses.replace(default_base(name, device), name=name, **cpu_kernels(device))
     res = fit_profile(base, terms, secs, roofline=roofline)
     frs = [fitted_range(p[6], p[2]) for p in parts]
     frange = {**merge_ranges(frs), "device": device, "dtypes": dtypes}

@@ -281,6 +281,15 @@ def phases_from(rows, bs: int) -> pd.DataFrame:
     return phases_frame(out)
 
 
+def fit_host_phases(phases: pd.DataFrame, model, name: str):
+    """The fit of measured host phases (:func:`calibrate.fit.fit_profile` on their CPU time, from the CPU base
+    :func:`calibrate.fit.default_base`): what ``calibrate fit`` of the ``--keep`` folder computes too."""
+    from calibrate.fit import cpu_kernels, default_base, fit_profile, phase_terms
+
+    base = dataclasses.replace(default_base(name, "cpu"), **cpu_kernels("cpu"))
+    return fit_profile(base, phase_terms(model, phases), phases["cpu_seconds"].to_numpy())
+
+
 def run_host(cfg: HostConfig, out: Path | None = None, keep: Path | None = None, force: bool = False,
              progress: bool = True, clock=time.process_time) -> dict:
     """Measure, fit and write the host's profile. Returns a summary (path, fingerprint, errors, CPU seconds)."""
@@ -289,8 +298,7 @@ def run_host(cfg: HostConfig, out: Path | None = None, keep: Path | None = None,
     from traces.models import load_model
     from traces.store import atomic_write_json
 
-    from calibrate.fit import (cpu_kernels, default_base, fit_profile, fitted_range, phase_terms, profile_out_path,
-                               write_preset)
+    from calibrate.fit import fitted_range, profile_out_path, write_preset
     from calibrate.hostinfo import fingerprint
     from sim.profiles import model_from_manifest
 
@@ -313,8 +321,7 @@ def run_host(cfg: HostConfig, out: Path | None = None, keep: Path | None = None,
     phases = phases_from(rows, cfg.block_size)
     fp = fingerprint(cfg.device, cfg.threads, str(lm.dtype))
     model = model_from_manifest({"model": lm.info()})
-    base = dataclasses.replace(default_base("local-cpu"), name=name, **cpu_kernels("cpu"))
-    res = fit_profile(base, phase_terms(model, phases), phases["cpu_seconds"].to_numpy())
+    res = fit_host_phases(phases, model, name)
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     frange = {**fitted_range(model, phases, device="cpu", dtype=fp.get("dtype")), "device": "cpu"}
     fitted_on = {"run": "rksim calibrate host", "created": created, "model": model.name,

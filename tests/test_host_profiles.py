@@ -333,3 +333,28 @@ def test_calibrate_serve_and_report_refuse_a_profile_of_another_host():
     assert "Foreign CPU 9000" in st["host_note"] and "\n" not in st["host_note"]
     same = check_host("local-cpu", dict(recorded))
     assert same["host_match"] is True and same["hardware_calibrated"] is True and same["host_note"] == ""
+
+
+@pytest.mark.slow
+def test_the_same_host_phases_give_the_same_profile_under_any_name(tmp_path):
+    """``calibrate fit`` of a ``calibrate host --keep`` folder, under any ``--name``, gives the profile
+    ``calibrate host`` fitted (the fit starts from one CPU base, not from whatever preset the name finds)."""
+    import json
+    import shutil
+
+    from calibrate.fit import fit_run_dir
+    from calibrate.host import fit_host_phases
+    from sim.profiles import model_from_manifest
+
+    src = Path(__file__).resolve().parents[1] / "calibrate" / "data" / "local-cpu-fit" / "host"
+    keep = tmp_path / "keep"
+    shutil.copytree(src, keep)
+    import pandas as pd
+    phases = pd.read_parquet(keep / "phases.parquet")
+    model = model_from_manifest(json.loads((keep / "run.json").read_text()))
+    host = fit_host_phases(phases, model, "host-somebox")
+    fit_run_dir(keep, name="my-box", out=tmp_path / "my-box.yaml", holdout=0.0, clock="cpu")
+    again = load_hardware(str(tmp_path / "my-box.yaml"))
+    assert again.roofline == host.profile.roofline
+    for k in ("eff_c", "eff_m", "eff_mv", "eff_kv", "per_kernel_s", "host_per_iter_s", "gemm_row_block"):
+        assert getattr(again, k) == pytest.approx(getattr(host.profile, k), rel=1e-9), k
