@@ -24,6 +24,11 @@ throughput and e2e median, scheduling parity 100%). Before and after every
 shape three of the fit's shapes are run again (``calibrate.host.speed_drift``):
 ``speed_drift`` is how much more CPU time the host takes now than when it was
 fitted, and the ``*_drift_adjusted`` columns are the errors at that speed.
+Every shape is served ``--matrix-repeats`` times (default 2; the seeded sampling
+gives the same schedule each time): the errors compare the simulator with the
+mean of those runs (:func:`combine_repeats`), and ``real_makespan_spread`` /
+``real_e2e_spread_pct`` say how far the real runs of one shape fell from each
+other: the measurement's own noise, against which a 5% goal is read.
 
 ``--runs N`` repeats step 1 N consecutive times (the fidelity goals must hold on
 each), ``--stress-seconds S`` first starts one CPU-bound stress process (a
@@ -43,6 +48,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/summary.py: the Markdown check
 
@@ -54,6 +61,29 @@ MATRIX = ((1, False, 4, 32), (1, True, 8, 64), (2, True, 4, 32), (2, False, 8, 6
 BINDING_TOKENS = {1: 512, 2: 768, 4: 1024, 8: 1536}   # less than the shape's KV demand: preemptions happen
 FREE_TOKENS = 65536                                     # more than any shape needs
 MATRIX_GOAL = 0.05
+
+
+def combine_repeats(comparisons: list[dict]) -> dict:
+    """The simulator against the mean of several real runs of one shape, and how far those runs spread.
+
+    ``comparisons``: :func:`calibrate.serve.compare` of each run. Makespans are averaged, e2e per problem
+    too (problem by problem); errors as ``compare``'s: ``(sim - real) / real``. Spreads:
+    ``real_makespan_spread = (max - min) / mean`` of the real makespans, ``real_e2e_spread_pct`` the median
+    over problems of the same ratio of their real e2e, in percent (0 for one run).
+    """
+    ms_r = np.array([c["makespan_real_s"] for c in comparisons])
+    ms_s = np.array([c["makespan_sim_s"] for c in comparisons])
+    er = np.array([c["e2e_real_s"] for c in comparisons])     # runs x problems
+    es = np.array([c["e2e_sim_s"] for c in comparisons])
+    gen = comparisons[0]["throughput_real_tokens_per_s"] * comparisons[0]["makespan_real_s"]
+    mr, msim = float(ms_r.mean()), float(ms_s.mean())
+    e_r, e_s = er.mean(axis=0), es.mean(axis=0)
+    return {"repeats": len(comparisons), "makespan_real_s": mr, "makespan_sim_s": msim,
+            "makespan_error": msim / mr - 1, "throughput_error": (gen / msim) / (gen / mr) - 1,
+            "e2e_median_abs_pct_error": float(np.median(np.abs(e_s - e_r) / e_r) * 100),
+            "e2e_real_s": [float(x) for x in e_r], "e2e_sim_s": [float(x) for x in e_s],
+            "real_makespan_spread": float((ms_r.max() - ms_r.min()) / mr),
+            "real_e2e_spread_pct": float(np.median((er.max(axis=0) - er.min(axis=0)) / e_r) * 100)}
 
 
 def matrix(args) -> int:
@@ -96,17 +126,30 @@ def matrix(args) -> int:
                           max_new_tokens=new, hardware=str(prof), seed=args.matrix_seed)
         c1 = time.process_time()
         before = speed_drift(probe, ref) if probe else None
-        res = run_serve(cfg, work / f"shape{i}", progress=False, lm=lm)
+        runs = []
+        for k in range(args.matrix_repeats):
+            runs.append(run_serve(cfg, work / (f"shape{i}" if k == 0 else f"shape{i}-repeat{k}"), progress=False,
+                                  lm=lm))
         after = speed_drift(probe, ref) if probe else None
-        c = res["comparison"]
+        res = runs[0]
+        cs = [x["comparison"] for x in runs]
+        c = combine_repeats(cs)
         drift = None if probe is None else float(np.sqrt(before["drift"] * after["drift"]))
         rows.append({"concurrency": conc, "capacity_tokens": cap, "capacity_binds": binds, "branches": br,
                      "max_new_tokens": new, "problems": cfg.problems, "iterations": res["n_iterations"],
                      "preemptions": res["preemptions"], "max_running_seqs": res["max_running_seqs"],
-                     "scheduling_parity": res["scheduling_parity"], "makespan_error": res["makespan_error"],
-                     "throughput_error": res["throughput_error"],
-                     "e2e_median_abs_pct_error": res["e2e_median_abs_pct_error"],
-                     "iteration_abs_pct_error_median": c["iteration_abs_pct_error_median"],
+                     # parity: every run's schedule equals the replay's
+                     "scheduling_parity": min(x["scheduling_parity"] for x in runs),
+                     "makespan_error": c["makespan_error"], "throughput_error": c["throughput_error"],
+                     "e2e_median_abs_pct_error": c["e2e_median_abs_pct_error"],
+                     "real_makespan_spread": c["real_makespan_spread"], "real_e2e_spread_pct": c["real_e2e_spread_pct"],
+                     "repeats": len(runs), "same_schedule_every_repeat": len({x["n_iterations"] for x in runs}) == 1
+                     and len({round(x["makespan_sim_s"], 9) for x in cs}) == 1,
+                     "per_repeat": [{k: x[k] for k in ("makespan_error", "throughput_error",
+                                                        "e2e_median_abs_pct_error", "scheduling_parity")}
+                                    for x in runs],
+                     "iteration_abs_pct_error_median": float(np.median([x["iteration_abs_pct_error_median"]
+                                                                        for x in cs])),
                      "makespan_real_cpu_s": c["makespan_real_s"], "makespan_sim_s": c["makespan_sim_s"],
                      "hardware_calibrated": res.get("hardware_calibrated"), "cpu_s": time.process_time() - c1,
                      "speed_drift": drift, "speed_drift_before": None if before is None else before["drift"],
@@ -123,7 +166,9 @@ def matrix(args) -> int:
                                                                         "fingerprint": hw.fingerprint})
         print(f"shape {i + 1}/{len(shapes)} C={conc} cap={cap} B={br} T={new}: parity {r['scheduling_parity']:.0%}, "
               f"makespan {r['makespan_error']:+.1%}, throughput {r['throughput_error']:+.1%}, e2e median "
-              f"{r['e2e_median_abs_pct_error']:.1f}% ({r['preemptions']} preemptions, {r['iterations']} iterations)"
+              f"{r['e2e_median_abs_pct_error']:.1f}% ({r['preemptions']} preemptions, {r['iterations']} iterations; "
+              f"{r['repeats']} real runs, {r['real_makespan_spread']:.1%} apart in makespan, "
+              f"{r['real_e2e_spread_pct']:.1f}% in e2e)"
               + ("" if drift is None else f"; the host runs {abs(drift - 1):.1%} {'slower' if drift > 1 else 'faster'} "
                  f"than at the fit, makespan at that speed {r['makespan_error_drift_adjusted']:+.1%}"), flush=True)
     ok = [abs(r["makespan_error"]) <= MATRIX_GOAL and abs(r["throughput_error"]) <= MATRIX_GOAL
@@ -132,7 +177,8 @@ def matrix(args) -> int:
         r["within_goal"] = bool(k)
     df = pd.DataFrame(rows)
     show = df[["concurrency", "capacity_tokens", "branches", "max_new_tokens", "preemptions", "scheduling_parity",
-               "makespan_error", "throughput_error", "e2e_median_abs_pct_error", "within_goal"]
+               "makespan_error", "throughput_error", "e2e_median_abs_pct_error", "within_goal",
+               "real_makespan_spread", "real_e2e_spread_pct"]
               + (["speed_drift", "makespan_error_drift_adjusted", "e2e_median_abs_pct_error_drift_adjusted"]
                  if "speed_drift" in df and df["speed_drift"].notna().all() else [])]
     fp = hw.fingerprint
@@ -185,7 +231,11 @@ def main(argv=None) -> int:
     ap.add_argument("--host-minutes", type=float, default=3.0, help="--matrix: calibrate host's budget (default 3)")
     ap.add_argument("--matrix-shapes", type=int, default=0, help="--matrix: only the first N shapes (default all)")
     ap.add_argument("--matrix-seed", type=int, default=0, help="--matrix: sampling seed of the serve runs")
+    ap.add_argument("--matrix-repeats", type=int, default=2,
+                    help="--matrix: real runs of every shape; the simulator is compared with their mean (default 2)")
     args = ap.parse_args(argv)
+    if args.matrix_repeats < 1:
+        ap.error(f"--matrix-repeats: must be at least 1, got {args.matrix_repeats}")
     if args.matrix:
         return matrix(args)
 
