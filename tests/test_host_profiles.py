@@ -342,6 +342,8 @@ def test_the_same_host_phases_give_the_same_profile_under_any_name(tmp_path):
     import json
     import shutil
 
+    import pandas as pd
+
     from calibrate.fit import fit_run_dir
     from calibrate.host import fit_host_phases
     from sim.profiles import model_from_manifest
@@ -349,7 +351,6 @@ def test_the_same_host_phases_give_the_same_profile_under_any_name(tmp_path):
     src = Path(__file__).resolve().parents[1] / "calibrate" / "data" / "local-cpu-fit" / "host"
     keep = tmp_path / "keep"
     shutil.copytree(src, keep)
-    import pandas as pd
     phases = pd.read_parquet(keep / "phases.parquet")
     model = model_from_manifest(json.loads((keep / "run.json").read_text()))
     host = fit_host_phases(phases, model, "host-somebox")
