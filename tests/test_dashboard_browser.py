@@ -41,6 +41,21 @@ def _wait_changed(page, locator, before: str, timeout_ms: int = 30_000) -> None:
                            timeout=timeout_ms, polling="raf")
 
 
+def _click_until_shown(page, point, text: str, tries: int = 4, each_ms: int = 30_000) -> None:
+    """Click a plotly point until ``text`` appears: a click that lands while Streamlit re-renders the figure
+    (a loaded machine) is lost, so it is repeated, ``tries`` times at most."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for k in range(tries):
+        point.click(force=True)
+        try:
+            page.get_by_text(text).first.wait_for(timeout=each_ms)
+            return
+        except PlaywrightTimeout:
+            if k == tries - 1:
+                raise
+
+
 def _no_exception(page, where: str) -> None:
     assert page.locator('[data-testid="stException"]').count() == 0, where
 
@@ -154,8 +169,7 @@ def test_dashboard_in_a_real_browser(tmp_path):
             page.get_by_text("configurations on the frontier").first.wait_for(timeout=60_000)
             point = page.locator(".js-plotly-plot .scatterlayer .trace").nth(1).locator(".point").first
             point.wait_for(timeout=30_000)
-            point.click(force=True)
-            page.get_by_text("selected: asks").first.wait_for(timeout=30_000)
+            _click_until_shown(page, point, "selected: asks", tries=2)
             chosen = page.get_by_text("selected: asks").first.inner_text()
             page.get_by_role("button", name="open this configuration in What-if").click()
             page.get_by_role("heading", name="What-if").first.wait_for(timeout=60_000)
@@ -174,8 +188,7 @@ def test_dashboard_in_a_real_browser(tmp_path):
             fig = page.locator(".js-plotly-plot").filter(has=page.locator(".scatterlayer")).first
             point = fig.locator(".scatterlayer .trace").nth(1).locator(".point").last
             point.wait_for(timeout=60_000)
-            point.click(force=True)
-            page.get_by_text("selected: frontier · asks: TP 2 x PP 1 x DP 1").first.wait_for(timeout=120_000)
+            _click_until_shown(page, point, "selected: frontier · asks: TP 2 x PP 1 x DP 1")
             _no_exception(page, "Deployment after a click")
             page.get_by_role("button", name="open this deployment in Serving").click()
             page.get_by_text("loaded from the planner: asks").first.wait_for(timeout=120_000)
