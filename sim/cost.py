@@ -115,13 +115,12 @@ counted (they stay in cache/SRAM for the fused kernels this models).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .gemm import GEMM_TILE_M, GEMM_TILE_M_SMALL, GEMM_TILE_N, layer_gemms
 from .profiles import ModelShape
+from .roofline import FLOAT, seconds
 
 # Kernels per decoder layer: 2 norms, fused qkv, rope, attention, o_proj, gate_up, act*mul, down, 2 residual adds.
 K_LAYER = 11
@@ -353,16 +352,18 @@ def eviction_scoring_terms(m: ModelShape, cand_tokens, window, n_layers=None, va
 
 
 class ScalarCost:
-    """:func:`batch_terms` + ``HardwareProfile.time`` for one iteration, in plain Python floats.
+    """:func:`batch_terms` for one iteration in plain Python floats, priced by the one formula.
 
-    The simpy engine prices one iteration at a time with a handful of items;
-    numpy's per-call overhead would dominate there. Same formula, same
-    results (to rounding) as the vectorised path, both rooflines.
+    The simpy engine prices one iteration at a time with a handful of items; numpy's per-call
+    overhead would dominate there. The terms are summed item by item here (the same sums as
+    :func:`batch_terms`'s, tested equal) and priced by :func:`sim.roofline.seconds` with plain-float
+    operations: the formula itself is written once, for this path and ``HardwareProfile.time``.
     """
 
     def __init__(self, m: ModelShape, hw, cuda_graph: bool = False, sample_vocab: int | None = None):
         # sample_vocab: entries the sampler sorts per row when it differs from m.vocab_size (a tensor-parallel
         # rank holds V / TP of the LM head but samples over the gathered V logits: sim.parallel)
+        self.m, self.hw, self.cuda_graph = m, hw, bool(cuda_graph)
         self.L = float(m.n_layers)
         self.P = float(m.params_per_layer)
         self.att = 4.0 * m.n_heads * m.head_dim
@@ -372,39 +373,11 @@ class ScalarCost:
         self.s = float(m.dtype_bytes)
         self.kvt = 2.0 * m.n_kv_heads * m.head_dim
         self.elem = elem_bytes_per_token_layer(m)
-        self.rate_c = hw.peak_flops * hw.eff_c
-        self.rate_m = hw.mem_bw * hw.eff_m
-        pkg = hw.per_kernel_s if getattr(hw, "per_kernel_graph_s", None) is None else hw.per_kernel_graph_s
-        self.pk = pkg if cuda_graph else hw.per_kernel_s
-        self.pl = hw.per_layer_s
-        self.ps = getattr(hw, "sample_s_per_vocab", 0.0)
-        self.pi = getattr(hw, "host_per_iter_s", 0.0)
-        self.per_op = getattr(hw, "roofline", "iteration") == "operator"
-        ee = getattr(hw, "eff_elem", None)
-        self.rate_e = hw.mem_bw * (hw.eff_m if ee is None else ee)
-        mv = getattr(hw, "eff_mv", None)
-        self.rate_mv = hw.mem_bw * (hw.eff_m if mv is None else mv)
-        ea, ek = getattr(hw, "eff_att", None), getattr(hw, "eff_kv", None)
-        self.rate_a = hw.peak_flops * (hw.eff_c if ea is None else ea)
-        self.rate_kv = hw.mem_bw * (hw.eff_m if ek is None else ek)
-        eks = getattr(hw, "eff_kv_shared", None)
-        self.rate_kvs = self.rate_kv if eks is None else hw.mem_bw * eks
-        self.prices_shared = eks is not None   # callers skip counting shared blocks when nothing prices them
-        self.padded = getattr(hw, "decode_attention", "paged") == "padded"
-        self.row_block = getattr(hw, "gemm_row_block", None)
-        self.small_m = getattr(hw, "gemm_small_m_max", None)
-        self.sms = sms = getattr(hw, "sm_count", None)   # wave quantisation (wave_linear_head), operator roofline only
-        if sms:
-            # per product (head last): column tiles, seconds of one wave at tm = 64 and 128 rows, weight share
-            shapes = layer_gemms(m) + ((m.hidden_size, m.vocab_size),)
-            self.gemms = tuple((float(math.ceil(N / GEMM_TILE_N)),
-                                sms * GEMM_TILE_M_SMALL * GEMM_TILE_N * 2.0 * K / self.rate_c,
-                                sms * GEMM_TILE_M * GEMM_TILE_N * 2.0 * K / self.rate_c, K * N / self.P)
-                               for K, N in shapes)
+        self.prices_shared = hw.eff_kv_shared is not None   # callers skip counting shared blocks when nothing prices them
 
-    def seconds(self, items) -> float:
+    def terms(self, items) -> OpTerms:
         """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled[, shared]])`` tuples (layers
-        None = L).
+        None = L); the :class:`OpTerms` of their iteration, every field a float.
 
         Without the 7th field an item with an LM-head row and new tokens samples one row; the 8th is
         ``h_i`` of "Shared KV reads" (default 0).
@@ -412,13 +385,8 @@ class ScalarCost:
         f_lin = f_att = f_head = 0.0
         kv = kvs = 0.0
         d_ell = d_ellc = d_cmax = 0.0   # one-token rows: sum l_i, sum l_i c_i, max c_i (padded attention)
-        emb = 0.0
-        cp = 0.0
-        nl = 0.0
-        rows = 0.0
-        lmax = pmax = gmax = 0.0
-        cp_any = 0.0
-        rows_n = 0.0
+        emb = cp = nl = rows = rows_n = 0.0
+        lmax = pmax = gmax = cp_any = 0.0
         L = self.L
         for it in items:
             n, c, ell, p, g, copy = it[:6]
@@ -449,44 +417,21 @@ class ScalarCost:
             if copy > 0:
                 cp += 2.0 * copy
                 cp_any = 1.0
-        b_lin = self.s * lmax * self.P
-        b_head = self.s * (pmax + gmax) * self.dV
-        b_att = self.s * kv
-        b_rest = self.s * (emb + cp * L * self.kvt)
-        rc, rm = self.rate_c, self.rate_m
-        # one token row: the weights are read by matrix-vector products, priced at eff_mv; the
-        # small-M path (2 .. m_small rows) reads them once per row block at that rate
-        rw = self.rate_mv if rows_n == 1.0 else rm
-        if self.row_block and rows_n >= 2.0 and (self.small_m is None or rows_n <= self.small_m):
-            rw = self.rate_mv / math.ceil(rows_n / self.row_block)
-        ra, rkv = self.rate_a, self.rate_kv
-        t_kv = (b_att - self.s * kvs) / rkv + self.s * kvs / self.rate_kvs
-        if self.padded and d_ell:
-            gap = d_cmax * d_ell - d_ellc
-            f_att += self.att * gap
-            t_kv += self.s * self.kvt * gap / rkv
-        if self.per_op and self.sms:
-            ml, sms = b_lin / rw, self.sms   # wave_linear_head in plain floats: waves x one wave's seconds
-            t = ml * (2.0 * self.d / self.P) + max(f_att / ra, t_kv) + b_rest / rm + nl * self.elem / self.rate_e
-            small = rows_n <= GEMM_TILE_M_SMALL
-            rt = math.ceil(rows_n / (GEMM_TILE_M_SMALL if small else GEMM_TILE_M))
-            for nt, w64, w128, sh in self.gemms[:4]:
-                t += max(lmax * math.ceil(rt * nt / sms) * (w64 if small else w128), ml * sh)
-            hr = f_head / (2.0 * self.dV)
-            nt, w64, w128, _ = self.gemms[4]
-            hs = hr <= GEMM_TILE_M_SMALL
-            t += max(math.ceil(math.ceil(hr / (GEMM_TILE_M_SMALL if hs else GEMM_TILE_M)) * nt / sms)
-                     * (w64 if hs else w128), b_head / rw)
-        elif self.per_op:
-            t = (max(f_lin / rc, b_lin / rw) + max(f_att / ra, t_kv) + max(f_head / rc, b_head / rw)
-                 + b_rest / rm + nl * self.elem / self.rate_e)
-        else:
-            t = (f_lin + f_head) / rc + f_att / ra
-            tm = (b_lin + b_head) / rw + t_kv + b_rest / rm
-            t = t if t > tm else tm
+        s = self.s
+        b_lin = s * lmax * self.P
+        b_head = s * (pmax + gmax) * self.dV
+        b_att = s * kv
+        mv = 1.0 if rows_n == 1.0 else 0.0
+        gap = d_cmax * d_ell - d_ellc
         kernels = (K_LAYER * lmax + K_FWD if lmax > 0 else 0.0) + K_PROBE * pmax + cp_any
-        return (t + kernels * self.pk + lmax * self.pl + rows * self.V * self.ps
-                + (self.pi if lmax > 0 else 0.0))
+        kernels, gk = (0.0, kernels) if self.cuda_graph else (kernels, 0.0)
+        return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * (emb + cp * L * self.kvt), kernels, lmax,
+                       rows * self.V, 1.0 if lmax > 0 else 0.0, gk, f_lin, b_lin, f_att, b_att, f_head, b_head,
+                       nl * self.elem, mv * b_lin, mv * b_head, rows_n, s * kvs, self.att * gap, s * self.kvt * gap)
+
+    def seconds(self, items) -> float:
+        """Seconds of one iteration of ``items`` (see :meth:`terms`): :func:`sim.roofline.seconds`."""
+        return seconds(self.hw, self.terms(items), FLOAT, model=self.m)
 
 
 def with_shared(item: tuple, h: float) -> tuple:

@@ -15,17 +15,22 @@ and by the public-profile fits (:mod:`calibrate.public_profiles`): one formula. 
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 GEMM_TILE_M, GEMM_TILE_M_SMALL, GEMM_TILE_N = 128, 64, 128
+_NP = SimpleNamespace(where=np.where, ceil=np.ceil, maximum=np.maximum)
 
 
-def gemm_wave_flops(rows, K, N, sms):
-    """``F_q``: the flops of whole waves of CTA tiles (formula above); 0 at 0 rows. Arrays broadcast."""
-    r = np.asarray(rows, dtype=np.float64)
-    tm = np.where(r <= GEMM_TILE_M_SMALL, GEMM_TILE_M_SMALL, GEMM_TILE_M)
-    tiles = np.ceil(r / tm) * np.ceil(np.asarray(N, dtype=np.float64) / GEMM_TILE_N)
-    return np.ceil(tiles / sms) * sms * tm * GEMM_TILE_N * 2.0 * np.asarray(K, dtype=np.float64)
+def gemm_wave_flops(rows, K, N, sms, ops=None):
+    """``F_q``: the flops of whole waves of CTA tiles (formula above); 0 at 0 rows. Arrays broadcast
+    (``ops``: None for numpy arrays, or :data:`sim.roofline.FLOAT` for plain floats)."""
+    if ops is None:
+        ops, rows = _NP, np.asarray(rows, dtype=np.float64)
+    tm = ops.where(rows <= GEMM_TILE_M_SMALL, GEMM_TILE_M_SMALL, GEMM_TILE_M)
+    tiles = ops.ceil(rows / tm) * ops.ceil(N / GEMM_TILE_N)
+    return ops.ceil(tiles / sms) * sms * tm * GEMM_TILE_N * 2.0 * K
 
 
 def layer_gemms(m) -> tuple:
@@ -34,7 +39,7 @@ def layer_gemms(m) -> tuple:
     return ((d, (H + 2 * Hkv) * Dh), (H * Dh, d), (d, 2 * F), (F, d))
 
 
-def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head):
+def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head, ops=None):
     """Linear layers' and LM head's time under wave quantisation (``sim.profiles.HardwareProfile.sm_count``).
 
     ``rows`` token rows through ``layers`` layers (every running item's rows through the deepest
@@ -45,8 +50,9 @@ def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head
         t = sum_j max(layers F_q(rows, K_j, N_j) / rc, mem_lin K_j N_j / P) + mem_lin 2 d / P
             + max(F_q(head_rows, d, V) / rc, mem_head)
     """
+    mx = (ops or _NP).maximum
     P = float(m.params_per_layer)
     t = mem_lin * (2.0 * m.hidden_size / P)
     for K, N in layer_gemms(m):
-        t = t + np.maximum(layers * gemm_wave_flops(rows, K, N, sms) / rc, mem_lin * (K * N / P))
-    return t + np.maximum(gemm_wave_flops(head_rows, m.hidden_size, m.vocab_size, sms) / rc, mem_head)
+        t = t + mx(layers * gemm_wave_flops(rows, K, N, sms, ops) / rc, mem_lin * (K * N / P))
+    return t + mx(gemm_wave_flops(head_rows, m.hidden_size, m.vocab_size, sms, ops) / rc, mem_head)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import OutOfCalibrationError, PresetError  # defined there: sim.host and sim.ranges raise them too
-from .gemm import wave_linear_head
+from .roofline import ROOFLINES, seconds
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 USER_PRESETS_ENV = "RKSIM_PRESETS"
@@ -149,7 +149,6 @@ def model_from_manifest(manifest: dict) -> ModelShape:
 
 
 # --------------------------------------------------------------------------- hardware
-ROOFLINES = ("iteration", "operator")
 DECODE_ATTENTION = ("paged", "padded")   # HardwareProfile.decode_attention (sim.cost, "Padded decode attention")
 UNCALIBRATED_NOTE = "uncalibrated: datasheet numbers with assumed efficiencies"
 # What a profile's coefficients stand on: datasheet peaks with assumed efficiencies; fitted on public
@@ -344,58 +343,7 @@ class HardwareProfile:
         ``roofline`` overrides the profile's (``"iteration"`` or ``"operator"``); ``model``, the
         shape the terms are of, is needed where ``sm_count`` quantises matrix products.
         """
-        rc = self.peak_flops * self.eff_c
-        rm = self.mem_bw * self.eff_m
-        rmv = self.mem_bw * (self.eff_m if self.eff_mv is None else self.eff_mv)
-        ra = self.peak_flops * (self.eff_c if self.eff_att is None else self.eff_att)
-        rkv = self.mem_bw * (self.eff_m if self.eff_kv is None else self.eff_kv)
-        rks = rkv if self.eff_kv_shared is None else self.mem_bw * self.eff_kv_shared
-        mode = roofline or self.roofline
-        g = getattr
-        blm, bhm = g(terms, "b_lin_mv", 0.0), g(terms, "b_head_mv", 0.0)
-        mult = 1.0
-        if self.gemm_row_block:
-            # small-M path (sim.cost, "Row blocking"): 2 .. m_small token rows stream the weights
-            # once per block of gemm_row_block rows, at the matrix-vector rate
-            r = np.asarray(g(terms, "rows", 0.0), dtype=np.float64)
-            small = (r >= 2) & (r <= (np.inf if self.gemm_small_m_max is None else self.gemm_small_m_max))
-            blm = np.where(small, g(terms, "b_lin", 0.0), blm)
-            bhm = np.where(small, g(terms, "b_head", 0.0), bhm)
-            mult = np.where(small, np.ceil(r / self.gemm_row_block), 1.0)
-        fa, ba = g(terms, "f_att", 0.0), g(terms, "b_att", 0.0)
-        bks = g(terms, "b_kv_shared", 0.0)
-        t_kv = (ba - bks) / rkv + bks / rks
-        fpad = 0.0
-        if self.decode_attention == "padded":
-            fpad = g(terms, "f_att_pad", 0.0)
-            t_kv = t_kv + g(terms, "b_att_pad", 0.0) / rkv
-        if mode == "operator":
-            fl, bl = g(terms, "f_lin", 0.0), g(terms, "b_lin", 0.0)
-            fh, bh = g(terms, "f_head", 0.0), g(terms, "b_head", 0.0)
-            fr = np.maximum(terms.flops - fl - fa - fh, 0.0)
-            br = np.maximum(terms.bytes - bl - ba - bh, 0.0)
-            ml, mh = (bl - blm) / rm + mult * blm / rmv, (bh - bhm) / rm + mult * bhm / rmv
-            if self.sm_count and np.any((np.asarray(fl) > 0) | (np.asarray(fh) > 0)):
-                if model is None:
-                    raise ValueError(f"hardware {self.name}: sm_count quantises matrix products; "
-                                     "time() needs the terms' model shape (model=)")
-                lin = wave_linear_head(model, self.sm_count, g(terms, "rows", 0.0), terms.layers,
-                                       fh / (2.0 * model.hidden_size * model.vocab_size), rc, ml, mh)
-                head = 0.0
-            else:
-                lin, head = np.maximum(fl / rc, ml), np.maximum(fh / rc, mh)
-            roof = (lin + np.maximum((fa + fpad) / ra, t_kv) + head
-                    + np.maximum(fr / rc, br / rm)
-                    + g(terms, "b_elem", 0.0) / (self.mem_bw * (self.eff_m if self.eff_elem is None else self.eff_elem)))
-        elif mode == "iteration":
-            roof = np.maximum((terms.flops - fa) / rc + (fa + fpad) / ra,
-                              (terms.bytes - blm - bhm - ba) / rm + mult * (blm + bhm) / rmv + t_kv)
-        else:
-            raise ValueError(f"roofline: {mode!r} is not one of {', '.join(ROOFLINES)}")
-        pkg = self.per_kernel_s if self.per_kernel_graph_s is None else self.per_kernel_graph_s
-        return (roof + terms.kernels * self.per_kernel_s + terms.layers * self.per_layer_s
-                + g(terms, "graph_kernels", 0.0) * pkg + g(terms, "samples", 0.0) * self.sample_s_per_vocab
-                + g(terms, "iters", 0.0) * self.host_per_iter_s)
+        return seconds(self, terms, roofline=roofline, model=model)
 
     def check_query(self, model: ModelShape, max_context: int, max_new: int = 0, max_batch: int = 0,
                     device: str | None = None, tokens: int = 0, mixed: bool = False,
