@@ -66,7 +66,8 @@ def _target_flags(p, offline: bool) -> None:
                    help="simulator seed: vLLM's --seed (lengths and arrivals)")
     from app.cli_sim import add_declared
     from sim.target import TargetSpec
-    add_declared(p, TargetSpec, only=("node", "tensor_parallel_size", "pipeline_parallel_size", "pipeline_schedule"))
+    add_declared(p, TargetSpec, only=("node", "tensor_parallel_size", "pipeline_parallel_size", "pipeline_schedule",
+                                      "quantization", "kv_cache_dtype"))
 
 
 def _dataset_flags(p, serve: bool) -> None:
@@ -220,6 +221,10 @@ def _target(args):
         hw = load_hardware(args.hardware)
     except (PresetError, FileNotFoundError) as exc:
         raise ValueError(f"--hardware: {exc}") from None
+    try:
+        model = model.with_precision(args.quantization, args.kv_cache_dtype)
+    except PresetError as exc:
+        raise ValueError(str(exc)) from None
     caching, pol = _policy(args)
     sv = ServingConfig(scheduler=args.scheduler, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,

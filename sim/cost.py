@@ -109,6 +109,16 @@ is charged only by a profile with ``decode_attention: padded``
 (:class:`sim.profiles.HardwareProfile`; ``paged``, the default, is vLLM's paged
 kernel, which reads each sequence's own blocks).
 
+Precision (vLLM's ``--quantization fp8`` / ``--kv-cache-dtype fp8``: :meth:`sim.profiles.ModelShape.with_precision`):
+the linear layers' weights are ``w`` bytes per element (1 under fp8) and the KV cache ``s_kv`` (1 under an fp8
+cache); embeddings, norms, the LM head and activations stay at ``s``::
+
+    b_lin = max_i(l_i) (w (P - 2 d) + s 2 d),   every KV byte above at s_kv instead of s
+    f_lin_fp8 = f_lin [quantization == fp8]     # run at the FP8 rate where the device has one
+
+(:func:`sim.roofline.seconds` prices ``f_lin_fp8`` at ``peak_flops_fp8 eff_c_fp8`` on FP8 tensor cores,
+``fp8_weights: w8a8``; at the 16-bit rate where FP8 weights are dequantised into 16-bit GEMMs, ``w8a16``).
+
 Mixed context lengths in a batch are summed item by item (exact), never
 replaced by their mean. Activations other than the residual stream are not
 counted (they stay in cache/SRAM for the fused kernels this models).
@@ -132,7 +142,7 @@ K_PROBE = 3
 # Every field of OpTerms, in order: the rows of the calibration design matrix (``as_full_array``).
 TERM_NAMES = ("flops", "bytes", "kernels", "layers", "samples", "iters", "graph_kernels",
               "f_lin", "b_lin", "f_att", "b_att", "f_head", "b_head", "b_elem", "b_lin_mv", "b_head_mv", "rows",
-              "b_kv_shared", "f_att_pad", "b_att_pad")
+              "b_kv_shared", "f_att_pad", "b_att_pad", "f_lin_fp8")
 
 
 @dataclass(frozen=True)
@@ -165,6 +175,7 @@ class OpTerms:
                                              # iteration read too ("Shared KV reads")
     f_att_pad: np.ndarray | float = 0.0      # attention over padding when one-token rows are padded to the
     b_att_pad: np.ndarray | float = 0.0      # longest context ("Padded decode attention"); not in flops/bytes
+    f_lin_fp8: np.ndarray | float = 0.0      # the part of f_lin whose weights are FP8 ("Precision"): all of it or 0
 
     def __add__(self, other: "OpTerms") -> "OpTerms":
         """Two operations run one after the other (not batched)."""
@@ -241,6 +252,7 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
         mask = np.broadcast_to(np.asarray(mask, dtype=bool), n.shape)
     w = mask.astype(np.float64)
     d, H, Hkv, Dh, V, s = m.hidden_size, m.n_heads, m.n_kv_heads, m.head_dim, m.vocab_size, m.dtype_bytes
+    sk = m.kv_elem_bytes
     P = m.params_per_layer
     runs = w * (n > 0)  # items that run through the layers
     f_lin = np.sum(runs * 2.0 * P * n * ell, axis=-1)
@@ -252,17 +264,17 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     gmax = np.max(w * g * (n > 0), axis=-1, initial=0.0)
     kv_tok = 2.0 * Hkv * Dh
     cp_any = np.max(w * (cp > 0), axis=-1, initial=0.0)
-    b_lin = s * lmax * P
+    b_lin = lmax * m.layer_weight_bytes
     b_head = s * (pmax + gmax) * d * V
-    b_att = s * np.sum(runs * ell * kv_tok * (c + n), axis=-1)
+    b_att = sk * np.sum(runs * ell * kv_tok * (c + n), axis=-1)
     h = np.broadcast_to(np.asarray(shared, dtype=np.float64), n.shape)
-    b_kvs = s * np.sum(runs * ell * kv_tok * h, axis=-1)
+    b_kvs = sk * np.sum(runs * ell * kv_tok * h, axis=-1)
     one = runs * (n == 1.0)
     gap = one * ell * (np.max(np.where(one > 0, c, 0.0), axis=-1, initial=0.0)[..., None] - c)
     f_pad = 4.0 * H * Dh * np.sum(gap, axis=-1)
-    b_pad = s * kv_tok * np.sum(gap, axis=-1)
+    b_pad = sk * kv_tok * np.sum(gap, axis=-1)
     bytes_ = (b_lin + b_head + b_att + s * np.sum(runs * 2.0 * d * n, axis=-1)
-              + s * np.sum(w * 2.0 * cp, axis=-1) * L * kv_tok)
+              + sk * np.sum(w * 2.0 * cp, axis=-1) * L * kv_tok)
     b_elem = np.sum(runs * n * ell, axis=-1) * elem_bytes_per_token_layer(m)
     mv = (np.sum(runs * n, axis=-1) == 1.0) * 1.0   # one token row: every product is a matrix-vector one
     r = (g > 0) * 1.0 if sampled is None else np.broadcast_to(np.asarray(sampled, dtype=np.float64), n.shape)
@@ -275,7 +287,8 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     else:
         gk = zero
     return OpTerms(flops, bytes_, kernels, lmax, samples, iters, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, b_elem,
-                   mv * b_lin, mv * b_head, np.sum(runs * n, axis=-1), b_kvs, f_pad, b_pad)
+                   mv * b_lin, mv * b_head, np.sum(runs * n, axis=-1), b_kvs, f_pad, b_pad,
+                   f_lin if m.quantization == "fp8" else zero)
 
 
 def prefill_terms(m: ModelShape, n_new, n_cached=0) -> OpTerms:
@@ -347,7 +360,7 @@ def eviction_scoring_terms(m: ModelShape, cand_tokens, window, n_layers=None, va
     lay = m.n_layers if n_layers is None else n_layers
     H, Hkv, Dh, s = m.n_heads, m.n_kv_heads, m.head_dim, m.dtype_bytes
     flops = lay * (2.0 * H * Dh * window * C + 5.0 * H * window * C)
-    bytes_ = s * lay * (Hkv * Dh * C * (2.0 if value_range else 1.0) + H * Dh * window)
+    bytes_ = lay * (m.kv_elem_bytes * Hkv * Dh * C * (2.0 if value_range else 1.0) + s * H * Dh * window)
     return OpTerms(flops, bytes_, 3.0 * lay * (C > 0), 0.0 * C, f_att=flops, b_att=bytes_)
 
 
@@ -371,6 +384,9 @@ class ScalarCost:
         self.V = float(m.vocab_size if sample_vocab is None else sample_vocab)
         self.d = float(m.hidden_size)
         self.s = float(m.dtype_bytes)
+        self.sk = float(m.kv_elem_bytes)
+        self.wl = float(m.layer_weight_bytes)
+        self.fp8 = m.quantization == "fp8"
         self.kvt = 2.0 * m.n_kv_heads * m.head_dim
         self.elem = elem_bytes_per_token_layer(m)
         self.prices_shared = hw.eff_kv_shared is not None   # callers skip counting shared blocks when nothing prices them
@@ -417,17 +433,18 @@ class ScalarCost:
             if copy > 0:
                 cp += 2.0 * copy
                 cp_any = 1.0
-        s = self.s
-        b_lin = s * lmax * self.P
+        s, sk = self.s, self.sk
+        b_lin = lmax * self.wl
         b_head = s * (pmax + gmax) * self.dV
-        b_att = s * kv
+        b_att = sk * kv
         mv = 1.0 if rows_n == 1.0 else 0.0
         gap = d_cmax * d_ell - d_ellc
         kernels = (K_LAYER * lmax + K_FWD if lmax > 0 else 0.0) + K_PROBE * pmax + cp_any
         kernels, gk = (0.0, kernels) if self.cuda_graph else (kernels, 0.0)
-        return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * (emb + cp * L * self.kvt), kernels, lmax,
-                       rows * self.V, 1.0 if lmax > 0 else 0.0, gk, f_lin, b_lin, f_att, b_att, f_head, b_head,
-                       nl * self.elem, mv * b_lin, mv * b_head, rows_n, s * kvs, self.att * gap, s * self.kvt * gap)
+        return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * emb + sk * cp * L * self.kvt, kernels,
+                       lmax, rows * self.V, 1.0 if lmax > 0 else 0.0, gk, f_lin, b_lin, f_att, b_att, f_head, b_head,
+                       nl * self.elem, mv * b_lin, mv * b_head, rows_n, sk * kvs, self.att * gap, sk * self.kvt * gap,
+                       f_lin if self.fp8 else 0.0)
 
     def seconds(self, items) -> float:
         """Seconds of one iteration of ``items`` (see :meth:`terms`): :func:`sim.roofline.seconds`."""
@@ -463,14 +480,15 @@ def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, 
     S = np.where(w, c + 1.0, 0.0).sum(axis=-1)
     gap = float(m.n_layers) * (k * np.max(np.where(w, c, 0.0), axis=-1, initial=0.0) - np.where(w, c, 0.0).sum(axis=-1))
     L, d, V, s = float(m.n_layers), float(m.hidden_size), float(m.vocab_size), float(m.dtype_bytes)
+    sk = float(m.kv_elem_bytes)
     P = float(m.params_per_layer)
     anyk = (k > 0).astype(np.float64)
     f_lin = k * 2.0 * P * L
     f_head = k * 2.0 * d * V
     f_att = 4.0 * m.n_heads * m.head_dim * L * S
-    b_lin = s * L * P * anyk
+    b_lin = L * float(m.layer_weight_bytes) * anyk
     b_head = s * d * V * anyk
-    b_att = s * L * 2.0 * m.n_kv_heads * m.head_dim * S
+    b_att = sk * L * 2.0 * m.n_kv_heads * m.head_dim * S
     bytes_ = b_lin + b_head + b_att + s * 2.0 * d * k
     kern = anyk * (K_LAYER * L + K_FWD)
     zero = 0.0 * kern
@@ -479,5 +497,6 @@ def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, 
     return OpTerms(f_lin + f_head + f_att, bytes_, kernels, anyk * L, k * V, anyk, gk,
                    f_lin, b_lin, f_att, b_att, f_head, b_head, k * L * elem_bytes_per_token_layer(m),
                    one * b_lin, one * b_head, k,
-                   s * L * 2.0 * m.n_kv_heads * m.head_dim * np.broadcast_to(np.asarray(shared, np.float64), k.shape),
-                   4.0 * m.n_heads * m.head_dim * gap, s * 2.0 * m.n_kv_heads * m.head_dim * gap)
+                   sk * L * 2.0 * m.n_kv_heads * m.head_dim * np.broadcast_to(np.asarray(shared, np.float64), k.shape),
+                   4.0 * m.n_heads * m.head_dim * gap, sk * 2.0 * m.n_kv_heads * m.head_dim * gap,
+                   f_lin if m.quantization == "fp8" else 0.0 * f_lin)

@@ -39,13 +39,14 @@ def layer_gemms(m) -> tuple:
     return ((d, (H + 2 * Hkv) * Dh), (H * Dh, d), (d, 2 * F), (F, d))
 
 
-def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head, ops=None):
+def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head, ops=None, rc_lin=None):
     """Linear layers' and LM head's time under wave quantisation (``sim.profiles.HardwareProfile.sm_count``).
 
     ``rows`` token rows through ``layers`` layers (every running item's rows through the deepest
     item's layers), ``head_rows = f_head / (2 d V)`` LM-head / probe rows as one ``d x V``
     product; ``mem_lin`` / ``mem_head`` their weight-stream seconds, split over the products by
-    weight share (the norm weights' ``2 d`` streamed alone)::
+    weight share (the norm weights' ``2 d`` streamed alone); ``rc_lin`` (None: ``rc``) is the linear
+    layers' rate where it differs from the LM head's (FP8 weights on FP8 tensor cores)::
 
         t = sum_j max(layers F_q(rows, K_j, N_j) / rc, mem_lin K_j N_j / P) + mem_lin 2 d / P
             + max(F_q(head_rows, d, V) / rc, mem_head)
@@ -54,5 +55,6 @@ def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head
     P = float(m.params_per_layer)
     t = mem_lin * (2.0 * m.hidden_size / P)
     for K, N in layer_gemms(m):
-        t = t + mx(layers * gemm_wave_flops(rows, K, N, sms, ops) / rc, mem_lin * (K * N / P))
+        t = t + mx(layers * gemm_wave_flops(rows, K, N, sms, ops) / (rc if rc_lin is None else rc_lin),
+                   mem_lin * (K * N / P))
     return t + mx(gemm_wave_flops(head_rows, m.hidden_size, m.vocab_size, sms, ops) / rc, mem_head)

@@ -334,6 +334,9 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
             "max_running_seqs": int(max(x.stats["max_running_seqs"] for x in results)),   # of any one replica
             "iterations": int(sum(x.iterations for x in results)), "offline": bool(offline),
             "prefix_hit_tokens": int(sum(r["prefix_hit_tokens"] for r in recs))}
+    if model.quantization or model.kv_cache_dtype:   # stated only when set: a 16-bit run's info is as before
+        info.update({"quantization": model.quantization or None, "kv_cache_dtype": model.kv_cache_dtype or "auto"})
+    info["kv_bytes_per_token"] = int(model.kv_bytes_per_token)
     if not par.is_single:
         info.update({"tensor_parallel_size": par.tensor_parallel_size,
                      "pipeline_parallel_size": par.pipeline_parallel_size, "node": nd.name})
@@ -565,7 +568,11 @@ def provenance(info: dict) -> str:
     pol = info.get("token_policy")
     lay = (f" x TP {info['tensor_parallel_size']} x PP {info['pipeline_parallel_size']} on {info['node']}"
            if "tensor_parallel_size" in info else "")
-    return (f"simulated: model {info['model']} on {info['hardware']}{lay} ({info['calibration']}); scheduler "
+    prec = ", ".join(x for x in ((f"{info['quantization']} weights" if info.get("quantization") else ""),
+                                 (f"{info['kv_cache_dtype']} KV cache" if info.get("kv_cache_dtype", "auto") != "auto"
+                                  else "")) if x)
+    return (f"simulated: model {info['model']}{f' ({prec})' if prec else ''} on {info['hardware']}{lay} "
+            f"({info['calibration']}); scheduler "
             f"{s['scheduler']}, max_num_seqs {s['max_num_seqs']}, max_num_batched_tokens "
             f"{s['max_num_batched_tokens']}, KV capacity {info['kv_capacity_blocks']} blocks of "
             f"{info['block_size']} tokens ({info['kv_capacity_bytes'] / 1e9:.2f} GB), prefix caching "

@@ -66,6 +66,8 @@ class ModelShape:
     tied_embeddings: bool
     source: str = ""
     dtype: str = ""   # torch dtype name when known (a trace manifest); presets give only dtype_bytes
+    quantization: str = ""     # vLLM's --quantization: "" (the weights' own dtype) or "fp8" (QUANTIZATIONS)
+    kv_cache_dtype: str = ""   # vLLM's --kv-cache-dtype: "" / "auto" (dtype_bytes) or fp8 (KV_CACHE_DTYPES)
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim",
@@ -75,6 +77,49 @@ class ModelShape:
                 raise PresetError(f"model preset {self.source or self.name}: field {f!r} must be a positive integer, got {v!r}")
         if self.n_heads % self.n_kv_heads:
             raise PresetError(f"model preset {self.source or self.name}: n_heads must be a multiple of n_kv_heads")
+        if self.quantization not in QUANTIZATIONS:
+            raise PresetError(f"model {self.name}: --quantization {self.quantization!r} is not priced; "
+                              f"one of: {', '.join(q for q in QUANTIZATIONS if q)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise PresetError(f"model {self.name}: --kv-cache-dtype {self.kv_cache_dtype!r} is not priced; "
+                              f"one of: {', '.join(k for k in KV_CACHE_DTYPES if k)}")
+
+    def with_precision(self, quantization: str | None = None, kv_cache_dtype: str | None = None) -> "ModelShape":
+        """The model served with vLLM's ``--quantization`` / ``--kv-cache-dtype`` (None or "": unchanged).
+
+        ``fp8``: every linear layer's weight is one byte (vLLM's ``Fp8LinearMethod``; embeddings, norms
+        and the LM head stay in ``dtype_bytes``, as vLLM quantises only ``LinearBase`` layers); an fp8
+        KV cache stores one byte per element (``fp8`` = ``fp8_e4m3``; ``fp8_e5m2``). Anything else is
+        refused by name (a :class:`PresetError` naming the flag).
+        """
+        q = _CANON_QUANT.get(str(quantization or "").lower(), str(quantization or ""))
+        k = str(kv_cache_dtype or "").lower()
+        k = "" if k == "auto" else k
+        for flag, v, ok in (("--quantization", q, QUANTIZATIONS), ("--kv-cache-dtype", k, KV_CACHE_DTYPES)):
+            if v not in ok:
+                raise PresetError(f"{flag} {v!r} is not priced (one of: {', '.join(x for x in ok if x)}"
+                                  f"{', auto' if flag == '--kv-cache-dtype' else ''}); int4/AWQ/GPTQ, MXFP4 and "
+                                  "NVFP4 run other kernels the cost model does not hold")
+        if not q and not k:
+            return self
+        return dataclasses.replace(self, quantization=q or self.quantization, kv_cache_dtype=k or self.kv_cache_dtype)
+
+    @property
+    def weight_elem_bytes(self) -> int:
+        """Bytes per element of the linear layers' weights: 1 under ``quantization: fp8``, else ``dtype_bytes``."""
+        return 1 if self.quantization == "fp8" else self.dtype_bytes
+
+    @property
+    def kv_elem_bytes(self) -> int:
+        """Bytes per KV-cache element: 1 under an fp8 ``kv_cache_dtype``, else ``dtype_bytes``."""
+        return 1 if self.kv_cache_dtype.startswith("fp8") else self.dtype_bytes
+
+    @property
+    def layer_weight_bytes(self) -> int:
+        """Weight bytes of one decoder layer: ``w (P - 2 d) + s 2 d`` (linear weights at ``w`` bytes, the two
+        norms at ``s``); ``s P`` when the weights are not quantised."""
+        d = self.hidden_size
+        return self.weight_elem_bytes * (self.params_per_layer - 2 * d) + self.dtype_bytes * 2 * d
 
     @property
     def params_per_layer(self) -> int:
@@ -89,12 +134,12 @@ class ModelShape:
     def weight_bytes(self) -> int:
         """All weights: layers + final norm + embeddings (+ separate LM head unless tied)."""
         emb = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
-        return self.dtype_bytes * (self.n_layers * self.params_per_layer + emb + self.hidden_size)
+        return self.n_layers * self.layer_weight_bytes + self.dtype_bytes * (emb + self.hidden_size)
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """``2 * L * Hkv * Dh * s``: K and V of one token over all layers."""
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype_bytes
+        """``2 * L * Hkv * Dh * s_kv``: K and V of one token over all layers (``s_kv`` = :attr:`kv_elem_bytes`)."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.kv_elem_bytes
 
     @property
     def dtype_name(self) -> str:
@@ -102,8 +147,17 @@ class ModelShape:
         return self.dtype or {4: "float32", 2: "bfloat16", 1: "int8", 8: "float64"}.get(self.dtype_bytes, "")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for k in ("quantization", "kv_cache_dtype"):   # stated only when set: a 16-bit model's dict is as before
+            if not d[k]:
+                d.pop(k)
+        return d
 
+
+# vLLM's --quantization and --kv-cache-dtype values the cost model prices ("" = the model's own dtype)
+QUANTIZATIONS = ("", "fp8")
+KV_CACHE_DTYPES = ("", "fp8", "fp8_e4m3", "fp8_e5m2")
+_CANON_QUANT = {"none": "", "fp8_e4m3": "fp8", "float8": "fp8"}
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2,
                 "bfloat16": 2, "bf16": 2, "float64": 8, "int8": 1,
@@ -149,7 +203,10 @@ def model_from_manifest(manifest: dict) -> ModelShape:
 
 
 # --------------------------------------------------------------------------- hardware
-DECODE_ATTENTION = ("paged", "padded")   # HardwareProfile.decode_attention (sim.cost, "Padded decode attention")
+DECODE_ATTENTION = ("paged", "padded")
+# HardwareProfile.fp8_weights: FP8 GEMMs on FP8 tensor cores (Hopper, Ada) or FP8 weights dequantised into
+# 16-bit GEMMs (vLLM's FP8 Marlin on Ampere); None: --quantization fp8 refused
+FP8_WEIGHTS = (None, "w8a8", "w8a16")   # HardwareProfile.decode_attention (sim.cost, "Padded decode attention")
 UNCALIBRATED_NOTE = "uncalibrated: datasheet numbers with assumed efficiencies"
 # What a profile's coefficients stand on: datasheet peaks with assumed efficiencies; fitted on public
 # per-operator profiles of the device (not end to end); fitted end to end on measured runs on this device
@@ -263,6 +320,9 @@ class HardwareProfile:
     gemm_row_block: int | None = None      # rows per weight pass of the small-M path (None: only 1 row is)
     gemm_small_m_max: int | None = None    # most token rows the small-M path takes (None: every count)
     sm_count: int | None = None     # streaming multiprocessors (datasheet): matrix products wave-quantised (None: off)
+    fp8_weights: str | None = None  # FP8_WEIGHTS: how --quantization fp8 runs here (None: refused)
+    peak_flops_fp8: float | None = None   # FP8 tensor-core peak, dense (datasheet); needed by fp8_weights: w8a8
+    eff_c_fp8: float | None = None  # FP8 matrix products' fraction of peak_flops_fp8 (None: eff_c's fraction)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -270,7 +330,7 @@ class HardwareProfile:
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive number, got {v!r}")
-        for f in ("eff_elem", "eff_mv", "eff_att", "eff_kv", "eff_kv_shared"):
+        for f in ("eff_elem", "eff_mv", "eff_att", "eff_kv", "eff_kv_shared", "peak_flops_fp8", "eff_c_fp8"):
             v = getattr(self, f)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0):
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
@@ -286,6 +346,12 @@ class HardwareProfile:
                 continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v < 0:
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a number >= 0, got {v!r}")
+        if self.fp8_weights not in FP8_WEIGHTS:
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'fp8_weights' must be one of "
+                              f"{', '.join(str(x) for x in FP8_WEIGHTS)}, got {self.fp8_weights!r}")
+        if self.fp8_weights == "w8a8" and self.peak_flops_fp8 is None:
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'peak_flops_fp8' is needed by "
+                              "fp8_weights: w8a8 (FP8 tensor cores)")
         if self.decode_attention not in DECODE_ATTENTION:
             raise PresetError(f"hardware preset {self.source or self.name}: field 'decode_attention' must be one of "
                               f"{', '.join(DECODE_ATTENTION)}, got {self.decode_attention!r}")
@@ -345,6 +411,28 @@ class HardwareProfile:
         """
         return seconds(self, terms, roofline=roofline, model=model)
 
+    def check_precision(self, model: ModelShape) -> None:
+        """Refuse, naming the flag, a ``--quantization`` / ``--kv-cache-dtype`` this profile cannot price.
+
+        ``--quantization fp8`` needs ``fp8_weights`` (``w8a8``: FP8 tensor cores at
+        ``peak_flops_fp8``; ``w8a16``: FP8 weights dequantised into 16-bit GEMMs, vLLM's FP8 Marlin
+        kernel on GPUs without FP8 tensor cores). A profile fitted end to end on measured runs timed
+        its attention at the dtypes it ran (``fitted_range.dtypes``), so an fp8 KV cache is refused
+        there unless fp8 was among them; datasheet and public-profile GPU profiles price KV reads as
+        bytes over bandwidth, whatever the element size.
+        """
+        if model.quantization == "fp8" and self.fp8_weights is None:
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: --quantization fp8 cannot be priced: the profile has no fp8_weights "
+                "(FP8 tensor-core peak or FP8 weight-only kernel)")
+        fr = self.fitted_range or {}
+        dts = [_CANON_DTYPE.get(str(x), str(x)) for x in (fr.get("dtypes") or [])]
+        end_to_end = self.calibration_status in ("end-to-end", "provisional")
+        if model.kv_cache_dtype and end_to_end and not any(x.startswith("float8") for x in dts):
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: --kv-cache-dtype {model.kv_cache_dtype} cannot be priced: the profile was "
+                f"fitted on {'/'.join(dts)} KV only")
+
     def check_query(self, model: ModelShape, max_context: int, max_new: int = 0, max_batch: int = 0,
                     device: str | None = None, tokens: int = 0, mixed: bool = False,
                     allow_extrapolation: bool = False) -> list[str]:
@@ -363,6 +451,7 @@ class HardwareProfile:
         refused by name (:meth:`check_dtype`).
         """
         self.check_dtype(model.dtype_name)
+        self.check_precision(model)
         if model.weight_bytes > self.mem_capacity:
             raise OutOfCalibrationError(
                 f"hardware {self.name}: model {model.name} needs {model.weight_bytes / 1e9:.1f} GB of weights, "
@@ -507,7 +596,7 @@ def load_model(name_or_path: str | os.PathLike) -> ModelShape:
     unknown = set(data) - _MODEL_FIELDS - {"hf_id"}
     if unknown:
         raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(_MODEL_FIELDS))}")
-    missing = _MODEL_FIELDS - set(data) - {"name", "dtype"}
+    missing = _MODEL_FIELDS - set(data) - {"name", "dtype", "quantization", "kv_cache_dtype"}
     if missing:
         raise PresetError(f"{path}: missing field(s) {', '.join(sorted(missing))}")
     data.setdefault("name", path.stem)
@@ -531,7 +620,7 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     data.setdefault("name", path.stem)
     for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s",
               "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem", "eff_mv", "eff_att",
-              "eff_kv", "eff_kv_shared"):
+              "eff_kv", "eff_kv_shared", "peak_flops_fp8", "eff_c_fp8"):
         if k in data and isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
             try:
                 data[k] = float(data[k])

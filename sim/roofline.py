@@ -9,14 +9,16 @@ overhead would dominate) evaluate the same expression. The formula, with the rat
 ``rkv = mem_bw eff_kv``, ``rks = mem_bw eff_kv_shared`` (each None: its parent rate)::
 
     t_kv = (b_att - b_kv_shared) / rkv + b_kv_shared / rks [+ b_att_pad / rkv if padded]
-    iteration:  roof = max((flops - f_att) / rc + (f_att + f_pad) / ra,
+    iteration:  roof = max((flops - f_att - f_lin_fp8) / rc + f_lin_fp8 / rc8 + (f_att + f_pad) / ra,
                            (bytes - b_mv - b_att) / rm + mult b_mv / rmv + t_kv)
     operator:   roof = lin + max((f_att + f_pad) / ra, t_kv) + head
                        + max(f_rest / rc, b_rest / rm) + b_elem / (mem_bw eff_elem)
     t = roof + kernels per_kernel_s + graph_kernels per_kernel_graph_s + layers per_layer_s
           + samples sample_s_per_vocab + iters host_per_iter_s
 
-with ``b_mv = b_lin_mv + b_head_mv`` (one token row: BLAS's matrix-vector path) or, on the small-M
+with ``rc8 = peak_flops_fp8 eff_c_fp8`` (``fp8_weights: w8a8``; else ``rc``: FP8 weights dequantised into
+16-bit GEMMs) the rate of the FP8 linear layers' flops ``f_lin_fp8``, ``lin``'s compute
+``(f_lin - f_lin_fp8) / rc + f_lin_fp8 / rc8``, ``b_mv = b_lin_mv + b_head_mv`` (one token row: BLAS's matrix-vector path) or, on the small-M
 path (``2 <= rows <= gemm_small_m_max``), ``b_lin + b_head`` read ``mult = ceil(rows / gemm_row_block)``
 times; ``lin = max(f_lin / rc, m_lin)``, ``head = max(f_head / rc, m_head)`` with the weight-stream
 seconds ``m = (b - b_mv) / rm + mult b_mv / rmv``, or under wave quantisation (``sm_count``)
@@ -54,6 +56,9 @@ def seconds(hw, terms, ops=NUMPY, roofline: str | None = None, model=None):
     ra = hw.peak_flops * (hw.eff_c if hw.eff_att is None else hw.eff_att)
     rkv = hw.mem_bw * (hw.eff_m if hw.eff_kv is None else hw.eff_kv)
     rks = rkv if hw.eff_kv_shared is None else hw.mem_bw * hw.eff_kv_shared
+    # FP8 linear layers: at the FP8 tensor-core rate (w8a8), else dequantised into 16-bit GEMMs (w8a16)
+    rc8 = rc if hw.fp8_weights != "w8a8" else hw.peak_flops_fp8 * (hw.eff_c if hw.eff_c_fp8 is None else hw.eff_c_fp8)
+    f8 = terms.f_lin_fp8
     mode = roofline or hw.roofline
     blm, bhm = terms.b_lin_mv, terms.b_head_mv
     mult = 1.0
@@ -74,6 +79,7 @@ def seconds(hw, terms, ops=NUMPY, roofline: str | None = None, model=None):
         t_kv = t_kv + terms.b_att_pad / rkv
     if mode == "operator":
         fl, bl, fh, bh = terms.f_lin, terms.b_lin, terms.f_head, terms.b_head
+        c_lin = (fl - f8) / rc + f8 / rc8
         fr = ops.maximum(terms.flops - fl - fa - fh, 0.0)
         br = ops.maximum(terms.bytes - bl - ba - bh, 0.0)
         ml, mh = (bl - blm) / rm + mult * blm / rmv, (bh - bhm) / rm + mult * bhm / rmv
@@ -83,15 +89,15 @@ def seconds(hw, terms, ops=NUMPY, roofline: str | None = None, model=None):
                                  "time() needs the terms' model shape (model=)")
             lin = wave_linear_head(model, hw.sm_count, terms.rows, terms.layers,
                                    fh / (2.0 * model.hidden_size * model.vocab_size), rc, ml, mh,
-                                   None if ops is NUMPY else ops)
+                                   None if ops is NUMPY else ops, rc8 if ops.any_positive(f8) else rc)
             head = 0.0
         else:
-            lin, head = ops.maximum(fl / rc, ml), ops.maximum(fh / rc, mh)
+            lin, head = ops.maximum(c_lin, ml), ops.maximum(fh / rc, mh)
         roof = (lin + ops.maximum((fa + fpad) / ra, t_kv) + head
                 + ops.maximum(fr / rc, br / rm)
                 + terms.b_elem / (hw.mem_bw * (hw.eff_m if hw.eff_elem is None else hw.eff_elem)))
     elif mode == "iteration":
-        roof = ops.maximum((terms.flops - fa) / rc + (fa + fpad) / ra,
+        roof = ops.maximum((terms.flops - fa - f8) / rc + f8 / rc8 + (fa + fpad) / ra,
                            (terms.bytes - blm - bhm - ba) / rm + mult * (blm + bhm) / rmv + t_kv)
     else:
         raise ValueError(f"roofline: {mode!r} is not one of {', '.join(ROOFLINES)}")

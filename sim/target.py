@@ -78,8 +78,26 @@ class TargetSpec:
                                          "(vLLM's pipeline; default); 'serial' runs one batch through all stages "
                                          "at a time (the pessimistic bound)")
 
+    quantization: str | None = option(None, kind=str, flag="--quantization", metavar="Q",
+                                      help="weights as vLLM's --quantization serves them: fp8 (linear layers' "
+                                           "weights one byte; GEMMs at the FP8 tensor-core peak where the GPU has "
+                                           "one); default: the model's own dtype")
+    kv_cache_dtype: str | None = option(None, kind=str, flag="--kv-cache-dtype", metavar="DTYPE",
+                                        help="vLLM's --kv-cache-dtype: auto (the model's dtype; default) or fp8 / "
+                                             "fp8_e4m3 / fp8_e5m2 (one byte per KV element: capacity and KV reads)")
+
     def __post_init__(self) -> None:
         validate_options(self)
+
+
+def with_precision(model: ModelShape, quantization=None, kv_cache_dtype=None) -> ModelShape:
+    """``model`` under ``--quantization`` / ``--kv-cache-dtype`` (:meth:`ModelShape.with_precision`); a value
+    no profile prices raises :class:`ConfigError` naming the flag's field."""
+    try:
+        return model.with_precision(quantization, kv_cache_dtype)
+    except PresetError as exc:
+        raise ConfigError(str(exc), field="kv_cache_dtype" if "--kv-cache-dtype" in str(exc)
+                          else "quantization") from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,9 +119,12 @@ class Target:
 
     @classmethod
     def resolve(cls, session, model=None, hardware="local-cpu", serving=None, node=None, tensor_parallel_size=1,
-                pipeline_parallel_size=1, data_parallel_size=1, pipeline_schedule="overlapped") -> "Target":
+                pipeline_parallel_size=1, data_parallel_size=1, pipeline_schedule="overlapped", quantization=None,
+                kv_cache_dtype=None) -> "Target":
         """A target from preset names, files or profiles (``model=None``: the trace's own model).
 
+        ``quantization`` / ``kv_cache_dtype``: vLLM's ``--quantization`` / ``--kv-cache-dtype``
+        (:func:`with_precision`; the hardware refuses what it cannot price when queried).
         ``node`` (a node preset or :class:`sim.parallel.NodeProfile`) prices the collectives of a
         ``tensor_parallel_size`` x ``pipeline_parallel_size`` replica; ``None`` with TP x PP > 1: the one
         shipped node preset whose GPU is ``hardware``. The layout is checked against the model and the
@@ -117,6 +138,7 @@ class Target:
                 m = session.trace_model
             else:
                 m = model if isinstance(model, ModelShape) else _preset(session, "model", model)
+            m = with_precision(m, quantization, kv_cache_dtype)
             hw = hardware if isinstance(hardware, HardwareProfile) else _preset(session, "hardware", hardware)
             sv = ServingConfig.from_any(serving)
             spec = TargetSpec(model=None, hardware="-", node=None if node is None or isinstance(node, NodeProfile)
