@@ -1,19 +1,22 @@
 """KV capacity of a target and the serving settings (scheduler limits, memory utilisation).
 
-DESIGN §5: memory is what the policies buy, so it must become batch size::
+DESIGN §5: memory is what the policies buy, so it must become batch size. The KV cache is sized as
+vLLM sizes it (``Worker.determine_available_memory``, vllm/v1/worker/gpu_worker.py, and
+``memory_profiling``, vllm/utils/mem_utils.py)::
 
-    kv_capacity_bytes = mem_capacity * gpu_memory_utilization - weight_bytes - activation_reserve_bytes
+    requested         = total * gpu_memory_utilization
+    available         = requested - (weights + activation_peak + non_torch + cudagraph)
+    num_gpu_blocks    = floor(available / (16 * kv_bytes_per_token_of_one_rank))
+    kv_capacity_bytes = num_gpu_blocks * 16 * kv_bytes_per_token
 
-* ``mem_capacity``: the device's byte count as the driver reports it
-  (``nvidia-smi --query-gpu=memory.total``), set in each hardware preset with
-  its source — an "80 GB" H100 SXM reports 81,559 MiB, not 80e9 bytes.
+* ``total``: what ``cudaMemGetInfo`` reports (:data:`CUDA_TOTAL_BYTES` where a vLLM log gives it), else
+  the preset's ``mem_capacity`` (``nvidia-smi --query-gpu=memory.total``, set with its source).
 * ``gpu_memory_utilization``: vLLM's default 0.90 (``--gpu-memory-utilization``).
-* ``activation_reserve_bytes``: what vLLM's profiling run finds besides the
-  weights, estimated (:func:`activation_reserve`) as the peak activations of
-  one forward of ``max_num_batched_tokens`` tokens plus the sampler's float32
-  logits for ``max_num_seqs`` rows plus 1 GiB for the CUDA context, cuBLAS
-  workspaces and CUDA graphs (vLLM logs "non-torch memory" and graph memory of
-  roughly that size on H100s); settable.
+* ``activation_peak``: the profiling run's peak PyTorch memory (:func:`activation_peak`: one forward of
+  ``max_num_batched_tokens`` tokens, then the sampler on ``min(max_num_seqs, tokens)`` rows of logits).
+* ``non_torch``, ``cudagraph``: per-GPU constants of the vLLM generation (:data:`VLLM_RULES`, each
+  with the log it comes from). ``--activation-reserve-bytes`` replaces the three terms;
+  ``--kv-capacity-bytes`` replaces the result.
 
 Scheduler defaults per hardware follow vLLM V1's ``EngineArgs`` defaults for
 ``vllm serve`` (usage context OPENAI_API_SERVER, vllm/engine/arg_utils.py,
@@ -33,7 +36,6 @@ from .scheduler import POLICIES, SchedulerConfig
 
 GIB = 1 << 30
 DEFAULT_UTILIZATION = 0.90           # vLLM --gpu-memory-utilization default
-NON_TORCH_RESERVE = 1 * GIB          # CUDA context, cuBLAS/NCCL workspaces, CUDA graphs (estimate)
 MAX_BLOCKS = 1 << 40                 # bound on any block count a user gives
 MAX_BLOCK_SIZE = 4096                # bound on block_size (vLLM's CUDA kernels support up to 256)
 MAX_FRAC = 1e6                       # bound on kv_budget_frac (above 1 it no longer binds)
@@ -138,97 +140,239 @@ SERVING_OPTIONS.extend(declared(ServingConfig))  # its option fields, once
 DEFAULT_SERVING = ServingConfig()          # frozen: every default run shares it
 
 
-def activation_reserve(model, max_num_batched_tokens: int, max_num_seqs: int, tensor_parallel_size: int = 1) -> float:
-    """Estimated non-KV memory of a forward besides the weights (bytes), on one GPU.
+# ---------------------------------------------------------------------------- vLLM's KV sizing
+VLLM_BLOCK_SIZE = 16   # vLLM's default --block-size on CUDA (vllm/config/cache.py)
 
-    ``tokens * s * (4 d + 2 F / TP) + seqs * V * 4 + 1 GiB``: the residual stream, the
-    q/k/v/o activations and the MLP's gate and up projections of one layer at a
-    time for ``max_num_batched_tokens`` tokens (``s`` bytes each; a tensor-parallel
-    rank holds ``F / TP`` of the MLP's), the sampler's float32 logits for
-    ``max_num_seqs`` rows (the whole vocabulary on every rank: vLLM gathers the
-    logits), and :data:`NON_TORCH_RESERVE`.
+# What cudaMemGetInfo reports as the device's total, the number vLLM multiplies by the utilisation
+# (vllm/utils/mem_utils.py MemorySnapshot.measure: torch.cuda.mem_get_info). Logged by vLLM as
+# total_gpu_memory; it is below nvidia-smi's memory.total. Devices not listed use the preset's mem_capacity.
+CUDA_TOTAL_BYTES = {
+    # "total_gpu_memory 79.22GiB", vllm serve meta-llama/Meta-Llama-3-8B on an H100 80GB,
+    # https://github.com/vllm-project/vllm/pull/10511 (comment of 2024-12-14)
+    "h100-sxm": 79.22 * GIB,
+}
+
+
+@dataclass(frozen=True)
+class VllmMemoryRules:
+    """How one vLLM generation sizes its KV cache (``Worker.determine_available_memory``).
+
+    ``non_torch_tp1_bytes`` / ``non_torch_tpn_bytes``: memory allocated outside PyTorch between the
+    baseline snapshot and the end of the profiling run (CUDA module loads, cuBLAS/NCCL/custom all-reduce
+    buffers), per GPU, at TP 1 and TP > 1. ``sampler_bytes_per_logit``: bytes alive per element of the
+    ``rows x V`` logits at the sampler's peak in ``_dummy_sampler_run``. ``cudagraph_bytes``: CUDA graph
+    memory subtracted before the KV cache is sized (0 where the version does not). Each has a ``source``.
     """
+
+    name: str
+    non_torch_tp1_bytes: float
+    non_torch_tpn_bytes: float
+    sampler_bytes_per_logit: float
+    cudagraph_bytes: float
+    source: str
+
+
+VLLM_RULES = {
+    # vLLM V1 as the simulator models it (gpu_worker.py determine_available_memory at commit
+    # 35d5cda123ec28581759b6d34cde8052314fb1e6: available = requested - (weights + torch_peak_increase +
+    # non_torch_increase); CUDA graph memory estimated and subtracted by default since v0.21,
+    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS).
+    "v1": VllmMemoryRules(
+        "v1",
+        # "non_torch_memory takes 0.03GiB", TP 1 (RTX 4060, vLLM 0.7): https://github.com/vllm-project/vllm/issues/13882
+        non_torch_tp1_bytes=0.03 * GIB,
+        # "non_torch_memory takes 0.43GiB", rank 0 of TP 4 (A100 40GB, vLLM 0.8.3):
+        # https://github.com/vllm-project/vllm/issues/16570 (the baseline there precedes NCCL's init; V1's
+        # snapshot follows it, so this bounds V1's from above)
+        non_torch_tpn_bytes=0.43 * GIB,
+        # recent V1 sampler, bf16 logits (2 B, held by _dummy_sampler_run) + their float32 copy (4) +
+        # apply_top_k_top_p_pytorch's logits_sort (4), logits_idx int64 (8), probs_sort (4) and top_p_mask (1)
+        # alive together (vllm/v1/sample/ops/topk_topp_sampler.py; the dummy run sets top_k and top_p)
+        sampler_bytes_per_logit=23.0,
+        # "Estimated CUDA graph memory: 0.36 GiB total" (vLLM 0.27.1, TP 2): https://github.com/gpustack/runner/pull/251
+        cudagraph_bytes=0.36 * GIB,
+        source="vLLM V1 >= 0.21 (CUDA graph memory profiled before the KV cache)"),
+    # vLLM 0.6.5 development build of https://github.com/vllm-project/vllm/pull/10511 (V0 worker,
+    # memory_profiling): no CUDA graph term. Its per-run breakdown sets these constants:
+    # Meta-Llama-3-8B on an H100, "non_torch_memory 1.79GiB" (TP 1) and "3.58GiB" (TP 2); "PyTorch activation
+    # peak memory 1.26GiB" at both TP 1 and TP 2, so the sampler (whole vocabulary on rank 0), not the MLP
+    # shard, sets the peak: (1.26 GiB - 8192 x 4096 x 2 B of hidden states) / (256 x 128256) = 39.1 B.
+    "v0.6.5": VllmMemoryRules("v0.6.5", non_torch_tp1_bytes=1.79 * GIB, non_torch_tpn_bytes=3.58 * GIB,
+                              sampler_bytes_per_logit=39.1, cudagraph_bytes=0.0,
+                              source="vLLM 0.6.5-dev V0 worker (PR 10511)"),
+}
+DEFAULT_RULES = "v1"
+
+
+def rules_for(name: str | VllmMemoryRules) -> VllmMemoryRules:
+    if isinstance(name, VllmMemoryRules):
+        return name
+    try:
+        return VLLM_RULES[name]
+    except KeyError:
+        raise CapacityError(f"vllm memory rules: unknown {name!r}; known: {', '.join(sorted(VLLM_RULES))}") from None
+
+
+def activation_peak(model, max_num_batched_tokens: int, max_num_seqs: int, tensor_parallel_size: int = 1,
+                    last_stage: bool = True, rules: str | VllmMemoryRules = DEFAULT_RULES) -> float:
+    """Peak PyTorch memory of vLLM's profiling run above the weights, on one GPU (bytes).
+
+    ``profile_run`` runs ``_dummy_run(max_num_batched_tokens)`` and then, on the last pipeline stage,
+    ``_dummy_sampler_run`` on ``R = min(max_num_seqs, T)`` rows (the last token of each dummy request;
+    vllm/v1/worker/gpu_model_runner.py). The peak is the larger of::
+
+        forward = T * s * (2 d + max(3 F / TP, (2 H + 2 Hkv) Dh / TP))   # hidden + residual, and the
+                                                                      # MLP's gate_up + act outputs or
+                                                                      # q/k/v + attention output
+        sampler = T * d * s + R * V * b                               # hidden states stay alive;
+                                                                      # b: rules.sampler_bytes_per_logit
+
+    with ``T = max_num_batched_tokens``; the logits are gathered whole on each rank.
+    """
+    r = rules_for(rules)
     d, F, V, s = model.hidden_size, model.intermediate_size, model.vocab_size, model.dtype_bytes
-    f = F if tensor_parallel_size == 1 else F / tensor_parallel_size
-    return float(max_num_batched_tokens * s * (4 * d + 2 * f) + max_num_seqs * V * 4 + NON_TORCH_RESERVE)
+    tp = tensor_parallel_size
+    T = int(max_num_batched_tokens)
+    mlp = 3.0 * F / tp
+    attn = (2.0 * model.n_heads + 2.0 * model.n_kv_heads) * model.head_dim / tp
+    forward = T * s * (2.0 * d + max(mlp, attn))
+    if not last_stage:
+        return float(forward)
+    rows = min(int(max_num_seqs), T)
+    sampler = T * d * s + rows * V * r.sampler_bytes_per_logit
+    return float(max(forward, sampler))
 
 
-def kv_capacity(model, hw, serving: ServingConfig | None = None, parallel=None) -> dict:
-    """``{kv_capacity_bytes, capacity_source, mem_capacity_bytes, gpu_memory_utilization,
-    weight_bytes, activation_reserve_bytes}`` for a target (module docstring).
+def non_torch_bytes(tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                    rules: str | VllmMemoryRules = DEFAULT_RULES) -> float:
+    """Non-torch memory vLLM counts per GPU: the TP 1 figure on a lone GPU, the TP > 1 one otherwise."""
+    r = rules_for(rules)
+    return float(r.non_torch_tp1_bytes if tensor_parallel_size * pipeline_parallel_size == 1
+                 else r.non_torch_tpn_bytes)
 
-    ``parallel`` (a :class:`sim.parallel.ParallelConfig`; None or TP = PP = 1: one GPU, the formula
-    above) gives the capacity of one replica of TP x PP GPUs: :func:`replica_kv_capacity`.
+
+def activation_reserve(model, max_num_batched_tokens: int, max_num_seqs: int, tensor_parallel_size: int = 1,
+                       rules: str | VllmMemoryRules = DEFAULT_RULES) -> float:
+    """Everything vLLM subtracts besides the weights, on one GPU (bytes)::
+
+        reserve = activation_peak + non_torch + cudagraph
+
+    (:func:`activation_peak`, :func:`non_torch_bytes`, ``rules.cudagraph_bytes``).
     """
-    if parallel is not None and not parallel.is_single:
-        return replica_kv_capacity(model, hw, serving, parallel)
+    r = rules_for(rules)
+    return float(activation_peak(model, max_num_batched_tokens, max_num_seqs, tensor_parallel_size, True, r)
+                 + non_torch_bytes(tensor_parallel_size, 1, r) + r.cudagraph_bytes)
+
+
+def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max_num_batched_tokens: int,
+                   max_num_seqs: int, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                   rules: str | VllmMemoryRules = DEFAULT_RULES, block_size: int = VLLM_BLOCK_SIZE,
+                   reserve_bytes: float | None = None) -> dict:
+    """vLLM's KV cache size for a model on TP x PP GPUs of ``total_bytes`` each.
+
+    Per GPU of stage ``k`` (``ell_k`` layers, weight shard ``W_k``)::
+
+        requested  = total_bytes * gpu_memory_utilization          # gpu_worker.py init_device
+        available  = requested - (W_k + activation_peak_k + non_torch + cudagraph)
+        page_k     = block_size * 2 * Hkv_r * Dh * s               # one layer's block (FullAttentionSpec)
+        blocks_k   = floor(available / (page_k * ell_k))           # kv_cache_utils.get_kv_cache_config
+        num_gpu_blocks = min_k blocks_k                            # every stage holds every block
+
+    ``reserve_bytes`` (a user's activation reserve) replaces ``activation_peak + non_torch + cudagraph``.
+    """
+    from .parallel import kv_heads_per_rank, rank_weight_bytes, stage_layers
+
+    r = rules_for(rules)
+    tp, pp = int(tensor_parallel_size), int(pipeline_parallel_size)
+    requested = float(total_bytes) * float(gpu_memory_utilization)
+    hkv = kv_heads_per_rank(model.n_kv_heads, tp)
+    nt = non_torch_bytes(tp, pp, r)
+    parts = stage_layers(model.n_layers, pp)
+    ranks = []
+    for k, (ell, wk) in enumerate(zip(parts, rank_weight_bytes(model, tp, pp))):
+        act = activation_peak(model, max_num_batched_tokens, max_num_seqs, tp, k == pp - 1, r)
+        reserve = float(reserve_bytes) if reserve_bytes is not None else act + nt + r.cudagraph_bytes
+        avail = max(0.0, requested - wk - reserve)
+        per_tok = 2.0 * ell * hkv * model.head_dim * model.dtype_bytes
+        blocks = int(avail // (block_size * per_tok))
+        ranks.append({"layers": ell, "weight_bytes": float(wk), "activation_peak_bytes": act,
+                      "reserve_bytes": reserve, "kv_bytes": avail, "kv_bytes_per_token": per_tok,
+                      "kv_tokens": avail / per_tok, "num_gpu_blocks": blocks})
+    blocks = min(x["num_gpu_blocks"] for x in ranks)
+    last = ranks[-1]
+    return {"requested_bytes": requested, "non_torch_bytes": nt if reserve_bytes is None else 0.0,
+            "activation_peak_bytes": max(x["activation_peak_bytes"] for x in ranks) if reserve_bytes is None else 0.0,
+            "cudagraph_bytes": r.cudagraph_bytes if reserve_bytes is None else 0.0,
+            "reserve_bytes": max(x["reserve_bytes"] for x in ranks), "num_gpu_blocks": blocks,
+            "block_size": int(block_size), "kv_tokens": float(blocks * block_size),
+            "available_kv_bytes_per_gpu": last["kv_bytes"], "per_rank": ranks, "memory_rules": r.name}
+
+
+def _capacity(model, hw, serving: ServingConfig | None, tp: int, pp: int) -> dict:
     sv = serving or ServingConfig()
     sc = sv.scheduler_config(hw.name)
-    if sv.activation_reserve_bytes is not None:
-        reserve, rsrc = float(sv.activation_reserve_bytes), "given"
-    else:
-        reserve, rsrc = activation_reserve(model, sc.max_num_batched_tokens, sc.max_num_seqs), "estimated"
+    total = float(CUDA_TOTAL_BYTES.get(hw.name, hw.mem_capacity))
+    given = sv.activation_reserve_bytes
+    b = vllm_kv_budget(model, total, sv.gpu_memory_utilization, sc.max_num_batched_tokens, sc.max_num_seqs,
+                       tp, pp, DEFAULT_RULES, reserve_bytes=given)
+    rsrc = "given" if given is not None else "estimated"
     mem_src = CAPACITY_SOURCES.get(hw.name)
-    out = {"mem_capacity_bytes": float(hw.mem_capacity), "gpu_memory_utilization": float(sv.gpu_memory_utilization),
-           "weight_bytes": float(model.weight_bytes), "activation_reserve_bytes": reserve,
-           "activation_reserve_source": rsrc}
+    out = {"mem_capacity_bytes": float(hw.mem_capacity), "cuda_total_bytes": total,
+           "gpu_memory_utilization": float(sv.gpu_memory_utilization),
+           "weight_bytes": float(max(x["weight_bytes"] for x in b["per_rank"])),
+           "activation_reserve_bytes": b["reserve_bytes"], "activation_reserve_source": rsrc,
+           "activation_peak_bytes": b["activation_peak_bytes"], "non_torch_bytes": b["non_torch_bytes"],
+           "cudagraph_bytes": b["cudagraph_bytes"], "num_gpu_blocks": b["num_gpu_blocks"],
+           "vllm_block_size": b["block_size"], "memory_rules": b["memory_rules"]}
     if sv.kv_capacity_bytes is not None:
         out["kv_capacity_bytes"] = float(sv.kv_capacity_bytes)
         out["capacity_source"] = "given (--kv-capacity-bytes)"
     else:
-        out["kv_capacity_bytes"] = max(0.0, hw.mem_capacity * sv.gpu_memory_utilization - model.weight_bytes - reserve)
-        out["capacity_source"] = (f"{hw.name}: mem_capacity {hw.mem_capacity:.6g} B ({mem_src or hw.source or 'preset'})"
-                                  f" x {sv.gpu_memory_utilization:g} - weights - activation reserve ({rsrc})")
+        # whole-model bytes of the blocks vLLM allocates: the engine's block arithmetic gives the same count
+        out["kv_capacity_bytes"] = float(b["kv_tokens"] * model.kv_bytes_per_token)
+        tot_src = "cudaMemGetInfo total" if hw.name in CUDA_TOTAL_BYTES else f"mem_capacity ({mem_src or hw.source or 'preset'})"
+        out["capacity_source"] = (f"{hw.name}" + (f" x {tp * pp} (TP {tp} x PP {pp})" if tp * pp > 1 else "")
+                                  + f": {tot_src} {total:.6g} B x {sv.gpu_memory_utilization:g} - weights - "
+                                  f"activation peak - non-torch - CUDA graphs ({rsrc}), in whole "
+                                  f"{b['block_size']}-token blocks (vLLM's determine_available_memory)")
+    return out, b
+
+
+def kv_capacity(model, hw, serving: ServingConfig | None = None, parallel=None) -> dict:
+    """``{kv_capacity_bytes, capacity_source, mem_capacity_bytes, gpu_memory_utilization, weight_bytes,
+    activation_reserve_bytes, activation_peak_bytes, non_torch_bytes, cudagraph_bytes, num_gpu_blocks, ...}``
+    for a target: :func:`vllm_kv_budget` on one GPU (module docstring).
+
+    ``parallel`` (a :class:`sim.parallel.ParallelConfig`; None or TP = PP = 1: one GPU) gives the capacity
+    of one replica of TP x PP GPUs: :func:`replica_kv_capacity`.
+    """
+    if parallel is not None and not parallel.is_single:
+        return replica_kv_capacity(model, hw, serving, parallel)
+    out, _ = _capacity(model, hw, serving, 1, 1)
     return out
 
 
 def replica_kv_capacity(model, hw, serving: ServingConfig | None, parallel) -> dict:
-    """KV capacity of one TP x PP replica, per GPU and in total.
+    """KV capacity of one TP x PP replica, per GPU and in total (:func:`vllm_kv_budget` per stage).
 
     Each GPU of stage ``k`` (``ell_k`` layers, :func:`sim.parallel.stage_layers`) holds its weight
-    shard ``W_k`` (:func:`sim.parallel.rank_weight_bytes`) and its activation reserve ``A``
-    (:func:`activation_reserve` at TP), and keeps KV for ``Hkv_r`` heads of its layers
-    (``Hkv_r`` = :func:`sim.parallel.kv_heads_per_rank`: replicated KV heads cost memory on every rank)::
+    shard ``W_k`` (:func:`sim.parallel.rank_weight_bytes`) and its reserve (activation peak of its
+    stage at TP, non-torch memory at TP > 1, CUDA graphs), and keeps KV for ``Hkv_r`` heads of its
+    layers (:func:`sim.parallel.kv_heads_per_rank`: replicated KV heads cost memory on every rank)::
 
-        kv_rank_k   = mem_capacity * gpu_memory_utilization - W_k - A
-        tokens_k    = kv_rank_k / (2 ell_k Hkv_r Dh s)
-        tokens      = min_k tokens_k                      # every stage must hold every token's KV
-        kv_capacity_bytes = tokens * 2 L Hkv Dh s         # in the whole model's bytes per token
+        blocks_k          = floor((total * util - W_k - reserve_k) / (16 * 2 ell_k Hkv_r Dh s))
+        num_gpu_blocks    = min_k blocks_k
+        kv_capacity_bytes = num_gpu_blocks * 16 * 2 L Hkv Dh s   # in the whole model's bytes per token
 
     so the engine's block arithmetic (``bytes / (block_size * model.kv_bytes_per_token)``) gives the
     replica's block count unchanged.
     """
-    from .parallel import kv_heads_per_rank, rank_weight_bytes, stage_layers
+    from .parallel import kv_heads_per_rank
 
-    sv = serving or ServingConfig()
-    sc = sv.scheduler_config(hw.name)
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
-    if sv.activation_reserve_bytes is not None:
-        reserve, rsrc = float(sv.activation_reserve_bytes), "given"
-    else:
-        reserve, rsrc = activation_reserve(model, sc.max_num_batched_tokens, sc.max_num_seqs, tp), "estimated"
-    usable = hw.mem_capacity * sv.gpu_memory_utilization
-    w = rank_weight_bytes(model, tp, pp)
-    hkv = kv_heads_per_rank(model.n_kv_heads, tp)
-    ranks = []
-    for ell, wk in zip(stage_layers(model.n_layers, pp), w):
-        per_tok = 2.0 * ell * hkv * model.head_dim * model.dtype_bytes
-        kvb = max(0.0, usable - wk - reserve)
-        ranks.append({"layers": ell, "weight_bytes": wk, "kv_bytes": kvb, "kv_bytes_per_token": per_tok,
-                      "kv_tokens": kvb / per_tok})
-    tokens = min(r["kv_tokens"] for r in ranks)
-    out = {"mem_capacity_bytes": float(hw.mem_capacity), "gpu_memory_utilization": float(sv.gpu_memory_utilization),
-           "weight_bytes": float(max(w)), "activation_reserve_bytes": reserve, "activation_reserve_source": rsrc,
-           "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "per_rank": ranks,
-           "kv_tokens": tokens, "kv_heads_per_rank": hkv}
-    if sv.kv_capacity_bytes is not None:
-        out["kv_capacity_bytes"] = float(sv.kv_capacity_bytes)
-        out["capacity_source"] = "given (--kv-capacity-bytes)"
-    else:
-        out["kv_capacity_bytes"] = float(tokens * model.kv_bytes_per_token)
-        out["capacity_source"] = (f"{hw.name} x {tp * pp} (TP {tp} x PP {pp}): per GPU mem_capacity "
-                                  f"{hw.mem_capacity:.6g} B x {sv.gpu_memory_utilization:g} - weight shard - "
-                                  f"activation reserve ({rsrc}); the replica holds the fewest tokens of any stage")
+    out, b = _capacity(model, hw, serving, tp, pp)
+    out.update({"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "per_rank": b["per_rank"],
+                "kv_tokens": b["kv_tokens"], "kv_heads_per_rank": kv_heads_per_rank(model.n_kv_heads, tp)})
     return out
 
 

@@ -207,8 +207,9 @@ def test_replica_capacity_and_refusal_names_the_smallest_layout():
     assert 0 < c2["kv_capacity_bytes"] < c4["kv_capacity_bytes"]
     # per rank: usable - weight shard - reserve, in tokens of that rank's KV heads
     r = c4["per_rank"][0]
-    assert r["kv_bytes"] == pytest.approx(hw.mem_capacity * 0.9 - r["weight_bytes"] - c4["activation_reserve_bytes"])
-    assert c4["kv_tokens"] == pytest.approx(r["kv_bytes"] / (2 * 80 * 2 * 128 * 2))
+    assert r["kv_bytes"] == pytest.approx(c4["cuda_total_bytes"] * 0.9 - r["weight_bytes"] - c4["activation_reserve_bytes"])
+    assert c4["num_gpu_blocks"] == int(r["kv_bytes"] // (16 * 2 * 80 * 2 * 128 * 2))   # whole blocks of the rank's heads
+    assert c4["kv_tokens"] == 16 * c4["num_gpu_blocks"]
     assert c4["kv_capacity_bytes"] == pytest.approx(c4["kv_tokens"] * m.kv_bytes_per_token)
     # one GPU: the formula of today, unchanged
     s = load_model("llama-3-8b")

@@ -101,8 +101,13 @@ def test_capacity_is_the_devices_bytes_times_utilisation_minus_weights_and_reser
     m, hw = load_model("llama-3-8b"), load_hardware("h100-sxm")
     assert hw.mem_capacity == 81559 * 2 ** 20
     cap = kv_capacity(m, hw)
-    want = 81559 * 2 ** 20 * 0.9 - m.weight_bytes - activation_reserve(m, 8192, 1024)
-    assert cap["kv_capacity_bytes"] == pytest.approx(want)
+    # vLLM's total (cudaMemGetInfo, 79.22 GiB on an H100) x 0.9 - weights - reserve, in whole 16-token blocks
+    avail = 79.22 * 2 ** 30 * 0.9 - m.weight_bytes - activation_reserve(m, 8192, 1024)
+    assert cap["activation_reserve_bytes"] == pytest.approx(
+        cap["activation_peak_bytes"] + cap["non_torch_bytes"] + cap["cudagraph_bytes"])
+    assert cap["num_gpu_blocks"] == int(avail // (16 * m.kv_bytes_per_token))
+    assert cap["kv_capacity_bytes"] == cap["num_gpu_blocks"] * 16 * m.kv_bytes_per_token
+    assert avail - 16 * m.kv_bytes_per_token < cap["kv_capacity_bytes"] <= avail
     # at full utilisation and no reserve, llama-3-8b fits 32 sequences of 16K tokens (GenZ / llm-analysis: ~33)
     full = kv_capacity(m, hw, ServingConfig(gpu_memory_utilization=1.0, activation_reserve_bytes=0))
     assert int(full["kv_capacity_bytes"] // (16384 * m.kv_bytes_per_token)) == 32

@@ -384,7 +384,7 @@ def test_tree_refused_when_its_kv_peak_exceeds_the_capacity(tmp_path):
     import pytest
     from sim.tree import TreeError, simulate_tree
     hw = tmp_path / "tiny.yaml"
-    hw.write_text("peak_flops: 1.0e13\nmem_bw: 1.0e11\nmem_capacity: 1.7e9\n")   # weights fit, KV does not
+    hw.write_text("peak_flops: 1.0e13\nmem_bw: 1.0e11\nmem_capacity: 1.4e9\n")   # weights fit, KV does not
     with pytest.raises(TreeError, match="short"):
         simulate_tree(None, "rsbcm", hardware=str(hw))
     r = simulate_tree(None, "rsbcm", hardware="h100-sxm")
