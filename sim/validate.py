@@ -20,6 +20,9 @@ A figure file (``docs/validation/published-figures.yaml`` is the shipped one) ho
           request_rate: inf               #   rate (inf: all at t = 0; a number: Poisson arrivals drawn with
                                           #   seed, as vllm bench serve --seed; burstiness 1 = Poisson),
                                           #   max_concurrency; or arrival_times_ns: the run's own send times
+                                          #   (sim.plain.arrival_times is serve.py @009e6d4a's draw, which
+                                          #   rescales the last send to K / R; older benchmark_serving.py
+                                          #   did not: give such a run's own times)
         metric: median_tpot_ms            # a key of vllm bench serve's result
         value: 7.56
         source: {url: ..., where: ...}    # the exact place the figure was read
