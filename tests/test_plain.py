@@ -398,8 +398,8 @@ def test_validate_the_shipped_figures(capsys, tmp_path):
     ok = df[df["ratio"].notna()]
     assert len(ok) >= 6
     assert (ok["ratio"] > 0).all()
-    fp8 = df[df["dtype"] == "fp8"]
-    assert len(fp8) and fp8["status"].str.startswith("refused: dtype fp8").all() and fp8["predicted"].isna().all()
+    fp8 = df[df["quantization"] == "fp8"]
+    assert len(fp8) and fp8["status"].str.contains("fp8 not priced").all() and fp8["predicted"].isna().all()
     # tensor parallelism is priced (sim.parallel), with the node's measured all-reduce
     tp2 = df[df["id"] == "lambda-2xa100-tp2-llama3-8b-median-tpot"].iloc[0]
     assert tp2["ratio"] > 0 and tp2["status"] in ("ok", "off by more than 25%")
