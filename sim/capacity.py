@@ -293,7 +293,7 @@ def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max
         act = activation_peak(model, max_num_batched_tokens, max_num_seqs, tp, k == pp - 1, r)
         reserve = float(reserve_bytes) if reserve_bytes is not None else act + nt + r.cudagraph_bytes
         avail = max(0.0, requested - wk - reserve)
-        per_tok = 2.0 * ell * hkv * model.head_dim * model.dtype_bytes
+        per_tok = 2.0 * ell * hkv * model.head_dim * model.kv_elem_bytes   # --kv-cache-dtype fp8: 1 byte
         blocks = int(avail // (block_size * per_tok))
         ranks.append({"layers": ell, "weight_bytes": float(wk), "activation_peak_bytes": act,
                       "reserve_bytes": reserve, "kv_bytes": avail, "kv_bytes_per_token": per_tok,

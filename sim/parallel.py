@@ -166,7 +166,7 @@ def rank_weight_bytes(m: ModelShape, tp: int, pp: int) -> list[float]:
     out = []
     for i, ell in enumerate(parts):
         r = rank_model(m, tp, ell)
-        b = s * ell * r.params_per_layer
+        b = ell * r.layer_weight_bytes   # linear weights at their (maybe fp8) size, norms at s
         emb = s * r.vocab_size * m.hidden_size
         if i == 0:
             b += emb

@@ -44,10 +44,10 @@ import numpy as np
 PRICED_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
                  "half": "float16"}
 METRIC_KEYS = ("request_throughput", "output_throughput", "total_token_throughput", "duration")
-# weight quantizations and KV-cache dtypes the cost model prices: none (the checkpoint's dtype); an FP8
-# checkpoint or KV cache moves 1 byte per element and runs FP8 GEMMs, which no preset prices yet
-PRICED_QUANT = {None, "none", "auto"}
-PRICED_KV = {None, "auto", "bfloat16", "bf16", "float16", "fp16", "half"}
+# weight quantizations and KV-cache dtypes the cost model prices: none (the checkpoint's dtype) and fp8
+# (sim.profiles.ModelShape.with_precision: 1-byte linear weights at the FP8 rate, 1-byte KV)
+PRICED_QUANT = {None, "none", "auto", "fp8"}
+PRICED_KV = {None, "auto", "bfloat16", "bf16", "float16", "fp16", "half", "fp8", "fp8_e4m3", "fp8_e5m2"}
 _FIELDS = {"id", "model", "hardware", "dtype", "quantization", "kv_cache_dtype", "parallelism", "serving",
            "workload", "metric", "value", "source", "note", "engine"}
 _SERVING = {"scheduler", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "prefix_caching",
@@ -229,6 +229,9 @@ def predict(f: dict, hardware: str | None = None) -> dict:
     from .capacity import ServingConfig
     from .profiles import load_hardware, load_model
     model, hw = load_model(f["model"]), load_hardware(hardware or f["hardware"])
+    q, kv = f.get("quantization"), f.get("kv_cache_dtype")
+    kv = None if kv is None or str(kv).lower() in PRICED_DTYPES else kv      # a 16-bit name is the model's own
+    model = model.with_precision(None if q in (None, "none", "auto") else q, kv)
     sv = dict(f.get("serving") or {})
     bs = int(sv.pop("block_size", plain.BLOCK_SIZE))
     serving = ServingConfig(**sv)

@@ -394,12 +394,13 @@ def test_validate_the_shipped_figures(capsys, tmp_path):
     from sim.validate import load_figures, run_figures
     figs = load_figures(FIGS)
     assert len(figs) >= 10
-    df = run_figures(figs)
+    # the 3,000-request offline runs are priced by tests/test_validate_figures.py; here the rest
+    df = run_figures([f for f in figs if int(f["workload"].get("num_prompts", 0) or 0) <= 1000])
     ok = df[df["ratio"].notna()]
     assert len(ok) >= 6
     assert (ok["ratio"] > 0).all()
     fp8 = df[df["quantization"] == "fp8"]
-    assert len(fp8) and fp8["status"].str.contains("fp8 not priced").all() and fp8["predicted"].isna().all()
+    assert len(fp8) and fp8["ratio"].notna().all()     # --quantization fp8 is priced (sim.profiles.with_precision)
     # tensor parallelism is priced (sim.parallel), with the node's measured all-reduce
     tp2 = df[df["id"] == "lambda-2xa100-tp2-llama3-8b-median-tpot"].iloc[0]
     assert tp2["ratio"] > 0 and tp2["status"] in ("ok", "off by more than 25%")
