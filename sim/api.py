@@ -50,7 +50,8 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
              engine: bool = False, serving=None, reshape=None, strict: bool = False,
              allow_extrapolation: bool = False, node=None, tensor_parallel_size: int = 1,
              pipeline_parallel_size: int = 1, data_parallel_size: int = 1, router: str = "prefix-affinity",
-             slo: str | None = None, pipeline_schedule: str = "overlapped") -> SimResult:
+             slo: str | None = None, pipeline_schedule: str = "overlapped",
+             disable_custom_all_reduce: bool = False) -> SimResult:
     """Simulate one configuration; see :func:`evaluate` for the arguments.
 
     ``strict``: refuse a profile fitted on another host (``sim.host``) instead of noting it;
@@ -64,7 +65,8 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     token policies have none, and ``problems`` / ``engine`` / ``baselines`` given to one are refused).
     ``node``, ``tensor_parallel_size``, ``pipeline_parallel_size``, ``data_parallel_size``: the deployment
     (docs/parallelism.md; :meth:`sim.target.Target.resolve`); ``pipeline_schedule``: with PP > 1,
-    ``"overlapped"`` (vLLM's up to PP batches in flight) or ``"serial"``; ``router`` routes the replicas' requests and
+    ``"overlapped"`` (vLLM's up to PP batches in flight) or ``"serial"``; ``disable_custom_all_reduce``: every
+    tensor-parallel all-reduce priced by NCCL (vLLM's flag); ``router`` routes the replicas' requests and
     ``slo`` (``"ttft=S,tpot=S,e2e=S"``) adds goodput, serving mode.
     """
     config = RunConfig(policy=policy, params=dict(params or {}), workload=workload, mode=mode, seed=seed,
@@ -75,7 +77,8 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
                                        tensor_parallel_size=tensor_parallel_size,
                                        pipeline_parallel_size=pipeline_parallel_size,
                                        data_parallel_size=data_parallel_size,
-                                       pipeline_schedule=pipeline_schedule), config)
+                                       pipeline_schedule=pipeline_schedule,
+                                       disable_custom_all_reduce=disable_custom_all_reduce), config)
 
 
 def evaluate(trace, policy: str = "asks", params: dict | None = None, model_preset=None, hardware="local-cpu",
@@ -110,7 +113,7 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
                      progress: bool = False, serving=None, reshape=None, node=None, tensor_parallel_size: int = 1,
                      pipeline_parallel_size: int = 1, data_parallel_size: int = 1,
                      router: str = "prefix-affinity", arrival_rate: float | None = None,
-                     pipeline_schedule: str = "overlapped") -> dict:
+                     pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False) -> dict:
     """``{"policies": {NAME: metrics}}`` for every registered policy at its defaults (docs/sim-api.md).
 
     Every rate and ratio has its 95% interval beside it, ``<metric>_ci95 = [lo, hi]``
@@ -123,7 +126,8 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
     session = loaded(trace, reshape)
     target = Target.resolve(session, model_preset, hardware, ServingConfig.from_any(serving), node=node,
                             tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
-                            data_parallel_size=data_parallel_size, pipeline_schedule=pipeline_schedule)
+                            data_parallel_size=data_parallel_size, pipeline_schedule=pipeline_schedule,
+                            disable_custom_all_reduce=disable_custom_all_reduce)
     names = list(policies) if policies is not None else list_policies()
     if progress:
         from tqdm import tqdm
