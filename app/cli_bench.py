@@ -67,7 +67,7 @@ def _target_flags(p, offline: bool) -> None:
     from app.cli_sim import add_declared
     from sim.target import TargetSpec
     add_declared(p, TargetSpec, only=("node", "tensor_parallel_size", "pipeline_parallel_size", "pipeline_schedule",
-                                      "quantization", "kv_cache_dtype"))
+                                      "quantization", "kv_cache_dtype", "disable_custom_all_reduce"))
 
 
 def _dataset_flags(p, serve: bool) -> None:
@@ -254,7 +254,8 @@ def _slo(args):
 def _layout(args) -> dict:
     """The replica layout flags (declared on ``sim.target.TargetSpec``) as ``sim.plain.run`` keywords."""
     return {"tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
-            "node": args.node, "pipeline_schedule": args.pipeline_schedule}
+            "node": args.node, "pipeline_schedule": args.pipeline_schedule,
+            "disable_custom_all_reduce": args.disable_custom_all_reduce}
 
 
 def _write_json(path: Path, obj) -> None:

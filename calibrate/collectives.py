@@ -24,9 +24,18 @@ message per second, NCCL's ``algbw``), not the link's; for a ring all-reduce the
 ``2 (p - 1) / p`` times it. Residuals are reported per GPU count and per size range, for the segments
 and for a single line (``single_line``) for comparison.
 
-``python -m calibrate.collectives`` prints the fit; ``--write`` writes the residual table to
+vLLM does not run NCCL for most tensor-parallel all-reduces on an NVLink node: below ``max_size`` its own
+``CustomAllreduce`` (``vllm/distributed/device_communicators/custom_all_reduce.py``) runs a one-shot kernel
+(every rank reads every peer's buffer and sums) or, above a threshold that depends on the GPU count, a two-shot
+kernel (reduce-scatter then all-gather through peer memory; ``csrc/custom_all_reduce.cuh``). :func:`fit_custom_ar`
+fits the same line, one per GPU count and kernel, on the public per-size measurements copied into
+``calibrate/data/collectives/vllm_custom_ar.yaml`` (:data:`CUSTOM_AR_DATA`; each set names its source and how it
+was timed), and :data:`CUSTOM_AR_RULES` carries vLLM's size rules for the node.
+
+``python -m calibrate.collectives`` prints the fits; ``--write`` writes the residual table to
 ``calibrate/data/vidur/network-fit.json`` and the coefficients into the ``collectives`` block of the
-node presets that name a profile (``sim/presets/nodes/*.yaml``, ``collectives.profile``).
+node presets that name a profile (``sim/presets/nodes/*.yaml``, ``collectives.profile``), and the
+``custom_allreduce`` block of the presets :data:`CUSTOM_AR_RULES` names.
 """
 from __future__ import annotations
 
@@ -51,6 +60,23 @@ MAX_SEGMENTS = 3
 SPLIT_GAIN = 0.7          # a further segment must bring the cost below 0.7 x the cost without it
 MIN_POINTS = 12           # sizes per segment at least
 BREAKS = tuple(1 << k for k in range(13, 26))   # candidate breakpoints: 8 KiB .. 32 MiB
+
+CUSTOM_AR_DATA = DATA.parent.parent / "collectives" / "vllm_custom_ar.yaml"
+VLLM_SOURCE = "github:vllm-project/vllm@00d618aab60448acdf3fac3e9c4e2e22d0c6c753"
+MiB = 1 << 20
+# vLLM's rules for when CustomAllreduce runs and which kernel, per node preset and GPU count.
+# max_size_bytes: should_custom_ar() takes a message of fewer bytes than CustomAllreduce.max_size, which is
+#   min(CUSTOM_ALL_REDUCE_MAX_SIZES[capability][world_size], 8 MiB) (custom_all_reduce.py, max_size default
+#   8192 * 1024; all_reduce_utils.py, "9.0": 64 MiB / 32 MiB / 512 KiB / 256 KiB at 2 / 4 / 6 / 8 GPUs) when the
+#   torch symmetric-memory communicator is enabled, which VLLM_ALLREDUCE_USE_SYMM_MEM=1 (vllm/envs.py default)
+#   does on Hopper; larger messages go to that communicator or NCCL (cuda_communicator.py: all_reduce).
+# one_shot_max_bytes: csrc/custom_all_reduce.cuh CustomAllreduce::allreduce: 2 GPUs always one-shot
+#   (cross_device_reduce_1stage; None: no limit); fully NVLink-connected, one-shot while bytes < 512 KiB (<= 4
+#   GPUs) or < 256 KiB (<= 8 GPUs), else two-shot (cross_device_reduce_2stage).
+CUSTOM_AR_RULES = {
+    "dgx-h100": {"max_size_bytes": {2: 8 * MiB, 4: 8 * MiB, 8: MiB // 4},
+                 "one_shot_max_bytes": {2: None, 4: MiB // 2, 8: MiB // 4}},
+}
 
 
 def _range_name(lo: int, hi: int) -> str:
@@ -196,11 +222,83 @@ def node_block(res: dict, profile: str) -> dict:
     return blk
 
 
+def load_custom_ar(path: Path = CUSTOM_AR_DATA) -> dict:
+    """The measurement sets and the fit selection of ``vllm_custom_ar.yaml`` (errors name the file and key)."""
+    import yaml
+
+    d = yaml.safe_load(Path(path).read_text())
+    for key in ("sets", "fit"):
+        if not isinstance(d, dict) or not isinstance(d.get(key), dict):
+            raise ValueError(f"{path}: needs a mapping {key!r}")
+    for name, st in d["sets"].items():
+        for key in ("source", "cuda_graph", "rows"):
+            if key not in st:
+                raise ValueError(f"{path}: sets.{name} needs {key!r}")
+    return d
+
+
+def fit_custom_ar(path: Path = CUSTOM_AR_DATA) -> dict:
+    """Per node, GPU count and kernel (``one_shot``, ``two_shot``) the line ``t = latency_s + bytes / bw``
+    (:func:`fit_line`, relative soft-L1) over the points ``vllm_custom_ar.yaml``'s ``fit`` selects, with its
+    residuals; and ``eager_vs_graph``: at 4 GPUs, the kernel-bound eager loop's times over the CUDA-graph
+    two-shot times at the same sizes (the check that those eager points time the kernel)."""
+    d = load_custom_ar(path)
+    root = Path(__file__).resolve().parents[1]
+    path = Path(path)
+    out = {"source": str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path),
+           "model": "t = latency_s + size_bytes / bw_bytes_per_s (relative soft-L1 least squares)", "nodes": {}}
+    for node, per in d["fit"].items():
+        nd = out["nodes"][node] = {}
+        for g, paths in per.items():
+            for kind, picks in paths.items():
+                pts = []
+                for set_name, series, lo in picks:
+                    st = d["sets"].get(set_name)
+                    if st is None:
+                        raise ValueError(f"{path}: fit.{node}.{g}.{kind} names unknown set {set_name!r}")
+                    rows = (st["rows"].get(int(g)) or st["rows"].get(str(g)) or {}).get(series)
+                    if rows is None:
+                        raise ValueError(f"{path}: sets.{set_name}.rows.{g} has no series {series!r}")
+                    pts += [(float(b), float(us) * 1e-6, set_name) for b, us in rows if b >= lo]
+                sz = np.array([p[0] for p in pts])
+                y = np.array([p[1] for p in pts])
+                lat, bw, rel = fit_line(sz, y)
+                nd.setdefault(str(g), {})[kind] = {
+                    "latency_s": lat, "bw_bytes_per_s": bw, "n": int(sz.size),
+                    "sizes": [int(sz.min()), int(sz.max())], "sets": sorted({p[2] for p in pts}),
+                    "median_abs_rel_error": float(np.median(np.abs(rel))),
+                    "max_abs_rel_error": float(np.max(np.abs(rel))),
+                    "points": [{"bytes": int(b), "seconds": float(t), "predicted": float(lat + b / bw)}
+                               for b, t in zip(sz, y)]}
+    eager = {int(b): us for b, us in d["sets"]["sglang_2904"]["rows"][4]["vllm_custom_ar"]
+             if b >= d["sets"]["sglang_2904"].get("kernel_bound_from_bytes", 0)}
+    graph = {int(b): us for b, us in d["sets"]["vllm_24111"]["rows"][4]["ca_2stage"]}
+    out["eager_vs_graph"] = {str(b): eager[b] / graph[b] for b in sorted(set(eager) & set(graph))}
+    return out
+
+
+def custom_block(res: dict, node: str) -> dict:
+    """The ``custom_allreduce`` block of a node preset: vLLM's size rules (:data:`CUSTOM_AR_RULES`) and the
+    fitted lines (4 significant figures), measured inside CUDA graphs."""
+    rules = CUSTOM_AR_RULES[node]
+    lines = {g: {k: {"latency_s": float(f"{v['latency_s']:.4g}"), "bw_bytes_per_s": float(f"{v['bw_bytes_per_s']:.4g}")}
+                 for k, v in per.items()} for g, per in sorted(res["nodes"][node].items(), key=lambda kv: int(kv[0]))}
+    return {"source": (f"{VLLM_SOURCE} custom_all_reduce.py, all_reduce_utils.py, csrc/custom_all_reduce.cuh "
+                       "(rules); lines fitted by calibrate.collectives.fit_custom_ar"),
+            "data": "calibrate/data/collectives/vllm_custom_ar.yaml",
+            "timing": ("per all-reduce inside CUDA graphs (2 GPUs: with eager points from 1 MiB, where the GPU "
+                       "bounds the loop; see the data file)"),
+            "max_size_bytes": {str(g): v for g, v in rules["max_size_bytes"].items()},
+            "one_shot_max_bytes": {str(g): v for g, v in rules["one_shot_max_bytes"].items()},
+            "lines": lines}
+
+
 BEGIN = "# --- collectives fitted on Vidur's network profiles (python -m calibrate.collectives --write) ---"
 
 
-def write_node(path: Path, block: dict) -> None:
-    """Replace the fitted ``collectives`` block at the end of a node preset, in place (atomic)."""
+def write_node(path: Path, block: dict, custom: dict | None = None) -> None:
+    """Replace the fitted ``collectives`` block (and ``custom_allreduce``, when given) at the end of a node
+    preset, in place (atomic)."""
     import yaml
 
     from traces.store import atomic_write_text
@@ -209,7 +307,8 @@ def write_node(path: Path, block: dict) -> None:
     if BEGIN in t:
         t = t[:t.index(BEGIN)].rstrip("\n") + "\n"
     t = re.sub(r"^collectives:.*(\n[ ]+.*)*\n?", "", t, flags=re.M)
-    t = t.rstrip("\n") + "\n" + BEGIN + "\n" + yaml.safe_dump({"collectives": block}, sort_keys=False, width=110)
+    body = {"collectives": block, **({"custom_allreduce": custom} if custom else {})}
+    t = t.rstrip("\n") + "\n" + BEGIN + "\n" + yaml.safe_dump(body, sort_keys=False, width=110)
     atomic_write_text(path, t)
 
 
@@ -229,12 +328,23 @@ def main(argv=None) -> int:
                 print(f"{prof:22s} {coll:10s} gpus={r['num_workers']:2d} per_node={r['devices_per_node']} "
                       f"median|rel|={r['median_abs_rel_error']:.3f} (one line {r['single_line']['median_abs_rel_error']:.3f})  "
                       f"rms={r['rel_rms']:.3f}  {segs}")
+    car = fit_custom_ar()
+    for node, per in car["nodes"].items():
+        for g, kinds in per.items():
+            for kind, r in kinds.items():
+                print(f"{node:10s} custom_all_reduce gpus={g} {kind:8s} {r['latency_s'] * 1e6:.2f} us + "
+                      f"N/{r['bw_bytes_per_s'] / 1e9:.1f} GB/s  n={r['n']}  median|rel|={r['median_abs_rel_error']:.3f}"
+                      f"  max|rel|={r['max_abs_rel_error']:.3f}")
+    print("eager loop / CUDA graph, 4 GPUs two-shot:",
+          "  ".join(f"{int(b) >> 10} KiB {v:.2f}" for b, v in car["eager_vs_graph"].items()))
+    res["custom_allreduce"] = car
     if a.write:
         atomic_write_text(FIT_PATH, json.dumps(res, indent=1) + "\n")
         for p in sorted((PRESET_DIR / "nodes").glob("*.yaml")):
             prof = (_read_file(p).get("collectives") or {}).get("profile")
             if prof in res["profiles"]:
-                write_node(p, node_block(res, prof))
+                name = _read_file(p).get("name", p.stem)
+                write_node(p, node_block(res, prof), custom_block(car, name) if name in car["nodes"] else None)
                 print(f"wrote {p}")
         print(f"wrote {FIT_PATH}")
     return 0

@@ -51,7 +51,7 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
              allow_extrapolation: bool = False, node=None, tensor_parallel_size: int = 1,
              pipeline_parallel_size: int = 1, data_parallel_size: int = 1, router: str = "prefix-affinity",
              slo: str | None = None, pipeline_schedule: str = "overlapped", quantization: str | None = None,
-             kv_cache_dtype: str | None = None) -> SimResult:
+             kv_cache_dtype: str | None = None, disable_custom_all_reduce: bool = False) -> SimResult:
     """Simulate one configuration; see :func:`evaluate` for the arguments.
 
     ``strict``: refuse a profile fitted on another host (``sim.host``) instead of noting it;
@@ -66,7 +66,8 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     ``node``, ``tensor_parallel_size``, ``pipeline_parallel_size``, ``data_parallel_size``: the deployment
     (docs/parallelism.md; :meth:`sim.target.Target.resolve`); ``pipeline_schedule``: with PP > 1,
     ``"overlapped"`` (vLLM's up to PP batches in flight) or ``"serial"``; ``quantization`` / ``kv_cache_dtype``:
-    vLLM's ``--quantization fp8`` / ``--kv-cache-dtype fp8``; ``router`` routes the replicas' requests and
+    vLLM's ``--quantization fp8`` / ``--kv-cache-dtype fp8``; ``disable_custom_all_reduce``: every
+    tensor-parallel all-reduce priced by NCCL (vLLM's flag); ``router`` routes the replicas' requests and
     ``slo`` (``"ttft=S,tpot=S,e2e=S"``) adds goodput, serving mode.
     """
     config = RunConfig(policy=policy, params=dict(params or {}), workload=workload, mode=mode, seed=seed,
@@ -78,7 +79,8 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
                                        pipeline_parallel_size=pipeline_parallel_size,
                                        data_parallel_size=data_parallel_size,
                                        pipeline_schedule=pipeline_schedule, quantization=quantization,
-                                       kv_cache_dtype=kv_cache_dtype), config)
+                                       kv_cache_dtype=kv_cache_dtype,
+                                       disable_custom_all_reduce=disable_custom_all_reduce), config)
 
 
 def evaluate(trace, policy: str = "asks", params: dict | None = None, model_preset=None, hardware="local-cpu",
@@ -114,7 +116,7 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
                      pipeline_parallel_size: int = 1, data_parallel_size: int = 1,
                      router: str = "prefix-affinity", arrival_rate: float | None = None,
                      pipeline_schedule: str = "overlapped", quantization: str | None = None,
-                     kv_cache_dtype: str | None = None) -> dict:
+                     kv_cache_dtype: str | None = None, disable_custom_all_reduce: bool = False) -> dict:
     """``{"policies": {NAME: metrics}}`` for every registered policy at its defaults (docs/sim-api.md).
 
     Every rate and ratio has its 95% interval beside it, ``<metric>_ci95 = [lo, hi]``
@@ -128,7 +130,8 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
     target = Target.resolve(session, model_preset, hardware, ServingConfig.from_any(serving), node=node,
                             tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
                             data_parallel_size=data_parallel_size, pipeline_schedule=pipeline_schedule,
-                            quantization=quantization, kv_cache_dtype=kv_cache_dtype)
+                            quantization=quantization, kv_cache_dtype=kv_cache_dtype,
+                            disable_custom_all_reduce=disable_custom_all_reduce)
     names = list(policies) if policies is not None else list_policies()
     if progress:
         from tqdm import tqdm

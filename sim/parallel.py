@@ -35,7 +35,10 @@ requests in no in-flight batch; ``schedule="serial"`` prices one batch through a
 Collectives are priced from the node (:class:`NodeProfile`): ``t(N) = latency_s + N / bw`` per GPU
 count, fitted on Vidur's measured NCCL profiles (:mod:`calibrate.collectives`), or for a node without a
 measured profile (PCIe-only, e.g. L4) the ring model from the datasheet link bandwidth with a named
-efficiency and latency.
+efficiency and latency. On a node whose preset has a ``custom_allreduce`` block (NVLink, all GPUs
+connected), a tensor-parallel all-reduce smaller than vLLM's ``max_size`` is priced as vLLM's own
+``CustomAllreduce`` runs it (one-shot or two-shot kernel, lines fitted on measurements inside CUDA graphs),
+the NCCL lines beyond; ``--disable-custom-all-reduce`` (vLLM's flag) prices every one by NCCL.
 
 At ``TP = PP = 1`` :class:`ParallelCost` *is* :class:`sim.cost.ScalarCost` (it delegates), so a
 single-GPU run is bit-for-bit today's.
@@ -69,8 +72,13 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
+    # vLLM's --disable-custom-all-reduce: every tensor-parallel all-reduce through NCCL (NodeProfile.allreduce_seconds)
+    disable_custom_all_reduce: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.disable_custom_all_reduce, bool):
+            raise ParallelError(f"--disable-custom-all-reduce: must be true or false, got "
+                                f"{self.disable_custom_all_reduce!r}")
         for flag, v, hi in (("--tensor-parallel-size", self.tensor_parallel_size, max(TP_SIZES)),
                             ("--pipeline-parallel-size", self.pipeline_parallel_size, MAX_PP),
                             ("--data-parallel-size", self.data_parallel_size, MAX_DP)):
@@ -188,6 +196,13 @@ class NodeProfile:
 
         ring all-reduce over p GPUs:  t(N) = latency_s + N / (link_eff * link_bw * p / (2 (p - 1)))
         send/recv:                    t(N) = latency_s + N / (link_eff * link_bw)
+
+    ``custom_allreduce`` (optional; :func:`calibrate.collectives.custom_block`) prices vLLM's
+    ``CustomAllreduce``: ``max_size_bytes`` and ``one_shot_max_bytes`` per GPU count (vLLM's rules; None: one-shot
+    at every size), ``lines: {gpus: {one_shot | two_shot: {latency_s, bw_bytes_per_s}}}`` fitted on per-size
+    measurements inside CUDA graphs, and ``source``. vLLM runs it on more than two GPUs only when they are all
+    NVLink-connected (``custom_all_reduce.py``: "not supported on more than two PCIe-only GPUs"), so a preset
+    whose interconnect is not ``nvlink`` may carry lines for two GPUs at most.
     """
 
     name: str
@@ -198,6 +213,7 @@ class NodeProfile:
     link_bw_bytes_per_s: float
     inter_node_bw_bytes_per_s: float
     collectives: dict = field(default_factory=dict, compare=False)
+    custom_allreduce: dict = field(default_factory=dict, compare=False)
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -216,6 +232,56 @@ class NodeProfile:
         if c.get("model") is None and "all_reduce" not in c:
             raise PresetError(f"node preset {self.source or self.name}: collectives needs fitted 'all_reduce' lines "
                               "(python -m calibrate.collectives --write) or 'model: ring'")
+        self._check_custom_allreduce()
+
+    def _check_custom_allreduce(self) -> None:
+        ca = self.custom_allreduce or {}
+        if not ca:
+            return
+        where = f"node preset {self.source or self.name}: custom_allreduce"
+        if not isinstance(ca, dict):
+            raise PresetError(f"{where} must be a mapping, got {ca!r}")
+        for key in ("max_size_bytes", "one_shot_max_bytes", "lines", "source"):
+            if key not in ca:
+                raise PresetError(f"{where} needs {key!r}")
+        for g, per in ca["lines"].items():
+            if str(g) not in {str(k) for k in ca["max_size_bytes"]} or str(g) not in \
+                    {str(k) for k in ca["one_shot_max_bytes"]}:
+                raise PresetError(f"{where}.lines.{g}: no max_size_bytes / one_shot_max_bytes for {g} GPUs")
+            if int(g) > 2 and self.interconnect != "nvlink":
+                raise PresetError(f"{where}.lines.{g}: vLLM disables its custom all-reduce on more than two GPUs "
+                                  f"that are not all NVLink-connected (interconnect {self.interconnect!r})")
+            if not isinstance(per, dict) or not per or set(per) - {"one_shot", "two_shot"}:
+                raise PresetError(f"{where}.lines.{g}: needs one_shot and/or two_shot, got {per!r}")
+            for kind, ln in per.items():
+                for f in ("latency_s", "bw_bytes_per_s"):
+                    v = ln.get(f) if isinstance(ln, dict) else None
+                    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                            or (f == "bw_bytes_per_s" and v <= 0):
+                        raise PresetError(f"{where}.lines.{g}.{kind}.{f}: must be a positive number, got {v!r}")
+
+    def custom_allreduce_line(self, nbytes: float, gpus: int) -> tuple[str, float, float] | None:
+        """``(kernel, latency_s, bw_bytes_per_s)`` of vLLM's custom all-reduce for this message, or None where vLLM
+        would not run it here or no line is measured (then NCCL prices it).
+
+        vLLM (``CustomAllreduce.should_custom_ar``): fewer bytes than ``max_size``; the kernel
+        (``csrc/custom_all_reduce.cuh``): one-shot below ``one_shot_max_bytes`` (always at two GPUs), else two-shot.
+        """
+        ca = self.custom_allreduce or {}
+        g = str(int(gpus))
+        per = (ca.get("lines") or {}).get(g)
+        # (should_custom_ar also wants a multiple of 16 bytes: t d s is one, the hidden sizes being multiples of 8)
+        if not per or nbytes <= 0:
+            return None
+        mx = {str(k): v for k, v in ca["max_size_bytes"].items()}.get(g)
+        if mx is None or nbytes >= mx:
+            return None
+        one = {str(k): v for k, v in ca["one_shot_max_bytes"].items()}.get(g)
+        kind = "one_shot" if one is None or nbytes < one else "two_shot"
+        ln = per.get(kind)
+        if ln is None:
+            return None
+        return kind, float(ln["latency_s"]), float(ln["bw_bytes_per_s"])
 
     @property
     def measured(self) -> bool:
@@ -246,12 +312,26 @@ class NodeProfile:
                 break
         return float(seg["latency_s"]), float(seg["bw_bytes_per_s"])
 
-    def allreduce_seconds(self, nbytes: float, gpus: int) -> float:
-        """One all-reduce of ``nbytes`` over ``gpus`` GPUs of this node: ``latency_k + N / bw_k`` of the size's
-        segment; 0 for one GPU or no bytes. Beyond the largest measured size (64 MiB) the last segment's line
-        continues: the bandwidth-bound regime, where time is linear in size."""
+    def allreduce_seconds(self, nbytes: float, gpus: int, cuda_graph: bool = False, custom: bool = True,
+                          launch_s: float = 0.0) -> float:
+        """One all-reduce of ``nbytes`` over ``gpus`` GPUs of this node, as vLLM runs it; 0 for one GPU or no bytes.
+
+        Where :meth:`custom_allreduce_line` has a line (``custom``: vLLM's custom all-reduce enabled)::
+
+            t = latency + N / bw                  inside a CUDA graph (the lines' own measurement)
+            t = latency + N / bw + launch_s       eager: vLLM first copies the input into its registered buffer
+                                                  (CustomAllreduce.all_reduce, registered=False), one more kernel
+
+        else NCCL's ``latency_k + N / bw_k`` of the size's segment (as measured, whatever ``cuda_graph``).
+        Beyond the largest measured size (64 MiB) the last segment's line continues: the bandwidth-bound regime,
+        where time is linear in size."""
         if gpus <= 1 or nbytes <= 0:
             return 0.0
+        if custom:
+            ca = self.custom_allreduce_line(nbytes, gpus)
+            if ca is not None:
+                _, lat, bw = ca
+                return lat + nbytes / bw + (0.0 if cuda_graph else float(launch_s))
         lat, bw = self._line("all_reduce", gpus, nbytes)
         return lat + nbytes / bw
 
@@ -272,6 +352,7 @@ class NodeProfile:
 
 
 _NODE_FIELDS = {f.name for f in dataclasses.fields(NodeProfile)} - {"source"}
+_NODE_OPTIONAL = {"name", "custom_allreduce"}     # a node without vLLM's custom all-reduce lines omits the block
 
 
 def load_node(name_or_path: str | os.PathLike) -> NodeProfile:
@@ -284,7 +365,7 @@ def load_node(name_or_path: str | os.PathLike) -> NodeProfile:
     unknown = set(data) - _NODE_FIELDS
     if unknown:
         raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(_NODE_FIELDS))}")
-    missing = _NODE_FIELDS - set(data) - {"name"}
+    missing = _NODE_FIELDS - set(data) - _NODE_OPTIONAL
     if missing:
         raise PresetError(f"{path}: missing field(s) {', '.join(sorted(missing))}")
     data.setdefault("name", path.stem)
@@ -308,9 +389,12 @@ class ParallelCost:
     logits), plus (module docstring)::
 
         comm_k = sum over the stage's layers j of 2 allreduce(t_j d s, TP)    # t_j: tokens running layer j
-                 + [k = 0] allreduce(t d s, TP) + [logits here] allreduce(r V s, TP) / 2
+                 + [k = 0] allreduce(t d s, TP) + [logits here] allreduce_nccl(r V s, TP) / 2
                  + [k < PP - 1] sendrecv(2 t_{b_k} d s)
 
+    ``allreduce`` is :meth:`NodeProfile.allreduce_seconds` with this cost's ``cuda_graph`` (eager: one more
+    kernel, the hardware's ``per_kernel_s``, where vLLM's custom all-reduce runs) and vLLM's custom all-reduce
+    unless ``par.disable_custom_all_reduce``; the logits gather is an NCCL all-gather in vLLM, never custom.
     ``seconds`` = the sum over stages (one batch through the pipeline); ``stage_seconds`` the list.
     """
 
@@ -320,6 +404,10 @@ class ParallelCost:
         if schedule not in PIPELINE_SCHEDULES:
             raise ParallelError(f"--pipeline-schedule: {schedule!r} is not one of {', '.join(PIPELINE_SCHEDULES)}")
         self.m, self.par, self.node = m, par, node
+        self.cuda_graph = bool(cuda_graph)
+        self.custom_ar = not par.disable_custom_all_reduce
+        # outside a graph vLLM's custom all-reduce launches one more kernel (the copy into its registered buffer)
+        self.launch_s = 0.0 if cuda_graph else float(getattr(hw, "per_kernel_s", 0.0) or 0.0)
         # how the engine runs the stages (sim.engine): up to PP batches in flight (vLLM) or one at a time
         self.pipeline_schedule = schedule
         self.pp = par.pipeline_parallel_size
@@ -379,17 +467,19 @@ class ParallelCost:
                     runs.append((here, float(n)))
             t = sc.seconds(sub) if sub else 0.0
             if tp > 1 and runs:
+                ar = dict(cuda_graph=self.cuda_graph, custom=self.custom_ar, launch_s=self.launch_s)
                 # two all-reduces per layer over the tokens still running that layer
                 depth = sorted({h for h, _ in runs})
                 prev = 0
                 for h in depth:
                     tok = sum(nn for hh, nn in runs if hh >= h)
-                    t += 2.0 * (h - prev) * node.allreduce_seconds(tok * self.act, tp)
+                    t += 2.0 * (h - prev) * node.allreduce_seconds(tok * self.act, tp, **ar)
                     prev = h
                 if k == 0:
-                    t += node.allreduce_seconds(sum(nn for _, nn in runs) * self.act, tp)
+                    t += node.allreduce_seconds(sum(nn for _, nn in runs) * self.act, tp, **ar)
                 if rows > 0:
-                    t += 0.5 * node.allreduce_seconds(rows * self.logit_row, tp)
+                    # tensor_model_parallel_gather: NCCL, not the custom all-reduce
+                    t += 0.5 * node.allreduce_seconds(rows * self.logit_row, tp, custom=False)
             if k < last:
                 tok_next = sum(float(it[0]) for it in items if it[0] > 0 and (L if it[2] is None else it[2]) > b)
                 if tok_next > 0:

@@ -240,7 +240,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         offline: bool = False, token_policy=None, block_size: int = BLOCK_SIZE,
         arrivals: np.ndarray | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
         node=None, data_parallel_size: int = 1, router: str = "prefix-affinity",
-        pipeline_schedule: str = "overlapped") -> PlainRun:
+        pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False) -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.engine.Engine` and return per-request timings.
 
     ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
@@ -255,6 +255,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     ``data_parallel_size`` such replicas sit behind ``router`` (:mod:`sim.router`; :func:`_replicated`); one
     replica is the engine's own driver, unchanged. ``pipeline_schedule`` (PP > 1): ``"overlapped"``, vLLM's
     up to PP batches in flight, or ``"serial"``, one batch through all stages at a time.
+    ``disable_custom_all_reduce``: vLLM's flag, every tensor-parallel all-reduce priced by NCCL.
     """
     from .engine import Engine
     from .scheduler import SchedulerConfig
@@ -272,7 +273,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     from .capacity import check_fits
     from .parallel import ParallelConfig, ParallelCost, rank_model, stage_layers
     from .target import resolve_node
-    par = ParallelConfig(tensor_parallel_size, pipeline_parallel_size, data_parallel_size)
+    par = ParallelConfig(tensor_parallel_size, pipeline_parallel_size, data_parallel_size, disable_custom_all_reduce)
     if data_parallel_size > 1:
         from .router import ROUTERS
         if router not in ROUTERS:

@@ -72,6 +72,10 @@ class TargetSpec:
                                          help="pipeline stages per replica (vLLM's flag; default 1)")
     data_parallel_size: int = option(1, kind=int, lo=1, hi=MAX_DP, flag="--data-parallel-size", metavar="DP",
                                      help="serving mode: replicas of TP x PP GPUs behind --router (default 1)")
+    disable_custom_all_reduce: bool = option(False, kind=bool, flag="--disable-custom-all-reduce",
+                                             help="price every tensor-parallel all-reduce by NCCL, as vLLM's flag of "
+                                                  "that name runs it (default: vLLM's custom all-reduce where the "
+                                                  "node preset has its lines)")
     pipeline_schedule: str = option("overlapped", kind=str, choices=PIPELINE_SCHEDULES, flag="--pipeline-schedule",
                                     metavar="S",
                                     help="with PP > 1: 'overlapped' keeps up to PP batches in flight, one per stage "
@@ -116,11 +120,12 @@ class Target:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     pipeline_schedule: str = "overlapped"
+    disable_custom_all_reduce: bool = False
 
     @classmethod
     def resolve(cls, session, model=None, hardware="local-cpu", serving=None, node=None, tensor_parallel_size=1,
                 pipeline_parallel_size=1, data_parallel_size=1, pipeline_schedule="overlapped", quantization=None,
-                kv_cache_dtype=None) -> "Target":
+                kv_cache_dtype=None, disable_custom_all_reduce=False) -> "Target":
         """A target from preset names, files or profiles (``model=None``: the trace's own model).
 
         ``quantization`` / ``kv_cache_dtype``: vLLM's ``--quantization`` / ``--kv-cache-dtype``
@@ -144,9 +149,10 @@ class Target:
             spec = TargetSpec(model=None, hardware="-", node=None if node is None or isinstance(node, NodeProfile)
                               else str(node), tensor_parallel_size=tensor_parallel_size,
                               pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
-                              pipeline_schedule=pipeline_schedule)
+                              pipeline_schedule=pipeline_schedule, disable_custom_all_reduce=disable_custom_all_reduce)
             try:
-                par = ParallelConfig(spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.data_parallel_size)
+                par = ParallelConfig(spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.data_parallel_size,
+                                     spec.disable_custom_all_reduce)
             except ParallelError as exc:
                 raise ConfigError(str(exc), field=_flag_field(str(exc))) from None
             nd = resolve_node(node, hw, par, session.presets)
@@ -163,7 +169,8 @@ class Target:
                     raise ConfigError(str(exc), field="tensor_parallel_size") from None
             return cls(model=m, hardware=hw, serving=sv, trace_model=session.trace_model, node=nd,
                        tensor_parallel_size=par.tensor_parallel_size, pipeline_parallel_size=par.pipeline_parallel_size,
-                       data_parallel_size=par.data_parallel_size, pipeline_schedule=spec.pipeline_schedule)
+                       data_parallel_size=par.data_parallel_size, pipeline_schedule=spec.pipeline_schedule,
+                       disable_custom_all_reduce=par.disable_custom_all_reduce)
 
     key: tuple = field(init=False, repr=False)  # (model, hardware cost terms): what a job's costs depend on
 
@@ -174,6 +181,8 @@ class Target:
                      self.node.name if self.node is not None else None),)
             if self.pipeline_parallel_size > 1:
                 key += (("pipeline_schedule", self.pipeline_schedule),)
+            if self.disable_custom_all_reduce:
+                key += (("disable_custom_all_reduce", True),)
         object.__setattr__(self, "key", key)
 
     def __hash__(self) -> int:
@@ -186,7 +195,8 @@ class Target:
     # ------------------------------------------------------------------ the layout
     @property
     def parallel(self) -> ParallelConfig:
-        return ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size)
+        return ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size,
+                              self.disable_custom_all_reduce)
 
     @property
     def single(self) -> bool:
