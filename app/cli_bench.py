@@ -55,6 +55,9 @@ def _target_flags(p, offline: bool) -> None:
     p.add_argument("--kv-capacity-bytes", default=None, metavar="B", help="KV capacity in bytes (default: memory x utilisation - weights - reserve)")
     p.add_argument("--block-size", default=16, metavar="T",
                    help="tokens per KV block")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="vLLM's flag: no CUDA graphs (every kernel launched from the host, no padding to capture "
+                        "sizes); default: vLLM's graphs on a GPU")
     p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
                    help="turn exact-prefix caching off (vLLM's flag; on by default as in vLLM V1)")
     p.add_argument("--policy", default="none", metavar="NAME",
@@ -229,7 +232,7 @@ def _target(args):
     sv = ServingConfig(scheduler=args.scheduler, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        gpu_memory_utilization=args.gpu_memory_utilization, kv_capacity_bytes=args.kv_capacity_bytes,
-                       prefix_caching=caching)
+                       prefix_caching=caching, enforce_eager=bool(args.enforce_eager))
     return model, hw, sv, pol
 
 

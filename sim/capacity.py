@@ -103,6 +103,9 @@ class ServingConfig:
                                        help="token policies: extend the long decodes to T tokens (results say "
                                             "length_extrapolated; default: the recorded length)")
     prefix_caching: bool = option(True, kind=bool, help="prefix caching across problems and branches")
+    enforce_eager: bool = option(False, kind=bool, flag="--enforce-eager",
+                                 help="vLLM's flag: no CUDA graphs (every kernel launched from the host; no padding "
+                                      "to capture sizes); default: graphs on a GPU whose profile has cuda_graphs")
 
     def __post_init__(self) -> None:
         # The declarations above are the bounds; errors name the flag (the CLI's and the dashboard's name).

@@ -373,10 +373,12 @@ class ScalarCost:
     operations: the formula itself is written once, for this path and ``HardwareProfile.time``.
     """
 
-    def __init__(self, m: ModelShape, hw, cuda_graph: bool = False, sample_vocab: int | None = None):
+    def __init__(self, m: ModelShape, hw, cuda_graph: bool = False, sample_vocab: int | None = None, graphs=None):
         # sample_vocab: entries the sampler sorts per row when it differs from m.vocab_size (a tensor-parallel
         # rank holds V / TP of the LM head but samples over the gathered V logits: sim.parallel)
-        self.m, self.hw, self.cuda_graph = m, hw, bool(cuda_graph)
+        # cuda_graph: every kernel replayed from a graph; graphs (sim.graphs.CudaGraphs): vLLM's choice per
+        # iteration -- padded to a capture size, full (uniform decode) or piecewise, eager above the largest
+        self.m, self.hw, self.cuda_graph, self.graphs = m, hw, bool(cuda_graph), graphs
         self.L = float(m.n_layers)
         self.P = float(m.params_per_layer)
         self.att = 4.0 * m.n_heads * m.head_dim
@@ -403,12 +405,15 @@ class ScalarCost:
         d_ell = d_ellc = d_cmax = 0.0   # one-token rows: sum l_i, sum l_i c_i, max c_i (padded attention)
         emb = cp = nl = rows = rows_n = 0.0
         lmax = pmax = gmax = cp_any = 0.0
+        uniform = True    # every running item decodes one token (vLLM's uniform decode batch)
         L = self.L
         for it in items:
             n, c, ell, p, g, copy = it[:6]
             if ell is None:
                 ell = L
             if n > 0:
+                if n != 1.0:
+                    uniform = False
                 f_lin += 2.0 * self.P * n * ell
                 f_att += self.att * ell * (n * c + n * (n + 1.0) / 2.0)
                 kv += ell * self.kvt * (c + n)
@@ -434,16 +439,26 @@ class ScalarCost:
                 cp += 2.0 * copy
                 cp_any = 1.0
         s, sk = self.s, self.sk
+        gemm_rows = rows_n
+        kernels = (K_LAYER * lmax + K_FWD if lmax > 0 else 0.0) + K_PROBE * pmax + cp_any
+        kernels, gk = (0.0, kernels) if self.cuda_graph else (kernels, 0.0)
+        tp = self.graphs.padded(rows_n) if self.graphs is not None and lmax > 0 else None
+        if tp is not None:
+            # padding rows run the captured layers (not the LM head: logits are computed on the real rows)
+            pad = tp - rows_n
+            f_lin += 2.0 * self.P * pad * lmax
+            nl += pad * lmax
+            gemm_rows = float(tp)
+            launched = 0.0 if uniform else lmax   # piecewise: attention launched eagerly, once per layer
+            kernels, gk = launched, kernels + gk - launched
         b_lin = lmax * self.wl
         b_head = s * (pmax + gmax) * self.dV
         b_att = sk * kv
         mv = 1.0 if rows_n == 1.0 else 0.0
         gap = d_cmax * d_ell - d_ellc
-        kernels = (K_LAYER * lmax + K_FWD if lmax > 0 else 0.0) + K_PROBE * pmax + cp_any
-        kernels, gk = (0.0, kernels) if self.cuda_graph else (kernels, 0.0)
         return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * emb + sk * cp * L * self.kvt, kernels,
                        lmax, rows * self.V, 1.0 if lmax > 0 else 0.0, gk, f_lin, b_lin, f_att, b_att, f_head, b_head,
-                       nl * self.elem, mv * b_lin, mv * b_head, rows_n, sk * kvs, self.att * gap, sk * self.kvt * gap,
+                       nl * self.elem, mv * b_lin, mv * b_head, gemm_rows, sk * kvs, self.att * gap, sk * self.kvt * gap,
                        f_lin if self.fp8 else 0.0)
 
     def seconds(self, items) -> float:

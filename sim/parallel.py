@@ -399,21 +399,23 @@ class ParallelCost:
     """
 
     def __init__(self, m: ModelShape, hw, node: NodeProfile | None, par: ParallelConfig, cuda_graph: bool = False,
-                 delegate_single: bool = True, schedule: str = "overlapped"):
+                 delegate_single: bool = True, schedule: str = "overlapped", graphs=None):
+        # graphs (sim.graphs.CudaGraphs): vLLM's per-iteration graph choice; an iteration it replays runs its
+        # all-reduces inside the graph
         # delegate_single=False runs the staged path even at TP = PP = 1 (the test that it reduces exactly)
         if schedule not in PIPELINE_SCHEDULES:
             raise ParallelError(f"--pipeline-schedule: {schedule!r} is not one of {', '.join(PIPELINE_SCHEDULES)}")
         self.m, self.par, self.node = m, par, node
         self.cuda_graph = bool(cuda_graph)
+        self.graphs = graphs
+        self.per_kernel_s = float(getattr(hw, "per_kernel_s", 0.0) or 0.0)
         self.custom_ar = not par.disable_custom_all_reduce
-        # outside a graph vLLM's custom all-reduce launches one more kernel (the copy into its registered buffer)
-        self.launch_s = 0.0 if cuda_graph else float(getattr(hw, "per_kernel_s", 0.0) or 0.0)
         # how the engine runs the stages (sim.engine): up to PP batches in flight (vLLM) or one at a time
         self.pipeline_schedule = schedule
         self.pp = par.pipeline_parallel_size
         self.single = par.is_single and delegate_single
         if self.single:
-            self._one = ScalarCost(m, hw, cuda_graph=cuda_graph)
+            self._one = ScalarCost(m, hw, cuda_graph=cuda_graph, graphs=graphs)
             self.prices_shared = self._one.prices_shared
             return
         if node is None and not par.is_single:
@@ -429,8 +431,8 @@ class ParallelCost:
         for ell in self.parts:
             self.bounds.append((a, a + ell))
             a += ell
-        self.stages = [ScalarCost(rank_model(m, tp, ell), hw, cuda_graph=cuda_graph, sample_vocab=m.vocab_size)
-                       for ell in self.parts]
+        self.stages = [ScalarCost(rank_model(m, tp, ell), hw, cuda_graph=cuda_graph, sample_vocab=m.vocab_size,
+                                  graphs=graphs) for ell in self.parts]
         self.prices_shared = self.stages[0].prices_shared
         self.act = float(m.hidden_size * m.dtype_bytes)      # bytes of one token's activations
         self.logit_row = float(m.vocab_size * m.dtype_bytes)
@@ -444,6 +446,9 @@ class ParallelCost:
         node, tp = self.node, self.tp
         out = []
         last = len(self.bounds) - 1
+        graphed = self.cuda_graph or (self.graphs is not None and
+                                      self.graphs.padded(sum(float(it[0]) for it in items if it[0] > 0)) is not None)
+        ar = dict(cuda_graph=graphed, custom=self.custom_ar, launch_s=0.0 if graphed else self.per_kernel_s)
         for k, ((a, b), sc) in enumerate(zip(self.bounds, self.stages)):
             sub = []
             runs = []        # (layers run here, tokens) of items with work here
@@ -467,7 +472,6 @@ class ParallelCost:
                     runs.append((here, float(n)))
             t = sc.seconds(sub) if sub else 0.0
             if tp > 1 and runs:
-                ar = dict(cuda_graph=self.cuda_graph, custom=self.custom_ar, launch_s=self.launch_s)
                 # two all-reduces per layer over the tokens still running that layer
                 depth = sorted({h for h, _ in runs})
                 prev = 0

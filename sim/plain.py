@@ -257,7 +257,9 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     up to PP batches in flight, or ``"serial"``, one batch through all stages at a time.
     ``disable_custom_all_reduce``: vLLM's flag, every tensor-parallel all-reduce priced by NCCL.
     """
+    from .cost import ScalarCost
     from .engine import Engine
+    from .graphs import engine_graphs
     from .scheduler import SchedulerConfig
 
     sv = serving or ServingConfig()
@@ -268,6 +270,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     sched = SchedulerConfig(max_num_seqs=int(sv.max_num_seqs or d["max_num_seqs"]),
                             max_num_batched_tokens=int(sv.max_num_batched_tokens or d["max_num_batched_tokens"]),
                             policy=sv.scheduler)
+    graphs = engine_graphs(hw, sched.max_num_seqs, sv.enforce_eager)   # vLLM's CUDA graphs (sim.graphs)
     sv_eff = ServingConfig(**{**sv.to_dict(), "max_num_seqs": sched.max_num_seqs,
                               "max_num_batched_tokens": sched.max_num_batched_tokens})
     from .capacity import check_fits
@@ -309,7 +312,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         ids.append([np.concatenate([pre, own]) if wl.prefix_len else own])
     kw = dict(seed=seed, scheduler=sched, kv_blocks=blocks, caching=bool(sv.prefix_caching) and token_policy is None,
               max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name, record_token_times=True,
-              cost=None if par.is_single else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule))
+              cost=(ScalarCost(model, hw, graphs=graphs) if par.is_single
+                    else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule, graphs=graphs)))
     where = None
     if par.data_parallel_size == 1:
         eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency, **kw)
@@ -335,6 +339,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
             "max_running_seqs": int(max(x.stats["max_running_seqs"] for x in results)),   # of any one replica
             "iterations": int(sum(x.iterations for x in results)), "offline": bool(offline),
             "prefix_hit_tokens": int(sum(r["prefix_hit_tokens"] for r in recs))}
+    info["cuda_graphs"] = "off (eager)" if graphs is None else f"padded to capture sizes up to {graphs.max_size}"
     if model.quantization or model.kv_cache_dtype:   # stated only when set: a 16-bit run's info is as before
         info.update({"quantization": model.quantization or None, "kv_cache_dtype": model.kv_cache_dtype or "auto"})
     info["kv_bytes_per_token"] = int(model.kv_bytes_per_token)

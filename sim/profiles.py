@@ -320,6 +320,8 @@ class HardwareProfile:
     gemm_row_block: int | None = None      # rows per weight pass of the small-M path (None: only 1 row is)
     gemm_small_m_max: int | None = None    # most token rows the small-M path takes (None: every count)
     sm_count: int | None = None     # streaming multiprocessors (datasheet): matrix products wave-quantised (None: off)
+    cuda_graphs: bool = False       # the engine replays CUDA graphs (vLLM V1 on a CUDA GPU): sim.graphs
+    eager_launch_s: float = 0.0     # host seconds to launch one kernel eagerly: bounds an eager iteration from below
     fp8_weights: str | None = None  # FP8_WEIGHTS: how --quantization fp8 runs here (None: refused)
     peak_flops_fp8: float | None = None   # FP8 tensor-core peak, dense (datasheet); needed by fp8_weights: w8a8
     eff_c_fp8: float | None = None  # FP8 matrix products' fraction of peak_flops_fp8 (None: eff_c's fraction)
@@ -340,12 +342,16 @@ class HardwareProfile:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
                                   f"integer or null, got {v!r}")
-        for f in ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s"):
+        for f in ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s",
+                  "eager_launch_s"):
             v = getattr(self, f)
             if v is None and f == "per_kernel_graph_s":
                 continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v < 0:
                 raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a number >= 0, got {v!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'cuda_graphs' must be true or false, "
+                              f"got {self.cuda_graphs!r}")
         if self.fp8_weights not in FP8_WEIGHTS:
             raise PresetError(f"hardware preset {self.source or self.name}: field 'fp8_weights' must be one of "
                               f"{', '.join(str(x) for x in FP8_WEIGHTS)}, got {self.fp8_weights!r}")
@@ -620,7 +626,7 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     data.setdefault("name", path.stem)
     for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s",
               "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem", "eff_mv", "eff_att",
-              "eff_kv", "eff_kv_shared", "peak_flops_fp8", "eff_c_fp8"):
+              "eff_kv", "eff_kv_shared", "peak_flops_fp8", "eff_c_fp8", "eager_launch_s"):
         if k in data and isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
             try:
                 data[k] = float(data[k])

@@ -15,6 +15,7 @@ overhead would dominate) evaluate the same expression. The formula, with the rat
                        + max(f_rest / rc, b_rest / rm) + b_elem / (mem_bw eff_elem)
     t = roof + kernels per_kernel_s + graph_kernels per_kernel_graph_s + layers per_layer_s
           + samples sample_s_per_vocab + iters host_per_iter_s
+    t = max(t, kernels eager_launch_s)      # launched kernels cannot start faster than the host issues them
 
 with ``rc8 = peak_flops_fp8 eff_c_fp8`` (``fp8_weights: w8a8``; else ``rc``: FP8 weights dequantised into
 16-bit GEMMs) the rate of the FP8 linear layers' flops ``f_lin_fp8``, ``lin``'s compute
@@ -102,6 +103,10 @@ def seconds(hw, terms, ops=NUMPY, roofline: str | None = None, model=None):
     else:
         raise ValueError(f"roofline: {mode!r} is not one of {', '.join(ROOFLINES)}")
     pkg = hw.per_kernel_s if hw.per_kernel_graph_s is None else hw.per_kernel_graph_s
-    return (roof + terms.kernels * hw.per_kernel_s + terms.layers * hw.per_layer_s
-            + terms.graph_kernels * pkg + terms.samples * hw.sample_s_per_vocab
-            + terms.iters * hw.host_per_iter_s)
+    t = (roof + terms.kernels * hw.per_kernel_s + terms.layers * hw.per_layer_s
+         + terms.graph_kernels * pkg + terms.samples * hw.sample_s_per_vocab
+         + terms.iters * hw.host_per_iter_s)
+    if hw.eager_launch_s:
+        # kernels launched one by one from the host: the GPU cannot run ahead of the launches
+        t = ops.maximum(t, terms.kernels * hw.eager_launch_s)
+    return t

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from app.cli import main
 from sim import plain
+from sim.capacity import ServingConfig
 from sim.profiles import load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -320,7 +321,9 @@ def syn_files(tmp_path_factory):
     files = []
     for j, (rate, conc, il, ol) in enumerate([(1.5, None, 800, 32), (math.inf, 8, 400, 24), (10.0, 16, 1500, 12)]):
         wl = plain.random_workload(30, il, ol, 0.5, 0, seed=j)
-        r = plain.run(m, true_hw, wl, request_rate=rate, max_concurrency=conc, seed=j)
+        # eager: calibrate.vllm_bench replays the files' iterations without CUDA-graph padding (sim.graphs)
+        r = plain.run(m, true_hw, wl, request_rate=rate, max_concurrency=conc, seed=j,
+                      serving=ServingConfig(enforce_eager=True))
         f = d / f"syn{j}.json"
         f.write_text(json.dumps(plain.serve_result(r, request_rate=rate, max_concurrency=conc)))
         files.append(f)
