@@ -218,9 +218,9 @@ class FrontendCost:
     https://github.com/vllm-project/vllm/pull/17546): its work delays a request's tokens but
     does not lengthen an engine step, unless one pass over a step's outputs takes longer than
     the step (then the front-end sets the pace). ``vllm bench serve`` stops the TTFT clock when
-    the client receives the first streamed chunk with content
-    (``vllm/benchmarks/lib/endpoint_request_func.py``, ``async_request_openai_completions``:
-    ``ttft = time.perf_counter() - st`` at the first chunk), so::
+    the client has parsed the first SSE chunk holding ``choices``
+    (``vllm/benchmarks/lib/endpoint_request_func.py`` in vLLM 0.33,
+    ``async_request_openai_completions``: ``output.ttft = timestamp - st``), so::
 
         ttft_s += request_s + per_prompt_token_s * prompt_tokens + per_output_s
         itl_s  = max(step_s, frontend_step_s(running) / api_servers)     # the pace of tokens
