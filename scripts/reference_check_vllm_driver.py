@@ -32,11 +32,11 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 MAX_MODEL_LEN = 32768
 
 
-def _model_dir() -> str:
+def _model_dir(vocab: int = VOCAB) -> str:
     d = tempfile.mkdtemp(prefix="rksim-vllm-model-")
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
            "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
-           "num_hidden_layers": 1, "vocab_size": VOCAB, "max_position_embeddings": MAX_MODEL_LEN,
+           "num_hidden_layers": 1, "vocab_size": int(vocab), "max_position_embeddings": MAX_MODEL_LEN,
            "rms_norm_eps": 1e-5, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2,
            "tie_word_embeddings": False}
     with open(os.path.join(d, "config.json"), "w") as f:
@@ -44,36 +44,51 @@ def _model_dir() -> str:
     return d
 
 
+def build_scheduler(config: dict, model_dir: str, reserve_full_isl: bool | None = None, scheduler_cls=None):
+    """vLLM's V1 ``Scheduler`` (or the subclass ``scheduler_cls``) on CPU for a stream ``config``.
+
+    Returns ``(scheduler, vllm_config, block_hasher)``; built as vLLM's ``tests/v1/core/utils.py``
+    builds one (module docstring). Shared by :mod:`host_step_driver`.
+    """
+    import torch
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    bs = int(config["block_size"])
+    kw = dict(max_num_seqs=int(config["max_num_seqs"]),
+              max_num_batched_tokens=int(config["max_num_batched_tokens"]),
+              max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True,
+              long_prefill_token_threshold=int(config["long_prefill_token_threshold"]),
+              async_scheduling=False, is_encoder_decoder=False)
+    if reserve_full_isl is not None:
+        kw["scheduler_reserve_full_isl"] = bool(reserve_full_isl)
+    sched_cfg = SchedulerConfig(**kw)
+    model_cfg = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32",
+                            max_model_len=MAX_MODEL_LEN, seed=0)
+    cache_cfg = CacheConfig(block_size=bs, enable_prefix_caching=bool(config["prefix_caching"]))
+    vcfg = VllmConfig(device_config=DeviceConfig(device="cpu"), model_config=model_cfg,
+                      scheduler_config=sched_cfg, cache_config=cache_cfg)
+    n_blocks = int(config["num_blocks"]) + 1     # + vLLM's null block
+    kv_cfg = KVCacheConfig(num_blocks=n_blocks, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
+                               block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))])
+    vcfg.cache_config.num_gpu_blocks = n_blocks
+    cls = scheduler_cls or Scheduler
+    s = cls(vllm_config=vcfg, kv_cache_config=kv_cfg,
+            structured_output_manager=StructuredOutputManager(vcfg), block_size=bs, log_stats=False)
+    hash_fn = get_hash_fn_by_name(vcfg.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    return s, vcfg, get_request_block_hasher(bs, hash_fn)
+
+
 class VllmSide:
     def __init__(self, config: dict, model_dir: str, reserve_full_isl: bool | None):
-        import torch
-        from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
-        from vllm.utils.hashing import get_hash_fn_by_name
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.structured_output import StructuredOutputManager
 
-        bs = int(config["block_size"])
-        kw = dict(max_num_seqs=int(config["max_num_seqs"]),
-                  max_num_batched_tokens=int(config["max_num_batched_tokens"]),
-                  max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True,
-                  long_prefill_token_threshold=int(config["long_prefill_token_threshold"]),
-                  async_scheduling=False, is_encoder_decoder=False)
-        if reserve_full_isl is not None:
-            kw["scheduler_reserve_full_isl"] = bool(reserve_full_isl)
-        sched_cfg = SchedulerConfig(**kw)
-        model_cfg = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32",
-                                max_model_len=MAX_MODEL_LEN, seed=0)
-        cache_cfg = CacheConfig(block_size=bs, enable_prefix_caching=bool(config["prefix_caching"]))
-        vcfg = VllmConfig(device_config=DeviceConfig(device="cpu"), model_config=model_cfg,
-                          scheduler_config=sched_cfg, cache_config=cache_cfg)
-        self.reserve_full_isl = vcfg.scheduler_config.scheduler_reserve_full_isl
-        n_blocks = int(config["num_blocks"]) + 1     # + vLLM's null block
-        kv_cfg = KVCacheConfig(num_blocks=n_blocks, kv_cache_tensors=[],
-                               kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
-                                   block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32))])
-        vcfg.cache_config.num_gpu_blocks = n_blocks
         class Observed(Scheduler):
             """vLLM's scheduler, unchanged, noting the order of its preemptions (its output has a set)."""
 
@@ -83,11 +98,8 @@ class VllmSide:
                 self.preempt_log.append(request.request_id)
                 return super()._preempt_request(request, *args, **kwargs)
 
-        self.s = Observed(vllm_config=vcfg, kv_cache_config=kv_cfg,
-                     structured_output_manager=StructuredOutputManager(vcfg), block_size=bs, log_stats=False)
-        hash_fn = get_hash_fn_by_name(vcfg.cache_config.prefix_caching_hash_algo)
-        init_none_hash(hash_fn)
-        self.hasher = get_request_block_hasher(bs, hash_fn)
+        self.s, vcfg, self.hasher = build_scheduler(config, model_dir, reserve_full_isl, Observed)
+        self.reserve_full_isl = vcfg.scheduler_config.scheduler_reserve_full_isl
         self.pool = self.s.kv_cache_manager.block_pool
         self.out_tokens: dict[str, list[int]] = {}
         self.n_out: dict[str, int] = {}
