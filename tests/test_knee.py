@@ -212,3 +212,32 @@ def test_same_seed_bit_identical_json_and_the_figure(tmp_path, capsys):
         assert f'"name":"{trace}"' in html, trace
     assert "KV capacity" in html and "scheduler vllm-v1" in html          # the caption: what the figure holds under
     assert "TTFT p99" in out and "knee" in out
+
+
+# ---------------------------------------------------------------------------------- plan --knee and the dashboard
+PLAN = ["plan", "--model-preset", "qwen2.5-7b", "--hardware", "dgx-h100", "--gpus", "1", "--policies", "exact-prefix",
+        "--tensor-parallel-size", "1", "--num-problems", "48"]
+
+
+def test_plan_knee_and_the_deployment_page_use_one_function(capsys):
+    assert main([*PLAN, "--knee", "4,64", "--knee-slo", "p99_ttft_ms=300", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (k,) = doc["meta"]["knees"]
+    assert k["policy"] == "exact-prefix" and [p["rate"] for p in k["points"]] == [4.0, 64.0]
+    assert k["knee_rate"] == 4.0 and k["first_failing_rate"] == 64.0 and k["points"][0]["saturated"] is False
+    assert k["saturation_rate"] == 64.0 and k["points"][-1]["growth_s_per_s"] > 0.05
+    assert "max_num_seqs 256, max_num_batched_tokens 2048, KV capacity" in k["caption"]
+    from app import ui_backend as B
+    row = doc["best_per_policy"][0]
+    curve, cap = B.deployment_knee(row, doc["meta"], "4,64", "p99_ttft_ms=300")
+    assert curve["knee_rate"] == k["knee_rate"] and curve["saturation_rate"] == k["saturation_rate"]
+    assert cap == k["caption"]
+    html = B.knee_figure(curve, cap).to_html(include_plotlyjs=False)
+    assert '"name":"TTFT p99"' in html and "offered rate (problems" in html
+    with pytest.raises(ValueError, match="^--knee: "):
+        B.deployment_knee(row, doc["meta"], "2,x", None)
+
+
+def test_plan_knee_flags_are_checked_before_any_deployment_runs(capsys):
+    assert "--knee: every rate must be finite and > 0" in _err(capsys, [*PLAN, "--knee", "0"])
+    assert "--knee-slo: 'ttft=1'" in _err(capsys, [*PLAN, "--knee", "1", "--knee-slo", "ttft=1"])
