@@ -124,6 +124,8 @@ _CHECKS = {
     "--metric-percentiles": _pcts,
     "--gpu-memory-utilization": lambda t, f: number(t, f, lo=0, hi=1, lo_open=True),
     "--kv-capacity-bytes": lambda t, f: number(t, f, lo=0, hi=1e18),
+    "--refine": _int(0, 20),
+    "--saturation-tolerance": lambda t, f: number(t, f, lo=0, hi=1, lo_open=True, hi_open=True),
 }
 
 
@@ -131,6 +133,8 @@ def _checked(args):
     """Convert and check every numeric flag (``ValueError`` naming the flag)."""
     for flag, fn in _CHECKS.items():
         dest = flag[2:].replace("-", "_")
+        if flag == "--request-rate" and getattr(args, "bench_command", None) == "sweep":
+            continue  # a list: sim.knee.parse_rates
         v = getattr(args, dest, None)
         if v is not None:
             setattr(args, dest, fn(v, flag))
@@ -173,6 +177,43 @@ def register(sub) -> None:
     p.add_argument("--result-filename", default=None, metavar="FILE",
                    help="result file name (default rksim-{rate}qps[-concurrency{C}]-{model}-{hardware}.json)")
     p.set_defaults(func=_cmd_serve)
+
+    p = bsub.add_parser("sweep", help="one bench serve workload over a list of request rates: the latency-rate "
+                                      "curve, its knee under an SLO and the rate where queues grow without bound",
+                        description="Serve one `bench serve` workload (same flags, same seed) at each --request-rate; "
+                                    "print TTFT / TPOT / E2EL against the offered rate, the knee (the highest rate up "
+                                    "to which every rate meets --slo and is not saturated) and the saturation rate "
+                                    "(sim.knee; docs/sweeps.md).")
+    _target_flags(p, offline=False)
+    _dataset_flags(p, serve=True)
+    p.add_argument("--request-rate", required=True, metavar="R,R",
+                   help="offered rates in requests/s: a comma list (1,2,4,8) and/or START:STOP:STEP ranges, STOP "
+                        "included (0.5:4:0.5); each rate finite")
+    p.add_argument("--burstiness", default=1.0, metavar="B",
+                   help="gamma shape of the inter-arrival times (1 = Poisson)")
+    p.add_argument("--max-concurrency", default=None,
+                   metavar="C", help="requests outstanding at once (default: unlimited)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="generate exactly the requested lengths (rksim always does)")
+    from app.cli_sim import add_declared
+    from sim.runconfig import RunConfig
+    from sim.target import TargetSpec
+    add_declared(p, TargetSpec, only=("data_parallel_size",))
+    add_declared(p, RunConfig, only=("router",))
+    from sim.knee import DEFAULT_SLO, DEFAULT_TOLERANCE
+    p.add_argument("--slo", default=DEFAULT_SLO, metavar="KEY=MS,KEY=MS",
+                   help="the knee's SLO on each run's aggregate figures, in ms, KEY one of vllm bench serve's "
+                        "{mean,median,pNN}_{ttft,tpot,itl,e2el}_ms (not bench serve's per-request --slo in seconds)")
+    p.add_argument("--refine", default=0, metavar="N",
+                   help="bisection steps between the knee and the first failing rate (each one more run)")
+    p.add_argument("--saturation-tolerance", default=DEFAULT_TOLERANCE, metavar="G",
+                   help="saturated when the wait to first token grows faster than G seconds per second over the "
+                        "second half of the sends (rho > 1 + G; sim.knee)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write DIR/latency-rate.json (the curve) and DIR/latency-rate.html (the figure) atomically "
+                        "(default: none)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+    p.set_defaults(func=_cmd_sweep, slo_key=None)
 
     p = bsub.add_parser("throughput", help="simulated vllm bench throughput: offline, every request at t = 0")
     _target_flags(p, offline=True)
@@ -269,10 +310,9 @@ def _write_json(path: Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj))
 
 
-def _cmd_serve(args) -> int:
+def _workload(args):
+    """``(PlainWorkload, dataset name)`` of bench serve's dataset flags."""
     from sim import plain
-    _checked(args)
-    model, hw, sv, pol = _target(args)
     name = args.dataset_name or ("lengths" if args.dataset_path else "random")
     if name == "random":
         if args.dataset_path is not None:
@@ -285,19 +325,36 @@ def _cmd_serve(args) -> int:
         if args.dataset_path is None:
             raise ValueError("--dataset-path: required with --dataset-name lengths")
         wl = plain.file_workload(args.dataset_path, args.num_prompts)
+    return wl, name
+
+
+def _serve_once(args, target, wl, name, rate, percentiles, metrics, slo):
+    """One simulated ``vllm bench serve`` at ``rate``: ``(PlainRun, result dict)`` (bench serve and sweep)."""
+    from sim import plain
+    model, hw, sv, pol = target
+    r = plain.run(model, hw, wl, request_rate=rate, burstiness=args.burstiness,
+                  max_concurrency=args.max_concurrency, seed=args.seed, serving=sv, token_policy=pol,
+                  block_size=args.block_size, data_parallel_size=args.data_parallel_size, router=args.router,
+                  **_layout(args))
+    res = plain.serve_result(r, percentiles=percentiles, metrics=metrics, request_rate=rate,
+                             burstiness=args.burstiness, max_concurrency=args.max_concurrency,
+                             model_id=model.name, num_prompts=wl.n, detailed=getattr(args, "save_detailed", False),
+                             extra={"dataset_name": name, "ignore_eos": True}, slo=slo)
+    return r, res
+
+
+def _cmd_serve(args) -> int:
+    from sim import plain
+    _checked(args)
+    target = _target(args)
+    model, hw = target[0], target[1]
+    wl, name = _workload(args)
     metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     for m in metrics:
         if m not in ("ttft", "tpot", "itl", "e2el"):
             raise ValueError(f"--percentile-metrics: {m!r} is not one of ttft, tpot, itl, e2el")
     slo = _slo(args)
-    r = plain.run(model, hw, wl, request_rate=args.request_rate, burstiness=args.burstiness,
-                  max_concurrency=args.max_concurrency, seed=args.seed, serving=sv, token_policy=pol,
-                  block_size=args.block_size, data_parallel_size=args.data_parallel_size, router=args.router,
-                  **_layout(args))
-    res = plain.serve_result(r, percentiles=args.metric_percentiles, metrics=metrics, request_rate=args.request_rate,
-                             burstiness=args.burstiness, max_concurrency=args.max_concurrency,
-                             model_id=model.name, num_prompts=wl.n, detailed=args.save_detailed,
-                             extra={"dataset_name": name, "ignore_eos": True}, slo=slo)
+    _, res = _serve_once(args, target, wl, name, args.request_rate, args.metric_percentiles, metrics, slo)
     print(plain.format_serve(res, metrics, args.metric_percentiles))
     if args.save_result:
         conc = f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None else ""
@@ -343,4 +400,97 @@ def _cmd_validate(args) -> int:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(Path(args.markdown), validate.markdown_table(df, args.file))
         print(f"wrote {args.markdown}")
+    return 0
+
+
+SWEEP_FILES = ("latency-rate.json", "latency-rate.html")
+
+
+def check_out_dir(path, flag: str = "--out") -> Path:
+    """A folder the files can be written to, checked before any work: not a file, and its nearest existing
+    ancestor a writable folder; ``ValueError`` naming ``flag``."""
+    import os
+    d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise ValueError(f"{flag}: {d} is a file, not a folder")
+    for name in SWEEP_FILES:
+        if (d / name).is_dir():
+            raise ValueError(f"{flag}: {d / name} is a folder; the curve is written there")
+    up = d
+    while not up.exists():
+        up = up.parent
+    if not up.is_dir() or not os.access(up, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag}: {up} is not a writable folder")
+    return d
+
+
+def sweep_table(curve: dict):
+    """The printed table: one row per evaluated rate (pandas)."""
+    import pandas as pd
+    cols = {"rate": "rate", "request_throughput": "req/s", "output_throughput": "out tok/s",
+            "median_ttft_ms": "TTFT p50", "p99_ttft_ms": "TTFT p99", "mean_tpot_ms": "TPOT mean",
+            "median_tpot_ms": "TPOT p50", "p99_tpot_ms": "TPOT p99", "median_e2el_ms": "E2E p50",
+            "p99_e2el_ms": "E2E p99", "growth_s_per_s": "wait growth", "preemptions": "preempt"}
+    rows = []
+    for p in curve["points"]:
+        row = {v: p.get(k) for k, v in cols.items()}
+        row["stable"] = {True: "no", False: "yes", None: "?"}[p.get("saturated")]
+        row["SLO"] = "ok" if p["meets_slo"] else "fail"
+        row["rate"] = f"{p['rate']:.4g}" + (" (bisect)" if p["refined"] else "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _cmd_sweep(args) -> int:
+    import json
+
+    from tqdm.auto import tqdm
+
+    from sim import knee, plain
+    from traces.store import atomic_write_json, atomic_write_text
+    _checked(args)
+    rates = knee.parse_rates(args.request_rate, "--request-rate")
+    slo = knee.KneeSLO.parse(args.slo, "--slo")
+    out = check_out_dir(args.out) if args.out is not None else None
+    target = _target(args)
+    wl, name = _workload(args)
+    pcts = sorted({50.0, 99.0, *slo.percentiles})
+    metrics = ("ttft", "tpot", "itl", "e2el")
+    infos = []
+
+    def evaluate(rate):
+        r, res = _serve_once(args, target, wl, name, rate, pcts, metrics, None)
+        infos.append(res["rksim"])
+        keep = ("request_throughput", "output_throughput", "total_token_throughput", "duration")
+        m = {k: v for k, v in res.items() if k.endswith("_ms") or k in keep}
+        m["preemptions"] = res["rksim"]["preemptions"]
+        m["max_running_seqs"] = res["rksim"]["max_running_seqs"]
+        due = r.scheduled
+        wait = (r.start - r.scheduled) + r.ttft
+        return m, knee.queue_growth(due, wait, args.saturation_tolerance)
+
+    curve = knee.sweep(evaluate, rates, slo, refine=args.refine,
+                       progress=lambda it, **kw: tqdm(it, disable=not args.progress, leave=False, **kw))
+    info = {k: v for k, v in infos[0].items() if k not in ("preemptions", "max_running_seqs", "iterations",
+                                                           "prefix_hit_tokens", "per_replica")}
+    prov = plain.provenance(info, run_stats=False)
+    cap = knee.caption({"provenance": prov}, curve)
+    doc = {"command": "bench sweep", "model": info["model"], "hardware": info["hardware"],
+           "workload": {"dataset_name": name, "num_prompts": wl.n, "input_lens_mean": float(wl.input_lens.mean()),
+                        "output_lens_mean": float(wl.output_lens.mean()), "prefix_len": wl.prefix_len,
+                        "burstiness": args.burstiness, "max_concurrency": args.max_concurrency, "seed": args.seed},
+           "saturation_tolerance": args.saturation_tolerance, "rates": rates, "info": info, "provenance": prov,
+           "caption": cap, "curve": curve}
+    pd_table = sweep_table(curve)
+    import pandas as pd
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
+        print(pd_table.to_string(index=False))
+    print(cap)
+    if out is not None:
+        from app.knee_plot import curve_figure
+        import plotly.io as pio
+        atomic_write_json(out / SWEEP_FILES[0], json.loads(json.dumps(doc)))
+        fig = curve_figure(curve, cap, unit="req/s")
+        atomic_write_text(out / SWEEP_FILES[1], pio.to_html(fig, full_html=True, include_plotlyjs="inline"))
+        print(f"wrote {out / SWEEP_FILES[0]}, {out / SWEEP_FILES[1]}")
     return 0

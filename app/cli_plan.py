@@ -41,6 +41,13 @@ def _cmd_plan(args) -> int:
     if args.router not in ROUTERS:
         raise ValueError(f"--router: {args.router!r} is not one of {', '.join(ROUTERS)}")
     slo = SLO.parse(args.slo)
+    knee_rates = None
+    if args.knee is not None:   # checked here, before any deployment is served
+        from sim.knee import KneeSLO, parse_rates
+        knee_rates = parse_rates(args.knee, "--knee")
+        KneeSLO.parse(args.knee_slo, "--knee-slo")
+        if not 0 <= args.knee_refine <= 20:
+            raise ValueError(f"--knee-refine: must be in 0..20, got {args.knee_refine}")
     if args.problem_rate is not None and (not math.isfinite(args.problem_rate) or args.problem_rate <= 0):
         raise ValueError(f"--problem-rate: must be a positive number of problems/s, got {args.problem_rate}")
     if args.gpu_hour_cost is not None and (not math.isfinite(args.gpu_hour_cost) or args.gpu_hour_cost < 0):
@@ -79,6 +86,9 @@ def _cmd_plan(args) -> int:
             "arrival_rate": args.problem_rate,
             "concurrency": None if args.problem_rate is not None else args.max_concurrent_problems,
             "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost}
+    knees = _knees(args, best, knee_rates) if knee_rates is not None else None
+    if knees is not None:
+        meta["knees"] = knees
     if args.out:
         write_parquet(_mark(df, front), args.out, meta)
     cols = ["gpus", "policy", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
@@ -95,6 +105,13 @@ def _cmd_plan(args) -> int:
     print(front[cols].to_string(index=False))
     print("best per policy:")
     print(best[cols].to_string(index=False))
+    if knees is not None:
+        import pandas as pd
+        print(f"knee of the best deployment per policy (problems/s; SLO {knees[0]['slo'] if knees else ''}):")
+        print(pd.DataFrame([{k: x[k] for k in ("policy", "deployment", "knee_rate", "first_failing_rate",
+                                               "saturation_rate", "capacity_rps")} for x in knees]).to_string(index=False))
+        for x in knees:
+            print(f"{x['policy']}: {x['caption']}")
     if args.out:
         print(f"wrote {args.out}")
     return 0
@@ -138,6 +155,36 @@ def pareto_plan(args, df, meta) -> int:
     return 0
 
 
+def _knees(args, best, rates) -> list[dict]:
+    """``sim.planner.deployment_knee`` of each policy's best deployment (``--knee``): knee, first failing and
+    saturation rates, capacity, and the caption of what they hold under (no per-point arrays: they go to meta)."""
+    from tqdm.auto import tqdm
+
+    from sim.knee import caption
+    from sim.planner import deployment_knee
+    from sim.session import Session
+    from sim.api import default_trace_path
+
+    session = Session(str(args.trace or default_trace_path()))
+    out = []
+    for row in best.to_dict("records"):
+        params = {k: row[k] for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                                      "max_num_seqs", "max_num_batched_tokens", "policy")}
+        c = deployment_knee(session, params, rates, model_preset=args.model_preset, node=args.hardware,
+                            router=args.router, slo=args.knee_slo, n_requests=args.num_problems, seed=args.sim_seed,
+                            refine=args.knee_refine,
+                            progress=lambda it, **kw: tqdm(it, disable=bool(args.json), leave=False, **kw))
+        out.append({"policy": row["policy"], "deployment": c["deployment"], "slo": c["slo"],
+                    "knee_rate": c["knee_rate"], "first_failing_rate": c["first_failing_rate"],
+                    "knee_bounded": c["knee_bounded"], "saturation_rate": c["saturation_rate"],
+                    "capacity_rps": c["capacity_rps"], "provenance": c["provenance"],
+                    "caption": caption({"provenance": c["provenance"]}, c, unit="problems/s"),
+                    "points": [{k: p.get(k) for k in ("rate", "refined", "p99_ttft_ms", "mean_tpot_ms",
+                                                      "p99_e2el_ms", "growth_s_per_s", "saturated", "meets_slo")}
+                               for p in c["points"]]})
+    return out
+
+
 def _mark(df, front):
     key = ["tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
            "max_num_batched_tokens", "policy"]
@@ -178,6 +225,16 @@ def register(sub) -> None:
     renamed_argument(p, "--sim-seed", "--seed", type=int, default=0, metavar="N", help="arrival seed (default 0)")
     p.add_argument("--gpu-hour-cost", type=float, default=None, metavar="USD",
                    help="price of one GPU-hour: adds cost per million output tokens (default: none)")
+    from sim.knee import DEFAULT_SLO
+    p.add_argument("--knee", default=None, metavar="R,R",
+                   help="also the latency-rate knee of each policy's best deployment: its problems served at each of "
+                        "these Poisson rates (problems/s; comma list and/or START:STOP:STEP), one run per rate, so "
+                        "off by default (default: none)")
+    p.add_argument("--knee-slo", default=DEFAULT_SLO, metavar="KEY=MS,KEY=MS",
+                   help="the knee's SLO on each run's per-problem figures, vllm bench serve's keys in ms "
+                        "({mean,median,pNN}_{ttft,tpot,e2el}_ms)")
+    p.add_argument("--knee-refine", type=int, default=0, metavar="N",
+                   help="bisection steps between the knee and the first failing rate")
     p.add_argument("--backend", choices=("local", "dask"), default="local", help="run locally or on Dask")
     p.add_argument("--workers", type=int, default=None, metavar="N", help="Dask LocalCluster workers (default 2)")
     p.add_argument("--out", default=None, metavar="FILE", help="write the table to FILE.parquet, atomically (default: none)")

@@ -781,6 +781,31 @@ def serving_load(row: dict, meta: dict) -> dict:
             "concurrency": meta.get("concurrency"), "seed": meta.get("seed")}
 
 
+def deployment_knee(row: dict, meta: dict, rates: str, slo: str | None, refine: int = 0) -> tuple[dict, str]:
+    """``(curve, caption)`` of a plan deployment's latency-rate knee, the function ``rksim plan --knee`` calls
+    (:func:`sim.planner.deployment_knee`): its problems at each Poisson rate of ``rates`` (problems/s, the
+    ``--knee`` syntax) under the plan's model, node, router, problem count and seed; errors name the flag."""
+    from sim.knee import caption, parse_rates
+    from sim.planner import deployment_knee as _dk
+
+    params = {k: (str(row[k]) if k == "policy" else int(row[k])) for k in
+              ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
+               "max_num_batched_tokens", "policy")}
+    n = meta.get("n_requests")
+    c = _dk(meta.get("trace"), params, parse_rates(rates, "--knee"), model_preset=meta.get("model_preset") or
+            meta.get("model"), node=meta.get("node_preset") or meta.get("node"),
+            router=meta.get("router") or "prefix-affinity", slo=slo or None,
+            n_requests=None if n is None or (isinstance(n, float) and math.isnan(n)) else int(n),
+            seed=int(meta.get("seed") or 0), refine=int(refine))
+    return c, caption({"provenance": c["provenance"]}, c, unit="problems/s")
+
+
+def knee_figure(curve: dict, caption: str):
+    from app.knee_plot import curve_figure
+
+    return curve_figure(curve, caption, unit="problems/s")
+
+
 def check_deployment(trace, model: str | None, hardware: str, options: dict) -> None:
     """Raise the simulator's error (``ConfigError`` with its ``field``) for a deployment the target or the run
     settings refuse: :meth:`sim.api.Target.resolve` and :class:`sim.api.RunConfig`, without a run."""

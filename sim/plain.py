@@ -568,8 +568,9 @@ def format_serve(res: dict, metrics=("ttft", "tpot", "itl", "e2el"), percentiles
     return "\n".join(lines)
 
 
-def provenance(info: dict) -> str:
-    """One line: which target's costs, under what scheduler, batch and capacity."""
+def provenance(info: dict, run_stats: bool = True) -> str:
+    """One line: which target's costs, under what scheduler, batch and capacity (``run_stats``: and the run's
+    preemptions and most sequences running; off for a line that covers several runs)."""
     s = info["scheduler"]
     pol = info.get("token_policy")
     lay = (f" x TP {info['tensor_parallel_size']} x PP {info['pipeline_parallel_size']} on {info['node']}"
@@ -586,8 +587,8 @@ def provenance(info: dict) -> str:
             + (f"; {info['data_parallel_size']} replicas behind {info['router']}, each with that capacity"
                if "data_parallel_size" in info else "")
             + (f"; SLO {info['slo']}" if info.get("slo") else "")
-            + f"; {info['preemptions']} preemptions, at most {info['max_running_seqs']} running"
-            + (" on one replica" if "data_parallel_size" in info else ""))
+            + ((f"; {info['preemptions']} preemptions, at most {info['max_running_seqs']} running"
+                + (" on one replica" if "data_parallel_size" in info else "")) if run_stats else ""))
 
 
 def throughput_result(r: PlainRun) -> dict:

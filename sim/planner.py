@@ -84,17 +84,7 @@ def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], 
     one row of the planner's table."""
     w = workload(dep.policy)
     jobs = w["jobs"]
-    par = dep.parallel
-    cap = kv_capacity(model, hw, dep.serving(), par)
-    bs = jobs[0][1].bs if jobs else 16
-    blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
-    cost = ParallelCost(model, hw, node, par)      # stateless: one object prices every replica
-    sched = SchedulerConfig(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=dep.max_num_batched_tokens,
-                            policy="vllm-v1")
-    run = Replicas(model, hw, jobs, make_router(router, par.data_parallel_size), par.data_parallel_size,
-                   costs=[cost] * par.data_parallel_size, concurrency=concurrency, arrival_rate=arrival_rate,
-                   seed=seed, scheduler=sched, kv_blocks=blocks, block_policy=w.get("block_policy"),
-                   caching=w.get("caching", True), prompt_ids=w.get("prompt_ids"), hw_name=hw.name).run()
+    run, blocks = _serve(dep, model, hw, node, w, router, arrival_rate, concurrency, seed)
     s = summary(run, jobs, slo)
     tot = s["total"]
     tps = tot["throughput_tokens_per_s"]
@@ -107,6 +97,85 @@ def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], 
     if gpu_hour_cost is not None:
         row["cost_per_million_output_tokens"] = (gpu_hour_cost * dep.gpus / 3600.0 / tps * 1e6) if tps else None
     return row
+
+
+def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate, concurrency: int, seed: int):
+    """``(ReplicaRun, KV blocks per replica)`` of ``w`` served on ``dep`` (what :func:`evaluate` scores)."""
+    jobs = w["jobs"]
+    par = dep.parallel
+    cap = kv_capacity(model, hw, dep.serving(), par)
+    bs = jobs[0][1].bs if jobs else 16
+    blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
+    cost = ParallelCost(model, hw, node, par)      # stateless: one object prices every replica
+    sched = SchedulerConfig(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=dep.max_num_batched_tokens,
+                            policy="vllm-v1")
+    run = Replicas(model, hw, jobs, make_router(router, par.data_parallel_size), par.data_parallel_size,
+                   costs=[cost] * par.data_parallel_size, concurrency=concurrency, arrival_rate=arrival_rate,
+                   seed=seed, scheduler=sched, kv_blocks=blocks, block_policy=w.get("block_policy"),
+                   caching=w.get("caching", True), prompt_ids=w.get("prompt_ids"), hw_name=hw.name).run()
+    return run, blocks
+
+
+def knee_point(run, jobs, percentiles=(50.0, 99.0), tolerance: float = 0.05) -> tuple[dict, dict]:
+    """``(metrics, growth)`` of one planner run for :func:`sim.knee.sweep`: per problem TTFT (mean of its
+    branches' first tokens), TPOT (longest branch, :func:`sim.goodput.tpot`) and E2E as ``vllm bench serve``'s
+    ``*_ms`` keys, ``request_throughput`` = problems / makespan, and :func:`sim.knee.queue_growth` on the
+    problems' arrivals and their wait to first token."""
+    from .goodput import tpot
+    from .knee import latency_metrics, queue_growth
+
+    recs = run.problems
+    gen = {pseq: (int(np.max(j.gen)) if j.B else 0) for pseq, (_, j) in enumerate(jobs)}
+    ttft = np.array([r["ttft_s"] for r in recs], np.float64)
+    e2e = np.array([r["latency_s"] for r in recs], np.float64)
+    tp = tpot(ttft, e2e, [gen[r["pseq"]] for r in recs])
+    m = latency_metrics(ttft, tp[np.asarray([gen[r["pseq"]] for r in recs]) > 1], e2e, percentiles)
+    m["request_throughput"] = len(recs) / run.makespan if run.makespan > 0 else None
+    m["preemptions"] = int(sum(r.stats["preemptions"] for r in run.results))
+    arr = np.array([r["arrival_s"] for r in recs], np.float64)
+    return m, queue_growth(arr, ttft, tolerance)
+
+
+def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str, router: str = "prefix-affinity",
+                    slo: str | None = None, n_requests: int | None = None, seed: int = 0, refine: int = 0,
+                    tolerance: float = 0.05, progress=None) -> dict:
+    """The latency-rate curve and knee (:func:`sim.knee.sweep`) of one plan deployment (``params``:
+    :meth:`Deployment.to_dict`, ``gpus`` ignored): its policy's problems served at each Poisson rate in
+    ``rates`` (problems/s), judged on ``slo`` (:class:`sim.knee.KneeSLO` text; None: its default). The
+    dict adds ``provenance``: the target, layout, scheduler limits and KV capacity it holds under."""
+    from .knee import KneeSLO, check_tolerance, sweep
+    from .parallel import load_node
+    from .profiles import load_hardware, load_model
+    from .session import Session
+
+    spec = KneeSLO.parse(slo, "--knee-slo")
+    check_tolerance(tolerance)
+    dep = Deployment(**{k: v for k, v in params.items() if k != "gpus"})
+    m = load_model(model_preset)
+    nd = load_node(node)
+    hw = load_hardware(nd.gpu)
+    if trace is None:
+        from .api import default_trace_path
+        trace = default_trace_path()
+    lt = trace if isinstance(trace, Session) else Session(str(trace))
+    w = trace_workload(lt, dep.policy, m, n_requests)
+    pcts = sorted({50.0, 99.0, *spec.percentiles})
+    blocks = []
+
+    def evaluate(rate):
+        run, b = _serve(dep, m, hw, nd, w, router, float(rate), 1, seed)
+        blocks.append(b)
+        return knee_point(run, w["jobs"], pcts, tolerance)
+
+    curve = sweep(evaluate, list(rates), spec, refine=refine, progress=progress)
+    curve["provenance"] = (
+        f"simulated: model {m.name} on {hw.name} ({hw.calibration_note}); {dep.policy} on TP "
+        f"{dep.tensor_parallel_size} x PP {dep.pipeline_parallel_size} x DP {dep.data_parallel_size} of {nd.name}, "
+        f"router {router}; scheduler vllm-v1, max_num_seqs {dep.max_num_seqs}, max_num_batched_tokens "
+        f"{dep.max_num_batched_tokens}, KV capacity {blocks[0]} blocks per replica; decisions of "
+        f"{w['decisions_model']}; {len(w['jobs'])} problems, Poisson arrivals, seed {seed}")
+    curve["deployment"] = deployment_id(dep)
+    return curve
 
 
 def frontier(rows) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

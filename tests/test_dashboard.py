@@ -369,6 +369,29 @@ def test_deployment_frontier_loads_a_deployment_into_serving(env):
         B.fmt("throughput_tokens_per_s", r["throughput_tokens_per_s"])
 
 
+def test_deployment_page_shows_the_knee_of_the_chosen_deployment(env):
+    """The frontier's selected deployment: its latency-rate curve and knee, by ``rksim plan --knee``'s function."""
+    from app import ui_backend as B
+    from sim.planner import read_plan
+
+    at = _app("deployment")
+    _ok(at)
+    df, meta = read_plan(env / "plan-32b.parquet")
+    pick = int(df[(df["policy"] == "exact-prefix") & (df["tensor_parallel_size"] == 2)].index[0])
+    at.selectbox(key="deploy.front.row").set_value(pick).run()
+    at.text_input(key="deploy.knee.rates").set_value("0.5,64").run()
+    at.text_input(key="deploy.knee.refine").set_value("0").run()
+    at.button(key="deploy.knee.run").click().run()
+    _ok(at)
+    assert not at.error, [e.value for e in at.error]
+    _, want = B.deployment_knee(df.loc[pick].to_dict(), meta, "0.5,64", "p99_ttft_ms=1000,mean_tpot_ms=50")
+    assert any(c.value == want for c in at.caption), [c.value for c in at.caption]
+    assert "max_num_seqs" in want and "TP 2" in want
+    at.text_input(key="deploy.knee.rates").set_value("0.5,x").run()
+    at.button(key="deploy.knee.run").click().run()
+    assert any("--knee:" in e.value for e in at.error)
+
+
 def test_deployment_page_runs_a_small_plan(env):
     at = _app("deployment")
     at.radio(key="deploy.plan.source").set_value("run a small plan here").run()

@@ -159,6 +159,37 @@ def _frontier(df: pd.DataFrame, meta: dict) -> None:
     if st.button("open this deployment in Serving", key="deploy.open"):
         st.session_state["serving.load"] = B.serving_load(df.loc[row].to_dict(), meta)
         st.switch_page("ui_pages/serving.py")
+    _knee(df.loc[row].to_dict(), meta, name(row))
+
+
+def _knee(row: dict, meta: dict, title: str) -> None:
+    """The latency-rate curve and knee of the selected deployment (``rksim plan --knee``'s function)."""
+    with st.expander("latency-rate curve and knee of this deployment", expanded=False):
+        st.caption("Its problems served at each Poisson rate (problems/s), the plan's model, node, router, problem "
+                   "count and seed; the knee is the highest rate up to which every rate meets the SLO and no queue "
+                   "grows without bound (docs/sweeps.md). One run per rate.")
+        c = st.columns(3)
+        rates = c[0].text_input("rates (problems/s: 1,2,4 or START:STOP:STEP)", "0.5,1,2,4,8", key="deploy.knee.rates")
+        slo = c[1].text_input("knee SLO (ms, vllm bench serve keys)", "p99_ttft_ms=1000,mean_tpot_ms=50",
+                              key="deploy.knee.slo")
+        with c[2]:
+            refine, ok = U.text_number("bisection steps", "deploy.knee.refine", "--knee-refine", "2", lo=0, hi=8,
+                                       integer=True)
+        if st.button("find the knee", key="deploy.knee.run", disabled=not ok):
+            try:
+                with st.spinner("serving each rate..."):
+                    st.session_state["deploy.knee.ran"] = (title, *B.deployment_knee(row, meta, rates, slo,
+                                                                                      int(refine or 0)))
+            except ValueError as exc:
+                U.error(exc)
+                return
+        got = st.session_state.get("deploy.knee.ran")
+        if got is None or got[0] != title:
+            return
+        _, curve, cap = got
+        st.caption(cap)
+        st.plotly_chart(B.knee_figure(curve, cap), key="deploy.knee.fig")
+        st.dataframe(pd.DataFrame(curve["points"]), hide_index=True, width="stretch", key="deploy.knee.table")
 
 
 def page() -> None:
