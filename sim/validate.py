@@ -46,8 +46,10 @@ PRICED_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16
 METRIC_KEYS = ("request_throughput", "output_throughput", "total_token_throughput", "duration")
 # weight quantizations and KV-cache dtypes the cost model prices: none (the checkpoint's dtype) and fp8
 # (sim.profiles.ModelShape.with_precision: 1-byte linear weights at the FP8 rate, 1-byte KV)
-PRICED_QUANT = {None, "none", "auto", "fp8"}
-PRICED_KV = {None, "auto", "bfloat16", "bf16", "float16", "fp16", "half", "fp8", "fp8_e4m3", "fp8_e5m2"}
+from .profiles import KV_CACHE_DTYPES, QUANTIZATIONS   # the one list of what ModelShape.with_precision prices
+
+PRICED_QUANT = {None, "none", "auto"} | {q for q in QUANTIZATIONS if q}
+PRICED_KV = {None, "auto"} | set(PRICED_DTYPES) | {k for k in KV_CACHE_DTYPES if k}
 _FIELDS = {"id", "model", "hardware", "dtype", "quantization", "kv_cache_dtype", "parallelism", "serving",
            "workload", "metric", "value", "source", "note", "engine"}
 _SERVING = {"scheduler", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "prefix_caching",
@@ -179,14 +181,14 @@ def refusal(f: dict) -> str | None:
     q = None if q is None else str(q).strip().lower()
     if q not in PRICED_QUANT:
         what = "fp8 not priced" if q.startswith("fp8") else "not priced"
-        return (f"quantization {f['quantization']}: {what} (no preset prices {f['quantization']} weights or "
-                f"their GEMMs; pricing them as {f['dtype']} would be wrong)")
+        return (f"quantization {f['quantization']}: {what} (no preset prices "
+                f"{f['quantization']} weights or their GEMMs; pricing them as {f['dtype']} would be wrong)")
     kv = f.get("kv_cache_dtype")
     kv = None if kv is None else str(kv).strip().lower()
     if kv not in PRICED_KV:
         what = "fp8 not priced" if kv.startswith("fp8") else "not priced"
-        return (f"kv_cache_dtype {f['kv_cache_dtype']}: {what} (the KV cache is priced at the model's 2-byte dtype; "
-                f"a {f['kv_cache_dtype']} cache halves its reads and doubles its capacity)")
+        return (f"kv_cache_dtype {f['kv_cache_dtype']}: {what} (the cost model prices a "
+                f"KV cache in the model's dtype or {', '.join(k for k in KV_CACHE_DTYPES if k)})")
     par = f.get("parallelism") or {}
     if not isinstance(par, dict):
         raise FigureError(f"figure {f['id']!r}: parallelism must be a mapping such as {{tp: 1}}")
