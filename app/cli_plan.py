@@ -120,7 +120,8 @@ def _cmd_plan(args) -> int:
 def pareto_plan(args, df, meta) -> int:
     """``rksim pareto PLAN.parquet [--x gpus|cost] [--y goodput|throughput] [--out FILE.html] [--json]``: the
     frontier over all policies and per policy, printed; the figure written as self-contained HTML."""
-    from sim.planner import plan_axes, plan_caption, plan_figure, plan_frontiers
+    from app.frontier_plot import plan_figure
+    from sim.planner import plan_axes, plan_caption, plan_frontiers
 
     x, y = plan_axes(df, args.x or "gpus", args.y or "goodput")
     if getattr(args, "minimize_x", None) is False or getattr(args, "maximize_y", None) is False:

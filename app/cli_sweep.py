@@ -193,7 +193,8 @@ def _cmd_tune(args) -> int:
 
 
 def _cmd_pareto(args) -> int:
-    from sim.pareto import collapse_ties, figure, frontier
+    from app.frontier_plot import frontier_figure
+    from sim.pareto import collapse_ties, frontier
     from sim.sweep import param_columns, read_sweep
 
     df, meta = read_sweep(args.file)
@@ -208,7 +209,7 @@ def _cmd_pareto(args) -> int:
         title = None
         if meta.get("policy"):
             title = f"{meta['policy']}: {args.y} against {args.x} ({len(df)} configurations)"
-        fig = figure(df, front, args.x, args.y, title=title)
+        fig = frontier_figure(df, front, args.x, args.y, title=title)
         _atomic_write_text(Path(args.out), fig.to_html(include_plotlyjs=True, full_html=True), "--out")
     if args.json:
         _print_json({"x": args.x, "y": args.y, "n_configs": int(len(df)), "n_frontier_configs": int(len(front)),

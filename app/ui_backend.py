@@ -703,7 +703,8 @@ def read_plan(path: str) -> tuple[pd.DataFrame, dict]:
 
 
 def plan_figure(df: pd.DataFrame, meta: dict, x: str, y: str):
-    from sim.planner import plan_axes, plan_figure as _pf
+    from app.frontier_plot import plan_figure as _pf
+    from sim.planner import plan_axes
 
     xc, yc = plan_axes(df, x, y)
     fig, curves = _pf(df, meta, xc, yc)

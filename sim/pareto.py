@@ -128,28 +128,3 @@ def collapse_ties(front: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     if "config_id" in front.columns:
         out = out.assign(tied_config_ids=[list(front.loc[by_rep[i], "config_id"]) for i in reps])
     return out
-
-
-def figure(df: pd.DataFrame, front: pd.DataFrame, x: str, y: str, title: str | None = None):
-    """Plotly figure: every configuration as a point, the frontier as a line over it."""
-    import plotly.graph_objects as go
-
-    params = [c for c in df.columns if c.startswith("param.")]
-    hover_cols = (["config_id"] if "config_id" in df.columns else []) + params
-
-    def hover(frame: pd.DataFrame):
-        if not hover_cols:
-            return None
-        return ["<br>".join(f"{c}={frame[c].iloc[i]}" for c in hover_cols) for i in range(len(frame))]
-
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=df[x], y=df[y], mode="markers", name="configurations",
-                             marker=dict(size=7, color="rgba(120,120,160,0.55)"),
-                             text=hover(df), hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>%{{text}}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=front[x], y=front[y], mode="lines+markers", name="Pareto frontier",
-                             line=dict(color="crimson", width=2, shape="hv"),
-                             marker=dict(size=9, color="crimson"),
-                             text=hover(front), hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>%{{text}}<extra></extra>"))
-    fig.update_layout(title=title or f"Pareto frontier: {y} against {x}", xaxis_title=x, yaxis_title=y,
-                      template="plotly_white")
-    return fig

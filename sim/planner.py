@@ -340,39 +340,3 @@ def plan_caption(meta: dict) -> str:
     if arr:
         parts.append(arr)
     return "; ".join(parts)
-
-
-def plan_figure(df: pd.DataFrame, meta: dict, x: str = "gpus", y: str = "goodput_problems_per_s"):
-    """``(plotly figure, curves)``: per policy its deployments (markers) and its frontier (a step line), and the
-    frontier over all policies; ``curves[i]`` lists the table rows (index) of the figure's trace ``i``, so a
-    clicked point (curve number, point index) names its deployment."""
-    import plotly.graph_objects as go
-    from plotly.colors import qualitative
-
-    overall, per = plan_frontiers(df, x, y)
-    fig, curves = go.Figure(), []
-
-    def hover(frame):
-        return [f"{r.policy}: TP {r.tensor_parallel_size} x PP {r.pipeline_parallel_size} x DP {r.data_parallel_size}"
-                f"<br>max_num_seqs {r.max_num_seqs}, max_num_batched_tokens {r.max_num_batched_tokens}"
-                for r in frame.itertuples()]
-
-    tmpl = f"{x}=%{{x}}<br>{y}=%{{y:.4g}}<br>%{{text}}<extra></extra>"
-    for i, (pol, front) in enumerate(per.items()):
-        color = qualitative.Plotly[i % len(qualitative.Plotly)]
-        rows = df[df["policy"] == pol].dropna(subset=[x, y])
-        fig.add_trace(go.Scatter(x=rows[x], y=rows[y], mode="markers", name=f"{pol}: deployments",
-                                 legendgroup=pol, marker=dict(size=7, color=color, opacity=0.35), text=hover(rows),
-                                 hovertemplate=tmpl))
-        curves.append(list(rows.index))
-        fig.add_trace(go.Scatter(x=front[x], y=front[y], mode="lines+markers", name=f"{pol}: frontier",
-                                 legendgroup=pol, line=dict(color=color, width=2, shape="hv"),
-                                 marker=dict(size=10, color=color), text=hover(front), hovertemplate=tmpl))
-        curves.append(list(front.index))
-    fig.add_trace(go.Scatter(x=overall[x], y=overall[y], mode="lines", name="frontier, all policies",
-                             line=dict(color="black", width=1, dash="dot", shape="hv"), hoverinfo="skip"))
-    curves.append(list(overall.index))
-    fig.update_layout(title=dict(text=f"Deployments: {y} against {x}<br><sup>{plan_caption(meta)}</sup>",
-                                 font=dict(size=15)),
-                      xaxis_title=x, yaxis_title=y, template="plotly_white", legend=dict(orientation="h", y=-0.2))
-    return fig, curves

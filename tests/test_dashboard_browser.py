@@ -183,7 +183,7 @@ def test_dashboard_in_a_real_browser(tmp_path):
             page.goto(f"{base}/deployment", timeout=30_000)
             page.get_by_text("deployments on the frontier").first.wait_for(timeout=180_000)
             # the one scatter figure of the page (the per-replica figures are bars); its traces: asks' deployments,
-            # asks' frontier, exact-prefix's deployments, ... (sim.planner.plan_figure); the last frontier point of
+            # asks' frontier, exact-prefix's deployments, ... (app.frontier_plot.plan_figure); the last frontier point of
             # asks is TP 2
             fig = page.locator(".js-plotly-plot").filter(has=page.locator(".scatterlayer")).first
             point = fig.locator(".scatterlayer .trace").nth(1).locator(".point").last

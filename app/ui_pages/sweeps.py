@@ -44,7 +44,7 @@ def _small_sweep(trace: str | None):
 
 
 def _frontier(df: pd.DataFrame, meta: dict, trace_label: str | None) -> None:
-    from sim.pareto import figure
+    from app.frontier_plot import frontier_figure as figure
 
     numeric = [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c]) and not c.startswith("param.")
                and df[c].nunique(dropna=True) > 1]  # a metric the sweep does not move is no axis
