@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 
 
@@ -22,7 +23,8 @@ def _ints(flag: str, text: str) -> list[int]:
 
 def _cmd_plan(args) -> int:
     from sim.goodput import SLO
-    from sim.parallel import TP_SIZES, load_node
+    from sim.parallel import TP_SIZES
+    from sim.target import node_for
     from sim.planner import deployments, frontier, run_plan
     from sim.profiles import load_hardware, load_model
     from sim.router import ROUTERS
@@ -62,15 +64,17 @@ def _cmd_plan(args) -> int:
         except ValueError as exc:
             raise ValueError(f"--policies: {exc}") from None
     m = load_model(args.model_preset)
-    node = load_node(args.hardware)
+    node = node_for(args.hardware, args.node)
     hw = load_hardware(node.gpu)
+    node_spec = args.node or (args.hardware if args.hardware == node.name or os.path.exists(args.hardware)
+                              else node.name)
     deps = list(deployments(m, hw, node, args.gpus, pols, tp_sizes=tps, pp_sizes=pps, replicas=dps,
                             max_num_seqs=mns, max_num_batched_tokens=mnbt))
     if not deps:
         raise ValueError(f"--gpus {args.gpus}: no deployment of {m.name} on {node.name} fits in {args.gpus} GPU(s) "
                          f"with --tensor-parallel-size {args.tensor_parallel_size} --pipeline-parallel-size "
                          f"{args.pipeline_parallel_size}")
-    opts = {"model_preset": args.model_preset, "node": args.hardware, "router": args.router, "slo": str(slo) if
+    opts = {"model_preset": args.model_preset, "node": node_spec, "router": args.router, "slo": str(slo) if
             slo.stated else None, "arrival_rate": args.problem_rate, "concurrency": args.max_concurrent_problems,
             "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost}
     t0, c0 = time.perf_counter(), time.process_time()
@@ -82,11 +86,11 @@ def _cmd_plan(args) -> int:
             "backend": args.backend, "wall_s": wall,
             "decisions_model": df["decisions_model"].iloc[0] if len(df) else None,
             # what a deployment loaded into the dashboard's Serving page is re-run under
-            "model_preset": args.model_preset, "node_preset": args.hardware, "trace": args.trace,
+            "model_preset": args.model_preset, "node_preset": node_spec, "trace": args.trace,
             "arrival_rate": args.problem_rate,
             "concurrency": None if args.problem_rate is not None else args.max_concurrent_problems,
             "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost}
-    knees = _knees(args, best, knee_rates) if knee_rates is not None else None
+    knees = _knees(args, best, knee_rates, node_spec) if knee_rates is not None else None
     if knees is not None:
         meta["knees"] = knees
     if args.out:
@@ -156,7 +160,7 @@ def pareto_plan(args, df, meta) -> int:
     return 0
 
 
-def _knees(args, best, rates) -> list[dict]:
+def _knees(args, best, rates, node_spec: str) -> list[dict]:
     """``sim.planner.deployment_knee`` of each policy's best deployment (``--knee``): knee, first failing and
     saturation rates, capacity, and the caption of what they hold under (no per-point arrays: they go to meta)."""
     from tqdm.auto import tqdm
@@ -171,7 +175,7 @@ def _knees(args, best, rates) -> list[dict]:
     for row in best.to_dict("records"):
         params = {k: row[k] for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
                                       "max_num_seqs", "max_num_batched_tokens", "policy")}
-        c = deployment_knee(session, params, rates, model_preset=args.model_preset, node=args.hardware,
+        c = deployment_knee(session, params, rates, model_preset=args.model_preset, node=node_spec,
                             router=args.router, slo=args.knee_slo, n_requests=args.num_problems, seed=args.sim_seed,
                             refine=args.knee_refine,
                             progress=lambda it, **kw: tqdm(it, disable=bool(args.json), leave=False, **kw))
@@ -200,7 +204,11 @@ def register(sub) -> None:
                                    "(docs/parallelism.md).")
     p.add_argument("--trace", default=None, metavar="PATH", help="trace directory (default: the bundled trace)")
     p.add_argument("--model-preset", required=True, metavar="M", help="model whose costs are simulated")
-    p.add_argument("--hardware", required=True, metavar="NODE", help="node preset (dgx-a100, dgx-h100, l4-pcie) or file")
+    p.add_argument("--hardware", required=True, metavar="GPU",
+                   help="GPU preset (a100-80gb, h100-sxm, l4: its shipped node) or a node preset (dgx-a100, dgx-h100, "
+                        "l4-pcie) or file")
+    p.add_argument("--node", default=None, metavar="NODE",
+                   help="node preset or file whose GPUs are --hardware (default: the shipped node of --hardware)")
     p.add_argument("--gpus", required=True, type=int, metavar="G", help="GPU budget")
     p.add_argument("--policies", default="no-kv,exact-prefix,rksc", metavar="P,P",
                    help="policies, each with its default parameters (default no-kv,exact-prefix,rksc)")

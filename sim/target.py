@@ -283,6 +283,57 @@ def _flag_field(msg: str) -> str:
     return next((f for flag, f in _FLAG_FIELDS.items() if msg.startswith(flag)), "tensor_parallel_size")
 
 
+def shipped_nodes(gpu: str) -> list[str]:
+    """Names of the shipped node presets whose GPUs are the hardware preset ``gpu``."""
+    from .profiles import list_presets
+    names = []
+    for name in list_presets("nodes"):
+        try:
+            if load_node(name).gpu == gpu:
+                names.append(name)
+        except (PresetError, OSError, ValueError):
+            continue
+    return names
+
+
+def node_for(hardware: str, node: str | None = None) -> NodeProfile:
+    """The node a multi-GPU command (``rksim plan``) prices: ``--node`` when given (its GPUs must be
+    ``--hardware``'s), else ``--hardware`` itself when it names a node preset or file, else the one
+    shipped node of ``--hardware``'s GPU. Errors name the flag."""
+    from .profiles import list_presets
+    if node is not None:
+        try:
+            nd = load_node(node)
+        except (PresetError, OSError, ValueError) as exc:
+            raise ConfigError(f"--node: {exc}", field="node") from None
+        if _gpu_name(hardware) != nd.gpu:
+            raise ConfigError(f"--node {nd.name}: its GPUs are {nd.gpu}, not --hardware {hardware}", field="node")
+        return nd
+    if str(hardware) in list_presets("nodes"):
+        return load_node(hardware)
+    try:
+        hw = load_hardware(hardware)
+    except (PresetError, OSError, ValueError) as exc_hw:
+        try:  # a node file
+            return load_node(hardware)
+        except (PresetError, OSError, ValueError):
+            raise ConfigError(f"--hardware: {exc_hw} (nor a node preset: {', '.join(list_presets('nodes'))})",
+                              field="hardware") from None
+    names = shipped_nodes(hw.name)
+    if len(names) != 1:
+        raise ConfigError(f"--hardware {hardware}: {'no' if not names else len(names)} shipped node preset(s) of "
+                          f"{hw.name}'s GPUs{'' if not names else ' (' + ', '.join(names) + ')'}; name one with --node "
+                          f"(node presets: {', '.join(list_presets('nodes'))}, or a node file)", field="hardware")
+    return load_node(names[0])
+
+
+def _gpu_name(hardware: str) -> str:
+    try:
+        return load_hardware(hardware).name
+    except (PresetError, OSError, ValueError) as exc:
+        raise ConfigError(f"--hardware: {exc}", field="hardware") from None
+
+
 def resolve_node(node, hw: HardwareProfile, par: ParallelConfig, memo: dict | None = None) -> NodeProfile | None:
     """The node of the layout: the one named (its GPUs must be ``hw``), else for TP x PP > 1 the one shipped
     node preset of ``hw``'s GPU, else None (one GPU of ``hw``). ``memo``: the caller's preset memo."""
@@ -300,14 +351,7 @@ def resolve_node(node, hw: HardwareProfile, par: ParallelConfig, memo: dict | No
     elif par.is_single:
         return None
     else:
-        from .profiles import list_presets
-        names = []
-        for name in list_presets("nodes"):
-            try:
-                if load_node(name).gpu == hw.name:
-                    names.append(name)
-            except (PresetError, OSError, ValueError):
-                continue
+        names = shipped_nodes(hw.name)
         if len(names) != 1:
             raise ConfigError(f"--node: --tensor-parallel-size {par.tensor_parallel_size} --pipeline-parallel-size "
                               f"{par.pipeline_parallel_size} needs a node preset to price the communication; "
@@ -319,4 +363,4 @@ def resolve_node(node, hw: HardwareProfile, par: ParallelConfig, memo: dict | No
     return nd
 
 
-__all__ = ["Target", "TargetSpec", "resolve_node", "ISOLATED_SCHEDULER", "hw_key"]
+__all__ = ["Target", "TargetSpec", "resolve_node", "node_for", "shipped_nodes", "ISOLATED_SCHEDULER", "hw_key"]

@@ -1,6 +1,8 @@
 """Deployment planner: admissible deployments, evaluation through replicas, a non-dominated frontier."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from sim.goodput import SLO
@@ -66,6 +68,26 @@ def test_plan_bad_flags_one_line_naming_the_flag(capsys, extra, flag):
     rc = main(BASE + extra)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and flag in err[0] and err[0].startswith("rksim: error:")
+
+
+@pytest.mark.parametrize("hardware, node, words", [
+    (["--hardware", "h200"], None, "--hardware h200: no shipped node preset(s) of h200's GPUs; name one with --node"),
+    (["--hardware", "a100-80gb", "--node", "dgx-h100"], None, "--node dgx-h100: its GPUs are h100-sxm, not --hardware a100-80gb"),
+    (["--hardware", "nope"], None, "--hardware: unknown hardware preset 'nope'"),
+    (["--hardware", "a100-80gb"], "dgx-a100", None),
+    (["--hardware", "dgx-a100"], "dgx-a100", None),
+    (["--hardware", "a100-80gb", "--node", "dgx-a100"], "dgx-a100", None)])
+def test_plan_takes_the_gpu_name_as_every_command_does(capsys, hardware, node, words):
+    # `--hardware` names the GPU here as everywhere (its shipped node is priced), or a node preset as before
+    rc = main(["plan", "--model-preset", "llama-3-8b", *hardware, "--gpus", "1", "--tensor-parallel-size", "1",
+               "--num-problems", "4", "--json"])
+    out, err = capsys.readouterr()
+    if words is not None:
+        assert rc == 2 and words in err, err
+    else:
+        assert rc == 0, err
+        meta = json.loads(out)["meta"]
+        assert meta["node"] == node and meta["hardware"] == "a100-80gb"
 
 
 def test_plan_refuses_a_budget_nothing_fits(capsys):
