@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        from app.outputs import check_outputs
+        check_outputs(args)   # before the run: a result that cannot be written fails now, not at the end
         rc = args.func(args)
     except BrokenPipeError:  # `rksim policies | head`
         return 0

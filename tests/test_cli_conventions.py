@@ -155,3 +155,30 @@ def test_dashboard_starts_streamlit_on_loopback_with_the_roots():
     script_args = argv[argv.index("--") + 1:]
     assert roots_from(script_args, {}) == [Path("/data/a"), Path("/data/b")]
     assert "--" not in streamlit_argv(None, 8501, "127.0.0.1")
+
+
+def test_an_output_that_cannot_be_written_fails_before_the_run(tmp_path, capsys):
+    # issue 31: `bench serve --save-result --result-dir /proc/x` used to fail after the whole run
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [(["bench", "serve", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm", "--num-prompts", "400",
+               "--save-result", "--result-dir", "/proc/rksim-x"], "--result-dir '/proc/rksim-x': cannot write under"),
+             (["bench", "throughput", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm", "--input-len", "8",
+               "--output-len", "8", "--num-prompts", "4", "--output-json", str(a_file / "r.json")],
+              f"--output-json '{a_file / 'r.json'}': '{a_file}' is a file, not a folder"),
+             (["validate", "docs/validation/published-figures.yaml", "--markdown", str(a_file / "deep" / "v.md")], "is a file, not a folder")]
+    for argv, words in cases:
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert words in err and out == "", (argv, err, out)   # nothing ran: no result was printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_the_write_check_leaves_nothing_behind(tmp_path):
+    from app.outputs import check_writable
+    check_writable(tmp_path / "new" / "deeper" / "r.json", "--out")
+    check_writable(tmp_path, "--out")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "f").write_text("keep")
+    check_writable(tmp_path / "f", "--out")          # an existing file is replaced atomically later: its folder counts
+    assert (tmp_path / "f").read_text() == "keep" and [p.name for p in tmp_path.iterdir()] == ["f"]
