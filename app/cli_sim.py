@@ -397,7 +397,7 @@ def _cmd_compare(args) -> int:
 
 def _cmd_demo(args) -> int:
     from app.report import write_report
-    from app.tables import print_table
+    from app.tables import print_table, wrap
     from sim.api import simulate
 
     from sim.host import profile_line
@@ -406,15 +406,15 @@ def _cmd_demo(args) -> int:
     trace = check_trace(args.trace)
     out_dir = Path(args.out)
     t0 = time.perf_counter()
-    print(profile_line(load_hardware(DEMO_TARGETS[0][1])))   # does the shipped CPU profile belong to this host?
+    print(wrap(profile_line(load_hardware(DEMO_TARGETS[0][1]))))   # does the shipped CPU profile belong to this host?
     results = {}
     for model, hw in DEMO_TARGETS:
         label = f"{model or 'trace model'} on {hw}"
         comp = run_compare(trace, model, hw, seed=args.sim_seed, progress=sys.stderr.isatty())
         results[label] = {"model": model, "hardware": hw, "compare": comp}
         any_m = next((m for m in comp["policies"].values() if m.get("decisions_model")), {})
-        print(f"\n== {label} (isolated; verify_reuses_kv=True; decisions from the trace's model "
-              f"{any_m.get('decisions_model', '?')}, costs from {any_m.get('cost_model', '?')} on {hw})")
+        print("\n" + wrap(f"== {label} (isolated; verify_reuses_kv=True; decisions from the trace's model "
+                          f"{any_m.get('decisions_model', '?')}, costs from {any_m.get('cost_model', '?')} on {hw})"))
         print_table(comp["policies"])
     # Detail runs for the figures (the first target).
     details = {}

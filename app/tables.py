@@ -68,21 +68,48 @@ def provenance_line(policies: dict) -> str:
             f"{limits}{cap}, {m.get('n_problems')} problems")
 
 
-def print_table(policies: dict) -> None:
-    """Print the :func:`provenance_line`, :func:`ci_table` of ``policies`` (figures with their 95% intervals)
-    and its footnote."""
-    import pandas as pd
+def table_blocks(policies: dict, width: int | None = None) -> list[str]:
+    """:func:`ci_table` as text blocks that fit a terminal ``width`` (default: this terminal's, 120 when
+    not one): the sequence/block policies and the token (eviction) policies apart, each with only the
+    columns it has figures in, wrapped by pandas at ``width``. The KV capacity column is left out (the
+    :func:`provenance_line` states it); the JSON keeps every column."""
+    import shutil
+
+    from policies import list_policies
+    width = width or shutil.get_terminal_size((120, 24)).columns
+    table = ci_table(policies).drop(columns=["kv_capacity_GB"], errors="ignore")
+    token = set(list_policies("token"))
+    blocks = []
+    for rows in ([p for p in table.index if p not in token], [p for p in table.index if p in token]):
+        if not rows:
+            continue
+        part = table.loc[rows]
+        keep = [c for c in part.columns if any(v not in (None, "—") and v == v for v in part[c])]
+        blocks.append(part[keep].to_string(line_width=width))
+    return blocks
+
+
+def print_table(policies: dict, width: int | None = None) -> None:
+    """Print the :func:`provenance_line`, :func:`table_blocks` of ``policies`` (figures with their 95%
+    intervals) and its footnote."""
     line = provenance_line(policies)
     if line:
-        print(line)
-    with pd.option_context("display.width", 250, "display.max_columns", 30):
-        print(ci_table(policies).to_string())
+        print(wrap(line, width))
+    print("\n\n".join(table_blocks(policies, width)))
     if any(k.endswith("_ci95") for v in policies.values() for k in v):
-        print("[lo, hi]: 95% intervals over the problems (Wilson for rates, paired bootstrap for speedups, "
-              "reuse and AUC)")
+        print(wrap("[lo, hi]: 95% intervals over the problems (Wilson for rates, paired bootstrap for speedups, "
+                   "reuse and AUC)", width))
     note = trace_model_note(policies.values())
     if note:
-        print(note)
+        print(wrap(note, width))
 
 
-__all__ = ["TABLE_COLS", "fmt_table", "ci_table", "trace_model_note", "print_table"]
+def wrap(text: str, width: int | None = None) -> str:
+    """``text`` wrapped at ``width`` (default: this terminal's, 120 when not one), continued lines indented."""
+    import shutil
+    import textwrap
+    return textwrap.fill(text, width or shutil.get_terminal_size((120, 24)).columns, subsequent_indent="  ",
+                         break_on_hyphens=False, break_long_words=False)
+
+
+__all__ = ["TABLE_COLS", "fmt_table", "ci_table", "table_blocks", "trace_model_note", "print_table", "wrap"]

@@ -173,9 +173,32 @@ def test_compare_table_says_whose_decisions_whose_costs_and_the_limits(syn, caps
     # the first line a user reads names the trace's model, the target, the profile's status and the limits
     assert main(["compare", "--trace", syn, "--model-preset", "qwen2.5-7b", "--hardware", "h100-sxm",
                  "--mode", "serving"]) == 0
-    first = capsys.readouterr().out.splitlines()[0]
+    first = _first_paragraph(capsys.readouterr().out)
     assert first.startswith("decisions: ") and "(the trace's model)" in first
     assert "costs: qwen2.5-7b on h100-sxm (public profiles)" in first
     assert "serving, scheduler vllm-v1, max_num_seqs " in first and "KV capacity " in first
     assert main(["compare", "--trace", syn, "--model-preset", "qwen2.5-7b", "--hardware", "a100-80gb"]) == 0
-    assert "isolated: one problem at a time" in capsys.readouterr().out.splitlines()[0]
+    assert "isolated: one problem at a time" in _first_paragraph(capsys.readouterr().out)
+
+
+def _first_paragraph(out: str) -> str:
+    """The first printed line with its wrapped continuation lines (indented by two spaces) joined."""
+    lines = out.splitlines()
+    para = [lines[0]]
+    for line in lines[1:]:
+        if not line.startswith("  ") or line.strip().startswith("latency"):
+            break
+        para.append(line.strip())
+    return " ".join(para)
+
+
+def test_the_printed_table_fits_the_terminal(syn, capsys, monkeypatch):
+    # issue 31: `make run`'s table was about 250 columns wide and wrapped in a terminal
+    from policies import list_policies
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["compare", "--trace", syn, "--hardware", "h100-sxm"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 100, out
+    for name in list_policies():
+        assert any(line.startswith(name + " ") for line in out.splitlines()), name
+    assert "KV capacity" in out and "peak_kv_MB" in out and "attn_mass_recall" in out
