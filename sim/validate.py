@@ -170,25 +170,18 @@ def _check_arrivals(w: dict, where: str) -> None:
 
 def refusal(f: dict) -> str | None:
     """Why rksim cannot price this figure (None: it can)."""
-    dt = str(f["dtype"]).strip().lower()
-    if dt not in PRICED_DTYPES:
-        if dt.startswith("fp8"):
-            return (f"dtype {f['dtype']}: fp8 not priced (the cost model prices 2-byte bf16/fp16 weights and KV; "
-                    f"pricing {f['dtype']} as bf16 would be wrong)")
-        return (f"dtype {f['dtype']}: not priced (the cost model prices 2-byte bf16/fp16 weights and KV; "
-                f"pricing {f['dtype']} as bf16 would be wrong)")
-    q = f.get("quantization")
-    q = None if q is None else str(q).strip().lower()
-    if q not in PRICED_QUANT:
-        what = "fp8 not priced" if q.startswith("fp8") else "not priced"
-        return (f"quantization {f['quantization']}: {what} (no preset prices "
-                f"{f['quantization']} weights or their GEMMs; pricing them as {f['dtype']} would be wrong)")
-    kv = f.get("kv_cache_dtype")
-    kv = None if kv is None else str(kv).strip().lower()
-    if kv not in PRICED_KV:
-        what = "fp8 not priced" if kv.startswith("fp8") else "not priced"
-        return (f"kv_cache_dtype {f['kv_cache_dtype']}: {what} (the cost model prices a "
-                f"KV cache in the model's dtype or {', '.join(k for k in KV_CACHE_DTYPES if k)})")
+    kv_names = ", ".join(k for k in KV_CACHE_DTYPES if k)
+    for field, priced, why in (
+            ("dtype", PRICED_DTYPES, "the cost model prices 2-byte bf16/fp16 weights and KV; pricing {v} as bf16 "
+                                     "would be wrong"),
+            ("quantization", PRICED_QUANT, "no preset prices {v} weights or their GEMMs; pricing them as {dtype} "
+                                           "would be wrong"),
+            ("kv_cache_dtype", PRICED_KV, "the cost model prices a KV cache in the model's dtype or " + kv_names)):
+        v = f.get(field)
+        key = None if v is None else str(v).strip().lower()
+        if key not in priced:
+            what = "fp8 not priced" if key is not None and key.startswith("fp8") else "not priced"
+            return f"{field} {v}: {what} ({why.format(v=v, dtype=f['dtype'])})"
     par = f.get("parallelism") or {}
     if not isinstance(par, dict):
         raise FigureError(f"figure {f['id']!r}: parallelism must be a mapping such as {{tp: 1}}")
