@@ -126,7 +126,7 @@ def _cmd_host(args) -> int:
 
 
 def _cmd_profiles(args) -> int:
-    from sim.catalog import profiles_table
+    from sim.cost.catalog import profiles_table
 
     df = profiles_table()
     if args.json:
@@ -314,13 +314,13 @@ def register(sub) -> None:
 def _cmd_vllm_bench(args) -> int:
     from app.params import number
     from calibrate.vllm_bench import fit_files, format_fit, write_fitted_preset
-    from sim.profiles import load_hardware, load_model
+    from sim.cost.profiles import load_hardware, load_model
 
     model, hw = load_model(args.model_preset), load_hardware(args.hardware)
     if args.dtype is not None:
         import dataclasses
 
-        from sim.profiles import _CANON_DTYPE, _DTYPE_BYTES
+        from sim.cost.profiles import _CANON_DTYPE, _DTYPE_BYTES
         name = _CANON_DTYPE.get(args.dtype, args.dtype)
         if name not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"--dtype: {args.dtype!r} is not one of bfloat16, float16, float32 (others are not priced)")

@@ -5,7 +5,7 @@ capture's computation paths, so that decisions replay bit for bit); this
 module holds the two phases whose shape the policies change: the gate over
 the variant spans only, and the verification pass that stops layer by layer.
 Each records itself on a :class:`calibrate.timing.PhaseTimer` with the items
-the cost model charges (``sim.cost.batch_terms``).
+the cost model charges (``sim.cost.terms.batch_terms``).
 """
 from __future__ import annotations
 

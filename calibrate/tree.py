@@ -8,7 +8,7 @@ verification pass over ``prompt + path + verify prompt``.
 
 KV memory: every node's tokens are cut into blocks of ``block_size`` tokens
 (block id ``(node, k)``) held by the serving block manager
-(``sim.kvcache.BlockManager(budget, block_size, policy)``: hash-chained keys,
+(``sim.serving.kvcache.BlockManager(budget, block_size, policy)``: hash-chained keys,
 referenced blocks never evicted, freed blocks ranked by the block policy --
 ``rsbcm``: omega = score / (depth + 1); ``lru``; ``fifo``). The K/V tensors of
 a block live here in a dict keyed by the manager's physical block id (its
@@ -25,7 +25,7 @@ node's depth; the prompt's blocks have depth 0.
 
 The walk itself -- which blocks are touched, with which (score, depth), hit
 or (re)compute, what is evicted, the frontier and the unconstrained budget --
-is ``sim.tree``'s (``TreeBlocks``, ``select_frontier``,
+is ``sim.replay.tree``'s (``TreeBlocks``, ``select_frontier``,
 ``unconstrained_budget``), the very code the simulator replays a trace with.
 This module does the torch work in its hooks: it keeps each held block's K/V
 tensors in step with the manager's block tables, computes the blocks the walk asks
@@ -71,7 +71,7 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
     from calibrate import engine as E
     from calibrate import kv as KV
     from calibrate.runner import _StepClock
-    from sim.tree import TreeBlocks, select_frontier, unconstrained_budget
+    from sim.replay.tree import TreeBlocks, select_frontier, unconstrained_budget
 
     if timer is None:
         from calibrate.timing import PhaseTimer
@@ -80,7 +80,7 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
     dev = lm.device
     unconstrained = unconstrained_budget(len(prompt), depth, expand_k, branching, step_tokens, block_size)
     budget = unconstrained if budget_blocks is None else int(budget_blocks)
-    # the walk (block tables, hits, recompute decisions, preemptions, evictions) is sim.tree's; the real
+    # the walk (block tables, hits, recompute decisions, preemptions, evictions) is sim.replay.tree's; the real
     # KV of every block lives here, by slot (the manager's physical block id), kept in step by its hooks
     store: dict = {}          # slot -> list of (k, v) per layer, each [1, H, n, D]
     tb = TreeBlocks(block_policy, budget, block_size)
