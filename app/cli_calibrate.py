@@ -13,9 +13,9 @@ def _print_json(obj) -> None:
 
 
 def _cmd_run(args) -> int:
-    from calibrate.runner import RunConfig, run_calibration
+    from calibrate.runner import RealRunConfig, run_calibration
 
-    cfg = RunConfig.from_args(args)
+    cfg = RealRunConfig.from_args(args)
     summary = run_calibration(cfg, Path(args.out))
     par = summary.get("decision_parity")
     print(f"wrote {args.out}: {summary['n_problems']} problems x {len(summary['policies'])} policies, "
@@ -217,7 +217,7 @@ def register(sub) -> None:
     p.add_argument("--branches", type=int, default=8, help="branches per problem")
     p.add_argument("--prefix-tokens", type=int, default=1024, help="each branch prompt padded to about this many tokens")
     p.add_argument("--step-tokens", type=int, default=32, help="tokens generated per tree node")
-    p.add_argument("--depth", type=int, default=3, help="tree search depth (calibrate.tree)")
+    p.add_argument("--depth", type=int, default=3, help="tree search depth (calibrate.real_tree)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_speedup)

@@ -277,7 +277,7 @@ def test_cli_tree_end_to_end(capsys):
 
 
 def _drive_like_the_runner(spec, policy, budget, bs):
-    """Drive TreeBlocks through its hooks the way calibrate/tree.py does, with token ids standing in for KV.
+    """Drive TreeBlocks through its hooks the way calibrate/real_tree.py does, with token ids standing in for KV.
 
     ``store`` plays the runner's K/V pool, keyed by the manager's physical block id (slot): a block's
     "KV" is the token ids it covers, so an assembled context must equal the sequence itself, and every
@@ -351,7 +351,7 @@ def _drive_like_the_runner(spec, policy, budget, bs):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_trees(), st.integers(1, 30), st.sampled_from([2, 4, 16]), st.sampled_from(BLOCK_POLICIES))
 def test_hooks_keep_the_runners_kv_in_step(spec, budget, bs, policy):
-    """The runner's hooks (calibrate/tree.py): the KV it holds for every live node is its own tokens, every
+    """The runner's hooks (calibrate/real_tree.py): the KV it holds for every live node is its own tokens, every
     context it assembles from cached and (re)computed blocks is the path's sequence, and the hook-driven walk
     is the trace walk, touch for touch."""
     if budget < _floor(spec, bs):

@@ -1,4 +1,4 @@
-"""Decision parity of tree mode: calibrate.tree.run_tree (real model, the serving block manager) vs sim.replay.tree.walk_tree.
+"""Decision parity of tree mode: calibrate.real_tree.run_tree (real model, the serving block manager) vs sim.replay.tree.walk_tree.
 
 The real runner grows a tree on SmolLM2-135M under a block budget; the simulator replays the tree
 it grew. Both drive the one walk (sim.replay.tree.TreeBlocks / select_frontier / unconstrained_budget);
@@ -26,9 +26,9 @@ def lm():
 
 
 def _grow(lm, monkeypatch, policy, budget, D=2, K=2, B=3, S=16):
-    from calibrate import engine as E
+    from calibrate import real_phases as E
     from calibrate.timing import PhaseTimer
-    from calibrate.tree import run_tree
+    from calibrate.real_tree import run_tree
     from policies import get_policy
     from traces import capture_ops as CO
     from traces.capture import _stop_ids

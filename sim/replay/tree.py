@@ -15,7 +15,7 @@ the newest waiting node is preempted (its blocks freed into the cache); resumed,
 it takes its cached chain up to the first miss and recomputes every block after
 it (chain rule), charged as ``recompute``.
 
-There is one walk: the real runner (``calibrate/tree.py``) drives the same
+There is one walk: the real runner (``calibrate/real_tree.py``) drives the same
 :class:`TreeBlocks`, :func:`select_frontier` and :func:`unconstrained_budget`,
 so the manager makes the same decisions for the same tree and budget:
 
@@ -106,7 +106,7 @@ class TreeBlocks:
     """Block bookkeeping of the tree walk on the serving block manager (:class:`sim.serving.kvcache.BlockManager`).
 
     Pure Python (no torch). This is the one walk: the simulator drives it from a
-    trace (:func:`walk_tree`), the real runner (``calibrate/tree.py``) drives it
+    trace (:func:`walk_tree`), the real runner (``calibrate/real_tree.py``) drives it
     with live results and does the torch work in the hooks.
 
     Each node is a request of the manager holding the blocks of its path (its

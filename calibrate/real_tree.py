@@ -68,7 +68,7 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
     from traces.capture import STREAM_TREE
     from traces.workload import verification_ids
 
-    from calibrate import engine as E
+    from calibrate import real_phases as E
     from calibrate import kv as KV
     from calibrate.runner import _StepClock
     from sim.replay.tree import TreeBlocks, select_frontier, unconstrained_budget
