@@ -1,7 +1,7 @@
 """``rksim bench serve|throughput`` (plain serving workloads with ``vllm bench``'s flags) and ``rksim validate``.
 
 The workload flags, their defaults and the result files follow ``vllm bench serve`` and
-``vllm bench throughput`` (:mod:`sim.plain` cites the sources); the rest (target, scheduler,
+``vllm bench throughput`` (:mod:`sim.bench.plain` cites the sources); the rest (target, scheduler,
 capacity, policy) are rksim's. Nothing here imports torch.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _target_flags(p, offline: bool) -> None:
                    help=f"running sequences cap (default: vLLM's {which} default for the device)")
     p.add_argument("--max-num-batched-tokens", default=None, metavar="M", help=f"tokens per iteration (default: vLLM's {which} default for the device)")
     p.add_argument("--scheduler", choices=["vllm-v1", "prefill-first"], default="vllm-v1",
-                   help="scheduling rule (sim.scheduler)")
+                   help="scheduling rule (sim.serving.scheduler)")
     p.add_argument("--gpu-memory-utilization", default=0.9, metavar="U", help="share of device memory for weights + activations + KV")
     p.add_argument("--kv-capacity-bytes", default=None, metavar="B", help="KV capacity in bytes (default: memory x utilisation - weights - reserve)")
     p.add_argument("--block-size", default=16, metavar="T",
@@ -68,7 +68,7 @@ def _target_flags(p, offline: bool) -> None:
     p.add_argument("--seed", default=0,
                    help="simulator seed: vLLM's --seed (lengths and arrivals)")
     from app.cli_sim import add_declared
-    from sim.target import TargetSpec
+    from sim.replay.target import TargetSpec
     add_declared(p, TargetSpec, only=("node", "tensor_parallel_size", "pipeline_parallel_size", "pipeline_schedule",
                                       "quantization", "kv_cache_dtype", "disable_custom_all_reduce"))
 
@@ -134,7 +134,7 @@ def _checked(args):
     for flag, fn in _CHECKS.items():
         dest = flag[2:].replace("-", "_")
         if flag == "--request-rate" and getattr(args, "bench_command", None) == "sweep":
-            continue  # a list: sim.knee.parse_rates
+            continue  # a list: sim.search.knee.parse_rates
         v = getattr(args, dest, None)
         if v is not None:
             setattr(args, dest, fn(v, flag))
@@ -163,8 +163,8 @@ def register(sub) -> None:
     p.add_argument("--metric-percentiles", default="99",
                    metavar="P,P", help="percentiles of the selected metrics")
     from app.cli_sim import add_declared
-    from sim.runconfig import RunConfig
-    from sim.target import TargetSpec
+    from sim.replay.runconfig import RunConfig
+    from sim.replay.target import TargetSpec
     add_declared(p, TargetSpec, only=("data_parallel_size",))
     add_declared(p, RunConfig, only=("router", "slo"))
     p.add_argument("--goodput", nargs="+", default=None, metavar="KEY_MS",
@@ -183,7 +183,7 @@ def register(sub) -> None:
                         description="Serve one `bench serve` workload (same flags, same seed) at each --request-rate; "
                                     "print TTFT / TPOT / E2EL against the offered rate, the knee (the highest rate up "
                                     "to which every rate meets --slo and is not saturated) and the saturation rate "
-                                    "(sim.knee; docs/sweeps.md).")
+                                    "(sim.search.knee; docs/sweeps.md).")
     _target_flags(p, offline=False)
     _dataset_flags(p, serve=True)
     p.add_argument("--request-rate", required=True, metavar="R,R",
@@ -196,11 +196,11 @@ def register(sub) -> None:
     p.add_argument("--ignore-eos", action="store_true",
                    help="generate exactly the requested lengths (rksim always does)")
     from app.cli_sim import add_declared
-    from sim.runconfig import RunConfig
-    from sim.target import TargetSpec
+    from sim.replay.runconfig import RunConfig
+    from sim.replay.target import TargetSpec
     add_declared(p, TargetSpec, only=("data_parallel_size",))
     add_declared(p, RunConfig, only=("router",))
-    from sim.knee import DEFAULT_SLO, DEFAULT_TOLERANCE
+    from sim.search.knee import DEFAULT_SLO, DEFAULT_TOLERANCE
     p.add_argument("--slo", default=DEFAULT_SLO, metavar="KEY=MS,KEY=MS",
                    help="the knee's SLO on each run's aggregate figures, in ms, KEY one of vllm bench serve's "
                         "{mean,median,pNN}_{ttft,tpot,itl,e2el}_ms (not bench serve's per-request --slo in seconds)")
@@ -208,7 +208,7 @@ def register(sub) -> None:
                    help="bisection steps between the knee and the first failing rate (each one more run)")
     p.add_argument("--saturation-tolerance", default=DEFAULT_TOLERANCE, metavar="G",
                    help="saturated when the wait to first token grows faster than G seconds per second over the "
-                        "second half of the sends (rho > 1 + G; sim.knee)")
+                        "second half of the sends (rho > 1 + G; sim.search.knee)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write DIR/latency-rate.json (the curve) and DIR/latency-rate.html (the figure) atomically "
                         "(default: none)")
@@ -254,9 +254,9 @@ def _policy(args):
 
 
 def _target(args):
-    from sim.capacity import ServingConfig
-    from sim.profiles import load_hardware, load_model
-    from sim.profiles import PresetError
+    from sim.serving.capacity import ServingConfig
+    from sim.cost.profiles import load_hardware, load_model
+    from sim.cost.profiles import PresetError
     try:
         model = load_model(args.model_preset)
     except (PresetError, FileNotFoundError) as exc:
@@ -279,7 +279,7 @@ def _target(args):
 
 def _slo(args):
     """The SLO of ``--slo ttft=S,...`` (seconds) or vLLM's ``--goodput ttft:MS ...`` (milliseconds; ``e2el``)."""
-    from sim.goodput import SLO
+    from sim.serving.goodput import SLO
     if args.goodput is not None and args.slo is not None:
         raise ValueError("--goodput: give the SLOs once, as --slo (seconds) or --goodput (milliseconds)")
     if args.goodput is None:
@@ -296,7 +296,7 @@ def _slo(args):
 
 
 def _layout(args) -> dict:
-    """The replica layout flags (declared on ``sim.target.TargetSpec``) as ``sim.plain.run`` keywords."""
+    """The replica layout flags (declared on ``sim.replay.target.TargetSpec``) as ``sim.bench.plain.run`` keywords."""
     return {"tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
             "node": args.node, "pipeline_schedule": args.pipeline_schedule,
             "disable_custom_all_reduce": args.disable_custom_all_reduce}
@@ -312,7 +312,7 @@ def _write_json(path: Path, obj) -> None:
 
 def _workload(args):
     """``(PlainWorkload, dataset name)`` of bench serve's dataset flags."""
-    from sim import plain
+    from sim.bench import plain
     name = args.dataset_name or ("lengths" if args.dataset_path else "random")
     if name == "random":
         if args.dataset_path is not None:
@@ -330,7 +330,7 @@ def _workload(args):
 
 def _serve_once(args, target, wl, name, rate, percentiles, metrics, slo):
     """One simulated ``vllm bench serve`` at ``rate``: ``(PlainRun, result dict)`` (bench serve and sweep)."""
-    from sim import plain
+    from sim.bench import plain
     model, hw, sv, pol = target
     r = plain.run(model, hw, wl, request_rate=rate, burstiness=args.burstiness,
                   max_concurrency=args.max_concurrency, seed=args.seed, serving=sv, token_policy=pol,
@@ -344,7 +344,7 @@ def _serve_once(args, target, wl, name, rate, percentiles, metrics, slo):
 
 
 def _cmd_serve(args) -> int:
-    from sim import plain
+    from sim.bench import plain
     _checked(args)
     target = _target(args)
     model, hw = target[0], target[1]
@@ -367,7 +367,7 @@ def _cmd_serve(args) -> int:
 
 
 def _cmd_throughput(args) -> int:
-    from sim import plain
+    from sim.bench import plain
     _checked(args)
     model, hw, sv, pol = _target(args)
     if args.dataset_path is not None:
@@ -388,7 +388,7 @@ def _cmd_throughput(args) -> int:
 
 
 def _cmd_validate(args) -> int:
-    from sim import validate
+    from sim.bench import validate
     figs = validate.load_figures(args.file)
     df = validate.run_figures(figs, hardware=args.hardware)
     print(validate.format_table(df))
@@ -446,7 +446,8 @@ def _cmd_sweep(args) -> int:
 
     from tqdm.auto import tqdm
 
-    from sim import knee, plain
+    from sim.search import knee
+    from sim.bench import plain
     from traces.store import atomic_write_json, atomic_write_text
     _checked(args)
     rates = knee.parse_rates(args.request_rate, "--request-rate")

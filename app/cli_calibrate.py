@@ -13,9 +13,9 @@ def _print_json(obj) -> None:
 
 
 def _cmd_run(args) -> int:
-    from calibrate.runner import RunConfig, run_calibration
+    from calibrate.runner import RealRunConfig, run_calibration
 
-    cfg = RunConfig.from_args(args)
+    cfg = RealRunConfig.from_args(args)
     summary = run_calibration(cfg, Path(args.out))
     par = summary.get("decision_parity")
     print(f"wrote {args.out}: {summary['n_problems']} problems x {len(summary['policies'])} policies, "
@@ -126,7 +126,7 @@ def _cmd_host(args) -> int:
 
 
 def _cmd_profiles(args) -> int:
-    from sim.catalog import profiles_table
+    from sim.cost.catalog import profiles_table
 
     df = profiles_table()
     if args.json:
@@ -217,7 +217,7 @@ def register(sub) -> None:
     p.add_argument("--branches", type=int, default=8, help="branches per problem")
     p.add_argument("--prefix-tokens", type=int, default=1024, help="each branch prompt padded to about this many tokens")
     p.add_argument("--step-tokens", type=int, default=32, help="tokens generated per tree node")
-    p.add_argument("--depth", type=int, default=3, help="tree search depth (calibrate.tree)")
+    p.add_argument("--depth", type=int, default=3, help="tree search depth (calibrate.real_tree)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_speedup)
@@ -314,13 +314,13 @@ def register(sub) -> None:
 def _cmd_vllm_bench(args) -> int:
     from app.params import number
     from calibrate.vllm_bench import fit_files, format_fit, write_fitted_preset
-    from sim.profiles import load_hardware, load_model
+    from sim.cost.profiles import load_hardware, load_model
 
     model, hw = load_model(args.model_preset), load_hardware(args.hardware)
     if args.dtype is not None:
         import dataclasses
 
-        from sim.profiles import _CANON_DTYPE, _DTYPE_BYTES
+        from sim.cost.profiles import _CANON_DTYPE, _DTYPE_BYTES
         name = _CANON_DTYPE.get(args.dtype, args.dtype)
         if name not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"--dtype: {args.dtype!r} is not one of bfloat16, float16, float32 (others are not priced)")

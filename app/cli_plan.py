@@ -22,13 +22,13 @@ def _ints(flag: str, text: str) -> list[int]:
 
 
 def _cmd_plan(args) -> int:
-    from sim.goodput import SLO
-    from sim.parallel import TP_SIZES
-    from sim.target import node_for
-    from sim.planner import deployments, frontier, run_plan
-    from sim.profiles import load_hardware, load_model
-    from sim.router import ROUTERS
-    from sim.sweep import write_parquet
+    from sim.serving.goodput import SLO
+    from sim.cost.parallel import TP_SIZES
+    from sim.replay.target import node_for
+    from sim.search.planner import deployments, frontier, run_plan
+    from sim.cost.profiles import load_hardware, load_model
+    from sim.serving.router import ROUTERS
+    from sim.search.sweep import write_parquet
 
     if args.gpus < 1:
         raise ValueError(f"--gpus: must be >= 1, got {args.gpus}")
@@ -45,7 +45,7 @@ def _cmd_plan(args) -> int:
     slo = SLO.parse(args.slo)
     knee_rates = None
     if args.knee is not None:   # checked here, before any deployment is served
-        from sim.knee import KneeSLO, parse_rates
+        from sim.search.knee import KneeSLO, parse_rates
         knee_rates = parse_rates(args.knee, "--knee")
         KneeSLO.parse(args.knee_slo, "--knee-slo")
         if not 0 <= args.knee_refine <= 20:
@@ -54,7 +54,7 @@ def _cmd_plan(args) -> int:
         raise ValueError(f"--problem-rate: must be a positive number of problems/s, got {args.problem_rate}")
     if args.gpu_hour_cost is not None and (not math.isfinite(args.gpu_hour_cost) or args.gpu_hour_cost < 0):
         raise ValueError(f"--gpu-hour-cost: must be a number >= 0, got {args.gpu_hour_cost}")
-    from sim.decisions import make_config
+    from sim.workload.decisions import make_config
     pols = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not pols:
         raise ValueError("--policies: give at least one policy")
@@ -125,7 +125,7 @@ def pareto_plan(args, df, meta) -> int:
     """``rksim pareto PLAN.parquet [--x gpus|cost] [--y goodput|throughput] [--out FILE.html] [--json]``: the
     frontier over all policies and per policy, printed; the figure written as self-contained HTML."""
     from app.frontier_plot import plan_figure
-    from sim.planner import plan_axes, plan_caption, plan_frontiers
+    from sim.search.planner import plan_axes, plan_caption, plan_frontiers
 
     x, y = plan_axes(df, args.x or "gpus", args.y or "goodput")
     if getattr(args, "minimize_x", None) is False or getattr(args, "maximize_y", None) is False:
@@ -161,13 +161,13 @@ def pareto_plan(args, df, meta) -> int:
 
 
 def _knees(args, best, rates, node_spec: str) -> list[dict]:
-    """``sim.planner.deployment_knee`` of each policy's best deployment (``--knee``): knee, first failing and
+    """``sim.search.planner.deployment_knee`` of each policy's best deployment (``--knee``): knee, first failing and
     saturation rates, capacity, and the caption of what they hold under (no per-point arrays: they go to meta)."""
     from tqdm.auto import tqdm
 
-    from sim.knee import caption
-    from sim.planner import deployment_knee
-    from sim.session import Session
+    from sim.search.knee import caption
+    from sim.search.planner import deployment_knee
+    from sim.replay.session import Session
     from sim.api import default_trace_path
 
     session = Session(str(args.trace or default_trace_path()))
@@ -234,7 +234,7 @@ def register(sub) -> None:
     renamed_argument(p, "--sim-seed", "--seed", type=int, default=0, metavar="N", help="arrival seed (default 0)")
     p.add_argument("--gpu-hour-cost", type=float, default=None, metavar="USD",
                    help="price of one GPU-hour: adds cost per million output tokens (default: none)")
-    from sim.knee import DEFAULT_SLO
+    from sim.search.knee import DEFAULT_SLO
     p.add_argument("--knee", default=None, metavar="R,R",
                    help="also the latency-rate knee of each policy's best deployment: its problems served at each of "
                         "these Poisson rates (problems/s; comma list and/or START:STOP:STEP), one run per rate, so "

@@ -100,8 +100,8 @@ def declared_values(args, cls, only=None) -> dict:
 
 
 def _target_args(p) -> None:
-    from sim.runconfig import RunConfig
-    from sim.target import TargetSpec
+    from sim.replay.runconfig import RunConfig
+    from sim.replay.target import TargetSpec
     add_declared(p, TargetSpec)
     add_declared(p, RunConfig, only=("mode",))
     add_declared(p, RunConfig, only=("router",))
@@ -117,8 +117,8 @@ def workload_arg(p) -> None:
 
 
 def _calibration_args(p) -> None:
-    """A fitted profile's limits: its host and its fitted range (sim.host, sim.ranges; RunConfig's declarations)."""
-    from sim.runconfig import RunConfig
+    """A fitted profile's limits: its host and its fitted range (sim.cost.fingerprint, sim.cost.ranges; RunConfig's declarations)."""
+    from sim.replay.runconfig import RunConfig
     add_declared(p, RunConfig, only=("strict", "allow_extrapolation"))
 
 
@@ -133,12 +133,12 @@ def serving_args(p, with_mode: bool = True) -> None:
     """The one set of serving flags (``serve``, ``simulate``/``compare``/``sweep``/``tune`` ``--mode serving``).
 
     Declared once: the load (``RunConfig.arrival_rate`` or ``Workload.concurrency``, exclusive; and
-    ``Workload.n_requests``) and the server (``sim.capacity.ServingConfig``). ``with_mode``: the command has a
+    ``Workload.n_requests``) and the server (``sim.serving.capacity.ServingConfig``). ``with_mode``: the command has a
     ``--mode`` and the group's title says these apply under ``--mode serving``.
     """
-    from sim.capacity import ServingConfig
-    from sim.runconfig import RunConfig
-    from sim.workload_config import Workload
+    from sim.serving.capacity import ServingConfig
+    from sim.replay.runconfig import RunConfig
+    from sim.workload.config import Workload
     g = p.add_argument_group("serving (with --mode serving)" if with_mode else "serving")
     x = g.add_mutually_exclusive_group()
     add_declared(x, RunConfig, only=("arrival_rate",), text=True)
@@ -165,9 +165,9 @@ def _num(flag: str, text, kind=int, lo=None, hi=None):
 
 def serving_options(args) -> tuple[dict, dict, float | None]:
     """``(serving settings, workload additions, arrival_rate)`` from the serving flags (:func:`serving_args`)."""
-    from sim.capacity import ServingConfig
-    from sim.runconfig import RunConfig
-    from sim.workload_config import Workload
+    from sim.serving.capacity import ServingConfig
+    from sim.replay.runconfig import RunConfig
+    from sim.workload.config import Workload
     sv = declared_values(args, ServingConfig)
     wl = declared_values(args, Workload)
     return sv, wl, declared_values(args, RunConfig, only=("arrival_rate",)).get("arrival_rate")
@@ -177,7 +177,7 @@ def workload_options(args) -> dict:
     """``--workload KEY=VALUE`` items and the serving flags' workload options; a key with a flag of its own
     given as ``--workload`` is deprecated (one line naming the flag), and the flag wins."""
     from sim.options import declared
-    from sim.workload_config import Workload
+    from sim.workload.config import Workload
     wl = parse_sets(args.workload or [], "--workload")
     flags = {f.name: opt.flag for f, opt in declared(Workload) if opt.flag is not None}
     for k in wl:
@@ -192,13 +192,13 @@ def workload_options(args) -> dict:
 
 def flagged(exc) -> str:
     """A simulator error as the CLI says it: the flag of the error's field, then the message."""
-    from sim.capacity import ServingConfig
+    from sim.serving.capacity import ServingConfig
     from sim.options import flag_for
-    from sim.runconfig import RunConfig
-    from sim.target import TargetSpec
+    from sim.replay.runconfig import RunConfig
+    from sim.replay.target import TargetSpec
     msg = str(exc)
     field = getattr(exc, "field", None)
-    from sim.workload_config import Workload
+    from sim.workload.config import Workload
     flag = "--reshape" if field == "reshape" else flag_for(field, RunConfig, TargetSpec, ServingConfig, Workload)
     if flag is None or msg.startswith(flag):
         return msg
@@ -206,7 +206,7 @@ def flagged(exc) -> str:
 
 
 def register(sub) -> None:
-    from sim.runconfig import RunConfig
+    from sim.replay.runconfig import RunConfig
     p = sub.add_parser("simulate", help="simulate one policy on a trace for a model and hardware",
                        description="Replay a trace under one policy through the cost model and simulator "
                                    "(docs/simulator.md).")
@@ -230,8 +230,8 @@ def register(sub) -> None:
     p.add_argument("--policy", required=True, help="policy registry name (see `rksim compare`)")
     p.add_argument("--set", action="append", default=[], metavar="K=V", dest="sets",
                    help="policy parameter, repeatable (e.g. --set tau=0.8; default: the policy's defaults, see `rksim policies`)")
-    from sim.runconfig import RunConfig
-    from sim.target import TargetSpec
+    from sim.replay.runconfig import RunConfig
+    from sim.replay.target import TargetSpec
     add_declared(p, TargetSpec)
     add_declared(p, RunConfig, only=("router", "slo"))
     workload_arg(p)
@@ -261,7 +261,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("tree", help="RSBCM vs LRU vs FIFO on a trace's tree search under a KV block budget",
                        description="Replay the trace's tree (trees/tNNNNN) with each block policy under one budget "
-                                   "(sim/tree.py, docs/simulator.md 'Tree search (RSBCM)').")
+                                   "(sim/replay/tree.py, docs/simulator.md 'Tree search (RSBCM)').")
     trace_arg(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--budget-frac", type=float, default=None, metavar="F",
@@ -288,7 +288,7 @@ def check_trace(path):
 def _cmd_simulate(args) -> int:
     from sim.api import simulate
     from sim.errors import ConfigError
-    from sim.metrics import clean
+    from sim.replay.problem_metrics import clean
     from app.tables import trace_model_note
 
     trace = check_trace(args.trace)
@@ -313,7 +313,7 @@ def _cmd_simulate(args) -> int:
         s = clean(r.summary)
         print(f"{args.policy} on {r.info['cost_model']} / {r.info['hardware']} ({args.mode}); {r.info['note']}; "
               f"verify_reuses_kv={r.info['verify_reuses_kv']}")
-        from sim.intervals import SUFFIX, fmt_ci
+        from sim.replay.intervals import SUFFIX, fmt_ci
         ci = clean(r.intervals())
         marked = set(s.get("trace_model_figures") or [])
         print(pd.Series({k + ("*" if k in marked else ""): (fmt_ci(v, ci[k + SUFFIX]) if ci.get(k + SUFFIX) else v)
@@ -330,9 +330,9 @@ def _cmd_simulate(args) -> int:
 
 
 def deployment_kwargs(args) -> dict:
-    """The deployment flags (``sim.target.TargetSpec``'s node and parallel sizes) as ``simulate`` keywords."""
+    """The deployment flags (``sim.replay.target.TargetSpec``'s node and parallel sizes) as ``simulate`` keywords."""
     from sim.options import declared
-    from sim.target import TargetSpec
+    from sim.replay.target import TargetSpec
     return {f.name: getattr(args, dest(opt.flag)) for f, opt in declared(TargetSpec)
             if f.name not in ("model", "hardware") and hasattr(args, dest(opt.flag))}
 
@@ -382,8 +382,8 @@ def _cmd_compare(args) -> int:
     out = run_compare(trace, args.model_preset, args.hardware, args.mode, workload_options(args), args.sim_seed, pols,
                       progress=not args.json and sys.stderr.isatty(), reshape=args.reshape, router=args.router,
                       serving=sv or None, arrival_rate=rate, **deployment_kwargs(args))
-    from sim.host import host_fields
-    from sim.profiles import load_hardware
+    from sim.cost.fingerprint import host_fields
+    from sim.cost.profiles import load_hardware
     note = host_fields(load_hardware(args.hardware))["host_note"]
     if note:
         print(f"rksim: note: {note}", file=sys.stderr)
@@ -400,8 +400,8 @@ def _cmd_demo(args) -> int:
     from app.tables import print_table, wrap
     from sim.api import simulate
 
-    from sim.host import profile_line
-    from sim.profiles import load_hardware
+    from sim.cost.fingerprint import profile_line
+    from sim.cost.profiles import load_hardware
 
     trace = check_trace(args.trace)
     out_dir = Path(args.out)
@@ -427,8 +427,8 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_tree(args) -> int:
-    from sim.profiles import PresetError, load_hardware, load_model
-    from sim.tree import compare_tree
+    from sim.cost.profiles import PresetError, load_hardware, load_model
+    from sim.replay.tree import compare_tree
 
     trace = check_trace(args.trace)
     for flag, load, name in (("--model-preset", load_model, args.model_preset), ("--hardware", load_hardware,
@@ -445,7 +445,7 @@ def _cmd_tree(args) -> int:
     except PresetError as exc:
         raise ValueError(str(exc)) from None
     if args.json:
-        from sim.metrics import clean
+        from sim.replay.problem_metrics import clean
         print(json.dumps(clean({"policies": df.to_dict(orient="index")}), indent=2, sort_keys=True))
     else:
         import pandas as pd

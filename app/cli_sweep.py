@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from sim.grid import DEFAULT_MAX_CONFIGS  # stdlib-only module: keeps `rksim --help` fast
+from sim.search.grid import DEFAULT_MAX_CONFIGS  # stdlib-only module: keeps `rksim --help` fast
 
 
 def _print_json(obj) -> None:
@@ -32,9 +32,9 @@ def _clean(obj):
 
 def _options(args):
     from app.cli_sim import deployment_kwargs, serving_options, workload_options
-    from sim.runconfig import RunConfig
-    from sim.sweep import SweepOptions
-    from sim.target import TargetSpec
+    from sim.replay.runconfig import RunConfig
+    from sim.search.sweep import SweepOptions
+    from sim.replay.target import TargetSpec
 
     sv, _, rate = serving_options(args)  # the serving flags of `rksim serve`, declared once (app.cli_sim)
     wl = workload_options(args)
@@ -66,11 +66,11 @@ def _check_trace(path: str):
 
 def _grid(args, trace):
     """The --grid flags, or the policy's default grid (its l_min values need the trace's depth)."""
-    from sim.grid import parse_grids
+    from sim.search.grid import parse_grids
 
     if args.grid:
         return parse_grids(args.grid, max_configs=args.max_configs)
-    from sim.tune import default_grid
+    from sim.search.tune import default_grid
 
     return default_grid(args.policy, trace.n_layers)
 
@@ -83,7 +83,7 @@ def _validate_backend(args) -> None:
 
 
 def _cmd_sweep(args) -> int:
-    from sim.sweep import default_evaluate, run_sweep, single_thread_blas, validate_params, write_parquet
+    from sim.search.sweep import default_evaluate, run_sweep, single_thread_blas, validate_params, write_parquet
 
     trace = _check_trace(args.trace)
     args.trace = str(trace.path)
@@ -127,11 +127,11 @@ BEST_SHOWN = ("speedup_vs_no_kv", "speedup_vs_exact_prefix", "skip_rate", "cgee_
 
 def best_line(df, configs: list, trace: str, policy: str, options) -> str:
     """The sweep's best configuration by :data:`BEST_BY`, its figures with their 95% intervals (computed for
-    this one row only: ``sim.sweep.row_intervals``); empty when no row has the figure."""
+    this one row only: ``sim.search.sweep.row_intervals``); empty when no row has the figure."""
     import math
 
-    from sim.intervals import SUFFIX, fmt_ci
-    from sim.sweep import row_intervals
+    from sim.replay.intervals import SUFFIX, fmt_ci
+    from sim.search.sweep import row_intervals
     if BEST_BY not in df.columns:
         return ""
     col = df[BEST_BY].astype(float)
@@ -148,7 +148,7 @@ def best_line(df, configs: list, trace: str, policy: str, options) -> str:
 
 
 def _cmd_tune(args) -> int:
-    from sim.tune import TuneSpec, tune
+    from sim.search.tune import TuneSpec, tune
 
     trace = _check_trace(args.trace)
     args.trace = str(trace.path)
@@ -194,8 +194,8 @@ def _cmd_tune(args) -> int:
 
 def _cmd_pareto(args) -> int:
     from app.frontier_plot import frontier_figure
-    from sim.pareto import collapse_ties, frontier
-    from sim.sweep import param_columns, read_sweep
+    from sim.search.pareto import collapse_ties, frontier
+    from sim.search.sweep import param_columns, read_sweep
 
     df, meta = read_sweep(args.file)
     if meta.get("command") == "plan":  # a `rksim plan --out` table: its deployments' frontier per policy
@@ -250,15 +250,15 @@ def _positive_int(text: str) -> int:
 
 def _sim_flags(p) -> None:
     from app.cli_sim import add_declared, serving_args, trace_arg, workload_arg
-    from sim.target import TargetSpec
+    from sim.replay.target import TargetSpec
     trace_arg(p)
     p.add_argument("--policy", required=True, help="policy registry name (asks, cgee, vase-dkv, ...; see `rksim policies`)")
     p.add_argument("--grid", action="append", metavar="KEY=SPEC",
                    help="a parameter's values: key=start:stop:step (stop inclusive) or key=v1,v2,...; repeat per key "
-                        "(default: the policy's default grid, sim/tune.py)")
+                        "(default: the policy's default grid, sim/search/tune.py)")
     p.add_argument("--max-configs", type=_positive_int, default=DEFAULT_MAX_CONFIGS, metavar="N",
                    help=f"refuse grids larger than N configurations (default {DEFAULT_MAX_CONFIGS:,})")
-    from sim.runconfig import RunConfig
+    from sim.replay.runconfig import RunConfig
     add_declared(p, RunConfig, only=("mode",))
     add_declared(p, TargetSpec)
     add_declared(p, RunConfig, only=("router", "slo"))

@@ -1,13 +1,13 @@
 """Pareto-frontier figures (plotly): a sweep's configurations and frontier, a plan's deployments per policy.
 
-``sim.pareto`` and ``sim.planner`` compute the frontiers (DataFrames); the figures are built here, so the
+``sim.search.pareto`` and ``sim.search.planner`` compute the frontiers (DataFrames); the figures are built here, so the
 simulator imports no plotting library.
 """
 from __future__ import annotations
 
 import pandas as pd
 
-from sim.planner import plan_caption, plan_frontiers
+from sim.search.planner import plan_caption, plan_frontiers
 
 
 def frontier_figure(df: pd.DataFrame, front: pd.DataFrame, x: str, y: str, title: str | None = None):

@@ -1,8 +1,8 @@
-"""The latency-rate figure of a :func:`sim.knee.sweep` curve (plotly; sim/ returns the data, the figure is built here).
+"""The latency-rate figure of a :func:`sim.search.knee.sweep` curve (plotly; sim/ returns the data, the figure is built here).
 
 Three panels against the offered rate: TTFT, TPOT and E2E latency, p50 and p99 each (and the mean
 where the SLO states one), the SLO's limits as dotted lines, the knee and the saturation rate as
-vertical lines; the title carries the caption (:func:`sim.knee.caption`: which target priced it,
+vertical lines; the title carries the caption (:func:`sim.search.knee.caption`: which target priced it,
 under what scheduler, batch and capacity).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ STATS = (("median", "p50", "solid"), ("p99", "p99", "dash"), ("mean", "mean", "d
 
 
 def curve_figure(curve: dict, caption: str, unit: str = "req/s"):
-    """A plotly figure of ``curve`` (``sim.knee.sweep``'s dict); trace names ``"TTFT p50"``, ``"TTFT p99"``, ..."""
+    """A plotly figure of ``curve`` (``sim.search.knee.sweep``'s dict); trace names ``"TTFT p50"``, ``"TTFT p99"``, ..."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 

@@ -104,9 +104,9 @@ def arg_type(fn: Callable, flag: str) -> Callable[[str], Any]:
 
 
 def policy_params(policy: str, params: dict) -> dict:
-    """Check a policy's parameters exactly as the simulator will (``sim.decisions.make_config``);
+    """Check a policy's parameters exactly as the simulator will (``sim.workload.decisions.make_config``);
     returns them unchanged or raises ``ValueError`` naming the policy and field."""
-    from sim.decisions import make_config
+    from sim.workload.decisions import make_config
 
     make_config(policy, params, None)
     return params
@@ -114,7 +114,7 @@ def policy_params(policy: str, params: dict) -> dict:
 
 def workload(options: dict | None) -> dict:
     """Check workload options as the simulator does (unknown keys and bad values raise naming them)."""
-    from sim.workload_config import Workload
+    from sim.workload.config import Workload
 
     Workload.from_any(dict(options or {}))
     return dict(options or {})

@@ -146,7 +146,7 @@ def write_report(path, trace, results: dict, details: dict) -> Path:
     import plotly.io as pio
 
     from policies import policy_defaults
-    from sim import features
+    from sim.workload import features
 
     tf = features.load(trace)
     first = next(iter(results.values()))

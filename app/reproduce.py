@@ -224,8 +224,8 @@ PROFILE_PHRASE = {"datasheet": "datasheet profile", "public profiles": "profile 
 def profile_status(hw: str) -> str:
     """What a hardware profile rests on, in the words of ``rksim profiles`` (datasheet, public profiles,
     fitted end to end, provisional): a property of the profile, never of the host running the report."""
-    from sim.catalog import STATUS_WORDS
-    from sim.profiles import load_hardware
+    from sim.cost.catalog import STATUS_WORDS
+    from sim.cost.profiles import load_hardware
     st = load_hardware(hw).calibration_status
     return STATUS_WORDS.get(st, st)
 
@@ -288,7 +288,7 @@ class Reproducer:
 
     def target_kind(self, model, hw, what: str = "") -> str:
         """``simulated: costs MODEL on HW (STATUS profile)`` with the profile's status
-        (:data:`sim.catalog.STATUS_WORDS`: datasheet, public profiles, fitted end to end, provisional);
+        (:data:`sim.cost.catalog.STATUS_WORDS`: datasheet, public profiles, fitted end to end, provisional);
         the decisions' model is in each condition's label."""
         status = self.profiles.setdefault(hw, profile_status(hw))
         return f"simulated: costs {model} on {hw} ({PROFILE_PHRASE.get(status, status + ' profile')}){what}"
@@ -329,7 +329,7 @@ class Reproducer:
                         f"gen_tokens={int(s['step_tokens'])},seed={self.cfg.seed}")
                 for reuse in (False, True):
                     try:
-                        # static padded batches: what the real module executes (sim.workload._pad_static)
+                        # static padded batches: what the real module executes (sim.workload.job._pad_static)
                         m = self.ev(twin, pol, target=(None, "local-cpu"), reshape=spec, verify_reuses_kv=reuse,
                                     workload={"batching": "static"})
                         sim[reuse] = m[key]
@@ -477,7 +477,7 @@ class Reproducer:
             self.add("ASKS", "KV reuse over exact-token matching", "+28.6%", "—", "—", "—",
                      ("not measurable here", "because no persona-prefix or paraphrase trace was given"))
             return
-        from sim.metrics import roc_auc
+        from sim.replay.problem_metrics import roc_auc
         rows, reuse_c, acc_c, auc_c = [], [], [], []
         seed = self.cfg.seed
         for i in infos:
@@ -865,7 +865,7 @@ class Reproducer:
 
     # -- RSBCM
     def rsbcm(self) -> None:
-        from sim.tree import compare_tree
+        from sim.replay.tree import compare_tree
         infos = self.pick(tree=True)
         rows = []
         for i in infos:
@@ -965,7 +965,7 @@ class Reproducer:
                         ra.summary), untestable=why), a, b, metric != "kv_reuse" or True)))
         rs = pd.DataFrame(self.tables.get("rsbcm", pd.DataFrame()))
         for i in self.pick(tree=True)[:1]:
-            from sim.tree import simulate_tree
+            from sim.replay.tree import simulate_tree
             a = simulate_tree(self.paths[i.name], "rsbcm", None, model_preset=RKSC_TARGET[0], hardware=RKSC_TARGET[1])
             b = simulate_tree(self.paths[i.name], "rsbcm", {"score_source": "unscored"}, model_preset=RKSC_TARGET[0],
                               hardware=RKSC_TARGET[1])

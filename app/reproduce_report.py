@@ -15,7 +15,7 @@ from app.verdicts import VERDICTS, legend
 LEGEND = legend()   # generated from app.verdicts.RULES: the rules are written once
 
 
-# what a profile's status (sim.catalog.STATUS_WORDS) means for the figures priced with it
+# what a profile's status (sim.cost.catalog.STATUS_WORDS) means for the figures priced with it
 PROFILE_MEANING = {
     "datasheet": "datasheet profile: peak rates from the vendor's datasheet with assumed efficiencies, never fitted "
                  "to a measurement",
@@ -196,7 +196,7 @@ def to_html(res: dict) -> str:
 
 def write_report(res: dict, out: Path) -> dict:
     """``claims.json``, ``report.md`` and ``report.html`` under ``out``, each written atomically."""
-    from sim.metrics import clean  # NaN / inf -> None, numpy scalars -> Python: claims.json is strict JSON
+    from sim.replay.problem_metrics import clean  # NaN / inf -> None, numpy scalars -> Python: claims.json is strict JSON
     from traces.store import atomic_write_json, atomic_write_text
     res = clean(res)
     out = Path(out)

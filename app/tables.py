@@ -24,8 +24,8 @@ def fmt_table(policies: dict):
 
 def ci_table(policies: dict):
     """:func:`fmt_table` as text, a figure with a 95% interval (``<metric>_ci95`` of its policy) shown as
-    ``"0.25 [0.1, 0.47]"`` (``sim.intervals.fmt_ci``); figures without one as plain numbers."""
-    from sim.intervals import SUFFIX, fmt_ci
+    ``"0.25 [0.1, 0.47]"`` (``sim.replay.intervals.fmt_ci``); figures without one as plain numbers."""
+    from sim.replay.intervals import SUFFIX, fmt_ci
     df = fmt_table(policies)
     out = df.astype(object)
     for col in df.columns:
@@ -37,7 +37,7 @@ def ci_table(policies: dict):
 
 
 def trace_model_note(summaries) -> str:
-    """The footnote for figures marked * (the trace model's own: sim.metrics.TRACE_MODEL_FIGURES)."""
+    """The footnote for figures marked * (the trace model's own: sim.replay.problem_metrics.TRACE_MODEL_FIGURES)."""
     for m in summaries:
         if m.get("trace_model_figures"):
             return (f"* the trace model's own figures ({m.get('decisions_model')}), not {m.get('cost_model')}'s: "
@@ -47,8 +47,8 @@ def trace_model_note(summaries) -> str:
 
 def provenance_line(policies: dict) -> str:
     """Whose decisions, whose costs, the profile's status and the serving limits the table holds under."""
-    from sim.catalog import STATUS_WORDS
-    from sim.profiles import load_hardware
+    from sim.cost.catalog import STATUS_WORDS
+    from sim.cost.profiles import load_hardware
     m = next((v for v in policies.values() if v.get("decisions_model")), None)
     if m is None:
         return ""

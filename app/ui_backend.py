@@ -108,7 +108,7 @@ def fmt(key: str, v) -> str:
 
 def fmt_ci(key: str, s: dict) -> str:
     """:func:`fmt` of ``s[key]`` with its 95% interval ``s[key + "_ci95"]`` in the same unit, where it has one."""
-    from sim.intervals import SUFFIX
+    from sim.replay.intervals import SUFFIX
     v, ci = s.get(key), s.get(key + SUFFIX)
     txt = fmt(key, v)
     if not U_finite(v) or not ci or not all(U_finite(x) for x in ci):
@@ -185,7 +185,7 @@ def _simulate_params() -> set[str]:
 
 # Serving controls. Each goes to sim.api.simulate as a keyword where that build of the
 # simulator takes it (arrival_rate), else into its ``serving=`` settings where it has them
-# (sim.capacity.ServingConfig: scheduler, max_num_seqs, ...), else into the workload where the workload
+# (sim.serving.capacity.ServingConfig: scheduler, max_num_seqs, ...), else into the workload where the workload
 # knows it (concurrency, n_requests), else it is reported as "not applied by this simulator" (never
 # silently dropped).
 SERVING_OPTIONS = ("arrival_rate", "concurrency", "n_requests", "scheduler", "max_num_seqs",
@@ -194,7 +194,7 @@ SERVING_OPTIONS = ("arrival_rate", "concurrency", "n_requests", "scheduler", "ma
 
 def _serving_fields() -> set[str]:
     try:
-        from sim.capacity import ServingConfig
+        from sim.serving.capacity import ServingConfig
     except ImportError:  # a simulator without serving at capacity
         return set()
     return set(ServingConfig.__dataclass_fields__)
@@ -203,7 +203,7 @@ def _serving_fields() -> set[str]:
 def scheduler_choices() -> tuple[str, ...]:
     """The serving scheduler's policies (``vllm-v1``, ``prefill-first``), or () where there is none."""
     try:
-        from sim.scheduler import POLICIES
+        from sim.serving.scheduler import POLICIES
     except ImportError:
         return ()
     return tuple(POLICIES)
@@ -211,7 +211,7 @@ def scheduler_choices() -> tuple[str, ...]:
 
 def serving_kwargs(options: dict) -> tuple[dict, dict, list[str]]:
     """``(kwargs for simulate, workload additions, names not applied)`` for the serving controls set."""
-    from sim.workload_config import WORKLOAD_DEFAULTS
+    from sim.workload.config import WORKLOAD_DEFAULTS
 
     sig = _simulate_params()
     fields = _serving_fields() if "serving" in sig else set()
@@ -240,7 +240,7 @@ def run(trace: str, policy: str, params: dict, model: str | None, hardware: str,
     simulator's one-line message.
     """
     from sim.api import simulate
-    from sim.metrics import clean
+    from sim.replay.problem_metrics import clean
 
     kw, wl_add, skipped = serving_kwargs(serving or {}) if mode == "serving" else ({}, {}, [])
     wl = {**(workload or {}), **wl_add}
@@ -249,14 +249,14 @@ def run(trace: str, policy: str, params: dict, model: str | None, hardware: str,
     kv = r.kv_timeline
     if len(kv) > 20_000:  # enough for a line; a page need not carry every iteration
         kv = kv.iloc[:: max(1, len(kv) // 20_000)]
-    # each rate and ratio's 95% interval beside it (``<metric>_ci95``: sim.intervals)
+    # each rate and ratio's 95% interval beside it (``<metric>_ci95``: sim.replay.intervals)
     return {"summary": clean({**r.summary, **r.intervals()}), "problems": r.problems, "branches": r.branches,
             "token": r.token, "info": clean(dict(r.info)), "kv": kv, "not_applied": skipped}
 
 
 def out_of_calibration(exc: BaseException) -> bool:
     """The simulator refused a target its hardware profile was not fitted for (not a bad value)."""
-    from sim.profiles import OutOfCalibrationError
+    from sim.cost.profiles import OutOfCalibrationError
 
     return isinstance(exc, OutOfCalibrationError)
 
@@ -281,7 +281,7 @@ def compare(trace: str, model: str | None, hardware: str, mode: str = "isolated"
     from app.cli_sim import run_compare
     from app.tables import fmt_table
 
-    from sim.intervals import SUFFIX, fmt_ci as ci_text
+    from sim.replay.intervals import SUFFIX, fmt_ci as ci_text
 
     out = run_compare(trace, model, hardware, mode, workload, seed, None, progress=False)
     df = fmt_table(out["policies"])
@@ -445,19 +445,19 @@ def value_ranges(trace: str, seq: int) -> pd.DataFrame:
 
 # ------------------------------------------------------------------ sweeps
 def read_sweep(path: str) -> tuple[pd.DataFrame, dict]:
-    from sim.sweep import read_sweep as _rs
+    from sim.search.sweep import read_sweep as _rs
 
     return _rs(path)
 
 
 def sweep_param_columns(df: pd.DataFrame) -> list[str]:
-    from sim.sweep import param_columns
+    from sim.search.sweep import param_columns
 
     return param_columns(df)
 
 
 def param_name(column: str) -> str:
-    from sim.sweep import param_column
+    from sim.search.sweep import param_column
 
     prefix = param_column("")
     return column[len(prefix):] if column.startswith(prefix) else column
@@ -466,8 +466,8 @@ def param_name(column: str) -> str:
 def run_small_sweep(trace: str, policy: str, grid_specs: list[str], max_configs: int, model: str | None,
                     hardware: str, seed: int = 0) -> pd.DataFrame:
     """A sweep from the page: the CLI's grid parser and validation, the local backend, in memory."""
-    from sim.grid import parse_grids
-    from sim.sweep import SweepOptions, default_evaluate, run_sweep, validate_params
+    from sim.search.grid import parse_grids
+    from sim.search.sweep import SweepOptions, default_evaluate, run_sweep, validate_params
 
     grid = parse_grids(grid_specs, max_configs=max_configs)
     configs = list(grid.configs())
@@ -477,13 +477,13 @@ def run_small_sweep(trace: str, policy: str, grid_specs: list[str], max_configs:
 
 
 def pareto(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
-    from sim.pareto import frontier
+    from sim.search.pareto import frontier
 
     return frontier(df, x, y)
 
 
 def default_minimise(metric: str) -> bool:
-    from sim.pareto import default_minimise as _dm
+    from sim.search.pareto import default_minimise as _dm
 
     return _dm(metric)
 
@@ -522,7 +522,7 @@ def calibration_run(folder: str) -> dict:
     executed operations — and ``_errors``); without ``fit.json`` the folder is shown unfitted.
     """
     from calibrate.report import _errors, _load, simulate_records
-    from sim.profiles import load_hardware, model_from_manifest
+    from sim.cost.profiles import load_hardware, model_from_manifest
 
     d = Path(folder)
     run_json = json.loads((d / "run.json").read_text())
@@ -659,19 +659,19 @@ METRICS.update({
 
 
 def node_presets() -> list[str]:
-    from sim.profiles import list_presets
+    from sim.cost.profiles import list_presets
 
     return list_presets("nodes")
 
 
 def routers() -> tuple[str, ...]:
-    from sim.router import ROUTERS
+    from sim.serving.router import ROUTERS
 
     return tuple(ROUTERS)
 
 
 def tp_sizes() -> tuple[int, ...]:
-    from sim.parallel import TP_SIZES
+    from sim.cost.parallel import TP_SIZES
 
     return tuple(TP_SIZES)
 
@@ -697,14 +697,14 @@ def per_replica(summary: dict) -> pd.DataFrame:
 
 
 def read_plan(path: str) -> tuple[pd.DataFrame, dict]:
-    from sim.planner import read_plan as _rp
+    from sim.search.planner import read_plan as _rp
 
     return _rp(path)
 
 
 def plan_figure(df: pd.DataFrame, meta: dict, x: str, y: str):
     from app.frontier_plot import plan_figure as _pf
-    from sim.planner import plan_axes
+    from sim.search.planner import plan_axes
 
     xc, yc = plan_axes(df, x, y)
     fig, curves = _pf(df, meta, xc, yc)
@@ -712,7 +712,7 @@ def plan_figure(df: pd.DataFrame, meta: dict, x: str, y: str):
 
 
 def plan_frontier(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
-    from sim.planner import plan_frontiers
+    from sim.search.planner import plan_frontiers
 
     return plan_frontiers(df, x, y)[0]
 
@@ -725,11 +725,11 @@ def run_small_plan(trace: str, model: str, node: str, gpus: int, policies: tuple
                    n_requests: int | None, seed: int = 0) -> tuple[pd.DataFrame, dict]:
     """``rksim plan`` from the page: the same deployments, tasks and frontier (local backend, in memory), at most
     :data:`SMALL_PLAN_MAX` deployments; returns the table (``on_frontier`` marked) and the plan's metadata."""
-    from sim.decisions import make_config
-    from sim.goodput import SLO
-    from sim.parallel import load_node
-    from sim.planner import deployments, frontier, run_plan
-    from sim.profiles import load_hardware, load_model
+    from sim.workload.decisions import make_config
+    from sim.serving.goodput import SLO
+    from sim.cost.parallel import load_node
+    from sim.search.planner import deployments, frontier, run_plan
+    from sim.cost.profiles import load_hardware, load_model
 
     spec = SLO.parse(slo)
     for pol in policies:
@@ -784,10 +784,10 @@ def serving_load(row: dict, meta: dict) -> dict:
 
 def deployment_knee(row: dict, meta: dict, rates: str, slo: str | None, refine: int = 0) -> tuple[dict, str]:
     """``(curve, caption)`` of a plan deployment's latency-rate knee, the function ``rksim plan --knee`` calls
-    (:func:`sim.planner.deployment_knee`): its problems at each Poisson rate of ``rates`` (problems/s, the
+    (:func:`sim.search.planner.deployment_knee`): its problems at each Poisson rate of ``rates`` (problems/s, the
     ``--knee`` syntax) under the plan's model, node, router, problem count and seed; errors name the flag."""
-    from sim.knee import caption, parse_rates
-    from sim.planner import deployment_knee as _dk
+    from sim.search.knee import caption, parse_rates
+    from sim.search.planner import deployment_knee as _dk
 
     params = {k: (str(row[k]) if k == "policy" else int(row[k])) for k in
               ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",

@@ -12,7 +12,7 @@ import streamlit as st
 from app import params as P
 from app import ui_backend as B
 from app import ui_paths
-from sim.session import Session
+from sim.replay.session import Session
 
 # ------------------------------------------------------------------ cached backend calls
 # One simulator Session per trace, held by the Streamlit server and shared by its script
@@ -69,7 +69,7 @@ def error(exc_or_text) -> None:
 def _field_widgets() -> dict[str, str]:
     """``ConfigError.field`` (or ``CapacityError.field``) -> the key, under a page's prefix, of the widget that
     sets it. Every page that builds a RunConfig / Target keys its widgets so (``{prefix}.{suffix}``)."""
-    from sim.capacity import ServingConfig
+    from sim.serving.capacity import ServingConfig
     from sim.options import declared
     out = {"model": "model", "hardware": "hardware", "seed": "seed", "mode": "mode",
            # the dashboard runs one GPU: a model whose weights do not fit (the layout's refusal) is the model's

@@ -14,7 +14,7 @@ from app import ui_backend as B
 from app import ui_common as U
 
 NODE_AUTO = "(one GPU; with TP x PP > 1 the GPU's node preset)"
-MAX_REPLICAS = 64  # replicas a page may run (each is one engine; the CLI takes up to sim.parallel.MAX_DP)
+MAX_REPLICAS = 64  # replicas a page may run (each is one engine; the CLI takes up to sim.cost.parallel.MAX_DP)
 SLO_KEYS = ("ttft", "tpot", "e2e")
 
 

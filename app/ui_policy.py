@@ -24,7 +24,7 @@ _SPANS = {
     "buffer": (1, 256, 1), "sinks": (0, 64, 1), "window": (0, 128, 1), "kernel": (1, 15, 1), "rank": (1, 64, 1),
     "g_seed": (0, 100, 1), "block_size": (1, 64, 1), "n_value": (0, 64, 1),
 }
-BLOCK_EXTRA = {"budget_frac": 0.5}  # sim.decisions.BLOCK_PARAMS accepted by block and composite policies
+BLOCK_EXTRA = {"budget_frac": 0.5}  # sim.workload.decisions.BLOCK_PARAMS accepted by block and composite policies
 
 
 def tau_span(sig: np.ndarray) -> tuple[float, float]:

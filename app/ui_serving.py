@@ -9,10 +9,10 @@ from __future__ import annotations
 import streamlit as st
 
 from app import ui_common as U
-from sim.capacity import ServingConfig
+from sim.serving.capacity import ServingConfig
 from sim.options import flag_for
-from sim.runconfig import RunConfig
-from sim.workload_config import Workload
+from sim.replay.runconfig import RunConfig
+from sim.workload.config import Workload
 
 
 def _flag(name: str) -> str:

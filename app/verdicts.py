@@ -19,7 +19,7 @@ A claim row is judged in three steps, the same for every rule:
 
 The legend of the report (:func:`legend`) and the rule table of ``docs/reproduce.md``
 (:func:`rule_table`) are generated from :data:`RULES`; every reason is generated from the numbers.
-Figures are judged raw, never rounded. The interval functions are :mod:`sim.intervals`'s, the ones
+Figures are judged raw, never rounded. The interval functions are :mod:`sim.replay.intervals`'s, the ones
 the simulator's tables use. Every bootstrap draws from ``numpy.random.default_rng(seed)`` with an
 explicit seed, so the same inputs give the same verdicts byte for byte.
 """
@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# the intervals live in sim.intervals (the simulator's CLI tables use the same code); re-exported here
-from sim.intervals import N_BOOT, Z, bootstrap_mean, bootstrap_ratio, bootstrap_stat, wilson  # noqa: F401
+# the intervals live in sim.replay.intervals (the simulator's CLI tables use the same code); re-exported here
+from sim.replay.intervals import N_BOOT, Z, bootstrap_mean, bootstrap_ratio, bootstrap_stat, wilson  # noqa: F401
 
 VERDICTS = ("holds", "holds only when", "does not hold", "not measurable here")
 TOL = 0.8            # a ratio claim passes at 80% of the paper's figure

@@ -94,8 +94,8 @@ def matrix(args) -> int:
 
     from calibrate.host import HostConfig, _Runner, format_host, probe_reference, run_host, speed_drift
     from calibrate.serve import ServeConfig, run_serve
-    from sim.host import describe, profile_host_status
-    from sim.profiles import load_hardware
+    from sim.cost.fingerprint import describe, profile_host_status
+    from sim.cost.profiles import load_hardware
     import pandas as pd
     from traces.models import load_model
     from traces.store import atomic_write_json, atomic_write_text

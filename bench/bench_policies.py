@@ -75,8 +75,8 @@ def decisions(n: int = 2000, seed: int = 0) -> dict:
     cgee_s = (time.perf_counter() - t0) / n
     # The simulator's block pool under RSBCM: one-block requests over 1,024 contents into 256 blocks
     # (a hit reuses the cached block; a miss evicts RSBCM's first victim).
-    from sim.kvcache import BlockManager
-    from sim.scheduler import Request
+    from sim.serving.kvcache import BlockManager
+    from sim.serving.scheduler import Request
     pool = BlockManager(256, 16, get_policy("rsbcm"))
     ids = rng.integers(0, 1024, 20 * n)
     t0 = time.perf_counter()

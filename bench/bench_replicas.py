@@ -35,15 +35,15 @@ import numpy as np  # noqa: E402
 
 def _workload(policy: str, params: dict, model):
     from sim.api import default_trace_path
-    from sim.planner import trace_workload
+    from sim.search.planner import trace_workload
     w = trace_workload(default_trace_path(), policy, model, params=params)
     return w["jobs"], w["prompt_ids"], w["decisions_model"]
 
 
 def bench_routing(n_requests: int = 64, concurrency: int = 16) -> dict:
-    from sim.profiles import load_hardware, load_model
-    from sim.replicas import Replicas, summary
-    from sim.router import ROUTERS, make_router
+    from sim.cost.profiles import load_hardware, load_model
+    from sim.serving.replicas import Replicas, summary
+    from sim.serving.router import ROUTERS, make_router
     m, hw = load_model("qwen2.5-7b"), load_hardware("h100-sxm")
     out = {"model_costs": m.name, "hardware": hw.name, "problems": n_requests, "concurrency": concurrency,
            "kv": "unlimited per replica (no eviction: reuse is what routing allows)", "cases": []}
@@ -74,10 +74,10 @@ def bench_routing(n_requests: int = 64, concurrency: int = 16) -> dict:
 
 
 def bench_scale(n_problems: int, replicas: int = 16, branches: int = 8) -> dict:
-    from sim.profiles import load_hardware, load_model
-    from sim.replicas import Replicas, summary
-    from sim.router import make_router
-    from sim.workload import Job
+    from sim.cost.profiles import load_hardware, load_model
+    from sim.serving.replicas import Replicas, summary
+    from sim.serving.router import make_router
+    from sim.workload.job import Job
     m, hw = load_model("llama-3-8b"), load_hardware("h100-sxm")
     B, ctx, reuse, gen = branches, 256, 192, 64
     z = np.zeros(B, np.int64)

@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 def _single_jobs(n: int, prompt_lo: int, prompt_hi: int, out_tokens: int, L: int, bs: int, seed: int):
     """Single-sequence requests (no branches, no verification): Vidur's synthetic workload."""
-    from sim.workload import Job
+    from sim.workload.job import Job
     rng = np.random.default_rng(seed)
     jobs = []
     z = np.zeros(1, np.int64)
@@ -60,9 +60,9 @@ def _timed(fn):
 
 
 def bench_vidur(n: int, rate: float) -> dict:
-    from sim.capacity import ServingConfig, capacity_blocks, kv_capacity
-    from sim.engine import Engine
-    from sim.profiles import load_hardware, load_model
+    from sim.serving.capacity import ServingConfig, capacity_blocks, kv_capacity
+    from sim.serving.engine import Engine
+    from sim.cost.profiles import load_hardware, load_model
     m, hw = load_model("llama-3-8b"), load_hardware("a100-80gb")
     sv = ServingConfig()
     sc = sv.scheduler_config(hw.name)
@@ -84,9 +84,9 @@ def bench_vidur(n: int, rate: float) -> dict:
 
 
 def bench_burst() -> dict:
-    from sim.engine import Engine
-    from sim.profiles import load_hardware, load_model
-    from sim.scheduler import SchedulerConfig
+    from sim.serving.engine import Engine
+    from sim.cost.profiles import load_hardware, load_model
+    from sim.serving.scheduler import SchedulerConfig
     m, hw = load_model("llama-3-8b"), load_hardware("a100-80gb")
     out = {"model": m.name, "hardware": hw.name, "requests": 32, "prompt_tokens": 1024, "output_tokens": 16,
            "vidur_reference": {"prefill_batches": 8, "ttft_mean_s": 1.29, "ttft_last_s": 2.30}}

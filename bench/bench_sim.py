@@ -63,8 +63,8 @@ def bench_fastpath(trace, hardware, repeats: int) -> dict:
 
 def bench_engine(trace, hardware, repeats: int, n_requests: int, concurrency: int) -> dict:
     from sim.api import RunConfig, Session, Target
-    from sim.engine import Engine
-    from sim.jobs import decided
+    from sim.serving.engine import Engine
+    from sim.replay.jobs import decided
     session = Session(trace)
     target = Target.resolve(session, None, hardware)
     model, hw = target.model, target.hardware

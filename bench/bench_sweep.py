@@ -27,8 +27,8 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sim.grid import parse_grids  # noqa: E402
-from sim.sweep import SweepOptions, run_sweep  # noqa: E402
+from sim.search.grid import parse_grids  # noqa: E402
+from sim.search.sweep import SweepOptions, run_sweep  # noqa: E402
 
 GRIDS = {
     "asks": ["tau=0.5:1.0:0.01", "alpha=0:4:0.5"],                       # 51 x 9 = 459
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "configs_per_s": round(n / statistics.median(direct), 1)}}
 
     if not args.no_dask:
-        from sim.dist import open_client
+        from sim.search.dist import open_client
 
         starts = []
         for policy, g in GRIDS.items():

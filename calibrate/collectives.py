@@ -313,7 +313,7 @@ def write_node(path: Path, block: dict, custom: dict | None = None) -> None:
 
 
 def main(argv=None) -> int:
-    from sim.profiles import PRESET_DIR, _read_file
+    from sim.cost.profiles import PRESET_DIR, _read_file
     from traces.store import atomic_write_text
 
     ap = argparse.ArgumentParser(prog="python -m calibrate.collectives", description=__doc__.splitlines()[0])

@@ -1,9 +1,9 @@
 """Fit the hardware profile's coefficients to measured phases (``rksim calibrate fit``).
 
-The cost model (``sim.cost``) reduces every operation to terms (flops, bytes,
+The cost model (``sim.cost.terms``) reduces every operation to terms (flops, bytes,
 kernels, layers, sampled vocabulary entries, forward calls, the operator
 groups); a hardware profile turns them into seconds
-(:meth:`sim.profiles.HardwareProfile.time`)::
+(:meth:`sim.cost.profiles.HardwareProfile.time`)::
 
     t = roof + kernels * per_kernel_s + layers * per_layer_s
           + samples * sample_s_per_vocab + iters * host_per_iter_s [+ graph_kernels * per_kernel_graph_s]
@@ -16,7 +16,7 @@ numbers: only their products with the efficiencies are identifiable); the fit
 finds ``eff_c``, ``eff_m``, ``per_kernel_s``, ``per_layer_s``,
 ``sample_s_per_vocab``, ``host_per_iter_s`` (and ``per_kernel_graph_s`` where a
 phase replayed a CUDA graph, ``eff_mv`` where a forward had a single token row,
-the matrix-vector regime of :mod:`sim.cost`, and ``eff_att`` / ``eff_kv``, attention's
+the matrix-vector regime of :mod:`sim.cost.terms`, and ``eff_att`` / ``eff_kv``, attention's
 own compute and KV-traffic efficiencies, where a phase ran attention) minimising the robust (soft-L1) sum of *relative*
 residuals ``(t_model - t_measured) / t_measured`` with
 :func:`scipy.optimize.least_squares` — relative, so that a 20 ms decode step
@@ -43,14 +43,14 @@ import pandas as pd
 from traces.store import atomic_write_text
 from scipy.optimize import least_squares
 
-from sim import cost as C
-from sim.profiles import ROOFLINES, HardwareProfile, ModelShape, PRESET_DIR, PresetError, load_hardware
+from sim.cost import terms as C
+from sim.cost.profiles import ROOFLINES, HardwareProfile, ModelShape, PRESET_DIR, PresetError, load_hardware
 
 # (parameter, term it multiplies, optimiser scale in seconds); eff_c / eff_m are the roofline's.
 _LINEAR = (("per_kernel_s", "kernels", 1e-6), ("per_layer_s", "layers", 1e-6),
            ("sample_s_per_vocab", "samples", 1e-9), ("host_per_iter_s", "iters", 1e-6),
            ("per_kernel_graph_s", "graph_kernels", 1e-6))
-# The small-M GEMM path (sim.cost, "Row blocking"): candidate rows per weight pass and largest small-M
+# The small-M GEMM path (sim.cost.terms, "Row blocking"): candidate rows per weight pass and largest small-M
 # row count, searched on a grid (each a least-squares fit of the coefficients with them fixed)
 ROW_BLOCKS = (2, 3, 4, 6, 8)
 SMALL_M_MAX = (7, 11, 15, 23, 31, 63, None)
@@ -59,7 +59,7 @@ ROW_TERM_GAIN = 0.9   # kept only if it lowers the robust loss by 10% or more
 # like the roofline's where a phase has one token row; else it stays at the base profile's (None: eff_m)
 # eff_att / eff_kv: attention's own compute and KV-traffic efficiencies, fitted (log space) where
 # some phase runs attention; else None (= eff_c / eff_m)
-# eff_kv_shared: KV re-read from blocks another item of the iteration read (sim.cost, "Shared KV reads"),
+# eff_kv_shared: KV re-read from blocks another item of the iteration read (sim.cost.terms, "Shared KV reads"),
 # fitted where some phase has such reads; else None (= eff_kv)
 # eff_elem: the element-wise operators' (norms, RoPE, SiLU*mul, adds: sum_i n_i l_i tokens through them), charged
 # by the per-operator roofline only, so fitted only there, where some phase has element-wise work (eager CPU
@@ -73,7 +73,7 @@ _SAMPLING_PHASES = ("decode",)
 
 
 def phase_terms(m: ModelShape, phases: pd.DataFrame) -> np.ndarray:
-    """``(len(sim.cost.TERM_NAMES), N)`` terms of every row of a phases table.
+    """``(len(sim.cost.terms.TERM_NAMES), N)`` terms of every row of a phases table.
 
     Rows sampled: the ``sampled`` column, or for runs recorded before it, one per decode row.
     """
@@ -237,7 +237,7 @@ def fit_profile(base: HardwareProfile, terms: np.ndarray, seconds: np.ndarray, l
         fits[md] = (r, rel)
         cand = (r, rel, fr, _with(base, r.x, fr, md), None)
         if grid_ok:
-            # the small-M GEMM path (sim.cost): grid over (mr, m_small); eff_mv prices its weight passes
+            # the small-M GEMM path (sim.cost.terms): grid over (mr, m_small); eff_mv prices its weight passes
             free_r = fr if "eff_mv" in fr else ["eff_mv"] + fr
             x0 = _start_from(r.x, fr, free_r)
             grid = []
@@ -313,7 +313,7 @@ def profile_out_path(name: str, out: Path | None = None, force: bool = False) ->
 
     Never over a shipped preset (a file in the package's ``sim/presets``) without ``force``.
     """
-    from sim.profiles import is_shipped, user_profile_dir
+    from sim.cost.profiles import is_shipped, user_profile_dir
 
     path = Path(out) if out else user_profile_dir() / "hardware" / f"{name}.yaml"
     if path.exists() and is_shipped(path) and not force:
@@ -325,7 +325,7 @@ def profile_out_path(name: str, out: Path | None = None, force: bool = False) ->
 
 def run_fingerprint(runs: list[dict], dirs: list) -> dict | None:
     """The one host fingerprint the runs recorded (None if none did); runs from two hosts are refused."""
-    from sim.host import fingerprint_differences
+    from sim.cost.fingerprint import fingerprint_differences
 
     fps = [(d, r.get("fingerprint")) for d, r in zip(dirs, runs) if r.get("fingerprint")]
     if not fps:
@@ -481,7 +481,7 @@ def fit_run_dirs(dirs: list[Path], name: str = "local-cpu", out: Path | None = N
     on one device, e.g. the GPU kit's random-weight models). Every run is split into fit / held-out
     problems on its own; its ``fit.json`` records its split and the shared preset."""
     from calibrate.timing import select_clock
-    from sim.profiles import model_from_manifest
+    from sim.cost.profiles import model_from_manifest
 
     dirs = [Path(d) for d in dirs]
     path = profile_out_path(name, out, force)

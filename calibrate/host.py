@@ -1,6 +1,6 @@
 """``rksim calibrate host``: fit the machine it runs on, over the shapes serving uses, in minutes.
 
-A profile belongs to the host it was fitted on (:mod:`sim.host`). On a new
+A profile belongs to the host it was fitted on (:mod:`sim.cost.fingerprint`). On a new
 machine, ``calibrate host`` measures the iterations ``calibrate serve`` (and
 the simulator's serving mode) price, on the same code path — one packed
 forward over a paged KV pool (:func:`calibrate.serve_forward.run_iteration`),
@@ -13,7 +13,7 @@ coefficients on them (:func:`calibrate.fit.fit_profile`):
   token rows), each at a short, a middle and the longest context a binding
   capacity allows (``b * context <= capacity_tokens``); and the same decodes over one shared prefix
   (kind ``shared``: three quarters of the context in one set of blocks, as branches of one prompt
-  read it), which fit ``eff_kv_shared`` (:mod:`sim.kvshare`);
+  read it), which fit ``eff_kv_shared`` (:mod:`sim.serving.kvshare`);
 * **prefill** chunks of ``n`` tokens up to ``max_num_batched_tokens``, over
   no cached tokens and over a cached context;
 * **mixed** iterations: one prefill chunk beside ``b`` decode steps (vLLM V1's
@@ -30,7 +30,7 @@ the slowest repeat so far) plus the reserve for the fit stays within the
 budget.
 
 Output: a hardware profile named after the host (``host-<hostname>``, or
-``--name``) in the user profile directory (``sim.profiles.user_profile_dir``)
+``--name``) in the user profile directory (``sim.cost.profiles.user_profile_dir``)
 or ``--out FILE``, with the host's fingerprint and the fitted range of every
 dimension; ``--keep DIR`` also keeps the measured phases (``phases.parquet``,
 ``run.json``: what ``calibrate fit DIR`` reads).
@@ -116,8 +116,8 @@ class Shape:
         return [sh + [(i, k) for k in range(len(sh), -(-(n + c) // bs))] for i, (n, c) in enumerate(self.items())]
 
     def shared(self, bs: int) -> list[int]:
-        """``h_i`` of every item (:func:`sim.kvshare.shared_tokens`)."""
-        from sim.kvshare import shared_tokens
+        """``h_i`` of every item (:func:`sim.serving.kvshare.shared_tokens`)."""
+        from sim.serving.kvshare import shared_tokens
         return shared_tokens(self.block_lists(bs), [c for _, c in self.items()], bs)
 
 
@@ -300,7 +300,7 @@ def run_host(cfg: HostConfig, out: Path | None = None, keep: Path | None = None,
 
     from calibrate.fit import fitted_range, profile_out_path, write_preset
     from calibrate.hostinfo import fingerprint
-    from sim.profiles import model_from_manifest
+    from sim.cost.profiles import model_from_manifest
 
     t0 = clock()
     name = cfg.name or host_name()
@@ -347,7 +347,7 @@ def run_host(cfg: HostConfig, out: Path | None = None, keep: Path | None = None,
 
 
 def format_host(r: dict) -> str:
-    from sim.host import describe
+    from sim.cost.fingerprint import describe
     sh = r["shapes"]
     return (f"wrote {r['path']}: {r['name']} fitted on {sh['measured']} of {sh['planned']} serving shapes "
             f"({sh['cut_by_budget']} cut by the budget), rms relative error {r['rel_rms']:.2%}, {r['roofline']} "

@@ -10,7 +10,7 @@ microbenchmark (:func:`microbench`) and prints this host's speed relative to the
 
 The fits (scipy ``lsq_linear``, coefficients >= 0, relative residuals so a 0.1 ms step weighs
 as much as a 10 ms one), all on the thread's CPU time (on a shared core the wall clock measures
-the neighbours; ``sim/overheads.py`` explains where each term acts)::
+the neighbours; ``sim/cost/overheads.py`` explains where each term acts)::
 
     engine core  (schedule + update_from_output):  t = a + b * running + c * scheduled_tokens
     admission    (Request + add_request):          t = a + c * prompt_tokens      (per request admitted)
@@ -258,7 +258,7 @@ def preset_fields_yaml(rec: dict, data_path: str) -> str:
         fe["source"] += note
         blocks[name] = {"host_step": hs, "frontend": fe}
     head = (f"# Proposed hardware-preset fields: the blocks for sim/presets/hardware/<name>.yaml, read by\n"
-            f"# sim.overheads.host_step_from_preset / frontend_from_preset. Written by `python -m calibrate.host_step`\n"
+            f"# sim.cost.overheads.host_step_from_preset / frontend_from_preset. Written by `python -m calibrate.host_step`\n"
             f"# from {data_path} (measured {rec['measured']}); do not edit by hand.\n")
     return head + yaml.safe_dump(blocks, sort_keys=False, width=110)
 
@@ -299,7 +299,7 @@ def main(argv=None) -> int:
     ap.add_argument("--speed", default=None, help="print this host's speed relative to this written file's")
     ap.add_argument("--date", default=_dt.date.today().isoformat())
     a = ap.parse_args(argv)
-    from sim.host import current_cpu_fingerprint
+    from sim.cost.fingerprint import current_cpu_fingerprint
 
     if a.speed:
         rec = json.loads(Path(a.speed).read_text())

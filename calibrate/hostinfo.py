@@ -1,6 +1,6 @@
 """The fingerprint of the host (or device) a measurement runs on, with what only torch knows.
 
-:func:`sim.host.current_cpu_fingerprint` reads the CPU model and the ISA flags
+:func:`sim.cost.fingerprint.current_cpu_fingerprint` reads the CPU model and the ISA flags
 without torch; here the measurement's own facts are added: torch's version, its
 BLAS backend, the intra-op threads and the dtype. On CUDA the device's name is
 the fingerprint (``kind: gpu``). Recorded in every ``run.json`` that
@@ -33,7 +33,7 @@ def fingerprint(device: str = "cpu", threads: int | None = None, dtype: str | No
     """This host's fingerprint for a measurement on ``device`` with ``threads`` torch threads in ``dtype``."""
     import torch
 
-    from sim.host import current_cpu_fingerprint
+    from sim.cost.fingerprint import current_cpu_fingerprint
 
     dt = str(dtype).replace("torch.", "") if dtype else None
     if str(device).startswith("cuda"):

@@ -10,7 +10,7 @@ Sources (``calibrate/data/<source>/SOURCE.md``: repository, commit, license):
 
 Every measured row is one operator: ``n`` tokens through a matrix product with a ``K x N``
 weight, an element-wise kernel, or attention over ``c`` cached tokens. Its terms follow the
-cost model's accounting (:mod:`sim.cost`, ``s = 2`` bytes, float16)::
+cost model's accounting (:mod:`sim.cost.terms`, ``s = 2`` bytes, float16)::
 
     matrix product   F = 2 n K N              B = s K N                      (the weight stream)
     RMSNorm          B = s (2 n d + d)        RoPE  B = s 2 n (H + Hkv) Dh
@@ -20,7 +20,7 @@ cost model's accounting (:mod:`sim.cost`, ``s = 2`` bytes, float16)::
     softmax, LayerNorm over M x N, GELU over M:    B = s 2 (elements)
     attention        F = 4 H Dh (n c + n (n + 1) / 2)    B = s 2 Hkv Dh (c + n)
 
-and its time is the per-operator roofline of :class:`sim.profiles.HardwareProfile`::
+and its time is the per-operator roofline of :class:`sim.cost.profiles.HardwareProfile`::
 
     t = max(F / (peak eff_c), B / (bw eff_m)) + per_kernel_s          matrix products
     t = B / (bw eff_elem) + k per_kernel_s                            element-wise (k kernels)
@@ -28,7 +28,7 @@ and its time is the per-operator roofline of :class:`sim.profiles.HardwareProfil
 
 Where the preset's datasheet header sets ``sm_count`` (the H100's 132 SMs), a matrix
 product's ``F`` is whole waves of CTA tiles, ``F_q = ceil(tiles / sm) sm tm tn 2 K`` with
-``tiles = ceil(n / tm) ceil(N / tn)`` (:func:`sim.gemm.gemm_wave_flops`, the simulator's own
+``tiles = ceil(n / tm) ceil(N / tn)`` (:func:`sim.cost.gemm.gemm_wave_flops`, the simulator's own
 function; fixed tiles, nothing fitted), so each row carries its weight's ``K`` and ``N``.
 
 Fit: ``scipy.optimize.least_squares`` on relative residuals with a soft-L1 loss
@@ -39,7 +39,7 @@ attention reads cached tokens (``c > 0``; no shipped row does, so ``eff_kv`` sta
 ``eff_m``), ``eff_elem`` only on fused element-wise kernels.
 
 Which kernels a preset follows: vLLM's (fused q/k/v and gate/up GEMMs, fused RMSNorm, RoPE
-and SiLU*mul, one kernel each: :data:`sim.cost.K_LAYER`). Vidur's and LLMCompass's
+and SiLU*mul, one kernel each: :data:`sim.cost.terms.K_LAYER`). Vidur's and LLMCompass's
 element-wise rows are such single kernels; LLMServingSim's Hugging Face element-wise
 operators (RMSNorm as 8 PyTorch kernels, RoPE as 10: :mod:`calibrate.kernel_stacks`) are
 not, so they are held out of the preset fit and reported in the cross-validation as the
@@ -130,13 +130,13 @@ def vidur_rows(device: str, model: str, tp: int = 1) -> pd.DataFrame:
     """Operator rows of one Vidur ``mlp.csv`` at tensor parallel ``tp`` (the embedding gather left out).
 
     At ``tp > 1`` each row times one rank's shard: the shape is the rank's, split as vLLM splits it
-    (:func:`sim.parallel.kv_heads_per_rank`: ``H / TP`` query heads, ``max(1, Hkv / TP)`` KV heads,
+    (:func:`sim.cost.parallel.kv_heads_per_rank`: ``H / TP`` query heads, ``max(1, Hkv / TP)`` KV heads,
     ``F / TP`` MLP width; ``d`` whole).
     """
     prof = vidur.load_mlp(vidur.mlp_path(device, model), tp)
     m = _shape_from_vidur(prof.attrs, model)
     if tp > 1:
-        from sim.parallel import kv_heads_per_rank
+        from sim.cost.parallel import kv_heads_per_rank
         m = dataclasses.replace(m, H=m.H // tp, Hkv=kv_heads_per_rank(m.Hkv, tp), F=m.F // tp)
     key = f"vidur-{device}-{model}" + (f"-tp{tp}" if tp > 1 else "")
     d, H, Hkv, Dh, Fm = m.d, m.H, m.Hkv, m.Dh, m.F
@@ -274,12 +274,12 @@ def predict(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, sms: int | Non
     """Seconds of every row under the per-operator roofline (module docstring); None = the profile default.
 
     ``sms`` (the preset's ``sm_count``): matrix products' flops are whole waves of CTA tiles,
-    :func:`sim.gemm.gemm_wave_flops` (the simulator's function), instead of ``2 n K N``.
+    :func:`sim.cost.gemm.gemm_wave_flops` (the simulator's function), instead of ``2 n K N``.
     """
     F, B = rows["F"].to_numpy(), rows["B"].to_numpy()
     kind = rows["kind"].to_numpy()
     if sms:
-        from sim.gemm import gemm_wave_flops
+        from sim.cost.gemm import gemm_wave_flops
         F = np.where(kind == "gemm", gemm_wave_flops(rows["n"].to_numpy(), rows["K"].to_numpy(),
                                                      rows["N"].to_numpy(), sms), F)
     e_elem = k.eff_m if k.eff_elem is None else k.eff_elem
@@ -403,7 +403,7 @@ PRESETS = {
     # preset -> (profiles fitted, kinds held out of the fit, device words, fitted_range.dtypes enforced)
     # h100-sxm does not enforce its dtypes: as a datasheet preset it priced float32 models (the synthetic and
     # bundled traces' own models) at the 16-bit peak, and that use stays; 8-/4-bit dtypes are refused on
-    # every profile (sim.profiles.HardwareProfile.check_dtype). a100-80gb enforced them before and still does.
+    # every profile (sim.cost.profiles.HardwareProfile.check_dtype). a100-80gb enforced them before and still does.
     "h100-sxm": (("vidur-h100-llama-2-7b", "llmservingsim-h100-llama-3.1-8b"), ("elem_unfused",),
                  "NVIDIA H100 (Vidur's 'h100'; LLMServingSim's 'H100')", False),
     "a100-80gb": (("vidur-a100-llama-2-7b", "vidur-a100-llama-3-8b", "llmcompass-a100"), ("elem_unfused",),
@@ -429,7 +429,7 @@ CROSS_PRESET = {"h100": "h100-sxm", "a100": "a100-80gb", "h100-by-stack": "h100-
 
 def _datasheet(preset: str) -> tuple[float, float, int | None]:
     """``peak_flops``, ``mem_bw`` and ``sm_count`` (None: no wave quantisation) of a preset's datasheet header."""
-    from sim.profiles import PRESET_DIR, _read_file
+    from sim.cost.profiles import PRESET_DIR, _read_file
 
     d = _read_file(PRESET_DIR / "hardware" / f"{preset}.yaml")
     sms = d.get("sm_count")
@@ -555,7 +555,7 @@ def render_preset(preset: str, fit: dict, current_text: str) -> str:
 
 
 def _preset_path(preset: str) -> Path:
-    from sim.profiles import PRESET_DIR
+    from sim.cost.profiles import PRESET_DIR
 
     return PRESET_DIR / "hardware" / f"{preset}.yaml"
 

@@ -3,7 +3,7 @@
 ``calibrate fit`` splits the run's problems (seeded) into a fit set and a
 held-out set and fits the hardware profile on the fit set's phases (plus the
 op sweep). Here every held-out (problem, policy) is *simulated* by charging
-the cost model (``sim.cost`` terms, the fitted ``HardwareProfile``) for
+the cost model (``sim.cost.terms`` terms, the fitted ``HardwareProfile``) for
 every operation the real run executed — the decisions it took, its batch
 shapes, its context lengths, the layers each verification ran — and compared
 with the measured end-to-end seconds of that run.
@@ -119,7 +119,7 @@ def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto"
     ``clock`` picks the measured seconds (see the module docstring)."""
     from calibrate.fit import run_device
     from calibrate.timing import select_clock
-    from sim.profiles import OutOfCalibrationError, load_hardware, model_from_manifest
+    from sim.cost.profiles import OutOfCalibrationError, load_hardware, model_from_manifest
 
     dir_ = Path(dir_)
     phases, dec, run, fit = _load(dir_)

@@ -50,7 +50,7 @@ E2E_POLICIES = ("no-kv", "exact-prefix", "asks", "cgee", "rksc")
 
 
 @dataclass
-class RunConfig:
+class RealRunConfig:
     model: str = "smollm2-135m"
     device: str = "cpu"
     seed: int = 0
@@ -76,7 +76,7 @@ class RunConfig:
     tokenizer: str | None = None  # random:<preset> models: tokenizer folder (default: SmolLM2's)
 
     @classmethod
-    def from_args(cls, a) -> "RunConfig":
+    def from_args(cls, a) -> "RealRunConfig":
         pols = tuple(p.strip() for p in a.policies.split(",")) if a.policies else E2E_POLICIES
         for p in pols:
             if p not in E2E_POLICIES:
@@ -147,7 +147,7 @@ class _StepClock:
             self.timer.rows.append(row)
 
 
-def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffix, stop, pad_id) -> dict:
+def run_problem(lm, prompts, problem, pol, cfg: RealRunConfig, timer, yes, no, suffix, stop, pad_id) -> dict:
     """One problem under one policy, end to end. Returns the decision record."""
     import torch
     from policies import NoKV
@@ -156,7 +156,7 @@ def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffi
     from traces.capture import STREAM_BRANCH
     from traces.workload import verification_ids
 
-    from calibrate import engine as E
+    from calibrate import real_phases as E
     from calibrate import kv as KV
 
     ids = [np.asarray(b.prompt_ids, dtype=np.int64) for b in prompts.branches]
@@ -271,7 +271,7 @@ def run_problem(lm, prompts, problem, pol, cfg: RunConfig, timer, yes, no, suffi
     }
 
 
-def op_sweep(lm, cfg: RunConfig, timer) -> None:
+def op_sweep(lm, cfg: RealRunConfig, timer) -> None:
     """Isolated ops over the range the fit must cover: prefill lengths, decode batch x context."""
     import torch
     from traces import capture_ops as CO
@@ -313,7 +313,7 @@ def _write_parquet(path: Path, df: pd.DataFrame) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def run_calibration(cfg: RunConfig, out: Path, progress: bool = True) -> dict:
+def run_calibration(cfg: RealRunConfig, out: Path, progress: bool = True) -> dict:
     """``rksim calibrate run``: every policy on every problem, plus the op sweep."""
     import torch
     from tqdm import tqdm

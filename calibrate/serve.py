@@ -7,8 +7,8 @@ branch is one request, a problem is answered when all its branches are) are
 submitted closed-loop by ``concurrency`` users: each user submits its next
 problem as soon as its previous one is answered. Every iteration:
 
-1. the serving scheduler of the simulator (``sim.scheduler``, with the block
-   manager ``sim.kvcache``; see :mod:`calibrate.serve_sched`, the thin
+1. the serving scheduler of the simulator (``sim.serving.scheduler``, with the block
+   manager ``sim.serving.kvcache``; see :mod:`calibrate.serve_sched`, the thin
    adapter) picks the sequences, the tokens of each (a decode step, a prefill
    chunk) and the preemptions — the very objects the simulator calls;
 2. :func:`calibrate.serve_forward.run_iteration` runs those items as one
@@ -29,7 +29,7 @@ apart from the model's execution.
 The replay (:mod:`calibrate.serve_replay`)
 -----------------------------------------
 The run's requests (prompt ids, generated lengths, problems) are replayed by
-the simulator's serving engine (``sim.engine.Engine``, closed loop, the same
+the simulator's serving engine (``sim.serving.engine.Engine``, closed loop, the same
 scheduler configuration) with the cost model of the hardware profile
 (default ``local-cpu``) pricing every iteration; the comparison is made
 iteration by iteration (:func:`compare`).
@@ -56,11 +56,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.kvshare import shared_tokens
+from sim.serving.kvshare import shared_tokens
 
 SUMMARY_FILE = "serve.json"
 CLOCKS = ("cpu", "wall")
-from sim.scheduler import POLICIES as SCHEDULERS  # noqa: E402  (one list of scheduler names)
+from sim.serving.scheduler import POLICIES as SCHEDULERS  # noqa: E402  (one list of scheduler names)
 
 
 @dataclass
@@ -123,7 +123,7 @@ class ServeConfig:
 
     def validate_targets(self) -> None:
         """Names that would otherwise fail after the model loaded: layout, block policy, replay presets."""
-        from sim.profiles import load_hardware, load_model
+        from sim.cost.profiles import load_hardware, load_model
         from traces.workload import LAYOUTS
 
         from calibrate.serve_sched import block_policy
@@ -170,10 +170,10 @@ def check_host(hardware: str, fp: dict, allow_other_host: bool = False) -> dict:
 
     ``calibrate serve`` and ``calibrate report`` measure this host: a profile from another host
     can only disagree with it. ``allow_other_host``: go on; the result carries the one-line note
-    and ``hardware_calibrated: false``. Returns :func:`sim.host.profile_host_status`.
+    and ``hardware_calibrated: false``. Returns :func:`sim.cost.fingerprint.profile_host_status`.
     """
-    from sim.host import profile_host_status
-    from sim.profiles import OutOfCalibrationError, load_hardware
+    from sim.cost.fingerprint import profile_host_status
+    from sim.cost.profiles import OutOfCalibrationError, load_hardware
 
     hw = load_hardware(hardware)
     st = profile_host_status(hw, fp)
@@ -185,8 +185,8 @@ def check_host(hardware: str, fp: dict, allow_other_host: bool = False) -> dict:
 
 
 def _host_fields(hardware: str, fp: dict) -> dict:
-    from sim.host import host_fields
-    from sim.profiles import load_hardware
+    from sim.cost.fingerprint import host_fields
+    from sim.cost.profiles import load_hardware
     return host_fields(load_hardware(hardware), current=fp)
 
 
@@ -239,12 +239,12 @@ def closed_loop_users(n_problems: int, concurrency: int) -> list[list[int]]:
 
 
 class ClosedLoop:
-    """Arrivals of a closed loop, in iteration space (the real run's; the replay's are ``sim.engine``'s).
+    """Arrivals of a closed loop, in iteration space (the real run's; the replay's are ``sim.serving.engine``'s).
 
     At the start every user submits its first problem, in user order; when a
     problem's last branch finishes in iteration ``i``, its user's next problem
     is submitted before iteration ``i + 1`` is scheduled, users in the order
-    their problems finished, branches in branch order — what ``sim.engine``'s
+    their problems finished, branches in branch order — what ``sim.serving.engine``'s
     closed-loop users do. It decides *when requests exist*, not how they are
     scheduled.
     """
@@ -268,7 +268,7 @@ class ClosedLoop:
         """Requests submitted after these finished (their problems' users' next problems).
 
         ``reqs`` in the order the scheduler finished them; users whose problems were
-        answered in the same iteration submit in that order (as ``sim.engine``'s users do).
+        answered in the same iteration submit in that order (as ``sim.serving.engine``'s users do).
         """
         out = []
         for r in reqs:
@@ -403,7 +403,7 @@ def _iter_row(it: int, step, finished, sched, clocks: dict) -> dict:
         "c": [int(x[1]) for x in step.items],
         "n": [int(x[2]) for x in step.items],
         "sample": [bool(x[3]) for x in step.items],
-        # cached tokens in blocks an earlier item of the iteration reads too (sim.kvshare, the engine's rule)
+        # cached tokens in blocks an earlier item of the iteration reads too (sim.serving.kvshare, the engine's rule)
         "shared": shared_tokens([step.block_tables[x[0]] for x in step.items], [int(x[1]) for x in step.items],
                                 sched.bs),
         "preempted": sorted(int(x) for x in step.preempted),

@@ -8,7 +8,7 @@ modules of a Hugging Face Llama-family model:
   ``T = sum_i n_i`` tokens. Embedding, norms, q/k/v/o projections and the MLP
   run once over that row: every weight is read once per iteration and the
   linear work is exactly ``2 P sum_i n_i`` flops — the terms
-  ``sim.cost.batch_terms`` charges. No padding reaches the linear layers
+  ``sim.cost.terms.batch_terms`` charges. No padding reaches the linear layers
   (a left-padded batch would pay ``k * max_i n_i`` tokens).
 * **Paged KV.** K and V live in one pool per layer of
   ``(num_blocks + 1) * block_size`` token slots; block ``j`` of the block

@@ -1,13 +1,13 @@
-"""The simulator's side of ``calibrate serve``: the run's requests replayed by ``sim.engine``.
+"""The simulator's side of ``calibrate serve``: the run's requests replayed by ``sim.serving.engine``.
 
 The replay knows what the real run recorded — each request's prompt ids, how
 many tokens it generated, which problem (and so which closed-loop user) it
 belongs to — and nothing it measured. Each problem becomes a
-:class:`sim.workload.Job` of independent branches (no gate, no KV source to
+:class:`sim.workload.job.Job` of independent branches (no gate, no KV source to
 wait for, no verification: what the real loop serves); the simulator's
-serving engine (:class:`sim.engine.Engine`: simpy, the closed loop,
-``sim.scheduler`` over ``sim.kvcache`` with the same configuration, every
-iteration priced by ``sim.cost.ScalarCost`` with the hardware profile) runs
+serving engine (:class:`sim.serving.engine.Engine`: simpy, the closed loop,
+``sim.serving.scheduler`` over ``sim.serving.kvcache`` with the same configuration, every
+iteration priced by ``sim.cost.terms.ScalarCost`` with the hardware profile) runs
 them. Prefix hits come from the engine's own hash chain over the prompt ids.
 
 The engine keeps no per-iteration log, so the replay *observes* its scheduler
@@ -61,7 +61,7 @@ class _Log:
 
 def jobs_from_requests(rq: pd.DataFrame, n_layers: int, block_size: int):
     """One ``Job`` per problem: its branches as independent requests (prompt, then ``gen_len`` tokens)."""
-    from sim.workload import Job
+    from sim.workload.job import Job
 
     jobs, ids = [], []
     for j, g in rq.sort_values(["problem", "branch"]).groupby("problem", sort=True):
@@ -78,21 +78,21 @@ def jobs_from_requests(rq: pd.DataFrame, n_layers: int, block_size: int):
 
 
 def replay(cfg, rq: pd.DataFrame):
-    """Replay the requests table ``rq`` (see :func:`calibrate.serve.requests_frame`) through ``sim.engine``.
+    """Replay the requests table ``rq`` (see :func:`calibrate.serve.requests_frame`) through ``sim.serving.engine``.
 
     Returns ``(rows, req, info)``: one row per simulated iteration (the columns
     of the real run's, seconds in ``sim_s``), each request's simulated
     arrival/first/finish iteration, and the target.
     """
-    from sim.engine import Engine
-    from sim.profiles import load_hardware, load_model
-    from sim.scheduler import SchedulerConfig
+    from sim.serving.engine import Engine
+    from sim.cost.profiles import load_hardware, load_model
+    from sim.serving.scheduler import SchedulerConfig
 
     from calibrate.serve_sched import block_policy
 
     model = load_model(cfg.model_preset or cfg.model)
     if getattr(cfg, "dtype", ""):
-        from sim.profiles import _DTYPE_BYTES
+        from sim.cost.profiles import _DTYPE_BYTES
         model = dataclasses.replace(model, dtype=cfg.dtype, dtype_bytes=_DTYPE_BYTES.get(cfg.dtype, model.dtype_bytes))
     hw = load_hardware(cfg.hardware)
     B = int(rq.groupby("problem")["branch"].count().max())
@@ -119,7 +119,7 @@ def replay(cfg, rq: pd.DataFrame):
     rows = pd.DataFrame([{"iteration": i, **{k: v for k, v in r.items() if k not in ("t0", "out")},
                           "sim_s": t[i + 1] - t[i]} for i, r in enumerate(its)])
     # a calibrated profile answers only inside what it was fitted on: the iterations priced here
-    from sim.ranges import iteration_query
+    from sim.cost.ranges import iteration_query
     q = iteration_query([list(zip(ns, cs)) for ns, cs in zip(rows["n"], rows["c"])])
     marks = hw.check_query(model, max_context=q.context, max_new=q.item_tokens, max_batch=q.seqs, tokens=q.tokens,
                            mixed=q.mixed, allow_extrapolation=bool(getattr(cfg, "allow_extrapolation", False)))
@@ -141,7 +141,7 @@ def replay(cfg, rq: pd.DataFrame):
                          "sim_finish_iter": last.get(int(r), -1), "sim_gen_len": n_sampled.get(int(r), 0),
                          "sim_e2e_s": float(rec[int(r) // B]["latency_s"])} for r in rq["rid"]])
     info = {"hardware": hw.name, "hardware_source": hw.source, "model_preset": model.name,
-            "engine": "sim.engine.Engine (simpy; sim.scheduler + sim.kvcache; sim.cost.ScalarCost)",
+            "engine": "sim.serving.engine.Engine (simpy; sim.serving.scheduler + sim.serving.kvcache; sim.cost.terms.ScalarCost)",
             "makespan_s": res.makespan, "engine_iterations": int(res.iterations), "events": int(res.events),
             "extrapolated": marks, "range_query": dataclasses.asdict(q)}
     return rows, req, info

@@ -1,11 +1,11 @@
 """Thin adapter from ``calibrate serve`` to the simulator's scheduler and block manager.
 
 It decides nothing: every rule (what runs, how many tokens, whom to preempt,
-which blocks hit, which block to evict) is ``sim.scheduler.Scheduler`` over
-``sim.kvcache.BlockManager`` with a block policy of ``policies.blocks`` — the
+which blocks hit, which block to evict) is ``sim.serving.scheduler.Scheduler`` over
+``sim.serving.kvcache.BlockManager`` with a block policy of ``policies.blocks`` — the
 objects the simulator's serving mode calls. The adapter only
 
-* wraps a :class:`calibrate.serve.Request` as a ``sim.scheduler.Request``
+* wraps a :class:`calibrate.serve.Request` as a ``sim.serving.scheduler.Request``
   whose block content is its token ids (prompt, then the tokens sampled so
   far — known by the time a block fills, since a token is fed the iteration
   after it is sampled), so prefix-cache keys chain over real tokens;
@@ -27,7 +27,7 @@ class Step:
     block_tables: dict   # rid -> block ids (sequence order) of every scheduled request
     cache_hits: dict     # rid -> tokens the prefix cache gave at its (re)admission this iteration
     recompute: int       # tokens of this iteration computed before (preemption by recompute)
-    out: object = None   # the sim.scheduler.SchedulerOutput
+    out: object = None   # the sim.serving.scheduler.SchedulerOutput
 
 
 def block_policy(name: str):
@@ -45,8 +45,8 @@ class SchedulerAdapter:
     """One scheduler + block manager for one run (``cfg``: :class:`calibrate.serve.ServeConfig`)."""
 
     def __init__(self, cfg):
-        from sim.kvcache import BlockManager
-        from sim.scheduler import Scheduler, SchedulerConfig
+        from sim.serving.kvcache import BlockManager
+        from sim.serving.scheduler import Scheduler, SchedulerConfig
 
         self.bs = int(cfg.block_size)
         self.kv = BlockManager(cfg.num_blocks, self.bs, policy=block_policy(cfg.block_policy),
@@ -56,7 +56,7 @@ class SchedulerAdapter:
                                            policy=cfg.scheduler), self.kv)
 
     def add(self, r) -> None:
-        from sim.scheduler import Request as SReq
+        from sim.serving.scheduler import Request as SReq
         bs = self.bs
 
         def content(k, r=r):

@@ -20,7 +20,7 @@ on the same problems and seeds:
   ``rksc`` against ``asks``).
 
 RSBCM acts under a KV block budget: the ``tree`` section runs a real tree
-search (``calibrate.tree``: depth ``depth``, ``tree_expand`` best nodes expand
+search (``calibrate.real_tree``: depth ``depth``, ``tree_expand`` best nodes expand
 into ``tree_branching`` children of ``step_tokens`` tokens) unconstrained, then
 under a budget of half its peak blocks with RSBCM, LRU and FIFO, and reports
 measured time, recomputed tokens, evictions and refetches.
@@ -72,7 +72,7 @@ def run_speedup(cfg: SpeedupConfig, out: Path, progress: bool = True) -> dict:
     from traces.store import atomic_write_json
     from traces.workload import WorkloadConfig, build_prompts, verify_suffix_ids, yes_no_ids
 
-    from calibrate.runner import RunConfig, _write_parquet, make_policy, run_problem
+    from calibrate.runner import RealRunConfig, _write_parquet, make_policy, run_problem
     from calibrate.timing import PhaseTimer
 
     out = Path(out)
@@ -87,7 +87,7 @@ def run_speedup(cfg: SpeedupConfig, out: Path, progress: bool = True) -> dict:
     wcfg = WorkloadConfig(layout=cfg.layout, n_branches=cfg.branches, seed=cfg.seed,
                           target_prefix_tokens=cfg.prefix_tokens)
     suffix = verify_suffix_ids(tk, wcfg.verify_prompt)
-    rcfg = RunConfig(model=cfg.model, device=cfg.device, seed=cfg.seed, branches=cfg.branches,
+    rcfg = RealRunConfig(model=cfg.model, device=cfg.device, seed=cfg.seed, branches=cfg.branches,
                      max_new_tokens=cfg.step_tokens, layout=cfg.layout, target_prefix_tokens=cfg.prefix_tokens)
     timer = PhaseTimer(sync=lm.sync)
     problems = load_dataset("gsm8k", limit=cfg.problems)
@@ -166,7 +166,7 @@ def reuse_section(lat, measured) -> dict:
 
 
 def _tree_section(lm, problem, cfg: SpeedupConfig, timer, stop, yes, no, suffix, pad_id) -> dict:
-    """RSBCM vs LRU vs FIFO on a real tree search under a KV block budget (``calibrate.tree``).
+    """RSBCM vs LRU vs FIFO on a real tree search under a KV block budget (``calibrate.real_tree``).
 
     The budget is ``tree_budget_frac`` of the unconstrained run's peak blocks. The prompt is
     the problem's unpadded root prompt (a padded 1,024-token prompt would make every tree
@@ -175,7 +175,7 @@ def _tree_section(lm, problem, cfg: SpeedupConfig, timer, stop, yes, no, suffix,
     from policies import get_policy
     from traces.workload import WorkloadConfig, build_prompts
 
-    from calibrate.tree import run_tree
+    from calibrate.real_tree import run_tree
 
     w = WorkloadConfig(layout=cfg.layout, n_branches=1, seed=cfg.seed, shuffle_variants=False)
     prompt = build_prompts(lm.tokenizer, problem.prompt_text(), problem.answer_kind, w, problem.index).branches[0].prompt_ids

@@ -4,7 +4,7 @@ A phase is timed between two device synchronisations (``sync`` is
 ``LoadedModel.sync`` — ``torch.cuda.synchronize()`` on GPU, a no-op on CPU),
 so the time covers the work launched inside it and nothing else.
 
-A row describes its operation exactly as :func:`sim.cost.batch_terms` takes
+A row describes its operation exactly as :func:`sim.cost.terms.batch_terms` takes
 it: one *forward* is a list of items ``i`` with ``n_i`` new tokens over
 ``c_i`` cached, run through ``layers_i`` layers, with ``probes_i`` logit-lens
 probes and ``logits_i`` full LM-head rows; other kinds (``probe``, ``evict``,
@@ -60,7 +60,7 @@ class PhaseRow:
     cpu_seconds: float = float("nan")   # the timing thread's CPU time
     sampled: int = 0          # rows a token was sampled for inside the phase (top-p over the vocabulary)
     shared: list[int] = field(default_factory=list)  # per item: cached tokens in KV blocks an earlier item of
-                                                     # the forward reads too (sim.kvshare; empty = none)
+                                                     # the forward reads too (sim.serving.kvshare; empty = none)
 
     def items(self, n: list[int], c: list[int], layers=None, probes=None, logits=None, shared=None) -> "PhaseRow":
         """Set the batch items of a forward (layers/probes/logits/shared: per item, or one value for all)."""

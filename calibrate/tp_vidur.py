@@ -39,7 +39,7 @@ def coefficients(hw) -> Coefs:
 
 def table(model: str = "llama-3-8b", hardware: str = "a100-80gb") -> dict:
     """Per TP: layer-sum and per-operator errors of the preset on Vidur's rows of that TP."""
-    from sim.profiles import load_hardware
+    from sim.cost.profiles import load_hardware
 
     hw = load_hardware(hardware)
     k = coefficients(hw)

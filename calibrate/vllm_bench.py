@@ -10,7 +10,7 @@ A continuous-batching server emits one token for every request that samples in a
 all at the iteration's end. So the measured token times
 ``start_i + ttft_i + cumsum(itl_i)`` of all requests, pooled and clustered (gaps above
 ``cluster_tol_s`` start a new cluster), are the ends of the iterations that sampled.
-rksim's scheduler (:mod:`sim.scheduler`, with :mod:`sim.kvcache`'s block manager) is then
+rksim's scheduler (:mod:`sim.serving.scheduler`, with :mod:`sim.serving.kvcache`'s block manager) is then
 driven through the same requests, arriving at their send times: each iteration it schedules
 is matched to the next measured cluster when it samples, and its duration is the time from
 its start (the previous cluster, or the arrival that woke an idle server) to that cluster.
@@ -21,7 +21,7 @@ no measured end and are left out with the one that follows them.
 The fit
 -------
 Each kept iteration's items ``(n new, c cached)`` give the cost model's terms
-(:func:`sim.cost.batch_terms`), and :func:`calibrate.fit.fit_profile` (the one fitter) fits
+(:func:`sim.cost.terms.batch_terms`), and :func:`calibrate.fit.fit_profile` (the one fitter) fits
 the coefficients to the measured durations. From end-to-end timings of one model, kernels,
 layers and forward calls per iteration are in fixed proportion, so only their sum is
 identifiable: it is fitted as ``per_kernel_s`` (``per_layer_s = host_per_iter_s = 0``, the
@@ -30,7 +30,7 @@ CUDA-graph and sampling terms off), i.e. ``per_iteration_s = per_kernel_s (11 L 
 Held out
 --------
 With two or more files, one (``holdout``, default the last) is left out of the fit, and
-its benchmark is simulated with the fitted profile (:func:`sim.plain.run`, its lengths, its
+its benchmark is simulated with the fitted profile (:func:`sim.bench.plain.run`, its lengths, its
 send schedule, its concurrency) and compared metric by metric (``pred / measured - 1``).
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim import cost as C
+from sim.cost import terms as C
 
 METRICS = ("request_throughput", "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
            "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms",
@@ -124,8 +124,8 @@ def _clusters(times: np.ndarray, tol: float) -> np.ndarray:
 def iteration_table(bf: BenchFile, model, sched_cfg, kv_blocks: int, block_size: int = 16,
                     prefix_caching: bool = True, cluster_tol_s: float = 1e-4) -> tuple[np.ndarray, np.ndarray, dict]:
     """``(terms (len(TERM_NAMES), N), seconds (N,), info)`` of the measured iterations rksim's scheduler places."""
-    from sim.kvcache import BlockManager
-    from sim.scheduler import Request, Scheduler
+    from sim.serving.kvcache import BlockManager
+    from sim.serving.scheduler import Request, Scheduler
 
     n = len(bf.input_lens)
     flat = np.concatenate(bf.token_times)
@@ -216,9 +216,9 @@ def fit_files(files: list, model, hw, *, max_num_seqs=None, max_num_batched_toke
 
     Returns ``{"profile", "fit", "per_file", "holdout", "errors", "coefficients"}``.
     """
-    from sim import plain
-    from sim.capacity import ServingConfig, capacity_blocks, kv_capacity
-    from sim.scheduler import SchedulerConfig
+    from sim.bench import plain
+    from sim.serving.capacity import ServingConfig, capacity_blocks, kv_capacity
+    from sim.serving.scheduler import SchedulerConfig
 
     from calibrate.fit import fit_profile
 
@@ -277,8 +277,8 @@ def _lead_in(bf: BenchFile) -> float:
 
 
 def _measured(bf: BenchFile) -> dict:
-    """The file's metrics, recomputed from its per-request fields (vLLM's definitions, sim.plain)."""
-    from sim import plain
+    """The file's metrics, recomputed from its per-request fields (vLLM's definitions, sim.bench.plain)."""
+    from sim.bench import plain
     ttft = np.array([t[0] - s for t, s in zip(bf.token_times, bf.start)])
     e2el = np.array([t[-1] - s for t, s in zip(bf.token_times, bf.start)])
     itls = [np.diff(t).tolist() for t in bf.token_times]
@@ -291,7 +291,7 @@ def _measured(bf: BenchFile) -> dict:
 
 def predict_file(bf: BenchFile, model, hw, serving, block_size: int = 16) -> dict:
     """Simulate the benchmark of ``bf`` (its lengths, due times and concurrency) on ``hw``."""
-    from sim import plain
+    from sim.bench import plain
     wl = plain.PlainWorkload(bf.input_lens, bf.output_lens, 0, bf.path)
     r = plain.run(model, hw, wl, serving=serving, block_size=block_size, arrivals=bf.scheduled,
                   max_concurrency=bf.max_concurrency)
@@ -349,7 +349,7 @@ def serve_frames_result(it, rq, clock: str = "wall", concurrency=None, model_id:
     ``max_concurrency`` (over requests) cannot say: the file has ``max_concurrency: null`` and the
     sends as they happened (a prediction replays them), the users under ``rksim.closed_loop_users``.
     """
-    from sim import plain
+    from sim.bench import plain
     it = it.sort_values("iteration")
     rq = rq.sort_values("rid")
     dt = it[f"{clock}_s"].to_numpy(np.float64) + it[f"sched_{clock}_s"].to_numpy(np.float64)

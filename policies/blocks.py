@@ -1,4 +1,4 @@
-"""KV block eviction orders under a block budget: RSBCM, LRU, FIFO (run by ``sim.kvcache.BlockManager``)."""
+"""KV block eviction orders under a block budget: RSBCM, LRU, FIFO (run by ``sim.serving.kvcache.BlockManager``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,7 +28,7 @@ class _BlockPolicy(PolicyBase):
         """The eviction rank of one block as a tuple: the smallest key is evicted first.
 
         A block policy states its order here and only here: ``victim_order`` sorts by it, and
-        the block manager (``sim.kvcache.BlockManager``) keeps its evictable blocks in a heap of it.
+        the block manager (``sim.serving.kvcache.BlockManager``) keeps its evictable blocks in a heap of it.
         """
         raise NotImplementedError
 

@@ -19,7 +19,7 @@ class _RKSCBase(PolicyBase):
     RKSC under the same name (the names do not collide) and is routed to its component:
     ``rksc.asks``, ``rksc.cgee``, ``rksc.rsbcm`` are the component policies, and
     ``plan``, ``decide``, ``skip``, ``exit_layer``, ``should_exit`` and ``victim_order``
-    delegate to them. Its block part runs in ``sim.kvcache.BlockManager``
+    delegate to them. Its block part runs in ``sim.serving.kvcache.BlockManager``
     (``BlockManager(blocks, block_size, rksc.rsbcm)``).
     """
 

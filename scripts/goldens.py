@@ -44,21 +44,21 @@ def on_fitted_host():
     """Within this block this process reads the host as the one the shipped ``local-cpu`` was fitted on.
 
     A golden priced with ``local-cpu`` says whether the profile belongs to the host it runs on
-    (``hardware_calibrated``, ``host_note``: :mod:`sim.host`); on any other CPU those fields, and only
+    (``hardware_calibrated``, ``host_note``: :mod:`sim.cost.fingerprint`); on any other CPU those fields, and only
     those, would differ. What a foreign host prints is tested on its own (``tests/test_host_profiles.py``).
     """
-    import sim.host
-    from sim.profiles import load_hardware
+    import sim.cost.fingerprint
+    from sim.cost.profiles import load_hardware
 
     recorded = load_hardware("local-cpu").fingerprint or {}
-    here = sim.host.current_cpu_fingerprint()
+    here = sim.cost.fingerprint.current_cpu_fingerprint()
     pinned = {**here, **{k: recorded[k] for k in ("cpu_model", "isa", "torch") if k in recorded}}
-    real = sim.host.current_cpu_fingerprint
-    sim.host.current_cpu_fingerprint = lambda *a, **k: dict(pinned)
+    real = sim.cost.fingerprint.current_cpu_fingerprint
+    sim.cost.fingerprint.current_cpu_fingerprint = lambda *a, **k: dict(pinned)
     try:
         yield
     finally:
-        sim.host.current_cpu_fingerprint = real
+        sim.cost.fingerprint.current_cpu_fingerprint = real
 
 
 def run_case(argv: list[str]) -> dict:

@@ -125,7 +125,7 @@ def ensure_venv(venv: Path) -> tuple[Path | None, str]:
 
 
 def cases() -> list[dict]:
-    from sim.profiles import load_hardware
+    from sim.cost.profiles import load_hardware
 
     out = []
     for hwn, lla in HARDWARE.items():
@@ -147,8 +147,8 @@ def rksim_ms(case: dict) -> tuple[float, bool]:
     """(rksim's milliseconds, does it fit in memory) with the shipped preset, whatever its fitted range."""
     import numpy as np
 
-    from sim import cost as C
-    from sim.profiles import load_hardware, load_model
+    from sim.cost import terms as C
+    from sim.cost.profiles import load_hardware, load_model
 
     m, hw = load_model(case["model"]), load_hardware(case["hw"])
     if case["op"] == "prefill":
@@ -162,7 +162,7 @@ def rksim_ms(case: dict) -> tuple[float, bool]:
 
 
 def table(rows: list[dict], why: str) -> str:
-    from sim.profiles import load_hardware
+    from sim.cost.profiles import load_hardware
 
     def fmt(v):
         return f"{v:.2f}" if isinstance(v, float) else "–"
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     peer = {}
     if py is not None:
         req = {"cases": cs, "models": {}}
-        from sim.profiles import load_model
+        from sim.cost.profiles import load_model
         for m in MODELS:
             s = load_model(m)
             req["models"][m] = {k: getattr(s, k) for k in ("n_layers", "n_heads", "hidden_size", "vocab_size",

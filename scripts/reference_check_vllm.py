@@ -7,7 +7,7 @@
 2. vLLM's side (its own venv, ``scripts/reference_check_vllm_driver.py``): vLLM's
    ``Scheduler`` runs every stream with its default ``scheduler_reserve_full_isl=True`` and
    with ``False``; step logs in ``OUT/vllm-*.json``.
-3. rksim's side (this process): ``sim.scheduler.Scheduler`` over ``sim.kvcache.BlockManager``
+3. rksim's side (this process): ``sim.serving.scheduler.Scheduler`` over ``sim.serving.kvcache.BlockManager``
    (the objects the simulator and ``calibrate serve`` call) runs the same streams with
    ``--scheduler vllm-v1`` (the default) and ``vllm-v1-chunk-admit``.
 4. Per step: scheduled request ids and token counts (in order), tokens computed before the
@@ -58,8 +58,8 @@ class RksimSide:
     """
 
     def __init__(self, config: dict, policy: str, kv_factory=None):
-        from sim.kvcache import BlockManager
-        from sim.scheduler import Scheduler, SchedulerConfig
+        from sim.serving.kvcache import BlockManager
+        from sim.serving.scheduler import Scheduler, SchedulerConfig
 
         self.bs = int(config["block_size"])
         make = kv_factory or BlockManager
@@ -70,7 +70,7 @@ class RksimSide:
                                            policy=policy), self.kv)
 
     def add(self, req: dict) -> None:
-        from sim.scheduler import Request
+        from sim.serving.scheduler import Request
 
         toks = prompt_tokens(req) + output_tokens(req)
         bs = self.bs
@@ -217,7 +217,7 @@ def _markdown(rep: dict, streams: list) -> str:
              "full-attention KV group with one more block than rksim's (vLLM's null block), prefix caching "
              "on (sha256 block hashes), chunked prefill on; the fake model samples each stream's next "
              "output token for every request whose known tokens are all computed. rksim: "
-             "`sim.scheduler.Scheduler` over `sim.kvcache.BlockManager` (LRU). Compared per step: "
+             "`sim.serving.scheduler.Scheduler` over `sim.serving.kvcache.BlockManager` (LRU). Compared per step: "
              + ", ".join(f"`{f}`" for f in rep["fields"]) + f". Seed {rep['seed']}.", "",
              "Fields: `s` the scheduled requests in order, `[id, tokens computed before the step (prefix hit "
              "included), tokens scheduled]`; `p` requests preempted while forming the step, in order; `f` "

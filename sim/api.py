@@ -3,25 +3,25 @@
 Each is a thin function over the three objects a simulation is made of: a caller-owned
 :class:`Session` (the trace and every memo; pass one instead of a path to keep them between
 calls), a frozen :class:`Target` (model, hardware, serving limits) and a validated
-:class:`RunConfig`; ``sim.modes.run`` picks the mode's module (``sim.isolated``,
-``sim.serving``, ``sim.token``). ``evaluate`` returns plain scalars for sweeps; ``simulate``
+:class:`RunConfig`; ``sim.replay.modes.run`` picks the mode's module (``sim.replay.mode_isolated``,
+``sim.replay.mode_serving``, ``sim.replay.mode_token``). ``evaluate`` returns plain scalars for sweeps; ``simulate``
 a :class:`SimResult` with the per-problem / per-branch DataFrames and the KV timeline.
 """
 from __future__ import annotations
 
 from policies import list_policies
 
-from .capacity import ServingConfig
-from .decisions import policy_kind
-from .metrics import SUMMARY_KEYS, clean
-from .modes import run
-from .profiles import load_presets as _load_presets
-from .records import SimResult
-from .runconfig import MODES, RunConfig, Workload
-from .session import Session, default_trace_path
-from .summary import reshape_fields, reshape_info
-from .target import Target
-from .token import eviction_schedule, token_budgets
+from sim.serving.capacity import ServingConfig
+from sim.workload.decisions import policy_kind
+from sim.replay.problem_metrics import SUMMARY_KEYS, clean
+from sim.replay.modes import run
+from sim.cost.profiles import load_presets as _load_presets
+from sim.replay.records import SimResult
+from sim.replay.runconfig import MODES, RunConfig, Workload
+from sim.replay.session import Session, default_trace_path
+from sim.replay.summary import reshape_fields, reshape_info
+from sim.replay.target import Target
+from sim.replay.mode_token import eviction_schedule, token_budgets
 
 # What compare_policies reports for each budget of a token policy.
 TOKEN_BUDGET_KEYS = ("attn_output_rel_error", "attn_mass_recall", "latency_mean_s", "speedup_vs_full", "peak_kv_bytes",
@@ -54,17 +54,17 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
              kv_cache_dtype: str | None = None, disable_custom_all_reduce: bool = False) -> SimResult:
     """Simulate one configuration; see :func:`evaluate` for the arguments.
 
-    ``strict``: refuse a profile fitted on another host (``sim.host``) instead of noting it;
+    ``strict``: refuse a profile fitted on another host (``sim.cost.fingerprint``) instead of noting it;
     ``allow_extrapolation``: price queries outside the fitted range, listed in ``info["extrapolated"]``.
 
     ``engine=True`` forces the simpy engine in isolated mode too (the fast path and the engine
-    agree to 1e-9; the tests check it). ``serving``: a :class:`sim.capacity.ServingConfig` or
+    agree to 1e-9; the tests check it). ``serving``: a :class:`sim.serving.capacity.ServingConfig` or
     dict (scheduler, max_num_seqs, max_num_batched_tokens, gpu_memory_utilization,
     activation_reserve_bytes, kv_capacity_bytes, decode_tokens, prefix_caching).
     ``baselines``: speedups over no-kv and exact-prefix (default: where the mode has them;
     token policies have none, and ``problems`` / ``engine`` / ``baselines`` given to one are refused).
     ``node``, ``tensor_parallel_size``, ``pipeline_parallel_size``, ``data_parallel_size``: the deployment
-    (docs/parallelism.md; :meth:`sim.target.Target.resolve`); ``pipeline_schedule``: with PP > 1,
+    (docs/parallelism.md; :meth:`sim.replay.target.Target.resolve`); ``pipeline_schedule``: with PP > 1,
     ``"overlapped"`` (vLLM's up to PP batches in flight) or ``"serial"``; ``quantization`` / ``kv_cache_dtype``:
     vLLM's ``--quantization fp8`` / ``--kv-cache-dtype fp8``; ``disable_custom_all_reduce``: every
     tensor-parallel all-reduce priced by NCCL (vLLM's flag); ``router`` routes the replicas' requests and
@@ -120,7 +120,7 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
     """``{"policies": {NAME: metrics}}`` for every registered policy at its defaults (docs/sim-api.md).
 
     Every rate and ratio has its 95% interval beside it, ``<metric>_ci95 = [lo, hi]``
-    (:mod:`sim.intervals`: Wilson for rates, a paired bootstrap over problems for ratios).
+    (:mod:`sim.replay.intervals`: Wilson for rates, a paired bootstrap over problems for ratios).
     Token-eviction policies also get ``budgets`` = ``{"2x": {budget, attn_output_rel_error,
     attn_mass_recall, ...}, ...}`` at the workload's ``token_compressions``. Every entry states the
     KV capacity (``kv_capacity_bytes``) and block budget (``kv_budget_blocks``) it ran under.
@@ -141,7 +141,7 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
         kind = policy_kind(name)
         if kind == "token":
             if target.layout():
-                continue  # one sequence's decode on one GPU (sim.modes.check_layout): not a deployment's figure
+                continue  # one sequence's decode on one GPU (sim.replay.modes.check_layout): not a deployment's figure
             if session.tf.longs:
                 out[name] = _token_entry(session, target, name, mode, workload, seed, arrival_rate)
             continue

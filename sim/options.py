@@ -3,7 +3,7 @@
 ``validate_options(obj)`` checks every declared field of a dataclass instance (raising
 :class:`sim.errors.ConfigError` with ``field`` set); ``declared(cls)`` lists them, which is
 what the CLI builds its flags from (``app/cli_sim.py``). Adding an option to a
-:class:`sim.runconfig.RunConfig` or :class:`sim.capacity.ServingConfig` is one such field.
+:class:`sim.replay.runconfig.RunConfig` or :class:`sim.serving.capacity.ServingConfig` is one such field.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from sim.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def describe_range(opt: Option) -> str:
 
 def flag_for(field_name: str | None, *classes) -> str | None:
     """The command-line flag of a (dotted) field of one of ``classes``: the field's own flag where it has one
-    (``"workload.concurrency"`` -> ``--max-concurrent-problems`` with :class:`sim.workload_config.Workload` among
+    (``"workload.concurrency"`` -> ``--max-concurrent-problems`` with :class:`sim.workload.config.Workload` among
     ``classes``), else its head's (``"workload.block_size"`` -> ``--workload``)."""
     if field_name is None:
         return None

@@ -1,6 +1,6 @@
 """A test double of a KV block pool: budgeted blocks evicted in a block policy's order.
 
-The simulator's block pool is ``sim.kvcache.BlockManager``; this small pool exercises a
+The simulator's block pool is ``sim.serving.kvcache.BlockManager``; this small pool exercises a
 policy's :meth:`evict_key` order alone (hits, misses, refetches, pinning) in the policy tests.
 """
 from __future__ import annotations

@@ -23,8 +23,8 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def syn_factory(tmp_path_factory):
-    """``make(n_problems=5, seed=3, **kw)`` -> the path of a synthetic trace (``sim.synthetic``), written once per shape."""
-    from sim.synthetic import write_synthetic_trace
+    """``make(n_problems=5, seed=3, **kw)`` -> the path of a synthetic trace (``tests.synthetic``), written once per shape."""
+    from tests.synthetic import write_synthetic_trace
     made: dict = {}
 
     def make(n_problems: int = 5, seed: int = 3, **kw) -> str:

@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from sim.cost import ScalarCost
-from sim.parallel import NodeProfile, ParallelConfig, ParallelCost, load_node
-from sim.profiles import PresetError, load_hardware, load_model
+from sim.cost.terms import ScalarCost
+from sim.cost.parallel import NodeProfile, ParallelConfig, ParallelCost, load_node
+from sim.cost.profiles import PresetError, load_hardware, load_model
 
 MiB = 1 << 20
 
@@ -112,7 +112,7 @@ def test_disable_custom_all_reduce_gives_the_nccl_price():
     assert on.seconds(dec) < off.seconds(dec)
     # the flag is vLLM's, declared once where the CLI's target flags come from
     from sim.options import declared
-    from sim.target import TargetSpec
+    from sim.replay.target import TargetSpec
     flags = {f.name: opt.flag for f, opt in declared(TargetSpec)}
     assert flags["disable_custom_all_reduce"] == "--disable-custom-all-reduce"
     with pytest.raises(ValueError, match="--disable-custom-all-reduce"):

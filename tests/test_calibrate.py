@@ -249,7 +249,7 @@ def test_tree_block_pool_recomputes_evicted_blocks():
     from traces.workload import WorkloadConfig, build_prompts, verify_suffix_ids, yes_no_ids
 
     from calibrate.timing import PhaseTimer
-    from calibrate.tree import run_tree
+    from calibrate.real_tree import run_tree
 
     torch.set_num_threads(1)
     lm = load_model("smollm2-135m", device="cpu")

@@ -129,7 +129,7 @@ def test_verify_batch_lens_and_exit_on_gemma(gemma):
     from policies import get_policy, yes_score
     from traces import capture_ops as CO
 
-    from calibrate import engine as E
+    from calibrate import real_phases as E
 
     lm = _lm(gemma)
     seqs = [_ids((1, 3 * W), 10)[0].tolist(), _ids((1, 2 * W + 1), 11)[0].tolist()]
@@ -207,10 +207,10 @@ def test_run_calibration_on_a_tiny_gemma3_folder(tmp_path):
     prefix), decode the tokens No-KV decodes."""
     from tiny_hf import save_tiny
 
-    from calibrate.runner import RunConfig, run_calibration
+    from calibrate.runner import RealRunConfig, run_calibration
 
     folder = save_tiny(tmp_path / "g3", family="gemma3")
-    cfg = RunConfig(model=str(folder), problems=1, branches=3, max_new_tokens=4, repeats=1, sweep=True, layout="hint-suffix",
+    cfg = RealRunConfig(model=str(folder), problems=1, branches=3, max_new_tokens=4, repeats=1, sweep=True, layout="hint-suffix",
                     sweep_prefill=(20,), sweep_decode_batch=(2,), sweep_decode_ctx=(24,), capture=False)
     run_calibration(cfg, tmp_path / "out", progress=False)
     dec = pd.read_parquet(tmp_path / "out" / "decisions.parquet")

@@ -21,7 +21,7 @@ def test_gpu_kit_smoke_end_to_end(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_calibrate.sh"), "--smoke", str(out)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    from sim.profiles import load_hardware
+    from sim.cost.profiles import load_hardware
 
     hw = load_hardware(str(out / "smoke-cpu.yaml"))
     fr = hw.fitted_range

@@ -180,8 +180,8 @@ def test_phases_table_records_both_clocks_and_the_rows_sampled():
     another name), wall time as seconds, and the rows sampled, so the sampling term is fitted on them."""
     from calibrate.fit import phase_terms
     from calibrate.timing import select_clock
-    from sim.cost import TERM_NAMES
-    from sim.profiles import load_model
+    from sim.cost.terms import TERM_NAMES
+    from sim.cost.profiles import load_model
 
     rows = pd.DataFrame({"n": [[30, 1, 1], [1]], "c": [[0, 40, 50], [41]], "sample": [[False, True, True], [True]],
                          "wall_s": [0.9, 0.2], "cpu_s": [0.5, 0.04]})

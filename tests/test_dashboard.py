@@ -372,7 +372,7 @@ def test_deployment_frontier_loads_a_deployment_into_serving(env):
 def test_deployment_page_shows_the_knee_of_the_chosen_deployment(env):
     """The frontier's selected deployment: its latency-rate curve and knee, by ``rksim plan --knee``'s function."""
     from app import ui_backend as B
-    from sim.planner import read_plan
+    from sim.search.planner import read_plan
 
     at = _app("deployment")
     _ok(at)
@@ -649,7 +649,7 @@ def _errors_under(node, key: str) -> list[str]:
 def test_a_simulator_error_is_shown_beside_the_widget_of_its_field(env):
     """ConfigError.field / CapacityError.field -> the widget (ui_common.FIELD_WIDGETS), never the message text."""
     from app.ui_common import FIELD_WIDGETS
-    from sim.capacity import ServingConfig
+    from sim.serving.capacity import ServingConfig
     from sim.options import declared
 
     # every serving setting and every target field a RunConfig / Target names has its widget

@@ -29,11 +29,11 @@ def test_golden(name):
 def test_goldens_do_not_depend_on_the_host(monkeypatch):
     """On a CPU other than the one ``local-cpu`` was fitted on, a golden priced with it still equals its file
     (the harness runs as on the fitted host); outside the harness that host says so."""
-    import sim.host
+    import sim.cost.fingerprint
 
     foreign = {"kind": "cpu", "cpu_model": "Foreign CPU 9000", "isa": ["avx2"], "torch": "9.9.9"}
-    monkeypatch.setattr(sim.host, "current_cpu_fingerprint", lambda *a, **k: dict(foreign))
+    monkeypatch.setattr(sim.cost.fingerprint, "current_cpu_fingerprint", lambda *a, **k: dict(foreign))
     name = "compare-trace-local-cpu"
     want = json.loads((goldens.GOLDEN / f"{name}.json").read_text())
     assert goldens.dump(goldens.run_case(goldens.CASES[name])) == goldens.dump(want)
-    assert sim.host.current_cpu_fingerprint()["cpu_model"] == "Foreign CPU 9000"   # restored after the case
+    assert sim.cost.fingerprint.current_cpu_fingerprint()["cpu_model"] == "Foreign CPU 9000"   # restored after the case

@@ -1,4 +1,4 @@
-"""CUDA graphs as vLLM V1 runs them (sim.graphs): capture sizes, padding, full vs piecewise, eager launches."""
+"""CUDA graphs as vLLM V1 runs them (sim.cost.graphs): capture sizes, padding, full vs piecewise, eager launches."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim import cost as C
-from sim.graphs import CudaGraphs, engine_graphs, vllm_capture_sizes
-from sim.profiles import load_hardware, load_model
+from sim.cost import terms as C
+from sim.cost.graphs import CudaGraphs, engine_graphs, vllm_capture_sizes
+from sim.cost.profiles import load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = load_model("llama-3-8b")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import yaml
 
-from sim.host import fingerprint_differences, host_status, parse_cpuinfo, profile_host_status
-from sim.profiles import HardwareProfile, ModelShape, OutOfCalibrationError, load_hardware
-from sim.ranges import RangeQuery, check, iteration_query, violations
+from sim.cost.fingerprint import fingerprint_differences, host_status, parse_cpuinfo, profile_host_status
+from sim.cost.profiles import HardwareProfile, ModelShape, OutOfCalibrationError, load_hardware
+from sim.cost.ranges import RangeQuery, check, iteration_query, violations
 
 SMOL = ModelShape(name="smollm2-135m", n_layers=30, hidden_size=576, n_heads=9, n_kv_heads=3, head_dim=64,
                   intermediate_size=1536, vocab_size=49152, dtype_bytes=4, tied_embeddings=True, dtype="float32")
@@ -53,7 +53,7 @@ def _fitted(tmp_path, fp, **fr) -> Path:
 
 
 def test_mismatching_host_says_so_and_is_not_calibrated(tmp_path):
-    from sim.host import current_cpu_fingerprint
+    from sim.cost.fingerprint import current_cpu_fingerprint
 
     here = current_cpu_fingerprint()
     same = load_hardware(str(_fitted(tmp_path, {**FP, **here})))
@@ -73,7 +73,7 @@ def test_mismatching_host_says_so_and_is_not_calibrated(tmp_path):
 def test_simulate_marks_and_strict_refuses_a_foreign_profile(tmp_path, capsys):
     from app.cli import main
     from sim.api import simulate
-    from sim.host import current_cpu_fingerprint
+    from sim.cost.fingerprint import current_cpu_fingerprint
 
     shipped = yaml.safe_load(Path(load_hardware("local-cpu").source).read_text())
     shipped["fingerprint"] = {**current_cpu_fingerprint(), "cpu_model": "Foreign CPU 9000"}
@@ -260,8 +260,8 @@ def test_fit_recovers_a_step_at_a_batch_size():
 # --------------------------------------------------------------------------- user profiles
 def test_fits_go_to_the_user_directory_never_over_a_shipped_preset(tmp_path, monkeypatch):
     from calibrate.fit import profile_out_path
-    from sim.catalog import profiles_table
-    from sim.profiles import PRESET_DIR, preset_origin, user_profile_dir
+    from sim.cost.catalog import profiles_table
+    from sim.cost.profiles import PRESET_DIR, preset_origin, user_profile_dir
 
     monkeypatch.setenv("RKSIM_PROFILE_DIR", str(tmp_path / "profiles"))
     monkeypatch.delenv("RKSIM_PRESETS", raising=False)
@@ -285,7 +285,7 @@ def test_fits_go_to_the_user_directory_never_over_a_shipped_preset(tmp_path, mon
 
 
 def test_profile_line_for_a_newcomer():
-    from sim.host import current_cpu_fingerprint, profile_line
+    from sim.cost.fingerprint import current_cpu_fingerprint, profile_line
 
     hw = load_hardware("local-cpu")
     here = dataclasses.replace(hw, extra={**hw.extra, "fingerprint": {**FP, **current_cpu_fingerprint()}})
@@ -321,7 +321,7 @@ def test_calibrate_serve_and_report_refuse_a_profile_of_another_host():
     """``calibrate serve`` / ``report`` measure this host: a profile fitted on another is refused, naming the
     difference; ``--allow-other-host`` goes on and says the prices are not this machine's."""
     from calibrate.serve import check_host
-    from sim.profiles import load_hardware
+    from sim.cost.profiles import load_hardware
 
     recorded = load_hardware("local-cpu").fingerprint
     run_here = {**recorded, "cpu_model": "Foreign CPU 9000", "isa": ["avx2"]}
@@ -346,7 +346,7 @@ def test_the_same_host_phases_give_the_same_profile_under_any_name(tmp_path):
 
     from calibrate.fit import fit_run_dir
     from calibrate.host import fit_host_phases
-    from sim.profiles import model_from_manifest
+    from sim.cost.profiles import model_from_manifest
 
     src = Path(__file__).resolve().parents[1] / "calibrate" / "data" / "local-cpu-fit" / "host"
     keep = tmp_path / "keep"

@@ -1,4 +1,4 @@
-"""95% intervals on rates and ratios (sim.intervals): Wilson edge cases, the paired bootstrap, the
+"""95% intervals on rates and ratios (sim.replay.intervals): Wilson edge cases, the paired bootstrap, the
 vectorised AUC bootstrap against the per-resample one, and *_ci95 on real simulations."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.intervals import (auc_of_groups, bootstrap_auc, bootstrap_ratio, bootstrap_stat, fmt_ci, summary_intervals,
+from sim.replay.intervals import (auc_of_groups, bootstrap_auc, bootstrap_ratio, bootstrap_stat, fmt_ci, summary_intervals,
                            wilson, wilson_of_rate, wilson_upper)
 
 

@@ -1,4 +1,4 @@
-"""The latency-rate curve and its knee (``sim.knee``, ``rksim bench sweep``), checked against queueing theory.
+"""The latency-rate curve and its knee (``sim.search.knee``, ``rksim bench sweep``), checked against queueing theory.
 
 The M/D/1 case: ``--max-num-seqs 1`` serves one request at a time and a prompt of fixed length with one
 output token takes the same time ``D`` every time (measured: a lone request's E2E), so with Poisson
@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from app.cli import main
-from sim import knee, plain
-from sim.capacity import ServingConfig
-from sim.profiles import load_hardware, load_model
+from sim.search import knee
+from sim.bench import plain
+from sim.serving.capacity import ServingConfig
+from sim.cost.profiles import load_hardware, load_model
 
 BASE = ["bench", "sweep", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm", "--no-progress"]
 MD1 = ["--max-num-seqs", "1", "--random-input-len", "512", "--random-output-len", "1", "--no-enable-prefix-caching"]

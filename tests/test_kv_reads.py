@@ -1,4 +1,4 @@
-"""How attention reads KV: shared blocks (sim.kvshare, sim.cost "Shared KV reads") and padded decode rows."""
+"""How attention reads KV: shared blocks (sim.serving.kvshare, sim.cost.terms "Shared KV reads") and padded decode rows."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import cost as C
-from sim.engine import Engine
-from sim.fastpath import FastPath
-from sim.kvshare import block_names, shared_per_step, shared_tokens
-from sim.profiles import HardwareProfile, load_hardware, load_model
+from sim.cost import terms as C
+from sim.serving.engine import Engine
+from sim.replay.fastpath import FastPath
+from sim.serving.kvshare import block_names, shared_per_step, shared_tokens
+from sim.cost.profiles import HardwareProfile, load_hardware, load_model
 
 from test_sim_core import _EQUAL_KEYS, _random_job
 
@@ -44,7 +44,7 @@ def test_total_is_reads_minus_distinct_blocks(spec, bs):
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10_000))
 def test_closed_form_per_step_equals_the_rule(seed):
-    """The fast path's per-step count (sim.kvshare.shared_per_step) is the rule applied to every decode step."""
+    """The fast path's per-step count (sim.serving.kvshare.shared_per_step) is the rule applied to every decode step."""
     rng = np.random.default_rng(seed)
     B, bs = int(rng.integers(1, 7)), 16
     nblk = rng.integers(0, 9, B)
@@ -85,7 +85,7 @@ def test_fast_path_equals_engine_with_shared_reads_priced(seed):
 def test_engine_prices_branches_over_one_prompt_cheaper():
     """Four branches of one 64-token prompt decode over the same blocks: with eff_kv_shared above eff_kv the
     decode costs less than over distinct prompts, and not at all less with the term off."""
-    from sim.workload import Job
+    from sim.workload.job import Job
 
     def job(shared: bool):
         B, ctx = 4, np.full(4, 64)

@@ -1,4 +1,4 @@
-"""The serving block manager (sim/kvcache.py): hash chain, references, eviction order, hit cap, memory."""
+"""The serving block manager (sim/serving/kvcache.py): hash chain, references, eviction order, hit cap, memory."""
 from __future__ import annotations
 
 import tracemalloc
@@ -6,8 +6,8 @@ import tracemalloc
 import pytest
 
 from policies.blocks import FIFO, LRU, RSBCM
-from sim.kvcache import BlockManager, KVCacheError, chain_keys
-from sim.scheduler import Request
+from sim.serving.kvcache import BlockManager, KVCacheError, chain_keys
+from sim.serving.scheduler import Request
 
 
 def _req(rid, tokens, out=1, **kw):

@@ -49,7 +49,7 @@ def test_app_imports_torch_lazily_only():
 def test_simulator_sweeps_policies_traces_and_cli_run_without_torch(syn):
     """The one no-torch check: in a fresh interpreter (other tests may have imported torch in this one),
     import every torch-free layer, build the CLI, simulate and compare, and find no torch loaded."""
-    code = ("import sys, policies, sim.api, sim.sweep, sim.pareto, sim.grid, app.cli, app.report; "
+    code = ("import sys, policies, sim.api, sim.search.sweep, sim.search.pareto, sim.search.grid, app.cli, app.report; "
             "import traces.store, traces.schema, traces.datasets, traces.workload, traces.answers, traces.errors; "
             "app.cli.build_parser(); policies.get_policy('vase-attnv'); "
             f"sim.api.evaluate({syn!r}, 'rksc', {{}}, hardware='h100-sxm'); "

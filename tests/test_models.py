@@ -137,7 +137,7 @@ def gemma():
 @pytest.mark.slow
 @needs_gemma
 def test_gemma_preset_matches_the_model(gemma):
-    from sim.profiles import load_model as load_shape
+    from sim.cost.profiles import load_model as load_shape
 
     shape = load_shape("gemma3-270m")
     info = gemma.info()

@@ -1,4 +1,4 @@
-"""Host time per step and front-end time (sim/overheads.py) and their calibration (calibrate/host_step.py)."""
+"""Host time per step and front-end time (sim/cost/overheads.py) and their calibration (calibrate/host_step.py)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.errors import PresetError
-from sim.overheads import (NO_FRONTEND, FrontendCost, HostStepCost, add, frontend_from_preset, frontend_or_none,
+from sim.cost.overheads import (NO_FRONTEND, FrontendCost, HostStepCost, add, frontend_from_preset, frontend_or_none,
                            host_step_from_preset, step_seconds)
 
 ROOT = Path(__file__).resolve().parents[1]

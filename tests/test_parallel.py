@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from sim import api
-from sim.capacity import CapacityError, check_fits, kv_capacity, smallest_fitting
-from sim.cost import ScalarCost
-from sim.parallel import (NodeProfile, ParallelConfig, ParallelCost, ParallelError, kv_heads_per_rank, load_node,
+from sim.serving.capacity import CapacityError, check_fits, kv_capacity, smallest_fitting
+from sim.cost.terms import ScalarCost
+from sim.cost.parallel import (NodeProfile, ParallelConfig, ParallelCost, ParallelError, kv_heads_per_rank, load_node,
                           pipeline_schedule, rank_model, rank_weight_bytes, stage_layers)
-from sim.profiles import PresetError, list_presets, load_hardware, load_model
+from sim.cost.profiles import PresetError, list_presets, load_hardware, load_model
 
 BUNDLED = api.default_trace_path()
 HAS_BUNDLED = (BUNDLED / "manifest.json").is_file()
@@ -123,7 +123,7 @@ def test_layout_checks_heads_node_and_gpus():
 
 def _bundled_items(monkeypatch):
     """Every iteration the engine priced in a serving run of the bundled trace (model and hardware too)."""
-    import sim.engine as eng
+    import sim.serving.engine as eng
     seen = []
 
     class Recording(ScalarCost):
@@ -142,7 +142,7 @@ def _bundled_items(monkeypatch):
 def test_tp1_pp1_reduces_bit_for_bit_on_the_bundled_trace(monkeypatch):
     items = _bundled_items(monkeypatch)
     assert len(items) > 100
-    from sim.profiles import model_from_manifest
+    from sim.cost.profiles import model_from_manifest
     m = model_from_manifest(api.loaded(None).tf.manifest)
     hw = load_hardware("h100-sxm")
     ref = ScalarCost(m, hw)

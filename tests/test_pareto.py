@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.frontier_plot import frontier_figure as figure
-from sim.pareto import (collapse_ties, default_minimise, frontier, pareto_mask, pareto_mask_bruteforce)
+from sim.search.pareto import (collapse_ties, default_minimise, frontier, pareto_mask, pareto_mask_bruteforce)
 
 
 def hand_table() -> pd.DataFrame:

@@ -4,15 +4,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.engine import Engine
+from sim.serving.engine import Engine
 from sim.errors import ConfigError
-from sim.kvcache import BlockManager
+from sim.serving.kvcache import BlockManager
 from sim.options import declared
-from sim.parallel import ParallelConfig, ParallelCost, ParallelError, load_node, pipeline_schedule
-from sim.profiles import load_hardware, load_model
-from sim.scheduler import Request, Scheduler, SchedulerConfig
-from sim.target import TargetSpec
-from sim.workload import Job
+from sim.cost.parallel import ParallelConfig, ParallelCost, ParallelError, load_node, pipeline_schedule
+from sim.cost.profiles import load_hardware, load_model
+from sim.serving.scheduler import Request, Scheduler, SchedulerConfig
+from sim.replay.target import TargetSpec
+from sim.workload.job import Job
 
 
 def _job(B=8, ctx=256, gen=16, L=80):

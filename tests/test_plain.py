@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.cli import main
-from sim import plain
-from sim.capacity import ServingConfig
-from sim.profiles import load_hardware, load_model
+from sim.bench import plain
+from sim.serving.capacity import ServingConfig
+from sim.cost.profiles import load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGS = ROOT / "docs" / "validation" / "published-figures.yaml"
@@ -164,7 +164,7 @@ def test_same_inputs_give_bit_identical_results():
 
 
 def test_the_one_scheduler_binds_kv_and_preempts():
-    from sim.capacity import ServingConfig
+    from sim.serving.capacity import ServingConfig
     m = load_model("llama-3-8b")
     cap = 100 * 16 * m.kv_bytes_per_token   # 100 blocks: three ~34-block requests, no room to grow
     tight = _run(serving=ServingConfig(kv_capacity_bytes=cap))
@@ -176,7 +176,7 @@ def test_the_one_scheduler_binds_kv_and_preempts():
 
 
 def test_prefix_caching_on_and_off():
-    from sim.capacity import ServingConfig
+    from sim.serving.capacity import ServingConfig
     on = _run(prefix=256)
     off = _run(prefix=256, serving=ServingConfig(prefix_caching=False))
     assert on.info["prefix_hit_tokens"] >= 39 * 256 and off.info["prefix_hit_tokens"] == 0
@@ -185,7 +185,7 @@ def test_prefix_caching_on_and_off():
 
 def test_a_token_policy_bounds_each_requests_kv():
     from policies import get_policy
-    from sim.capacity import ServingConfig
+    from sim.serving.capacity import ServingConfig
     m = load_model("llama-3-8b")
     wl = plain.random_workload(16, 128, 1024, 0, 0, 0)
     cap = 200 * 16 * m.kv_bytes_per_token
@@ -321,7 +321,7 @@ def syn_files(tmp_path_factory):
     files = []
     for j, (rate, conc, il, ol) in enumerate([(1.5, None, 800, 32), (math.inf, 8, 400, 24), (10.0, 16, 1500, 12)]):
         wl = plain.random_workload(30, il, ol, 0.5, 0, seed=j)
-        # eager: calibrate.vllm_bench replays the files' iterations without CUDA-graph padding (sim.graphs)
+        # eager: calibrate.vllm_bench replays the files' iterations without CUDA-graph padding (sim.cost.graphs)
         r = plain.run(m, true_hw, wl, request_rate=rate, max_concurrency=conc, seed=j,
                       serving=ServingConfig(enforce_eager=True))
         f = d / f"syn{j}.json"
@@ -394,7 +394,7 @@ def test_calibrate_serve_run_folder_as_a_vllm_result(tmp_path):
 
 # ------------------------------------------------------------------ validate
 def test_validate_the_shipped_figures(capsys, tmp_path):
-    from sim.validate import load_figures, run_figures
+    from sim.bench.validate import load_figures, run_figures
     figs = load_figures(FIGS)
     assert len(figs) >= 10
     # the 3,000-request offline runs are priced by tests/test_validate_figures.py; here the rest
@@ -403,8 +403,8 @@ def test_validate_the_shipped_figures(capsys, tmp_path):
     assert len(ok) >= 6
     assert (ok["ratio"] > 0).all()
     fp8 = df[df["quantization"] == "fp8"]
-    assert len(fp8) and fp8["ratio"].notna().all()     # --quantization fp8 is priced (sim.profiles.with_precision)
-    # tensor parallelism is priced (sim.parallel), with the node's measured all-reduce
+    assert len(fp8) and fp8["ratio"].notna().all()     # --quantization fp8 is priced (sim.cost.profiles.with_precision)
+    # tensor parallelism is priced (sim.cost.parallel), with the node's measured all-reduce
     tp2 = df[df["id"] == "lambda-2xa100-tp2-llama3-8b-median-tpot"].iloc[0]
     assert tp2["ratio"] > 0 and tp2["status"] in ("ok", "off by more than 25%")
     # figures from more than one publisher, each with the exact place it was read
@@ -419,7 +419,7 @@ def test_validate_the_shipped_figures(capsys, tmp_path):
 
 
 def test_validate_refuses_unpriced_dtypes_by_name(tmp_path):
-    from sim.validate import refusal
+    from sim.bench.validate import refusal
     f = {"id": "x", "dtype": "int4-awq", "parallelism": {"tp": 1}}
     assert "int4-awq" in refusal(f)
     assert refusal({"id": "y", "dtype": "bf16", "parallelism": {"tp": 1, "pp": 1}}) is None

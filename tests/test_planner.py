@@ -5,11 +5,11 @@ import json
 
 import numpy as np
 
-from sim.goodput import SLO
-from sim.parallel import load_node
-from sim.pareto import pareto_mask_bruteforce
-from sim.planner import Deployment, deployments, evaluate, frontier
-from sim.profiles import load_hardware, load_model
+from sim.serving.goodput import SLO
+from sim.cost.parallel import load_node
+from sim.search.pareto import pareto_mask_bruteforce
+from sim.search.planner import Deployment, deployments, evaluate, frontier
+from sim.cost.profiles import load_hardware, load_model
 from tests.test_replicas import _shared_jobs
 
 
@@ -113,7 +113,7 @@ def test_plan_writes_the_table_with_its_frontier(tmp_path, capsys):
 @pytest.mark.slow
 def test_plan_on_dask_equals_local():
     pytest.importorskip("distributed")
-    from sim.planner import run_plan
+    from sim.search.planner import run_plan
     m, node = load_model("qwen2.5-32b"), load_node("dgx-h100")
     deps = list(deployments(m, load_hardware(node.gpu), node, 2, ["exact-prefix"], tp_sizes=(1, 2)))
     opts = {"model_preset": "qwen2.5-32b", "node": "dgx-h100", "slo": "e2e=5", "concurrency": 4, "n_requests": 12}
@@ -172,8 +172,8 @@ def test_pareto_of_a_plan_bad_flags_one_line(plan_file, capsys, extra, flag):
 def test_pareto_cost_axis_needs_a_price(tmp_path, capsys):
     import pandas as pd
 
-    from sim.planner import read_plan
-    from sim.sweep import write_parquet
+    from sim.search.planner import read_plan
+    from sim.search.sweep import write_parquet
     out = tmp_path / "plan.parquet"
     assert main(BASE + ["--policies", "exact-prefix", "--tensor-parallel-size", "2", "--requests", "4",
                         "--concurrency", "2", "--out", str(out), "--json"]) == 0

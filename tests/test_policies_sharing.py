@@ -249,9 +249,9 @@ def test_capture_and_live_gate_use_the_one_cosine():
 def test_replay_gives_identical_spans_sigma_one(tmp_path):
     # The synthetic trace's last branch has the root's variant tokens, but its stored
     # cos_last_* columns are 0.95 / below 1 (as an old capture's 1 - 6e-16): replay restores 1.
-    from sim import features
-    from sim.decisions import decide, make_config
-    from sim.synthetic import write_synthetic_trace
+    from sim.workload import features
+    from sim.workload.decisions import decide, make_config
+    from tests.synthetic import write_synthetic_trace
     tf = features.load(str(write_synthetic_trace(tmp_path / "t", n_problems=2, seed=3)))
     for f in tf.problems:
         last = f.B - 1

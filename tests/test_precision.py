@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sim import cost as C
-from sim.profiles import HardwareProfile, OutOfCalibrationError, PresetError, load_hardware, load_model
+from sim.cost import terms as C
+from sim.cost.profiles import HardwareProfile, OutOfCalibrationError, PresetError, load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = load_model("llama-3-8b")

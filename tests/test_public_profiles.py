@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from calibrate import llmcompass, llmservingsim, public_profiles as pp, vidur
-from sim.profiles import (HardwareProfile, OutOfCalibrationError, PresetError, load_hardware, load_model,
+from sim.cost.profiles import (HardwareProfile, OutOfCalibrationError, PresetError, load_hardware, load_model,
                           model_from_manifest)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_fit_recovers_known_coefficients_under_wave_quantisation():
     plain = pp.fit_rows(rows, peak, bw)
     assert abs(plain.eff_c / truth.eff_c - 1.0) > 0.05
     # quantised flops are never below the exact count, and equal it where the tiles fill whole waves
-    from sim.gemm import gemm_wave_flops
+    from sim.cost.gemm import gemm_wave_flops
     n = np.array([1.0, 64.0, 65.0, 128.0, 4224.0])
     fq = gemm_wave_flops(n, 4096, 4096, sms)
     assert np.all(fq >= 2 * n * 4096 * 4096) and fq[3] == fq[2]     # 65 and 128 rows: one 128-row tile
@@ -114,9 +114,9 @@ def test_fit_recovers_known_coefficients_under_wave_quantisation():
 def test_simulator_prices_a_layer_as_the_fit_prices_its_rows():
     """One formula: a one-layer model's linear layers in the simulator (vectorised and scalar paths) cost
     what the fit's row model gives its four matrix products, with and without wave quantisation."""
-    from sim import cost as C
-    from sim.gemm import layer_gemms
-    from sim.profiles import ModelShape
+    from sim.cost import terms as C
+    from sim.cost.gemm import layer_gemms
+    from sim.cost.profiles import ModelShape
 
     sh = pp.LLAMA_3_8B
     m = ModelShape("one-layer", 1, sh.d, sh.H, sh.Hkv, sh.Dh, sh.F, sh.V, 2, False)

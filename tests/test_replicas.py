@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from sim import api
-from sim.engine import Engine
-from sim.goodput import SLO
-from sim.replicas import Replicas, split_job, summary
-from sim.router import make_router
-from sim.workload import Job
+from sim.serving.engine import Engine
+from sim.serving.goodput import SLO
+from sim.serving.replicas import Replicas, split_job, summary
+from sim.serving.router import make_router
+from sim.workload.job import Job
 
 BUNDLED = api.default_trace_path()
 HAS_BUNDLED = (BUNDLED / "manifest.json").is_file()
@@ -17,7 +17,7 @@ HAS_BUNDLED = (BUNDLED / "manifest.json").is_file()
 
 def _capture(monkeypatch, **kw):
     """The engine arguments and records of one api serving run."""
-    import sim.engine as eng
+    import sim.serving.engine as eng
     got = {}
 
     class Capture(Engine):
@@ -87,7 +87,7 @@ def test_split_job_drops_reuse_of_branches_whose_source_went_elsewhere():
 
 
 def test_routing_decides_the_reuse():
-    from sim.profiles import load_hardware, load_model
+    from sim.cost.profiles import load_hardware, load_model
     m, hw = load_model("llama-3-8b"), load_hardware("h100-sxm")
     jobs = _shared_jobs(16)
     out = {}

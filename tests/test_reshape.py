@@ -1,4 +1,4 @@
-"""Workload reshaping (sim/reshape.py): identity, determinism, distributions, layouts, bad specs. No torch."""
+"""Workload reshaping (sim/workload/reshape.py): identity, determinism, distributions, layouts, bad specs. No torch."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from app.cli import main
 from policies import get_policy
-from sim import features
+from sim.workload import features
 from sim.api import Session as api_session
 from sim.api import compare_policies, evaluate, simulate
-from sim.decisions import ConfigError, decide, make_config
-from sim.reshape import MAX_BRANCHES, MAX_GEN_TOKENS, MAX_PREFIX_TOKENS, ReshapeSpec, build_reshaped, reshape_trace
-from sim.synthetic import write_synthetic_trace
+from sim.workload.decisions import ConfigError, decide, make_config
+from sim.workload.reshape import MAX_BRANCHES, MAX_GEN_TOKENS, MAX_PREFIX_TOKENS, ReshapeSpec, build_reshaped, reshape_trace
+from tests.synthetic import write_synthetic_trace
 
 from trace_files import BUNDLED  # noqa: E402
 pytestmark = pytest.mark.skipif(not (BUNDLED / "manifest.json").is_file(), reason="bundled trace missing")
@@ -265,7 +265,7 @@ def test_copies_reuse_under_exact_prefix_what_their_source_does(tf):
 def test_shared_prefix_layout_grows_before_the_variant(tmp_path):
     """A hint-suffix-like prompt ([long shared][variant][short tail]): the shared text before the variant grows,
     so exact prefix reuses nearly all of the new length."""
-    from sim.reshape import reshape_problem
+    from sim.workload.reshape import reshape_problem
 
     tf = features.load(write_synthetic_trace(tmp_path / "t", n_problems=2, n_branches=4, seed=3))
     f = tf.problems[0]
@@ -322,7 +322,7 @@ def test_cli_reshape_flag(capsys):
 
 
 def test_sweep_options_carry_the_spec():
-    from sim.sweep import SweepOptions
+    from sim.search.sweep import SweepOptions
 
     assert SweepOptions(reshape="branches=16").kwargs()["reshape"] == "branches=16,seed=0"
     assert "reshape" not in SweepOptions().kwargs()
@@ -331,7 +331,7 @@ def test_sweep_options_carry_the_spec():
 
 
 def test_sweep_cli_reshape_rows_equal_evaluate(tmp_path):
-    from sim.sweep import read_sweep
+    from sim.search.sweep import read_sweep
 
     out = tmp_path / "s.parquet"
     spec = "prefix_tokens=1024,branches=16"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.goodput import SLO, SLOError, goodput, max_goodput_rate, meets, tpot
-from sim.router import (Arrival, BranchSpread, LeastOutstanding, PrefixAffinity, RoundRobin, RouterError,
+from sim.serving.goodput import SLO, SLOError, goodput, max_goodput_rate, meets, tpot
+from sim.serving.router import (Arrival, BranchSpread, LeastOutstanding, PrefixAffinity, RoundRobin, RouterError,
                         lost_shares, make_router, prefix_hash)
 
 

@@ -1,12 +1,12 @@
-"""The serving scheduler (sim/scheduler.py): iteration composition, chunked prefill, preemption by recompute."""
+"""The serving scheduler (sim/serving/scheduler.py): iteration composition, chunked prefill, preemption by recompute."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from policies.blocks import FIFO, LRU, RSBCM
-from sim.kvcache import BlockManager
-from sim.scheduler import Request, Scheduler, SchedulerConfig, SchedulerError
+from sim.serving.kvcache import BlockManager
+from sim.serving.scheduler import Request, Scheduler, SchedulerConfig, SchedulerError
 
 
 def _comp(out):

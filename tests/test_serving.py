@@ -1,4 +1,4 @@
-"""Serving at capacity: the engine on the scheduler and block manager (sim/engine.py, sim/capacity.py)."""
+"""Serving at capacity: the engine on the scheduler and block manager (sim/serving/engine.py, sim/serving/capacity.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,11 +6,11 @@ import pytest
 
 from app.cli import main
 from sim import api
-from sim.capacity import CapacityError, ServingConfig, activation_reserve, kv_capacity
-from sim.engine import Engine
-from sim.profiles import load_hardware, load_model
-from sim.scheduler import SchedulerConfig
-from sim.workload import Job
+from sim.serving.capacity import CapacityError, ServingConfig, activation_reserve, kv_capacity
+from sim.serving.engine import Engine
+from sim.cost.profiles import load_hardware, load_model
+from sim.serving.scheduler import SchedulerConfig
+from sim.workload.job import Job
 
 from trace_files import BUNDLED, HAS_BUNDLED  # noqa: E402
 UNLIMITED = {"scheduler": "prefill-first", "max_num_seqs": 1 << 20, "max_num_batched_tokens": 1 << 24,
@@ -26,7 +26,7 @@ def syn(syn_factory):
                                            ("cgee", {}), ("rksc", {"tau": 0.8})])
 def test_unlimited_capacity_one_at_a_time_serving_equals_isolated(syn, policy, params):
     """Unlimited KV and token budget, prefill-first, one problem at a time: serving is isolated mode exactly."""
-    from sim.decisions import decide, job_for, make_config
+    from sim.workload.decisions import decide, job_for, make_config
     lt = api.loaded(syn)
     cfg = make_config(policy, params, None)
     keep = range(len(lt.tf.problems))  # plan and block manager cap a whole-prompt hit alike: every problem
@@ -68,7 +68,7 @@ def test_preemption_and_recompute_hand_built():
     res = eng.run()
     st = res.stats
     assert st["preemptions"] == 1 and st["recompute_tokens"] == 4
-    from sim.kvcache import chain_keys
+    from sim.serving.kvcache import chain_keys
     # the first eviction is B's block 1 (A's 4th block); then B, regrowing, evicts 3 of A's cached blocks
     assert res.kv.evicted_log[0] == chain_keys(np.arange(100, 108), 4)[1] and res.kv.evictions == 4
     assert res.timeline_b.max() <= 5 * 4 * m.kv_bytes_per_token
@@ -158,7 +158,7 @@ def test_serve_json_has_the_serving_keys(syn, capsys):
 def test_per_request_latencies_beside_per_problem(syn, replicas):
     """Per-request (per-branch) TTFT/TPOT/ITL percentiles, computed from the engine's token times, beside
     the per-problem figures (a problem's TTFT is the mean over its branches); one replica or several."""
-    from sim.serving_metrics import REQUEST_KEYS
+    from sim.serving.metrics import REQUEST_KEYS
     r = api.simulate(syn, policy="exact-prefix", hardware="h100-sxm", mode="serving",
                      workload={"n_requests": 6, "concurrency": 3}, data_parallel_size=replicas)
     s = r.summary
@@ -173,7 +173,7 @@ def test_per_request_latencies_beside_per_problem(syn, replicas):
 
 
 def test_request_summary_by_hand():
-    from sim.serving_metrics import request_summary
+    from sim.serving.metrics import request_summary
     recs = [{"first_token_times": np.array([1.0, 3.0]), "token_times": [[11.0, 12.0, 14.0], [13.0]]},
             {"first_token_times": np.array([2.0, np.nan]), "token_times": [[5.0, 6.0], []]}]
     s = request_summary(recs)
@@ -195,7 +195,7 @@ def test_rsbcm_scores_reach_the_cache_when_known():
     eng = Engine(m, hw, [(0, job)], caching=True, prompt_ids=[[shared, np.r_[shared[:4], shared[4:]]]],
                  score_at="generation")
     res = eng.run()
-    from sim.kvcache import chain_keys
+    from sim.serving.kvcache import chain_keys
     k0, k1 = chain_keys(shared, 4)
     assert res.kv.cached[k0].score == 0.8 and res.kv.cached[k1].score == 0.8
     own = [b.score for key, b in res.kv.cached.items() if key not in (k0, k1)]

@@ -12,8 +12,8 @@ import pytest
 
 from app.cli import main
 from sim.api import evaluate
-from sim.metrics import SUMMARY_KEYS, roc_auc
-from sim.synthetic import write_synthetic_trace
+from sim.replay.problem_metrics import SUMMARY_KEYS, roc_auc
+from tests.synthetic import write_synthetic_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 from trace_files import BUNDLED, HAS_BUNDLED  # noqa: E402
@@ -146,7 +146,7 @@ def test_golden_baseline_numbers(tmp_path):
 # Re-pinned when exact prefix began to cap its hit at n - 1 tokens (vLLM): a synthetic branch whose whole
 # 48-token prompt matches the root now recomputes its last block instead of 0 tokens. Re-pinned on h200 when
 # h100-sxm became a fit on public operator profiles (its numbers now move with every refit). Re-pinned when
-# eager iterations became bounded below by their host launches (kernels x eager_launch_s, sim.roofline): the
+# eager iterations became bounded below by their host launches (kernels x eager_launch_s, sim.cost.roofline): the
 # synthetic trace's tiny model is launch-bound on h200 (no-kv mean latency 14.36 ms -> 17.22 ms).
 GOLDEN_SHA = "0320a534b9e55ab56f8fa5b2ae000afd2fa550a208dd59fc5b52acfc5df1f7c9"
 

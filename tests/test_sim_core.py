@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sim import cost as C
-from sim import features
+from sim.cost import terms as C
+from sim.workload import features
 from sim.api import evaluate, simulate
-from sim.decisions import ConfigError, decide, job_for, make_config
-from sim.engine import Engine
-from sim.fastpath import FastPath
-from sim.profiles import (HardwareProfile, OutOfCalibrationError, PresetError, list_presets, load_hardware,
+from sim.workload.decisions import ConfigError, decide, job_for, make_config
+from sim.serving.engine import Engine
+from sim.replay.fastpath import FastPath
+from sim.cost.profiles import (HardwareProfile, OutOfCalibrationError, PresetError, list_presets, load_hardware,
                           load_model, model_from_manifest)
-from sim.capacity import CapacityError
-from sim.scheduler import SchedulerConfig
-from sim.workload import Job
+from sim.serving.capacity import CapacityError
+from sim.serving.scheduler import SchedulerConfig
+from sim.workload.job import Job
 
 from trace_files import BUNDLED, HAS_BUNDLED  # noqa: E402
 POLICIES = [("no-kv", {}, None), ("exact-prefix", {}, None), ("asks", {"tau": 0.8}, None),
@@ -247,7 +247,7 @@ def test_fast_path_equals_engine_random_jobs(seed):
 
 
 # The BlockLedger/BlockPool parity tests were removed with the ledger: block policies now run on the
-# serving block manager (sim/kvcache.py) in the engine, whose semantics (referenced blocks are never evicted,
+# serving block manager (sim/serving/kvcache.py) in the engine, whose semantics (referenced blocks are never evicted,
 # a preempted sequence is recomputed) the closed-form fast path does not model. tests/test_serving.py checks
 # the engine under a binding capacity instead (preemption and recompute on a hand-built case).
 

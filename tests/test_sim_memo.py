@@ -99,11 +99,11 @@ def test_targets_of_other_depths_and_theta_units_share_no_wrong_memo():
 def test_the_host_fingerprint_is_read_once_per_session(monkeypatch):
     # every result says whether its profile is this host's; reading /proc/cpuinfo and torch's version per
     # evaluation cost 2-3x the fast path's own time (bench/bench_sim.py)
-    import sim.host
+    import sim.cost.fingerprint
     from sim import api
     calls = []
-    real = sim.host.current_cpu_fingerprint
-    monkeypatch.setattr(sim.host, "current_cpu_fingerprint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = sim.cost.fingerprint.current_cpu_fingerprint
+    monkeypatch.setattr(sim.cost.fingerprint, "current_cpu_fingerprint", lambda *a, **k: calls.append(1) or real(*a, **k))
     s = api.Session()
     for tau in (0.6, 0.7, 0.8):
         r = api.evaluate(s, "asks", {"tau": tau}, hardware="local-cpu")

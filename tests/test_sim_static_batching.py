@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from sim.api import simulate
-from sim.decisions import ConfigError
-from sim.workload import _pad_static, build_job
+from sim.workload.decisions import ConfigError
+from sim.workload.job import _pad_static, build_job
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tree search (RSBCM) in the simulator: sim/tree.py and `rksim tree`. No torch."""
+"""Tree search (RSBCM) in the simulator: sim/replay/tree.py and `rksim tree`. No torch."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.cli import main
-from sim.profiles import load_model
-from sim.tree import BLOCK_POLICIES, TreeError, TreeSpec, _structure, compare_tree, simulate_tree, walk_tree
+from sim.cost.profiles import load_model
+from sim.replay.tree import BLOCK_POLICIES, TreeError, TreeSpec, _structure, compare_tree, simulate_tree, walk_tree
 
 from trace_files import BUNDLED, HAS_BUNDLED  # noqa: E402
 SUFFIX, STOP = [7, 8, 9], [2]
@@ -277,7 +277,7 @@ def test_cli_tree_end_to_end(capsys):
 
 
 def _drive_like_the_runner(spec, policy, budget, bs):
-    """Drive TreeBlocks through its hooks the way calibrate/tree.py does, with token ids standing in for KV.
+    """Drive TreeBlocks through its hooks the way calibrate/real_tree.py does, with token ids standing in for KV.
 
     ``store`` plays the runner's K/V pool, keyed by the manager's physical block id (slot): a block's
     "KV" is the token ids it covers, so an assembled context must equal the sequence itself, and every
@@ -285,7 +285,7 @@ def _drive_like_the_runner(spec, policy, budget, bs):
     out again would hold another block's). Returns the TreeBlocks and the contexts built.
     """
     from policies import get_policy
-    from sim.tree import TreeBlocks, select_frontier
+    from sim.replay.tree import TreeBlocks, select_frontier
 
     parent, depth, ntok, score, toks, children, levels = _structure(spec)
     store: dict = {}
@@ -351,7 +351,7 @@ def _drive_like_the_runner(spec, policy, budget, bs):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_trees(), st.integers(1, 30), st.sampled_from([2, 4, 16]), st.sampled_from(BLOCK_POLICIES))
 def test_hooks_keep_the_runners_kv_in_step(spec, budget, bs, policy):
-    """The runner's hooks (calibrate/tree.py): the KV it holds for every live node is its own tokens, every
+    """The runner's hooks (calibrate/real_tree.py): the KV it holds for every live node is its own tokens, every
     context it assembles from cached and (re)computed blocks is the path's sequence, and the hook-driven walk
     is the trace walk, touch for touch."""
     if budget < _floor(spec, bs):
@@ -368,7 +368,7 @@ def test_huge_budget_and_block_size_bounds():
     """A budget of 10^9 blocks allocates nothing per block (issue 10 item 8); absurd sizes are refused by name."""
     import tracemalloc
     import pytest
-    from sim.tree import TreeError, simulate_tree
+    from sim.replay.tree import TreeError, simulate_tree
     tracemalloc.start()
     r = simulate_tree(None, "rsbcm", budget_blocks=10 ** 9, budget_frac=None)
     _, peak = tracemalloc.get_traced_memory()
@@ -382,7 +382,7 @@ def test_huge_budget_and_block_size_bounds():
 
 def test_tree_refused_when_its_kv_peak_exceeds_the_capacity(tmp_path):
     import pytest
-    from sim.tree import TreeError, simulate_tree
+    from sim.replay.tree import TreeError, simulate_tree
     hw = tmp_path / "tiny.yaml"
     hw.write_text("peak_flops: 1.0e13\nmem_bw: 1.0e11\nmem_capacity: 1.4e9\n")   # weights fit, KV does not
     with pytest.raises(TreeError, match="short"):

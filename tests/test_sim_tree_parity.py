@@ -1,7 +1,7 @@
-"""Decision parity of tree mode: calibrate.tree.run_tree (real model, the serving block manager) vs sim.tree.walk_tree.
+"""Decision parity of tree mode: calibrate.real_tree.run_tree (real model, the serving block manager) vs sim.replay.tree.walk_tree.
 
 The real runner grows a tree on SmolLM2-135M under a block budget; the simulator replays the tree
-it grew. Both drive the one walk (sim.tree.TreeBlocks / select_frontier / unconstrained_budget);
+it grew. Both drive the one walk (sim.replay.tree.TreeBlocks / select_frontier / unconstrained_budget);
 this checks that the runner feeds it the same segments, scores and depths as the trace replay and
 that what it really computes and times follows it: every block touch (block, score, depth, time,
 hit), every eviction, the preemptions, and every operation the runner timed (items of each verify / prefill /
@@ -26,16 +26,16 @@ def lm():
 
 
 def _grow(lm, monkeypatch, policy, budget, D=2, K=2, B=3, S=16):
-    from calibrate import engine as E
+    from calibrate import real_phases as E
     from calibrate.timing import PhaseTimer
-    from calibrate.tree import run_tree
+    from calibrate.real_tree import run_tree
     from policies import get_policy
     from traces import capture_ops as CO
     from traces.capture import _stop_ids
     from traces.datasets import load_dataset
     from traces.workload import WorkloadConfig, build_prompts, verify_suffix_ids, yes_no_ids
 
-    from sim.tree import TreeSpec, select_frontier
+    from sim.replay.tree import TreeSpec, select_frontier
 
     rec: dict = {"gens": [], "scores": []}
 
@@ -89,7 +89,7 @@ def _grow(lm, monkeypatch, policy, budget, D=2, K=2, B=3, S=16):
 
 
 def _same(res, phases, spec, policy, budget):
-    from sim.tree import walk_tree
+    from sim.replay.tree import walk_tree
 
     w = walk_tree(spec, policy, budget_blocks=budget, budget_frac=None)
     tb = w.blocks

@@ -9,8 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from sim import api, features
-from sim.decisions import ConfigError
+from sim import api
+from sim.workload import features
+from sim.workload.decisions import ConfigError
 
 from trace_files import BUNDLED  # noqa: E402
 pytestmark = pytest.mark.skipif(not (BUNDLED / "manifest.json").is_file(), reason="bundled trace not present")

@@ -95,8 +95,53 @@ def test_circle_finder_finds_a_circle():
 
 def test_no_two_modules_import_each_other():
     graph = import_graph()
-    assert graph["sim.api"] >= {"sim.modes", "sim.session", "sim.target", "sim.runconfig"}  # the graph is real
+    assert graph["sim.api"] >= {"sim.replay.modes", "sim.replay.session", "sim.replay.target", "sim.replay.runconfig"}  # the graph is real
     assert circles(graph) == []
+
+
+# sim/'s layers, lowest first (docs/design.md, "sim/'s packages"): a module may import its own package and
+# the layers below it, never one above. errors and options are the floor every layer stands on.
+SIM_LAYERS = [("sim.errors", "sim.options"), ("sim.cost",), ("sim.workload",), ("sim.serving",), ("sim.replay",),
+              ("sim.api",), ("sim.search", "sim.bench")]
+
+
+def sim_layer(mod: str) -> int | None:
+    for i, names in enumerate(SIM_LAYERS):
+        if any(mod == n or mod.startswith(n + ".") for n in names):
+            return i
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``a imports b`` for every sim module ``a`` importing a sim module of a higher layer (or of the other
+    package on its own layer: search and bench do not import each other), or a sim module in no layer."""
+    bad = []
+    for a, deps in sorted(graph.items()):
+        if not a.startswith("sim.") or a == "sim.__init__":
+            continue
+        la = sim_layer(a)
+        if la is None:
+            bad.append(f"{a} is in no layer")
+            continue
+        pa = a.split(".")[1]
+        for b in sorted(deps):
+            if not b.startswith("sim.") or b == "sim":
+                continue
+            lb = sim_layer(b)
+            if lb is None or lb > la or (lb == la and b.split(".")[1] != pa and la > 0):
+                bad.append(f"{a} imports {b}")
+    return bad
+
+
+def test_sim_packages_import_only_downward():
+    graph = import_graph()
+    assert {m.split(".")[1] for m in graph if m.startswith("sim.") and m.count(".") >= 2} == \
+        {"cost", "workload", "serving", "replay", "search", "bench"}
+    assert upward_imports(graph) == []
+    # the check sees an upward arrow when there is one
+    assert upward_imports({"sim.cost.terms": {"sim.serving.engine"}}) == ["sim.cost.terms imports sim.serving.engine"]
+    assert upward_imports({"sim.search.sweep": {"sim.bench.plain"}}) == ["sim.search.sweep imports sim.bench.plain"]
+    assert upward_imports({"sim.replay.tree": {"sim.api"}}) == ["sim.replay.tree imports sim.api"]
 
 
 # ---------------------------------------------------------------------------- one path per simulation
@@ -202,7 +247,7 @@ def test_session_sees_a_trace_recaptured_in_place(tmp_path):
     """Rewriting the trace directory (same path): ``refresh`` reloads the features and forgets every memo."""
     import shutil
 
-    from sim.synthetic import write_synthetic_trace
+    from tests.synthetic import write_synthetic_trace
     path = write_synthetic_trace(tmp_path / "t", n_problems=2, seed=1)
     session = api.Session(path)
     a = api.evaluate(session, "asks", {"tau": 0.8}, hardware="h100-sxm")
@@ -216,7 +261,7 @@ def test_session_sees_a_trace_recaptured_in_place(tmp_path):
 
 
 def test_memo_tables_are_bounded():
-    from sim.session import Memo
+    from sim.replay.session import Memo
     m = Memo(3)
     for i in range(10):
         m[i] = i

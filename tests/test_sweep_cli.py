@@ -10,8 +10,8 @@ import pytest
 
 from app.cli import main
 from sim.api import default_trace_path, evaluate
-from sim.pareto import pareto_mask_bruteforce
-from sim.sweep import read_sweep, single_thread_blas
+from sim.search.pareto import pareto_mask_bruteforce
+from sim.search.sweep import read_sweep, single_thread_blas
 
 TRACE = str(default_trace_path())
 HW = "h100-sxm"  # a shipped preset: these tests do not depend on the local-cpu fit
@@ -192,7 +192,7 @@ def test_bad_trace_and_out(tmp_path, capsys):
 def test_sweep_prints_its_best_row_with_intervals(tmp_path, capsys):
     """The sweep's best configuration by speedup, with the intervals SimResult.intervals gives that row."""
     from sim.api import simulate
-    from sim.intervals import fmt_ci
+    from sim.replay.intervals import fmt_ci
     out = tmp_path / "c.parquet"
     assert main(["sweep", "--trace", TRACE, "--hardware", HW, "--policy", "cgee", "--grid", "tau_conf=0.5,0.7",
                  "--grid", "l_min=20,26", "--quiet", "--out", str(out)]) == 0

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.grid import config_id, parse_grids
-from sim.sweep import SweepOptions, read_sweep, run_sweep, write_parquet
+from sim.search.grid import config_id, parse_grids
+from sim.search.sweep import SweepOptions, read_sweep, run_sweep, write_parquet
 
 distributed = pytest.importorskip("distributed")
 
@@ -55,7 +55,7 @@ GRID = ["tau=0:0.95:0.05", "alpha=0,1,2"]  # 60 configurations
 
 @pytest.fixture(scope="module")
 def client():
-    from sim.dist import open_client
+    from sim.search.dist import open_client
 
     with open_client(workers=2) as c:
         yield c
@@ -131,7 +131,7 @@ def test_parquet_atomic_and_readable_by_pandas_and_dask(tmp_path):
 def test_missing_dask_gives_a_clear_error(monkeypatch):
     import builtins
 
-    from sim import dist
+    from sim.search import dist
 
     real_import = builtins.__import__
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.grid import (DEFAULT_MAX_CONFIGS, Grid, GridError, config_id, parse_grid_arg,
+from sim.search.grid import (DEFAULT_MAX_CONFIGS, Grid, GridError, config_id, parse_grid_arg,
                       parse_grids)
 
 
@@ -107,8 +107,8 @@ def test_product_order_and_ids():
 
 
 def test_policy_params_validated_before_any_work():
-    from sim.sweep import validate_params
-    from sim.tune import DEFAULT_GRIDS, default_grid
+    from sim.search.sweep import validate_params
+    from sim.search.tune import DEFAULT_GRIDS, default_grid
 
     for policy in DEFAULT_GRIDS:  # the default grids name real parameters with valid values
         validate_params(policy, list(default_grid(policy, 30).configs()))

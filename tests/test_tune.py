@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.grid import parse_grids
-from sim.tune import (DEFAULT_GRIDS, TuneSpec, default_grid, split_problems, tune,
+from sim.search.grid import parse_grids
+from sim.search.tune import (DEFAULT_GRIDS, TuneSpec, default_grid, split_problems, tune,
                       violation)
 
 N = 12
@@ -170,7 +170,7 @@ def test_token_policy_notes_and_no_default_refinement():
 
 
 def test_conservative_reads_the_wilson_bound():
-    from sim.intervals import wilson
+    from sim.replay.intervals import wilson
     cons = TuneSpec(max_cgee_error=0.01, conservative=True)
     # 0 errors of 4 problems: the point meets 0.01, the Wilson upper bound (0.49) does not
     assert violation({"cgee_error_rate": 0.0, "n_problems": 4}, TuneSpec(max_cgee_error=0.01), 0.75) == 0.0
@@ -216,7 +216,7 @@ def test_held_out_break_is_reported():
 
 def test_tune_cli_warns_in_one_line(monkeypatch, capsys):
     """``rksim tune`` prints each held-out break as one warning line on stderr."""
-    import sim.tune as T
+    import sim.search.tune as T
     from app.cli import main
     real = T.tune
 

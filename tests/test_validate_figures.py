@@ -9,8 +9,8 @@ from urllib.parse import urlparse
 import numpy as np
 import pytest
 
-from sim import plain
-from sim.validate import FigureError, load_figures, predict, refusal, run_figures, summary
+from sim.bench import plain
+from sim.bench.validate import FigureError, load_figures, predict, refusal, run_figures, summary
 
 FIGS = Path(__file__).resolve().parents[1] / "docs" / "validation" / "published-figures.yaml"
 
@@ -114,7 +114,7 @@ def test_a_run_s_own_send_times_are_replayed(tmp_path):
 
 
 def test_a_poisson_rate_is_vllms_seeded_draw(tmp_path):
-    """request_rate R, seed S: the arrivals are vllm bench serve's draw (sim.plain.arrival_times: gamma(1, 1/R)
+    """request_rate R, seed S: the arrivals are vllm bench serve's draw (sim.bench.plain.arrival_times: gamma(1, 1/R)
     gaps from np.random.RandomState(S), cumulated, the last sent at K / R); the same seed is the same run,
     another seed another run, and replaying those send times as arrival_times_ns gives the same figure."""
     f = _fig(request_rate=2.0, seed=7)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.kvcache import BlockManager
-from sim.scheduler import Request, Scheduler, SchedulerConfig
+from sim.serving.kvcache import BlockManager
+from sim.serving.scheduler import Request, Scheduler, SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "vllm_steps"

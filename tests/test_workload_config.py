@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 
 from sim.errors import ConfigError
-from sim.runconfig import RunConfig
-from sim.workload_config import WORKLOAD_DEFAULTS, Workload
+from sim.replay.runconfig import RunConfig
+from sim.workload.config import WORKLOAD_DEFAULTS, Workload
 
 BAD = [("verify_reuses_kv", 1), ("base_sharing", "lru"), ("block_sharing", "nope"), ("block_size", 0),
        ("block_size", 2.5), ("kv_budget_frac", 0), ("kv_budget_frac", float("nan")), ("kv_budget_blocks", -1),

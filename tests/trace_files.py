@@ -25,7 +25,7 @@ def deterministic_files(root: Path) -> dict[str, bytes]:
 
 
 def _bundled() -> Path:
-    from sim.session import default_trace_path
+    from sim.replay.session import default_trace_path
     return default_trace_path()
 
 

@@ -1,0 +1,612 @@
+"""Plain serving workloads: ``vllm bench serve`` / ``vllm bench throughput`` run through the simulator.
+
+A plain request is one prompt of ``input_len`` tokens and exactly ``output_len`` generated
+tokens: no branches, no gate, no verification pass. Each is a one-branch :class:`sim.workload.job.Job`
+with ``verify_on = False``, served by the same simpy engine (:mod:`sim.serving.engine`), the same
+scheduler (:mod:`sim.serving.scheduler`) and the same block manager (:mod:`sim.serving.kvcache`) as the
+reasoning workload; nothing here schedules.
+
+Workload names, defaults and arithmetic follow vLLM's benchmark code (read, not copied):
+
+* **random dataset** (``vllm/benchmarks/datasets/random.py`` @ 237145ea, ``RandomDataset``):
+  ``rng = numpy.random.default_rng(seed)``; input lengths ``rng.integers(lo_in, hi_in + 1, K)``
+  then output lengths ``rng.integers(lo_out, hi_out + 1, K)`` with
+  ``lo = floor(len (1 - r))``, ``hi = ceil(len (1 + r))``, ``r = --random-range-ratio`` in
+  ``[0, 1)``, output bounds at least 1; a prompt is ``--random-prefix-len`` shared tokens plus
+  its sampled length. vLLM subtracts the tokenizer's special tokens from ``input_len``
+  (``num_special_tokens_to_add``) and the server adds them back; rksim has no tokenizer
+  and takes ``num_special = 0``, so for the same seed it draws vLLM's lengths exactly
+  when that count is 0 (and always when ``r = 0``).
+* **arrivals** (``vllm/benchmarks/serve.py`` @ 009e6d4a, ``get_request``): with
+  ``--request-rate R`` finite, inter-arrival gaps are ``Gamma(shape = B, scale = 1 / (R B))``
+  (``B = --burstiness``; 1 = Poisson), drawn with the global ``numpy.random`` seeded by
+  ``--seed`` (here ``numpy.random.RandomState(seed)``: the same stream), cumulated, then
+  rescaled so the last request is sent at ``K / R``; ``R = inf`` sends all at t = 0.
+  ``--max-concurrency C`` lets at most C requests be outstanding (an asyncio semaphore: a
+  request is *sent*, and its latencies start, when it gets a slot).
+* **metrics** (``calculate_metrics`` there): ``ttft`` = first token - send; ``itl`` = gaps
+  between consecutive tokens; ``tpot = (e2el - ttft) / (output_len - 1)`` for requests with
+  more than one output token; ``e2el`` = last token - send; throughputs over the benchmark
+  duration (t = 0 to the last completion); percentiles ``numpy.percentile`` (linear),
+  reported for ``--metric-percentiles`` (default 99).
+* **offline** (``vllm/benchmarks/throughput.py`` @ 02028314): every request at t = 0,
+  ``elapsed_time``, ``requests_per_second``, ``tokens_per_second`` (prompt + output).
+
+Scheduler defaults per device (``vllm/engine/arg_utils.py`` @ 99d7eb5d,
+``EngineArgs.get_batch_defaults``): a GPU with >= 70 GiB whose name does not contain
+"a100" gets ``max_num_batched_tokens`` 8192 for ``vllm serve`` (OPENAI_API_SERVER) and
+16384 for the offline ``LLM`` class (LLM_CLASS), ``max_num_seqs`` 1024 for both; any other
+GPU 2048 / 8192 and 256 / 256. :data:`OFFLINE_DEFAULTS` holds the ``LLM`` column;
+:data:`sim.serving.capacity.SCHEDULER_DEFAULTS` the server's.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.serving.capacity import GENERIC_DEFAULTS, SCHEDULER_DEFAULTS, ServingConfig, capacity_blocks, kv_capacity
+from sim.cost.fingerprint import host_fields
+from sim.serving.kvcache import check_size
+from sim.workload.job import Job
+
+# vLLM LLM-class (offline) defaults by device; source in the module docstring.
+OFFLINE_DEFAULTS = {
+    "h100-sxm": {"max_num_seqs": 1024, "max_num_batched_tokens": 16384},
+    "h200": {"max_num_seqs": 1024, "max_num_batched_tokens": 16384},
+    "a100-80gb": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+    "l4": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+    "local-cpu": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+}
+OFFLINE_GENERIC = {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
+BLOCK_SIZE = 16                      # vLLM's default --block-size on CUDA
+MAX_PROMPTS = 10_000_000
+MAX_LEN = 1 << 22
+PREFIX_ID_BASE = 1                   # shared prefix token ids are 1..prefix_len (request tokens are negative)
+
+
+class PlainError(ValueError):
+    """A bad plain-workload input (the message names the flag, file or field)."""
+
+
+@dataclass(frozen=True)
+class PlainWorkload:
+    """Per request: ``input_lens`` (prompt tokens, shared prefix included) and ``output_lens``.
+
+    ``prefix_len``: the first tokens of every prompt are the same (exact-prefix caching can hit them).
+    """
+
+    input_lens: np.ndarray
+    output_lens: np.ndarray
+    prefix_len: int = 0
+    source: str = "random"
+
+    def __post_init__(self) -> None:
+        if len(self.input_lens) != len(self.output_lens) or not len(self.input_lens):
+            raise PlainError("workload: input and output lengths must be non-empty and of equal count")
+
+    @property
+    def n(self) -> int:
+        return int(len(self.input_lens))
+
+
+def _int(name: str, v, lo: int, hi: int) -> int:
+    try:
+        return check_size(name, v, lo, hi)
+    except ValueError as exc:
+        raise PlainError(str(exc)) from None
+
+
+def random_workload(num_prompts: int, input_len: int, output_len: int, range_ratio: float = 0.0,
+                    prefix_len: int = 0, seed: int = 0) -> PlainWorkload:
+    """vLLM's ``RandomDataset`` lengths (module docstring), ``num_special = 0``."""
+    K = _int("--num-prompts", num_prompts, 1, MAX_PROMPTS)
+    Li = _int("--random-input-len", input_len, 0, MAX_LEN)
+    Lo = _int("--random-output-len", output_len, 1, MAX_LEN)
+    P = _int("--random-prefix-len", prefix_len, 0, MAX_LEN)
+    r = range_ratio
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0.0 <= r < 1.0:
+        raise PlainError(f"--random-range-ratio: must be in [0, 1), got {r!r}")
+    lo_in, hi_in = math.floor(Li * (1 - r)), math.ceil(Li * (1 + r))
+    lo_out, hi_out = max(math.floor(Lo * (1 - r)), 1), max(math.ceil(Lo * (1 + r)), 1)
+    if P + lo_in < 1:
+        raise PlainError(f"--random-input-len: {Li} with --random-range-ratio {r} and --random-prefix-len {P} "
+                         "can give an empty prompt; the shortest prompt must have at least 1 token")
+    rng = np.random.default_rng(_int("--seed", seed, 0, 2 ** 63 - 1))
+    inp = rng.integers(lo_in, hi_in + 1, size=K)
+    out = rng.integers(lo_out, hi_out + 1, size=K)
+    return PlainWorkload(inp.astype(np.int64) + P, out.astype(np.int64), P, "random")
+
+
+def file_workload(path, num_prompts: int | None = None) -> PlainWorkload:
+    """(input, output) lengths from a file, first ``num_prompts`` rows in order (default all).
+
+    Accepted: CSV with columns ``input_len,output_len`` (or ``prompt_len,output_len``); JSON: a
+    list of ``[input, output]`` pairs or of objects with those keys, or a ``vllm bench serve
+    --save-result --save-detailed`` file (its ``input_lens`` / ``output_lens``); JSON lines of
+    such objects or pairs.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise PlainError(f"--dataset-path: {p}: no such file")
+    text = p.read_text()
+    rows = []
+    try:
+        if p.suffix.lower() == ".csv":
+            rd = csv.DictReader(text.splitlines())
+            cols = rd.fieldnames or []
+            ik = next((c for c in ("input_len", "prompt_len", "input_tokens") if c in cols), None)
+            ok = next((c for c in ("output_len", "output_tokens") if c in cols), None)
+            if ik is None or ok is None:
+                raise PlainError(f"--dataset-path: {p}: CSV needs columns input_len and output_len, has {cols}")
+            rows = [(r[ik], r[ok]) for r in rd]
+        else:
+            if p.suffix.lower() == ".jsonl":
+                data = [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+            else:
+                data = json.loads(text)
+            if isinstance(data, dict) and "input_lens" in data and "output_lens" in data:
+                rows = list(zip(data["input_lens"], data["output_lens"]))
+            elif isinstance(data, list):
+                for i, r in enumerate(data):
+                    if isinstance(r, dict):
+                        ik = next((c for c in ("input_len", "prompt_len", "input_tokens") if c in r), None)
+                        ok = next((c for c in ("output_len", "output_tokens") if c in r), None)
+                        if ik is None or ok is None:
+                            raise PlainError(f"--dataset-path: {p}: row {i} has no input_len/output_len")
+                        rows.append((r[ik], r[ok]))
+                    elif isinstance(r, (list, tuple)) and len(r) == 2:
+                        rows.append(tuple(r))
+                    else:
+                        raise PlainError(f"--dataset-path: {p}: row {i} is not an (input, output) pair")
+            else:
+                raise PlainError(f"--dataset-path: {p}: expected a list of (input, output) lengths or a "
+                                 "vllm bench result with input_lens/output_lens")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PlainError(f"--dataset-path: {p}: not valid JSON: {exc}") from None
+    if not rows:
+        raise PlainError(f"--dataset-path: {p}: no rows")
+    K = len(rows) if num_prompts is None else _int("--num-prompts", num_prompts, 1, MAX_PROMPTS)
+    if K > len(rows):
+        raise PlainError(f"--num-prompts: {K} requested but {p} has {len(rows)} rows")
+    inp, out = np.zeros(K, np.int64), np.zeros(K, np.int64)
+    for i, (a, b) in enumerate(rows[:K]):
+        try:
+            inp[i], out[i] = int(a), int(b)
+        except (TypeError, ValueError):
+            raise PlainError(f"--dataset-path: {p}: row {i}: lengths must be integers, got {a!r}, {b!r}") from None
+        if not 1 <= inp[i] <= MAX_LEN or not 1 <= out[i] <= MAX_LEN:
+            raise PlainError(f"--dataset-path: {p}: row {i}: lengths must be in 1..{MAX_LEN}, got {a}, {b}")
+    return PlainWorkload(inp, out, 0, str(p))
+
+
+def arrival_times(n: int, request_rate: float = math.inf, burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Send times of ``n`` requests as ``vllm bench serve`` schedules them (module docstring)."""
+    R, B = request_rate, burstiness
+    if isinstance(R, bool) or not isinstance(R, (int, float)) or math.isnan(R) or R <= 0:
+        raise PlainError(f"--request-rate: must be > 0 (inf: all at t = 0), got {R!r}")
+    if isinstance(B, bool) or not isinstance(B, (int, float)) or math.isnan(B) or B <= 0:
+        raise PlainError(f"--burstiness: must be > 0, got {B!r}")
+    if math.isinf(R):
+        return np.zeros(n)
+    if math.isinf(B):
+        d = np.full(n, 1.0 / R)
+    else:
+        d = np.random.RandomState(int(seed) % (2 ** 32)).gamma(shape=B, scale=1.0 / (R * B), size=n)
+    t = np.cumsum(d)
+    if t[-1] != 0:
+        t = t * ((n / R) / t[-1])
+    return t
+
+
+def scheduler_defaults(hw_name: str, offline: bool) -> dict:
+    """vLLM's ``max_num_seqs`` / ``max_num_batched_tokens`` for the device (server or offline ``LLM``)."""
+    if offline:
+        return dict(OFFLINE_DEFAULTS.get(hw_name, OFFLINE_GENERIC))
+    return dict(SCHEDULER_DEFAULTS.get(hw_name, GENERIC_DEFAULTS))
+
+
+def plain_job(input_len: int, output_len: int, L: int, bs: int) -> Job:
+    """A one-branch job: ``input_len`` prompt tokens, ``output_len`` sampled, no gate, no verification."""
+    z = np.zeros(1, np.int64)
+    P = np.array([int(input_len)], np.int64)
+    return Job(B=1, L=L, bs=bs, reused=z, computed=P, copy=z, gate=z, source=np.array([-1]),
+               share=np.zeros(1, bool), ctx=P, gen=np.array([int(output_len)], np.int64), own=P.copy(),
+               verify_on=False, v_new=z, v_cached=z, v_layers=np.array([L]), v_probes=z,
+               v_head=np.ones(1, np.int64), v_kv_tokens=z, v_reuse=False, score=np.zeros(1))
+
+
+@dataclass
+class PlainRun:
+    """What one simulated benchmark measured, per request (seconds from the benchmark's start)."""
+
+    workload: PlainWorkload
+    scheduled: np.ndarray     # when each request was due (the rate schedule)
+    start: np.ndarray         # when it was sent (got a concurrency slot)
+    ttft: np.ndarray
+    e2el: np.ndarray
+    itls: list                # per request, the gaps between consecutive tokens
+    duration: float
+    info: dict
+    replica: np.ndarray | None = None   # with data_parallel_size > 1: the replica each request was routed to
+
+
+def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstiness: float = 1.0,
+        max_concurrency: int | None = None, seed: int = 0, serving: ServingConfig | None = None,
+        offline: bool = False, token_policy=None, block_size: int = BLOCK_SIZE,
+        arrivals: np.ndarray | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+        node=None, data_parallel_size: int = 1, router: str = "prefix-affinity",
+        pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False) -> PlainRun:
+    """Serve ``wl`` on ``hw`` through :class:`sim.serving.engine.Engine` and return per-request timings.
+
+    ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
+    offline ``LLM`` column when ``offline``). ``serving.prefix_caching`` switches exact-prefix
+    caching; ``token_policy``: a token eviction policy of :mod:`policies` bounding each
+    request's KV (its decode attends over the policy's cache; scoring costs are charged).
+    ``arrivals``: explicit send schedule (overrides ``request_rate`` / ``burstiness``).
+    ``tensor_parallel_size`` x ``pipeline_parallel_size`` GPUs of ``node`` (None: the node preset of
+    ``hw``'s GPU) serve as one replica: iterations priced by :class:`sim.cost.parallel.ParallelCost`, KV the
+    replica's (:func:`sim.serving.capacity.kv_capacity`), the fitted range checked on one rank's shard; a layout
+    whose weights do not fit is refused naming the smallest that does (:func:`sim.serving.capacity.check_fits`).
+    ``data_parallel_size`` such replicas sit behind ``router`` (:mod:`sim.serving.router`; :func:`_replicated`); one
+    replica is the engine's own driver, unchanged. ``pipeline_schedule`` (PP > 1): ``"overlapped"``, vLLM's
+    up to PP batches in flight, or ``"serial"``, one batch through all stages at a time.
+    ``disable_custom_all_reduce``: vLLM's flag, every tensor-parallel all-reduce priced by NCCL.
+    """
+    from sim.cost.terms import ScalarCost
+    from sim.serving.engine import Engine
+    from sim.cost.graphs import engine_graphs
+    from sim.serving.scheduler import SchedulerConfig
+
+    sv = serving or ServingConfig()
+    if max_concurrency is not None:
+        max_concurrency = _int("--max-concurrency", max_concurrency, 1, MAX_PROMPTS)
+    bs = _int("--block-size", block_size, 1, 4096)
+    d = scheduler_defaults(hw.name, offline)
+    sched = SchedulerConfig(max_num_seqs=int(sv.max_num_seqs or d["max_num_seqs"]),
+                            max_num_batched_tokens=int(sv.max_num_batched_tokens or d["max_num_batched_tokens"]),
+                            policy=sv.scheduler)
+    graphs = engine_graphs(hw, sched.max_num_seqs, sv.enforce_eager)   # vLLM's CUDA graphs (sim.cost.graphs)
+    sv_eff = ServingConfig(**{**sv.to_dict(), "max_num_seqs": sched.max_num_seqs,
+                              "max_num_batched_tokens": sched.max_num_batched_tokens})
+    from sim.serving.capacity import check_fits
+    from sim.cost.parallel import ParallelConfig, ParallelCost, rank_model, stage_layers
+    from sim.replay.target import resolve_node
+    par = ParallelConfig(tensor_parallel_size, pipeline_parallel_size, data_parallel_size, disable_custom_all_reduce)
+    if data_parallel_size > 1:
+        from sim.serving.router import ROUTERS
+        if router not in ROUTERS:
+            raise PlainError(f"--router: {router!r} is not one of {', '.join(ROUTERS)}")
+    nd = resolve_node(node, hw, par)
+    par.validate(model, nd, None)
+    if not par.is_single or model.weight_bytes > hw.mem_capacity:
+        check_fits(model, hw, sv_eff, par, nd)   # names the smallest TP x PP that fits
+    cap = kv_capacity(model, hw, sv_eff, None if par.is_single else par)
+    blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
+    inp, out = wl.input_lens, wl.output_lens
+    shard = model if par.is_single else rank_model(model, par.tensor_parallel_size,
+                                                   max(stage_layers(model.n_layers, par.pipeline_parallel_size)))
+    hw.check_query(shard, max_context=int((inp + out).max()),
+                   max_new=int(min(int(inp.max()), sched.max_num_batched_tokens)), max_batch=0)
+    sched_t = np.zeros(wl.n) if offline else (
+        np.asarray(arrivals, np.float64) if arrivals is not None else
+        arrival_times(wl.n, request_rate, burstiness, seed))
+    L = model.n_layers
+    jobs, ids = [], []
+    memo = {}
+    pre = np.arange(PREFIX_ID_BASE, PREFIX_ID_BASE + wl.prefix_len, dtype=np.int64)
+    for i in range(wl.n):
+        P, T = int(inp[i]), int(out[i])
+        job = plain_job(P, T, L, bs)
+        if token_policy is not None:
+            key = (P, T)
+            if key not in memo:
+                memo[key] = _long_decode(model, hw, token_policy, P, T)
+            job.long = memo[key]
+        jobs.append((i, job))
+        own = -(1 + i * 10 ** 9 + np.arange(P - wl.prefix_len, dtype=np.int64))
+        ids.append([np.concatenate([pre, own]) if wl.prefix_len else own])
+    kw = dict(seed=seed, scheduler=sched, kv_blocks=blocks, caching=bool(sv.prefix_caching) and token_policy is None,
+              max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name, record_token_times=True,
+              cost=(ScalarCost(model, hw, graphs=graphs) if par.is_single
+                    else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule, graphs=graphs)))
+    where = None
+    if par.data_parallel_size == 1:
+        eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency, **kw)
+        res = eng.run()
+        recs = res.records()
+        results = [res]
+    else:
+        keys = [pre if wl.prefix_len else x[0] for x in ids]   # what prefix-affinity hashes: the shared prefix
+        results, recs, where, makespan = _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency,
+                                                     par.data_parallel_size, router, kw)
+    makespan = float(res.makespan) if where is None else makespan
+    start = np.array([r["arrival_s"] for r in recs])
+    ttft = np.array([r["first_token_times"][0] for r in recs])
+    e2el = np.array([r["latency_s"] for r in recs])
+    itls = [np.diff(np.asarray(r["token_times"][0])).tolist() for r in recs]
+    info = {"model": model.name, "hardware": hw.name, "calibration": hw.calibration_note,
+            **host_fields(hw), "calibration_status": hw.calibration_status,
+            "scheduler": sched.to_dict(), "block_size": bs, "kv_capacity_blocks": int(blocks),
+            "kv_capacity_bytes": float(cap["kv_capacity_bytes"]), "capacity_source": cap["capacity_source"],
+            "prefix_caching": bool(sv.prefix_caching) and token_policy is None,
+            "token_policy": getattr(token_policy, "name", None) if token_policy is not None else None,
+            "preemptions": int(sum(x.stats["preemptions"] for x in results)),
+            "max_running_seqs": int(max(x.stats["max_running_seqs"] for x in results)),   # of any one replica
+            "iterations": int(sum(x.iterations for x in results)), "offline": bool(offline),
+            "prefix_hit_tokens": int(sum(r["prefix_hit_tokens"] for r in recs))}
+    info["cuda_graphs"] = "off (eager)" if graphs is None else f"padded to capture sizes up to {graphs.max_size}"
+    if model.quantization or model.kv_cache_dtype:   # stated only when set: a 16-bit run's info is as before
+        info.update({"quantization": model.quantization or None, "kv_cache_dtype": model.kv_cache_dtype or "auto"})
+    info["kv_bytes_per_token"] = int(model.kv_bytes_per_token)
+    if not par.is_single:
+        info.update({"tensor_parallel_size": par.tensor_parallel_size,
+                     "pipeline_parallel_size": par.pipeline_parallel_size, "node": nd.name})
+    if where is not None:
+        info.update({"data_parallel_size": par.data_parallel_size, "router": router,
+                     "kv_capacity_blocks_per_replica": int(blocks)})
+    return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where)
+
+
+def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, router: str, kw: dict):
+    """``n`` replica engines under one clock behind ``router``: each request, when due (and, with
+    ``max_concurrency``, when it holds one of the client's slots, FIFO, as the single engine's driver), is
+    routed on arrival (``outstanding`` = requests in flight per replica, :mod:`sim.serving.router`) and submitted to
+    that replica's engine. Returns ``(engine results, records in request order, replica per request,
+    makespan)``."""
+    import simpy
+
+    from sim.serving.engine import Engine
+    from sim.serving.router import Arrival, make_router
+
+    env = simpy.Environment()
+    # several accelerators must not wait on each other's zero-time steps: one settle step each (sim.serving.replicas)
+    engines = [Engine(model, hw, [], env=env, settle=1, **kw) for _ in range(n)]
+    accs = [e.start() for e in engines]
+    rt = make_router(router, n)
+    outstanding = [0] * n
+    where = np.zeros(len(jobs), np.int64)
+    slots = simpy.Resource(env, capacity=int(max_concurrency)) if max_concurrency else None
+
+    def user(i):
+        t = float(sched_t[i])
+        if t > env.now:
+            yield env.timeout(t - env.now)
+        slot = None
+        if slots is not None:
+            slot = slots.request()
+            yield slot
+        r = int(rt.route(Arrival(i, 0, 1, keys[i]), outstanding))
+        where[i] = r
+        outstanding[r] += 1
+        done = env.event()
+        engines[r].submit(i, jobs[i][0], jobs[i][1], ids[i], done)
+        yield done
+        outstanding[r] -= 1
+        if slot is not None:
+            slots.release(slot)
+
+    for i in range(len(jobs)):
+        env.process(user(i))
+    try:
+        while True:
+            env.step()
+            for a in accs:
+                if a.triggered and not a.ok:
+                    raise a.value
+    except simpy.core.EmptySchedule:
+        pass
+    counts = np.bincount(where, minlength=n)
+    results = [e.result(n_expected=int(c)) for e, c in zip(engines, counts)]
+    by = {}
+    for res in results:
+        for rec in res.records():
+            by[rec["pseq"]] = rec
+    return results, [by[i] for i in range(len(jobs))], where, float(env.now)
+
+
+def _long_decode(model, hw, pol, P: int, T: int):
+    """The :class:`sim.serving.engine.LongDecode` of one request under a token policy: the cache each decode
+    step attends over and the eviction scoring seconds (the same schedule as the reasoning workload's
+    long decodes)."""
+    from sim.replay.mode_token import eviction_schedule
+    from sim.cost.terms import eviction_scoring_terms
+    from sim.serving.engine import LongDecode
+    sizes, events, cands = eviction_schedule(pol, P, P + T)
+    window = max(getattr(pol, "window", 0) or pol.buffer, 1)
+    ev = {t: float(hw.time(eviction_scoring_terms(model, c, window))) for t, c in zip(events, cands)}
+    return LongDecode(P, sizes, ev)
+
+
+# ------------------------------------------------------------------------------------------- results
+def _stats(x, percentiles) -> tuple:
+    a = np.asarray(x, np.float64) if len(x) else np.zeros(1)
+    return (float(np.mean(a)) * 1000, float(np.median(a)) * 1000, float(np.std(a)) * 1000,
+            [(p, float(np.percentile(a, p)) * 1000) for p in percentiles])
+
+
+def _pword(p: float) -> str:
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def serve_result(r: PlainRun, *, percentiles=(99.0,), metrics=("ttft", "tpot", "itl", "e2el"),
+                 request_rate: float = math.inf, burstiness: float = 1.0, max_concurrency: int | None = None,
+                 model_id: str = "", num_prompts: int | None = None, detailed: bool = True,
+                 extra: dict | None = None, slo=None) -> dict:
+    """``vllm bench serve``'s result dictionary (its keys; module docstring) for a simulated run.
+
+    ``slo`` (a :class:`sim.serving.goodput.SLO`): ``request_goodput`` = requests meeting every stated SLO per second
+    of the run, vLLM's ``--goodput`` rule (TPOT ``(e2el - ttft) / (output_len - 1)``, 0 for one output token;
+    a request is good when each stated latency is <= its SLO); None when no SLO is stated. With replicas,
+    ``rksim.per_replica`` holds each replica's requests, throughput, goodput and latency percentiles.
+
+    ``start_times`` are seconds from the benchmark's start (vLLM writes ``perf_counter`` values:
+    only differences matter). ``extra`` keys (rksim's provenance) are added under ``"rksim"``.
+    """
+    wl = r.workload
+    n = wl.n
+    dur = r.duration
+    out_lens = wl.output_lens.tolist()
+    tot_in, tot_out = int(wl.input_lens.sum()), int(wl.output_lens.sum())
+    tpots = [(e - t) / (o - 1) for e, t, o in zip(r.e2el, r.ttft, out_lens) if o > 1]
+    allitl = [x for it in r.itls for x in it]
+    queue = (r.start - r.scheduled).tolist()
+    # peak output tokens per whole second and peak concurrency, as calculate_metrics buckets them
+    tt = [r.start[i] + r.ttft[i] + np.concatenate([[0.0], np.cumsum(r.itls[i])]) for i in range(n)]
+    t0 = float(r.start.min())
+    nsec = int(np.ceil(float((r.start + r.e2el).max()) - t0)) + 1
+    tok = np.bincount(np.clip((np.concatenate(tt) - t0).astype(np.int64), 0, nsec - 1), minlength=nsec)
+    ev = sorted([(s, 1) for s in r.start] + [(s + e, -1) for s, e in zip(r.start, r.e2el)])
+    cur = peak = 0
+    for _, dlt in ev:
+        cur += dlt
+        peak = max(peak, cur)
+    res = {
+        "date": "simulated", "endpoint_type": "rksim", "backend": "rksim", "label": None, "model_id": model_id,
+        "tokenizer_id": None, "num_prompts": int(num_prompts if num_prompts is not None else n),
+        "request_rate": request_rate if request_rate < math.inf else "inf", "burstiness": burstiness,
+        "max_concurrency": max_concurrency,
+        "duration": dur, "completed": n, "failed": 0, "total_input_tokens": tot_in, "total_output_tokens": tot_out,
+        "request_throughput": n / dur, "request_goodput": None, "output_throughput": tot_out / dur,
+        "total_token_throughput": (tot_in + tot_out) / dur,
+        "input_lens": wl.input_lens.tolist(), "output_lens": out_lens, "ttfts": r.ttft.tolist(),
+        "itls": [list(map(float, x)) for x in r.itls], "latencies": r.e2el.tolist(), "start_times": r.start.tolist(),
+        "queue_times": queue, "generated_texts": [""] * n, "errors": [""] * n,
+        "max_output_tokens_per_s": float(tok.max()), "max_concurrent_requests": int(peak), "rtfx": 0.0,
+    }
+    series = {"ttft": r.ttft, "tpot": tpots, "itl": allitl, "e2el": r.e2el}
+    for m in metrics:
+        if m not in series:
+            raise PlainError(f"--percentile-metrics: {m!r} is not one of {', '.join(series)}")
+        mean, med, std, pcts = _stats(series[m], percentiles)
+        res[f"mean_{m}_ms"], res[f"median_{m}_ms"], res[f"std_{m}_ms"] = mean, med, std
+        for p, v in pcts:
+            res[f"p{_pword(p)}_{m}_ms"] = v
+    if not detailed:
+        for k in ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors"):
+            res.pop(k, None)
+    from sim.serving.goodput import goodput, tpot
+    all_tpot = tpot(r.ttft, r.e2el, out_lens)
+    if slo is not None and slo.stated:
+        res["request_goodput"] = goodput(slo, r.ttft, all_tpot, r.e2el, dur)["goodput_rps"]
+    res["rksim"] = {**r.info, **(extra or {}), "slo": None if slo is None or not slo.stated else str(slo)}
+    if r.replica is not None:
+        res["rksim"]["per_replica"] = _per_replica(r, all_tpot, slo, percentiles)
+    return res
+
+
+def _per_replica(r: PlainRun, all_tpot, slo, percentiles) -> list:
+    """Each replica's requests, request throughput and goodput over the whole run's duration, TTFT / TPOT /
+    E2EL mean and percentiles in ms."""
+    from sim.serving.goodput import goodput
+    out = []
+    for k in range(int(r.info["data_parallel_size"])):
+        m = r.replica == k
+        row = {"replica": k, "completed": int(m.sum()),
+               "request_throughput": float(m.sum()) / r.duration if r.duration > 0 else None,
+               "request_goodput": (goodput(slo, r.ttft[m], all_tpot[m], r.e2el[m], r.duration)["goodput_rps"]
+                                   if slo is not None and slo.stated else None),
+               "output_throughput": float(r.workload.output_lens[m].sum()) / r.duration if r.duration > 0 else None}
+        for name, x in (("ttft", r.ttft[m]), ("tpot", all_tpot[m][r.workload.output_lens[m] > 1]), ("e2el", r.e2el[m])):
+            if m.any():
+                mean, med, _, pcts = _stats(x, percentiles)
+                row[f"mean_{name}_ms"], row[f"median_{name}_ms"] = mean, med
+                for p, v in pcts:
+                    row[f"p{_pword(p)}_{name}_ms"] = v
+        out.append(row)
+    return out
+
+
+_HEAD = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
+         "itl": ("ITL", "Inter-token Latency"), "e2el": ("E2EL", "End-to-end Latency")}
+
+
+def format_serve(res: dict, metrics=("ttft", "tpot", "itl", "e2el"), percentiles=(99.0,)) -> str:
+    """vLLM's ``Serving Benchmark Result`` block, then the line saying what produced it."""
+    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
+
+    def row(label, v, f="{:<10}"):
+        lines.append(("{:<40} " + f).format(label, v))
+    row("Successful requests:", res["completed"])
+    row("Failed requests:", res["failed"])
+    if res.get("max_concurrency") is not None:
+        row("Maximum request concurrency:", res["max_concurrency"])
+    if res.get("request_rate") != "inf":
+        row("Request rate configured (RPS):", float(res["request_rate"]), "{:<10.2f}")
+    row("Benchmark duration (s):", res["duration"], "{:<10.2f}")
+    row("Total input tokens:", res["total_input_tokens"])
+    row("Total generated tokens:", res["total_output_tokens"])
+    row("Request throughput (req/s):", res["request_throughput"], "{:<10.2f}")
+    if res.get("request_goodput") is not None:
+        row("Request goodput (req/s):", res["request_goodput"], "{:<10.2f}")
+    row("Output token throughput (tok/s):", res["output_throughput"], "{:<10.2f}")
+    row("Peak output token throughput (tok/s):", res["max_output_tokens_per_s"], "{:<10.2f}")
+    row("Peak concurrent requests:", res["max_concurrent_requests"], "{:<10.2f}")
+    row("Total token throughput (tok/s):", res["total_token_throughput"], "{:<10.2f}")
+    for m in metrics:
+        short, head = _HEAD[m]
+        lines.append("{s:{c}^{n}}".format(s=head, n=50, c="-"))
+        row(f"Mean {short} (ms):", res[f"mean_{m}_ms"], "{:<10.2f}")
+        row(f"Median {short} (ms):", res[f"median_{m}_ms"], "{:<10.2f}")
+        for p in percentiles:
+            row(f"P{_pword(p)} {short} (ms):", res[f"p{_pword(p)}_{m}_ms"], "{:<10.2f}")
+    reps = res["rksim"].get("per_replica")
+    if reps:
+        lines.append("{s:{c}^{n}}".format(s=f"Per replica ({res['rksim'].get('router')})", n=50, c="-"))
+        p = _pword(percentiles[-1]) if percentiles else None
+        for x in reps:
+            good = "" if x["request_goodput"] is None else f", goodput {x['request_goodput']:.2f}"
+            tail = f", P{p} E2EL {x[f'p{p}_e2el_ms']:.0f} ms" if p and f"p{p}_e2el_ms" in x else ""
+            lines.append(f"replica {x['replica']}: {x['completed']} requests, {x['request_throughput']:.2f} req/s"
+                         f"{good}{tail}")
+    lines.append("=" * 50)
+    lines.append(provenance(res["rksim"]))
+    return "\n".join(lines)
+
+
+def provenance(info: dict, run_stats: bool = True) -> str:
+    """One line: which target's costs, under what scheduler, batch and capacity (``run_stats``: and the run's
+    preemptions and most sequences running; off for a line that covers several runs)."""
+    s = info["scheduler"]
+    pol = info.get("token_policy")
+    lay = (f" x TP {info['tensor_parallel_size']} x PP {info['pipeline_parallel_size']} on {info['node']}"
+           if "tensor_parallel_size" in info else "")
+    prec = ", ".join(x for x in ((f"{info['quantization']} weights" if info.get("quantization") else ""),
+                                 (f"{info['kv_cache_dtype']} KV cache" if info.get("kv_cache_dtype", "auto") != "auto"
+                                  else "")) if x)
+    return (f"simulated: model {info['model']}{f' ({prec})' if prec else ''} on {info['hardware']}{lay} "
+            f"({info['calibration']}); scheduler "
+            f"{s['scheduler']}, max_num_seqs {s['max_num_seqs']}, max_num_batched_tokens "
+            f"{s['max_num_batched_tokens']}, KV capacity {info['kv_capacity_blocks']} blocks of "
+            f"{info['block_size']} tokens ({info['kv_capacity_bytes'] / 1e9:.2f} GB), prefix caching "
+            f"{'on' if info['prefix_caching'] else 'off'}" + (f", token policy {pol}" if pol else "")
+            + (f"; {info['data_parallel_size']} replicas behind {info['router']}, each with that capacity"
+               if "data_parallel_size" in info else "")
+            + (f"; SLO {info['slo']}" if info.get("slo") else "")
+            + ((f"; {info['preemptions']} preemptions, at most {info['max_running_seqs']} running"
+                + (" on one replica" if "data_parallel_size" in info else "")) if run_stats else ""))
+
+
+def throughput_result(r: PlainRun) -> dict:
+    """``vllm bench throughput --output-json``'s keys for a simulated offline run."""
+    wl = r.workload
+    tot_out = int(wl.output_lens.sum())
+    tot = int(wl.input_lens.sum()) + tot_out
+    return {"elapsed_time": r.duration, "num_requests": wl.n, "total_num_tokens": tot,
+            "requests_per_second": wl.n / r.duration, "tokens_per_second": tot / r.duration,
+            "output_tokens_per_second": tot_out / r.duration, "total_output_tokens": tot_out,
+            "rksim": dict(r.info)}
+
+
+def format_throughput(res: dict) -> str:
+    """vLLM's offline throughput lines, then the provenance line."""
+    e = res["elapsed_time"]
+    tot_out = res["total_output_tokens"]
+    return (f"Throughput: {res['num_requests'] / e:.2f} requests/s, {res['total_num_tokens'] / e:.2f} total tokens/s, "
+            f"{tot_out / e:.2f} output tokens/s\n"
+            f"Total num prompt tokens:  {res['total_num_tokens'] - tot_out}\n"
+            f"Total num output tokens:  {tot_out}\n" + provenance(res["rksim"]))

@@ -1,0 +1,535 @@
+"""Tensor and pipeline parallelism in the cost model, and the nodes whose interconnect prices it.
+
+Names follow vLLM's flags: ``tensor_parallel_size`` (TP), ``pipeline_parallel_size`` (PP),
+``data_parallel_size`` (replicas; routing is :mod:`sim.serving.router`).
+
+Tensor parallelism (Megatron-LM's split, as vLLM's ``QKVParallelLinear`` / ``MergedColumnParallelLinear``
+/ ``RowParallelLinear`` / ``VocabParallelEmbedding`` / ``ParallelLMHead`` implement it): each of the TP
+ranks holds ``H / TP`` query heads, ``max(1, Hkv / TP)`` KV heads (when ``Hkv < TP`` each KV head is
+*replicated* on ``TP / Hkv`` ranks, vLLM's ``num_kv_head_replicas``), ``F / TP`` of the MLP and ``V / TP``
+of the embedding and LM head; norms are replicated. A rank therefore runs the model of
+:func:`rank_model`, and every decoder layer adds two all-reduces of its activations (after the attention
+output projection and after the MLP down projection; ``t`` tokens, ``d`` hidden, ``s`` bytes)::
+
+    comm_layer = 2 * allreduce(t * d * s, TP)
+
+plus one all-reduce of the embedding output (``VocabParallelEmbedding`` masks the rows of other ranks
+and all-reduces) and the gather of the LM head's logits (``r`` rows of ``V``), priced as half an
+all-reduce of ``r V s`` bytes (a ring all-reduce is a reduce-scatter plus an all-gather). vLLM runs
+these collectives on the compute stream: they add to the iteration, they do not overlap it.
+
+Pipeline parallelism: the ``L`` layers are split into PP stages as vLLM's ``get_pp_indices`` does
+(``L // PP`` each, the remainder one more each on the stages before the last, from the second-to-last
+backwards); the embedding is on the first stage, the final norm, LM head and sampling on the last.
+Between stages the hidden states and the residual (vLLM's ``IntermediateTensors``) are sent::
+
+    send_stage = sendrecv(2 * t * d * s)
+
+One batch of one iteration goes through the stages in order, so its latency is the sum of the stages'
+times (:meth:`ParallelCost.seconds`); vLLM keeps up to PP batches in flight, one per stage, and
+:func:`pipeline_schedule` gives the start and end of each batch through each stage under that rule and
+the bubbles (idle stage time) it leaves. The serving engine (:mod:`sim.serving.engine`) runs that schedule
+(``schedule="overlapped"``, the default): the next batch is formed as soon as stage 0 is free, from
+requests in no in-flight batch; ``schedule="serial"`` prices one batch through all stages at a time.
+
+Collectives are priced from the node (:class:`NodeProfile`): ``t(N) = latency_s + N / bw`` per GPU
+count, fitted on Vidur's measured NCCL profiles (:mod:`calibrate.collectives`), or for a node without a
+measured profile (PCIe-only, e.g. L4) the ring model from the datasheet link bandwidth with a named
+efficiency and latency. On a node whose preset has a ``custom_allreduce`` block (NVLink, all GPUs
+connected), a tensor-parallel all-reduce smaller than vLLM's ``max_size`` is priced as vLLM's own
+``CustomAllreduce`` runs it (one-shot or two-shot kernel, lines fitted on measurements inside CUDA graphs),
+the NCCL lines beyond; ``--disable-custom-all-reduce`` (vLLM's flag) prices every one by NCCL.
+
+At ``TP = PP = 1`` :class:`ParallelCost` *is* :class:`sim.cost.terms.ScalarCost` (it delegates), so a
+single-GPU run is bit-for-bit today's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+
+from sim.cost.terms import ScalarCost
+from sim.cost.profiles import ModelShape, OutOfCalibrationError, PresetError, _read_file, _resolve
+
+TP_SIZES = (1, 2, 4, 8)
+MAX_PP = 64
+MAX_DP = 4096
+# "overlapped": up to PP batches in flight, one per stage (vLLM); "serial": one batch through all stages at a time
+PIPELINE_SCHEDULES = ("overlapped", "serial")
+
+
+class ParallelError(ValueError):
+    """A parallel layout the model, node or GPU budget cannot take (the message names the flag)."""
+
+
+# --------------------------------------------------------------------------- layout
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How one deployment lays a model over GPUs: ``TP x PP`` GPUs per replica, ``DP`` replicas."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    # vLLM's --disable-custom-all-reduce: every tensor-parallel all-reduce through NCCL (NodeProfile.allreduce_seconds)
+    disable_custom_all_reduce: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.disable_custom_all_reduce, bool):
+            raise ParallelError(f"--disable-custom-all-reduce: must be true or false, got "
+                                f"{self.disable_custom_all_reduce!r}")
+        for flag, v, hi in (("--tensor-parallel-size", self.tensor_parallel_size, max(TP_SIZES)),
+                            ("--pipeline-parallel-size", self.pipeline_parallel_size, MAX_PP),
+                            ("--data-parallel-size", self.data_parallel_size, MAX_DP)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+                raise ParallelError(f"{flag}: must be an integer in 1..{hi}, got {v!r}")
+        if self.tensor_parallel_size not in TP_SIZES:
+            raise ParallelError(f"--tensor-parallel-size: must be one of {', '.join(map(str, TP_SIZES))}, "
+                                f"got {self.tensor_parallel_size}")
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_replica * self.data_parallel_size
+
+    @property
+    def is_single(self) -> bool:
+        return self.tensor_parallel_size == 1 and self.pipeline_parallel_size == 1
+
+    def validate(self, model: ModelShape, node: "NodeProfile | None" = None, gpus: int | None = None) -> None:
+        """Refuse a layout the model or the hardware cannot take (vLLM's checks), naming the flag.
+
+        TP must divide the query heads, and the KV heads must divide by TP or TP by them (vLLM's
+        ``QKVParallelLinear``); TP must divide the MLP width and the vocabulary (sharded); PP cannot exceed
+        the layers; TP must fit on one node (tensor parallel collectives are priced intra-node);
+        ``TP x PP x DP`` must not exceed ``gpus``.
+        """
+        tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
+        H, Hkv = model.n_heads, model.n_kv_heads
+        if H % tp:
+            raise ParallelError(f"--tensor-parallel-size: {tp} does not divide {model.name}'s {H} attention heads")
+        if Hkv % tp and tp % Hkv:
+            raise ParallelError(f"--tensor-parallel-size: {tp} and {model.name}'s {Hkv} KV heads: neither divides "
+                                "the other (vLLM shards or replicates whole KV heads)")
+        if model.intermediate_size % tp:
+            raise ParallelError(f"--tensor-parallel-size: {tp} does not divide {model.name}'s MLP width "
+                                f"{model.intermediate_size}")
+        if pp > model.n_layers:
+            raise ParallelError(f"--pipeline-parallel-size: {pp} stages for {model.name}'s {model.n_layers} layers")
+        if node is not None and tp > node.gpus_per_node:
+            raise ParallelError(f"--tensor-parallel-size: {tp} exceeds the {node.gpus_per_node} GPUs of one "
+                                f"{node.name} node (tensor parallelism runs inside a node)")
+        if gpus is not None and self.gpus > gpus:
+            raise ParallelError(f"--data-parallel-size: {self.data_parallel_size} replicas x TP {tp} x PP {pp} "
+                                f"= {self.gpus} GPUs, more than the {gpus} available (--gpus)")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def stage_layers(n_layers: int, pp: int) -> list[int]:
+    """Layers of each pipeline stage, vLLM's ``get_pp_indices`` default partition.
+
+    ``L // PP`` each; the ``L % PP`` extra layers go one each to the stages before the last,
+    starting from the second-to-last (the last stage also runs the final norm and LM head).
+    """
+    if pp < 1 or pp > n_layers:
+        raise ParallelError(f"--pipeline-parallel-size: {pp} stages for {n_layers} layers")
+    parts = [n_layers // pp] * pp
+    for i in range(2, n_layers % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
+def kv_heads_per_rank(n_kv_heads: int, tp: int) -> int:
+    """``Hkv / TP`` when TP divides it, else 1 (the head replicated on ``TP / Hkv`` ranks), as vLLM."""
+    return 1 if tp >= n_kv_heads else n_kv_heads // tp
+
+
+def rank_model(m: ModelShape, tp: int = 1, layers: int | None = None) -> ModelShape:
+    """The shard one TP rank holds (and runs), over ``layers`` layers (default all).
+
+    ``n_heads / TP`` query heads, :func:`kv_heads_per_rank` KV heads, ``F / TP`` MLP width,
+    ``V / TP`` vocabulary rows of the embedding and LM head; ``d`` and the norms whole.
+    ``tp = 1`` and all layers return ``m`` itself.
+    """
+    L = m.n_layers if layers is None else int(layers)
+    if tp == 1 and L == m.n_layers:
+        return m
+    return dataclasses.replace(
+        m, n_layers=L, n_heads=m.n_heads // tp, n_kv_heads=kv_heads_per_rank(m.n_kv_heads, tp),
+        intermediate_size=m.intermediate_size // tp, vocab_size=-(-m.vocab_size // tp),
+        source=f"{m.source or m.name} (one rank of tensor parallel {tp}, {L} layers)")
+
+
+def rank_weight_bytes(m: ModelShape, tp: int, pp: int) -> list[float]:
+    """Weight bytes one GPU of each stage holds: its layers' shards, the embedding shard on the first
+    stage, the LM head shard (unless tied, then the embedding's) and the final norm on the last."""
+    parts = stage_layers(m.n_layers, pp)
+    s = m.dtype_bytes
+    out = []
+    for i, ell in enumerate(parts):
+        r = rank_model(m, tp, ell)
+        b = ell * r.layer_weight_bytes   # linear weights at their (maybe fp8) size, norms at s
+        emb = s * r.vocab_size * m.hidden_size
+        if i == 0:
+            b += emb
+        if i == pp - 1:
+            b += s * m.hidden_size + (emb if not m.tied_embeddings or pp > 1 else 0)
+        out.append(float(b))
+    return out
+
+
+# --------------------------------------------------------------------------- nodes
+@dataclass(frozen=True)
+class NodeProfile:
+    """A node: its GPU's hardware preset, how many, and the interconnect that prices collectives.
+
+    ``collectives`` holds either fitted piecewise lines (``all_reduce: {gpus: [segment, ...]}``,
+    ``send_recv`` and ``send_recv_inter_node``: ``[segment, ...]``; a segment is ``{max_size, latency_s,
+    bw_bytes_per_s}``, ``max_size`` None on the last, open one; :mod:`calibrate.collectives`) or
+    ``model: ring`` with ``link_eff`` and ``latency_s`` (datasheet pricing)::
+
+        ring all-reduce over p GPUs:  t(N) = latency_s + N / (link_eff * link_bw * p / (2 (p - 1)))
+        send/recv:                    t(N) = latency_s + N / (link_eff * link_bw)
+
+    ``custom_allreduce`` (optional; :func:`calibrate.collectives.custom_block`) prices vLLM's
+    ``CustomAllreduce``: ``max_size_bytes`` and ``one_shot_max_bytes`` per GPU count (vLLM's rules; None: one-shot
+    at every size), ``lines: {gpus: {one_shot | two_shot: {latency_s, bw_bytes_per_s}}}`` fitted on per-size
+    measurements inside CUDA graphs, and ``source``. vLLM runs it on more than two GPUs only when they are all
+    NVLink-connected (``custom_all_reduce.py``: "not supported on more than two PCIe-only GPUs"), so a preset
+    whose interconnect is not ``nvlink`` may carry lines for two GPUs at most.
+    """
+
+    name: str
+    gpu: str
+    gpus_per_node: int
+    interconnect: str
+    topology: str
+    link_bw_bytes_per_s: float
+    inter_node_bw_bytes_per_s: float
+    collectives: dict = field(default_factory=dict, compare=False)
+    custom_allreduce: dict = field(default_factory=dict, compare=False)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+            raise PresetError(f"node preset {self.source or self.name}: field 'gpus_per_node' must be a positive "
+                              f"integer, got {self.gpus_per_node!r}")
+        for f in ("link_bw_bytes_per_s", "inter_node_bw_bytes_per_s"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise PresetError(f"node preset {self.source or self.name}: field {f!r} must be a positive number, "
+                                  f"got {v!r}")
+        c = self.collectives or {}
+        if c.get("model") not in (None, "ring"):
+            raise PresetError(f"node preset {self.source or self.name}: collectives.model must be 'ring', "
+                              f"got {c.get('model')!r}")
+        if c.get("model") is None and "all_reduce" not in c:
+            raise PresetError(f"node preset {self.source or self.name}: collectives needs fitted 'all_reduce' lines "
+                              "(python -m calibrate.collectives --write) or 'model: ring'")
+        self._check_custom_allreduce()
+
+    def _check_custom_allreduce(self) -> None:
+        ca = self.custom_allreduce or {}
+        if not ca:
+            return
+        where = f"node preset {self.source or self.name}: custom_allreduce"
+        if not isinstance(ca, dict):
+            raise PresetError(f"{where} must be a mapping, got {ca!r}")
+        for key in ("max_size_bytes", "one_shot_max_bytes", "lines", "source"):
+            if key not in ca:
+                raise PresetError(f"{where} needs {key!r}")
+        for g, per in ca["lines"].items():
+            if str(g) not in {str(k) for k in ca["max_size_bytes"]} or str(g) not in \
+                    {str(k) for k in ca["one_shot_max_bytes"]}:
+                raise PresetError(f"{where}.lines.{g}: no max_size_bytes / one_shot_max_bytes for {g} GPUs")
+            if int(g) > 2 and self.interconnect != "nvlink":
+                raise PresetError(f"{where}.lines.{g}: vLLM disables its custom all-reduce on more than two GPUs "
+                                  f"that are not all NVLink-connected (interconnect {self.interconnect!r})")
+            if not isinstance(per, dict) or not per or set(per) - {"one_shot", "two_shot"}:
+                raise PresetError(f"{where}.lines.{g}: needs one_shot and/or two_shot, got {per!r}")
+            for kind, ln in per.items():
+                for f in ("latency_s", "bw_bytes_per_s"):
+                    v = ln.get(f) if isinstance(ln, dict) else None
+                    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                            or (f == "bw_bytes_per_s" and v <= 0):
+                        raise PresetError(f"{where}.lines.{g}.{kind}.{f}: must be a positive number, got {v!r}")
+
+    def custom_allreduce_line(self, nbytes: float, gpus: int) -> tuple[str, float, float] | None:
+        """``(kernel, latency_s, bw_bytes_per_s)`` of vLLM's custom all-reduce for this message, or None where vLLM
+        would not run it here or no line is measured (then NCCL prices it).
+
+        vLLM (``CustomAllreduce.should_custom_ar``): fewer bytes than ``max_size``; the kernel
+        (``csrc/custom_all_reduce.cuh``): one-shot below ``one_shot_max_bytes`` (always at two GPUs), else two-shot.
+        """
+        ca = self.custom_allreduce or {}
+        g = str(int(gpus))
+        per = (ca.get("lines") or {}).get(g)
+        # (should_custom_ar also wants a multiple of 16 bytes: t d s is one, the hidden sizes being multiples of 8)
+        if not per or nbytes <= 0:
+            return None
+        mx = {str(k): v for k, v in ca["max_size_bytes"].items()}.get(g)
+        if mx is None or nbytes >= mx:
+            return None
+        one = {str(k): v for k, v in ca["one_shot_max_bytes"].items()}.get(g)
+        kind = "one_shot" if one is None or nbytes < one else "two_shot"
+        ln = per.get(kind)
+        if ln is None:
+            return None
+        return kind, float(ln["latency_s"]), float(ln["bw_bytes_per_s"])
+
+    @property
+    def measured(self) -> bool:
+        """True when collectives come from a measured profile, False for the datasheet ring model."""
+        return (self.collectives or {}).get("model") is None
+
+    def _line(self, kind: str, gpus: int, nbytes: float) -> tuple[float, float]:
+        c = self.collectives
+        if c.get("model") == "ring":
+            eff, lat = float(c.get("link_eff", 1.0)), float(c.get("latency_s", 0.0))
+            bw = eff * self.link_bw_bytes_per_s
+            return lat, (bw * gpus / (2.0 * (gpus - 1)) if kind == "all_reduce" else bw)
+        if kind == "all_reduce":
+            lines = c["all_reduce"]
+            ln = lines.get(str(gpus)) or lines.get(gpus)
+            if ln is None:
+                raise OutOfCalibrationError(
+                    f"node {self.name}: no measured all-reduce over {gpus} GPUs (measured: "
+                    f"{', '.join(sorted(map(str, lines), key=int))}); refusing to extrapolate")
+        else:
+            ln = c.get(kind)
+            if ln is None:
+                raise OutOfCalibrationError(f"node {self.name}: no measured {kind} profile")
+        if isinstance(ln, dict):
+            ln = [ln]
+        for seg in ln:
+            if seg.get("max_size") is None or nbytes < seg["max_size"]:
+                break
+        return float(seg["latency_s"]), float(seg["bw_bytes_per_s"])
+
+    def allreduce_seconds(self, nbytes: float, gpus: int, cuda_graph: bool = False, custom: bool = True,
+                          launch_s: float = 0.0) -> float:
+        """One all-reduce of ``nbytes`` over ``gpus`` GPUs of this node, as vLLM runs it; 0 for one GPU or no bytes.
+
+        Where :meth:`custom_allreduce_line` has a line (``custom``: vLLM's custom all-reduce enabled)::
+
+            t = latency + N / bw                  inside a CUDA graph (the lines' own measurement)
+            t = latency + N / bw + launch_s       eager: vLLM first copies the input into its registered buffer
+                                                  (CustomAllreduce.all_reduce, registered=False), one more kernel
+
+        else NCCL's ``latency_k + N / bw_k`` of the size's segment (as measured, whatever ``cuda_graph``).
+        Beyond the largest measured size (64 MiB) the last segment's line continues: the bandwidth-bound regime,
+        where time is linear in size."""
+        if gpus <= 1 or nbytes <= 0:
+            return 0.0
+        if custom:
+            ca = self.custom_allreduce_line(nbytes, gpus)
+            if ca is not None:
+                _, lat, bw = ca
+                return lat + nbytes / bw + (0.0 if cuda_graph else float(launch_s))
+        lat, bw = self._line("all_reduce", gpus, nbytes)
+        return lat + nbytes / bw
+
+    def sendrecv_seconds(self, nbytes: float, inter_node: bool = False) -> float:
+        """One point-to-point transfer of ``nbytes`` between two GPUs (of this node, or of two nodes)."""
+        if nbytes <= 0:
+            return 0.0
+        if inter_node and self.collectives.get("model") != "ring":
+            lat, bw = self._line("send_recv_inter_node", 2, nbytes)
+        elif inter_node:
+            lat, bw = float(self.collectives.get("latency_s", 0.0)), self.inter_node_bw_bytes_per_s
+        else:
+            lat, bw = self._line("send_recv", 2, nbytes)
+        return lat + nbytes / bw
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_NODE_FIELDS = {f.name for f in dataclasses.fields(NodeProfile)} - {"source"}
+_NODE_OPTIONAL = {"name", "custom_allreduce"}     # a node without vLLM's custom all-reduce lines omits the block
+
+
+def load_node(name_or_path: str | os.PathLike) -> NodeProfile:
+    """A :class:`NodeProfile` from a preset name (``sim/presets/nodes``) or a YAML/JSON file path."""
+    try:
+        path = _resolve("nodes", name_or_path)
+    except PresetError as exc:
+        raise PresetError(str(exc).replace("unknown hardware preset", "unknown node preset")) from None
+    data = _read_file(path)
+    unknown = set(data) - _NODE_FIELDS
+    if unknown:
+        raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(_NODE_FIELDS))}")
+    missing = _NODE_FIELDS - set(data) - _NODE_OPTIONAL
+    if missing:
+        raise PresetError(f"{path}: missing field(s) {', '.join(sorted(missing))}")
+    data.setdefault("name", path.stem)
+    for k in ("link_bw_bytes_per_s", "inter_node_bw_bytes_per_s"):
+        if isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
+            try:
+                data[k] = float(data[k])
+            except ValueError:
+                raise PresetError(f"{path}: field {k!r} must be a number, got {data[k]!r}") from None
+    return NodeProfile(source=str(path), **data)
+
+
+# --------------------------------------------------------------------------- pricing
+class ParallelCost:
+    """:class:`sim.cost.terms.ScalarCost`'s interface (``seconds(items)``) for one TP x PP replica.
+
+    Per stage ``k`` (its ``ell_k`` layers), an item that runs ``l`` layers runs
+    ``min(l, b_k) - a_k`` of them there (``[a_k, b_k)`` the stage's layers); its LM-head rows,
+    probes and sampling are priced on the stage holding its last layer. Each stage's compute is a
+    :class:`ScalarCost` of :func:`rank_model` (sampling over the whole vocabulary: vLLM gathers the
+    logits), plus (module docstring)::
+
+        comm_k = sum over the stage's layers j of 2 allreduce(t_j d s, TP)    # t_j: tokens running layer j
+                 + [k = 0] allreduce(t d s, TP) + [logits here] allreduce_nccl(r V s, TP) / 2
+                 + [k < PP - 1] sendrecv(2 t_{b_k} d s)
+
+    ``allreduce`` is :meth:`NodeProfile.allreduce_seconds` with this cost's ``cuda_graph`` (eager: one more
+    kernel, the hardware's ``per_kernel_s``, where vLLM's custom all-reduce runs) and vLLM's custom all-reduce
+    unless ``par.disable_custom_all_reduce``; the logits gather is an NCCL all-gather in vLLM, never custom.
+    ``seconds`` = the sum over stages (one batch through the pipeline); ``stage_seconds`` the list.
+    """
+
+    def __init__(self, m: ModelShape, hw, node: NodeProfile | None, par: ParallelConfig, cuda_graph: bool = False,
+                 delegate_single: bool = True, schedule: str = "overlapped", graphs=None):
+        # graphs (sim.cost.graphs.CudaGraphs): vLLM's per-iteration graph choice; an iteration it replays runs its
+        # all-reduces inside the graph
+        # delegate_single=False runs the staged path even at TP = PP = 1 (the test that it reduces exactly)
+        if schedule not in PIPELINE_SCHEDULES:
+            raise ParallelError(f"--pipeline-schedule: {schedule!r} is not one of {', '.join(PIPELINE_SCHEDULES)}")
+        self.m, self.par, self.node = m, par, node
+        self.cuda_graph = bool(cuda_graph)
+        self.graphs = graphs
+        self.per_kernel_s = float(getattr(hw, "per_kernel_s", 0.0) or 0.0)
+        self.custom_ar = not par.disable_custom_all_reduce
+        # how the engine runs the stages (sim.serving.engine): up to PP batches in flight (vLLM) or one at a time
+        self.pipeline_schedule = schedule
+        self.pp = par.pipeline_parallel_size
+        self.single = par.is_single and delegate_single
+        if self.single:
+            self._one = ScalarCost(m, hw, cuda_graph=cuda_graph, graphs=graphs)
+            self.prices_shared = self._one.prices_shared
+            return
+        if node is None and not par.is_single:
+            raise ParallelError(f"--tensor-parallel-size {par.tensor_parallel_size} --pipeline-parallel-size "
+                                f"{par.pipeline_parallel_size}: a node preset is needed to price the communication")
+        if node is not None:
+            par.validate(m, node)
+        tp, pp = par.tensor_parallel_size, par.pipeline_parallel_size
+        self.tp, self.pp = tp, pp
+        self.parts = stage_layers(m.n_layers, pp)
+        self.bounds = []
+        a = 0
+        for ell in self.parts:
+            self.bounds.append((a, a + ell))
+            a += ell
+        self.stages = [ScalarCost(rank_model(m, tp, ell), hw, cuda_graph=cuda_graph, sample_vocab=m.vocab_size,
+                                  graphs=graphs) for ell in self.parts]
+        self.prices_shared = self.stages[0].prices_shared
+        self.act = float(m.hidden_size * m.dtype_bytes)      # bytes of one token's activations
+        self.logit_row = float(m.vocab_size * m.dtype_bytes)
+        self.inter_node = node is not None and tp * pp > node.gpus_per_node   # stages spill onto other nodes
+
+    def stage_seconds(self, items) -> list[float]:
+        """Seconds of each stage for one batch (compute, its collectives, and the send to the next stage)."""
+        if self.single:
+            return [self._one.seconds(items)]
+        L = self.m.n_layers
+        node, tp = self.node, self.tp
+        out = []
+        last = len(self.bounds) - 1
+        graphed = self.cuda_graph or (self.graphs is not None and
+                                      self.graphs.padded(sum(float(it[0]) for it in items if it[0] > 0)) is not None)
+        ar = dict(cuda_graph=graphed, custom=self.custom_ar, launch_s=0.0 if graphed else self.per_kernel_s)
+        for k, ((a, b), sc) in enumerate(zip(self.bounds, self.stages)):
+            sub = []
+            runs = []        # (layers run here, tokens) of items with work here
+            rows = 0.0
+            for it in items:
+                n, c, ell, p, g, copy = it[:6]
+                ell = L if ell is None else ell
+                here = min(ell, b) - a
+                ends_here = a < ell <= b or (ell == 0 and k == last)
+                if here <= 0 and not ends_here:
+                    continue
+                here = max(here, 0)
+                if ends_here:
+                    sub.append((n, c, here, p, g, copy) + tuple(it[6:8]))
+                    if n > 0:
+                        rows += g   # LM-head rows whose logits are gathered across the TP ranks
+                else:
+                    # passes through: no head, probes or sampling on this stage
+                    sub.append((n, c, here, 0.0, 0.0, copy, 0.0) + tuple(it[7:8]))
+                if n > 0 and here > 0:
+                    runs.append((here, float(n)))
+            t = sc.seconds(sub) if sub else 0.0
+            if tp > 1 and runs:
+                # two all-reduces per layer over the tokens still running that layer
+                depth = sorted({h for h, _ in runs})
+                prev = 0
+                for h in depth:
+                    tok = sum(nn for hh, nn in runs if hh >= h)
+                    t += 2.0 * (h - prev) * node.allreduce_seconds(tok * self.act, tp, **ar)
+                    prev = h
+                if k == 0:
+                    t += node.allreduce_seconds(sum(nn for _, nn in runs) * self.act, tp, **ar)
+                if rows > 0:
+                    # tensor_model_parallel_gather: NCCL, not the custom all-reduce
+                    t += 0.5 * node.allreduce_seconds(rows * self.logit_row, tp, custom=False)
+            if k < last:
+                tok_next = sum(float(it[0]) for it in items if it[0] > 0 and (L if it[2] is None else it[2]) > b)
+                if tok_next > 0:
+                    t += node.sendrecv_seconds(2.0 * tok_next * self.act, inter_node=self.inter_node)
+            out.append(t)
+        return out
+
+    def seconds(self, items) -> float:
+        """One batch through every stage (bit-for-bit :class:`ScalarCost` at TP = PP = 1)."""
+        if self.single:
+            return self._one.seconds(items)
+        return float(sum(self.stage_seconds(items)))
+
+
+def pipeline_schedule(stage_times, in_flight: int | None = None, release=None) -> dict:
+    """Start/end of batches through PP stages, one batch per stage at a time (vLLM's pipeline).
+
+    ``stage_times[j][k]``: seconds of batch ``j`` on stage ``k``; batches enter in order, at most
+    ``in_flight`` (default PP, vLLM's one batch per stage) in the pipe at once, and not before
+    ``release[j]`` (default 0: when the batch could be formed; the engine's batches wait for work)::
+
+        start_j0 = max(end_{j-1,0}, end_{j-in_flight, PP-1}, release_j)
+        end_jk   = max(end_{j,k-1}, end_{j-1,k}) + t_jk         (start_jk = end_jk - t_jk)
+
+    Returns ``{"start": [[...]], "end": [[...]], "makespan", "busy" (per stage), "bubble_fraction"
+    (per stage: idle share of the makespan)}``.
+    """
+    T = [list(map(float, row)) for row in stage_times]
+    if not T:
+        return {"start": [], "end": [], "makespan": 0.0, "busy": [], "bubble_fraction": []}
+    S = len(T[0])
+    if any(len(r) != S for r in T):
+        raise ValueError("pipeline_schedule: every batch needs one time per stage")
+    q = S if in_flight is None else int(in_flight)
+    if q < 1:
+        raise ValueError(f"pipeline_schedule: in_flight must be >= 1, got {q}")
+    start = [[0.0] * S for _ in T]
+    end = [[0.0] * S for _ in T]
+    for j, row in enumerate(T):
+        for k, t in enumerate(row):
+            ready = end[j][k - 1] if k else max(end[j - q][S - 1] if j >= q else 0.0,
+                                                 float(release[j]) if release is not None else 0.0)
+            free = end[j - 1][k] if j else 0.0
+            start[j][k] = max(ready, free)
+            end[j][k] = start[j][k] + t
+    span = end[-1][S - 1]
+    busy = [sum(r[k] for r in T) for k in range(S)]
+    return {"start": start, "end": end, "makespan": span, "busy": busy,
+            "bubble_fraction": [1.0 - b / span if span > 0 else 0.0 for b in busy]}

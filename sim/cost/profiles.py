@@ -1,0 +1,640 @@
+"""Model shapes and hardware profiles: the cost model's two inputs.
+
+Presets are YAML (or JSON) files under ``sim/presets/models`` and
+``sim/presets/hardware``; every value carries its public source in a comment.
+Users add their own by passing a file path instead of a name, or by pointing
+``RKSIM_PRESETS`` at a directory holding ``models/*.yaml`` and/or
+``hardware/*.yaml`` (user files shadow the shipped ones of the same name).
+
+Profiles a user fits (``rksim calibrate fit``, ``rksim calibrate host``) live
+outside the package, in the *user profile directory*
+(:func:`user_profile_dir`: ``$RKSIM_PROFILE_DIR``, else
+``$XDG_CONFIG_HOME/rksim``, else ``~/.config/rksim``; profiles in its
+``hardware/``). A name resolves from ``RKSIM_PRESETS``, then the user profile
+directory, then the package: a user's fit shadows a shipped preset of the same
+name and never overwrites it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.errors import OutOfCalibrationError, PresetError  # defined there: sim.cost.fingerprint and sim.cost.ranges raise them too
+from sim.cost.roofline import ROOFLINES, seconds
+
+PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"   # sim/presets
+USER_PRESETS_ENV = "RKSIM_PRESETS"
+PROFILE_DIR_ENV = "RKSIM_PROFILE_DIR"
+
+
+def user_profile_dir() -> Path:
+    """Where a user's fitted profiles go: ``$RKSIM_PROFILE_DIR``, ``$XDG_CONFIG_HOME/rksim`` or ``~/.config/rksim``."""
+    d = os.environ.get(PROFILE_DIR_ENV)
+    if d:
+        return Path(d)
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".config") / "rksim"
+
+
+# --------------------------------------------------------------------------- model
+@dataclass(frozen=True)
+class ModelShape:
+    """Shape of a decoder-only transformer with a gated MLP (Llama/Qwen/Mistral family).
+
+    Parameters per decoder layer (norm weights included)::
+
+        P_layer = d*(H*Dh) + 2*d*(Hkv*Dh) + (H*Dh)*d + 3*d*F + 2*d
+
+    (q, k, v, o projections; gate, up, down of the gated MLP; two RMSNorms).
+    """
+
+    name: str
+    n_layers: int
+    hidden_size: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int
+    tied_embeddings: bool
+    source: str = ""
+    dtype: str = ""   # torch dtype name when known (a trace manifest); presets give only dtype_bytes
+    quantization: str = ""     # vLLM's --quantization: "" (the weights' own dtype) or "fp8" (QUANTIZATIONS)
+    kv_cache_dtype: str = ""   # vLLM's --kv-cache-dtype: "" / "auto" (dtype_bytes) or fp8 (KV_CACHE_DTYPES)
+
+    def __post_init__(self) -> None:
+        for f in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim",
+                  "intermediate_size", "vocab_size", "dtype_bytes"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
+                raise PresetError(f"model preset {self.source or self.name}: field {f!r} must be a positive integer, got {v!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise PresetError(f"model preset {self.source or self.name}: n_heads must be a multiple of n_kv_heads")
+        if self.quantization not in QUANTIZATIONS:
+            raise PresetError(f"model {self.name}: --quantization {self.quantization!r} is not priced; "
+                              f"one of: {', '.join(q for q in QUANTIZATIONS if q)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise PresetError(f"model {self.name}: --kv-cache-dtype {self.kv_cache_dtype!r} is not priced; "
+                              f"one of: {', '.join(k for k in KV_CACHE_DTYPES if k)}")
+
+    def with_precision(self, quantization: str | None = None, kv_cache_dtype: str | None = None) -> "ModelShape":
+        """The model served with vLLM's ``--quantization`` / ``--kv-cache-dtype`` (None or "": unchanged).
+
+        ``fp8``: every linear layer's weight is one byte (vLLM's ``Fp8LinearMethod``; embeddings, norms
+        and the LM head stay in ``dtype_bytes``, as vLLM quantises only ``LinearBase`` layers); an fp8
+        KV cache stores one byte per element (``fp8`` = ``fp8_e4m3``; ``fp8_e5m2``). Anything else is
+        refused by name (a :class:`PresetError` naming the flag).
+        """
+        q = _CANON_QUANT.get(str(quantization or "").lower(), str(quantization or ""))
+        k = str(kv_cache_dtype or "").lower()
+        k = "" if k == "auto" else k
+        for flag, v, ok in (("--quantization", q, QUANTIZATIONS), ("--kv-cache-dtype", k, KV_CACHE_DTYPES)):
+            if v not in ok:
+                raise PresetError(f"{flag} {v!r} is not priced (one of: {', '.join(x for x in ok if x)}"
+                                  f"{', auto' if flag == '--kv-cache-dtype' else ''}); int4/AWQ/GPTQ, MXFP4 and "
+                                  "NVFP4 run other kernels the cost model does not hold")
+        if not q and not k:
+            return self
+        return dataclasses.replace(self, quantization=q or self.quantization, kv_cache_dtype=k or self.kv_cache_dtype)
+
+    @property
+    def weight_elem_bytes(self) -> int:
+        """Bytes per element of the linear layers' weights: 1 under ``quantization: fp8``, else ``dtype_bytes``."""
+        return 1 if self.quantization == "fp8" else self.dtype_bytes
+
+    @property
+    def kv_elem_bytes(self) -> int:
+        """Bytes per KV-cache element: 1 under an fp8 ``kv_cache_dtype``, else ``dtype_bytes``."""
+        return 1 if self.kv_cache_dtype.startswith("fp8") else self.dtype_bytes
+
+    @property
+    def layer_weight_bytes(self) -> int:
+        """Weight bytes of one decoder layer: ``w (P - 2 d) + s 2 d`` (linear weights at ``w`` bytes, the two
+        norms at ``s``); ``s P`` when the weights are not quantised."""
+        d = self.hidden_size
+        return self.weight_elem_bytes * (self.params_per_layer - 2 * d) + self.dtype_bytes * 2 * d
+
+    @property
+    def params_per_layer(self) -> int:
+        d, H, Hkv, Dh, F = self.hidden_size, self.n_heads, self.n_kv_heads, self.head_dim, self.intermediate_size
+        return d * H * Dh + 2 * d * Hkv * Dh + H * Dh * d + 3 * d * F + 2 * d
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.hidden_size * self.vocab_size
+
+    @property
+    def weight_bytes(self) -> int:
+        """All weights: layers + final norm + embeddings (+ separate LM head unless tied)."""
+        emb = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+        return self.n_layers * self.layer_weight_bytes + self.dtype_bytes * (emb + self.hidden_size)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """``2 * L * Hkv * Dh * s_kv``: K and V of one token over all layers (``s_kv`` = :attr:`kv_elem_bytes`)."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.kv_elem_bytes
+
+    @property
+    def dtype_name(self) -> str:
+        """``dtype`` if known, else a name from ``dtype_bytes`` (2 bytes: ``bfloat16``, the presets' dtype)."""
+        return self.dtype or {4: "float32", 2: "bfloat16", 1: "int8", 8: "float64"}.get(self.dtype_bytes, "")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for k in ("quantization", "kv_cache_dtype"):   # stated only when set: a 16-bit model's dict is as before
+            if not d[k]:
+                d.pop(k)
+        return d
+
+
+# vLLM's --quantization and --kv-cache-dtype values the cost model prices ("" = the model's own dtype)
+QUANTIZATIONS = ("", "fp8")
+KV_CACHE_DTYPES = ("", "fp8", "fp8_e4m3", "fp8_e5m2")
+_CANON_QUANT = {"none": "", "fp8_e4m3": "fp8", "float8": "fp8"}
+
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2,
+                "bfloat16": 2, "bf16": 2, "float64": 8, "int8": 1,
+                "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "fp8": 1,
+                "fp8_e4m3": 1, "fp8_e5m2": 1}
+_CANON_DTYPE = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
+                "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+# Dtypes no profile prices unless its fitted_range lists them: a GPU preset's peak_flops is the 16-bit
+# tensor-core rate, and 8-/4-bit formats run at other rates with scale traffic the cost model does not count.
+UNPRICED_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "int8", "int4", "uint4",
+                   "fp4", "nvfp4", "mxfp4", "float4_e2m1fn_x2")
+
+
+def model_from_manifest(manifest: dict) -> ModelShape:
+    """The shape of the model that produced a trace (``manifest.json`` ``model``)."""
+    m = manifest.get("model") or {}
+    try:
+        dtype = str(m.get("dtype", "float32")).replace("torch.", "")
+        if dtype not in _DTYPE_BYTES:
+            raise PresetError(f"manifest.json: model.dtype: unknown dtype {dtype!r}")
+        name = str(m.get("name", "trace-model"))
+        tied = m.get("tied_embeddings")
+        if tied is None:
+            # The manifest does not record tying: take it from a shipped preset of the same model.
+            tied = False
+            low = name.lower()
+            for pname in list_presets("models"):
+                pm = _read_file(_preset_path("models", pname))
+                if str(pm.get("hf_id", "")).lower() in low or pname in low.replace("-instruct", ""):
+                    tied = bool(pm.get("tied_embeddings", False))
+                    break
+            else:
+                if "smollm2" in low:
+                    tied = True
+        return ModelShape(
+            name=name, n_layers=int(m["n_layers"]), hidden_size=int(m["hidden_size"]),
+            n_heads=int(m["n_heads"]), n_kv_heads=int(m["n_kv_heads"]), head_dim=int(m["head_dim"]),
+            intermediate_size=int(m["intermediate_size"]), vocab_size=int(m["vocab_size"]),
+            dtype_bytes=_DTYPE_BYTES[dtype], tied_embeddings=bool(tied), source="trace manifest",
+            dtype=_CANON_DTYPE.get(dtype, dtype))
+    except KeyError as exc:
+        raise PresetError(f"manifest.json: model.{exc.args[0]}: missing (needed for the cost model)") from None
+
+
+# --------------------------------------------------------------------------- hardware
+DECODE_ATTENTION = ("paged", "padded")
+# HardwareProfile.fp8_weights: FP8 GEMMs on FP8 tensor cores (Hopper, Ada) or FP8 weights dequantised into
+# 16-bit GEMMs (vLLM's FP8 Marlin on Ampere); None: --quantization fp8 refused
+FP8_WEIGHTS = (None, "w8a8", "w8a16")   # HardwareProfile.decode_attention (sim.cost.terms, "Padded decode attention")
+UNCALIBRATED_NOTE = "uncalibrated: datasheet numbers with assumed efficiencies"
+# What a profile's coefficients stand on: datasheet peaks with assumed efficiencies; fitted on public
+# per-operator profiles of the device (not end to end); fitted end to end on measured runs on this device
+# (``calibrated``); fitted on a trace capture's phases (``provisional``).
+CALIBRATION_STATUSES = ("datasheet", "public-profiles", "end-to-end", "provisional")
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """An accelerator for the roofline cost model.
+
+    The time of an operation with terms (see :class:`sim.cost.terms.OpTerms`) is::
+
+        t = roof + kernels * per_kernel_s + graph_kernels * per_kernel_graph_s + layers * per_layer_s
+              + samples * sample_s_per_vocab + iters * host_per_iter_s
+
+    with ``rc = peak_flops * eff_c``, ``rm = mem_bw * eff_m`` and ``roof`` either the
+    whole-iteration roofline (``roofline: iteration``, the default)::
+
+        roof = max(flops / rc, bytes / rm)
+
+    which assumes compute-bound matrix products and memory-bound attention of one
+    iteration overlap perfectly, or the per-operator roofline (``roofline: operator``,
+    GenZ's)::
+
+        roof = sum_op max(flops_op / rc, bytes_op / rm) + b_elem / (mem_bw * eff_elem)
+
+    over the operator groups (linear layers, attention, LM head / probes, the rest),
+    plus the element-wise traffic (norms, RoPE, activation, residual adds) that the
+    whole-iteration form treats as fused away. ``samples`` counts vocabulary entries
+    sorted by top-p sampling (rows sampled x V), ``iters`` forward calls (host time per
+    iteration); ``per_kernel_graph_s`` (None: ``per_kernel_s``) prices kernels replayed
+    from a CUDA graph.
+
+    Matrix-vector regime: the weight bytes of a forward with a single token row
+    (``b_lin_mv``, ``b_head_mv``: BLAS's GEMV path) are read at ``mem_bw * eff_mv``
+    instead of ``rm`` (None: ``eff_m``, off). In the per-operator roofline the linear
+    and LM-head operators become ``max(f / rc, (b - b_mv) / rm + b_mv / rmv)``; in the
+    whole-iteration one ``roof = max(flops / rc, (bytes - b_mv) / rm + b_mv / rmv)``.
+
+    Small-M path (``gemm_row_block`` = ``mr``, ``gemm_small_m_max`` = ``m_small``; None: off):
+    an iteration of ``2 <= rows <= m_small`` token rows (``rows``, :mod:`sim.cost.terms`) streams
+    the linear and LM-head weights ``ceil(rows / mr)`` times at ``mem_bw * eff_mv``, the
+    matrix-vector rate (one row is the case ``mr >= 1``): ``(b_lin - b_sm) / rm +
+    ceil(rows / mr) b_sm / rmv`` with ``b_sm = b_lin`` in that range. Above ``m_small`` the GEMM
+    packs the weights and the roofline of the matrix-matrix regime applies.
+
+    Attention at its own efficiencies: the attention operator's flops (``f_att``) run at
+    ``ra = peak_flops * eff_att`` and its KV traffic (``b_att``) at ``rkv = mem_bw * eff_kv``
+    (None: ``eff_c`` / ``eff_m``, the same formula as without them). A fused attention
+    kernel is neither a GEMM nor a weight stream: on a CPU, eager SDPA with grouped-query
+    heads expands and copies the KV every step; on an A100, Vidur's profile reads decode
+    KV at about 1.1 TB/s where the weight stream reaches 1.6. In the per-operator roofline
+    the attention term becomes ``max(f_att / ra, b_att / rkv)``; in the whole-iteration
+    one ``roof = max((flops - f_att) / rc + f_att / ra, (bytes - b_mv - b_att) / rm
+    + b_mv / rmv + b_att / rkv)``.
+
+    Shared KV reads (``eff_kv_shared``; None: off): the part ``b_kv_shared`` of ``b_att``
+    re-read from blocks another item of the iteration reads too (:mod:`sim.cost.terms`) runs at
+    ``rks = mem_bw * eff_kv_shared``: ``b_att / rkv`` above becomes ``(b_att - b_kv_shared) / rkv
+    + b_kv_shared / rks``.
+
+    Padded decode attention (``decode_attention: padded``; ``paged``, the default, is vLLM's
+    kernel): one-token rows attend in one call padded to their longest context, so the
+    attention term adds ``f_att_pad`` to ``f_att`` and ``b_att_pad / rkv`` to its KV time
+    (:mod:`sim.cost.terms`). The CPU loop that ``calibrate`` measures runs that kernel.
+
+    Wave quantisation (``sm_count``, the datasheet's SM count; None: off; per-operator
+    roofline only): each matrix product's compute is whole waves of ``sm_count`` CTA tiles,
+    ``F_q = ceil(tiles / sm) sm tm tn 2 K`` (:func:`sim.cost.gemm.gemm_wave_flops`, fixed
+    cuBLAS-like tiles), and the linear layers and LM head become one roofline per product
+    (:func:`sim.cost.gemm.wave_linear_head`), which needs the model's shape: :meth:`time` takes
+    ``model``.
+
+    ``fitted_range`` (None for analytical datasheet profiles) bounds the
+    queries a *fitted* profile may answer: ``max_context_tokens``,
+    ``max_new_tokens`` (tokens of one forward item), ``max_batch``, ``models``
+    (names of the models it was fitted on), ``device`` and ``dtypes`` (what the
+    measurements ran on). Anything outside is refused.
+
+    ``calibrated`` is True only for a profile fitted end to end on measured runs;
+    ``calibration_status`` (one of :data:`CALIBRATION_STATUSES`; empty: derived from
+    ``calibrated`` / ``provisional``, else ``datasheet``) tells ``datasheet``,
+    ``public-profiles`` and ``end-to-end`` apart; :attr:`calibration_note` says in words
+    what the numbers are.
+    """
+
+    name: str
+    peak_flops: float
+    mem_bw: float
+    mem_capacity: float
+    eff_c: float = 1.0
+    eff_m: float = 1.0
+    per_kernel_s: float = 0.0
+    per_layer_s: float = 0.0
+    calibrated: bool = False
+    provisional: bool = False
+    fitted_range: dict | None = None
+    source: str = ""
+    sample_s_per_vocab: float = 0.0
+    host_per_iter_s: float = 0.0
+    per_kernel_graph_s: float | None = None
+    roofline: str = "iteration"
+    eff_elem: float | None = None   # element-wise kernels' fraction of bandwidth (None: eff_m); operator roofline only
+    eff_mv: float | None = None     # matrix-vector products' (one token row) fraction of bandwidth (None: eff_m)
+    eff_att: float | None = None    # attention's (QK^T, AV) fraction of peak flops (None: eff_c)
+    eff_kv: float | None = None     # attention's KV traffic's fraction of bandwidth (None: eff_m)
+    eff_kv_shared: float | None = None  # KV re-read from blocks another item of the iteration read (None: eff_kv)
+    decode_attention: str = "paged"     # DECODE_ATTENTION: paged (vLLM) or padded to the longest context (CPU loop)
+    calibration_status: str = ""    # CALIBRATION_STATUSES; "" = derived from calibrated / provisional
+    gemm_row_block: int | None = None      # rows per weight pass of the small-M path (None: only 1 row is)
+    gemm_small_m_max: int | None = None    # most token rows the small-M path takes (None: every count)
+    sm_count: int | None = None     # streaming multiprocessors (datasheet): matrix products wave-quantised (None: off)
+    cuda_graphs: bool = False       # the engine replays CUDA graphs (vLLM V1 on a CUDA GPU): sim.cost.graphs
+    eager_launch_s: float = 0.0     # host seconds to launch one kernel eagerly: bounds an eager iteration from below
+    fp8_weights: str | None = None  # FP8_WEIGHTS: how --quantization fp8 runs here (None: refused)
+    peak_flops_fp8: float | None = None   # FP8 tensor-core peak, dense (datasheet); needed by fp8_weights: w8a8
+    eff_c_fp8: float | None = None  # FP8 matrix products' fraction of peak_flops_fp8 (None: eff_c's fraction)
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for f in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
+                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive number, got {v!r}")
+        for f in ("eff_elem", "eff_mv", "eff_att", "eff_kv", "eff_kv_shared", "peak_flops_fp8", "eff_c_fp8"):
+            v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0):
+                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
+                                  f"number or null, got {v!r}")
+        for f in ("gemm_row_block", "gemm_small_m_max", "sm_count"):
+            v = getattr(self, f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
+                                  f"integer or null, got {v!r}")
+        for f in ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s",
+                  "eager_launch_s"):
+            v = getattr(self, f)
+            if v is None and f == "per_kernel_graph_s":
+                continue
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v < 0:
+                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a number >= 0, got {v!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'cuda_graphs' must be true or false, "
+                              f"got {self.cuda_graphs!r}")
+        if self.fp8_weights not in FP8_WEIGHTS:
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'fp8_weights' must be one of "
+                              f"{', '.join(str(x) for x in FP8_WEIGHTS)}, got {self.fp8_weights!r}")
+        if self.fp8_weights == "w8a8" and self.peak_flops_fp8 is None:
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'peak_flops_fp8' is needed by "
+                              "fp8_weights: w8a8 (FP8 tensor cores)")
+        if self.decode_attention not in DECODE_ATTENTION:
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'decode_attention' must be one of "
+                              f"{', '.join(DECODE_ATTENTION)}, got {self.decode_attention!r}")
+        if self.roofline not in ROOFLINES:
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'roofline' must be one of "
+                              f"{', '.join(ROOFLINES)}, got {self.roofline!r}")
+        st = self.calibration_status or ("end-to-end" if self.calibrated else
+                                         "provisional" if self.provisional else "datasheet")
+        if st not in CALIBRATION_STATUSES or (st == "end-to-end") != bool(self.calibrated):
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'calibration_status' must be one of "
+                              f"{', '.join(CALIBRATION_STATUSES)} and 'end-to-end' exactly when calibrated is true; "
+                              f"got {self.calibration_status!r} with calibrated {self.calibrated!r}")
+        object.__setattr__(self, "calibration_status", st)
+
+    @property
+    def calibration_note(self) -> str:
+        """In words: fitted end to end, fitted on published operator profiles, provisional, or uncalibrated."""
+        note = self.extra.get("calibration_note")
+        if note:
+            return str(note)
+        if self.calibrated:
+            fo = self.extra.get("fitted_on") or {}
+            what = " ".join(str(x) for x in (fo.get("model"), fo.get("dtype")) if x)
+            dev = self.extra.get("device") or (self.fitted_range or {}).get("device") or "?"
+            return f"fitted end to end on {dev}" + (f" ({what})" if what else "")
+        if self.provisional:
+            return "provisional: fitted on the phases a trace capture measured, not by `rksim calibrate fit`"
+        if self.calibration_status == "public-profiles":
+            return "fitted on public per-operator profiles; not end to end"
+        return UNCALIBRATED_NOTE
+
+    @property
+    def priced_dtypes(self) -> tuple[str, ...]:
+        """Dtypes the coefficients stand for: ``fitted_range.dtypes``, else the 16-bit types of a datasheet peak."""
+        fr = self.fitted_range or {}
+        dts = fr.get("dtypes") or ([fr["dtype"]] if fr.get("dtype") else ["float16", "bfloat16"])
+        return tuple(_CANON_DTYPE.get(str(x), str(x)) for x in dts)
+
+    def check_dtype(self, dtype: str) -> None:
+        """Refuse, by name, a dtype this profile cannot price (FP8, INT8, 4-bit: :data:`UNPRICED_DTYPES`).
+
+        Such a model is never priced as if it were bf16: the peak and efficiencies are the
+        16-bit tensor cores' (or the fitted dtypes'), not the 8-/4-bit rates.
+        """
+        name = _CANON_DTYPE.get(str(dtype), str(dtype))
+        if name in UNPRICED_DTYPES and name not in self.priced_dtypes:
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: dtype {name} cannot be priced: the profile's peak_flops and efficiencies are "
+                f"for {'/'.join(self.priced_dtypes)}, and {name}'s tensor-core rate and scale traffic are not modelled; "
+                f"refusing rather than pricing it as {self.priced_dtypes[-1]}")
+
+    def time(self, terms, roofline: str | None = None, model: ModelShape | None = None) -> np.ndarray | float:
+        """Seconds for ``terms`` (an :class:`sim.cost.terms.OpTerms`, scalar or array fields).
+
+        ``roofline`` overrides the profile's (``"iteration"`` or ``"operator"``); ``model``, the
+        shape the terms are of, is needed where ``sm_count`` quantises matrix products.
+        """
+        return seconds(self, terms, roofline=roofline, model=model)
+
+    def check_precision(self, model: ModelShape) -> None:
+        """Refuse, naming the flag, a ``--quantization`` / ``--kv-cache-dtype`` this profile cannot price.
+
+        ``--quantization fp8`` needs ``fp8_weights`` (``w8a8``: FP8 tensor cores at
+        ``peak_flops_fp8``; ``w8a16``: FP8 weights dequantised into 16-bit GEMMs, vLLM's FP8 Marlin
+        kernel on GPUs without FP8 tensor cores). A profile fitted end to end on measured runs timed
+        its attention at the dtypes it ran (``fitted_range.dtypes``), so an fp8 KV cache is refused
+        there unless fp8 was among them; datasheet and public-profile GPU profiles price KV reads as
+        bytes over bandwidth, whatever the element size.
+        """
+        if model.quantization == "fp8" and self.fp8_weights is None:
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: --quantization fp8 cannot be priced: the profile has no fp8_weights "
+                "(FP8 tensor-core peak or FP8 weight-only kernel)")
+        fr = self.fitted_range or {}
+        dts = [_CANON_DTYPE.get(str(x), str(x)) for x in (fr.get("dtypes") or [])]
+        end_to_end = self.calibration_status in ("end-to-end", "provisional")
+        if model.kv_cache_dtype and end_to_end and not any(x.startswith("float8") for x in dts):
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: --kv-cache-dtype {model.kv_cache_dtype} cannot be priced: the profile was "
+                f"fitted on {'/'.join(dts)} KV only")
+
+    def check_query(self, model: ModelShape, max_context: int, max_new: int = 0, max_batch: int = 0,
+                    device: str | None = None, tokens: int = 0, mixed: bool = False,
+                    allow_extrapolation: bool = False) -> list[str]:
+        """Refuse a query outside the fitted range (raises :class:`OutOfCalibrationError`).
+
+        Sizes are checked per dimension by :func:`sim.cost.ranges.check` (sequences ``max_batch`` and
+        ``tokens`` of one iteration, ``max_context``, ``max_new`` tokens of one item, ``mixed``
+        prefill + decode iterations); with ``allow_extrapolation`` a size outside is let through
+        and the returned notes (one per dimension) mark the result. Model, dtype and device are
+        always refused.
+
+        The range covers the device and dtype the fit measured as well as sizes: a
+        ``model`` in another dtype (``model.dtype_name``), or a ``device`` (when the
+        caller knows where it runs, e.g. ``calibrate report``) other than the fit's,
+        is refused with a message naming both; a dtype no profile prices (FP8, INT8, 4-bit) is
+        refused by name (:meth:`check_dtype`).
+        """
+        self.check_dtype(model.dtype_name)
+        self.check_precision(model)
+        if model.weight_bytes > self.mem_capacity:
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: model {model.name} needs {model.weight_bytes / 1e9:.1f} GB of weights, "
+                f"more than the {self.mem_capacity / 1e9:.1f} GB of memory")
+        fr = self.fitted_range
+        if not fr:
+            return []
+        fdev = fr.get("device")
+        if device is not None and fdev and not _same_device(str(device), str(fdev)):
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: fitted on device {fdev}; refusing a query on device {device} "
+                f"(fit this device with `rksim calibrate fit`)")
+        dts = fr.get("dtypes") or ([fr["dtype"]] if fr.get("dtype") else [])
+        if dts:
+            dts = [_CANON_DTYPE.get(str(x), str(x)) for x in dts]
+            mine = model.dtype_name
+            ok = (mine in dts) if model.dtype else any(_DTYPE_BYTES.get(x) == model.dtype_bytes for x in dts)
+            if not ok:
+                raise OutOfCalibrationError(
+                    f"hardware {self.name}: fitted on dtype {'/'.join(dts)} on device {fdev or '?'}; refusing to "
+                    f"extrapolate to model {model.name} in dtype {mine or '?'} ({model.dtype_bytes}-byte elements)")
+        models = fr.get("models")
+        if models and model.name not in models:
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: calibrated on model(s) {', '.join(models)} only; refusing to extrapolate to "
+                f"{model.name} (fit this hardware for that model with `rksim calibrate fit`)")
+        from sim.cost.ranges import RangeQuery, check
+        return check(self.name, fr, RangeQuery(seqs=max_batch, tokens=tokens, context=max_context,
+                                               item_tokens=max_new, mixed=mixed), allow_extrapolation)
+
+    @property
+    def fingerprint(self) -> dict | None:
+        """The host (CPU) or device (GPU) the profile was fitted on (:mod:`sim.cost.fingerprint`); None if not recorded."""
+        fp = self.extra.get("fingerprint")
+        return dict(fp) if isinstance(fp, dict) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("extra", None)
+        d["calibration_note"] = self.calibration_note
+        return d
+
+
+def _same_device(a: str, b: str) -> bool:
+    """``cuda:0`` and ``cuda`` are one device kind; names compare case-insensitively."""
+    norm = lambda x: x.strip().lower().split(":")[0]  # noqa: E731
+    return norm(a) == norm(b)
+
+
+_HW_FIELDS = {f.name for f in dataclasses.fields(HardwareProfile)} - {"extra", "source"}
+_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelShape)} - {"source"}
+
+
+# --------------------------------------------------------------------------- loading
+def _read_file(path: Path) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PresetError(f"{path}: cannot read preset file ({exc.strerror})") from None
+    try:
+        if str(path).endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+            data = yaml.safe_load(text)
+    except Exception as exc:  # yaml/json syntax errors: name the file
+        raise PresetError(f"{path}: not valid {'JSON' if str(path).endswith('.json') else 'YAML'}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise PresetError(f"{path}: a preset file must hold a mapping of fields")
+    return data
+
+
+def _dirs(kind: str) -> list[Path]:
+    dirs = []
+    user = os.environ.get(USER_PRESETS_ENV)
+    if user:
+        dirs.append(Path(user) / kind)
+    dirs.append(user_profile_dir() / kind)
+    dirs.append(PRESET_DIR / kind)
+    return dirs
+
+
+def preset_origin(path: Path) -> str:
+    """``package`` (shipped), ``user`` (the user profile directory), ``RKSIM_PRESETS`` or ``file``."""
+    p = Path(path).resolve()
+    for name, root in (("package", PRESET_DIR), ("user", user_profile_dir()),
+                       (USER_PRESETS_ENV, Path(os.environ.get(USER_PRESETS_ENV) or "/nonexistent"))):
+        try:
+            p.relative_to(Path(root).resolve())
+            return name
+        except ValueError:
+            continue
+    return "file"
+
+
+def is_shipped(path: Path) -> bool:
+    """``path`` lies in the package's presets (a shipped preset: overwritten only with ``--force``)."""
+    return preset_origin(path) == "package"
+
+
+def preset_path(kind: str, name_or_path) -> Path:
+    """The file a preset name (or path) resolves to (first match: RKSIM_PRESETS, user directory, package)."""
+    return _resolve(kind, name_or_path)
+
+
+def list_presets(kind: str) -> list[str]:
+    """Names of the presets of ``kind`` (``"models"`` or ``"hardware"``)."""
+    names: set[str] = set()
+    for d in _dirs(kind):
+        if d.is_dir():
+            for p in d.iterdir():
+                if p.suffix in (".yaml", ".yml", ".json"):
+                    names.add(p.stem)
+    return sorted(names)
+
+
+def _preset_path(kind: str, name: str) -> Path:
+    for d in _dirs(kind):
+        for ext in (".yaml", ".yml", ".json"):
+            p = d / f"{name}{ext}"
+            if p.is_file():
+                return p
+    what = "model" if kind == "models" else "hardware"
+    raise PresetError(f"unknown {what} preset {name!r}; valid: {', '.join(list_presets(kind))} "
+                      f"(or a path to a .yaml/.json file)")
+
+
+def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
+    s = str(name_or_path)
+    if s.endswith((".yaml", ".yml", ".json")) or os.sep in s:
+        p = Path(s)
+        if not p.is_file():
+            raise PresetError(f"{s}: preset file not found")
+        return p
+    return _preset_path(kind, s)
+
+
+def load_model(name_or_path: str | os.PathLike) -> ModelShape:
+    """A :class:`ModelShape` from a preset name or a YAML/JSON file path."""
+    path = _resolve("models", name_or_path)
+    data = _read_file(path)
+    unknown = set(data) - _MODEL_FIELDS - {"hf_id"}
+    if unknown:
+        raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(_MODEL_FIELDS))}")
+    missing = _MODEL_FIELDS - set(data) - {"name", "dtype", "quantization", "kv_cache_dtype"}
+    if missing:
+        raise PresetError(f"{path}: missing field(s) {', '.join(sorted(missing))}")
+    data.setdefault("name", path.stem)
+    data.pop("hf_id", None)
+    return ModelShape(source=str(path), **data)
+
+
+def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
+    """A :class:`HardwareProfile` from a preset name or a YAML/JSON file path."""
+    path = _resolve("hardware", name_or_path)
+    data = _read_file(path)
+    extra = {k: data.pop(k) for k in list(data) if k not in _HW_FIELDS}
+    allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals", "calibration_note", "reference", "fingerprint"}
+    unknown = set(extra) - allowed_extra
+    if unknown:
+        raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: "
+                          f"{', '.join(sorted(_HW_FIELDS | allowed_extra))}")
+    for req in ("peak_flops", "mem_bw", "mem_capacity"):
+        if req not in data:
+            raise PresetError(f"{path}: missing field {req!r}")
+    data.setdefault("name", path.stem)
+    for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s",
+              "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem", "eff_mv", "eff_att",
+              "eff_kv", "eff_kv_shared", "peak_flops_fp8", "eff_c_fp8", "eager_launch_s"):
+        if k in data and isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
+            try:
+                data[k] = float(data[k])
+            except ValueError:
+                raise PresetError(f"{path}: field {k!r} must be a number, got {data[k]!r}") from None
+    return HardwareProfile(source=str(path), extra=extra, **data)
+
+
+def load_presets() -> dict[str, list[str]]:
+    """``{"models": [...], "hardware": [...]}``: every preset name available."""
+    return {"models": list_presets("models"), "hardware": list_presets("hardware")}

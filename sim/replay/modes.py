@@ -1,0 +1,83 @@
+"""The registry of simulation modes: ``(policy kind, mode) -> run(session, target, config) -> SimResult``.
+
+:func:`run` is the one path of a simulation: the runner of the configuration's kind and mode,
+then (where the mode has them) the no-KV and exact-prefix baselines, memoised in the
+:class:`sim.replay.session.Session`, then the summary's speedups (``sim.replay.summary.finish``).
+"""
+from __future__ import annotations
+
+from sim.replay import mode_isolated as isolated
+from sim.replay import mode_serving as serving
+from sim.replay import mode_token as token
+from sim.errors import ConfigError
+from sim.replay.records import SimResult
+from sim.replay.summary import finish
+
+BASELINES = ("no-kv", "exact-prefix")
+
+RUNNERS = {(kind, mode): mod.run
+           for kind in ("sharing", "exit", "block", "composite")
+           for mode, mod in (("isolated", isolated), ("serving", serving))}
+RUNNERS.update({("token", "isolated"): token.run, ("token", "serving"): token.run})
+
+
+def runner(kind: str, mode: str):
+    """The run function of ``(kind, mode)``; a combination with none is refused by name."""
+    fn = RUNNERS.get((kind, mode))
+    if fn is None:
+        raise ConfigError(f"mode: {mode!r} does not apply to {kind} policies "
+                          f"(modes: {', '.join(m for k, m in RUNNERS if k == kind)})", field="mode")
+    return fn
+
+
+def check_layout(target, config) -> None:
+    """Refuse a multi-GPU or multi-replica target where the mode has no such deployment, naming the flag:
+    isolated mode's fast path prices one GPU, and the token policies replay one sequence's decode."""
+    where = None
+    if config.kind == "token":
+        where = f"the token policy {config.policy!r} (one sequence's decode on one GPU)"
+    elif config.mode != "serving":
+        where = "isolated mode (one problem alone on one GPU; use --mode serving)"
+    if where is None:
+        return
+    for name, flag in (("tensor_parallel_size", "--tensor-parallel-size"),
+                       ("pipeline_parallel_size", "--pipeline-parallel-size"),
+                       ("data_parallel_size", "--data-parallel-size")):
+        v = getattr(target, name)
+        if v != 1:
+            raise ConfigError(f"{flag}: {v} is not supported in {where}", field=name)
+
+
+def baseline_run(session, target, config, name: str) -> tuple:
+    """``(mean latency, positions, per-problem latencies)`` of the baseline ``name`` on the same target,
+    problems, workload and seed (memoised; the per-problem figures pair the speedups' bootstrap)."""
+    key = config.baseline_key(name) + (session.target_id(target.key), repr(target.serving),
+                                        target.data_parallel_size)
+    hit = session.baselines.get(key)
+    if hit is None:
+        base = config.baseline(name)
+        r = runner(base.kind, base.mode)(session, target, base)
+        hit = session.baselines[key] = (r.summary["latency_mean_s"], *r.problem_latencies())
+    return hit
+
+
+def baseline_latency(session, target, config, name: str) -> float:
+    """Mean latency of the baseline ``name`` on the same target, problems, workload and seed (memoised)."""
+    return baseline_run(session, target, config, name)[0]
+
+
+def run(session, target, config) -> SimResult:
+    """Simulate ``config`` on ``target`` with the session's trace (holding the session's lock)."""
+    with session.lock:
+        check_layout(target, config)
+        res = runner(config.kind, config.mode)(session, target, config)
+        if config.kind == "token":
+            return res  # token.run finishes its own summary (no baselines)
+        runs = {n: baseline_run(session, target, config, n) for n in BASELINES} if config.wants_baselines else None
+        finish(res.summary, None if runs is None else {n: r[0] for n, r in runs.items()})
+        if runs is not None:
+            res.baselines = {n: (r[1], r[2]) for n, r in runs.items()}
+        return res
+
+
+__all__ = ["run", "runner", "check_layout", "baseline_run", "baseline_latency", "RUNNERS", "BASELINES"]

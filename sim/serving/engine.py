@@ -1,0 +1,799 @@
+"""The discrete-event simulator (simpy): problems arrive, a vLLM-style scheduler batches them.
+
+* Problems arrive closed-loop (``concurrency`` users, each submitting its next
+  problem when the previous one is answered; ``concurrency = 1`` is isolated
+  mode), as a seeded Poisson process (``arrival_rate`` problems/s), or at
+  given times (``arrival_times``, in submission order) through at most
+  ``max_concurrency`` outstanding problems, FIFO (``vllm bench serve``'s
+  semaphore: a problem is *sent*, and its latencies start, when it gets a slot).
+* Every branch is a :class:`sim.serving.scheduler.Request` of the one scheduler
+  (:mod:`sim.serving.scheduler`, the module a real runner calls too): its prompt, then
+  ``gen_b`` sampled tokens. A branch enters the scheduler once its ASKS gate
+  pass (its own request, no cached KV) finished and its KV source produced its
+  first token (``Job.source``), so exact-prefix sharing comes from the block
+  manager's hash chain (:mod:`sim.serving.kvcache`: blocks keyed by their tokens and
+  their parents', shared across branches and problems); an ASKS-shared branch
+  carries its root's block contents and takes the whole cached prompt
+  (zero-copy fork), copying the partial last block.
+* Verification (unless CGEE skipped it) starts when every branch of the
+  problem is done: with ``verify_reuses_kv`` the branch's request was held
+  (KV referenced) and is extended by the verification prompt; else each pass
+  is a new request computed from scratch.
+* The accelerator is one process: ``schedule()`` → price the iteration with
+  :class:`sim.cost.terms.ScalarCost` → advance time → ``update()``. KV memory is the
+  scheduler's :class:`sim.serving.kvcache.BlockManager`: admission waits for free
+  blocks, a running request that needs a block preempts the newest (recompute),
+  nothing ever fails for lack of memory unless one request alone cannot fit
+  (:class:`CapacityError`).
+
+Iteration time is split among its items in proportion to their stand-alone
+times, or equally in a pure decode iteration, for per-problem phases.
+RSBCM's block scores are set when they become known (``score_at``): a branch's
+generation confidence when it finishes, the vote share when all branches
+finished, the verification score when it is verified.
+"""
+from __future__ import annotations
+
+import numpy as np
+import simpy
+
+from sim.serving.capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
+from sim.cost.terms import ScalarCost, with_shared
+from sim.serving.kvcache import UNLIMITED, BlockManager
+from sim.serving.kvshare import shared_tokens
+from sim.serving.scheduler import Request, Scheduler, SchedulerConfig
+from sim.workload.job import KIND_NAMES, Job
+
+SCORE_AT = {"mean_prob": "generation", "vote_share": "branches", "verify_score": "verification"}
+
+
+class _Prob:
+    __slots__ = ("pseq", "pos", "job", "ids", "arrival", "admitted", "end", "first", "gate_left", "src_ready",
+                 "started", "gen_done", "n_gen_done", "verify_left", "phase", "times", "mem", "peak", "iterations",
+                 "recompute", "hit_tokens", "prompt_tokens", "user_done", "reqs", "vstart", "ext", "qsum", "qn",
+                 "tok")
+
+    def __init__(self, pseq, pos, job, ids):
+        self.pseq, self.pos, self.job, self.ids = pseq, pos, job, ids
+        B = job.B
+        self.arrival = self.admitted = 0.0
+        self.end = float("nan")
+        self.first = np.full(B, np.nan)
+        self.gate_left = (job.gate > 0).copy()
+        self.src_ready = np.zeros(B, bool)
+        self.started = np.zeros(B, bool)
+        self.gen_done = np.zeros(B, bool)
+        self.n_gen_done = 0
+        self.verify_left = 0
+        self.phase = {k: 0.0 for k in KIND_NAMES}
+        self.times, self.mem = [], []
+        self.peak = 0.0
+        self.iterations = 0
+        self.recompute = 0
+        self.hit_tokens = 0
+        self.prompt_tokens = 0
+        self.user_done = None
+        self.reqs = {}
+        self.vstart = np.where(job.gen > 0, job.ctx + job.gen - 1, job.ctx)
+        self.ext = np.zeros(B, bool)     # the branch's request was extended by its verification prompt
+        self.qsum, self.qn = 0.0, 0      # waiting of its branch requests: first scheduled - ready
+        self.admitted = None
+        self.tok = None                  # per branch, the times its tokens were sampled (record_token_times)
+
+
+def _plan_ids(pos: int, job: Job) -> list:
+    """Stand-in token ids that realise a job's sharing plan when the trace's are not given: branch ``b``'s
+    first ``reused_b`` tokens are its source's (all of them when it shares the root's KV), the rest its own
+    (negative ids, unique per problem position, branch and token)."""
+    if job.plan_ids is not None:
+        return job.plan_ids
+    out = []
+    for b in range(job.B):
+        ids = -(1 + pos * 10 ** 9 + b * 10 ** 6 + np.arange(int(job.ctx[b]), dtype=np.int64))
+        s = int(job.source[b])
+        if s >= 0:
+            r = int(job.ctx[b]) if job.share[b] else int(job.reused[b])
+            r = min(r, len(out[s]))
+            ids[:r] = out[s][:r]
+        out.append(ids)
+    job.plan_ids = out
+    return out
+
+
+def _content_fn(pos, b, ids, bs, tag):
+    """Block ``k``'s content: its token ids inside the prompt, else the branch's generated block ``k``."""
+    n_full = len(ids) // bs
+
+    def content(k, ids=ids):
+        if k < n_full:
+            return tuple(ids[k * bs:(k + 1) * bs].tolist())
+        return ("gen", pos, tag, k)
+    return content
+
+
+class Engine:
+    """One simulation run. ``jobs``: list of ``(pos, Job)`` in submission order.
+
+    Parameters
+    ----------
+    model, hw : cost target
+    jobs : list of (pos, Job)
+    concurrency, arrival_rate : closed loop users, or Poisson arrivals (problems/s)
+    scheduler : SchedulerConfig (default: prefill-first, no token/sequence cap = isolated batching)
+    kv_blocks : int, optional
+        KV capacity in blocks (None: unlimited).
+    block_policy : block policy of :mod:`policies.blocks` (default LRU)
+    caching : bool
+        Prefix caching (False for No-KV: nothing is reused, not even within a problem).
+    prompt_ids : list, optional
+        Per job, per branch, the token ids its KV holds (an ASKS-shared branch: its root's).
+    score_at : {"generation", "branches", "verification"}
+        When a branch's ``Job.score`` becomes known to the block policy.
+    per_problem_timeline : bool
+        Record each problem's KV after every iteration it took part in (isolated mode).
+    arrival_times : sequence of float, optional
+        Arrival time of each job (seconds, submission order); replaces ``concurrency`` /
+        ``arrival_rate``. With ``max_concurrency`` at most that many are outstanding; the
+        others wait FIFO and arrive (are sent) when a slot frees.
+    record_token_times : bool
+        Record the time of every sampled token of every branch (``token_times`` of the records).
+    cost : optional
+        Prices an iteration (``seconds(items)``); default :class:`sim.cost.terms.ScalarCost` of ``model`` on ``hw``.
+        A :class:`sim.cost.parallel.ParallelCost` with ``pp > 1`` and ``pipeline_schedule == "overlapped"`` runs
+        vLLM's pipeline: the next batch is formed as soon as stage 0 is free and fewer than PP batches are
+        in flight, from requests in no in-flight batch (module docstring).
+    record_pipeline : bool
+        With PP > 1, record every batch's formation time, stage seconds, stage ends and request ids
+        (``pp_batches``; ``EngineResult.pipeline["batches"]``).
+    """
+
+    def __init__(self, model, hw, jobs, *, concurrency: int = 1, arrival_rate: float | None = None, seed: int = 0,
+                 scheduler: SchedulerConfig | None = None, kv_blocks: int | None = None, block_policy=None,
+                 caching: bool = True, prompt_ids=None, score_at: str = "generation", max_batch: int | None = None,
+                 hw_name: str = "", per_problem_timeline: bool = False, kv_bytes_per_block: float | None = None,
+                 arrival_times=None, max_concurrency: int | None = None, record_token_times: bool = False,
+                 cost=None, env: simpy.Environment | None = None, settle: int | None = None,
+                 block_size: int | None = None, record_pipeline: bool = False):
+        self.m, self.hw = model, hw
+        # cost: anything with ScalarCost's seconds(items), e.g. sim.cost.parallel.ParallelCost for a TP x PP replica
+        self.cost = ScalarCost(model, hw) if cost is None else cost
+        self.prices_shared = bool(getattr(self.cost, "prices_shared", False))
+        # env: a shared environment (several replicas' engines under one clock, sim.serving.replicas)
+        self.env = simpy.Environment() if env is None else env
+        # settle: before forming a batch, yield zero-time steps while events are due now (None: until none are;
+        # k: at most k, which several accelerators sharing one clock need so they do not wait on each other)
+        self.settle = settle
+        self.jobs = jobs
+        self.concurrency = int(concurrency)
+        self.arrival_rate = arrival_rate
+        self.arrival_times = None if arrival_times is None else [float(t) for t in arrival_times]
+        if self.arrival_times is not None and len(self.arrival_times) != len(jobs):
+            raise ValueError(f"engine: {len(self.arrival_times)} arrival times for {len(jobs)} jobs")
+        self.max_concurrency = max_concurrency
+        self.record_tokens = bool(record_token_times)
+        self.rng = np.random.default_rng(seed)
+        bs = int(block_size) if block_size is not None else (jobs[0][1].bs if jobs else 16)
+        self.bs = bs
+        self.cfg = scheduler or SchedulerConfig(max_num_seqs=1 << 20, max_num_batched_tokens=1 << 24,
+                                                policy="prefill-first")
+        self.kv = BlockManager(UNLIMITED if kv_blocks is None else int(kv_blocks), bs, policy=block_policy,
+                               caching=caching)
+        self.sched = Scheduler(self.cfg, self.kv)
+        self.caching = caching
+        self.prompt_ids = prompt_ids
+        self.score_at = score_at
+        self.max_batch = max_batch
+        self.hw_name = hw_name or getattr(hw, "name", "")
+        self.per_problem = per_problem_timeline
+        self.block_bytes = float(kv_bytes_per_block if kv_bytes_per_block is not None
+                                 else bs * model.kv_bytes_per_token)
+        self.probs: list = []
+        self._wake = None
+        self.timeline_t: list = []
+        self.timeline_b: list = []
+        self.timeline_run: list = []
+        self.events = 0
+        self.iterations = 0
+        self.busy = 0.0
+        self.run_time = 0.0       # sum of running-seqs x iteration time (time-weighted mean)
+        self.tokens = [0.0, 0.0, 0.0, 0.0]
+        self.gen_tokens = 0
+        self._extra_dt = 0.0
+        self.items_scheduled = 0   # (request, iteration) pairs: one scheduling event each
+        # pipeline parallelism: the cost's stages; "overlapped" keeps up to PP batches in flight (vLLM)
+        self.pp_stages = int(getattr(self.cost, "pp", 1)) if hasattr(self.cost, "stage_seconds") else 1
+        self.pp_schedule = getattr(self.cost, "pipeline_schedule", "serial") if self.pp_stages > 1 else "serial"
+        self.stage_busy = [0.0] * self.pp_stages   # seconds each stage computed
+        self.record_pipeline = bool(record_pipeline)
+        self.pp_batches: list = []  # with record_pipeline: per batch (formed at, stage seconds, stage ends)
+        self._in_flight: set = set()   # ids of requests in a batch still in the pipeline
+        self._n_flight = 0
+
+    # ------------------------------------------------------------------ requests
+    def _add(self, req: Request) -> None:
+        self.sched.add(req)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _branch_ids(self, p: _Prob, b: int):
+        j = p.job
+        if self.prompt_ids is None:
+            return _plan_ids(p.pos, j)[b]
+        ids = self.prompt_ids[p.pseq][b]
+        return ids[: int(j.ctx[b])]
+
+    def _start_branch(self, p: _Prob, b: int) -> None:
+        j = p.job
+        p.started[b] = True
+        share = bool(j.share[b])
+        ids = self._branch_ids(p, b)
+        tag = ("s" if share else "o", b)
+        hold = bool(j.verify_on and j.v_reuse)
+        req = Request((p.pseq, "b", b), int(j.ctx[b]), int(j.gen[b]),
+                      content=_content_fn(p.pos, b, ids, self.bs, tag), cacheable=self.caching,
+                      allow_full_hit=share, hold=hold, depth=0, gen_depth=1, data=(p, 1, b))
+        long = j.long
+        if long is not None:
+            req.kv_cap = long.cap
+        req.arrival = self.env.now   # ready to run (gate done, source's first token out)
+        p.reqs[b] = req
+        self._add(req)
+
+    def _ready(self, p: _Prob, b: int) -> bool:
+        s = int(p.job.source[b])
+        return (not p.started[b]) and (not p.gate_left[b]) and (s < 0 or p.src_ready[s])
+
+    def _try_start(self, p: _Prob) -> None:
+        for b in range(p.job.B):
+            if self._ready(p, b):
+                self._start_branch(p, b)
+
+    def _arrive(self, p: _Prob, user_done=None) -> None:
+        p.arrival = self.env.now
+        p.user_done = user_done
+        self.probs.append(p)
+        j = p.job
+        if j.B == 0:
+            self._finish_problem(p)
+            return
+        for b in range(j.B):
+            if j.gate[b] > 0:
+                self._add(Request((p.pseq, "g", b), int(j.gate[b]), 0, cacheable=False, data=(p, 0, b)))
+        self._try_start(p)
+
+    def _gen_finished(self, p: _Prob, b: int) -> None:
+        if p.gen_done[b]:
+            return
+        p.gen_done[b] = True
+        p.n_gen_done += 1
+        j = p.job
+        if self.score_at == "generation":
+            self._score(p, b)
+        if p.n_gen_done < j.B:
+            return
+        if self.score_at == "branches":
+            for bb in range(j.B):
+                self._score(p, bb)
+        if not j.verify_on:
+            self._finish_problem(p)
+            return
+        p.verify_left = j.B
+        for bb in range(j.B):
+            if j.v_reuse:
+                tail = 1 if j.gen[bb] > 0 else 0
+                p.ext[bb] = True
+                req = self.sched.extend((p.pseq, "b", bb), int(j.v_new[bb]) - tail)
+                if req.status == "finished":  # nothing to compute (no verification tokens)
+                    self._verify_done(p, bb)
+                if self._wake is not None and not self._wake.triggered:
+                    self._wake.succeed()
+            else:
+                self._add(Request((p.pseq, "v", bb), int(j.v_new[bb]), 0, cacheable=False, data=(p, 3, bb)))
+
+    def _score(self, p: _Prob, b: int) -> None:
+        if self.kv.num_blocks == 0 or not self.caching:
+            return
+        req = p.reqs.get(b)
+        if req is None:
+            return
+        s = float(p.job.score[b]) if p.job.score is not None else 0.0
+        for key in self.kv.chain_keys(req):
+            self.kv.set_score(key, s)
+
+    def _verify_done(self, p: _Prob, b: int) -> None:
+        if self.score_at == "verification":
+            self._score(p, b)
+        p.verify_left -= 1
+        if p.verify_left == 0:
+            self._finish_problem(p)
+
+    def _finish_problem(self, p: _Prob) -> None:
+        p.end = self.env.now
+        if p.admitted is None:
+            p.admitted = p.arrival
+        if p.user_done is not None:
+            p.user_done.succeed()
+
+    # ------------------------------------------------------------------ pricing
+    def _price(self, it):
+        """Cost tuples ``(n, c, layers, probes, logits, copy)`` and the phase kind of one scheduled item."""
+        req = it.req
+        p, kind, b = req.data
+        n, c = it.num_new, it.num_cached
+        j = p.job
+        if kind == 0:
+            return [(float(n), float(c), None, 0.0, 0.0, 0.0)], 0
+        if kind == 3:
+            last = c + n == req.num_tokens
+            # verification reads p(Yes)/p(No) off its LM-head row: no sampling (7th field 0)
+            return [(float(n), float(c), float(j.v_layers[b]), float(j.v_probes[b]) if last else 0.0,
+                     float(j.v_head[b]) if last else 0.0, 0.0, 0.0)], 3
+        if n == 0:
+            return [], 1   # a zero-copy fork admitted on its source's KV: no forward work
+        ctx = int(j.ctx[b])
+        vs = int(p.vstart[b]) if p.ext[b] else None
+        end = c + n
+        out = []
+        if vs is not None and end > vs:
+            lo = max(c, vs)
+            if c < vs:
+                out += self._price(_Sub(req, vs - c, c))[0]
+            last = end == req.num_tokens
+            out.append((float(end - lo), float(lo), float(j.v_layers[b]), float(j.v_probes[b]) if last else 0.0,
+                        float(j.v_head[b]) if last else 0.0, 0.0, 0.0))
+            return out, 3
+        if c < ctx:
+            cp = 0
+            if j.share[b] and j.copy[b] > 0:
+                cp = max(0, min(end, ctx) - max(c, ctx - int(j.copy[b])))
+            # the chunk completing the prompt pays the LM head if the branch computes prompt tokens of its own
+            # (a copy-only fork's first token is its source's), or if it recomputes past the prompt
+            logits = 1.0 if end >= ctx and (end > ctx or j.computed[b] > 0) else 0.0
+            return [(float(n - cp), float(c), None, 0.0, logits, float(cp))], 1
+        long = j.long
+        if long is not None and n == 1:
+            # token eviction: the step attends over the policy's cache, not every token so far
+            self._extra_dt += long.evict_s.get(c, 0.0)
+            return [(1.0, float(long.context(c)), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
+        return [(float(n), float(c), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
+
+    # ------------------------------------------------------------------ accelerator
+    def _settle(self):
+        """Let every arrival at this instant be queued before a batch is formed (``settle``: at most that
+        many zero-time steps; None: until nothing else is due now)."""
+        env = self.env
+        if self.settle is None:
+            while env.peek() == env.now:
+                yield env.timeout(0)
+        else:
+            for _ in range(self.settle):
+                if env.peek() != env.now:
+                    break
+                yield env.timeout(0)
+
+    def _accelerator(self):
+        env, sched, kv, cost = self.env, self.sched, self.kv, self.cost
+        while True:
+            if not sched.has_unfinished():
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+            yield from self._settle()  # every arrival at this instant is queued before the batch forms
+            out = sched.schedule()
+            items = out.items
+            nrun = len(sched.running)
+            if not items:
+                if sched.waiting and not sched.running:
+                    raise self._no_fit(sched.waiting[0], kv)
+                if sched.has_unfinished():
+                    # only held requests are left, waiting for an event (an arrival): wait for it
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wake = None
+                continue
+            priced, tup = self._price_batch(items, env.now)
+            if self.pp_stages > 1:
+                st = cost.stage_seconds(tup)
+                dt = float(sum(st)) + self._extra_dt     # == cost.seconds(tup): one batch through every stage
+                st[-1] += self._extra_dt
+                self._record_batch(env.now, st, list(env.now + np.cumsum(st)), items)
+            else:
+                dt = cost.seconds(tup) + self._extra_dt
+            self._admitted(items, env.now)
+            if dt > 0:
+                yield env.timeout(dt)
+            self.busy += dt
+            self.run_time += dt * nrun
+            self._complete(out, items, priced, tup, dt, nrun)
+
+    def _record_batch(self, start, st, ends, items) -> None:
+        for k, t in enumerate(st):
+            self.stage_busy[k] += t
+        if self.record_pipeline:
+            self.pp_batches.append({"formed_s": start, "stage_s": list(st), "end_s": list(ends),
+                                    "requests": [it.req.req_id for it in items]})
+
+    def _accelerator_pp(self):
+        """vLLM's pipeline (``pipeline_schedule="overlapped"``): up to PP batches in flight, one per stage.
+
+        A batch is formed when stage 0 is free and fewer than PP batches are in flight, from requests in
+        no in-flight batch; it runs its stages in order, each when the batch before it left the stage::
+
+            end_k = max(end_{k-1}, free_k) + t_k,   free_k := end_k    (end_{-1} = formation time)
+
+        and its requests advance (:meth:`Scheduler.update`) when it leaves the last stage.
+        """
+        env, sched, kv, cost = self.env, self.sched, self.kv, self.cost
+        S = self.pp_stages
+        free = [0.0] * S          # when each stage is done with the batches already formed
+        last_end = 0.0
+        while True:
+            if self._n_flight >= S or not (sched.has_unfinished() or self._n_flight):
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            if free[0] > env.now:
+                yield env.timeout(free[0] - env.now)
+            yield from self._settle()
+            if self._n_flight >= S:
+                continue
+            out = sched.schedule(busy=self._in_flight)
+            items = out.items
+            nrun = len(sched.running)
+            if not items:
+                if sched.waiting and not sched.running and not self._n_flight:
+                    raise self._no_fit(sched.waiting[0], kv)
+                if sched.has_unfinished() or self._n_flight:
+                    # wait for a batch to leave the pipeline or an arrival
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wake = None
+                continue
+            priced, tup = self._price_batch(items, env.now)
+            st = cost.stage_seconds(tup)
+            st[-1] += self._extra_dt     # eviction scoring: with the sampling, on the last stage
+            start = env.now
+            ends, e = [], start
+            for k in range(S):
+                e = max(e, free[k]) + st[k]
+                free[k] = e
+                ends.append(e)
+            end = ends[-1]
+            self._record_batch(start, st, ends, items)
+            self._admitted(items, start)
+            # busy: time with a batch in the pipeline (the union of the batches' spans)
+            add = max(0.0, end - max(start, last_end))
+            last_end = max(last_end, end)
+            self.busy += add
+            self.run_time += add * nrun
+            ids = [it.req.req_id for it in items]
+            self._in_flight.update(ids)
+            self._n_flight += 1
+            env.process(self._leave(out, items, priced, tup, end - start, nrun, end, ids))
+
+    def _leave(self, out, items, priced, tup, dt, nrun, end, ids):
+        """A batch leaves the last stage at ``end``: its requests advance."""
+        if end > self.env.now:
+            yield self.env.timeout(end - self.env.now)
+        self._n_flight -= 1
+        self._in_flight.difference_update(ids)
+        self._complete(out, items, priced, tup, dt, nrun)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _admitted(self, items, start) -> None:
+        """Bookkeeping of a batch formed at ``start``: admissions, prefix hits, queueing, zero-copy forks."""
+        for it in items:
+            p = it.req.data[0]
+            if p.admitted is None:
+                p.admitted = start
+            if it.new_admission:
+                req = it.req
+                if req.data[1] == 1 and req.num_preemptions == 0:
+                    b = req.data[2]
+                    j = p.job
+                    planned = int(j.reused[b]) - (int(j.copy[b]) if j.share[b] else 0)
+                    if it.cache_hit < planned:
+                        p.recompute += planned - it.cache_hit
+                    p.hit_tokens += it.cache_hit
+                    p.prompt_tokens += int(j.ctx[b])
+                    p.qsum += start - req.arrival
+                    p.qn += 1
+                if it.num_new == 0 and req.data[1] == 1:
+                    b = req.data[2]
+                    if np.isnan(p.first[b]):
+                        p.first[b] = start - p.arrival
+                        p.src_ready[b] = True
+
+    def _complete(self, out, items, priced, tup, dt, nrun) -> None:
+        """A batch's forward is done (now): advance the scheduler, the branches and the records."""
+        env, sched, kv = self.env, self.sched, self.kv
+        worked = bool(tup) and any(t[0] > 0 or t[5] > 0 for t in tup)
+        if worked:
+            self.iterations += 1
+        self._attribute(items, priced, dt, worked)
+        used = kv.num_used * self.block_bytes
+        done = sched.update(out)
+        now = env.now
+        touched = {}
+        for it, (ts, kind) in zip(items, priced):
+            req = it.req
+            p, rkind, b = req.data
+            touched[p.pseq] = p
+            self.tokens[kind] += sum(t[0] for t in ts)
+            p.recompute += it.recompute
+            if rkind == 1:
+                if self.record_tokens and it.samples:
+                    p.tok[b].append(now)
+                if np.isnan(p.first[b]) and it.num_cached + it.num_new >= int(p.job.ctx[b]):
+                    p.first[b] = now - p.arrival   # the prompt is in: its first token is out
+                    p.src_ready[b] = True
+                    self._try_start(p)
+                if req.done_sampling and req.pending == 0 and not p.gen_done[b]:
+                    self.gen_tokens += int(p.job.gen[b])
+                    self._gen_finished(p, b)
+            elif rkind == 0 and req.status == "finished":
+                p.gate_left[b] = False
+                self._try_start(p)
+        for req in done:
+            p, rkind, b = req.data
+            if rkind == 3 or (rkind == 1 and p.gen_done[b] and p.job.verify_on and p.job.v_reuse):
+                self._verify_done(p, b)
+        if worked:
+            self.timeline_t.append(now)
+            self.timeline_b.append(used)
+            self.timeline_run.append(nrun)
+            for p in touched.values():
+                p.iterations += 1
+                if self.per_problem:
+                    p.times.append(now - p.admitted)
+                    p.mem.append(used)
+                if used > p.peak:
+                    p.peak = used
+
+    def _attribute(self, items, priced, dt, worked) -> None:
+        if not worked or dt <= 0:
+            return
+        if all(kind == 2 or not ts for ts, kind in priced):
+            live = [it for it, (ts, _) in zip(items, priced) if ts]
+            share = dt / len(live)
+            for it in live:
+                it.req.data[0].phase["decode"] += share
+            return
+        alone = [self.cost.seconds(ts) if ts else 0.0 for ts, _ in priced]
+        tot = sum(alone)
+        for it, (ts, kind), a in zip(items, priced, alone):
+            it.req.data[0].phase[KIND_NAMES[kind]] += dt * a / tot if tot > 0 else dt / len(items)
+
+    # ------------------------------------------------------------------ arrivals
+    def _no_fit(self, head, kv) -> CapacityError:
+        """The request at the head of the queue can never fit the KV capacity, even alone."""
+        need = -(-head.num_tokens // self.bs)
+        return CapacityError(
+            f"request {head.req_id} (problem {head.data[0].pos}) needs {need} KV blocks "
+            f"({need * self.block_bytes / 1e9:.3f} GB) but the KV capacity is {kv.num_blocks} blocks "
+            f"({kv.num_blocks * self.block_bytes / 1e9:.3f} GB): {need - kv.num_blocks} blocks "
+            f"({(need - kv.num_blocks) * self.block_bytes / 1e9:.3f} GB) short", field="kv_capacity_bytes")
+
+    def _price_batch(self, items, now: float):
+        """Price one scheduled batch: ``(per item (cost tuples, info), all cost tuples)``; refuses a batch of
+        more sequences than the profile was fitted on. Resets the eviction-scoring time the items add."""
+        n = len(items)
+        if self.max_batch is not None and n > self.max_batch:
+            from sim.cost.profiles import OutOfCalibrationError
+            raise OutOfCalibrationError(
+                f"hardware {self.hw_name}: an iteration batched {n} sequences at t = {now:.3f} s, "
+                f"outside the calibrated range (fitted_range.max_batch = {self.max_batch}); refusing to "
+                f"extrapolate (lower the arrival rate, the concurrency or --max-num-seqs)")
+        self._extra_dt = 0.0
+        self.items_scheduled += n
+        priced = [self._price(it) for it in items]
+        if self.prices_shared:
+            priced = self._with_shared(items, priced)
+        return priced, [t for ts, _ in priced for t in ts]
+
+    def _with_shared(self, items, priced):
+        """Each item's first cost tuple carries ``h_i`` (:func:`sim.serving.kvshare.shared_tokens` over the block
+        manager's physical blocks) as its 8th field. A token-eviction decode attends over the policy's
+        cache, not its blocks in order: it shares nothing."""
+        if len(items) < 2:
+            return priced
+        kvb, bs = self.kv.req_blocks, self.bs
+        lists, ctxs = [], []
+        for it, (ts, _) in zip(items, priced):
+            c = it.num_cached
+            blks = kvb.get(it.req.req_id)
+            ids = []
+            # only a block held by two requests (ref >= 2) can be read by two items, and a request's shared
+            # blocks are a prefix of its table (prefix-cache hits and forks share leading blocks only)
+            if ts and blks and blks[0].ref > 1 and c >= bs and not (
+                    it.req.data[1] == 1 and it.num_new == 1 and it.req.data[0].job.long is not None):
+                for b in blks[: c // bs]:
+                    if b.ref < 2:
+                        break
+                    ids.append(b.block_id)
+            lists.append(ids)
+            ctxs.append(c)
+        out = []
+        for h, (ts, kind) in zip(shared_tokens(lists, ctxs, self.bs), priced):
+            if h and ts:
+                ts = [with_shared(ts[0], h)] + ts[1:]
+            out.append((ts, kind))
+        return out
+
+    def _prob(self, pseq: int, pos=None, job=None) -> _Prob:
+        """The problem ``pseq`` (of ``self.jobs`` unless ``pos``/``job`` are given), with its token-time lists."""
+        if job is None:
+            pos, job = self.jobs[pseq]
+        p = _Prob(pseq, pos, job, None)
+        if self.record_tokens:
+            p.tok = [[] for _ in range(job.B)]
+        return p
+
+    def _timed_user(self, pseq: int, slots):
+        """Job ``pseq`` due at ``arrival_times[pseq]``; with ``slots`` (a FIFO resource of ``max_concurrency``)
+        it is sent when it holds one, and holds it until answered."""
+        t = self.arrival_times[pseq]
+        if t > self.env.now:
+            yield self.env.timeout(t - self.env.now)
+        done = None
+        if slots is not None:
+            slot = slots.request()
+            yield slot
+            done = self.env.event()
+        self._arrive(self._prob(pseq), done)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+        if done is not None:
+            yield done
+            slots.release(slot)
+
+    def _closed_loop_user(self, mine):
+        for pseq in mine:
+            ev = self.env.event()
+            self._arrive(self._prob(pseq), ev)
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
+            yield ev
+
+    def _poisson(self):
+        for pseq in range(len(self.jobs)):
+            if pseq:
+                yield self.env.timeout(float(self.rng.exponential(1.0 / self.arrival_rate)))
+            self._arrive(self._prob(pseq))
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
+
+    # ------------------------------------------------------------------ driven from outside (sim.serving.replicas)
+    def start(self):
+        """Start the accelerator process (once); arrivals then come through :meth:`submit`."""
+        overlapped = self.pp_stages > 1 and self.pp_schedule == "overlapped"
+        self._acc = self.env.process(self._accelerator_pp() if overlapped else self._accelerator())
+        return self._acc
+
+    def submit(self, pseq: int, pos: int, job: Job, prompt_ids=None, user_done=None) -> None:
+        """A problem arrives now: ``pseq`` its key (unique per engine), ``pos`` its trace position,
+        ``prompt_ids`` its branches' token ids (per branch), ``user_done`` an event succeeded when it is answered."""
+        if prompt_ids is not None:
+            if self.prompt_ids is None:
+                self.prompt_ids = {}
+            self.prompt_ids[pseq] = prompt_ids
+        self._arrive(self._prob(pseq, pos, job), user_done)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def result(self, n_expected: int | None = None) -> "EngineResult":
+        """The run's result once the environment is exhausted (raises if a problem is unfinished)."""
+        stuck = [p.pos for p in self.probs if not p.end == p.end]
+        if stuck or len(self.probs) < (len(self.jobs) if n_expected is None else n_expected):
+            raise RuntimeError(f"engine: the run stopped with problems {stuck[:5]} unfinished "
+                               f"({len(self.sched.waiting)} waiting, {len(self.sched.running)} running requests)")
+        self.probs.sort(key=lambda p: p.pseq)
+        return EngineResult(self)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> "EngineResult":
+        env = self.env
+        acc = self.start()
+        if self.arrival_times is not None:
+            slots = simpy.Resource(env, capacity=int(self.max_concurrency)) if self.max_concurrency else None
+            for pseq in range(len(self.jobs)):
+                env.process(self._timed_user(pseq, slots))
+        elif self.arrival_rate is None:
+            n = len(self.jobs)
+            for u in range(min(self.concurrency, n)):
+                env.process(self._closed_loop_user(list(range(u, n, self.concurrency))))
+        else:
+            env.process(self._poisson())
+        step = env.step
+        n_ev = 0
+        try:
+            while True:
+                step()
+                n_ev += 1
+                if acc.triggered and not acc.ok:
+                    raise acc.value
+        except simpy.core.EmptySchedule:
+            pass
+        if acc.triggered and not acc.ok:  # pragma: no cover - re-raised above
+            raise acc.value
+        # events: simpy events plus one per request scheduled in an iteration (what a per-step event loop
+        # such as Vidur's processes); the branches' bookkeeping runs as callbacks, not as simpy processes
+        self.events = n_ev + self.items_scheduled
+        return self.result()
+
+
+class LongDecode:
+    """A long decode under token eviction: the cache its steps attend over and the eviction costs.
+
+    ``sizes[i]``: keys the query at position ``prompt_len + i`` attends over (itself included);
+    ``evict_s[t]``: seconds of scoring the candidates at the eviction of position ``t``;
+    ``cap``: the most tokens of KV the sequence ever holds (its block reservation).
+    """
+
+    def __init__(self, prompt_len: int, sizes, evict_s: dict):
+        self.P = int(prompt_len)
+        self.sizes = np.asarray(sizes, np.int64)
+        self.evict_s = dict(evict_s)
+        self.cap = int(max(int(self.sizes.max()) if self.sizes.size else 0, self.P))
+
+    def context(self, c: int) -> int:
+        i = c - self.P
+        if 0 <= i < self.sizes.size:
+            return int(self.sizes[i]) - 1
+        return c
+
+
+class _Sub:
+    """A sub-range of a scheduled item (pricing the part of a chunk before a verification prompt)."""
+
+    def __init__(self, req, n, c):
+        self.req, self.num_new, self.num_cached = req, n, c
+        self.samples = False
+
+
+class EngineResult:
+    """Per-problem records, the global KV and running-sequence timelines, scheduler counters."""
+
+    def __init__(self, eng: Engine):
+        self.problems = eng.probs
+        self.timeline_t = np.asarray(eng.timeline_t)
+        self.timeline_b = np.asarray(eng.timeline_b)
+        self.timeline_running = np.asarray(eng.timeline_run)
+        self.events = eng.events
+        self.iterations = eng.iterations
+        self.makespan = float(eng.env.now)
+        self.busy = eng.busy
+        self.mean_running = eng.run_time / eng.busy if eng.busy > 0 else 0.0
+        self.tokens = dict(zip(KIND_NAMES, eng.tokens))
+        self.stats = eng.sched.stats()
+        self.kv = eng.kv
+        self.gen_tokens = eng.gen_tokens
+        # pipeline parallelism: per stage, the share of the makespan it computed nothing (its bubbles)
+        span = self.makespan
+        self.pipeline = None if eng.pp_stages == 1 else {
+            "pipeline_schedule": eng.pp_schedule, "stages": eng.pp_stages, "stage_busy_s": list(eng.stage_busy),
+            "bubble_fraction": [1.0 - b / span if span > 0 else 0.0 for b in eng.stage_busy],
+            **({"batches": eng.pp_batches} if eng.record_pipeline else {})}
+
+    def records(self) -> list[dict]:
+        out = []
+        for p in self.problems:
+            adm = p.admitted if p.admitted is not None else p.arrival
+            first = p.first
+            out.append({
+                "pseq": p.pseq, "pos": p.pos, "arrival_s": p.arrival, "admitted_s": adm, "end_s": p.end,
+                "latency_s": p.end - p.arrival, "service_s": p.end - adm,
+                # waiting for the scheduler (memory, sequence or token caps): the problem's first admission
+                # after arrival plus its branches' mean wait between ready and first scheduled
+                "queue_s": (adm - p.arrival) + (p.qsum / p.qn if p.qn else 0.0),
+                **{f"{k}_s": v for k, v in p.phase.items()},
+                "ttft_s": float(np.nanmean(first)) if len(first) and not np.isnan(first).all() else 0.0,
+                "first_token_times": first, "peak_kv_bytes": p.peak, "iterations": p.iterations,
+                "kv_times": np.asarray(p.times), "kv_bytes": np.asarray(p.mem),
+                "recompute_tokens": int(p.recompute), "evictions": 0,
+                "prefix_hit_tokens": int(p.hit_tokens), "prompt_tokens_admitted": int(p.prompt_tokens),
+                **({"token_times": p.tok} if p.tok is not None else {}),
+            })
+        return out

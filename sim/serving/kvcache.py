@@ -1,0 +1,428 @@
+"""The serving block manager: paged KV blocks with vLLM's prefix-cache semantics (pure Python).
+
+One object, driven step by step by :class:`sim.serving.scheduler.Scheduler` (which the
+simpy engine and a real torch runner both call), holds the KV memory of a
+server: ``num_blocks`` blocks of ``block_size`` tokens.
+
+Rules (vLLM V1 ``KVCacheManager`` / ``BlockPool``; SGLang's radix cache has the
+same reachability):
+
+* **Hash chain.** A *full* block's key is ``hash((parent_key, content))``
+  (:func:`block_key`); the first block's parent is :data:`ROOT_KEY`. Content is
+  the block's token ids, or any hashable the caller uses in their place. A
+  block is therefore reusable only when every block before it is cached too:
+  :meth:`BlockManager.find_cached` walks the chain and stops at the first
+  miss, so evicting a middle block makes the later ones misses.
+* **Hit cap.** A prompt whose every token hits gets ``n - 1`` tokens at most,
+  rounded down to whole blocks, as vLLM V1 caps it (``max_cache_hit_length =
+  num_tokens - 1``): the last position must be computed to have logits. A request may waive the cap
+  (``allow_full_hit``: a zero-copy fork whose first token is its source's).
+* **Same-step hits.** Full blocks covering the tokens scheduled are keyed when
+  allocated (vLLM caches them in ``allocate_slots``), so a request admitted
+  later in the same step hits blocks an earlier one has just allocated.
+* **Duplicates.** A block computed while a copy with the same key is cached
+  (the recomputed last block of a whole-prompt hit, a block two requests
+  filled in the same steps) is keyed too; lookups return the earliest
+  surviving copy and evicting it hands the key to the next, as vLLM's
+  ``BlockHashToBlockMap`` does (it never de-duplicates, so block tables stay
+  append-only).
+* **References.** A block used by a running request has ``ref > 0`` and is
+  never evicted. Freed blocks (``ref == 0``) with a key form the *evictable
+  cache*; blocks without a key (partial, or caching off) go back to the free
+  pool at once.
+* **Eviction order.** Clean blocks (never used, or without a key) are taken
+  first, then the evictable block the block policy ranks lowest
+  (``policy.evict_key(score, depth, last_used, inserted)`` of
+  :mod:`policies.blocks`): LRU = vLLM's free-queue order (``last_used`` = the
+  tick the block was freed; a request frees its blocks last-first so its tail
+  goes first, as vLLM's ``free`` does), FIFO (``inserted`` = tick it was first
+  cached), RSBCM (``omega = score / (depth + 1)``).
+* **RSBCM score.** A block's score is only what is known when it is ranked:
+  0 until :meth:`BlockManager.set_score` raises it (the caller calls it when
+  the branch's score becomes known); a block shared by several branches keeps
+  the highest (DESIGN §4).
+
+Memory is proportional to the blocks in use or cached, never to
+``num_blocks`` (clean blocks are a counter; block ids are handed out lazily),
+so ``num_blocks`` may be the capacity of an 141 GB device or unlimited.
+
+API (docs/sim-api.md)::
+
+    bm = BlockManager(num_blocks, block_size, policy=LRU(), caching=True)
+    blocks, n_hit = bm.find_cached(req)           # longest cached chain (hit capped at n - 1 tokens)
+    ok = bm.allocate(req, n_new, blocks, n_hit)    # False: not enough free blocks
+    bm.free(req)                                   # request done or preempted
+    bm.set_score(key, s)                           # RSBCM: a branch's score is known
+
+``req`` is any object with ``req_id``, ``num_tokens``, ``num_computed_tokens``,
+``cacheable``, ``allow_full_hit`` and ``block_content(k)`` / ``block_depth(k)``
+(:class:`sim.serving.scheduler.Request` is one).
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+ROOT_KEY = 0x9E3779B97F4A7C15  # parent key of a sequence's first block
+UNLIMITED = 1 << 62            # "no capacity limit" in blocks (nothing is allocated per block)
+
+
+class KVCacheError(ValueError):
+    """A bad block-manager parameter (message names it)."""
+
+
+def block_key(parent: int, content) -> int:
+    """Key of a full block: ``hash((parent_key, content))``.
+
+    Python's hash of a tuple of ints (and of tuples of them) does not depend on
+    ``PYTHONHASHSEED``, so keys are the same in every run; like vLLM's builtin
+    hash option it is 64-bit and not collision-proof (a collision merges two
+    blocks; at 2^-64 per pair it is ignored, as vLLM's default does).
+    """
+    return hash((parent, content))
+
+
+def chain_keys(tokens, block_size: int, parent: int = ROOT_KEY) -> list[int]:
+    """Keys of the full blocks of ``tokens`` (a sequence of ints), chained from ``parent``."""
+    out = []
+    t = list(map(int, tokens))
+    for k in range(len(t) // block_size):
+        parent = block_key(parent, tuple(t[k * block_size:(k + 1) * block_size]))
+        out.append(parent)
+    return out
+
+
+@dataclass(eq=False)
+class Block:
+    """One KV block: id (0..num_blocks-1), key (None = not cached), refs and the policy's fields."""
+
+    block_id: int
+    key: int | None = None
+    ref: int = 0
+    score: float = 0.0
+    depth: int = 0
+    last_used: float = 0.0
+    inserted: float = 0.0
+    version: int = 0       # bumped whenever its heap entry goes stale
+
+
+def check_size(name: str, value, lo: int = 1, hi: int | None = None, allow_none: bool = False) -> int | None:
+    """An integer size parameter in ``[lo, hi]``, else :class:`KVCacheError` naming ``name``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) and not (
+            hasattr(value, "__index__") and not isinstance(value, float)):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise KVCacheError(f"{name}: must be an integer >= {lo}, got {value!r}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise KVCacheError(f"{name}: must be an integer {rng}, got {value!r}")
+    return value
+
+
+class BlockManager:
+    """KV blocks of one server under a block policy (module docstring).
+
+    Parameters
+    ----------
+    num_blocks : int
+        Capacity in blocks (``UNLIMITED`` for none); nothing is allocated per block.
+    block_size : int
+        Tokens per block.
+    policy : block policy of :mod:`policies.blocks`, optional
+        Ranks the evictable cache; default LRU (vLLM's order).
+    caching : bool
+        Prefix caching on (vLLM ``enable_prefix_caching``); off: no block is ever reused.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, policy=None, caching: bool = True):
+        self.num_blocks = check_size("num_blocks", num_blocks, lo=0, hi=UNLIMITED)
+        self.block_size = check_size("block_size", block_size, lo=1, hi=4096)
+        if policy is None:
+            from policies.blocks import LRU
+            policy = LRU()
+        if not hasattr(policy, "evict_key"):
+            raise KVCacheError(f"policy: must be a block policy of policies.blocks (rsbcm, lru, fifo), got {policy!r}")
+        self.policy = policy
+        self.caching = bool(caching)
+        self._next_id = 0          # ids >= this were never handed out
+        self._spare_ids: list = []  # ids returned to the free pool (reused lowest first)
+        self.n_clean = self.num_blocks  # free blocks holding nothing useful
+        self.cached: dict[int, Block] = {}   # key -> the block a lookup returns (referenced or evictable)
+        self._dups: dict[int, dict] = {}     # key -> {block_id: block} of later copies, in insertion order
+        self._evictable: dict[int, Block] = {}  # block_id -> block with ref 0 and a key
+        self._heap: list = []
+        self.req_blocks: dict = {}  # req_id -> [Block]
+        self._n_keyed: dict = {}    # req_id -> blocks of the request already keyed
+        self._chain: dict = {}      # id(req) -> (req, chain keys of its blocks)
+        self.tick = 0.0
+        self.evictions = 0
+        self.hits = 0              # blocks found in the cache
+        self.queries = 0           # blocks looked up
+        self.peak_used = 0
+        self.evicted_log: list = []  # keys evicted, in order (tests, reports; bounded by evictions)
+
+    # ------------------------------------------------------------------ counts
+    @property
+    def num_free(self) -> int:
+        """Blocks an allocation may take: clean + evictable."""
+        return self.n_clean + len(self._evictable)
+
+    @property
+    def num_used(self) -> int:
+        """Blocks referenced by a request."""
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_cached_free(self) -> int:
+        return len(self._evictable)
+
+    def check(self) -> None:
+        """Conservation: clean + evictable + referenced == num_blocks; referenced blocks are held by requests."""
+        refd = {}
+        for blks in self.req_blocks.values():
+            for b in blks:
+                refd[b.block_id] = refd.get(b.block_id, 0) + 1
+        for bid, n in refd.items():
+            assert bid not in self._evictable, f"block {bid} referenced and evictable"
+        n_ref = len(refd)
+        assert self.n_clean + len(self._evictable) + n_ref == self.num_blocks, (
+            self.n_clean, len(self._evictable), n_ref, self.num_blocks)
+        for blks in self.req_blocks.values():
+            for b in blks:
+                assert b.ref == refd[b.block_id], (b.block_id, b.ref, refd[b.block_id])
+        for b in self._evictable.values():
+            assert b.ref == 0 and b.key is not None
+            assert self.cached.get(b.key) is b or self._dups.get(b.key, {}).get(b.block_id) is b, b.block_id
+
+    # ------------------------------------------------------------------ keys
+    def _key_of(self, req, k: int) -> int:
+        # a request's chain keys are kept for the pool's life (its content never changes, preempted or not)
+        hit = self._chain.get(id(req))
+        if hit is None:
+            hit = self._chain[id(req)] = (req, [])  # the request is held so its id stays its own
+        keys = hit[1]
+        while len(keys) <= k:
+            parent = keys[-1] if keys else ROOT_KEY
+            keys.append(block_key(parent, req.block_content(len(keys))))
+        return keys[k]
+
+    def chain_keys(self, req) -> list:
+        """The chain keys of ``req``'s blocks computed so far (empty before its first)."""
+        hit = self._chain.get(id(req))
+        return hit[1] if hit is not None else []
+
+    def key(self, req, k: int) -> int:
+        """Chain key of block ``k`` of ``req`` (computed from its content and its parents')."""
+        return self._key_of(req, k)
+
+    # ------------------------------------------------------------------ lookup
+    def find_cached(self, req, count: bool = True) -> tuple[list, int]:
+        """Longest chain of cached blocks of ``req``'s known tokens: ``(blocks, hit_tokens)``.
+
+        Walks the full blocks and stops at the first miss (chain rule). The hit is capped at
+        ``num_tokens - 1`` tokens unless ``req.allow_full_hit``: the last position is computed
+        again so its logits exist (vLLM V1's ``max_cache_hit_length = num_tokens - 1``), and the hit
+        is whole blocks within that limit, as vLLM V1's ``find_longest_cache_hit`` returns: a
+        whole-prompt full-block match recomputes its last block. ``policies.ExactPrefix`` plans the
+        same rule, so the fast path and this manager agree.
+        """
+        if not (self.caching and req.cacheable):
+            return [], 0
+        n = int(req.num_tokens)
+        limit = n if getattr(req, "allow_full_hit", False) else n - 1
+        nblk = n // self.block_size
+        out = []
+        for k in range(nblk):
+            b = self.cached.get(self._key_of(req, k))
+            if b is None:
+                break
+            out.append(b)
+        if count:
+            self.queries += nblk
+            self.hits += len(out)
+        keep = max(0, min(len(out) * self.block_size, limit)) // self.block_size
+        return out[:keep], keep * self.block_size
+
+    # ------------------------------------------------------------------ allocation
+    def blocks_needed(self, req, n_new: int, computed: list = (), hit_tokens: int | None = None) -> int:
+        """New blocks an :meth:`allocate` of ``n_new`` tokens would take from the free pool."""
+        have = len(self.req_blocks.get(req.req_id, ())) + len(computed)
+        total = self._total_blocks(req, n_new, computed, hit_tokens)
+        n_evictable_hits = sum(1 for b in computed if b.ref == 0)
+        return max(total - have, 0) + n_evictable_hits
+
+    def _total_blocks(self, req, n_new: int, computed, hit_tokens=None) -> int:
+        """Blocks the request holds once ``n_new`` more tokens are in; a request with ``kv_cap`` (token
+        eviction: at most K + B (+ sinks) tokens per sequence) never holds more than its cap."""
+        hit = len(computed) * self.block_size if hit_tokens is None else int(hit_tokens)
+        tokens = int(req.num_computed_tokens) + hit + int(n_new)
+        cap = getattr(req, "kv_cap", None)
+        if cap is not None and tokens > cap:
+            tokens = int(cap)
+        return -(-tokens // self.block_size)
+
+    def can_allocate(self, req, n_new: int, computed: list = (), hit_tokens: int | None = None) -> bool:
+        return self.blocks_needed(req, n_new, computed, hit_tokens) <= self.num_free
+
+    def allocate(self, req, n_new: int, computed: list = (), hit_tokens: int | None = None) -> bool:
+        """Reserve blocks for ``n_new`` more tokens of ``req`` (after its ``computed`` cache hits).
+
+        ``computed``: blocks from :meth:`find_cached` (only on the request's first allocation
+        after admission). Returns False, changing nothing, when the free pool is short.
+        Full blocks covering the tokens scheduled are keyed at once (vLLM caches them at
+        allocation), so a request admitted later in the same step can hit them.
+        """
+        if not self.can_allocate(req, n_new, computed, hit_tokens):
+            return False
+        hit = len(computed) * self.block_size if hit_tokens is None else int(hit_tokens)
+        rid = req.req_id
+        blks = self.req_blocks.setdefault(rid, [])
+        for b in computed:
+            if b.ref == 0:
+                self._evictable.pop(b.block_id, None)
+                b.version += 1
+            b.ref += 1
+            blks.append(b)
+        if computed:
+            self._n_keyed[rid] = len(blks)
+        total = self._total_blocks(req, n_new, computed, hit_tokens)
+        while len(blks) < total:
+            blks.append(self._take())
+        used = self.num_used
+        if used > self.peak_used:
+            self.peak_used = used
+        if self.caching and req.cacheable:
+            full = (int(req.num_computed_tokens) + hit + int(n_new)) // self.block_size
+            self._register(req, blks, full)
+        return True
+
+    def allocate_one(self, req) -> bool:
+        """:meth:`allocate` of one token (a decode step), with a fast lane when its block has room."""
+        blks = self.req_blocks.get(req.req_id)
+        if blks is not None:
+            tokens = req.num_computed_tokens + 1
+            cap = req.kv_cap
+            if cap is not None and tokens > cap:
+                tokens = cap
+            if tokens <= len(blks) * self.block_size:
+                if tokens % self.block_size == 0 and self.caching and req.cacheable:
+                    self._register(req, blks, tokens // self.block_size)
+                return True
+        return self.allocate(req, 1)
+
+    def _register(self, req, blks: list, full: int) -> None:
+        rid = req.req_id
+        k0 = self._n_keyed.get(rid, 0)
+        for k in range(k0, min(full, len(blks))):
+            b = blks[k]
+            if b.key is None:
+                key = self._key_of(req, k)
+                b.key = key
+                b.depth = int(req.block_depth(k))
+                self.tick += 1.0
+                b.inserted = self.tick
+                first = self.cached.get(key)
+                if first is None:
+                    self.cached[key] = b
+                else:
+                    # a duplicate (computed while the first copy existed) is cached too, as vLLM's
+                    # BlockPool does; lookups return the earliest surviving copy
+                    b.score = first.score   # every copy of a key has the same score (set_score)
+                    self._dups.setdefault(key, {})[b.block_id] = b
+        self._n_keyed[rid] = max(k0, min(full, len(blks)))
+
+    def _take(self) -> Block:
+        if self.n_clean > 0:
+            self.n_clean -= 1
+            if self._spare_ids:
+                bid = heapq.heappop(self._spare_ids)
+            else:
+                bid = self._next_id
+                self._next_id += 1
+            return Block(bid, ref=1)
+        b = self._pop_victim()
+        self.evictions += 1
+        self.evicted_log.append(b.key)
+        self._uncache(b)
+        b.key, b.ref, b.score, b.depth = None, 1, 0.0, 0
+        b.version += 1
+        return b
+
+    def _uncache(self, b: Block) -> None:
+        """Drop ``b``'s key from the cache; a later duplicate, if any, serves the key from now on."""
+        key = b.key
+        dups = self._dups.get(key)
+        if self.cached.get(key) is b:
+            if dups:
+                self.cached[key] = dups.pop(next(iter(dups)))
+            else:
+                del self.cached[key]
+        elif dups:
+            dups.pop(b.block_id, None)
+        if dups is not None and not dups:
+            del self._dups[key]
+
+    def _pop_victim(self) -> Block:
+        heap = self._heap
+        while heap:
+            _, _, version, bid = heapq.heappop(heap)
+            b = self._evictable.get(bid)
+            if b is not None and b.version == version:
+                del self._evictable[bid]
+                return b
+        raise RuntimeError("block manager: no evictable block (can_allocate should have refused)")  # pragma: no cover
+
+    def _push(self, b: Block) -> None:
+        b.version += 1
+        heapq.heappush(self._heap, (self.policy.evict_key(b.score, b.depth, b.last_used, b.inserted),
+                                    b.block_id, b.version, b.block_id))
+        if len(self._heap) > 2 * len(self._evictable) + 64:  # drop stale entries
+            self._heap = [e for e in self._heap if (x := self._evictable.get(e[3])) is not None and x.version == e[2]]
+            heapq.heapify(self._heap)
+
+    # ------------------------------------------------------------------ release
+    def free(self, req) -> None:
+        """Drop ``req``'s references, tail block first (vLLM's order: its tail is evicted first)."""
+        rid = req.req_id
+        blks = self.req_blocks.pop(rid, [])
+        self._n_keyed.pop(rid, None)
+        for b in reversed(blks):
+            b.ref -= 1
+            if b.ref > 0:
+                continue
+            if b.key is not None and self.caching:
+                self.tick += 1.0
+                b.last_used = self.tick
+                self._evictable[b.block_id] = b
+                self._push(b)
+            else:
+                if b.key is not None:
+                    self._uncache(b)
+                    b.key = None
+                self.n_clean += 1
+                heapq.heappush(self._spare_ids, b.block_id)
+
+    def set_score(self, key: int, score: float) -> None:
+        """RSBCM: the branch owning a block got its score; the block keeps the highest known."""
+        b = self.cached.get(key)
+        if b is None or not score > b.score:   # every copy of a key has the same score
+            return
+        dups = self._dups.get(key)
+        for x in (b,) if dups is None else (b, *dups.values()):
+            x.score = float(score)
+            if x.ref == 0 and x.block_id in self._evictable:
+                self._push(x)
+
+    def blocks_of(self, req_id) -> list:
+        """Block ids of a request, in sequence order (a real runner's block table)."""
+        return [b.block_id for b in self.req_blocks.get(req_id, ())]
+
+    def stats(self) -> dict:
+        return {"num_blocks": self.num_blocks if self.num_blocks < UNLIMITED else None,
+                "block_size": self.block_size, "evictions": self.evictions, "hit_blocks": self.hits,
+                "queried_blocks": self.queries, "peak_used_blocks": self.peak_used,
+                "prefix_hit_rate": self.hits / self.queries if self.queries else 0.0}
