@@ -238,6 +238,17 @@ def activation_peak(model, max_num_batched_tokens: int, max_num_seqs: int, tenso
     T = int(max_num_batched_tokens)
     mlp = 3.0 * F / tp
     attn = (2.0 * model.n_heads + 2.0 * model.n_kv_heads) * model.head_dim / tp
+    if not model.is_plain:
+        if model.n_moe_layers:
+            # fused MoE (TritonExperts.workspace_shapes, vllm/model_executor/layers/fused_moe/experts/triton_moe.py,
+            # vLLM 0.33.0): workspaces (T, k, max(Fe/TP, d)) and (T, k, max(2 Fe/TP, d)) plus the (T, d) output
+            Fe, k = model.moe_intermediate_size / tp, model.experts_per_token
+            moe = k * (max(Fe, d) + max(2.0 * Fe, d)) + d
+            mlp = max(mlp if model.first_k_dense else 0.0, moe)
+        if model.is_mla:
+            # MLA prefill: q, k expanded to heads (dn + dr), v (dv) and the output, per rank
+            h = model.n_heads / tp
+            attn = h * (2.0 * (model.qk_nope_head_dim + model.qk_rope_head_dim) + 2.0 * model.v_head_dim)
     forward = T * s * (2.0 * d + max(mlp, attn))
     if not last_stage:
         return float(forward)
@@ -283,7 +294,7 @@ def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max
 
     ``reserve_bytes`` (a user's activation reserve) replaces ``activation_peak + non_torch + cudagraph``.
     """
-    from .parallel import kv_heads_per_rank, rank_weight_bytes, stage_layers
+    from .parallel import kv_heads_per_rank, rank_model, rank_weight_bytes, stage_layers
 
     r = rules_for(rules)
     tp, pp = int(tensor_parallel_size), int(pipeline_parallel_size)
@@ -292,11 +303,17 @@ def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max
     nt = non_torch_bytes(tp, pp, r)
     parts = stage_layers(model.n_layers, pp)
     ranks = []
+    start = 0
     for k, (ell, wk) in enumerate(zip(parts, rank_weight_bytes(model, tp, pp))):
         act = activation_peak(model, max_num_batched_tokens, max_num_seqs, tp, k == pp - 1, r)
         reserve = float(reserve_bytes) if reserve_bytes is not None else act + nt + r.cudagraph_bytes
         avail = max(0.0, requested - wk - reserve)
         per_tok = 2.0 * ell * hkv * model.head_dim * model.kv_elem_bytes   # --kv-cache-dtype fp8: 1 byte
+        if not model.is_plain:
+            # MLA: the latent, whole on every TP rank; sliding layers: one slot of the hybrid pool's block,
+            # the largest group's pages (ModelShape.kv_bytes_per_token; kv_cache_planning.py, vLLM 0.33.0)
+            per_tok = float(rank_model(model, tp, ell, start).kv_bytes_per_token)
+        start += ell
         blocks = int(avail // (block_size * per_tok))
         ranks.append({"layers": ell, "weight_bytes": float(wk), "activation_peak_bytes": act,
                       "reserve_bytes": reserve, "kv_bytes": avail, "kv_bytes_per_token": per_tok,

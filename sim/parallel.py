@@ -118,6 +118,10 @@ class ParallelConfig:
         if model.intermediate_size % tp:
             raise ParallelError(f"--tensor-parallel-size: {tp} does not divide {model.name}'s MLP width "
                                 f"{model.intermediate_size}")
+        if model.moe_intermediate_size % tp:
+            # vLLM's FusedMoE without expert parallelism shards every expert's width over the TP ranks
+            raise ParallelError(f"--tensor-parallel-size: {tp} does not divide {model.name}'s expert width "
+                                f"{model.moe_intermediate_size} (moe_intermediate_size)")
         if pp > model.n_layers:
             raise ParallelError(f"--pipeline-parallel-size: {pp} stages for {model.name}'s {model.n_layers} layers")
         if node is not None and tp > node.gpus_per_node:
@@ -150,20 +154,35 @@ def kv_heads_per_rank(n_kv_heads: int, tp: int) -> int:
     return 1 if tp >= n_kv_heads else n_kv_heads // tp
 
 
-def rank_model(m: ModelShape, tp: int = 1, layers: int | None = None) -> ModelShape:
-    """The shard one TP rank holds (and runs), over ``layers`` layers (default all).
+def rank_model(m: ModelShape, tp: int = 1, layers: int | None = None, start: int = 0) -> ModelShape:
+    """The shard one TP rank holds (and runs), over ``layers`` layers from layer ``start`` (default all).
 
     ``n_heads / TP`` query heads, :func:`kv_heads_per_rank` KV heads, ``F / TP`` MLP width,
     ``V / TP`` vocabulary rows of the embedding and LM head; ``d`` and the norms whole.
     ``tp = 1`` and all layers return ``m`` itself.
+
+    MoE (vLLM's ``FusedMoE`` without expert parallelism): every expert on every rank, ``Fe / TP`` wide; the
+    router replicated. MLA (vLLM's ``DeepseekV2MLAAttention``): ``q_b``, ``kv_b`` and ``o`` split by heads,
+    ``q_a`` and ``kv_a`` replicated, and the latent KV cache whole on every rank. A pipeline stage keeps its
+    own layers' kinds (``first_k_dense`` and ``layer_types`` of layers ``start .. start + layers``).
     """
     L = m.n_layers if layers is None else int(layers)
     if tp == 1 and L == m.n_layers:
         return m
+    kinds = {}
+    if not m.is_plain:
+        fk = max(0, min(m.first_k_dense, start + L) - start)
+        lt = tuple(m.layer_types[start:start + L])
+        kinds = dict(first_k_dense=fk, layer_types=lt if "sliding_attention" in lt else (),
+                     sliding_window=m.sliding_window if "sliding_attention" in lt else 0,
+                     moe_intermediate_size=m.moe_intermediate_size // tp)
+        if m.num_experts and fk >= L:   # a stage of dense layers only
+            kinds.update(num_experts=0, experts_per_token=0, num_shared_experts=0, moe_intermediate_size=0,
+                         first_k_dense=0)
     return dataclasses.replace(
         m, n_layers=L, n_heads=m.n_heads // tp, n_kv_heads=kv_heads_per_rank(m.n_kv_heads, tp),
         intermediate_size=m.intermediate_size // tp, vocab_size=-(-m.vocab_size // tp),
-        source=f"{m.source or m.name} (one rank of tensor parallel {tp}, {L} layers)")
+        source=f"{m.source or m.name} (one rank of tensor parallel {tp}, {L} layers)", **kinds)
 
 
 def rank_weight_bytes(m: ModelShape, tp: int, pp: int) -> list[float]:
@@ -172,8 +191,10 @@ def rank_weight_bytes(m: ModelShape, tp: int, pp: int) -> list[float]:
     parts = stage_layers(m.n_layers, pp)
     s = m.dtype_bytes
     out = []
+    a = 0
     for i, ell in enumerate(parts):
-        r = rank_model(m, tp, ell)
+        r = rank_model(m, tp, ell, a)
+        a += ell
         b = ell * r.layer_weight_bytes   # linear weights at their (maybe fp8) size, norms at s
         emb = s * r.vocab_size * m.hidden_size
         if i == 0:
@@ -431,8 +452,8 @@ class ParallelCost:
         for ell in self.parts:
             self.bounds.append((a, a + ell))
             a += ell
-        self.stages = [ScalarCost(rank_model(m, tp, ell), hw, cuda_graph=cuda_graph, sample_vocab=m.vocab_size,
-                                  graphs=graphs) for ell in self.parts]
+        self.stages = [ScalarCost(rank_model(m, tp, ell, a), hw, cuda_graph=cuda_graph, sample_vocab=m.vocab_size,
+                                  graphs=graphs) for ell, (a, _) in zip(self.parts, self.bounds)]
         self.prices_shared = self.stages[0].prices_shared
         self.act = float(m.hidden_size * m.dtype_bytes)      # bytes of one token's activations
         self.logit_row = float(m.vocab_size * m.dtype_bytes)
