@@ -343,6 +343,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     if model.quantization or model.kv_cache_dtype:   # stated only when set: a 16-bit run's info is as before
         info.update({"quantization": model.quantization or None, "kv_cache_dtype": model.kv_cache_dtype or "auto"})
     info["kv_bytes_per_token"] = int(model.kv_bytes_per_token)
+    if not model.is_plain:   # MoE / MLA / sliding-window targets: their kinds and the weights one GPU holds
+        info.update({"model_kinds": model.layer_kinds(), "weight_bytes_per_gpu": float(cap["weight_bytes"])})
     if not par.is_single:
         info.update({"tensor_parallel_size": par.tensor_parallel_size,
                      "pipeline_parallel_size": par.pipeline_parallel_size, "node": nd.name})

@@ -274,6 +274,20 @@ class ModelShape:
         lo, hi = min(ns, nf), max(ns, nf)
         return hi if hi < 1.5 * lo else lo
 
+    def layer_kinds(self) -> dict:
+        """What a run states about a non-dense target: its experts, attention kind and KV per layer kind."""
+        out = {"attention": "mla" if self.is_mla else "gqa", "kv_bytes_per_token_by_kind": self.kv_bytes_by_kind(),
+               "kv_group_layers": self.kv_group_layers, "total_params": self.total_params,
+               "active_params": self.active_params()}
+        if self.num_experts:
+            out.update({"num_experts": self.num_experts, "experts_per_token": self.experts_per_token,
+                        "num_shared_experts": self.num_shared_experts, "moe_layers": self.n_moe_layers})
+        if self.sliding_window:
+            out.update({"sliding_window": self.sliding_window, "sliding_layers": self.n_sliding_layers})
+        if self.weights_format:
+            out["weights_format_released"] = self.weights_format
+        return out
+
     def kv_bytes_by_kind(self) -> dict:
         """KV bytes one token stores, per layer kind: ``{"full": L_full e s_kv, "sliding": L_sw e s_kv}``
         (``e`` = :attr:`kv_elems_per_token_layer`); a sliding layer holds at most ``sliding_window`` tokens."""
