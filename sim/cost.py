@@ -479,6 +479,16 @@ def eviction_scoring_terms(m: ModelShape, cand_tokens, window, n_layers=None, va
     C = np.asarray(cand_tokens, dtype=np.float64)
     lay = m.n_layers if n_layers is None else n_layers
     H, Hkv, Dh, s = m.n_heads, m.n_kv_heads, m.head_dim, m.dtype_bytes
+    if not m.is_plain:
+        # Sliding-window layers keep only their window: eviction does not apply there, and only the full
+        # layers score. MLA: queries absorbed into the latent score it (2 H (r + dr) per key), and keys and
+        # values are the one latent, read once.
+        lay = lay * (1.0 - m.n_sliding_layers / m.n_layers)
+        if m.is_mla:
+            e = m.kv_lora_rank + m.qk_rope_head_dim
+            flops = lay * (2.0 * H * e * window * C + 5.0 * H * window * C)
+            bytes_ = lay * (m.kv_elem_bytes * e * C + s * H * e * window)
+            return OpTerms(flops, bytes_, 3.0 * lay * (C > 0), 0.0 * C, f_att=flops, b_att=bytes_)
     flops = lay * (2.0 * H * Dh * window * C + 5.0 * H * window * C)
     bytes_ = lay * (m.kv_elem_bytes * Hkv * Dh * C * (2.0 if value_range else 1.0) + s * H * Dh * window)
     return OpTerms(flops, bytes_, 3.0 * lay * (C > 0), 0.0 * C, f_att=flops, b_att=bytes_)

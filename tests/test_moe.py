@@ -285,3 +285,14 @@ def test_bench_serve_on_an_mla_preset(tmp_path):
                    cwd=ROOT, check=True, capture_output=True, text=True)
     res = json.loads(out.read_text())
     assert res["completed"] == 30 and res["mean_tpot_ms"] > 0
+
+
+def test_eviction_scoring_on_sliding_and_latent_layers():
+    # gpt-oss-20b: only the 12 full-attention layers hold evictable KV and score it
+    g = load_model("gpt-oss-20b")
+    t = C.eviction_scoring_terms(g, 4000.0, 32)
+    assert float(t.flops) == pytest.approx(12 * (2 * 64 * 64 * 32 * 4000 + 5 * 64 * 32 * 4000), rel=1e-12)
+    # DeepSeek-V2-Lite: the latent of 576 elements scored by absorbed queries, read once
+    d = load_model("deepseek-v2-lite")
+    t = C.eviction_scoring_terms(d, 4000.0, 32)
+    assert float(t.bytes) == pytest.approx(27 * (2 * 576 * 4000 + 2 * 16 * 576 * 32), rel=1e-12)
