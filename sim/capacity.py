@@ -281,8 +281,9 @@ def activation_reserve(model, max_num_batched_tokens: int, max_num_seqs: int, te
 def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max_num_batched_tokens: int,
                    max_num_seqs: int, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                    rules: str | VllmMemoryRules = DEFAULT_RULES, block_size: int = VLLM_BLOCK_SIZE,
-                   reserve_bytes: float | None = None) -> dict:
-    """vLLM's KV cache size for a model on TP x PP GPUs of ``total_bytes`` each.
+                   reserve_bytes: float | None = None, expert_parallel: bool = False) -> dict:
+    """vLLM's KV cache size for a model on TP x PP GPUs of ``total_bytes`` each (``expert_parallel``: vLLM's
+    ``--enable-expert-parallel``, the weight shards of :func:`sim.parallel.rank_model` with ``ep``).
 
     Per GPU of stage ``k`` (``ell_k`` layers, weight shard ``W_k``)::
 
@@ -304,7 +305,7 @@ def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max
     parts = stage_layers(model.n_layers, pp)
     ranks = []
     start = 0
-    for k, (ell, wk) in enumerate(zip(parts, rank_weight_bytes(model, tp, pp))):
+    for k, (ell, wk) in enumerate(zip(parts, rank_weight_bytes(model, tp, pp, expert_parallel))):
         act = activation_peak(model, max_num_batched_tokens, max_num_seqs, tp, k == pp - 1, r)
         reserve = float(reserve_bytes) if reserve_bytes is not None else act + nt + r.cudagraph_bytes
         avail = max(0.0, requested - wk - reserve)
@@ -328,13 +329,13 @@ def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max
             "available_kv_bytes_per_gpu": last["kv_bytes"], "per_rank": ranks, "memory_rules": r.name}
 
 
-def _capacity(model, hw, serving: ServingConfig | None, tp: int, pp: int) -> dict:
+def _capacity(model, hw, serving: ServingConfig | None, tp: int, pp: int, ep: bool = False) -> dict:
     sv = serving or ServingConfig()
     sc = sv.scheduler_config(hw.name)
     total = float(CUDA_TOTAL_BYTES.get(hw.name, hw.mem_capacity))
     given = sv.activation_reserve_bytes
     b = vllm_kv_budget(model, total, sv.gpu_memory_utilization, sc.max_num_batched_tokens, sc.max_num_seqs,
-                       tp, pp, DEFAULT_RULES, reserve_bytes=given)
+                       tp, pp, DEFAULT_RULES, reserve_bytes=given, expert_parallel=ep)
     rsrc = "given" if given is not None else "estimated"
     mem_src = CAPACITY_SOURCES.get(hw.name)
     out = {"mem_capacity_bytes": float(hw.mem_capacity), "cuda_total_bytes": total,
@@ -390,7 +391,7 @@ def replica_kv_capacity(model, hw, serving: ServingConfig | None, parallel) -> d
     from .parallel import kv_heads_per_rank
 
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
-    out, b = _capacity(model, hw, serving, tp, pp)
+    out, b = _capacity(model, hw, serving, tp, pp, bool(getattr(parallel, "enable_expert_parallel", False)))
     out.update({"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "per_rank": b["per_rank"],
                 "kv_tokens": b["kv_tokens"], "kv_heads_per_rank": kv_heads_per_rank(model.n_kv_heads, tp)})
     return out

@@ -249,17 +249,17 @@ def _rope_elems(m: ModelShape) -> int:
 def _mlp_width(m: ModelShape) -> float:
     """Mean over layers of the MLP width one token runs: ``F`` on dense layers, ``(k + S) Fe`` on MoE ones."""
     Lm, L = m.n_moe_layers, m.n_layers
-    return ((L - Lm) * m.intermediate_size + Lm * (m.experts_per_token + m.num_shared_experts)
-            * m.moe_intermediate_size) / L
+    return ((L - Lm) * m.intermediate_size + Lm * (m.local_k * m.moe_intermediate_size + m.shared_width)) / L
 
 
 def distinct_experts(m: ModelShape, rows):
     """``E_hit = E (1 - (1 - k / E)^rows)``: expected distinct experts ``rows`` tokens route to (module
-    docstring; uniform routing). ``rows`` a float or an array; 0 for a dense model."""
+    docstring; uniform routing). ``rows`` a float or an array; 0 for a dense model. One rank of expert
+    parallelism holds ``E / EP`` of them: ``(E / EP) (1 - (1 - k / E)^rows)``."""
     if not m.num_experts:
         return 0.0 * rows
     E, k = float(m.num_experts), float(m.experts_per_token)
-    return E * (1.0 - (1.0 - k / E) ** rows)
+    return m.local_experts * (1.0 - (1.0 - k / E) ** rows)
 
 
 @dataclass(frozen=True)
@@ -289,7 +289,7 @@ def variant(m: ModelShape) -> Variant:
         a_dec = a_pre = 4.0 * H * m.head_dim
     we = m.n_moe_layers / m.n_layers * m.routed_expert_bytes
     return Variant(a_dec, a_pre, float(m.kv_elems_per_token_layer), m.n_sliding_layers / m.n_layers,
-                   float(m.sliding_window), float(m.layer_weight_bytes) - we * m.num_experts, we)
+                   float(m.sliding_window), float(m.layer_weight_bytes) - we * m.local_experts, we)
 
 
 def window_keys(n, c, W, lo=np.maximum, hi=np.minimum):

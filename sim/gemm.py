@@ -67,12 +67,12 @@ def variant_gemms(m, rows, ops=None):
         out += [(d, 2 * F, (L - Lm) / L, 1.0, rows, (L - Lm) / L * 2.0 * d * F),
                 (F, d, (L - Lm) / L, 1.0, rows, (L - Lm) / L * F * d)]
     if Lm:
-        f, Fe, S = Lm / L, m.moe_intermediate_size, m.num_shared_experts
+        f, Fe, Fs = Lm / L, m.moe_intermediate_size, m.shared_width
         out.append((d, m.num_experts, f, 1.0, rows, f * d * m.num_experts))
-        if S:
-            out += [(d, 2 * S * Fe, f, 1.0, rows, f * 2.0 * d * S * Fe), (S * Fe, d, f, 1.0, rows, f * S * Fe * d)]
+        if Fs:
+            out += [(d, 2 * Fs, f, 1.0, rows, f * 2.0 * d * Fs), (Fs, d, f, 1.0, rows, f * Fs * d)]
         hit = distinct_experts(m, rows)
-        per = rows * m.experts_per_token / (hit + 1e-30)
+        per = rows * m.local_k / (hit + 1e-30)
         out += [(d, 2 * Fe, f, hit, per, f * hit * 2.0 * d * Fe), (Fe, d, f, hit, per, f * hit * Fe * d)]
     return out
 

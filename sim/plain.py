@@ -240,7 +240,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         offline: bool = False, token_policy=None, block_size: int = BLOCK_SIZE,
         arrivals: np.ndarray | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
         node=None, data_parallel_size: int = 1, router: str = "prefix-affinity",
-        pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False) -> PlainRun:
+        pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False,
+        enable_expert_parallel: bool = False) -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.engine.Engine` and return per-request timings.
 
     ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
@@ -256,6 +257,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     replica is the engine's own driver, unchanged. ``pipeline_schedule`` (PP > 1): ``"overlapped"``, vLLM's
     up to PP batches in flight, or ``"serial"``, one batch through all stages at a time.
     ``disable_custom_all_reduce``: vLLM's flag, every tensor-parallel all-reduce priced by NCCL.
+    ``enable_expert_parallel``: vLLM's flag, each TP rank holds ``E / TP`` whole experts (:func:`sim.parallel.rank_model`).
     """
     from .cost import ScalarCost
     from .engine import Engine
@@ -276,7 +278,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     from .capacity import check_fits
     from .parallel import ParallelConfig, ParallelCost, rank_model, stage_layers
     from .target import resolve_node
-    par = ParallelConfig(tensor_parallel_size, pipeline_parallel_size, data_parallel_size, disable_custom_all_reduce)
+    par = ParallelConfig(tensor_parallel_size, pipeline_parallel_size, data_parallel_size, disable_custom_all_reduce,
+                         enable_expert_parallel)
     if data_parallel_size > 1:
         from .router import ROUTERS
         if router not in ROUTERS:
@@ -345,6 +348,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     info["kv_bytes_per_token"] = int(model.kv_bytes_per_token)
     if not model.is_plain:   # MoE / MLA / sliding-window targets: their kinds and the weights one GPU holds
         info.update({"model_kinds": model.layer_kinds(), "weight_bytes_per_gpu": float(cap["weight_bytes"])})
+        if par.enable_expert_parallel:
+            info["enable_expert_parallel"] = True
     if not par.is_single:
         info.update({"tensor_parallel_size": par.tensor_parallel_size,
                      "pipeline_parallel_size": par.pipeline_parallel_size, "node": nd.name})

@@ -107,6 +107,11 @@ class ModelShape:
     layer_types: tuple = ()           # per layer "sliding_attention" | "full_attention" (HF's layer_types)
     weights_format: str = ""          # the released checkpoint's weight format when not dtype_bytes (information:
                                       # priced only through --quantization)
+    # one rank's shard (sim.parallel.rank_model), not preset fields: the shared experts' total width when it is
+    # not num_shared_experts x moe_intermediate_size (TP-sharded under expert parallelism), and the expert
+    # parallel size whose rank this shape is (it holds num_experts / expert_parallel_size whole experts)
+    shared_expert_intermediate_size: int = 0
+    expert_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim",
@@ -142,7 +147,8 @@ class ModelShape:
                 raise PresetError(f"{where}: field 'first_k_dense' ({self.first_k_dense}) leaves no MoE layer of "
                                   f"{self.n_layers}")
         else:
-            for f in ("experts_per_token", "num_shared_experts", "moe_intermediate_size", "first_k_dense"):
+            for f in ("experts_per_token", "num_shared_experts", "moe_intermediate_size", "first_k_dense",
+                      "shared_expert_intermediate_size"):
                 if getattr(self, f):
                     raise PresetError(f"{where}: field {f!r} needs num_experts > 0")
         if self.kv_lora_rank:
@@ -167,6 +173,10 @@ class ModelShape:
                               "sliding_attention layers and sliding_attention layers need a window")
         if self.sliding_window and self.kv_lora_rank:
             raise PresetError(f"{where}: field 'sliding_window' with kv_lora_rank: no released MLA model slides")
+        ep = self.expert_parallel_size
+        if not isinstance(ep, (int, np.integer)) or isinstance(ep, bool) or ep < 1 or (self.num_experts % ep):
+            raise PresetError(f"{where}: field 'expert_parallel_size' must be a positive integer dividing "
+                              f"num_experts ({self.num_experts}), got {ep!r}")
         if not isinstance(self.weights_format, str):
             raise PresetError(f"{where}: field 'weights_format' must be a string, got {self.weights_format!r}")
 
@@ -211,6 +221,22 @@ class ModelShape:
         return 3 * self.hidden_size * self.moe_intermediate_size
 
     @property
+    def shared_width(self) -> int:
+        """The shared experts' total MLP width: ``S Fe`` (or ``shared_expert_intermediate_size`` when set)."""
+        return self.shared_expert_intermediate_size or self.num_shared_experts * self.moe_intermediate_size
+
+    @property
+    def local_experts(self) -> float:
+        """Routed experts this shape holds per MoE layer: ``E / EP`` (``E`` on one GPU or under TP)."""
+        return self.num_experts / self.expert_parallel_size if self.expert_parallel_size > 1 else self.num_experts
+
+    @property
+    def local_k(self) -> float:
+        """Routed experts per token that run here, in expectation: ``k / EP`` (``k`` without EP)."""
+        return self.experts_per_token / self.expert_parallel_size if self.expert_parallel_size > 1 \
+            else self.experts_per_token
+
+    @property
     def router_params(self) -> int:
         return self.hidden_size * self.num_experts
 
@@ -222,14 +248,14 @@ class ModelShape:
     @property
     def moe_layer_params(self) -> int:
         """An MoE layer as stored: ``A + d E + (E + S) 3 d Fe + 2 d``."""
-        return (self.attn_params_per_layer + self.router_params
-                + (self.num_experts + self.num_shared_experts) * self.expert_params + 2 * self.hidden_size)
+        return (self.attn_params_per_layer + self.router_params + self.local_experts * self.expert_params
+                + 3 * self.hidden_size * self.shared_width + 2 * self.hidden_size)
 
     @property
     def moe_layer_active_params(self) -> int:
         """An MoE layer as one token runs it: ``A + d E + (k + S) 3 d Fe + 2 d``."""
-        return (self.attn_params_per_layer + self.router_params
-                + (self.experts_per_token + self.num_shared_experts) * self.expert_params + 2 * self.hidden_size)
+        return (self.attn_params_per_layer + self.router_params + self.local_k * self.expert_params
+                + 3 * self.hidden_size * self.shared_width + 2 * self.hidden_size)
 
     @property
     def layers_params(self) -> int:
@@ -387,6 +413,8 @@ class ModelShape:
         for k in ("quantization", "kv_cache_dtype") + _VARIANT_INT_FIELDS + ("layer_types", "weights_format"):
             if not d[k]:   # stated only when set: a dense 16-bit model's dict is as before
                 d.pop(k)
+        if d["expert_parallel_size"] == 1:
+            d.pop("expert_parallel_size")
         if "layer_types" in d:
             d["layer_types"] = list(d["layer_types"])
         return d
@@ -395,7 +423,7 @@ class ModelShape:
 LAYER_TYPES = ("full_attention", "sliding_attention")
 _VARIANT_INT_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", "moe_intermediate_size",
                        "first_k_dense", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
-                       "v_head_dim", "sliding_window")
+                       "v_head_dim", "sliding_window", "shared_expert_intermediate_size")
 
 
 # vLLM's --quantization and --kv-cache-dtype values the cost model prices ("" = the model's own dtype)
@@ -847,7 +875,7 @@ def load_model(name_or_path: str | os.PathLike) -> ModelShape:
     if unknown:
         raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(_MODEL_FIELDS))}")
     missing = _MODEL_FIELDS - set(data) - {"name", "dtype", "quantization", "kv_cache_dtype", "layer_types",
-                                           "weights_format"} - set(_VARIANT_INT_FIELDS)
+                                           "weights_format", "expert_parallel_size"} - set(_VARIANT_INT_FIELDS)
     if missing:
         raise PresetError(f"{path}: missing field(s) {', '.join(sorted(missing))}")
     data.setdefault("name", path.stem)

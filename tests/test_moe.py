@@ -296,3 +296,25 @@ def test_eviction_scoring_on_sliding_and_latent_layers():
     d = load_model("deepseek-v2-lite")
     t = C.eviction_scoring_terms(d, 4000.0, 32)
     assert float(t.bytes) == pytest.approx(27 * (2 * 576 * 4000 + 2 * 16 * 576 * 32), rel=1e-12)
+
+
+def test_expert_parallel_ranks_hold_whole_experts():
+    q = load_model("qwen3-30b-a3b")
+    r = rank_model(q, 4, ep=True)
+    assert (r.local_experts, r.moe_intermediate_size, r.expert_parallel_size) == (32, 768, 4)
+    # one rank reads its own experts the tokens route to: (E / EP) (1 - (1 - k / E)^T)
+    assert float(C.distinct_experts(r, 16.0)) == pytest.approx(32 * (1 - (1 - 8 / 128) ** 16), rel=1e-12)
+    # and runs k / EP of each token's experts: 2 (A + dE + 2 x 3 d Fe + 2d) flops per token and layer
+    d = 2048
+    att = d * 8 * 128 + 2 * d * 1 * 128 + 8 * 128 * d
+    assert r.params_per_layer == pytest.approx(att + d * 128 + 2 * 3 * d * 768 + 2 * d, rel=1e-12)
+    # whole experts E / TP or every expert at Fe / TP: the same bytes per GPU
+    assert rank_weight_bytes(q, 4, 1, ep=True) == rank_weight_bytes(q, 4, 1)
+    # DeepSeek-V2-Lite: the two shared experts stay TP-sharded under EP
+    v = rank_model(load_model("deepseek-v2-lite"), 2, ep=True)
+    assert (v.shared_width, v.local_experts) == (1408, 32)
+    with pytest.raises(ParallelError, match="num_experts"):
+        ParallelConfig(4, enable_expert_parallel=True).validate(dataclasses.replace(q, num_experts=6,
+                                                                                    experts_per_token=2))
+    with pytest.raises(ParallelError, match="--enable-expert-parallel"):
+        ParallelConfig(2, enable_expert_parallel="yes")
