@@ -126,10 +126,11 @@ experts an iteration's MoE layer hits is::
 
     E_hit(rows) = E (1 - (1 - k / E)^rows)
 
-(the balls-into-bins expectation: an expert is missed by one token with probability ``1 - k / E``; the
-uniform-routing assumption of "Towards MoE Deployment: Mitigating Inefficiencies in Mixture-of-Expert (MoE)
-Inference", Huang et al., arXiv 2303.06182, and of MoE-Lightning, arXiv 2411.11217; trained routers are
-skewed, so this is the upper end of the distinct count). Then, with ``Lm / L`` the MoE layers' share and
+(derived, the balls-into-bins expectation: a token's k distinct choices miss a given expert with
+probability ``1 - k / E``, independently across tokens; ``tests/test_moe.py`` holds it against seeded
+sampling of the same routing. Uniform routing is an assumption, not a measurement: a trained router is
+skewed, which hits fewer distinct experts at a batch, so this is the upper end of the weights read).
+Then, with ``Lm / L`` the MoE layers' share and
 ``B_e`` one routed expert's bytes (:attr:`~sim.profiles.ModelShape.routed_expert_bytes`)::
 
     f_lin = sum_i 2 P_act n_i l_i                                 # P_act: mean active params per layer
