@@ -263,6 +263,63 @@ def distinct_experts(m: ModelShape, rows):
     return m.local_experts * (1.0 - (1.0 - k / E) ** rows)
 
 
+class SampledRouting:
+    """Seeded sampled routing: the distinct experts of ``rows`` tokens drawn, not expected.
+
+    Each of ``draws`` MoE layers routes ``rows`` tokens, each to ``k`` distinct experts of ``E`` drawn
+    uniformly (``numpy.random.default_rng((seed, rows))``); a draw counts the distinct experts the busiest
+    expert-parallel rank holds (experts ``[r E / EP, (r + 1) E / EP)`` on rank ``r``, vLLM's linear
+    ``expert_map``; all of them without EP), and the mean over draws is the count. Where every expert is
+    hit but with probability below 1e-6 (``E (1 - k / E)^rows < 1e-6``) the expectation is returned.
+    Memoised per row count. Without EP it agrees with :func:`distinct_experts` up to sampling noise; with
+    EP the busiest rank reads more than the mean rank at small batches.
+    """
+
+    def __init__(self, seed: int = 0, draws: int = 32):
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"--moe-routing sampled: seed must be a non-negative integer, got {seed!r}")
+        if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or not 1 <= draws <= 4096:
+            raise ValueError(f"--moe-routing sampled: draws must be an integer in 1..4096, got {draws!r}")
+        self.seed, self.draws = int(seed), int(draws)
+        self._memo: dict = {}
+
+    def distinct(self, m: ModelShape, rows):
+        if np.ndim(rows):
+            r = np.asarray(rows, np.float64)
+            return np.vectorize(lambda x: self.distinct(m, float(x)), otypes=[np.float64])(r)
+        E, k, ep = m.num_experts, m.experts_per_token, m.expert_parallel_size
+        if not E:
+            return 0.0
+        T = int(round(rows))
+        if T <= 0 or E * (1.0 - k / E) ** T < 1e-6:
+            return float(distinct_experts(m, float(rows)))
+        key = (E, k, ep, T)
+        hit = self._memo.get(key)
+        if hit is None:
+            rng = np.random.default_rng((self.seed, T))
+            per = E // ep
+            tot = 0.0
+            for _ in range(self.draws):
+                chosen = np.argpartition(rng.random((T, E)), k - 1, axis=1)[:, :k]
+                used = np.zeros(E, bool)
+                used[chosen.ravel()] = True
+                tot += float(used.reshape(ep, per).sum(axis=1).max())
+            hit = self._memo[key] = tot / self.draws
+        return hit
+
+
+ROUTINGS = ("expected", "sampled")
+
+
+def routing_for(name: str, seed: int = 0):
+    """``None`` (the expectation, :func:`distinct_experts`) for ``expected``; a :class:`SampledRouting`."""
+    if name == "expected":
+        return None
+    if name == "sampled":
+        return SampledRouting(seed)
+    raise ValueError(f"--moe-routing: {name!r} is not one of {', '.join(ROUTINGS)}")
+
+
 @dataclass(frozen=True)
 class Variant:
     """The per-layer constants of a non-dense shape the three term builders share (module docstring)."""
@@ -275,9 +332,11 @@ class Variant:
     w_fixed: float    # mean weight bytes per layer outside the routed experts
     w_expert: float   # (Lm / L) B_e: mean bytes per layer of one routed expert
 
-    def lin_bytes(self, m: ModelShape, rows):
-        """Mean weight bytes per layer an iteration of ``rows`` token rows reads: ``W_fixed + (Lm/L) E_hit B_e``."""
-        return self.w_fixed + self.w_expert * distinct_experts(m, rows)
+    def lin_bytes(self, m: ModelShape, rows, routing=None):
+        """Mean weight bytes per layer an iteration of ``rows`` token rows reads: ``W_fixed + (Lm/L) E_hit B_e``
+        (``routing``: None for the expectation, or a :class:`SampledRouting`)."""
+        hit = distinct_experts(m, rows) if routing is None else routing.distinct(m, rows)
+        return self.w_fixed + self.w_expert * hit
 
 
 def variant(m: ModelShape) -> Variant:
@@ -309,7 +368,7 @@ def _fmin(a, b):
 
 
 def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_tokens=0, mask=None,
-                sampled=None, cuda_graph=False, shared=0) -> OpTerms:
+                sampled=None, cuda_graph=False, shared=0, routing=None) -> OpTerms:
     """Terms of one batched forward iteration (formula in the module docstring).
 
     Parameters
@@ -336,6 +395,8 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     shared : array_like
         Cached tokens of each item in KV blocks an earlier item of the iteration reads too
         (``h_i`` of "Shared KV reads"; at most ``c``).
+    routing : SampledRouting, optional
+        MoE models: the distinct experts an iteration hits, sampled (default: the expectation).
 
     Returns
     -------
@@ -392,7 +453,7 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
         b_kvs = sk * np.sum(runs * ell * v.kvt * h * full, axis=-1)
         f_pad = v.a_dec * full * np.sum(gap, axis=-1)
         b_pad = sk * v.kvt * full * np.sum(gap, axis=-1)
-        b_lin = lmax * v.lin_bytes(m, np.sum(runs * n, axis=-1))
+        b_lin = lmax * v.lin_bytes(m, np.sum(runs * n, axis=-1), routing)
         kv_tok = v.kvt
     bytes_ = (b_lin + b_head + b_att + s * np.sum(runs * 2.0 * d * n, axis=-1)
               + sk * np.sum(w * 2.0 * cp, axis=-1) * L * kv_tok)
@@ -504,7 +565,8 @@ class ScalarCost:
     operations: the formula itself is written once, for this path and ``HardwareProfile.time``.
     """
 
-    def __init__(self, m: ModelShape, hw, cuda_graph: bool = False, sample_vocab: int | None = None, graphs=None):
+    def __init__(self, m: ModelShape, hw, cuda_graph: bool = False, sample_vocab: int | None = None, graphs=None,
+                 routing=None):
         # sample_vocab: entries the sampler sorts per row when it differs from m.vocab_size (a tensor-parallel
         # rank holds V / TP of the LM head but samples over the gathered V logits: sim.parallel)
         # cuda_graph: every kernel replayed from a graph; graphs (sim.graphs.CudaGraphs): vLLM's choice per
@@ -525,6 +587,7 @@ class ScalarCost:
         self.prices_shared = hw.eff_kv_shared is not None   # callers skip counting shared blocks when nothing prices them
         # MoE / MLA / sliding-window shapes: the per-item sums with their coefficients (module docstring)
         self.v = None if m.is_plain else variant(m)
+        self.routing = routing   # MoE: None (expected distinct experts) or a SampledRouting
 
     def terms(self, items) -> OpTerms:
         """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled[, shared]])`` tuples (layers
@@ -604,7 +667,7 @@ class ScalarCost:
         gap = d_cmax * d_ell - d_ellc
         if v is not None:
             # experts read: those the iteration's real rows route to (CUDA-graph padding rows are not counted)
-            b_lin = lmax * v.lin_bytes(self.m, rows_n)
+            b_lin = lmax * v.lin_bytes(self.m, rows_n, self.routing)
             full = 1.0 - v.f_sw
             return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * emb + sk * cp * L * v.kvt, kernels,
                            lmax, rows * self.V, 1.0 if lmax > 0 else 0.0, gk, f_lin, b_lin, f_att, b_att, f_head,
@@ -629,7 +692,7 @@ def with_shared(item: tuple, h: float) -> tuple:
     return tuple(item[:6]) + (sampled, float(h))
 
 
-def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, shared=0.0) -> OpTerms:
+def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, shared=0.0, routing=None) -> OpTerms:
     """Terms of many decode iterations at once; ``contexts (J, B)`` cached tokens, ``mask (J, B)`` present,
     ``shared (J,)`` the iteration's shared cached tokens ``sum_b h_jb`` ("Shared KV reads").
 
@@ -651,7 +714,7 @@ def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, 
         h = np.zeros(c.shape)
         if c.shape[-1]:
             h[..., 0] = np.broadcast_to(np.asarray(shared, np.float64), c.shape[:-1])
-        return batch_terms(m, w * 1.0, c, mask=w, cuda_graph=cuda_graph, shared=h)
+        return batch_terms(m, w * 1.0, c, mask=w, cuda_graph=cuda_graph, shared=h, routing=routing)
     k = w.sum(axis=-1).astype(np.float64)
     S = np.where(w, c + 1.0, 0.0).sum(axis=-1)
     gap = float(m.n_layers) * (k * np.max(np.where(w, c, 0.0), axis=-1, initial=0.0) - np.where(w, c, 0.0).sum(axis=-1))

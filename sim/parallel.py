@@ -439,7 +439,7 @@ class ParallelCost:
     """
 
     def __init__(self, m: ModelShape, hw, node: NodeProfile | None, par: ParallelConfig, cuda_graph: bool = False,
-                 delegate_single: bool = True, schedule: str = "overlapped", graphs=None):
+                 delegate_single: bool = True, schedule: str = "overlapped", graphs=None, routing=None):
         # graphs (sim.graphs.CudaGraphs): vLLM's per-iteration graph choice; an iteration it replays runs its
         # all-reduces inside the graph
         # delegate_single=False runs the staged path even at TP = PP = 1 (the test that it reduces exactly)
@@ -455,7 +455,7 @@ class ParallelCost:
         self.pp = par.pipeline_parallel_size
         self.single = par.is_single and delegate_single
         if self.single:
-            self._one = ScalarCost(m, hw, cuda_graph=cuda_graph, graphs=graphs)
+            self._one = ScalarCost(m, hw, cuda_graph=cuda_graph, graphs=graphs, routing=routing)
             self.prices_shared = self._one.prices_shared
             return
         if node is None and not par.is_single:
@@ -472,8 +472,8 @@ class ParallelCost:
             self.bounds.append((a, a + ell))
             a += ell
         self.stages = [ScalarCost(rank_model(m, tp, ell, a, par.enable_expert_parallel), hw, cuda_graph=cuda_graph,
-                                  sample_vocab=m.vocab_size,
-                                  graphs=graphs) for ell, (a, _) in zip(self.parts, self.bounds)]
+                                  sample_vocab=m.vocab_size, graphs=graphs, routing=routing)
+                       for ell, (a, _) in zip(self.parts, self.bounds)]
         self.prices_shared = self.stages[0].prices_shared
         self.act = float(m.hidden_size * m.dtype_bytes)      # bytes of one token's activations
         self.logit_row = float(m.vocab_size * m.dtype_bytes)

@@ -241,7 +241,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         arrivals: np.ndarray | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
         node=None, data_parallel_size: int = 1, router: str = "prefix-affinity",
         pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False,
-        enable_expert_parallel: bool = False) -> PlainRun:
+        enable_expert_parallel: bool = False, moe_routing: str = "expected") -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.engine.Engine` and return per-request timings.
 
     ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
@@ -258,8 +258,10 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     up to PP batches in flight, or ``"serial"``, one batch through all stages at a time.
     ``disable_custom_all_reduce``: vLLM's flag, every tensor-parallel all-reduce priced by NCCL.
     ``enable_expert_parallel``: vLLM's flag, each TP rank holds ``E / TP`` whole experts (:func:`sim.parallel.rank_model`).
+    ``moe_routing``: ``expected`` distinct experts per iteration, or ``sampled`` (seeded by ``seed``;
+    :class:`sim.cost.SampledRouting`).
     """
-    from .cost import ScalarCost
+    from .cost import ScalarCost, routing_for
     from .engine import Engine
     from .graphs import engine_graphs
     from .scheduler import SchedulerConfig
@@ -280,6 +282,10 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     from .target import resolve_node
     par = ParallelConfig(tensor_parallel_size, pipeline_parallel_size, data_parallel_size, disable_custom_all_reduce,
                          enable_expert_parallel)
+    try:
+        routing = routing_for(moe_routing, int(seed)) if model.num_experts else None
+    except ValueError as exc:
+        raise PlainError(str(exc)) from None
     if data_parallel_size > 1:
         from .router import ROUTERS
         if router not in ROUTERS:
@@ -315,8 +321,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         ids.append([np.concatenate([pre, own]) if wl.prefix_len else own])
     kw = dict(seed=seed, scheduler=sched, kv_blocks=blocks, caching=bool(sv.prefix_caching) and token_policy is None,
               max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name, record_token_times=True,
-              cost=(ScalarCost(model, hw, graphs=graphs) if par.is_single
-                    else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule, graphs=graphs)))
+              cost=(ScalarCost(model, hw, graphs=graphs, routing=routing) if par.is_single
+                    else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule, graphs=graphs, routing=routing)))
     where = None
     if par.data_parallel_size == 1:
         eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency, **kw)
@@ -350,6 +356,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         info.update({"model_kinds": model.layer_kinds(), "weight_bytes_per_gpu": float(cap["weight_bytes"])})
         if par.enable_expert_parallel:
             info["enable_expert_parallel"] = True
+        if model.num_experts:
+            info["moe_routing"] = moe_routing
     if not par.is_single:
         info.update({"tensor_parallel_size": par.tensor_parallel_size,
                      "pipeline_parallel_size": par.pipeline_parallel_size, "node": nd.name})

@@ -318,3 +318,32 @@ def test_expert_parallel_ranks_hold_whole_experts():
                                                                                     experts_per_token=2))
     with pytest.raises(ParallelError, match="--enable-expert-parallel"):
         ParallelConfig(2, enable_expert_parallel="yes")
+
+
+def test_sampled_routing_agrees_with_the_expectation_and_sees_the_busiest_rank():
+    q = load_model("qwen3-235b-a22b")                    # 128 experts, top-8
+    s = C.SampledRouting(seed=3)
+    for T in (1, 4, 16, 64):
+        assert s.distinct(q, float(T)) == pytest.approx(float(C.distinct_experts(q, float(T))), rel=0.03)
+    assert s.distinct(q, 4096.0) == pytest.approx(128.0)  # every expert hit: the expectation
+    assert C.SampledRouting(seed=3).distinct(q, 16.0) == s.distinct(q, 16.0)   # seeded
+    # EP 8: 16 experts per rank; the busiest rank holds more hit experts than the mean rank at small batches
+    r = rank_model(q, 8, ep=True)
+    mean = float(C.distinct_experts(r, 8.0))
+    assert mean == pytest.approx(16 * (1 - (1 - 8 / 128) ** 8))
+    assert s.distinct(r, 8.0) > 1.2 * mean
+    # and prices it: the busiest rank's expert bytes in b_lin
+    sc = C.ScalarCost(r, H100, routing=s)
+    item = [(1.0, 100.0, None, 0.0, 1.0, 0.0)] * 8
+    assert sc.terms(item).b_lin > C.ScalarCost(r, H100).terms(item).b_lin
+    np.testing.assert_allclose(C.batch_terms(r, np.ones(8), np.full(8, 100.0), routing=s).as_full_array(),
+                               sc.terms(item).as_full_array(), rtol=1e-12)
+    with pytest.raises(ValueError, match="moe-routing"):
+        C.routing_for("skewed")
+
+
+def test_bench_with_sampled_routing_and_expert_parallel(tmp_path):
+    a = _bench(tmp_path, "--model-preset", "qwen3-30b-a3b", "--tensor-parallel-size", "2", "--enable-expert-parallel",
+               "--moe-routing", "sampled")
+    assert a["rksim"]["moe_routing"] == "sampled" and a["rksim"]["enable_expert_parallel"] is True
+    assert a["rksim"]["weight_bytes_per_gpu"] == rank_weight_bytes(load_model("qwen3-30b-a3b"), 2, 1, ep=True)[0]
