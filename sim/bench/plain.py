@@ -240,7 +240,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         offline: bool = False, token_policy=None, block_size: int = BLOCK_SIZE,
         arrivals: np.ndarray | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
         node=None, data_parallel_size: int = 1, router: str = "prefix-affinity",
-        pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False) -> PlainRun:
+        pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False,
+        enable_expert_parallel: bool = False, moe_routing: str = "expected") -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.serving.engine.Engine` and return per-request timings.
 
     ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
@@ -256,8 +257,11 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     replica is the engine's own driver, unchanged. ``pipeline_schedule`` (PP > 1): ``"overlapped"``, vLLM's
     up to PP batches in flight, or ``"serial"``, one batch through all stages at a time.
     ``disable_custom_all_reduce``: vLLM's flag, every tensor-parallel all-reduce priced by NCCL.
+    ``enable_expert_parallel``: vLLM's flag, each TP rank holds ``E / TP`` whole experts (:func:`sim.cost.parallel.rank_model`).
+    ``moe_routing``: ``expected`` distinct experts per iteration, or ``sampled`` (seeded by ``seed``;
+    :class:`sim.cost.terms.SampledRouting`).
     """
-    from sim.cost.terms import ScalarCost
+    from sim.cost.terms import ScalarCost, routing_for
     from sim.serving.engine import Engine
     from sim.cost.graphs import engine_graphs
     from sim.serving.scheduler import SchedulerConfig
@@ -276,7 +280,12 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     from sim.serving.capacity import check_fits
     from sim.cost.parallel import ParallelConfig, ParallelCost, rank_model, stage_layers
     from sim.replay.target import resolve_node
-    par = ParallelConfig(tensor_parallel_size, pipeline_parallel_size, data_parallel_size, disable_custom_all_reduce)
+    par = ParallelConfig(tensor_parallel_size, pipeline_parallel_size, data_parallel_size, disable_custom_all_reduce,
+                         enable_expert_parallel)
+    try:
+        routing = routing_for(moe_routing, int(seed)) if model.num_experts else None
+    except ValueError as exc:
+        raise PlainError(str(exc)) from None
     if data_parallel_size > 1:
         from sim.serving.router import ROUTERS
         if router not in ROUTERS:
@@ -312,8 +321,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         ids.append([np.concatenate([pre, own]) if wl.prefix_len else own])
     kw = dict(seed=seed, scheduler=sched, kv_blocks=blocks, caching=bool(sv.prefix_caching) and token_policy is None,
               max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name, record_token_times=True,
-              cost=(ScalarCost(model, hw, graphs=graphs) if par.is_single
-                    else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule, graphs=graphs)))
+              cost=(ScalarCost(model, hw, graphs=graphs, routing=routing) if par.is_single
+                    else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule, graphs=graphs, routing=routing)))
     where = None
     if par.data_parallel_size == 1:
         eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency, **kw)
@@ -343,6 +352,12 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     if model.quantization or model.kv_cache_dtype:   # stated only when set: a 16-bit run's info is as before
         info.update({"quantization": model.quantization or None, "kv_cache_dtype": model.kv_cache_dtype or "auto"})
     info["kv_bytes_per_token"] = int(model.kv_bytes_per_token)
+    if not model.is_plain:   # MoE / MLA / sliding-window targets: their kinds and the weights one GPU holds
+        info.update({"model_kinds": model.layer_kinds(), "weight_bytes_per_gpu": float(cap["weight_bytes"])})
+        if par.enable_expert_parallel:
+            info["enable_expert_parallel"] = True
+        if model.num_experts:
+            info["moe_routing"] = moe_routing
     if not par.is_single:
         info.update({"tensor_parallel_size": par.tensor_parallel_size,
                      "pipeline_parallel_size": par.pipeline_parallel_size, "node": nd.name})

@@ -39,6 +39,44 @@ def layer_gemms(m) -> tuple:
     return ((d, (H + 2 * Hkv) * Dh), (H * Dh, d), (d, 2 * F), (F, d))
 
 
+def variant_gemms(m, rows, ops=None):
+    """A non-dense layer's products, mean over layers: ``[(K, N, layer_share, groups, rows_per_group, params)]``.
+
+    Attention: ``qkv`` and ``o`` (GQA) or MLA's ``q_a``/``q_b`` (or ``q_proj``), ``kv_a``, ``kv_b``, ``o``.
+    Dense-MLP layers (share ``(L - Lm) / L``): ``gate_up``, ``down``. MoE layers (share ``Lm / L``): the router,
+    the shared experts, and each routed expert as one group of a grouped GEMM: ``E_hit`` groups
+    (:func:`sim.cost.routing.distinct_experts`) of ``rows k / E_hit`` rows, each padded to whole tiles -- the grouped
+    GEMM's waste at few tokens per expert. ``params`` is the product's weight count read per layer
+    (routed experts: ``E_hit`` of them), the weight share of the stream.
+    """
+    from sim.cost.routing import distinct_experts
+
+    d, H = m.hidden_size, m.n_heads
+    out = []
+    if m.is_mla:
+        r, rq, dn, dr, dv = m.kv_lora_rank, m.q_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        att = ([(d, rq), (rq, H * (dn + dr))] if rq else [(d, H * (dn + dr))]) + [(d, r + dr), (r, H * (dn + dv)),
+                                                                                (H * dv, d)]
+    else:
+        Hkv, Dh = m.n_kv_heads, m.head_dim
+        att = [(d, (H + 2 * Hkv) * Dh), (H * Dh, d)]
+    out += [(K, N, 1.0, 1.0, rows, float(K * N)) for K, N in att]
+    L, Lm = m.n_layers, m.n_moe_layers
+    if L - Lm:
+        F = m.intermediate_size
+        out += [(d, 2 * F, (L - Lm) / L, 1.0, rows, (L - Lm) / L * 2.0 * d * F),
+                (F, d, (L - Lm) / L, 1.0, rows, (L - Lm) / L * F * d)]
+    if Lm:
+        f, Fe, Fs = Lm / L, m.moe_intermediate_size, m.shared_width
+        out.append((d, m.num_experts, f, 1.0, rows, f * d * m.num_experts))
+        if Fs:
+            out += [(d, 2 * Fs, f, 1.0, rows, f * 2.0 * d * Fs), (Fs, d, f, 1.0, rows, f * Fs * d)]
+        hit = distinct_experts(m, rows)
+        per = rows * m.local_k / (hit + 1e-30)
+        out += [(d, 2 * Fe, f, hit, per, f * hit * 2.0 * d * Fe), (Fe, d, f, hit, per, f * hit * Fe * d)]
+    return out
+
+
 def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head, ops=None, rc_lin=None):
     """Linear layers' and LM head's time under wave quantisation (``sim.cost.profiles.HardwareProfile.sm_count``).
 
@@ -52,6 +90,21 @@ def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head
             + max(F_q(head_rows, d, V) / rc, mem_head)
     """
     mx = (ops or _NP).maximum
+    if not m.is_plain:
+        # MoE / MLA layers: each product of variant_gemms in whole waves (routed experts: groups of padded
+        # tiles), the weight stream split by the weights each reads
+        o = ops or _NP
+        gs = variant_gemms(m, rows, ops)
+        tot = 2.0 * m.hidden_size
+        for g in gs:
+            tot = tot + g[5]
+        t = mem_lin * (2.0 * m.hidden_size / tot)
+        for K, N, share, groups, grows, params in gs:
+            tm = o.where(grows <= GEMM_TILE_M_SMALL, GEMM_TILE_M_SMALL, GEMM_TILE_M)
+            tiles = groups * o.ceil(grows / tm) * o.ceil(N / GEMM_TILE_N)
+            fq = o.ceil(tiles / sms) * sms * tm * GEMM_TILE_N * 2.0 * K
+            t = t + mx(share * layers * fq / (rc if rc_lin is None else rc_lin), mem_lin * (params / tot))
+        return t + mx(gemm_wave_flops(head_rows, m.hidden_size, m.vocab_size, sms, ops) / rc, mem_head)
     P = float(m.params_per_layer)
     t = mem_lin * (2.0 * m.hidden_size / P)
     for K, N in layer_gemms(m):

@@ -74,11 +74,15 @@ class ParallelConfig:
     data_parallel_size: int = 1
     # vLLM's --disable-custom-all-reduce: every tensor-parallel all-reduce through NCCL (NodeProfile.allreduce_seconds)
     disable_custom_all_reduce: bool = False
+    # vLLM's --enable-expert-parallel: each of the TP ranks holds E / TP whole experts instead of every expert
+    # at 1 / TP of its width (EP size = TP here: rksim's replicas are independent, not vLLM's DP attention)
+    enable_expert_parallel: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.disable_custom_all_reduce, bool):
-            raise ParallelError(f"--disable-custom-all-reduce: must be true or false, got "
-                                f"{self.disable_custom_all_reduce!r}")
+        for flag, v in (("--disable-custom-all-reduce", self.disable_custom_all_reduce),
+                        ("--enable-expert-parallel", self.enable_expert_parallel)):
+            if not isinstance(v, bool):
+                raise ParallelError(f"{flag}: must be true or false, got {v!r}")
         for flag, v, hi in (("--tensor-parallel-size", self.tensor_parallel_size, max(TP_SIZES)),
                             ("--pipeline-parallel-size", self.pipeline_parallel_size, MAX_PP),
                             ("--data-parallel-size", self.data_parallel_size, MAX_DP)):
@@ -118,6 +122,17 @@ class ParallelConfig:
         if model.intermediate_size % tp:
             raise ParallelError(f"--tensor-parallel-size: {tp} does not divide {model.name}'s MLP width "
                                 f"{model.intermediate_size}")
+        if self.enable_expert_parallel and model.num_experts:
+            if model.num_experts % tp:
+                raise ParallelError(f"--enable-expert-parallel: --tensor-parallel-size {tp} does not divide "
+                                    f"{model.name}'s {model.num_experts} experts (num_experts)")
+            if model.shared_width % tp:
+                raise ParallelError(f"--tensor-parallel-size: {tp} does not divide {model.name}'s shared-expert "
+                                    f"width {model.shared_width}")
+        elif model.moe_intermediate_size % tp:
+            # vLLM's FusedMoE without expert parallelism shards every expert's width over the TP ranks
+            raise ParallelError(f"--tensor-parallel-size: {tp} does not divide {model.name}'s expert width "
+                                f"{model.moe_intermediate_size} (moe_intermediate_size)")
         if pp > model.n_layers:
             raise ParallelError(f"--pipeline-parallel-size: {pp} stages for {model.name}'s {model.n_layers} layers")
         if node is not None and tp > node.gpus_per_node:
@@ -150,30 +165,55 @@ def kv_heads_per_rank(n_kv_heads: int, tp: int) -> int:
     return 1 if tp >= n_kv_heads else n_kv_heads // tp
 
 
-def rank_model(m: ModelShape, tp: int = 1, layers: int | None = None) -> ModelShape:
-    """The shard one TP rank holds (and runs), over ``layers`` layers (default all).
+def rank_model(m: ModelShape, tp: int = 1, layers: int | None = None, start: int = 0, ep: bool = False) -> ModelShape:
+    """The shard one TP rank holds (and runs), over ``layers`` layers from layer ``start`` (default all).
 
     ``n_heads / TP`` query heads, :func:`kv_heads_per_rank` KV heads, ``F / TP`` MLP width,
     ``V / TP`` vocabulary rows of the embedding and LM head; ``d`` and the norms whole.
     ``tp = 1`` and all layers return ``m`` itself.
+
+    MoE (vLLM's ``FusedMoE`` without expert parallelism): every expert on every rank, ``Fe / TP`` wide; the
+    router replicated. MLA (vLLM's ``DeepseekV2MLAAttention``): ``q_b``, ``kv_b`` and ``o`` split by heads,
+    ``q_a`` and ``kv_a`` replicated, and the latent KV cache whole on every rank. A pipeline stage keeps its
+    own layers' kinds (``first_k_dense`` and ``layer_types`` of layers ``start .. start + layers``).
+
+    ``ep`` (vLLM's ``--enable-expert-parallel``, EP size = TP): each rank holds ``E / TP`` whole experts
+    (``FusedMoE``'s ``expert_map``) and runs, in expectation, ``k / TP`` of each token's experts; the shared
+    experts stay TP-sharded (``DeepseekV2MLP``). Without DP attention every rank sees every token and the
+    experts' outputs are all-reduced as under TP (``FusedMoE`` output reduction), so the collectives are TP's.
     """
     L = m.n_layers if layers is None else int(layers)
     if tp == 1 and L == m.n_layers:
         return m
+    kinds = {}
+    if not m.is_plain:
+        fk = max(0, min(m.first_k_dense, start + L) - start)
+        lt = tuple(m.layer_types[start:start + L])
+        kinds = dict(first_k_dense=fk, layer_types=lt if "sliding_attention" in lt else (),
+                     sliding_window=m.sliding_window if "sliding_attention" in lt else 0,
+                     moe_intermediate_size=m.moe_intermediate_size // tp)
+        if m.num_experts and ep and tp > 1:
+            kinds.update(moe_intermediate_size=m.moe_intermediate_size, expert_parallel_size=tp,
+                         shared_expert_intermediate_size=m.shared_width // tp if m.shared_width else 0)
+        if m.num_experts and fk >= L:   # a stage of dense layers only
+            kinds.update(num_experts=0, experts_per_token=0, num_shared_experts=0, moe_intermediate_size=0,
+                         first_k_dense=0, expert_parallel_size=1, shared_expert_intermediate_size=0)
     return dataclasses.replace(
         m, n_layers=L, n_heads=m.n_heads // tp, n_kv_heads=kv_heads_per_rank(m.n_kv_heads, tp),
         intermediate_size=m.intermediate_size // tp, vocab_size=-(-m.vocab_size // tp),
-        source=f"{m.source or m.name} (one rank of tensor parallel {tp}, {L} layers)")
+        source=f"{m.source or m.name} (one rank of tensor parallel {tp}, {L} layers)", **kinds)
 
 
-def rank_weight_bytes(m: ModelShape, tp: int, pp: int) -> list[float]:
+def rank_weight_bytes(m: ModelShape, tp: int, pp: int, ep: bool = False) -> list[float]:
     """Weight bytes one GPU of each stage holds: its layers' shards, the embedding shard on the first
     stage, the LM head shard (unless tied, then the embedding's) and the final norm on the last."""
     parts = stage_layers(m.n_layers, pp)
     s = m.dtype_bytes
     out = []
+    a = 0
     for i, ell in enumerate(parts):
-        r = rank_model(m, tp, ell)
+        r = rank_model(m, tp, ell, a, ep)
+        a += ell
         b = ell * r.layer_weight_bytes   # linear weights at their (maybe fp8) size, norms at s
         emb = s * r.vocab_size * m.hidden_size
         if i == 0:
@@ -399,7 +439,7 @@ class ParallelCost:
     """
 
     def __init__(self, m: ModelShape, hw, node: NodeProfile | None, par: ParallelConfig, cuda_graph: bool = False,
-                 delegate_single: bool = True, schedule: str = "overlapped", graphs=None):
+                 delegate_single: bool = True, schedule: str = "overlapped", graphs=None, routing=None):
         # graphs (sim.cost.graphs.CudaGraphs): vLLM's per-iteration graph choice; an iteration it replays runs its
         # all-reduces inside the graph
         # delegate_single=False runs the staged path even at TP = PP = 1 (the test that it reduces exactly)
@@ -415,7 +455,7 @@ class ParallelCost:
         self.pp = par.pipeline_parallel_size
         self.single = par.is_single and delegate_single
         if self.single:
-            self._one = ScalarCost(m, hw, cuda_graph=cuda_graph, graphs=graphs)
+            self._one = ScalarCost(m, hw, cuda_graph=cuda_graph, graphs=graphs, routing=routing)
             self.prices_shared = self._one.prices_shared
             return
         if node is None and not par.is_single:
@@ -431,8 +471,9 @@ class ParallelCost:
         for ell in self.parts:
             self.bounds.append((a, a + ell))
             a += ell
-        self.stages = [ScalarCost(rank_model(m, tp, ell), hw, cuda_graph=cuda_graph, sample_vocab=m.vocab_size,
-                                  graphs=graphs) for ell in self.parts]
+        self.stages = [ScalarCost(rank_model(m, tp, ell, a, par.enable_expert_parallel), hw, cuda_graph=cuda_graph,
+                                  sample_vocab=m.vocab_size, graphs=graphs, routing=routing)
+                       for ell, (a, _) in zip(self.parts, self.bounds)]
         self.prices_shared = self.stages[0].prices_shared
         self.act = float(m.hidden_size * m.dtype_bytes)      # bytes of one token's activations
         self.logit_row = float(m.vocab_size * m.dtype_bytes)

@@ -119,6 +119,38 @@ cache); embeddings, norms, the LM head and activations stay at ``s``::
 (:func:`sim.cost.roofline.seconds` prices ``f_lin_fp8`` at ``peak_flops_fp8 eff_c_fp8`` on FP8 tensor cores,
 ``fp8_weights: w8a8``; at the 16-bit rate where FP8 weights are dequantised into 16-bit GEMMs, ``w8a16``).
 
+Mixture of experts, multi-head latent attention, sliding windows (:class:`sim.cost.profiles.ModelShape`; a
+dense model takes none of this and its terms are the ones above, unchanged). ``rows`` token rows route
+to ``k`` of ``E`` experts each; under uniform, independent routing the expected number of distinct
+experts an iteration's MoE layer hits is::
+
+    E_hit(rows) = E (1 - (1 - k / E)^rows)
+
+(derived, the balls-into-bins expectation: a token's k distinct choices miss a given expert with
+probability ``1 - k / E``, independently across tokens; ``tests/test_moe.py`` holds it against seeded
+sampling of the same routing. Uniform routing is an assumption, not a measurement: a trained router is
+skewed, which hits fewer distinct experts at a batch, so this is the upper end of the weights read).
+Then, with ``Lm / L`` the MoE layers' share and
+``B_e`` one routed expert's bytes (:attr:`~sim.cost.profiles.ModelShape.routed_expert_bytes`)::
+
+    f_lin = sum_i 2 P_act n_i l_i                                 # P_act: mean active params per layer
+                                                                   # (router d E, k + S experts: 2 T k P_e)
+    b_lin = max_i(l_i) (W_layer - (Lm / L) (E - E_hit(rows)) B_e)  # experts no token routed to are not read
+
+MLA (DeepSeek-V2 §2.1; vLLM's MLA backends): one token's KV is ``r + dr`` elements per layer; a decode row
+runs attention with the absorbed weights over the latent, ``2 H (r + dr)`` flops per key for QK^T and
+``2 H r`` for AV; a prefill row runs it expanded to heads, ``2 H (dn + dr) + 2 H dv`` per key (the
+up-projection of cached latents for a chunked prefill is not counted)::
+
+    a_decode = 2 H (2 r + dr),   a_prefill = 2 H (dn + dr + dv)    (dense: both 4 H Dh)
+
+Sliding-window layers (``L_sw`` of ``L``, window ``W``): the new token ``j`` of an item attends to
+``min(c + j, W)`` keys and the layer reads ``min(c, W - 1) + n`` tokens of KV (vLLM's window is the
+current token and the ``W - 1`` before it)::
+
+    keys_i = (1 - L_sw / L) (n c + n (n + 1) / 2) + (L_sw / L) sum_j min(c + j, W)
+    kv_i   = (1 - L_sw / L) (c + n) + (L_sw / L) (min(c, W - 1) + n)
+
 Mixed context lengths in a batch are summed item by item (exact), never
 replaced by their mean. Activations other than the residual stream are not
 counted (they stay in cache/SRAM for the fused kernels this models).
@@ -130,6 +162,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.cost.profiles import ModelShape
+from sim.cost.routing import ROUTINGS, SampledRouting, distinct_experts, routing_for  # noqa: F401 (re-exported)
 from sim.cost.roofline import FLOAT, seconds
 
 # Kernels per decoder layer: 2 norms, fused qkv, rope, attention, o_proj, gate_up, act*mul, down, 2 residual adds.
@@ -200,13 +233,76 @@ ZERO = OpTerms(0.0, 0.0, 0.0, 0.0)
 
 
 def elem_bytes_per_token_layer(m: ModelShape) -> float:
-    """Element-wise traffic of one token through one layer: ``s (10 d + 2 (H + Hkv) Dh + 3 F)``."""
-    return float(m.dtype_bytes * (10 * m.hidden_size + 2 * (m.n_heads + m.n_kv_heads) * m.head_dim
-                                  + 3 * m.intermediate_size))
+    """Element-wise traffic of one token through one layer: ``s (10 d + 2 (H + Hkv) Dh + 3 F)``.
+
+    MoE / MLA layers: ``F`` is the mean over layers of the MLP width a token runs (``(k + S) Fe`` on an MoE
+    layer) and RoPE touches ``H dr + dr`` elements under MLA (the rope part of q and the shared rope key).
+    """
+    if m.is_plain:
+        return float(m.dtype_bytes * (10 * m.hidden_size + 2 * (m.n_heads + m.n_kv_heads) * m.head_dim
+                                      + 3 * m.intermediate_size))
+    return float(m.dtype_bytes * (10 * m.hidden_size + 2 * _rope_elems(m) + 3 * _mlp_width(m)))
+
+
+def _rope_elems(m: ModelShape) -> int:
+    return (m.n_heads + 1) * m.qk_rope_head_dim if m.is_mla else (m.n_heads + m.n_kv_heads) * m.head_dim
+
+
+def _mlp_width(m: ModelShape) -> float:
+    """Mean over layers of the MLP width one token runs: ``F`` on dense layers, ``(k + S) Fe`` on MoE ones."""
+    Lm, L = m.n_moe_layers, m.n_layers
+    return ((L - Lm) * m.intermediate_size + Lm * (m.local_k * m.moe_intermediate_size + m.shared_width)) / L
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The per-layer constants of a non-dense shape the three term builders share (module docstring)."""
+
+    a_dec: float      # attention flops per key and query row, decode rows (MLA absorbed; dense 4 H Dh)
+    a_pre: float      # ... prefill rows (MLA expanded to heads)
+    kvt: float        # KV elements per token and layer
+    f_sw: float       # L_sw / L: share of sliding-window layers
+    window: float     # W (0: none)
+    w_fixed: float    # mean weight bytes per layer outside the routed experts
+    w_expert: float   # (Lm / L) B_e: mean bytes per layer of one routed expert
+
+    def lin_bytes(self, m: ModelShape, rows, routing=None):
+        """Mean weight bytes per layer an iteration of ``rows`` token rows reads: ``W_fixed + (Lm/L) E_hit B_e``
+        (``routing``: None for the expectation, or a :class:`SampledRouting`)."""
+        hit = distinct_experts(m, rows) if routing is None else routing.distinct(m, rows)
+        return self.w_fixed + self.w_expert * hit
+
+
+def variant(m: ModelShape) -> Variant:
+    """:class:`Variant` of ``m`` (a dense model's values give the dense formulas)."""
+    H = m.n_heads
+    if m.is_mla:
+        r, dr, dn, dv = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
+        a_dec, a_pre = 2.0 * H * (2 * r + dr), 2.0 * H * (dn + dr + dv)
+    else:
+        a_dec = a_pre = 4.0 * H * m.head_dim
+    we = m.n_moe_layers / m.n_layers * m.routed_expert_bytes
+    return Variant(a_dec, a_pre, float(m.kv_elems_per_token_layer), m.n_sliding_layers / m.n_layers,
+                   float(m.sliding_window), float(m.layer_weight_bytes) - we * m.local_experts, we)
+
+
+def window_keys(n, c, W, lo=np.maximum, hi=np.minimum):
+    """``sum_{j=1..n} min(c + j, W)``: keys the ``n`` new tokens over ``c`` cached attend to in a window of
+    ``W``; with ``j0 = min(max(W - c, 0), n)`` queries inside it, ``j0 c + j0 (j0 + 1) / 2 + (n - j0) W``."""
+    j0 = hi(lo(W - c, 0.0), n)
+    return j0 * c + j0 * (j0 + 1.0) / 2.0 + (n - j0) * W
+
+
+def _fmax(a, b):
+    return a if a > b else b
+
+
+def _fmin(a, b):
+    return a if a < b else b
 
 
 def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_tokens=0, mask=None,
-                sampled=None, cuda_graph=False, shared=0) -> OpTerms:
+                sampled=None, cuda_graph=False, shared=0, routing=None) -> OpTerms:
     """Terms of one batched forward iteration (formula in the module docstring).
 
     Parameters
@@ -233,6 +329,8 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     shared : array_like
         Cached tokens of each item in KV blocks an earlier item of the iteration reads too
         (``h_i`` of "Shared KV reads"; at most ``c``).
+    routing : SampledRouting, optional
+        MoE models: the distinct experts an iteration hits, sampled (default: the expectation).
 
     Returns
     -------
@@ -273,6 +371,24 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     gap = one * ell * (np.max(np.where(one > 0, c, 0.0), axis=-1, initial=0.0)[..., None] - c)
     f_pad = 4.0 * H * Dh * np.sum(gap, axis=-1)
     b_pad = sk * kv_tok * np.sum(gap, axis=-1)
+    if not m.is_plain:
+        # MoE / MLA / sliding-window layers (module docstring): the same sums with their coefficients
+        v = variant(m)
+        a = np.where(n == 1.0, v.a_dec, v.a_pre)
+        full = 1.0 - v.f_sw
+        keys = full * (n * c + n * (n + 1.0) / 2.0)
+        toks = full * (c + n)
+        if v.f_sw:
+            keys = keys + v.f_sw * window_keys(n, c, v.window)
+            toks = toks + v.f_sw * (np.minimum(c, v.window - 1.0) + n)
+        f_att = np.sum(runs * a * ell * keys, axis=-1)
+        flops = f_lin + f_att + f_head
+        b_att = sk * np.sum(runs * ell * v.kvt * toks, axis=-1)
+        b_kvs = sk * np.sum(runs * ell * v.kvt * h * full, axis=-1)
+        f_pad = v.a_dec * full * np.sum(gap, axis=-1)
+        b_pad = sk * v.kvt * full * np.sum(gap, axis=-1)
+        b_lin = lmax * v.lin_bytes(m, np.sum(runs * n, axis=-1), routing)
+        kv_tok = v.kvt
     bytes_ = (b_lin + b_head + b_att + s * np.sum(runs * 2.0 * d * n, axis=-1)
               + sk * np.sum(w * 2.0 * cp, axis=-1) * L * kv_tok)
     b_elem = np.sum(runs * n * ell, axis=-1) * elem_bytes_per_token_layer(m)
@@ -359,6 +475,16 @@ def eviction_scoring_terms(m: ModelShape, cand_tokens, window, n_layers=None, va
     C = np.asarray(cand_tokens, dtype=np.float64)
     lay = m.n_layers if n_layers is None else n_layers
     H, Hkv, Dh, s = m.n_heads, m.n_kv_heads, m.head_dim, m.dtype_bytes
+    if not m.is_plain:
+        # Sliding-window layers keep only their window: eviction does not apply there, and only the full
+        # layers score. MLA: queries absorbed into the latent score it (2 H (r + dr) per key), and keys and
+        # values are the one latent, read once.
+        lay = lay * (1.0 - m.n_sliding_layers / m.n_layers)
+        if m.is_mla:
+            e = m.kv_lora_rank + m.qk_rope_head_dim
+            flops = lay * (2.0 * H * e * window * C + 5.0 * H * window * C)
+            bytes_ = lay * (m.kv_elem_bytes * e * C + s * H * e * window)
+            return OpTerms(flops, bytes_, 3.0 * lay * (C > 0), 0.0 * C, f_att=flops, b_att=bytes_)
     flops = lay * (2.0 * H * Dh * window * C + 5.0 * H * window * C)
     bytes_ = lay * (m.kv_elem_bytes * Hkv * Dh * C * (2.0 if value_range else 1.0) + s * H * Dh * window)
     return OpTerms(flops, bytes_, 3.0 * lay * (C > 0), 0.0 * C, f_att=flops, b_att=bytes_)
@@ -373,7 +499,8 @@ class ScalarCost:
     operations: the formula itself is written once, for this path and ``HardwareProfile.time``.
     """
 
-    def __init__(self, m: ModelShape, hw, cuda_graph: bool = False, sample_vocab: int | None = None, graphs=None):
+    def __init__(self, m: ModelShape, hw, cuda_graph: bool = False, sample_vocab: int | None = None, graphs=None,
+                 routing=None):
         # sample_vocab: entries the sampler sorts per row when it differs from m.vocab_size (a tensor-parallel
         # rank holds V / TP of the LM head but samples over the gathered V logits: sim.cost.parallel)
         # cuda_graph: every kernel replayed from a graph; graphs (sim.cost.graphs.CudaGraphs): vLLM's choice per
@@ -392,6 +519,9 @@ class ScalarCost:
         self.kvt = 2.0 * m.n_kv_heads * m.head_dim
         self.elem = elem_bytes_per_token_layer(m)
         self.prices_shared = hw.eff_kv_shared is not None   # callers skip counting shared blocks when nothing prices them
+        # MoE / MLA / sliding-window shapes: the per-item sums with their coefficients (module docstring)
+        self.v = None if m.is_plain else variant(m)
+        self.routing = routing   # MoE: None (expected distinct experts) or a SampledRouting
 
     def terms(self, items) -> OpTerms:
         """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled[, shared]])`` tuples (layers
@@ -407,6 +537,7 @@ class ScalarCost:
         lmax = pmax = gmax = cp_any = 0.0
         uniform = True    # every running item decodes one token (vLLM's uniform decode batch)
         L = self.L
+        v = self.v
         for it in items:
             n, c, ell, p, g, copy = it[:6]
             if ell is None:
@@ -415,10 +546,22 @@ class ScalarCost:
                 if n != 1.0:
                     uniform = False
                 f_lin += 2.0 * self.P * n * ell
-                f_att += self.att * ell * (n * c + n * (n + 1.0) / 2.0)
-                kv += ell * self.kvt * (c + n)
-                if len(it) > 7:
-                    kvs += ell * self.kvt * it[7]
+                if v is None:
+                    f_att += self.att * ell * (n * c + n * (n + 1.0) / 2.0)
+                    kv += ell * self.kvt * (c + n)
+                    if len(it) > 7:
+                        kvs += ell * self.kvt * it[7]
+                else:
+                    full = 1.0 - v.f_sw
+                    keys = full * (n * c + n * (n + 1.0) / 2.0)
+                    toks = full * (c + n)
+                    if v.f_sw:
+                        keys += v.f_sw * window_keys(n, c, v.window, _fmax, _fmin)
+                        toks += v.f_sw * (_fmin(c, v.window - 1.0) + n)
+                    f_att += (v.a_dec if n == 1.0 else v.a_pre) * ell * keys
+                    kv += ell * v.kvt * toks
+                    if len(it) > 7:
+                        kvs += ell * v.kvt * it[7] * full
                 if n == 1.0:
                     d_ell += ell
                     d_ellc += ell * c
@@ -456,6 +599,14 @@ class ScalarCost:
         b_att = sk * kv
         mv = 1.0 if rows_n == 1.0 else 0.0
         gap = d_cmax * d_ell - d_ellc
+        if v is not None:
+            # experts read: those the iteration's real rows route to (CUDA-graph padding rows are not counted)
+            b_lin = lmax * v.lin_bytes(self.m, rows_n, self.routing)
+            full = 1.0 - v.f_sw
+            return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * emb + sk * cp * L * v.kvt, kernels,
+                           lmax, rows * self.V, 1.0 if lmax > 0 else 0.0, gk, f_lin, b_lin, f_att, b_att, f_head,
+                           b_head, nl * self.elem, mv * b_lin, mv * b_head, gemm_rows, sk * kvs,
+                           v.a_dec * full * gap, sk * v.kvt * full * gap, f_lin if self.fp8 else 0.0)
         return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * emb + sk * cp * L * self.kvt, kernels,
                        lmax, rows * self.V, 1.0 if lmax > 0 else 0.0, gk, f_lin, b_lin, f_att, b_att, f_head, b_head,
                        nl * self.elem, mv * b_lin, mv * b_head, gemm_rows, sk * kvs, self.att * gap, sk * self.kvt * gap,
@@ -475,7 +626,7 @@ def with_shared(item: tuple, h: float) -> tuple:
     return tuple(item[:6]) + (sampled, float(h))
 
 
-def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, shared=0.0) -> OpTerms:
+def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, shared=0.0, routing=None) -> OpTerms:
     """Terms of many decode iterations at once; ``contexts (J, B)`` cached tokens, ``mask (J, B)`` present,
     ``shared (J,)`` the iteration's shared cached tokens ``sum_b h_jb`` ("Shared KV reads").
 
@@ -491,6 +642,13 @@ def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, 
     """
     c = np.asarray(contexts, dtype=np.float64)
     w = np.asarray(mask, dtype=bool)
+    if not m.is_plain:
+        # MoE / MLA / sliding-window shapes: the per-item sums (exact; the closed form below is the dense one's).
+        # The iteration's shared tokens go on its first item: every term is linear in them.
+        h = np.zeros(c.shape)
+        if c.shape[-1]:
+            h[..., 0] = np.broadcast_to(np.asarray(shared, np.float64), c.shape[:-1])
+        return batch_terms(m, w * 1.0, c, mask=w, cuda_graph=cuda_graph, shared=h, routing=routing)
     k = w.sum(axis=-1).astype(np.float64)
     S = np.where(w, c + 1.0, 0.0).sum(axis=-1)
     gap = float(m.n_layers) * (k * np.max(np.where(w, c, 0.0), axis=-1, initial=0.0) - np.where(w, c, 0.0).sum(axis=-1))

@@ -256,6 +256,9 @@ class Target:
         cap["kv_capacity_blocks"] = capacity_blocks(cap["kv_capacity_bytes"], block_size, self.model.kv_bytes_per_token)
         cap["block_size"] = int(block_size)
         cap["scheduler"] = sched.to_dict()
+        if not self.model.is_plain:   # MoE / MLA / sliding-window targets state their KV per token and kinds
+            cap["kv_bytes_per_token"] = int(self.model.kv_bytes_per_token)
+            cap["model_kinds"] = self.model.layer_kinds()
         return cap
 
     def check_query(self, max_context: int, max_new: int, max_batch: int, tokens: int = 0, mixed: bool = False,

@@ -238,6 +238,17 @@ def activation_peak(model, max_num_batched_tokens: int, max_num_seqs: int, tenso
     T = int(max_num_batched_tokens)
     mlp = 3.0 * F / tp
     attn = (2.0 * model.n_heads + 2.0 * model.n_kv_heads) * model.head_dim / tp
+    if not model.is_plain:
+        if model.n_moe_layers:
+            # fused MoE (TritonExperts.workspace_shapes, vllm/model_executor/layers/fused_moe/experts/triton_moe.py,
+            # vLLM 0.33.0): workspaces (T, k, max(Fe/TP, d)) and (T, k, max(2 Fe/TP, d)) plus the (T, d) output
+            Fe, k = model.moe_intermediate_size / tp, model.experts_per_token
+            moe = k * (max(Fe, d) + max(2.0 * Fe, d)) + d
+            mlp = max(mlp if model.first_k_dense else 0.0, moe)
+        if model.is_mla:
+            # MLA prefill: q, k expanded to heads (dn + dr), v (dv) and the output, per rank
+            h = model.n_heads / tp
+            attn = h * (2.0 * (model.qk_nope_head_dim + model.qk_rope_head_dim) + 2.0 * model.v_head_dim)
     forward = T * s * (2.0 * d + max(mlp, attn))
     if not last_stage:
         return float(forward)
@@ -270,8 +281,9 @@ def activation_reserve(model, max_num_batched_tokens: int, max_num_seqs: int, te
 def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max_num_batched_tokens: int,
                    max_num_seqs: int, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                    rules: str | VllmMemoryRules = DEFAULT_RULES, block_size: int = VLLM_BLOCK_SIZE,
-                   reserve_bytes: float | None = None) -> dict:
-    """vLLM's KV cache size for a model on TP x PP GPUs of ``total_bytes`` each.
+                   reserve_bytes: float | None = None, expert_parallel: bool = False) -> dict:
+    """vLLM's KV cache size for a model on TP x PP GPUs of ``total_bytes`` each (``expert_parallel``: vLLM's
+    ``--enable-expert-parallel``, the weight shards of :func:`sim.cost.parallel.rank_model` with ``ep``).
 
     Per GPU of stage ``k`` (``ell_k`` layers, weight shard ``W_k``)::
 
@@ -283,7 +295,7 @@ def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max
 
     ``reserve_bytes`` (a user's activation reserve) replaces ``activation_peak + non_torch + cudagraph``.
     """
-    from sim.cost.parallel import kv_heads_per_rank, rank_weight_bytes, stage_layers
+    from sim.cost.parallel import kv_heads_per_rank, rank_model, rank_weight_bytes, stage_layers
 
     r = rules_for(rules)
     tp, pp = int(tensor_parallel_size), int(pipeline_parallel_size)
@@ -292,11 +304,17 @@ def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max
     nt = non_torch_bytes(tp, pp, r)
     parts = stage_layers(model.n_layers, pp)
     ranks = []
-    for k, (ell, wk) in enumerate(zip(parts, rank_weight_bytes(model, tp, pp))):
+    start = 0
+    for k, (ell, wk) in enumerate(zip(parts, rank_weight_bytes(model, tp, pp, expert_parallel))):
         act = activation_peak(model, max_num_batched_tokens, max_num_seqs, tp, k == pp - 1, r)
         reserve = float(reserve_bytes) if reserve_bytes is not None else act + nt + r.cudagraph_bytes
         avail = max(0.0, requested - wk - reserve)
         per_tok = 2.0 * ell * hkv * model.head_dim * model.kv_elem_bytes   # --kv-cache-dtype fp8: 1 byte
+        if not model.is_plain:
+            # MLA: the latent, whole on every TP rank; sliding layers: one slot of the hybrid pool's block,
+            # the largest group's pages (ModelShape.kv_bytes_per_token; kv_cache_planning.py, vLLM 0.33.0)
+            per_tok = float(rank_model(model, tp, ell, start).kv_bytes_per_token)
+        start += ell
         blocks = int(avail // (block_size * per_tok))
         ranks.append({"layers": ell, "weight_bytes": float(wk), "activation_peak_bytes": act,
                       "reserve_bytes": reserve, "kv_bytes": avail, "kv_bytes_per_token": per_tok,
@@ -311,13 +329,13 @@ def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max
             "available_kv_bytes_per_gpu": last["kv_bytes"], "per_rank": ranks, "memory_rules": r.name}
 
 
-def _capacity(model, hw, serving: ServingConfig | None, tp: int, pp: int) -> dict:
+def _capacity(model, hw, serving: ServingConfig | None, tp: int, pp: int, ep: bool = False) -> dict:
     sv = serving or ServingConfig()
     sc = sv.scheduler_config(hw.name)
     total = float(CUDA_TOTAL_BYTES.get(hw.name, hw.mem_capacity))
     given = sv.activation_reserve_bytes
     b = vllm_kv_budget(model, total, sv.gpu_memory_utilization, sc.max_num_batched_tokens, sc.max_num_seqs,
-                       tp, pp, DEFAULT_RULES, reserve_bytes=given)
+                       tp, pp, DEFAULT_RULES, reserve_bytes=given, expert_parallel=ep)
     rsrc = "given" if given is not None else "estimated"
     mem_src = CAPACITY_SOURCES.get(hw.name)
     out = {"mem_capacity_bytes": float(hw.mem_capacity), "cuda_total_bytes": total,
@@ -373,7 +391,7 @@ def replica_kv_capacity(model, hw, serving: ServingConfig | None, parallel) -> d
     from sim.cost.parallel import kv_heads_per_rank
 
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
-    out, b = _capacity(model, hw, serving, tp, pp)
+    out, b = _capacity(model, hw, serving, tp, pp, bool(getattr(parallel, "enable_expert_parallel", False)))
     out.update({"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "per_rank": b["per_rank"],
                 "kv_tokens": b["kv_tokens"], "kv_heads_per_rank": kv_heads_per_rank(model.n_kv_heads, tp)})
     return out
