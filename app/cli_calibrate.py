@@ -320,11 +320,11 @@ def _cmd_vllm_bench(args) -> int:
     if args.dtype is not None:
         import dataclasses
 
-        from sim.cost.profiles import _CANON_DTYPE, _DTYPE_BYTES
-        name = _CANON_DTYPE.get(args.dtype, args.dtype)
+        from sim.cost.profiles import CANON_DTYPE, DTYPE_BYTES
+        name = CANON_DTYPE.get(args.dtype, args.dtype)
         if name not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"--dtype: {args.dtype!r} is not one of bfloat16, float16, float32 (others are not priced)")
-        model = dataclasses.replace(model, dtype=name, dtype_bytes=_DTYPE_BYTES[name])
+        model = dataclasses.replace(model, dtype=name, dtype_bytes=DTYPE_BYTES[name])
     kvb = number(args.kv_capacity_bytes, "--kv-capacity-bytes", lo=0, hi=1e18, allow_none=True)
     ho = None if str(args.holdout).strip().lower() == "none" else number(args.holdout, "--holdout", integer=True)
     mns = number(args.max_num_seqs, "--max-num-seqs", lo=1, integer=True, allow_none=True)

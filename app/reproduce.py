@@ -329,7 +329,7 @@ class Reproducer:
                         f"gen_tokens={int(s['step_tokens'])},seed={self.cfg.seed}")
                 for reuse in (False, True):
                     try:
-                        # static padded batches: what the real module executes (sim.workload.job._pad_static)
+                        # static padded batches: what the real module executes (sim.workload.job.pad_static)
                         m = self.ev(twin, pol, target=(None, "local-cpu"), reshape=spec, verify_reuses_kv=reuse,
                                     workload={"batching": "static"})
                         sim[reuse] = m[key]

@@ -519,9 +519,9 @@ def calibration_run(folder: str) -> dict:
     """Simulated vs measured per held-out (problem, policy) of a ``calibrate run`` folder, read-only.
 
     The numbers are ``calibrate.report``'s own (``simulate_records`` — the cost model charged for the
-    executed operations — and ``_errors``); without ``fit.json`` the folder is shown unfitted.
+    executed operations — and ``fit_errors``); without ``fit.json`` the folder is shown unfitted.
     """
-    from calibrate.report import _errors, _load, simulate_records
+    from calibrate.report import fit_errors, load_run, simulate_records
     from sim.cost.profiles import load_hardware, model_from_manifest
 
     d = Path(folder)
@@ -532,7 +532,7 @@ def calibration_run(folder: str) -> dict:
         out["parity"] = pd.read_parquet(d / "parity.parquet")
     if not (d / "fit.json").is_file():
         return out
-    phases, dec, run_json, fit = _load(d)
+    phases, dec, run_json, fit = load_run(d)
     out["fit"] = fit
     hw = load_hardware(fit["preset"])  # the preset `calibrate fit` wrote (its path or name)
     model = model_from_manifest({"model": run_json["model"]})
@@ -542,7 +542,7 @@ def calibration_run(folder: str) -> dict:
     df = df[df["problem"].isin(hold)].rename(columns={"seconds": "measured"}).dropna(subset=["sim"])
     if df.empty:
         return out
-    errors, frame = _errors(df)
+    errors, frame = fit_errors(df)
     out["errors"], out["frame"] = errors, frame
     return out
 

@@ -92,7 +92,7 @@ def matrix(args) -> int:
 
     import numpy as np
 
-    from calibrate.host import HostConfig, _Runner, format_host, probe_reference, run_host, speed_drift
+    from calibrate.host import HostConfig, PhaseRunner, format_host, probe_reference, run_host, speed_drift
     from calibrate.serve import ServeConfig, run_serve
     from sim.cost.fingerprint import describe, profile_host_status
     from sim.cost.profiles import load_hardware
@@ -117,7 +117,7 @@ def matrix(args) -> int:
     # the host's speed before and after every shape against the fit's (calibrate.host.speed_drift): a
     # miss that the drift explains is the machine's, not the cost model's
     ref = probe_reference(pd.read_parquet(keep / "phases.parquet")) if keep is not None else {}
-    probe = _Runner(lm, HostConfig()) if ref else None
+    probe = PhaseRunner(lm, HostConfig()) if ref else None
     rows = []
     shapes = MATRIX[:args.matrix_shapes] if args.matrix_shapes else MATRIX
     for i, (conc, binds, br, new) in enumerate(shapes):

@@ -313,7 +313,7 @@ def write_node(path: Path, block: dict, custom: dict | None = None) -> None:
 
 
 def main(argv=None) -> int:
-    from sim.cost.profiles import PRESET_DIR, _read_file
+    from sim.cost.profiles import PRESET_DIR, read_preset_file
     from traces.store import atomic_write_text
 
     ap = argparse.ArgumentParser(prog="python -m calibrate.collectives", description=__doc__.splitlines()[0])
@@ -341,9 +341,9 @@ def main(argv=None) -> int:
     if a.write:
         atomic_write_text(FIT_PATH, json.dumps(res, indent=1) + "\n")
         for p in sorted((PRESET_DIR / "nodes").glob("*.yaml")):
-            prof = (_read_file(p).get("collectives") or {}).get("profile")
+            prof = (read_preset_file(p).get("collectives") or {}).get("profile")
             if prof in res["profiles"]:
-                name = _read_file(p).get("name", p.stem)
+                name = read_preset_file(p).get("name", p.stem)
                 write_node(p, node_block(res, prof), custom_block(car, name) if name in car["nodes"] else None)
                 print(f"wrote {p}")
         print(f"wrote {FIT_PATH}")

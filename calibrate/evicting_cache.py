@@ -89,7 +89,7 @@ class EvictingCache(DynamicCache):
 
     # -- the hook: record, maybe evict, return what attention sees
     def _hook(self, li: int, query, key, value):
-        from policies.token_loop import _gather, _observe
+        from policies.token_loop import gather_rows, observe
 
         ev = self.ev[li]
         q_len = query.shape[2]
@@ -116,11 +116,11 @@ class EvictingCache(DynamicCache):
         V = np.stack(ev.V).astype(np.float64)
         Q = np.stack(ev.Q).astype(np.float64)
         if pol.needs_history:
-            _observe(pol, ev.state, K, Q, ev.cache, ev.pending, t)
+            observe(pol, ev.state, K, Q, ev.cache, ev.pending, t)
             ev.pending = t
         cand = n - pol.buffer
         w = min(pol.window, t + 1)
-        keep = pol.select(_gather(K, ev.cache), _gather(V, ev.cache), Q[t + 1 - w: t + 1], cand, ev.rng, ev.state,
+        keep = pol.select(gather_rows(K, ev.cache), gather_rows(V, ev.cache), Q[t + 1 - w: t + 1], cand, ev.rng, ev.state,
                           k_pos=ev.cache, q_pos=np.arange(t + 1 - w, t + 1))
         slots = np.concatenate([keep, np.tile(np.arange(cand, n), (ev.H, 1))], axis=1)
         ev.cache = np.take_along_axis(ev.cache, slots, axis=1)

@@ -21,7 +21,7 @@ coefficients on them (:func:`calibrate.fit.fit_profile`):
 
 The plan is ordered in rounds (:func:`plan_shapes`): the first covers every
 dimension at its extremes, later ones fill in, each dimension in spread order
-(:func:`_spread`: ends, middle, quarters, ...), so a budget cut keeps the range
+(:func:`spread`: ends, middle, quarters, ...), so a budget cut keeps the range
 and thins every part of it (BLAS changes kernels at row counts anywhere in it). Every shape runs ``repeats`` times (its fastest kept: a neighbour
 slows a run, never speeds it). The budget (``--minutes``, default 3, on the
 process's CPU time, fit included) is enforced by :func:`measure`: a shape is
@@ -121,7 +121,7 @@ class Shape:
         return shared_tokens(self.block_lists(bs), [c for _, c in self.items()], bs)
 
 
-def _spread(xs) -> list:
+def spread(xs) -> list:
     """``xs`` reordered so that every prefix covers the whole list: its ends first, then the points of the
     van der Corput sequence (1/2, 1/4, 3/4, 1/8, ...) along it. A budget that cuts the tail of a plan in
     this order thins the dimension instead of dropping its upper part."""
@@ -144,7 +144,7 @@ def _spread(xs) -> list:
     return out
 
 
-def _batches(max_seqs: int) -> list[int]:
+def batch_sizes(max_seqs: int) -> list[int]:
     return sorted({b for b in list(range(1, 17)) + list(range(24, max_seqs + 1, 8)) + [max_seqs] if b <= max_seqs})
 
 
@@ -166,16 +166,16 @@ def plan_shapes(cfg: HostConfig) -> list[Shape]:
           + [Shape("prefill", prefill=256, prefill_cached=min(1024, cap - 256))]
           + [Shape("mixed", b, 200, prefill=n, prefill_cached=0) for b, n in ((1, 64), (min(8, S), 512),
                                                                                (min(32, S), min(1024, M)))])
-    # every batch at its middle context first, then the short and the long ones, batches in _spread
+    # every batch at its middle context first, then the short and the long ones, batches in spread
     # order: a budget cut keeps kernel changes anywhere in 1 .. max_num_seqs in reach of the fit
-    r2 = ([Shape("decode", b, ctxs(b)[min(ci, len(ctxs(b)) - 1)]) for ci in (1, 0, 2) for b in _spread(_batches(S))]
-          + [shared(b, ctxs(b)[min(ci, len(ctxs(b)) - 1)]) for ci in (1, 2) for b in _spread([b for b in (2, 4, 8, 16, 32, S) if b <= S])]
-          + [Shape("prefill", prefill=n) for n in _spread(chunks)]
+    r2 = ([Shape("decode", b, ctxs(b)[min(ci, len(ctxs(b)) - 1)]) for ci in (1, 0, 2) for b in spread(batch_sizes(S))]
+          + [shared(b, ctxs(b)[min(ci, len(ctxs(b)) - 1)]) for ci in (1, 2) for b in spread([b for b in (2, 4, 8, 16, 32, S) if b <= S])]
+          + [Shape("prefill", prefill=n) for n in spread(chunks)]
           + [Shape("prefill", prefill=n, prefill_cached=c) for n in (32, 128, 512) for c in (256, 1024)
              if n + c <= cap]
           + [Shape("mixed", b, min(c, cap // (b + 1)), prefill=min(n, M - b), prefill_cached=pc)
              for n, pc in ((128, 64), (16, 0), (1024, 0)) for c in (64, 256)
-             for b in _spread([b for b in (1, 2, 4, 8, 16, 32, S) if b <= S])])
+             for b in spread([b for b in (1, 2, 4, 8, 16, 32, S) if b <= S])])
     # round 2 interleaved by kind, so that a budget cut thins every kind rather than dropping one
     by = [[s for s in r2 if s.kind == k] for k in ("decode", "shared", "prefill", "mixed")]
     r2 = [s for grp in zip(*[g + [None] * (max(map(len, by)) - len(g)) for g in by]) for s in grp if s is not None]
@@ -222,7 +222,7 @@ def measure(shapes: list[Shape], run_one, budget_s: float, clock=time.process_ti
 
 
 # --------------------------------------------------------------------------- the real iterations
-class _Runner:
+class PhaseRunner:
     """Runs one :class:`Shape` on the real model as ``calibrate serve`` runs an iteration."""
 
     def __init__(self, lm, cfg: HostConfig):
@@ -307,7 +307,7 @@ def run_host(cfg: HostConfig, out: Path | None = None, keep: Path | None = None,
     path = profile_out_path(name, out, force)     # refuse early: before any minute is spent
     torch.set_num_threads(int(cfg.threads))
     lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
-    runner = _Runner(lm, cfg)
+    runner = PhaseRunner(lm, cfg)
     shapes = plan_shapes(cfg)
     for s in shapes[:3]:   # warm-up: first calls allocate and pick kernels (not measured)
         runner(s)
@@ -335,8 +335,8 @@ def run_host(cfg: HostConfig, out: Path | None = None, keep: Path | None = None,
     if keep is not None:
         keep = Path(keep)
         keep.mkdir(parents=True, exist_ok=True)
-        from calibrate.runner import _write_parquet
-        _write_parquet(keep / "phases.parquet", phases)
+        from calibrate.runner import write_parquet
+        write_parquet(keep / "phases.parquet", phases)
         atomic_write_json(keep / "run.json", {"kind": "calibrate host", "problems": [], "model": lm.info(),
                                               "device": "cpu", "threads": cfg.threads, "created": created,
                                               "clock": "cpu", "fingerprint": fp,

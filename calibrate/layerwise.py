@@ -30,7 +30,7 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 _MASK_FNS = {FULL: create_causal_mask, SLIDING: create_sliding_window_causal_mask}
 
 
-def _backbone(model, allow_sliding: bool = False):
+def backbone(model, allow_sliding: bool = False):
     """The decoder stack (``model.model`` for ``*ForCausalLM``).
 
     ``allow_sliding=False`` (the default, for callers that re-implement attention
@@ -95,7 +95,7 @@ class LayerState:
 def begin(model, input_ids: torch.Tensor, cache=None, position_ids: torch.Tensor | None = None,
           attention_mask: torch.Tensor | None = None) -> LayerState:
     """Embed ``input_ids`` and build masks and rotary embeddings, as the model's own ``forward`` does."""
-    inner = _backbone(model, allow_sliding=True)
+    inner = backbone(model, allow_sliding=True)
     types = layer_types(model)
     embeds = inner.embed_tokens(input_ids)
     if position_ids is None:
@@ -116,7 +116,7 @@ def begin(model, input_ids: torch.Tensor, cache=None, position_ids: torch.Tensor
 
 def step(model, state: LayerState, cache=None) -> torch.Tensor:
     """Run the next decoder block; returns its raw output ``h_l`` (l = state.next_layer after the call)."""
-    inner = _backbone(model, allow_sliding=True)
+    inner = backbone(model, allow_sliding=True)
     i = state.next_layer
     t = state.types[i]
     state.hidden = inner.layers[i](state.hidden, attention_mask=state.masks[t],
@@ -143,7 +143,7 @@ def _head(model, normed: torch.Tensor) -> torch.Tensor:
 
 def final_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """``head(norm(h_L))`` — what ``model(...).logits`` is."""
-    inner = _backbone(model, allow_sliding=True)
+    inner = backbone(model, allow_sliding=True)
     return _head(model, inner.norm(hidden))
 
 
@@ -153,7 +153,7 @@ def lens_logits(model, hidden_last: torch.Tensor, norm: bool = True) -> torch.Te
     The model's own head (soft-capping included, where the config has it), so that at
     ``l = L`` the lens is the model's output.
     """
-    inner = _backbone(model, allow_sliding=True)
+    inner = backbone(model, allow_sliding=True)
     h = inner.norm(hidden_last) if norm else hidden_last
     return _head(model, h)
 

@@ -429,9 +429,9 @@ CROSS_PRESET = {"h100": "h100-sxm", "a100": "a100-80gb", "h100-by-stack": "h100-
 
 def _datasheet(preset: str) -> tuple[float, float, int | None]:
     """``peak_flops``, ``mem_bw`` and ``sm_count`` (None: no wave quantisation) of a preset's datasheet header."""
-    from sim.cost.profiles import PRESET_DIR, _read_file
+    from sim.cost.profiles import PRESET_DIR, read_preset_file
 
-    d = _read_file(PRESET_DIR / "hardware" / f"{preset}.yaml")
+    d = read_preset_file(PRESET_DIR / "hardware" / f"{preset}.yaml")
     sms = d.get("sm_count")
     return float(d["peak_flops"]), float(d["mem_bw"]), None if sms is None else int(sms)
 

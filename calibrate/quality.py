@@ -190,8 +190,8 @@ def run_quality(cfg: QualityConfig, out: Path, progress: bool = True) -> dict:
                          "proxy_attn_err": 0.0})
     bar.close()
     df = pd.DataFrame(rows)
-    from calibrate.runner import _write_parquet
-    _write_parquet(out / "quality.parquet", df)
+    from calibrate.runner import write_parquet
+    write_parquet(out / "quality.parquet", df)
     ev = df[df["policy"] != "full"]
     agg = ev.groupby(["policy", "compression"], as_index=False).agg(
         kl=("kl_mean", "mean"), proxy=("proxy_attn_err", "mean"),

@@ -70,7 +70,7 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
 
     from calibrate import real_phases as E
     from calibrate import kv as KV
-    from calibrate.runner import _StepClock
+    from calibrate.runner import StepClock
     from sim.replay.tree import TreeBlocks, select_frontier, unconstrained_budget
 
     if timer is None:
@@ -153,7 +153,7 @@ def run_tree(lm, prompt: list[int], problem, block_policy, budget_blocks: int | 
                         for i in new_ids]
                 batch = KV.expand_view(cache, branching)
                 mask = torch.ones(branching, n_ctx + 1, dtype=torch.long, device=dev)
-                sc = _StepClock(timer, branching, [n_ctx + 1] * branching)
+                sc = StepClock(timer, branching, [n_ctx + 1] * branching)
                 res = CO.sample_decode(lm, logits.expand(branching, -1), batch, mask,
                                        torch.full((branching,), n_ctx + 1, device=dev), step_tokens, gens, temperature, top_p,
                                        sorted(stop), step_hook=sc.hook)

@@ -42,7 +42,7 @@ import pandas as pd
 from calibrate.fit import phase_terms, predict
 
 
-def _load(dir_: Path):
+def load_run(dir_: Path):
     for f in ("phases.parquet", "decisions.parquet", "run.json"):
         if not (dir_ / f).is_file():
             raise FileNotFoundError(f"{dir_ / f}: missing (run 'rksim calibrate run --out {dir_}' first)")
@@ -83,7 +83,7 @@ def simulate_with_sim(trace_dir: Path, dec: pd.DataFrame, hw_path: str, policy_p
     return pd.DataFrame(rows)
 
 
-def _errors(df: pd.DataFrame) -> dict:
+def fit_errors(df: pd.DataFrame) -> dict:
     """The fidelity metrics of a frame with columns problem, policy, measured, sim."""
     df = df.copy()
     df["abs_pct_error"] = (df["sim"] - df["measured"]).abs() / df["measured"]
@@ -122,7 +122,7 @@ def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto"
     from sim.cost.profiles import OutOfCalibrationError, load_hardware, model_from_manifest
 
     dir_ = Path(dir_)
-    phases, dec, run, fit = _load(dir_)
+    phases, dec, run, fit = load_run(dir_)
     hw_path = hardware or fit["preset"]
     hw = load_hardware(hw_path)
     model = model_from_manifest({"model": run["model"]})
@@ -145,7 +145,7 @@ def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto"
     df = base.rename(columns={col: "measured"})
     if df.empty or df["sim"].isna().any():
         raise ValueError(f"{dir_}: held-out problems have no timed phases")
-    replay, df_replay = _errors(df[["problem", "policy", "measured", "sim", "phase_sum"]])
+    replay, df_replay = fit_errors(df[["problem", "policy", "measured", "sim", "phase_sum"]])
     source = "cost-model replay of the executed operations (no trace: run without --no-capture for the simulator)"
     primary, df_primary = replay, df_replay
     sim_tab = df[["problem", "policy", "sim"]]
@@ -158,7 +158,7 @@ def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto"
         else:
             d2 = df[["problem", "policy", "measured"]].merge(s2, on=["problem", "policy"], how="inner")
             if len(d2) == len(df):
-                primary, df_primary = _errors(d2)
+                primary, df_primary = fit_errors(d2)
                 sim_tab = s2
                 source = "sim.api.simulate on the run's trace (decisions from the trace, costs from the fitted profile)"
     # the same simulation against each clock the run recorded
@@ -166,7 +166,7 @@ def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto"
     for ck, c in (("wall", "seconds"), ("cpu", "cpu_seconds")):
         if c in base and base[c].notna().all():
             dk = base[["problem", "policy", c]].rename(columns={c: "measured"}).merge(sim_tab, on=["problem", "policy"])
-            e, _ = _errors(dk)
+            e, _ = fit_errors(dk)
             by_clock[ck] = {k: e[k] for k in ("mean_abs_pct_error", "median_abs_pct_error", "p90_abs_pct_error",
                                               "speedup_ratio_error")}
             by_clock[ck]["measured_total_s"] = float(dk["measured"].sum())

@@ -122,7 +122,7 @@ def make_policy(name: str, params: dict | None = None):
     return get_policy(name, **p)
 
 
-class _StepClock:
+class StepClock:
     """Times each decode step from the hook ``sample_decode`` calls before every forward."""
 
     def __init__(self, timer, B: int, lens: list[int]):
@@ -219,7 +219,7 @@ def run_problem(lm, prompts, problem, pol, cfg: RealRunConfig, timer, yes, no, s
             next_pos = torch.tensor([KV.seq_len(c) for c in per], device=lm.device)
         # --- decode all branches as one batch (the capture's sampling streams)
         gens = [CO.make_generator(lm, CO.seed_for(cfg.seed, problem.index, b, STREAM_BRANCH)) for b in range(B)]
-        clock = _StepClock(timer, B, lens)
+        clock = StepClock(timer, B, lens)
         res = CO.sample_decode(lm, first, batch, bmask, next_pos, cfg.max_new_tokens, gens, cfg.temperature,
                                cfg.top_p, stop_ids=sorted(stop), step_hook=clock.hook)
         clock.close()
@@ -305,7 +305,7 @@ def op_sweep(lm, cfg: RealRunConfig, timer) -> None:
                     cache = out.cache
 
 
-def _write_parquet(path: Path, df: pd.DataFrame) -> None:
+def write_parquet(path: Path, df: pd.DataFrame) -> None:
     import io
     from traces.store import atomic_write_bytes
     buf = io.BytesIO()
@@ -343,8 +343,8 @@ def run_calibration(cfg: RealRunConfig, out: Path, progress: bool = True) -> dic
                           target_prefix_tokens=cfg.target_prefix_tokens)
     yes, no = yes_no_ids(lm.tokenizer)
     suffix = verify_suffix_ids(lm.tokenizer, wcfg.verify_prompt)
-    from traces.capture import _stop_ids
-    eos = set(_stop_ids(lm.tokenizer))   # the capture's stop tokens and pad id: same computation paths
+    from traces.capture import stop_ids
+    eos = set(stop_ids(lm.tokenizer))   # the capture's stop tokens and pad id: same computation paths
     tk = lm.tokenizer
     pad_id = tk.pad_token_id if tk.pad_token_id is not None else (tk.eos_token_id or 0)
     pols = {name: make_policy(name, cfg.params.get(name)) for name in cfg.policies}
@@ -400,9 +400,9 @@ def run_calibration(cfg: RealRunConfig, out: Path, progress: bool = True) -> dic
     # each sweep row is its own measurement of one shape: the fastest per row across passes
     timer.rows.extend(fastest_per_row(sweeps, lambda row: getattr(row, best_key)))
     phases = timer.frame()
-    _write_parquet(out / "phases.parquet", phases)
+    write_parquet(out / "phases.parquet", phases)
     dec = pd.DataFrame(records)
-    _write_parquet(out / "decisions.parquet", dec)
+    write_parquet(out / "decisions.parquet", dec)
     summary = {
         "config": {**dataclasses.asdict(cfg), "policies": list(cfg.policies)},
         "policy_params": {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else {} for k, v in pols.items()},
@@ -410,7 +410,7 @@ def run_calibration(cfg: RealRunConfig, out: Path, progress: bool = True) -> dic
         "device_name": (torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda"
                         else (platform.processor() or platform.machine())),
         "clocks": ["wall", "cpu"],   # phases.parquet seconds (wall) and cpu_seconds (timing thread)
-        "fingerprint": _fingerprint(lm),
+        "fingerprint": model_fingerprint(lm),
         "versions": {"python": sys.version.split()[0], "torch": torch.__version__,
                      "platform": platform.platform()},
         "command": " ".join(sys.argv), "n_problems": len(problems), "policies": list(cfg.policies),
@@ -429,7 +429,7 @@ def run_calibration(cfg: RealRunConfig, out: Path, progress: bool = True) -> dic
                              target_prefix_tokens=cfg.target_prefix_tokens, hidden_vectors=False, dtype=cfg.dtype)
         run_capture(ccfg, out / "trace", command="rksim calibrate run (parity capture)", progress=progress, lm=lm)
         par = parity_vs_trace(dec, out / "trace", pols, summary["policy_params"])
-        _write_parquet(out / "parity.parquet", par)
+        write_parquet(out / "parity.parquet", par)
         dpar = par[par["decision"] != "sigma_info"]
         summary["decision_parity"] = float(dpar["match"].mean()) if len(dpar) else None
         summary["parity_by_decision"] = {k: float(v) for k, v in dpar.groupby("decision")["match"].mean().items()}
@@ -440,7 +440,7 @@ def run_calibration(cfg: RealRunConfig, out: Path, progress: bool = True) -> dic
     return summary
 
 
-def _fingerprint(lm) -> dict:
+def model_fingerprint(lm) -> dict:
     """The host (or GPU) this run measures, with its threads and dtype (:mod:`calibrate.hostinfo`)."""
     import torch
 

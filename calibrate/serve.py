@@ -622,7 +622,7 @@ def phases_table(rows: pd.DataFrame) -> pd.DataFrame:
 def run_serve(cfg: ServeConfig, out: Path | None = None, progress: bool = True, lm=None) -> dict:
     """Real run, replay, comparison; writes the run folder when ``out`` is given. Returns the summary."""
     import torch
-    from traces.capture import _stop_ids
+    from traces.capture import stop_ids
     from traces.models import load_model
 
     cfg.validate_targets()
@@ -632,13 +632,13 @@ def run_serve(cfg: ServeConfig, out: Path | None = None, progress: bool = True, 
         torch.set_num_threads(int(cfg.threads))
     if lm is None:
         lm = load_model(cfg.model, device=cfg.device)
-    stop = _stop_ids(lm.tokenizer)
+    stop = stop_ids(lm.tokenizer)
     if cfg.warmup:
         # first calls allocate and pick kernels: one short unrecorded run, not part of any measurement
         wcfg = dataclasses.replace(cfg, problems=1, concurrency=1, max_new_tokens=2)
         real_loop(lm, wcfg, build_requests(lm, wcfg), stop, progress=False, record=False)
-    from calibrate.runner import _fingerprint
-    fp = _fingerprint(lm)
+    from calibrate.runner import model_fingerprint
+    fp = model_fingerprint(lm)
     check_host(cfg.hardware, fp, allow_other_host=cfg.allow_other_host)   # before the run: nothing is lost
     reqs = build_requests(lm, cfg)
     rows, rq, sim_rows, sim_info, cmp, loop_wall = serve_requests(lm, cfg, reqs, stop, progress=progress)

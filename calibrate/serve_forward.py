@@ -109,10 +109,6 @@ class PagedKV:
         return out
 
 
-def _backbone(model):
-    from calibrate.layerwise import _backbone as bb
-    return bb(model)
-
 
 @torch.inference_mode()
 def run_iteration(lm, kv: PagedKV, items: list[Item]) -> dict:
@@ -120,7 +116,8 @@ def run_iteration(lm, kv: PagedKV, items: list[Item]) -> dict:
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     model = lm.model
-    inner = _backbone(model)
+    from calibrate.layerwise import backbone
+    inner = backbone(model)
     dev = lm.device
     ids, pos, new_slots, spans = [], [], [], []
     t = 0

@@ -92,8 +92,8 @@ def replay(cfg, rq: pd.DataFrame):
 
     model = load_model(cfg.model_preset or cfg.model)
     if getattr(cfg, "dtype", ""):
-        from sim.cost.profiles import _DTYPE_BYTES
-        model = dataclasses.replace(model, dtype=cfg.dtype, dtype_bytes=_DTYPE_BYTES.get(cfg.dtype, model.dtype_bytes))
+        from sim.cost.profiles import DTYPE_BYTES
+        model = dataclasses.replace(model, dtype=cfg.dtype, dtype_bytes=DTYPE_BYTES.get(cfg.dtype, model.dtype_bytes))
     hw = load_hardware(cfg.hardware)
     B = int(rq.groupby("problem")["branch"].count().max())
     if (rq["rid"] != rq["problem"] * B + rq["branch"]).any():

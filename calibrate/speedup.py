@@ -66,13 +66,13 @@ class SpeedupConfig:
 def run_speedup(cfg: SpeedupConfig, out: Path, progress: bool = True) -> dict:
     import torch
     from tqdm import tqdm
-    from traces.capture import _stop_ids
+    from traces.capture import stop_ids
     from traces.datasets import load_dataset
     from traces.models import load_model
     from traces.store import atomic_write_json
     from traces.workload import WorkloadConfig, build_prompts, verify_suffix_ids, yes_no_ids
 
-    from calibrate.runner import RealRunConfig, _write_parquet, make_policy, run_problem
+    from calibrate.runner import RealRunConfig, write_parquet, make_policy, run_problem
     from calibrate.timing import PhaseTimer
 
     out = Path(out)
@@ -82,7 +82,7 @@ def run_speedup(cfg: SpeedupConfig, out: Path, progress: bool = True) -> dict:
     lm = load_model(cfg.model, device=cfg.device)
     tk = lm.tokenizer
     pad_id = tk.pad_token_id if tk.pad_token_id is not None else (tk.eos_token_id or 0)
-    stop = set(_stop_ids(tk))
+    stop = set(stop_ids(tk))
     yes, no = yes_no_ids(tk)
     wcfg = WorkloadConfig(layout=cfg.layout, n_branches=cfg.branches, seed=cfg.seed,
                           target_prefix_tokens=cfg.prefix_tokens)
@@ -106,8 +106,8 @@ def run_speedup(cfg: SpeedupConfig, out: Path, progress: bool = True) -> dict:
             rec["shared_prefix_tokens"] = int(pp.shared_prefix_tokens)
             recs.append(rec)
     dec = pd.DataFrame(recs)
-    _write_parquet(out / "speedup_decisions.parquet", dec)
-    _write_parquet(out / "speedup_phases.parquet", timer.frame())
+    write_parquet(out / "speedup_decisions.parquet", dec)
+    write_parquet(out / "speedup_phases.parquet", timer.frame())
     lat = dec.groupby("policy")["seconds"].mean()
     sel = dec.pivot(index="problem", columns="policy", values="selected")
     res = {

@@ -21,7 +21,7 @@ def _id_ranks(ids) -> np.ndarray:
     return ranks
 
 
-class _BlockPolicy(PolicyBase):
+class BlockPolicyBase(PolicyBase):
     kind: ClassVar[str] = "block"
 
     def evict_key(self, score: float, depth: float, last_used: float, inserted: float) -> tuple:
@@ -53,7 +53,7 @@ class _BlockPolicy(PolicyBase):
 
 @register
 @dataclass
-class RSBCM(_BlockPolicy):
+class RSBCM(BlockPolicyBase):
     """Reasoning-selective block cache manager (DESIGN §4).
 
     Each KV block carries (branch score, tree depth); under the budget the block with the
@@ -104,7 +104,7 @@ class RSBCM(_BlockPolicy):
 
 @register
 @dataclass
-class LRU(_BlockPolicy):
+class LRU(BlockPolicyBase):
     """Least recently used first (vLLM / SGLang default); ties: older insertion, lower id."""
 
     name: ClassVar[str] = "lru"
@@ -115,7 +115,7 @@ class LRU(_BlockPolicy):
 
 @register
 @dataclass
-class FIFO(_BlockPolicy):
+class FIFO(BlockPolicyBase):
     """First in, first out (oldest insertion first); ties: lower id."""
 
     name: ClassVar[str] = "fifo"

@@ -69,17 +69,17 @@ def _check_inputs(pol: TokenPolicy, K, V, Q, prompt_len: int):
     return K, V, Q, int(prompt_len)
 
 
-def _gather(X: np.ndarray, pos: np.ndarray) -> np.ndarray:
+def gather_rows(X: np.ndarray, pos: np.ndarray) -> np.ndarray:
     """X (T, H, D) at per-head positions pos (H, n) -> (n, H, D)."""
     return X[pos.T, np.arange(pos.shape[0])[None, :]]
 
 
-def _observe(pol: TokenPolicy, state, K, Q, cache: np.ndarray, q_from: int, q_to: int,
+def observe(pol: TokenPolicy, state, K, Q, cache: np.ndarray, q_from: int, q_to: int,
              chunk: int = 256) -> None:
     """Feed H2O-style policies the attention of queries q_from..q_to-1 over the cache."""
     if q_to <= q_from:
         return
-    Kc = _gather(K, cache)
+    Kc = gather_rows(K, cache)
     total = np.zeros(cache.shape)
     for a in range(q_from, q_to, chunk):
         b = min(a + chunk, q_to)
@@ -127,11 +127,11 @@ def run_token_eviction(pol: TokenPolicy, K, V, Q, prompt_len: int,
             if not pol.should_evict(n, t - P + 1):
                 continue
             if pol.needs_history:
-                _observe(pol, state, K, Q, cache, pending, t)
+                observe(pol, state, K, Q, cache, pending, t)
                 pending = t
             cand = n - B
             w = min(pol.window, t + 1)
-            keep = pol.select(_gather(K, cache), _gather(V, cache), Q[t + 1 - w: t + 1], cand, rng, state,
+            keep = pol.select(gather_rows(K, cache), gather_rows(V, cache), Q[t + 1 - w: t + 1], cand, rng, state,
                               k_pos=cache, q_pos=np.arange(t + 1 - w, t + 1))
             slots = np.concatenate([keep, np.tile(np.arange(cand, n), (H, 1))], axis=1)
             cache = np.take_along_axis(cache, slots, axis=1)

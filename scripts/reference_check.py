@@ -25,7 +25,7 @@ whole prompt, every query of the prompt already seen):
   projection); ``cur-defaults`` compares both libraries' defaults (CurDKV projects with a
   fixed Gaussian G of rank 20) for information.
 - H2O vs ``ObservedAttentionPress``: the attention of all T queries, observed as the
-  decode loop observes it (``policies.token_loop._observe``); ``h2o-mean``
+  decode loop observes it (``policies.token_loop.observe``); ``h2o-mean``
   (``mean_over_queries=True``) divides each token's sum by the T - j queries that saw it
   as the press does, ``h2o-sum`` (H2O's default) does not — shown for information.
 
@@ -121,7 +121,7 @@ def load_qkv(qdir: Path, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
 def project_kept(name: str, Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.ndarray:
     """(H_kv, n_kept) ascending kept positions of the project's policy ``name``."""
     from policies import get_policy
-    from policies.token_loop import _observe
+    from policies.token_loop import observe
 
     T, H, _ = K.shape
     n = n_kept(T)
@@ -141,7 +141,7 @@ def project_kept(name: str, Q: np.ndarray, K: np.ndarray, V: np.ndarray) -> np.n
     if name in ("h2o-sum", "h2o-mean"):
         pol = get_policy("h2o", budget=n, mean_over_queries=name == "h2o-mean")
         state = pol.init_state(H, T)
-        _observe(pol, state, K, Q, allpos, 0, T)   # every prompt query, each over what it sees
+        observe(pol, state, K, Q, allpos, 0, T)   # every prompt query, each over what it sees
         return pol.select(K, V, Q[:0], T, state=state, k_pos=allpos, q_pos=pos[:0])
     raise ValueError(f"unknown project config {name!r}")
 

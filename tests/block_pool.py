@@ -12,7 +12,7 @@ from typing import Hashable
 import numpy as np
 
 from policies import PolicyError
-from policies.blocks import _BlockPolicy
+from policies.blocks import BlockPolicyBase
 
 
 class BlockPool:
@@ -31,12 +31,12 @@ class BlockPool:
 
     MAX_BUDGET = 1 << 40  # bound on budget_blocks (memory grows with the blocks held, never with the budget)
 
-    def __init__(self, budget_blocks: int, policy: _BlockPolicy):
+    def __init__(self, budget_blocks: int, policy: BlockPolicyBase):
         if isinstance(budget_blocks, bool) or not isinstance(budget_blocks, (int, np.integer, float)) \
                 or int(budget_blocks) != budget_blocks or not 0 <= budget_blocks <= self.MAX_BUDGET:
             raise PolicyError(f"BlockPool: budget_blocks: must be an integer in 0..{self.MAX_BUDGET}, "
                               f"got {budget_blocks!r}")
-        if not isinstance(policy, _BlockPolicy):
+        if not isinstance(policy, BlockPolicyBase):
             raise PolicyError(f"BlockPool: policy: must be a block policy (rsbcm, lru, fifo), got {policy!r}")
         self.budget = int(budget_blocks)
         self.policy = policy

@@ -243,7 +243,7 @@ def test_quality_cli_tiny(tmp_path):
 def test_tree_block_pool_recomputes_evicted_blocks():
     """RSBCM tree mode: under a tight budget evicted blocks are recomputed for real; unconstrained: none."""
     from policies import get_policy
-    from traces.capture import _stop_ids
+    from traces.capture import stop_ids
     from traces.datasets import load_dataset
     from traces.models import load_model
     from traces.workload import WorkloadConfig, build_prompts, verify_suffix_ids, yes_no_ids
@@ -259,7 +259,7 @@ def test_tree_block_pool_recomputes_evicted_blocks():
                            0).branches[0].prompt_ids
     yes, no = yes_no_ids(tk)
     # expand_k=2: a waiting node is resumed after another's expansion, so its evicted blocks are needed again
-    kw = dict(depth=2, expand_k=2, branching=2, step_tokens=20, stop=set(_stop_ids(tk)), yes=yes, no=no,
+    kw = dict(depth=2, expand_k=2, branching=2, step_tokens=20, stop=set(stop_ids(tk)), yes=yes, no=no,
               suffix=verify_suffix_ids(tk), pad_id=tk.pad_token_id)
     free = run_tree(lm, prompt, p, get_policy("rsbcm"), None, **kw)
     assert free.evictions == 0 and free.recompute_tokens == 0

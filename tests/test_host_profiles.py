@@ -170,9 +170,9 @@ def test_a_budget_cut_thins_the_batch_dimension_instead_of_dropping_its_top():
     cuts a third of the plan: every decode batch of the plan is still measured at some context (a plan in
     increasing batch order kept 1-8 and 64 only, and the fit never saw 13-63)."""
     from calibrate.fit import phase_terms, predict
-    from calibrate.host import HostConfig, _batches, _spread, measure, phases_from, plan_shapes
+    from calibrate.host import HostConfig, batch_sizes, spread, measure, phases_from, plan_shapes
 
-    assert _spread(range(1, 10)) == [1, 9, 5, 3, 7, 2, 6, 4, 8] and sorted(_spread(range(7))) == list(range(7))
+    assert spread(range(1, 10)) == [1, 9, 5, 3, 7, 2, 6, 4, 8] and sorted(spread(range(7))) == list(range(7))
     true = HardwareProfile(name="t", peak_flops=7.6e10, mem_bw=1.9e11, mem_capacity=2.5e10, eff_c=1.3, eff_m=0.03,
                            eff_mv=0.08, eff_att=0.8, eff_kv=0.01, per_kernel_s=7e-5, per_layer_s=2e-5,
                            sample_s_per_vocab=1.2e-7, gemm_row_block=3, gemm_small_m_max=23, roofline="operator")
@@ -195,7 +195,7 @@ def test_a_budget_cut_thins_the_batch_dimension_instead_of_dropping_its_top():
                          reserve_s=0.0)
     assert 0.5 * len(shapes) < info["measured"] < 0.8 * len(shapes)
     got = {s.decodes for s, _, _ in rows if s.kind == "decode"}
-    assert got == set(_batches(64))
+    assert got == set(batch_sizes(64))
     assert {s.prefill for s, _, _ in rows if s.kind == "prefill" and not s.prefill_cached} >= {16, 256, 1024, 2048}
     assert {s.decodes for s, _, _ in rows if s.kind == "mixed"} >= {1, 8, 32, 64}
 

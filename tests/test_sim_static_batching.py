@@ -9,7 +9,7 @@ import pytest
 
 from sim.api import simulate
 from sim.workload.decisions import ConfigError
-from sim.workload.job import _pad_static, build_job
+from sim.workload.job import pad_static, build_job
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def _plan(reused, computed, gate, source, share):
 
 def test_pad_static_by_hand():
     # branch 0 is the root (computes 66 prompt tokens); 1 and 2 share its KV; 3 computes its own 71
-    gate, reused, computed, gen = _pad_static(
+    gate, reused, computed, gen = pad_static(
         np.array([7, 11, 0, 12]), np.array([-1, 0, 0, -1]),
         np.array([0, 66, 66, 0]), np.array([66, 0, 0, 71]), np.array([16, 24, 17, 20]))
     assert gate.tolist() == [12, 12, 0, 12]          # gated rows padded to the longest span

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from app.cli import main
 from sim.cost.profiles import load_model
-from sim.replay.tree import BLOCK_POLICIES, TreeError, TreeSpec, _structure, compare_tree, simulate_tree, walk_tree
+from sim.replay.tree import BLOCK_POLICIES, TreeError, TreeSpec, tree_structure, compare_tree, simulate_tree, walk_tree
 
 from trace_files import BUNDLED, HAS_BUNDLED  # noqa: E402
 SUFFIX, STOP = [7, 8, 9], [2]
@@ -121,7 +121,7 @@ def test_budget_below_one_expansion_is_refused_by_name():
 
 def _floor(spec, bs):
     """One expansion's working set, from the tree alone: the parent's path (all its tokens) and its children."""
-    parent, depth, ntok, score, toks, children, levels = _structure(spec)
+    parent, depth, ntok, score, toks, children, levels = tree_structure(spec)
 
     def path_blocks(n):
         out = 0
@@ -287,7 +287,7 @@ def _drive_like_the_runner(spec, policy, budget, bs):
     from policies import get_policy
     from sim.replay.tree import TreeBlocks, select_frontier
 
-    parent, depth, ntok, score, toks, children, levels = _structure(spec)
+    parent, depth, ntok, score, toks, children, levels = tree_structure(spec)
     store: dict = {}
     tb = TreeBlocks(get_policy(policy), budget, bs)
     seqs = {0: list(toks[0])}
@@ -357,7 +357,7 @@ def test_hooks_keep_the_runners_kv_in_step(spec, budget, bs, policy):
     if budget < _floor(spec, bs):
         return
     tb, ctxs = _drive_like_the_runner(spec, policy, budget, bs)
-    assert len(ctxs) == sum(len(f) for f in _structure(spec)[-1])
+    assert len(ctxs) == sum(len(f) for f in tree_structure(spec)[-1])
     assert not tb.live       # everything freed at the end: only the evictable cache is left
     w = walk_tree(spec, policy, budget_blocks=budget, block_size=bs)
     assert tb.touches == w.blocks.touches and tb.recompute_tokens == w.blocks.recompute_tokens

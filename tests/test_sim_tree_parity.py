@@ -31,7 +31,7 @@ def _grow(lm, monkeypatch, policy, budget, D=2, K=2, B=3, S=16):
     from calibrate.real_tree import run_tree
     from policies import get_policy
     from traces import capture_ops as CO
-    from traces.capture import _stop_ids
+    from traces.capture import stop_ids
     from traces.datasets import load_dataset
     from traces.workload import WorkloadConfig, build_prompts, verify_suffix_ids, yes_no_ids
 
@@ -58,7 +58,7 @@ def _grow(lm, monkeypatch, policy, budget, D=2, K=2, B=3, S=16):
     prompt = build_prompts(tk, p.prompt_text(), p.answer_kind, WorkloadConfig(n_branches=1, shuffle_variants=False),
                            0).branches[0].prompt_ids
     yes, no = yes_no_ids(tk)
-    stop, suffix = sorted(set(_stop_ids(tk))), verify_suffix_ids(tk)
+    stop, suffix = sorted(set(stop_ids(tk))), verify_suffix_ids(tk)
     timer = PhaseTimer()
     res = run_tree(lm, prompt, p, get_policy(policy), budget, timer=timer, depth=D, expand_k=K, branching=B,
                    step_tokens=S, stop=set(stop), yes=yes, no=no, suffix=suffix, pad_id=tk.pad_token_id)

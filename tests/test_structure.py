@@ -342,3 +342,14 @@ def test_token_policies_refuse_options_they_cannot_use():
     assert e.value.field == "problems"
     with pytest.raises(ValueError, match="^engine: not applicable"):
         api.RunConfig(policy="h2o", engine=True)
+
+
+def test_no_private_name_is_imported_across_modules():
+    # issue 31: a name another module needs is public; a leading underscore means "this module's own"
+    bad = []
+    for mod, path in sorted(_modules().items()):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+                bad += [f"{mod} imports {node.module}.{a.name}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert bad == []

@@ -44,7 +44,7 @@ from traces.models import DEFAULT_MODEL, LoadedModel, load_model, model_folder, 
 from traces.store import TraceWriter, long_dir, problem_dir, tree_dir
 from traces.workload import (
     REFERENCE_DIR, VERIFY_PROMPT, TreeConfig, WorkloadConfig, build_prompts, neutral_texts,
-    verification_ids, verify_suffix_ids, yes_no_ids, _encode,
+    verification_ids, verify_suffix_ids, yes_no_ids, encode_text,
 )
 
 # seed_for(seed, problem_index, branch_or_node, STREAM)
@@ -158,7 +158,7 @@ def _device_str(lm: LoadedModel) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def _stop_ids(tok) -> list[int]:
+def stop_ids(tok) -> list[int]:
     ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
     for t in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>"):  # ChatML, Llama 3, Gemma
         i = tok.convert_tokens_to_ids(t)
@@ -180,7 +180,7 @@ def reference_means(lm: LoadedModel, pad_id: int) -> tuple[np.ndarray, np.ndarra
     pre, post = msgs_text.split("\u2063X\u2063")
     seqs, spans = [], []
     for t in neutral_texts():
-        a, b, c = _encode(tok, pre), _encode(tok, t), _encode(tok, post)
+        a, b, c = encode_text(tok, pre), encode_text(tok, t), encode_text(tok, post)
         seqs.append(a + b + c)
         spans.append((len(a), len(a) + len(b)))
     # Pooled exactly as the ASKS gate pools a variant span: the text alone, one batch.
@@ -468,7 +468,7 @@ def run_capture(cfg: CaptureConfig, out: str | Path, command: str = "", progress
     yes, no = yes_no_ids(tok)
     rm, rl = reference_means(lm, pad_id)
     writer.write_arrays({"reference_mean.npy": rm, "reference_last.npy": rl})
-    ctx = _Ctx(lm, cfg, pad_id, _stop_ids(tok), yes, no, verify_suffix_ids(tok, cfg.verify_prompt), rm, rl,
+    ctx = _Ctx(lm, cfg, pad_id, stop_ids(tok), yes, no, verify_suffix_ids(tok, cfg.verify_prompt), rm, rl,
                WorkloadConfig(layout=cfg.layout, n_branches=cfg.branches, seed=cfg.seed,
                               target_prefix_tokens=cfg.target_prefix_tokens, verify_prompt=cfg.verify_prompt))
     # --shard I/N: every N-th problem, long decode and tree from position I. A job keeps its

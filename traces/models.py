@@ -209,7 +209,7 @@ def assemble_gguf(preset: dict, dest_dir: Path) -> Path:
     return dest
 
 
-def _gguf_path(preset: dict) -> Path:
+def gguf_path(preset: dict) -> Path:
     if preset.get("parts"):
         return assemble_gguf(preset, cache_dir() / "gguf")
     p = _package_dir(preset["package"], preset) / preset["gguf"]
@@ -223,7 +223,7 @@ def _build_cache(name: str, preset: dict, dest: Path) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = _gguf_path(preset)
+    gguf = gguf_path(preset)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -167,7 +167,7 @@ class ProblemPrompts:
         return n
 
 
-def _encode(tok, text: str) -> list[int]:
+def encode_text(tok, text: str) -> list[int]:
     return list(tok.encode(text, add_special_tokens=False)) if text else []
 
 
@@ -225,7 +225,7 @@ def pad_ids(tok, n: int, offset: int = 0) -> list[int]:
     out: list[int] = []
     i = offset
     while len(out) < n:
-        out += _encode(tok, texts[i % len(texts)] + " ")
+        out += encode_text(tok, texts[i % len(texts)] + " ")
         i += 1
     return out[:n]
 
@@ -248,13 +248,13 @@ def build_prompts(tok, problem_text: str, answer_kind: str, cfg: WorkloadConfig,
         segs: list[tuple[str, list[int]]] = []
         for kind, s in pieces:
             if kind == "text":
-                segs.append(("shared", _encode(tok, s)))
+                segs.append(("shared", encode_text(tok, s)))
             elif kind == "var":
-                segs.append(("variant", _encode(tok, bank[vid])))
+                segs.append(("variant", encode_text(tok, bank[vid])))
             else:
                 if pad:
-                    segs.append(("shared", _encode(tok, "Notes:\n") + pad + _encode(tok, "\n\nQuestion: ")))
-                segs.append(("shared", _encode(tok, prob_body)))
+                    segs.append(("shared", encode_text(tok, "Notes:\n") + pad + encode_text(tok, "\n\nQuestion: ")))
+                segs.append(("shared", encode_text(tok, prob_body)))
         # merge adjacent shared segments; drop empty ones
         kinds, lens, ids = [], [], []
         for kind, s in segs:
@@ -273,7 +273,7 @@ def build_prompts(tok, problem_text: str, answer_kind: str, cfg: WorkloadConfig,
     pad: list[int] = []
     if cfg.target_prefix_tokens:
         root0 = assemble(vids[0], [])
-        wrap = len(_encode(tok, "Notes:\n")) + len(_encode(tok, "\n\nQuestion: "))
+        wrap = len(encode_text(tok, "Notes:\n")) + len(encode_text(tok, "\n\nQuestion: "))
         need = int(cfg.target_prefix_tokens) - root0.prompt_len - wrap
         if need > 0:
             pad = pad_ids(tok, need, offset=problem_index)
@@ -296,7 +296,7 @@ def verify_suffix_ids(tok, verify_prompt: str = VERIFY_PROMPT) -> list[int]:
     msgs = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": _GEN},
             {"role": "user", "content": verify_prompt}]
     text = _render(tok, msgs, add_generation_prompt=True)
-    return _encode(tok, text.split(_GEN, 1)[1])
+    return encode_text(tok, text.split(_GEN, 1)[1])
 
 
 def verification_ids(prompt_ids: Sequence[int], gen_ids: Sequence[int], suffix: Sequence[int],
@@ -322,7 +322,7 @@ def yes_no_ids(tok) -> tuple[list[int], list[int]]:
     for words, dest in ((("Yes", "yes", "YES"), yes), (("No", "no", "NO"), no)):
         for w in words:
             for s in (w, " " + w):
-                ids = _encode(tok, s)
+                ids = encode_text(tok, s)
                 if len(ids) == 1:
                     dest.add(ids[0])
     if not yes or not no:

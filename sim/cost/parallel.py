@@ -51,7 +51,7 @@ import os
 from dataclasses import dataclass, field
 
 from sim.cost.terms import ScalarCost
-from sim.cost.profiles import ModelShape, OutOfCalibrationError, PresetError, _read_file, _resolve
+from sim.cost.profiles import ModelShape, OutOfCalibrationError, PresetError, read_preset_file, resolve_preset
 
 TP_SIZES = (1, 2, 4, 8)
 MAX_PP = 64
@@ -398,10 +398,10 @@ _NODE_OPTIONAL = {"name", "custom_allreduce"}     # a node without vLLM's custom
 def load_node(name_or_path: str | os.PathLike) -> NodeProfile:
     """A :class:`NodeProfile` from a preset name (``sim/presets/nodes``) or a YAML/JSON file path."""
     try:
-        path = _resolve("nodes", name_or_path)
+        path = resolve_preset("nodes", name_or_path)
     except PresetError as exc:
         raise PresetError(str(exc).replace("unknown hardware preset", "unknown node preset")) from None
-    data = _read_file(path)
+    data = read_preset_file(path)
     unknown = set(data) - _NODE_FIELDS
     if unknown:
         raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(_NODE_FIELDS))}")

@@ -431,11 +431,11 @@ QUANTIZATIONS = ("", "fp8")
 KV_CACHE_DTYPES = ("", "fp8", "fp8_e4m3", "fp8_e5m2")
 _CANON_QUANT = {"none": "", "fp8_e4m3": "fp8", "float8": "fp8"}
 
-_DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2,
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2,
                 "bfloat16": 2, "bf16": 2, "float64": 8, "int8": 1,
                 "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "fp8": 1,
                 "fp8_e4m3": 1, "fp8_e5m2": 1}
-_CANON_DTYPE = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
+CANON_DTYPE = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
                 "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 # Dtypes no profile prices unless its fitted_range lists them: a GPU preset's peak_flops is the 16-bit
 # tensor-core rate, and 8-/4-bit formats run at other rates with scale traffic the cost model does not count.
@@ -448,7 +448,7 @@ def model_from_manifest(manifest: dict) -> ModelShape:
     m = manifest.get("model") or {}
     try:
         dtype = str(m.get("dtype", "float32")).replace("torch.", "")
-        if dtype not in _DTYPE_BYTES:
+        if dtype not in DTYPE_BYTES:
             raise PresetError(f"manifest.json: model.dtype: unknown dtype {dtype!r}")
         name = str(m.get("name", "trace-model"))
         tied = m.get("tied_embeddings")
@@ -457,7 +457,7 @@ def model_from_manifest(manifest: dict) -> ModelShape:
             tied = False
             low = name.lower()
             for pname in list_presets("models"):
-                pm = _read_file(_preset_path("models", pname))
+                pm = read_preset_file(_preset_path("models", pname))
                 if str(pm.get("hf_id", "")).lower() in low or pname in low.replace("-instruct", ""):
                     tied = bool(pm.get("tied_embeddings", False))
                     break
@@ -468,8 +468,8 @@ def model_from_manifest(manifest: dict) -> ModelShape:
             name=name, n_layers=int(m["n_layers"]), hidden_size=int(m["hidden_size"]),
             n_heads=int(m["n_heads"]), n_kv_heads=int(m["n_kv_heads"]), head_dim=int(m["head_dim"]),
             intermediate_size=int(m["intermediate_size"]), vocab_size=int(m["vocab_size"]),
-            dtype_bytes=_DTYPE_BYTES[dtype], tied_embeddings=bool(tied), source="trace manifest",
-            dtype=_CANON_DTYPE.get(dtype, dtype))
+            dtype_bytes=DTYPE_BYTES[dtype], tied_embeddings=bool(tied), source="trace manifest",
+            dtype=CANON_DTYPE.get(dtype, dtype))
     except KeyError as exc:
         raise PresetError(f"manifest.json: model.{exc.args[0]}: missing (needed for the cost model)") from None
 
@@ -666,7 +666,7 @@ class HardwareProfile:
         """Dtypes the coefficients stand for: ``fitted_range.dtypes``, else the 16-bit types of a datasheet peak."""
         fr = self.fitted_range or {}
         dts = fr.get("dtypes") or ([fr["dtype"]] if fr.get("dtype") else ["float16", "bfloat16"])
-        return tuple(_CANON_DTYPE.get(str(x), str(x)) for x in dts)
+        return tuple(CANON_DTYPE.get(str(x), str(x)) for x in dts)
 
     def check_dtype(self, dtype: str) -> None:
         """Refuse, by name, a dtype this profile cannot price (FP8, INT8, 4-bit: :data:`UNPRICED_DTYPES`).
@@ -674,7 +674,7 @@ class HardwareProfile:
         Such a model is never priced as if it were bf16: the peak and efficiencies are the
         16-bit tensor cores' (or the fitted dtypes'), not the 8-/4-bit rates.
         """
-        name = _CANON_DTYPE.get(str(dtype), str(dtype))
+        name = CANON_DTYPE.get(str(dtype), str(dtype))
         if name in UNPRICED_DTYPES and name not in self.priced_dtypes:
             raise OutOfCalibrationError(
                 f"hardware {self.name}: dtype {name} cannot be priced: the profile's peak_flops and efficiencies are "
@@ -704,7 +704,7 @@ class HardwareProfile:
                 f"hardware {self.name}: --quantization fp8 cannot be priced: the profile has no fp8_weights "
                 "(FP8 tensor-core peak or FP8 weight-only kernel)")
         fr = self.fitted_range or {}
-        dts = [_CANON_DTYPE.get(str(x), str(x)) for x in (fr.get("dtypes") or [])]
+        dts = [CANON_DTYPE.get(str(x), str(x)) for x in (fr.get("dtypes") or [])]
         end_to_end = self.calibration_status in ("end-to-end", "provisional")
         if model.kv_cache_dtype and end_to_end and not any(x.startswith("float8") for x in dts):
             raise OutOfCalibrationError(
@@ -744,9 +744,9 @@ class HardwareProfile:
                 f"(fit this device with `rksim calibrate fit`)")
         dts = fr.get("dtypes") or ([fr["dtype"]] if fr.get("dtype") else [])
         if dts:
-            dts = [_CANON_DTYPE.get(str(x), str(x)) for x in dts]
+            dts = [CANON_DTYPE.get(str(x), str(x)) for x in dts]
             mine = model.dtype_name
-            ok = (mine in dts) if model.dtype else any(_DTYPE_BYTES.get(x) == model.dtype_bytes for x in dts)
+            ok = (mine in dts) if model.dtype else any(DTYPE_BYTES.get(x) == model.dtype_bytes for x in dts)
             if not ok:
                 raise OutOfCalibrationError(
                     f"hardware {self.name}: fitted on dtype {'/'.join(dts)} on device {fdev or '?'}; refusing to "
@@ -784,7 +784,7 @@ _MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelShape)} - {"source"}
 
 
 # --------------------------------------------------------------------------- loading
-def _read_file(path: Path) -> dict:
+def read_preset_file(path: Path) -> dict:
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -832,7 +832,7 @@ def is_shipped(path: Path) -> bool:
 
 def preset_path(kind: str, name_or_path) -> Path:
     """The file a preset name (or path) resolves to (first match: RKSIM_PRESETS, user directory, package)."""
-    return _resolve(kind, name_or_path)
+    return resolve_preset(kind, name_or_path)
 
 
 def list_presets(kind: str) -> list[str]:
@@ -857,7 +857,7 @@ def _preset_path(kind: str, name: str) -> Path:
                       f"(or a path to a .yaml/.json file)")
 
 
-def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
+def resolve_preset(kind: str, name_or_path: str | os.PathLike) -> Path:
     s = str(name_or_path)
     if s.endswith((".yaml", ".yml", ".json")) or os.sep in s:
         p = Path(s)
@@ -869,8 +869,8 @@ def _resolve(kind: str, name_or_path: str | os.PathLike) -> Path:
 
 def load_model(name_or_path: str | os.PathLike) -> ModelShape:
     """A :class:`ModelShape` from a preset name or a YAML/JSON file path."""
-    path = _resolve("models", name_or_path)
-    data = _read_file(path)
+    path = resolve_preset("models", name_or_path)
+    data = read_preset_file(path)
     unknown = set(data) - _MODEL_FIELDS - {"hf_id"}
     if unknown:
         raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(_MODEL_FIELDS))}")
@@ -885,8 +885,8 @@ def load_model(name_or_path: str | os.PathLike) -> ModelShape:
 
 def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     """A :class:`HardwareProfile` from a preset name or a YAML/JSON file path."""
-    path = _resolve("hardware", name_or_path)
-    data = _read_file(path)
+    path = resolve_preset("hardware", name_or_path)
+    data = read_preset_file(path)
     extra = {k: data.pop(k) for k in list(data) if k not in _HW_FIELDS}
     allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals", "calibration_note", "reference", "fingerprint"}
     unknown = set(extra) - allowed_extra

@@ -378,7 +378,7 @@ def tree_spec(trace, tree: int = 0) -> TreeSpec:
                     stop_ids=list(tok["stop_ids"]), manifest=trace.manifest, name=f"{trace.path.name}/{tt.rel}")
 
 
-def _structure(spec: TreeSpec):
+def tree_structure(spec: TreeSpec):
     """Check the tree and return per-node lists plus the frontiers, level by level, in expansion order."""
     df = spec.nodes
     where = f"{spec.name}/nodes.parquet"
@@ -476,7 +476,7 @@ def walk_tree(spec: TreeSpec, policy: str = "rsbcm", params: dict | None = None,
             or not 1 <= block_size <= MAX_BLOCK_SIZE:
         raise TreeError(f"--block-size: must be an integer in 1..{MAX_BLOCK_SIZE}, got {block_size!r}")
     pol = _policy(policy, params)
-    parent, depth, ntok, score, toks, children, levels = _structure(spec)
+    parent, depth, ntok, score, toks, children, levels = tree_structure(spec)
     meta = spec.meta
     D = max(depth)
     unc = unconstrained_budget(ntok[0], int(meta.get("depth", D)), int(meta.get("expand_k", max(map(len, levels), default=1))),

@@ -142,7 +142,7 @@ def build_job(f, plan, exit_layers: np.ndarray | None, skipped: bool, *, L: int,
     """The :class:`Job` of problem ``f`` (a :class:`sim.workload.features.ProblemFeatures`) under a decision.
 
     ``static``: the problem's branches run as static, left-padded batches (workload option
-    ``batching = "static"``, see :func:`_pad_static`) instead of a serving engine's
+    ``batching = "static"``, see :func:`pad_static`) instead of a serving engine's
     continuous batching with variable-length rows.
     """
     share = np.asarray(plan.share_root, bool)
@@ -163,7 +163,7 @@ def build_job(f, plan, exit_layers: np.ndarray | None, skipped: bool, *, L: int,
     gate = np.asarray(plan.gate_tokens, np.int64)
     source = np.asarray(plan.source, np.int64)
     if static:
-        gate, reused, computed, gen = _pad_static(gate, source, reused, computed, gen)
+        gate, reused, computed, gen = pad_static(gate, source, reused, computed, gen)
         ctx = reused + computed
         copy = np.where(share, ctx % bs, 0).astype(np.int64)
     if verify_reuses_kv and not no_kv:
@@ -185,7 +185,7 @@ def build_job(f, plan, exit_layers: np.ndarray | None, skipped: bool, *, L: int,
                v_kv_tokens=v_new, v_reuse=bool(verify_reuses_kv and not no_kv), score=np.asarray(score, np.float64))
 
 
-def _pad_static(gate, source, reused, computed, gen):
+def pad_static(gate, source, reused, computed, gen):
     """Token counts of one problem's branches run as static, left-padded batches.
 
     This is how an eager Hugging Face runner (rksim's real module, ``calibrate``)
