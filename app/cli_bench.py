@@ -395,17 +395,18 @@ def _cmd_throughput(args) -> int:
 
 
 def _cmd_validate(args) -> int:
+    from app.validate_table import format_table, markdown_table
     from sim.bench import validate
     figs = validate.load_figures(args.file)
     df = validate.run_figures(figs, hardware=args.hardware)
-    print(validate.format_table(df))
+    print(format_table(df))
     if args.out:
         _write_json(Path(args.out), {"file": str(args.file), "rows": df.to_dict(orient="records")})
         print(f"wrote {args.out}")
     if args.markdown:
         from traces.store import atomic_write_text
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(Path(args.markdown), validate.markdown_table(df, args.file))
+        atomic_write_text(Path(args.markdown), markdown_table(df, args.file))
         print(f"wrote {args.markdown}")
     return 0
 
