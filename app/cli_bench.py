@@ -55,6 +55,9 @@ def _target_flags(p, offline: bool) -> None:
     p.add_argument("--kv-capacity-bytes", default=None, metavar="B", help="KV capacity in bytes (default: memory x utilisation - weights - reserve)")
     p.add_argument("--block-size", default=16, metavar="T",
                    help="tokens per KV block")
+    p.add_argument("--band", action="store_true",
+                   help="also run with each public fit of the device (sim.cost.bands): every figure gains a "
+                        "[low, high] band in the output and the JSON (one more run per fit)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="vLLM's flag: no CUDA graphs (every kernel launched from the host, no padding to capture "
                         "sizes); default: vLLM's graphs on a GPU")
@@ -233,6 +236,9 @@ def register(sub) -> None:
                    help="override every entry's hardware preset (default: the entry's)")
     p.add_argument("--out", default=None, metavar="FILE", help="also write the table as JSON (default: none)")
     p.add_argument("--markdown", default=None, metavar="FILE", help="also write the table as Markdown (default: none)")
+    p.add_argument("--band", action="store_true",
+                   help="also price every figure with each public fit of its device: a low-high band per figure "
+                        "(sim.cost.bands; one more run per fit)")
     p.set_defaults(func=_cmd_validate)
 
 
@@ -350,6 +356,26 @@ def _serve_once(args, target, wl, name, rate, percentiles, metrics, slo):
     return r, res
 
 
+def _band(res: dict, hw, run) -> dict:
+    """The band of every number in ``res``: ``run(profile)`` (the same run on each public fit of ``hw``,
+    :func:`sim.cost.bands.band_profiles`) and ``res`` itself, ``[min, max]`` per key; printed, and
+    returned for the JSON (``fits``: what each run was priced with)."""
+    from sim.cost.bands import band_of, band_profiles
+    fits = band_profiles(hw)
+    if not fits:
+        print(f"band: none ({hw.name} has one fit: no public fit of another source to price it with)")
+        return {"fits": [], "metrics": {}}
+    runs = [res] + [run(p) for _, p in fits]
+    keys = [k for k, v in res.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and (k.endswith("_ms") or "throughput" in k or "per_second" in k)]
+    metrics = {k: band_of([r.get(k) for r in runs]) for k in keys}
+    print(f"band over {len(runs)} fits of {hw.name} (central; {'; '.join(l for l, _ in fits)}):")
+    for k, b in metrics.items():
+        if b is not None:
+            print(f"  {k:<32} [{b[0]:.4g}, {b[1]:.4g}]")
+    return {"fits": ["central"] + [l for l, _ in fits], "metrics": metrics}
+
+
 def _cmd_serve(args) -> int:
     from sim.bench import plain
     _checked(args)
@@ -363,6 +389,9 @@ def _cmd_serve(args) -> int:
     slo = _slo(args)
     _, res = _serve_once(args, target, wl, name, args.request_rate, args.metric_percentiles, metrics, slo)
     print(plain.format_serve(res, metrics, args.metric_percentiles))
+    if args.band:
+        res["band"] = _band(res, hw, lambda p: _serve_once(args, (model, p, *target[2:]), wl, name, args.request_rate,
+                                                           args.metric_percentiles, metrics, slo)[1])
     if args.save_result:
         conc = f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None else ""
         rate = args.request_rate if args.request_rate < math.inf else "inf"
@@ -388,6 +417,10 @@ def _cmd_throughput(args) -> int:
                   block_size=args.block_size, **_layout(args))
     res = plain.throughput_result(r)
     print(plain.format_throughput(res))
+    if args.band:
+        res["band"] = _band(res, hw, lambda p: plain.throughput_result(plain.run(
+            model, p, wl, seed=args.seed, serving=sv, offline=True, token_policy=pol, block_size=args.block_size,
+            **_layout(args))))
     if args.output_json:
         _write_json(Path(args.output_json), res)
         print(f"wrote {args.output_json}")
@@ -398,7 +431,7 @@ def _cmd_validate(args) -> int:
     from app.validate_table import format_table, markdown_table
     from sim.bench import validate
     figs = validate.load_figures(args.file)
-    df = validate.run_figures(figs, hardware=args.hardware)
+    df = validate.run_figures(figs, hardware=args.hardware, band=args.band)
     print(format_table(df))
     if args.out:
         _write_json(Path(args.out), {"file": str(args.file), "rows": df.to_dict(orient="records")})

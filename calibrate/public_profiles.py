@@ -495,7 +495,21 @@ def _fmt(v: float | None, spec: str) -> str:
     return "null" if v is None else format(v, spec)
 
 
-def render_preset(preset: str, fit: dict, current_text: str) -> str:
+BAND_TABLE = {"h100-sxm": "h100", "a100-80gb": "a100"}   # the cross-validation table whose fits make a preset's band
+
+
+def band_fits(preset: str, cross: dict) -> list[dict]:
+    """The preset's device fitted on each public source alone (``cross_validate``'s fits of
+    :data:`BAND_TABLE`): the band every figure carries (``sim.cost.bands``). Coefficients a source
+    cannot fit (None) are left out: the central fit's value applies."""
+    out = []
+    for r in cross.get(BAND_TABLE.get(preset, ""), []):
+        out.append({"fit_on": r["fit_on"], **{k: v for k, v in r["coefficients"].items() if v is not None
+                                              and k != "host_call_s"}})
+    return out
+
+
+def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None = None) -> str:
     """The preset's YAML: its datasheet header kept, everything from ``FIT_MARK`` on regenerated."""
     import yaml
 
@@ -551,6 +565,10 @@ def render_preset(preset: str, fit: dict, current_text: str) -> str:
             "details": "calibrate/data/public-profiles-fit.json",
         },
     }
+    band = band_fits(preset, cross or {})
+    if band:
+        # each public source fitted alone: every figure is priced with these too, as its low-high band
+        block["band_fits"] = band
     return head + "\n".join(lines) + "\n" + yaml.safe_dump(block, sort_keys=False, width=100)
 
 
@@ -565,7 +583,7 @@ def outputs(res: dict) -> dict[Path, str]:
     out = {FIT_JSON: json.dumps(res, indent=1, sort_keys=False) + "\n"}
     for p, fit in res["fits"].items():
         path = _preset_path(p)
-        out[path] = render_preset(p, fit, path.read_text())
+        out[path] = render_preset(p, fit, path.read_text(), res["cross_validation"])
     return out
 
 

@@ -172,9 +172,11 @@ def test_check_detects_a_preset_that_is_not_the_fit(tmp_path, monkeypatch, capsy
     res = json.loads(pp.FIT_JSON.read_text())
     fit = res["fits"]["h100-sxm"]
     text = pp._preset_path("h100-sxm").read_text()
-    assert pp.render_preset("h100-sxm", fit, text) == text
+    cross = res["cross_validation"]
+    assert pp.render_preset("h100-sxm", fit, text, cross) == text
     bad = dict(fit, coefficients={**fit["coefficients"], "eff_c": fit["coefficients"]["eff_c"] * 1.01})
-    assert pp.render_preset("h100-sxm", bad, text) != text
+    assert pp.render_preset("h100-sxm", bad, text, cross) != text
+    assert pp.render_preset("h100-sxm", fit, text) != text       # the band (each source alone) is part of it
     with pytest.raises(ValueError, match="no line starting '# Not on a datasheet'"):
         pp.render_preset("h100-sxm", fit, "name: x\n")
 

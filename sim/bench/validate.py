@@ -218,12 +218,14 @@ def _rate(v) -> float:
     return float(v)
 
 
-def predict(f: dict, hardware: str | None = None) -> dict:
-    """Simulate one figure's benchmark; returns the vllm bench serve result dictionary."""
+def predict(f: dict, hardware: str | None = None, profile=None) -> dict:
+    """Simulate one figure's benchmark; returns the vllm bench serve result dictionary. ``profile``: a
+    :class:`sim.cost.profiles.HardwareProfile` to price it with instead of the named one (a band's fit)."""
     from sim.bench import plain
     from sim.serving.capacity import ServingConfig
     from sim.cost.profiles import load_hardware, load_model
-    model, hw = load_model(f["model"]), load_hardware(hardware or f["hardware"])
+    model = load_model(f["model"])
+    hw = profile if profile is not None else load_hardware(hardware or f["hardware"])
     q, kv = f.get("quantization"), f.get("kv_cache_dtype")
     kv = None if kv is None or str(kv).lower() in PRICED_DTYPES else kv      # a 16-bit name is the model's own
     model = model.with_precision(None if q in (None, "none", "auto") else q, kv)
@@ -248,10 +250,16 @@ def predict(f: dict, hardware: str | None = None) -> dict:
                               max_concurrency=conc, model_id=model.name, detailed=False)
 
 
-def run_figures(figs: list, hardware: str | None = None):
-    """One row per figure: published value, prediction, ratio (prediction / published), or why refused."""
+def run_figures(figs: list, hardware: str | None = None, band: bool = False):
+    """One row per figure: published value, prediction, ratio (prediction / published), or why refused.
+
+    ``band``: each priced figure is priced again with every public fit of its device
+    (:func:`sim.cost.bands.band_profiles`); ``predicted_lo`` / ``predicted_hi`` is ``[min, max]`` over
+    those and the central prediction, and ``in_band`` says whether the published value lies inside.
+    """
     import pandas as pd
-    from sim.cost.profiles import OutOfCalibrationError
+    from sim.cost.bands import band_of, band_profiles
+    from sim.cost.profiles import OutOfCalibrationError, load_hardware
     rows = []
     for f in figs:
         src = f["source"]
@@ -271,6 +279,12 @@ def run_figures(figs: list, hardware: str | None = None):
                 row["ratio"] = row["predicted"] / row["published"]
                 row["status"] = "ok" if abs(row["ratio"] - 1) <= 0.25 else "off by more than 25%"
                 row["calibration"] = res["rksim"]["calibration"]
+                if band:
+                    others = [float(predict(f, profile=p)[f["metric"]])
+                              for _, p in band_profiles(load_hardware(hardware or f["hardware"]))]
+                    lo, hi = band_of([row["predicted"], *others])
+                    row.update(predicted_lo=lo, predicted_hi=hi, band_fits=len(others),
+                               in_band=bool(lo <= row["published"] <= hi) if others else None)
             except (OutOfCalibrationError, ValueError) as exc:
                 why = str(exc)
         if why is not None:

@@ -888,7 +888,8 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     path = resolve_preset("hardware", name_or_path)
     data = read_preset_file(path)
     extra = {k: data.pop(k) for k in list(data) if k not in _HW_FIELDS}
-    allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals", "calibration_note", "reference", "fingerprint"}
+    allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals", "calibration_note", "reference", "fingerprint",
+                     "band_fits"}
     unknown = set(extra) - allowed_extra
     if unknown:
         raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: "
