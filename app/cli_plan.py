@@ -79,6 +79,7 @@ def _cmd_plan(args) -> int:
             "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost}
     t0, c0 = time.perf_counter(), time.process_time()
     rows = run_plan(args.trace, deps, opts, backend=args.backend, workers=args.workers, progress=not args.json)
+    band_fits = _band_rows(args, rows, deps, opts, hw) if args.band else None
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     df, front, best = frontier(rows)
     meta = {"command": "plan", "model": m.name, "node": node.name, "hardware": hw.name, "gpus": args.gpus,
@@ -90,6 +91,8 @@ def _cmd_plan(args) -> int:
             "arrival_rate": args.problem_rate,
             "concurrency": None if args.problem_rate is not None else args.max_concurrent_problems,
             "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost}
+    if band_fits is not None:
+        meta["band_fits"] = band_fits
     knees = _knees(args, best, knee_rates, node_spec) if knee_rates is not None else None
     if knees is not None:
         meta["knees"] = knees
@@ -97,6 +100,8 @@ def _cmd_plan(args) -> int:
         write_parquet(_mark(df, front), args.out, meta)
     cols = ["gpus", "policy", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
             "max_num_batched_tokens", "goodput_problems_per_s", "slo_attainment", "e2e_p99_s"]
+    if band_fits:
+        cols += [f"{c}_{e}" for c in BANDED for e in ("lo", "hi")]
     if args.gpu_hour_cost is not None:
         cols.append("cost_per_million_output_tokens")
     if args.json:
@@ -190,6 +195,24 @@ def _knees(args, best, rates, node_spec: str) -> list[dict]:
     return out
 
 
+BANDED = ("goodput_problems_per_s", "e2e_p99_s")   # the figures a plan row carries a band of (--band)
+
+
+def _band_rows(args, rows, deps, opts, hw) -> list[str]:
+    """``--band``: every deployment run again with each public fit of the node's GPU (sim.cost.bands); each row
+    gains ``<figure>_lo`` / ``<figure>_hi`` over the central run and those. Returns the fits' labels."""
+    from sim.cost.bands import band_of, band_profiles
+    from sim.search.planner import run_plan
+    labels = [label for label, _ in band_profiles(hw)]
+    others = [run_plan(args.trace, deps, {**opts, "band_fit": label}, backend=args.backend, workers=args.workers,
+                       progress=not args.json) for label in labels]
+    for i, row in enumerate(rows):
+        for c in BANDED:
+            b = band_of([row.get(c)] + [o[i].get(c) for o in others])
+            row[f"{c}_lo"], row[f"{c}_hi"] = (None, None) if b is None else b
+    return ["central"] + labels
+
+
 def _mark(df, front):
     key = ["tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
            "max_num_batched_tokens", "policy"]
@@ -207,6 +230,9 @@ def register(sub) -> None:
     p.add_argument("--hardware", required=True, metavar="GPU",
                    help="GPU preset (a100-80gb, h100-sxm, l4: its shipped node) or a node preset (dgx-a100, dgx-h100, "
                         "l4-pcie) or file")
+    p.add_argument("--band", action="store_true",
+                   help="also run every deployment with each public fit of the GPU (sim.cost.bands): goodput and "
+                        "p99 E2E gain a [low, high] band (one more plan per fit)")
     p.add_argument("--node", default=None, metavar="NODE",
                    help="node preset or file whose GPUs are --hardware (default: the shipped node of --hardware)")
     p.add_argument("--gpus", required=True, type=int, metavar="G", help="GPU budget")

@@ -79,3 +79,14 @@ def test_validate_band_marks_a_figure_outside_it(tmp_path, capsys):
     assert rows["c"]["band_fits"] == 0 and rows["c"]["in_band"] is None   # h200: no band to be outside of
     text = md.read_text()
     assert "--band" in text.splitlines()[0] and "| band |" in text and "outside" in text
+
+
+def test_plan_band_brackets_every_deployment(capsys):
+    assert main(["plan", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "2",
+                 "--tensor-parallel-size", "1,2", "--num-problems", "6", "--band", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["meta"]["band_fits"][0] == "central" and len(out["meta"]["band_fits"]) == 3
+    for r in out["frontier"] + out["best_per_policy"]:
+        for c in ("goodput_problems_per_s", "e2e_p99_s"):
+            assert r[f"{c}_lo"] <= r[c] <= r[f"{c}_hi"], (c, r)
+    assert any(r["e2e_p99_s_lo"] < r["e2e_p99_s_hi"] for r in out["frontier"])

@@ -217,9 +217,11 @@ def trace_workload(trace, policy: str, model, n_requests: int | None = None, par
 def evaluate_deployment(trace, policy: str | None = None, params: dict | None = None, *, model_preset: str,
                         node: str, router: str = "prefix-affinity", slo: str | None = None,
                         arrival_rate: float | None = None, concurrency: int = 1, n_requests: int | None = None,
-                        seed: int = 0, gpu_hour_cost: float | None = None) -> dict:
+                        seed: int = 0, gpu_hour_cost: float | None = None, band_fit: str | None = None) -> dict:
     """One planner task on plain data (what a Dask worker runs, :func:`sim.search.dist.run_dask`'s ``evaluate``):
-    ``params`` = :meth:`Deployment.to_dict` without ``gpus``."""
+    ``params`` = :meth:`Deployment.to_dict` without ``gpus``; ``band_fit``: price it with that public fit of
+    the node's GPU (a label of :func:`sim.cost.bands.band_profiles`) instead of the preset's."""
+    from sim.cost.bands import band_profiles
     from sim.cost.parallel import load_node
     from sim.cost.profiles import load_hardware, load_model
 
@@ -228,6 +230,11 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
     m = load_model(model_preset)
     nd = load_node(node)
     hw = load_hardware(nd.gpu)
+    if band_fit is not None:
+        fits = dict(band_profiles(hw))
+        if band_fit not in fits:
+            raise ValueError(f"--band: {hw.name} has no public fit {band_fit!r} (fits: {', '.join(fits) or 'none'})")
+        hw = fits[band_fit]
     w = trace_workload(trace, dep.policy, m, n_requests)
     row = evaluate(dep, m, hw, nd, lambda _pol: w, router=router, slo=SLO.parse(slo), arrival_rate=arrival_rate,
                    concurrency=concurrency, seed=seed, gpu_hour_cost=gpu_hour_cost)
