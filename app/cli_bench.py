@@ -221,6 +221,12 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write DIR/latency-rate.json (the curve) and DIR/latency-rate.html (the figure) atomically "
                         "(default: none)")
+    p.add_argument("--backend", choices=("local", "dask"), default="local",
+                   help="local: this process; dask: the rates' runs on a LocalCluster or --dask-scheduler "
+                        "(identical results; the --refine steps run here, each after the last)")
+    p.add_argument("--dask-scheduler", default=None, metavar="ADDR",
+                   help="Dask scheduler address (tcp://host:8786; default: a LocalCluster)")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="Dask LocalCluster workers (default 2)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     p.set_defaults(func=_cmd_sweep, slo_key=None)
 
@@ -482,6 +488,36 @@ def sweep_table(curve: dict):
     return pd.DataFrame(rows)
 
 
+def _rate_point(args, target, wl, name, rate, pcts) -> dict:
+    """One rate of ``bench sweep``: its serve keys, its queue growth (:func:`sim.search.knee.queue_growth`) and
+    the run's provenance info, as plain data (what a Dask worker returns)."""
+    from sim.search import knee
+    r, res = _serve_once(args, target, wl, name, rate, pcts, ("ttft", "tpot", "itl", "e2el"), None)
+    keep = ("request_throughput", "output_throughput", "total_token_throughput", "duration")
+    m = {k: v for k, v in res.items() if k.endswith("_ms") or k in keep}
+    m["preemptions"] = res["rksim"]["preemptions"]
+    m["max_running_seqs"] = res["rksim"]["max_running_seqs"]
+    wait = (r.start - r.scheduled) + r.ttft
+    return {"metrics": m, "growth": knee.queue_growth(r.scheduled, wait, args.saturation_tolerance),
+            "info": res["rksim"]}
+
+
+def _rate_chunk(_evaluate, _trace, _label, items, options) -> list:
+    """The Dask task of ``bench sweep --backend dask`` (:func:`sim.search.dist.run_dask`'s shape): rebuild the
+    target and workload from the parsed flags (plain data) and run each rate of ``items``."""
+    import argparse
+
+    from sim.search.sweep import single_thread_blas
+    from sim.search import knee
+    args = argparse.Namespace(**options)
+    slo = knee.KneeSLO.parse(args.slo, "--slo")
+    pcts = sorted({50.0, 99.0, *slo.percentiles})
+    target = _target(args)
+    wl, name = _workload(args)
+    with single_thread_blas():
+        return [(cid, _rate_point(args, target, wl, name, float(p["rate"]), pcts)) for cid, p in items]
+
+
 def _cmd_sweep(args) -> int:
     import json
 
@@ -501,17 +537,23 @@ def _cmd_sweep(args) -> int:
     infos = []
 
     def evaluate(rate):
-        r, res = _serve_once(args, target, wl, name, rate, pcts, metrics, None)
-        infos.append(res["rksim"])
-        keep = ("request_throughput", "output_throughput", "total_token_throughput", "duration")
-        m = {k: v for k, v in res.items() if k.endswith("_ms") or k in keep}
-        m["preemptions"] = res["rksim"]["preemptions"]
-        m["max_running_seqs"] = res["rksim"]["max_running_seqs"]
-        due = r.scheduled
-        wait = (r.start - r.scheduled) + r.ttft
-        return m, knee.queue_growth(due, wait, args.saturation_tolerance)
+        out = _rate_point(args, target, wl, name, rate, pcts)
+        infos.append(out["info"])
+        return out["metrics"], out["growth"]
 
-    curve = knee.sweep(evaluate, rates, slo, refine=args.refine,
+    many = None
+    if args.backend == "dask":
+        def many(rs):
+            from sim.search import dist
+            opts = {k: v for k, v in vars(args).items() if not callable(v)}
+            items = [(f"rate-{r!r}", {"rate": r}) for r in rs]
+            res = dist.run_dask(_rate_chunk, None, None, "bench sweep", items, opts, workers=args.workers,
+                                scheduler=args.dask_scheduler, progress=args.progress)
+            infos.extend(res[cid]["info"] for cid, _ in items)
+            return [(res[cid]["metrics"], res[cid]["growth"]) for cid, _ in items]
+    elif args.dask_scheduler or args.workers is not None:
+        raise ValueError("--dask-scheduler/--workers need --backend dask")
+    curve = knee.sweep(evaluate, rates, slo, refine=args.refine, evaluate_many=many,
                        progress=lambda it, **kw: tqdm(it, disable=not args.progress, leave=False, **kw))
     info = {k: v for k, v in infos[0].items() if k not in ("preemptions", "max_running_seqs", "iterations",
                                                            "prefix_hit_tokens", "per_replica")}

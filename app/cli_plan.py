@@ -78,7 +78,10 @@ def _cmd_plan(args) -> int:
             slo.stated else None, "arrival_rate": args.problem_rate, "concurrency": args.max_concurrent_problems,
             "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost}
     t0, c0 = time.perf_counter(), time.process_time()
-    rows = run_plan(args.trace, deps, opts, backend=args.backend, workers=args.workers, progress=not args.json)
+    if args.backend == "local" and (args.dask_scheduler or args.workers is not None):
+        raise ValueError("--dask-scheduler/--workers need --backend dask")
+    rows = run_plan(args.trace, deps, opts, backend=args.backend, workers=args.workers, progress=not args.json,
+                    scheduler=args.dask_scheduler)
     band_fits = _band_rows(args, rows, deps, opts, hw) if args.band else None
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     df, front, best = frontier(rows)
@@ -205,7 +208,7 @@ def _band_rows(args, rows, deps, opts, hw) -> list[str]:
     from sim.search.planner import run_plan
     labels = [label for label, _ in band_profiles(hw)]
     others = [run_plan(args.trace, deps, {**opts, "band_fit": label}, backend=args.backend, workers=args.workers,
-                       progress=not args.json) for label in labels]
+                       progress=not args.json, scheduler=args.dask_scheduler) for label in labels]
     for i, row in enumerate(rows):
         for c in BANDED:
             b = band_of([row.get(c)] + [o[i].get(c) for o in others])
@@ -272,6 +275,8 @@ def register(sub) -> None:
                    help="bisection steps between the knee and the first failing rate")
     p.add_argument("--backend", choices=("local", "dask"), default="local", help="run locally or on Dask")
     p.add_argument("--workers", type=int, default=None, metavar="N", help="Dask LocalCluster workers (default 2)")
+    p.add_argument("--dask-scheduler", default=None, metavar="ADDR",
+                   help="Dask scheduler address (tcp://host:8786; default: a LocalCluster)")
     p.add_argument("--out", default=None, metavar="FILE", help="write the table to FILE.parquet, atomically (default: none)")
     p.add_argument("--json", action="store_true", help="print the frontier and the best per policy as JSON")
     p.set_defaults(func=_cmd_plan)

@@ -215,6 +215,18 @@ def test_same_seed_bit_identical_json_and_the_figure(tmp_path, capsys):
     assert "TTFT p99" in out and "knee" in out
 
 
+@pytest.mark.slow
+def test_rate_sweep_on_dask_equals_local(tmp_path, capsys):
+    # issue 32 item 5: the rates' independent runs on a Dask LocalCluster give the very same file
+    argv = [*BASE, "--num-prompts", "40", "--random-input-len", "256", "--random-output-len", "16",
+            "--request-rate", "2,8,64", "--refine", "1", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "local")]) == 0
+    assert main([*argv, "--backend", "dask", "--workers", "2", "--out", str(tmp_path / "dask")]) == 0
+    assert (tmp_path / "local" / "latency-rate.json").read_bytes() == (tmp_path / "dask" / "latency-rate.json").read_bytes()
+    assert main([*argv, "--workers", "2"]) == 2
+    assert "--dask-scheduler/--workers need --backend dask" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------- plan --knee and the dashboard
 PLAN = ["plan", "--model-preset", "qwen2.5-7b", "--hardware", "dgx-h100", "--gpus", "1", "--policies", "exact-prefix",
         "--tensor-parallel-size", "1", "--num-problems", "48"]

@@ -212,12 +212,15 @@ def knee(points: list[dict]) -> dict:
 
 
 def sweep(evaluate: Callable[[float], tuple[dict, dict]], rates: Iterable[float], slo: KneeSLO, *,
-          refine: int = 0, progress: Callable | None = None) -> dict:
+          refine: int = 0, progress: Callable | None = None,
+          evaluate_many: Callable[[list], list] | None = None) -> dict:
     """Evaluate ``rates`` (ascending), then ``refine`` bisection steps between the knee and the first
     failing rate; returns ``{"points": [...] (by rate), "slo", **knee(points), "refine"}``.
 
     ``evaluate(rate) -> (metrics, growth)``: the run's ``vllm bench serve`` keys and its
-    :func:`queue_growth`. ``progress``: wraps an iterable (tqdm), or None.
+    :func:`queue_growth`. ``progress``: wraps an iterable (tqdm), or None. ``evaluate_many(rates) ->
+    [(metrics, growth), ...]``: the independent runs of the given rates at once (e.g. on Dask); the
+    bisection steps, each depending on the last, run through ``evaluate``.
     """
     if isinstance(refine, bool) or not isinstance(refine, int) or not 0 <= refine <= MAX_REFINE:
         raise KneeError(f"--refine: must be an integer in 0..{MAX_REFINE}, got {refine!r}")
@@ -226,9 +229,13 @@ def sweep(evaluate: Callable[[float], tuple[dict, dict]], rates: Iterable[float]
         raise KneeError("--request-rate: give at least one rate, ascending")
     wrap = progress or (lambda it, **_: it)
     pts = []
-    for r in wrap(rates, desc="rates", unit="rate"):
-        m, g = evaluate(float(r))
-        pts.append(point(r, m, g, slo))
+    if evaluate_many is not None:
+        for r, (m, g) in zip(rates, evaluate_many([float(r) for r in rates])):
+            pts.append(point(r, m, g, slo))
+    else:
+        for r in wrap(rates, desc="rates", unit="rate"):
+            m, g = evaluate(float(r))
+            pts.append(point(r, m, g, slo))
     k = knee(pts)
     if refine and k["knee_rate"] is not None and k["first_failing_rate"] is not None:
         lo, hi = k["knee_rate"], k["first_failing_rate"]

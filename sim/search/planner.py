@@ -248,7 +248,7 @@ def deployment_id(dep: Deployment) -> str:
 
 
 def run_plan(trace, deps: Iterable[Deployment], options: dict, backend: str = "local", workers: int | None = None,
-             progress: bool = True) -> list[dict]:
+             progress: bool = True, scheduler: str | None = None) -> list[dict]:
     """Evaluate every deployment (``options``: :func:`evaluate_deployment`'s keywords) locally or on Dask
     (:func:`sim.search.dist.run_dask`: chunked tasks, reruns, nothing lost or duplicated); rows in input order."""
     items = [(deployment_id(d), {k: v for k, v in d.to_dict().items() if k != "gpus"}) for d in deps]
@@ -267,7 +267,7 @@ def run_plan(trace, deps: Iterable[Deployment], options: dict, backend: str = "l
         from sim.search import dist
         from sim.search.sweep import evaluate_chunk
         res = dist.run_dask(evaluate_chunk, evaluate_deployment, trace, "plan", items, options, workers=workers,
-                            progress=progress)
+                            scheduler=scheduler, progress=progress)
         return [res[cid] for cid, _ in items]
     raise ValueError(f"--backend: {backend!r} is not one of local, dask")
 
