@@ -39,6 +39,7 @@ import simpy
 
 from .capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
 from .cost import ScalarCost, with_shared
+from .fastforward import token_times
 from .kvcache import UNLIMITED, BlockManager
 from .kvshare import shared_tokens
 from .scheduler import Request, Scheduler, SchedulerConfig
@@ -153,7 +154,7 @@ class Engine:
                  hw_name: str = "", per_problem_timeline: bool = False, kv_bytes_per_block: float | None = None,
                  arrival_times=None, max_concurrency: int | None = None, record_token_times: bool = False,
                  cost=None, env: simpy.Environment | None = None, settle: int | None = None,
-                 block_size: int | None = None, record_pipeline: bool = False):
+                 block_size: int | None = None, record_pipeline: bool = False, fast_forward: bool = False):
         self.m, self.hw = model, hw
         # cost: anything with ScalarCost's seconds(items), e.g. sim.parallel.ParallelCost for a TP x PP replica
         self.cost = ScalarCost(model, hw) if cost is None else cost
@@ -208,6 +209,9 @@ class Engine:
         self.pp_batches: list = []  # with record_pipeline: per batch (formed at, stage seconds, stage ends)
         self._in_flight: set = set()   # ids of requests in a batch still in the pipeline
         self._n_flight = 0
+        # decode fast-forward (sim.fastforward): quiet decode windows advanced at once, exactly; off: stepped
+        from .fastforward import FastForward
+        self._ff = FastForward(self) if fast_forward and FastForward.supports(self) else None
 
     # ------------------------------------------------------------------ requests
     def _add(self, req: Request) -> None:
@@ -379,6 +383,11 @@ class Engine:
                 yield self._wake
                 self._wake = None
             yield from self._settle()  # every arrival at this instant is queued before the batch forms
+            if self._ff is not None:
+                d = self._ff.advance()   # a quiet decode window, applied; its end is the next step's start
+                if d is not None:
+                    yield env.timeout(d)
+                    continue
             out = sched.schedule()
             items = out.items
             nrun = len(sched.running)
@@ -405,6 +414,14 @@ class Engine:
             self.busy += dt
             self.run_time += dt * nrun
             self._complete(out, items, priced, tup, dt, nrun)
+
+    def _window_seconds(self, B, S, cmax):
+        """Seconds of decode iterations of a fast-forward window (:mod:`sim.fastforward`), one per entry: ``B``
+        requests decoding one token each over ``S`` cached tokens in all, the longest ``cmax`` (arrays). The
+        cost's per-step vector (:meth:`sim.cost.ScalarCost.decode_batch_seconds`); a per-step host term, a
+        function of the same running requests and scheduled tokens (both ``B``), joins here element by element.
+        """
+        return self.cost.decode_batch_seconds(B, S, cmax)
 
     def _record_batch(self, start, st, ends, items) -> None:
         for k, t in enumerate(st):
@@ -794,6 +811,6 @@ class EngineResult:
                 "kv_times": np.asarray(p.times), "kv_bytes": np.asarray(p.mem),
                 "recompute_tokens": int(p.recompute), "evictions": 0,
                 "prefix_hit_tokens": int(p.hit_tokens), "prompt_tokens_admitted": int(p.prompt_tokens),
-                **({"token_times": p.tok} if p.tok is not None else {}),
+                **({"token_times": [token_times(x) for x in p.tok]} if p.tok is not None else {}),
             })
         return out

@@ -1,0 +1,551 @@
+"""Decode fast-forward: the steps of a quiet decode-only batch advanced at once, exactly.
+
+Between two *events* -- an arrival (anything else on the simpy clock), a request finishing, an
+admission or a preemption, a prefill chunk, a KV block the free pool cannot give -- an iteration
+of :class:`sim.engine.Engine` is a decode of every running request, one token each, and changes
+nothing but lengths. :meth:`FastForward.advance` finds the ``k`` steps up to the next event and
+applies them in one go, with every state change the ``k`` stepped iterations would have made:
+
+* **Which steps.** The window starts from the state the next ``schedule()`` would see and holds
+  while every running request decodes (``pending == 1``, past its prompt, past its high-water
+  mark, no verification, no token-eviction cache), every one is scheduled (``len(running) <=
+  max_num_batched_tokens``) and the batch is in the fitted range. Its length ``k`` is the
+  smallest of
+
+  - ``min_r (max_output_r - num_output_r) - 1``: the step a request samples its last token (and
+    finishes) is stepped normally;
+  - the steps whose takes the free pool covers: request ``i`` with ``c_i`` computed tokens over
+    ``nb_i`` blocks takes a block at steps ``j = nb_i bs - c_i + 1 + m bs`` (its token ``c_i + j``
+    opens a block), and the window stops before the step holding the ``(F + 1)``-th take in
+    (step, running order), ``F`` = free blocks (clean + evictable; clean only where an eviction could
+    make a waiting request admissible, below);
+  - the steps that end strictly before the next event on the clock (``env.peek()``);
+  - :data:`MAX_STEPS`.
+
+* **No admission inside.** A waiting head is admitted (vLLM V1, ``scheduler_reserve_full_isl``, and
+  prefill-first) iff ``ceil(num_tokens / bs) - (cached chain blocks held by a running request) <=
+  free``. In a window the left side never falls (new blocks are the running requests' own
+  generated blocks, whose contents are unique, and an eviction only shortens the head's chain)
+  and free blocks only fall, so a head that cannot be admitted at the window's start cannot be
+  admitted inside it. Two cases where that argument fails are kept free of evictions (takes from
+  clean blocks only): ``vllm-v1-chunk-admit`` (a shorter hit can shrink the first chunk) and a head
+  whose chain keys have duplicate copies (evicting one hands its key to a copy that a running
+  request may hold). The head's prefix lookups of the skipped steps are counted as they would
+  be (``queried_blocks`` / ``hit_blocks``), its chain length tracked through evictions.
+
+* **State.** Blocks: the block manager's own :meth:`sim.kvcache.BlockManager.allocate_one` is
+  called at each step where a request opens a block (a take: clean first, else the policy's
+  victim) or fills one (its key registered for prefix caching), in (step, running order) -- the
+  calls the stepped path makes that change anything, in its order (the others are no-ops).
+  Lengths, sample counts, high-water marks, scheduler / engine counters, per-problem iterations,
+  peak KV and the KV / running timelines are set in closed form.
+
+* **Time.** Step ``j`` costs ``dt_j``, the per-step vector of :meth:`sim.cost.ScalarCost.decode_window_seconds`
+  (the cost terms are affine in ``j`` and integer-valued, so the ``k`` steps' terms are exact and
+  one numpy pass of :func:`sim.roofline.seconds` prices them; guarded against the scalar path).
+  End times ``t_j = t_{j-1} + dt_j`` are ``numpy.cumsum`` of ``[now, dt_1..dt_k]``, which adds
+  left to right as simpy's clock does (equal floats); so are ``busy``, ``run_time`` and each
+  problem's decode phase (``dt_j / B`` per step). A per-step host term (``sim.overheads``: affine in
+  running requests and scheduled tokens, both constant in a window) enters through
+  ``Engine._window_seconds``, one more vector function of the same ``dt``.
+
+* **Tokens.** Every running request's tokens of the window are sampled at ``t_1..t_k``: the window
+  stores that array once and each request a reference to it (:class:`TokenTimes`), so memory grows
+  with events, not tokens, until a caller asks for the per-token times (``numpy.asarray``).
+
+Every record, every metric and the scheduler's and block manager's state after a window are
+those of the stepped path (``tests/test_fastforward.py`` compares them over random workloads);
+the one count that differs is ``EngineResult.events`` (simpy events processed, fewer here).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .scheduler import RUNNING
+
+MAX_STEPS = 4096      # longest window (bounds the per-window arrays)
+MIN_STEPS = 2         # shorter windows are stepped (nothing to gain)
+
+
+class TokenTimes:
+    """One branch's token times: plain floats (stepped) and shared window arrays (fast-forwarded).
+
+    Behaves as the stepped path's list where it is read: ``numpy.asarray``, ``len``, iteration,
+    indexing, ``tolist``. Nothing is flattened until asked.
+    """
+
+    __slots__ = ("parts", "n")
+
+    def __init__(self, parts):
+        self.parts = parts
+        self.n = sum(len(p) if isinstance(p, np.ndarray) else 1 for p in parts)
+
+    def __array__(self, dtype=None, copy=None):
+        out = np.empty(self.n, np.float64)
+        i = 0
+        for p in self.parts:
+            if isinstance(p, np.ndarray):
+                out[i:i + len(p)] = p
+                i += len(p)
+            else:
+                out[i] = p
+                i += 1
+        return out if dtype is None else out.astype(dtype)
+
+    def tolist(self) -> list:
+        return np.asarray(self).tolist()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(self.tolist())
+
+    def __getitem__(self, i):
+        return np.asarray(self)[i].tolist()
+
+
+def token_times(parts: list):
+    """The stepped path's list when ``parts`` holds no window arrays, else a :class:`TokenTimes`."""
+    if any(isinstance(p, np.ndarray) for p in parts):
+        return TokenTimes(parts)
+    return parts
+
+
+def exact_delay(now: float, end: float) -> float:
+    """A delay ``d > 0`` with ``now + d == end`` in floats (simpy's clock adds the delay to ``now``)."""
+    d = end - now
+    while now + d < end:
+        d = math.nextafter(d, math.inf)
+    while now + d > end:
+        d = math.nextafter(d, -math.inf)
+    if now + d != end or d <= 0:   # pragma: no cover - end > now is always reachable
+        raise RuntimeError(f"fast-forward: no delay takes the clock from {now!r} to {end!r}")
+    return d
+
+
+class FastForward:
+    """The window of one :class:`sim.engine.Engine` (module docstring): :meth:`advance` applies it."""
+
+    def __init__(self, eng, min_steps: int = MIN_STEPS, max_steps: int = MAX_STEPS, chunk: int = 256):
+        self.eng = eng
+        self.min_steps = int(min_steps)
+        self.max_steps = int(max_steps)
+        self.chunk = int(chunk)   # block events are generated this many steps at a time
+        self.windows = 0          # windows applied
+        self.steps = 0            # steps they covered
+        self.off = False          # set when the closed-form cost disagreed with the stepped one (never expected)
+
+    @staticmethod
+    def supports(eng) -> bool:
+        """Engines whose iterations a window can replace: one stage, one accelerator on its own clock, a cost
+        with a per-step vector form and exact integer terms, no per-problem KV timeline, no shared-KV pricing,
+        block scores at generation (the plain workload)."""
+        c = eng.cost
+        return (eng.pp_stages == 1 and eng.settle is None and not eng.per_problem and not eng.prices_shared
+                and eng.score_at == "generation" and hasattr(c, "decode_batch_seconds") and c.exact_integers())
+
+    # ------------------------------------------------------------------ admissions
+    def _head(self):
+        """The waiting head's admission now. ``None``: it could be admitted (or the rule is not covered): stop.
+        Else ``(keys, L, nblk, clean_only)``: ``keys`` its chain keys by position (None: no lookup is counted),
+        ``L`` the length of its cached chain, ``clean_only``: takes must not evict (module docstring)."""
+        sched, kv = self.eng.sched, self.eng.kv
+        cfg = sched.cfg
+        B = len(sched.running)
+        if not sched.waiting or B >= cfg.max_num_seqs or (cfg.policy != "prefill-first"
+                                                          and cfg.max_num_batched_tokens - B <= 0):
+            return (None, 0, 0, False)
+        head = sched.waiting[0]
+        bs = kv.block_size
+        n = int(head.num_tokens)
+        nblk = n // bs
+        cacheable = kv.caching and head.cacheable
+        keys, out, dups = {}, [], False
+        if cacheable:
+            for k in range(nblk):
+                key = kv._key_of(head, k)
+                keys[key] = k
+                if len(out) == k:
+                    b = kv.cached.get(key)
+                    if b is not None:
+                        out.append(b)
+                        dups = dups or key in kv._dups
+        limit = n if getattr(head, "allow_full_hit", False) else n - 1
+        keep = max(0, min(len(out) * bs, limit)) // bs
+        blocks, hit = out[:keep], keep * bs
+        m = n - hit
+        chunk = cfg.policy == "vllm-v1-chunk-admit"
+        if chunk:
+            m = min(m, int(cfg.max_num_batched_tokens) - B)
+            thr = cfg.long_prefill_token_threshold if B + len(sched.waiting) > 1 else 0
+            if thr and m > 1:
+                m = min(m, thr)
+        if kv.blocks_needed(head, m, blocks, hit) <= kv.num_free:
+            return None
+        return (keys if cacheable else None, len(out), nblk, chunk or dups)
+
+    # ------------------------------------------------------------------ the window
+    def advance(self):
+        """Apply the decode window that starts now; the delay to its end, or None (the engine steps)."""
+        if self.off:
+            return None
+        eng = self.eng
+        sched, kv, env = eng.sched, eng.kv, eng.env
+        R = list(sched.running)
+        B0 = len(R)
+        cfg = sched.cfg
+        if B0 == 0 or sched.parked or B0 > cfg.max_num_batched_tokens or (
+                eng.max_batch is not None and B0 > eng.max_batch):
+            return None
+        c0 = np.empty(B0, np.int64)
+        nb = np.empty(B0, np.int64)
+        fin = np.empty(B0, np.int64)      # the window step at which each request samples its last token
+        kcap = self.max_steps
+        probs = []
+        seen = set()
+        for i, req in enumerate(R):
+            c = req.num_computed_tokens
+            if (req.status != RUNNING or req.hold or req.kv_cap is not None or req.num_tokens - c != 1
+                    or req.num_output_tokens >= req.max_output_tokens or c < req.high_water):
+                return None
+            p, kind, b = req.data
+            j = p.job
+            if (kind != 1 or c < int(j.ctx[b]) or p.ext[b] or p.first[b] != p.first[b] or j.long is not None
+                    or j.B != 1 or j.verify_on or p.pseq in seen):
+                return None
+            seen.add(p.pseq)
+            probs.append(p)
+            c0[i] = c
+            nb[i] = len(kv.req_blocks.get(req.req_id, ()))
+            fin[i] = req.max_output_tokens - req.num_output_tokens
+            if p.user_done is not None and fin[i] - 1 < kcap:   # its answer wakes a waiting user: stepped
+                kcap = int(fin[i]) - 1
+        if kcap < self.min_steps:
+            return None
+        hd = self._head()
+        if hd is None:
+            return None
+        bs = kv.block_size
+        f = nb * bs - c0 + 1                 # first step at which request i opens a block
+        if np.any(f < 1):                    # pragma: no cover - a request's blocks hold its computed tokens
+            return None
+        g = (-c0) % bs
+        g = np.where(g == 0, bs, g)          # first step at which it fills one
+        # the stepped pricing of the first step (the guard of the closed form)
+        S0, m0 = int(c0.sum()), int(c0.max())
+        first = eng._window_seconds(np.array([B0]), np.array([S0]), np.array([m0]))
+        ref = eng.cost.seconds([(1.0, float(x), None, 0.0, 1.0, 0.0) for x in c0.tolist()]) + 0.0
+        if first is None or float(first[0]) != ref:
+            self.off = True
+            return None
+        return self._run(R, probs, c0, f, g, fin, kcap, hd)
+
+    def _takes(self, f, alive, a: int, b: int) -> int:
+        """Blocks the alive requests open at steps ``a..b``."""
+        fa = f[alive]
+        bs = self.eng.kv.block_size
+        hi = np.maximum((b - fa) // bs + 1, 0)
+        lo = np.maximum((a - 1 - fa) // bs + 1, 0)
+        return int((hi - lo).sum())
+
+    def _events(self, f, g, a: int, b: int, caching: bool):
+        """Block events of steps ``a..b`` in (step, running order): ``(steps, request indices)``."""
+        B0 = len(f)
+        bs = self.eng.kv.block_size
+        M = (b - a) // bs + 2
+        m = np.arange(M, dtype=np.int64)[None, :] * bs
+        idx = np.arange(B0, dtype=np.int64)[:, None]
+        keys = []
+        for st in ((f, g) if caching else (f,)):
+            s0 = st + np.maximum(-(-(a - st) // bs), 0) * bs    # first event step >= a
+            e = s0[:, None] + m
+            keys.append(np.where(e <= b, e * B0 + idx, -1).ravel())
+        key = np.unique(np.concatenate(keys))
+        key = key[key >= 0]
+        return (key // B0).tolist(), (key % B0).tolist()
+
+    def _run(self, R, probs, c0, f, g, fin, kcap, hd):
+        eng = self.eng
+        sched, kv, env = eng.sched, eng.kv, eng.env
+        B0 = len(R)
+        bs = kv.block_size
+        now = env.now
+        t_next = env.peek()
+        keys, L, nblk, clean_only = hd
+        alive = np.ones(B0, bool)
+        last = np.zeros(B0, np.int64)          # last step each request was in the batch (0: none)
+        out_at = np.zeros(B0, np.int64)        # the step its lengths were settled at (0: at the window's end)
+        segs = []                              # (dt, B, alive mask) of consecutive steps
+        used = []                              # (step, num_used after its schedule)
+        t_end = now
+        s = 1
+        n_alive = B0
+        hits = 0
+        evs, who, ep = [], [], 0               # block events generated so far, the next one to process
+        gen_to = 0
+
+        def ensure(upto):
+            nonlocal evs, who, ep, gen_to
+            while gen_to < upto:
+                a, b = gen_to + 1, min(gen_to + self.chunk, kcap)
+                e, w = self._events(f, g, a, b, kv.caching)
+                evs, who, ep = evs[ep:] + e, who[ep:] + w, 0
+                gen_to = b
+
+        def settle(i, steps_done):
+            """Set request i's lengths after ``steps_done`` window steps (each sampled one token)."""
+            req = R[i]
+            c = int(c0[i]) + steps_done
+            req.num_computed_tokens = c
+            req.num_tokens = c + 1
+            req.num_output_tokens = req.max_output_tokens - int(fin[i]) + steps_done
+            req.high_water = c
+            out_at[i] = steps_done
+
+        def price(Bs, a, b, mask):
+            """Per-step seconds of steps a..b with the alive set ``mask``."""
+            ctx = c0[mask]
+            j = np.arange(a, b + 1, dtype=np.int64) - 1
+            return eng._window_seconds(np.full(len(j), Bs), int(ctx.sum()) + Bs * j, int(ctx.max()) + j)
+
+        def process(a, b, trackL=True):
+            """Block events of steps a..b (no take fails); hit counts of the head's lookups."""
+            nonlocal ep, L, hits
+            ensure(b)
+            cur = a
+            ev0 = kv.evictions
+            while ep < len(evs) and evs[ep] <= b:
+                st, i = evs[ep], who[ep]
+                ep += 1
+                if not alive[i]:
+                    continue
+                if st != cur:
+                    if keys is not None:
+                        hits += L * (st - cur)
+                    used.append((cur, kv.num_used))
+                    cur = st
+                req = R[i]
+                req.num_computed_tokens = int(c0[i]) + st - 1
+                if not kv.allocate_one(req):   # pragma: no cover - planned within the free pool
+                    raise RuntimeError("fast-forward: a planned block allocation failed")
+                if keys is not None and kv.evictions != ev0:
+                    for x in kv.evicted_log[len(kv.evicted_log) - (kv.evictions - ev0):]:
+                        pos = keys.get(x)
+                        if pos is not None and pos < L:
+                            L = pos
+                    ev0 = kv.evictions
+            if keys is not None:
+                hits += L * (b + 1 - cur)
+                kv.queries += nblk * (b + 1 - a)
+                kv.hits += hits
+                hits = 0
+            used.append((cur, kv.num_used))
+            if cur < b:
+                used.append((b, kv.num_used))
+
+        def preempt_step(st):
+            """Step ``st``, whose takes exceed the pool: the scheduler's own preemptions (newest first) as
+            ``_run_running`` makes them; no admission in this step."""
+            nonlocal ep
+            ensure(st)
+            pre_l = []
+            while ep < len(evs) and evs[ep] <= st:
+                i = who[ep]
+                ep += 1
+                if not alive[i]:
+                    continue
+                req = R[i]
+                req.num_computed_tokens = int(c0[i]) + st - 1
+                while not kv.allocate_one(req):
+                    victim = sched._victim()
+                    vi = index[id(victim)]
+                    settle(vi, st - 1)
+                    alive[vi] = False
+                    last[vi] = st - 1
+                    sched._preempt(victim, pre_l)
+                    if victim is req:
+                        break
+            used.append((st, kv.num_used))
+
+        index = {id(r): i for i, r in enumerate(R)}
+        while s <= kcap:
+            mask = alive.copy()
+            Bs = n_alive
+            nf = int(fin[alive].min())
+            free = kv.n_clean if clean_only else kv.num_free
+            e = min(nf, kcap)
+            if self._takes(f, alive, s, e) > free:
+                lo, hi = s - 1, e          # takes(s..lo) <= free < takes(s..hi)
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if self._takes(f, alive, s, mid) <= free:
+                        lo = mid
+                    else:
+                        hi = mid
+                pre = hi                   # the step whose takes exceed the pool
+                e = pre - 1
+            else:
+                pre = None
+            if e >= s:
+                dt = price(Bs, s, e, mask)
+                if dt is None or not np.all(dt > 0):
+                    break
+                tt = np.cumsum(np.concatenate(([t_end], dt)))
+                ok = int(np.searchsorted(tt[1:], t_next, side="left"))   # steps ending before the next event
+                if ok < e - s + 1:
+                    if ok:
+                        process(s, s + ok - 1)
+                        segs.append((dt[:ok], Bs, mask))
+                        t_end = float(tt[ok])
+                        s += ok
+                    break
+                process(s, e)
+                segs.append((dt, Bs, mask))
+                t_end = float(tt[-1])
+                s = e + 1
+                if e == nf:
+                    self._finish(R, probs, alive, last, fin, e, t_end, settle)
+                    n_alive = int(alive.sum())
+                    if n_alive == 0:
+                        break
+                    hd = self._head()
+                    if hd is None:
+                        break
+                    keys, L, nblk, clean_only = hd
+                continue
+            if pre is None or clean_only:
+                break
+            # step `pre` preempts: its batch is the alive requests before some rank; priced after, so first make
+            # sure no outcome can end past the next event
+            s = pre
+            ensure(s)
+            order = np.flatnonzero(alive)
+            rank = {int(x): r for r, x in enumerate(order)}
+            need, i1 = free, None
+            for q in range(ep, len(evs)):
+                if evs[q] != s:
+                    if evs[q] > s:
+                        break
+                    continue
+                i = who[q]
+                if alive[i] and (s - f[i]) % bs == 0 and s >= f[i]:
+                    if need == 0:
+                        i1 = i
+                        break
+                    need -= 1
+            if i1 is None or rank[i1] == 0:
+                break
+            ctx = c0[order] + (s - 1)
+            cand = np.arange(rank[i1], len(order), dtype=np.int64)
+            sums, mx = np.cumsum(ctx), np.maximum.accumulate(ctx)
+            dtc = eng._window_seconds(cand, sums[cand - 1], mx[cand - 1])
+            if dtc is None or not np.all(t_end + dtc < t_next) or not np.all(dtc > 0):
+                break
+            preempt_step(s)
+            n_alive = int(alive.sum())
+            mask = alive.copy()
+            dt = price(n_alive, s, s, mask)
+            if dt is None or not dt[0] > 0:   # pragma: no cover - candidates were checked
+                raise RuntimeError("fast-forward: a preempting step could not be priced")
+            segs.append((dt, n_alive, mask))
+            t_end = float(t_end + float(dt[0]))
+            done = n_alive > 0 and int(fin[alive].min()) == s
+            s += 1
+            if done:
+                self._finish(R, probs, alive, last, fin, s - 1, t_end, settle)
+                n_alive = int(alive.sum())
+            if n_alive == 0:
+                break
+            hd = self._head()
+            if hd is None:
+                break
+            keys, L, nblk, clean_only = hd
+        k = s - 1
+        if k < 1:
+            if segs:   # pragma: no cover
+                raise RuntimeError("fast-forward: a window of no steps changed state")
+            return None
+        self._close(R, probs, c0, alive, last, out_at, segs, used, k, hits, nblk, settle, now, keys)
+        return exact_delay(now, t_end)
+
+    def _finish(self, R, probs, alive, last, fin, st, t_end, settle) -> None:
+        """Requests sampling their last token at step ``st`` finish as ``Scheduler.update`` and
+        ``Engine._complete`` finish them: blocks freed in running order, then each problem answered at ``t_end``."""
+        eng = self.eng
+        done = [i for i in np.flatnonzero(alive & (fin == st)).tolist()]
+        for i in done:
+            settle(i, st)
+            alive[i] = False
+            last[i] = st
+            eng.sched._finish(R[i])
+        for i in done:
+            p = probs[i]
+            b = R[i].data[2]
+            eng.gen_tokens += int(p.job.gen[b])
+            p.gen_done[b] = True
+            p.n_gen_done += 1
+            eng._score(p, b)
+            p.end = t_end
+            if p.admitted is None:   # pragma: no cover - a decoding request was admitted
+                p.admitted = p.arrival
+
+    def _close(self, R, probs, c0, alive, last, out_at, segs, used, k, hits, nblk, settle, now, keys) -> None:
+        """Counters, records and timelines of the window's ``k`` steps (module docstring)."""
+        eng = self.eng
+        sched = eng.sched
+        for i in np.flatnonzero(alive).tolist():
+            settle(i, k)
+            last[i] = k
+        dt = np.concatenate([d for d, _, _ in segs])
+        Bj = np.concatenate([np.full(len(d), b, np.int64) for d, b, _ in segs])
+        if len(dt) != k:   # pragma: no cover
+            raise RuntimeError(f"fast-forward: {len(dt)} priced steps for a window of {k}")
+        t = np.cumsum(np.concatenate(([now], dt)))
+        sched.iterations += k
+        B0 = len(R)
+        if B0 > sched.max_running:
+            sched.max_running = B0
+        eng.iterations += k
+        nB = int(Bj.sum())
+        eng.items_scheduled += nB
+        eng.busy = float(np.cumsum(np.concatenate(([eng.busy], dt)))[-1])
+        eng.run_time = float(np.cumsum(np.concatenate(([eng.run_time], dt * Bj)))[-1])
+        eng.tokens[2] += float(nB)        # integer-valued: the stepped sum of 1.0s is exact
+        ph = np.array([p.phase["decode"] for p in probs])
+        for d, b, mask in segs:
+            for x in (d / b).tolist():
+                np.add(ph, x, out=ph, where=mask)
+        # KV in use after each step's schedule (forward-filled from the steps that changed it)
+        u = np.empty(k + 1, np.int64)
+        u[0] = used[0][1] if used else eng.kv.num_used
+        marks = np.zeros(k + 1, np.int64) - 1
+        for st, v in used:
+            if 1 <= st <= k:
+                marks[st] = v
+        cur = int(u[0]) if marks[1] < 0 else int(marks[1])
+        for st in range(1, k + 1):
+            if marks[st] >= 0:
+                cur = int(marks[st])
+            u[st] = cur
+        ub = u[1:] * eng.block_bytes
+        top = np.maximum.accumulate(ub)
+        ends = t[1:]
+        rec = eng.record_tokens
+        for i, p in enumerate(probs):
+            p.phase["decode"] = float(ph[i])
+            n = int(last[i])
+            if n:
+                p.iterations += n
+                pk = float(top[n - 1])
+                if pk > p.peak:
+                    p.peak = pk
+                if rec:
+                    p.tok[R[i].data[2]].append(ends if n == k else ends[:n])
+        eng.timeline_t.extend(ends.tolist())
+        eng.timeline_b.extend(ub.tolist())
+        eng.timeline_run.extend(Bj.tolist())
+        self.windows += 1
+        self.steps += k
