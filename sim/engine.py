@@ -200,6 +200,7 @@ class Engine:
         self.tokens = [0.0, 0.0, 0.0, 0.0]
         self.gen_tokens = 0
         self._extra_dt = 0.0
+        self._alone_memo: dict = {}
         self.items_scheduled = 0   # (request, iteration) pairs: one scheduling event each
         # pipeline parallelism: the cost's stages; "overlapped" keeps up to PP batches in flight (vLLM)
         self.pp_stages = int(getattr(self.cost, "pp", 1)) if hasattr(self.cost, "stage_seconds") else 1
@@ -578,10 +579,21 @@ class Engine:
             for it in live:
                 it.req.data[0].phase["decode"] += share
             return
-        alone = [self.cost.seconds(ts) if ts else 0.0 for ts, _ in priced]
+        alone = [self._alone(ts) if ts else 0.0 for ts, _ in priced]
         tot = sum(alone)
         for it, (ts, kind), a in zip(items, priced, alone):
             it.req.data[0].phase[KIND_NAMES[kind]] += dt * a / tot if tot > 0 else dt / len(items)
+
+    def _alone(self, ts) -> float:
+        """``cost.seconds(ts)``, memoised: a pure function of the item's cost tuples, priced for every item of
+        every mixed iteration (the decodes beside a prefill chunk repeat their contexts across iterations)."""
+        key = tuple(ts)
+        v = self._alone_memo.get(key)
+        if v is None:
+            if len(self._alone_memo) > 1 << 16:
+                self._alone_memo.clear()
+            v = self._alone_memo[key] = self.cost.seconds(ts)
+        return v
 
     # ------------------------------------------------------------------ arrivals
     def _no_fit(self, head, kv) -> CapacityError:

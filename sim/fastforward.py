@@ -200,6 +200,9 @@ class FastForward:
         if B0 == 0 or sched.parked or B0 > cfg.max_num_batched_tokens or (
                 eng.max_batch is not None and B0 > eng.max_batch):
             return None
+        last = R[-1]   # the newest request is the likeliest not to decode (a prefill chunk): look at it first
+        if last.num_tokens - last.num_computed_tokens != 1 or last.num_computed_tokens < last.high_water:
+            return None
         c0 = np.empty(B0, np.int64)
         nb = np.empty(B0, np.int64)
         fin = np.empty(B0, np.int64)      # the window step at which each request samples its last token
@@ -311,32 +314,48 @@ class FastForward:
             j = np.arange(a, b + 1, dtype=np.int64) - 1
             return eng._window_seconds(np.full(len(j), Bs), int(ctx.sum()) + Bs * j, int(ctx.max()) + j)
 
-        def process(a, b, trackL=True):
-            """Block events of steps a..b (no take fails); hit counts of the head's lookups."""
+        cl = c0.tolist()
+        al = [True] * B0                       # alive, as a list (read per event)
+        blist = [kv.req_blocks[r.req_id] for r in R]
+        reg = [kv.caching and r.cacheable for r in R]
+
+        def process(a, b):
+            """Block events of steps a..b (no take fails), as ``allocate_one`` makes them; the head's lookups."""
             nonlocal ep, L, hits
             ensure(b)
             cur = a
             ev0 = kv.evictions
-            while ep < len(evs) and evs[ep] <= b:
+            n = len(evs)
+            take, register = kv._take, kv._register
+            while ep < n and evs[ep] <= b:
                 st, i = evs[ep], who[ep]
                 ep += 1
-                if not alive[i]:
+                if not al[i]:
                     continue
                 if st != cur:
                     if keys is not None:
                         hits += L * (st - cur)
                     used.append((cur, kv.num_used))
                     cur = st
-                req = R[i]
-                req.num_computed_tokens = int(c0[i]) + st - 1
-                if not kv.allocate_one(req):   # pragma: no cover - planned within the free pool
-                    raise RuntimeError("fast-forward: a planned block allocation failed")
-                if keys is not None and kv.evictions != ev0:
-                    for x in kv.evicted_log[len(kv.evicted_log) - (kv.evictions - ev0):]:
-                        pos = keys.get(x)
-                        if pos is not None and pos < L:
-                            L = pos
-                    ev0 = kv.evictions
+                blks = blist[i]
+                tokens = cl[i] + st                 # the token this step computes, 1-based
+                if tokens > len(blks) * bs:         # it opens a block (allocate_one's second lane)
+                    if kv.n_clean + len(kv._evictable) < 1:   # pragma: no cover - planned within the pool
+                        raise RuntimeError("fast-forward: a planned block allocation failed")
+                    blks.append(take())
+                    u = kv.num_used
+                    if u > kv.peak_used:
+                        kv.peak_used = u
+                    if reg[i]:
+                        register(R[i], blks, tokens // bs)
+                    if keys is not None and kv.evictions != ev0:
+                        for x in kv.evicted_log[len(kv.evicted_log) - (kv.evictions - ev0):]:
+                            pos = keys.get(x)
+                            if pos is not None and pos < L:
+                                L = pos
+                        ev0 = kv.evictions
+                elif reg[i] and tokens % bs == 0:   # it fills one: its key (the first lane)
+                    register(R[i], blks, tokens // bs)
             if keys is not None:
                 hits += L * (b + 1 - cur)
                 kv.queries += nblk * (b + 1 - a)
@@ -355,15 +374,16 @@ class FastForward:
             while ep < len(evs) and evs[ep] <= st:
                 i = who[ep]
                 ep += 1
-                if not alive[i]:
+                if not al[i]:
                     continue
                 req = R[i]
-                req.num_computed_tokens = int(c0[i]) + st - 1
+                req.num_computed_tokens = cl[i] + st - 1
                 while not kv.allocate_one(req):
                     victim = sched._victim()
                     vi = index[id(victim)]
                     settle(vi, st - 1)
                     alive[vi] = False
+                    al[vi] = False
                     last[vi] = st - 1
                     sched._preempt(victim, pre_l)
                     if victim is req:
@@ -407,7 +427,7 @@ class FastForward:
                 t_end = float(tt[-1])
                 s = e + 1
                 if e == nf:
-                    self._finish(R, probs, alive, last, fin, e, t_end, settle)
+                    self._finish(R, probs, alive, al, last, fin, e, t_end, settle)
                     n_alive = int(alive.sum())
                     if n_alive == 0:
                         break
@@ -455,7 +475,7 @@ class FastForward:
             done = n_alive > 0 and int(fin[alive].min()) == s
             s += 1
             if done:
-                self._finish(R, probs, alive, last, fin, s - 1, t_end, settle)
+                self._finish(R, probs, alive, al, last, fin, s - 1, t_end, settle)
                 n_alive = int(alive.sum())
             if n_alive == 0:
                 break
@@ -471,7 +491,7 @@ class FastForward:
         self._close(R, probs, c0, alive, last, out_at, segs, used, k, hits, nblk, settle, now, keys)
         return exact_delay(now, t_end)
 
-    def _finish(self, R, probs, alive, last, fin, st, t_end, settle) -> None:
+    def _finish(self, R, probs, alive, al, last, fin, st, t_end, settle) -> None:
         """Requests sampling their last token at step ``st`` finish as ``Scheduler.update`` and
         ``Engine._complete`` finish them: blocks freed in running order, then each problem answered at ``t_end``."""
         eng = self.eng
@@ -479,6 +499,7 @@ class FastForward:
         for i in done:
             settle(i, st)
             alive[i] = False
+            al[i] = False
             last[i] = st
             eng.sched._finish(R[i])
         for i in done:
