@@ -385,9 +385,10 @@ class Engine:
                 self._wake = None
             yield from self._settle()  # every arrival at this instant is queued before the batch forms
             if self._ff is not None:
-                d = self._ff.advance()   # a quiet decode window, applied; its end is the next step's start
-                if d is not None:
-                    yield env.timeout(d)
+                ds = self._ff.advance()   # a quiet decode window, applied; its end is the next step's start
+                if ds is not None:
+                    for d in ds:
+                        yield env.timeout(d)
                     continue
             out = sched.schedule()
             items = out.items

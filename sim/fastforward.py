@@ -114,16 +114,30 @@ def token_times(parts: list):
     return parts
 
 
-def exact_delay(now: float, end: float) -> float:
-    """A delay ``d > 0`` with ``now + d == end`` in floats (simpy's clock adds the delay to ``now``)."""
+def _reach(now: float, end: float):
+    """A delay ``d > 0`` with ``now + d == end`` in floats, or None (a tie of the rounding can skip ``end``)."""
     d = end - now
-    while now + d < end:
-        d = math.nextafter(d, math.inf)
-    while now + d > end:
-        d = math.nextafter(d, -math.inf)
-    if now + d != end or d <= 0:   # pragma: no cover - end > now is always reachable
-        raise RuntimeError(f"fast-forward: no delay takes the clock from {now!r} to {end!r}")
-    return d
+    for _ in range(4):
+        if now + d < end:
+            d = math.nextafter(d, math.inf)
+        elif now + d > end:
+            d = math.nextafter(d, -math.inf)
+        else:
+            break
+    return d if d > 0 and now + d == end else None
+
+
+def exact_delays(now: float, t, dt) -> list:
+    """Delays that take simpy's clock (which adds each delay to ``now``) from ``now`` through the window's end
+    times ``t[1..k]`` (``t[j] = t[j-1] + dt[j-1]``) to ``t[k]`` exactly: one delay to ``t[k]`` where a float
+    reaches it, else one to the latest ``t[j]`` that one reaches, then the steps' own ``dt`` after it (each
+    lands exactly: that is how ``t`` was summed)."""
+    k = len(dt)
+    for j in range(k, 0, -1):
+        d = _reach(now, float(t[j]))
+        if d is not None:
+            return [d] + [float(x) for x in dt[j:]]
+    return [float(x) for x in dt]   # pragma: no cover - t[1] = now + dt[0] is always reached
 
 
 class FastForward:
@@ -189,7 +203,8 @@ class FastForward:
 
     # ------------------------------------------------------------------ the window
     def advance(self):
-        """Apply the decode window that starts now; the delay to its end, or None (the engine steps)."""
+        """Apply the decode window that starts now; the delays to its end (:func:`exact_delays`), or None (the
+        engine steps)."""
         if self.off:
             return None
         eng = self.eng
@@ -314,6 +329,7 @@ class FastForward:
             j = np.arange(a, b + 1, dtype=np.int64) - 1
             return eng._window_seconds(np.full(len(j), Bs), int(ctx.sum()) + Bs * j, int(ctx.max()) + j)
 
+        pf = sched.cfg.policy == "prefill-first"
         cl = c0.tolist()
         al = [True] * B0                       # alive, as a list (read per event)
         blist = [kv.req_blocks[r.req_id] for r in R]
@@ -326,6 +342,8 @@ class FastForward:
             cur = a
             ev0 = kv.evictions
             n = len(evs)
+            if pf and keys is not None:
+                hits += L            # prefill-first looks the head up before the step's decodes allocate
             take, register = kv._take, kv._register
             while ep < n and evs[ep] <= b:
                 st, i = evs[ep], who[ep]
@@ -357,7 +375,7 @@ class FastForward:
                 elif reg[i] and tokens % bs == 0:   # it fills one: its key (the first lane)
                     register(R[i], blks, tokens // bs)
             if keys is not None:
-                hits += L * (b + 1 - cur)
+                hits += L * (b - cur if pf else b + 1 - cur)
                 kv.queries += nblk * (b + 1 - a)
                 kv.hits += hits
                 hits = 0
@@ -371,6 +389,9 @@ class FastForward:
             nonlocal ep
             ensure(st)
             pre_l = []
+            if pf and keys is not None:   # prefill-first tried the head before the decodes preempted
+                kv.queries += nblk
+                kv.hits += L
             while ep < len(evs) and evs[ep] <= st:
                 i = who[ep]
                 ep += 1
@@ -488,8 +509,10 @@ class FastForward:
             if segs:   # pragma: no cover
                 raise RuntimeError("fast-forward: a window of no steps changed state")
             return None
-        self._close(R, probs, c0, alive, last, out_at, segs, used, k, hits, nblk, settle, now, keys)
-        return exact_delay(now, t_end)
+        t, dt = self._close(R, probs, c0, alive, last, out_at, segs, used, k, hits, nblk, settle, now, keys)
+        if float(t[-1]) != t_end:   # pragma: no cover - one sum, two ways
+            raise RuntimeError("fast-forward: the window's end time disagrees with its steps")
+        return exact_delays(now, t, dt)
 
     def _finish(self, R, probs, alive, al, last, fin, st, t_end, settle) -> None:
         """Requests sampling their last token at step ``st`` finish as ``Scheduler.update`` and
@@ -570,3 +593,4 @@ class FastForward:
         eng.timeline_run.extend(Bj.tolist())
         self.windows += 1
         self.steps += k
+        return t, dt
