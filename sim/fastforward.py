@@ -464,7 +464,6 @@ class FastForward:
             s = pre
             ensure(s)
             order = np.flatnonzero(alive)
-            rank = {int(x): r for r, x in enumerate(order)}
             need, i1 = free, None
             for q in range(ep, len(evs)):
                 if evs[q] != s:
@@ -477,10 +476,11 @@ class FastForward:
                         i1 = i
                         break
                     need -= 1
-            if i1 is None or rank[i1] == 0:
+            r1 = 0 if i1 is None else int(alive[:i1].sum())   # alive requests before the first that cannot take
+            if r1 == 0:
                 break
             ctx = c0[order] + (s - 1)
-            cand = np.arange(rank[i1], len(order), dtype=np.int64)
+            cand = np.arange(r1, len(order), dtype=np.int64)   # the batch sizes the preemptions can leave
             sums, mx = np.cumsum(ctx), np.maximum.accumulate(ctx)
             dtc = eng._window_seconds(cand, sums[cand - 1], mx[cand - 1])
             if dtc is None or not np.all(t_end + dtc < t_next) or not np.all(dtc > 0):
@@ -488,9 +488,9 @@ class FastForward:
             preempt_step(s)
             n_alive = int(alive.sum())
             mask = alive.copy()
-            dt = price(n_alive, s, s, mask)
-            if dt is None or not dt[0] > 0:   # pragma: no cover - candidates were checked
-                raise RuntimeError("fast-forward: a preempting step could not be priced")
+            if n_alive < r1:   # pragma: no cover - victims are the newest, the first r1 stay
+                raise RuntimeError("fast-forward: a preemption left fewer requests than planned")
+            dt = dtc[n_alive - r1: n_alive - r1 + 1]   # the alive requests are the first n_alive: priced above
             segs.append((dt, n_alive, mask))
             t_end = float(t_end + float(dt[0]))
             done = n_alive > 0 and int(fin[alive].min()) == s

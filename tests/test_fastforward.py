@@ -109,7 +109,7 @@ def _kv_bytes(blocks: int, bs: int) -> float:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(1, 30), il=st.integers(10, 200), ol=st.integers(1, 160), rr=st.sampled_from([0.0, 0.5, 0.9]),
+@given(n=st.integers(1, 30), il=st.integers(20, 200), ol=st.integers(1, 160), rr=st.sampled_from([0.0, 0.5, 0.9]),
        prefix=st.sampled_from([0, 0, 20, 64]), seed=st.integers(0, 50),
        blocks=st.sampled_from([None, 40, 80, 160, 400]), bs=st.sampled_from([16, 16, 4, 1]),
        rate=st.sampled_from([math.inf, math.inf, 2.0, 20.0, 200.0]), conc=st.sampled_from([None, None, 3]),
