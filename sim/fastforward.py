@@ -158,6 +158,10 @@ class FastForward:
         with a per-step vector form and exact integer terms, no per-problem KV timeline, no shared-KV pricing,
         block scores at generation (the plain workload)."""
         c = eng.cost
+        # a per-step host term (Engine.host_step) must enter Engine._window_seconds (and its host-seconds
+        # counter) before windows can replace its steps: until then such an engine steps
+        if getattr(eng, "host_step", None) is not None and not getattr(eng, "windows_price_host", False):
+            return False
         return (eng.pp_stages == 1 and eng.settle is None and not eng.per_problem and not eng.prices_shared
                 and eng.score_at == "generation" and hasattr(c, "decode_batch_seconds") and c.exact_integers())
 
@@ -334,6 +338,8 @@ class FastForward:
         al = [True] * B0                       # alive, as a list (read per event)
         blist = [kv.req_blocks[r.req_id] for r in R]
         reg = [kv.caching and r.cacheable for r in R]
+        rids = [r.req_id for r in R]
+        nkeyed = kv._n_keyed
 
         def process(a, b):
             """Block events of steps a..b (no take fails), as ``allocate_one`` makes them; the head's lookups."""
@@ -364,7 +370,7 @@ class FastForward:
                     u = kv.num_used
                     if u > kv.peak_used:
                         kv.peak_used = u
-                    if reg[i]:
+                    if reg[i] and nkeyed.get(rids[i], 0) < tokens // bs:   # else _register is a no-op
                         register(R[i], blks, tokens // bs)
                     if keys is not None and kv.evictions != ev0:
                         for x in kv.evicted_log[len(kv.evicted_log) - (kv.evictions - ev0):]:
