@@ -308,8 +308,10 @@ class FastForward:
             s0 = st + np.maximum(-(-(a - st) // bs), 0) * bs    # first event step >= a
             e = s0[:, None] + m
             keys.append(np.where(e <= b, e * B0 + idx, -1).ravel())
-        key = np.unique(np.concatenate(keys))
+        key = np.concatenate(keys)
         key = key[key >= 0]
+        # distinct but for block size 1 (a step both opens and fills the request's block: one call)
+        key = np.unique(key) if bs == 1 else np.sort(key)
         return (key // B0).tolist(), (key % B0).tolist()
 
     def _run(self, R, probs, c0, f, g, fin, kcap, hd):
@@ -335,7 +337,7 @@ class FastForward:
         def ensure(upto):
             nonlocal evs, who, ep, gen_to
             while gen_to < upto:
-                a, b = gen_to + 1, min(gen_to + self.chunk, kcap)
+                a, b = gen_to + 1, min(gen_to + max(32, min(gen_to, self.chunk)), kcap)   # 32 steps, then doubling
                 e, w = self._events(f, g, a, b, kv.caching)
                 evs, who, ep = evs[ep:] + e, who[ep:] + w, 0
                 gen_to = b
