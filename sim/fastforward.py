@@ -1,61 +1,56 @@
-"""Decode fast-forward: the steps of a quiet decode-only batch advanced at once, exactly.
+"""Decode fast-forward: the steps of a decode-only batch advanced at once, exactly.
 
-Between two *events* -- an arrival (anything else on the simpy clock), a request finishing, an
-admission or a preemption, a prefill chunk, a KV block the free pool cannot give -- an iteration
-of :class:`sim.engine.Engine` is a decode of every running request, one token each, and changes
-nothing but lengths. :meth:`FastForward.advance` finds the ``k`` steps up to the next event and
-applies them in one go, with every state change the ``k`` stepped iterations would have made:
+Between two *events* -- an arrival (anything else on the simpy clock), an admission (a prefill chunk)
+-- an iteration of :class:`sim.engine.Engine` is a decode of every running request, one token each.
+:meth:`FastForward.advance` finds the steps up to the next event and applies them in one go, with every
+state change the stepped iterations would have made. It processes *block events and batch changes*,
+not tokens:
 
-* **Which steps.** The window starts from the state the next ``schedule()`` would see and holds
-  while every running request decodes (``pending == 1``, past its prompt, past its high-water
-  mark, no verification, no token-eviction cache), every one is scheduled (``len(running) <=
-  max_num_batched_tokens``) and the batch is in the fitted range. Its length ``k`` is the
-  smallest of
+* **Eligible.** Every running request decodes (``pending == 1``, past its prompt and its high-water
+  mark), is a one-branch request without verification or token-eviction cache, and all are scheduled
+  (``len(running) <= max_num_batched_tokens``, within the fitted batch).
 
-  - ``min_r (max_output_r - num_output_r) - 1``: the step a request samples its last token (and
-    finishes) is stepped normally;
-  - the steps whose takes the free pool covers: request ``i`` with ``c_i`` computed tokens over
-    ``nb_i`` blocks takes a block at steps ``j = nb_i bs - c_i + 1 + m bs`` (its token ``c_i + j``
-    opens a block), and the window stops before the step holding the ``(F + 1)``-th take in
-    (step, running order), ``F`` = free blocks (clean + evictable; clean only where an eviction could
-    make a waiting request admissible, below);
-  - the steps that end strictly before the next event on the clock (``env.peek()``);
-  - :data:`MAX_STEPS`.
+* **Blocks.** Request ``i`` with ``c_i`` computed tokens over ``nb_i`` blocks opens a block at steps
+  ``f_i + m bs`` (``f_i = nb_i bs - c_i + 1``) and fills one at ``g_i + m bs``; those calls -- a take
+  (clean first, else the block policy's victim) and a key registration -- are made in (step, running
+  order), the only ``allocate_one`` calls of the stepped path that change anything. The step where the
+  takes exceed the free pool preempts as ``Scheduler._run_running`` does: the scheduler's own
+  ``_victim`` / ``_preempt`` (newest first) until the take fits or the taker itself goes.
 
-* **No admission inside.** A waiting head is admitted (vLLM V1, ``scheduler_reserve_full_isl``, and
-  prefill-first) iff ``ceil(num_tokens / bs) - (cached chain blocks held by a running request) <=
-  free``. In a window the left side never falls (new blocks are the running requests' own
-  generated blocks, whose contents are unique, and an eviction only shortens the head's chain)
-  and free blocks only fall, so a head that cannot be admitted at the window's start cannot be
-  admitted inside it. Two cases where that argument fails are kept free of evictions (takes from
-  clean blocks only): ``vllm-v1-chunk-admit`` (a shorter hit can shrink the first chunk) and a head
-  whose chain keys have duplicate copies (evicting one hands its key to a copy that a running
-  request may hold). The head's prefix lookups of the skipped steps are counted as they would
-  be (``queried_blocks`` / ``hit_blocks``), its chain length tracked through evictions.
+* **Finishes.** Requests sampling their last token at a step finish after it as ``Scheduler.update``
+  and ``Engine._complete`` finish them (blocks freed in running order, then each problem answered at the
+  step's end), unless a waiting client's slot (``max_concurrency``) waits on the answer: that step is
+  stepped.
 
-* **State.** Blocks: the block manager's own :meth:`sim.kvcache.BlockManager.allocate_one` is
-  called at each step where a request opens a block (a take: clean first, else the policy's
-  victim) or fills one (its key registered for prefix caching), in (step, running order) -- the
-  calls the stepped path makes that change anything, in its order (the others are no-ops).
-  Lengths, sample counts, high-water marks, scheduler / engine counters, per-problem iterations,
-  peak KV and the KV / running timelines are set in closed form.
+* **No admission inside.** A waiting head is admitted (vLLM V1 with ``scheduler_reserve_full_isl``, and
+  prefill-first) iff ``ceil(num_tokens / bs) - (its cached chain blocks that a running request holds)
+  <= free``. While no block is freed the left side never falls (new blocks are the running requests'
+  own generated blocks, whose contents are unique, and an eviction only shortens the head's chain) and
+  free blocks only fall, so a head that cannot be admitted cannot become admissible; after a step that
+  frees blocks (a preemption, a finish) the window checks again and ends where the head fits. Where
+  that argument fails, takes must not evict (else the window ends): ``vllm-v1-chunk-admit`` (a shorter
+  hit can shrink the first chunk) and a head whose chain keys have duplicate copies. The head's prefix
+  lookups of the skipped steps are counted as the scheduler makes them (``queried_blocks`` /
+  ``hit_blocks``; V1 after the decodes allocate, prefill-first before, and in a preempting step too).
 
-* **Time.** Step ``j`` costs ``dt_j``, the per-step vector of :meth:`sim.cost.ScalarCost.decode_window_seconds`
-  (the cost terms are affine in ``j`` and integer-valued, so the ``k`` steps' terms are exact and
-  one numpy pass of :func:`sim.roofline.seconds` prices them; guarded against the scalar path).
-  End times ``t_j = t_{j-1} + dt_j`` are ``numpy.cumsum`` of ``[now, dt_1..dt_k]``, which adds
-  left to right as simpy's clock does (equal floats); so are ``busy``, ``run_time`` and each
-  problem's decode phase (``dt_j / B`` per step). A per-step host term (``sim.overheads``: affine in
-  running requests and scheduled tokens, both constant in a window) enters through
-  ``Engine._window_seconds``, one more vector function of the same ``dt``.
+* **Time.** A uniform decode batch's cost depends on its size ``B``, total context ``S`` and longest
+  ``cmax`` only: :meth:`sim.cost.ScalarCost.decode_batch_seconds` (integer-valued closed-form terms, so
+  bit for bit :meth:`~sim.cost.ScalarCost.terms`; one numpy pass of :func:`sim.roofline.seconds` per
+  stretch of constant ``B``) through ``Engine._window_seconds``, where a per-step host term (affine in
+  running requests and scheduled tokens, both ``B``) joins as one more vector function. Steps must
+  end strictly before the next event on the clock; a preempting step is priced for every batch size its
+  preemptions can leave before it is applied. End times ``t_j = t_{j-1} + dt_j`` are ``numpy.cumsum``
+  of ``[now, dt_1..dt_k]``, which adds left to right as simpy's clock does (equal floats); so are
+  ``busy``, ``run_time`` and each problem's decode phase (``dt_j / B_j`` a step); the clock lands on the
+  window's end exactly (:func:`exact_delays`).
 
-* **Tokens.** Every running request's tokens of the window are sampled at ``t_1..t_k``: the window
-  stores that array once and each request a reference to it (:class:`TokenTimes`), so memory grows
-  with events, not tokens, until a caller asks for the per-token times (``numpy.asarray``).
+* **Tokens.** The window's step end times are stored once and each request refers to the part it was
+  in (:class:`TokenTimes`), so memory grows with events, not tokens, until a caller asks for per-token
+  times (``numpy.asarray``).
 
-Every record, every metric and the scheduler's and block manager's state after a window are
-those of the stepped path (``tests/test_fastforward.py`` compares them over random workloads);
-the one count that differs is ``EngineResult.events`` (simpy events processed, fewer here).
+Every record, every metric and the scheduler's and block manager's state after a window are those of
+the stepped path (``tests/test_fastforward.py`` compares them over random workloads); the one count
+that differs is ``EngineResult.events`` (simpy events processed, fewer here).
 """
 from __future__ import annotations
 
