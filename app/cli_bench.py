@@ -70,6 +70,9 @@ def _target_flags(p, offline: bool) -> None:
                    help="a parameter of --policy (repeatable), e.g. --set budget=256 (default: none)")
     p.add_argument("--seed", default=0,
                    help="simulator seed: vLLM's --seed (lengths and arrivals)")
+    p.add_argument("--step-by-step", action="store_true",
+                   help="schedule and price every engine iteration one at a time (the reference path); default: "
+                        "quiet decode windows are advanced at once (sim.serving.fastforward), with identical results")
     from app.cli_sim import add_declared
     from sim.replay.target import TargetSpec
     add_declared(p, TargetSpec, only=("node", "tensor_parallel_size", "pipeline_parallel_size", "pipeline_schedule",
@@ -354,7 +357,7 @@ def _serve_once(args, target, wl, name, rate, percentiles, metrics, slo):
     r = plain.run(model, hw, wl, request_rate=rate, burstiness=args.burstiness,
                   max_concurrency=args.max_concurrency, seed=args.seed, serving=sv, token_policy=pol,
                   block_size=args.block_size, data_parallel_size=args.data_parallel_size, router=args.router,
-                  **_layout(args))
+                  step_by_step=getattr(args, "step_by_step", False), **_layout(args))
     res = plain.serve_result(r, percentiles=percentiles, metrics=metrics, request_rate=rate,
                              burstiness=args.burstiness, max_concurrency=args.max_concurrency,
                              model_id=model.name, num_prompts=wl.n, detailed=getattr(args, "save_detailed", False),
@@ -420,7 +423,7 @@ def _cmd_throughput(args) -> int:
         wl = plain.random_workload(args.num_prompts or 1000, args.input_len, args.output_len,
                                    args.random_range_ratio, args.prefix_len, args.seed)
     r = plain.run(model, hw, wl, seed=args.seed, serving=sv, offline=True, token_policy=pol,
-                  block_size=args.block_size, **_layout(args))
+                  block_size=args.block_size, step_by_step=args.step_by_step, **_layout(args))
     res = plain.throughput_result(r)
     print(plain.format_throughput(res))
     if args.band:

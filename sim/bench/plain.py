@@ -220,6 +220,30 @@ def plain_job(input_len: int, output_len: int, L: int, bs: int) -> Job:
                v_head=np.ones(1, np.int64), v_kv_tokens=z, v_reuse=False, score=np.zeros(1))
 
 
+class ITLs:
+    """Per request, the gaps between consecutive tokens, computed from its token times when read
+    (``numpy.diff``): a run holds its token-time windows (:class:`sim.serving.fastforward.TokenTimes`), not a
+    list per token, until a result asks for the ITLs."""
+
+    def __init__(self, times: list):
+        self.times = times
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def __getitem__(self, i) -> list:
+        return np.diff(np.asarray(self.times[i], np.float64)).tolist()
+
+    def __iter__(self):
+        for i in range(len(self.times)):
+            yield self[i]
+
+    def flat(self) -> np.ndarray:
+        """Every request's gaps, in request order, as one array."""
+        parts = [np.diff(np.asarray(t, np.float64)) for t in self.times]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+
 @dataclass
 class PlainRun:
     """What one simulated benchmark measured, per request (seconds from the benchmark's start)."""
@@ -241,7 +265,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         arrivals: np.ndarray | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
         node=None, data_parallel_size: int = 1, router: str = "prefix-affinity",
         pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False,
-        enable_expert_parallel: bool = False, moe_routing: str = "expected") -> PlainRun:
+        enable_expert_parallel: bool = False, moe_routing: str = "expected",
+        step_by_step: bool = False) -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.serving.engine.Engine` and return per-request timings.
 
     ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
@@ -260,6 +285,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     ``enable_expert_parallel``: vLLM's flag, each TP rank holds ``E / TP`` whole experts (:func:`sim.cost.parallel.rank_model`).
     ``moe_routing``: ``expected`` distinct experts per iteration, or ``sampled`` (seeded by ``seed``;
     :class:`sim.cost.terms.SampledRouting`).
+    ``step_by_step``: price and schedule every iteration one at a time (the reference); default: quiet decode
+    windows are advanced at once (:mod:`sim.serving.fastforward`; one replica on one GPU), with identical results.
     """
     from sim.cost.terms import ScalarCost, routing_for
     from sim.serving.engine import Engine
@@ -325,7 +352,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
                     else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule, graphs=graphs, routing=routing)))
     where = None
     if par.data_parallel_size == 1:
-        eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency, **kw)
+        eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency,
+                     fast_forward=not step_by_step, **kw)
         res = eng.run()
         recs = res.records()
         results = [res]
@@ -337,7 +365,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     start = np.array([r["arrival_s"] for r in recs])
     ttft = np.array([r["first_token_times"][0] for r in recs])
     e2el = np.array([r["latency_s"] for r in recs])
-    itls = [np.diff(np.asarray(r["token_times"][0])).tolist() for r in recs]
+    itls = ITLs([r["token_times"][0] for r in recs])   # per-token gaps made when read, not kept
     info = {"model": model.name, "hardware": hw.name, "calibration": hw.calibration_note,
             **host_fields(hw), "calibration_status": hw.calibration_status,
             "scheduler": sched.to_dict(), "block_size": bs, "kv_capacity_blocks": int(blocks),
@@ -468,7 +496,7 @@ def serve_result(r: PlainRun, *, percentiles=(99.0,), metrics=("ttft", "tpot", "
     out_lens = wl.output_lens.tolist()
     tot_in, tot_out = int(wl.input_lens.sum()), int(wl.output_lens.sum())
     tpots = [(e - t) / (o - 1) for e, t, o in zip(r.e2el, r.ttft, out_lens) if o > 1]
-    allitl = [x for it in r.itls for x in it]
+    allitl = r.itls.flat() if isinstance(r.itls, ITLs) else [x for it in r.itls for x in it]
     queue = (r.start - r.scheduled).tolist()
     # peak output tokens per whole second and peak concurrency, as calculate_metrics buckets them
     tt = [r.start[i] + r.ttft[i] + np.concatenate([[0.0], np.cumsum(r.itls[i])]) for i in range(n)]
@@ -489,7 +517,7 @@ def serve_result(r: PlainRun, *, percentiles=(99.0,), metrics=("ttft", "tpot", "
         "request_throughput": n / dur, "request_goodput": None, "output_throughput": tot_out / dur,
         "total_token_throughput": (tot_in + tot_out) / dur,
         "input_lens": wl.input_lens.tolist(), "output_lens": out_lens, "ttfts": r.ttft.tolist(),
-        "itls": [list(map(float, x)) for x in r.itls], "latencies": r.e2el.tolist(), "start_times": r.start.tolist(),
+        "itls": [list(map(float, x)) for x in r.itls] if detailed else None, "latencies": r.e2el.tolist(), "start_times": r.start.tolist(),
         "queue_times": queue, "generated_texts": [""] * n, "errors": [""] * n,
         "max_output_tokens_per_s": float(tok.max()), "max_concurrent_requests": int(peak), "rtfx": 0.0,
     }

@@ -163,7 +163,7 @@ import numpy as np
 
 from sim.cost.profiles import ModelShape
 from sim.cost.routing import ROUTINGS, SampledRouting, distinct_experts, routing_for  # noqa: F401 (re-exported)
-from sim.cost.roofline import FLOAT, seconds
+from sim.cost.roofline import FLOAT, NUMPY, seconds
 
 # Kernels per decoder layer: 2 norms, fused qkv, rope, attention, o_proj, gate_up, act*mul, down, 2 residual adds.
 K_LAYER = 11
@@ -615,6 +615,63 @@ class ScalarCost:
     def seconds(self, items) -> float:
         """Seconds of one iteration of ``items`` (see :meth:`terms`): :func:`sim.cost.roofline.seconds`."""
         return seconds(self.hw, self.terms(items), FLOAT, model=self.m)
+
+    def exact_integers(self) -> bool:
+        """Every constant of :meth:`terms` is an integer (so are a decode batch's terms: their float sums are exact)."""
+        return all(float(x).is_integer() for x in (self.L, self.P, self.att, self.dV, self.V, self.d, self.s,
+                                                    self.sk, self.wl, self.kvt, self.elem))
+
+    def decode_batch_terms(self, B, S, cmax) -> OpTerms:
+        """:meth:`terms` of uniform decode iterations in closed form, vectorised: ``B`` requests decoding one token
+        each (the items ``(1, c_i, None, 0, 1, 0)`` the engine prices) over ``S = sum_i c_i`` cached tokens, the
+        longest ``cmax``; arrays broadcast (one entry per iteration). With ``L`` layers::
+
+            f_lin = 2 P L (B + pad),  f_att = 4 H Dh L (S + B),  f_head = 2 d V B,  b_att = s_kv 2 Hkv Dh L (S + B)
+            b_lin = L w_layer,  b_head = s d V,  emb = 2 d B,  rows = B,  gap = L (B cmax - S)
+            pad = graphs.padded(B) - B (0 without graphs or above the largest capture size)
+
+        and the kernels of one forward, replayed from the full graph when padded. Equal to :meth:`terms` bit for bit
+        while every term is an integer below 2^53 (:meth:`exact_integers`; ``tests/test_fastforward.py``).
+        """
+        B = np.asarray(B, np.float64)
+        S = np.asarray(S, np.float64)
+        cmax = np.asarray(cmax, np.float64)
+        L = self.L
+        kern = K_LAYER * L + K_FWD
+        if self.graphs is not None:
+            sizes = np.asarray(self.graphs.capture_sizes, np.float64)
+            pos = np.searchsorted(sizes, B, side="left")
+            graphed = (B > 0) & (B <= sizes[-1])
+            tp = np.where(graphed, sizes[np.minimum(pos, len(sizes) - 1)], B)
+        else:
+            graphed = np.zeros(B.shape, bool)
+            tp = B
+        pad = tp - B
+        f_lin = 2.0 * self.P * L * B + 2.0 * self.P * pad * L
+        f_att = self.att * L * (S + B)
+        f_head = 2.0 * self.dV * B
+        kv = L * self.kvt * (S + B)
+        s, sk = self.s, self.sk
+        b_lin = L * self.wl + 0.0 * B
+        b_head = s * self.dV + 0.0 * B
+        b_att = sk * kv
+        if self.cuda_graph:
+            kernels, gk = 0.0 * B, kern + 0.0 * B
+        else:
+            kernels, gk = np.where(graphed, 0.0, kern), np.where(graphed, kern, 0.0)
+        mv = (B == 1.0) * 1.0
+        gap = cmax * (B * L) - L * S
+        nl = B * L + pad * L
+        zero = 0.0 * B
+        return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * (2.0 * self.d * B), kernels, L + zero,
+                       B * self.V, 1.0 + zero, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, nl * self.elem,
+                       mv * b_lin, mv * b_head, tp + zero, zero, self.att * gap, sk * self.kvt * gap,
+                       f_lin if self.fp8 else zero)
+
+    def decode_batch_seconds(self, B, S, cmax) -> np.ndarray:
+        """Seconds of the iterations of :meth:`decode_batch_terms`: one numpy pass of :func:`sim.cost.roofline.seconds`."""
+        t = self.decode_batch_terms(B, S, cmax)
+        return np.broadcast_to(np.asarray(seconds(self.hw, t, NUMPY, model=self.m), np.float64), np.shape(B)).copy()
 
 
 def with_shared(item: tuple, h: float) -> tuple:

@@ -39,6 +39,7 @@ import simpy
 
 from sim.serving.capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
 from sim.cost.terms import ScalarCost, with_shared
+from sim.serving.fastforward import token_times
 from sim.serving.kvcache import UNLIMITED, BlockManager
 from sim.serving.kvshare import shared_tokens
 from sim.serving.scheduler import Request, Scheduler, SchedulerConfig
@@ -153,7 +154,7 @@ class Engine:
                  hw_name: str = "", per_problem_timeline: bool = False, kv_bytes_per_block: float | None = None,
                  arrival_times=None, max_concurrency: int | None = None, record_token_times: bool = False,
                  cost=None, env: simpy.Environment | None = None, settle: int | None = None,
-                 block_size: int | None = None, record_pipeline: bool = False):
+                 block_size: int | None = None, record_pipeline: bool = False, fast_forward: bool = False):
         self.m, self.hw = model, hw
         # cost: anything with ScalarCost's seconds(items), e.g. sim.cost.parallel.ParallelCost for a TP x PP replica
         self.cost = ScalarCost(model, hw) if cost is None else cost
@@ -199,6 +200,7 @@ class Engine:
         self.tokens = [0.0, 0.0, 0.0, 0.0]
         self.gen_tokens = 0
         self._extra_dt = 0.0
+        self._alone_memo: dict = {}
         self.items_scheduled = 0   # (request, iteration) pairs: one scheduling event each
         # pipeline parallelism: the cost's stages; "overlapped" keeps up to PP batches in flight (vLLM)
         self.pp_stages = int(getattr(self.cost, "pp", 1)) if hasattr(self.cost, "stage_seconds") else 1
@@ -208,6 +210,9 @@ class Engine:
         self.pp_batches: list = []  # with record_pipeline: per batch (formed at, stage seconds, stage ends)
         self._in_flight: set = set()   # ids of requests in a batch still in the pipeline
         self._n_flight = 0
+        # decode fast-forward (sim.serving.fastforward): quiet decode windows advanced at once, exactly; off: stepped
+        from sim.serving.fastforward import FastForward
+        self._ff = FastForward(self) if fast_forward and FastForward.supports(self) else None
 
     # ------------------------------------------------------------------ requests
     def _add(self, req: Request) -> None:
@@ -379,6 +384,12 @@ class Engine:
                 yield self._wake
                 self._wake = None
             yield from self._settle()  # every arrival at this instant is queued before the batch forms
+            if self._ff is not None:
+                ds = self._ff.advance()   # a quiet decode window, applied; its end is the next step's start
+                if ds is not None:
+                    for d in ds:
+                        yield env.timeout(d)
+                    continue
             out = sched.schedule()
             items = out.items
             nrun = len(sched.running)
@@ -405,6 +416,14 @@ class Engine:
             self.busy += dt
             self.run_time += dt * nrun
             self._complete(out, items, priced, tup, dt, nrun)
+
+    def _window_seconds(self, B, S, cmax):
+        """Seconds of decode iterations of a fast-forward window (:mod:`sim.serving.fastforward`), one per entry: ``B``
+        requests decoding one token each over ``S`` cached tokens in all, the longest ``cmax`` (arrays). The
+        cost's per-step vector (:meth:`sim.cost.terms.ScalarCost.decode_batch_seconds`); a per-step host term, a
+        function of the same running requests and scheduled tokens (both ``B``), joins here element by element.
+        """
+        return self.cost.decode_batch_seconds(B, S, cmax)
 
     def _record_batch(self, start, st, ends, items) -> None:
         for k, t in enumerate(st):
@@ -561,10 +580,21 @@ class Engine:
             for it in live:
                 it.req.data[0].phase["decode"] += share
             return
-        alone = [self.cost.seconds(ts) if ts else 0.0 for ts, _ in priced]
+        alone = [self._alone(ts) if ts else 0.0 for ts, _ in priced]
         tot = sum(alone)
         for it, (ts, kind), a in zip(items, priced, alone):
             it.req.data[0].phase[KIND_NAMES[kind]] += dt * a / tot if tot > 0 else dt / len(items)
+
+    def _alone(self, ts) -> float:
+        """``cost.seconds(ts)``, memoised: a pure function of the item's cost tuples, priced for every item of
+        every mixed iteration (the decodes beside a prefill chunk repeat their contexts across iterations)."""
+        key = tuple(ts)
+        v = self._alone_memo.get(key)
+        if v is None:
+            if len(self._alone_memo) > 1 << 16:
+                self._alone_memo.clear()
+            v = self._alone_memo[key] = self.cost.seconds(ts)
+        return v
 
     # ------------------------------------------------------------------ arrivals
     def _no_fit(self, head, kv) -> CapacityError:
@@ -794,6 +824,6 @@ class EngineResult:
                 "kv_times": np.asarray(p.times), "kv_bytes": np.asarray(p.mem),
                 "recompute_tokens": int(p.recompute), "evictions": 0,
                 "prefix_hit_tokens": int(p.hit_tokens), "prompt_tokens_admitted": int(p.prompt_tokens),
-                **({"token_times": p.tok} if p.tok is not None else {}),
+                **({"token_times": [token_times(x) for x in p.tok]} if p.tok is not None else {}),
             })
         return out

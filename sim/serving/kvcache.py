@@ -312,6 +312,18 @@ class BlockManager:
                 if tokens % self.block_size == 0 and self.caching and req.cacheable:
                     self._register(req, blks, tokens // self.block_size)
                 return True
+            if cap is None and tokens == len(blks) * self.block_size + 1:
+                # one block more: allocate(req, 1)'s steps without its general bookkeeping (uncapped: allocate
+                # registers the full blocks of the uncapped length)
+                if self.n_clean + len(self._evictable) < 1:
+                    return False
+                blks.append(self._take())
+                used = self.num_used
+                if used > self.peak_used:
+                    self.peak_used = used
+                if self.caching and req.cacheable:
+                    self._register(req, blks, tokens // self.block_size)
+                return True
         return self.allocate(req, 1)
 
     def _register(self, req, blks: list, full: int) -> None:

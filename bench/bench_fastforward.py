@@ -1,0 +1,104 @@
+"""Decode fast-forward (``sim.serving.fastforward``): ``rksim bench throughput`` fast vs ``--step-by-step``, side by side.
+
+Usage::
+
+    .venv/bin/python bench/bench_fastforward.py --out runs/bench [--repeats 1]
+
+Each case runs the real command (``python -m app.cli bench throughput ...``) in a child process, once with
+the default (windows of decode steps advanced at once) and once with ``--step-by-step`` (every iteration
+scheduled and priced alone: the reference), the two interleaved ``--repeats`` times. The child reports the
+CPU time of the command itself (``time.process_time`` around ``app.cli.main``: imports excluded; the
+machine is shared, and one core's CPU time is the work, not the neighbours'), its wall time and its peak
+resident memory (``ru_maxrss``). The two printed results must be identical (the benchmark fails otherwise).
+Writes ``DIR/fastforward.json``.
+
+Cases (llama-3-8b on h100-sxm, vLLM's offline ``LLM`` defaults for the device, 1,000 random prompts):
+
+* ``throughput_128x2048``: 128 prompt / 2,048 output tokens (decode-bound, under KV pressure: preemptions);
+* ``throughput_1024x128``: 1,024 / 128 (prefill-heavy: few decode steps between events).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ["bench", "throughput", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm", "--num-prompts", "1000"]
+CASES = {
+    "throughput_128x2048": ["--input-len", "128", "--output-len", "2048"],
+    "throughput_1024x128": ["--input-len", "1024", "--output-len", "128"],
+}
+GOAL_RATIO = 10.0   # issue 32: the 128 / 2,048 case at least 10x faster than step by step
+CHILD = """
+import contextlib, io, json, resource, sys, time
+from app.cli import main
+buf = io.StringIO()
+c0, w0 = time.process_time(), time.perf_counter()
+with contextlib.redirect_stdout(buf):
+    rc = main(sys.argv[1:])
+c1, w1 = time.process_time(), time.perf_counter()
+print(json.dumps({"rc": rc, "cpu_s": c1 - c0, "wall_s": w1 - w0,
+                  "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "out": buf.getvalue()}))
+"""
+
+
+def _once(args: list[str]) -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)})
+    if p.returncode != 0:
+        raise RuntimeError(f"rksim {' '.join(args)} failed: {p.stderr.strip()[-2000:]}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    if r["rc"] != 0:
+        raise RuntimeError(f"rksim {' '.join(args)} exited {r['rc']}")
+    return r
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--repeats", type=int, default=1)
+    a = ap.parse_args(argv)
+    res = {"goal_ratio": GOAL_RATIO, "what": "rksim bench throughput, fast-forward vs --step-by-step, CPU time of the "
+           "command (imports excluded), median of the repeats", "cases": {}}
+    ok = True
+    for name, extra in CASES.items():
+        runs = {"fast": [], "step": []}
+        outs = {}
+        for _ in range(max(1, a.repeats)):
+            for mode, flag in (("fast", []), ("step", ["--step-by-step"])):
+                r = _once(BASE + extra + flag)
+                runs[mode].append(r)
+                outs[mode] = r["out"]
+        same = outs["fast"] == outs["step"]
+        cpu = {m: statistics.median(x["cpu_s"] for x in v) for m, v in runs.items()}
+        wall = {m: statistics.median(x["wall_s"] for x in v) for m, v in runs.items()}
+        rss = {m: max(x["maxrss_mb"] for x in v) for m, v in runs.items()}
+        ratio = cpu["step"] / cpu["fast"]
+        res["cases"][name] = {
+            "command": "rksim " + " ".join(BASE + extra), "fast_cpu_s": cpu["fast"], "step_cpu_s": cpu["step"],
+            "ratio_cpu": ratio, "fast_wall_s": wall["fast"], "step_wall_s": wall["step"],
+            "ratio_wall": wall["step"] / wall["fast"], "fast_maxrss_mb": rss["fast"], "step_maxrss_mb": rss["step"],
+            "identical_output": same, "result": outs["fast"].splitlines()[0] if outs["fast"] else None,
+            "fast_cpu_s_all": [x["cpu_s"] for x in runs["fast"]], "step_cpu_s_all": [x["cpu_s"] for x in runs["step"]]}
+        ok = ok and same
+        print(f"{name:22s} fast {cpu['fast']:6.2f} s  step {cpu['step']:6.2f} s  ratio {ratio:5.2f}x  "
+              f"(CPU; wall {wall['fast']:.2f} / {wall['step']:.2f} s; RSS {rss['fast']:.0f} / {rss['step']:.0f} MB)"
+              f"  identical: {same}")
+    res["meets_goal"] = res["cases"]["throughput_128x2048"]["ratio_cpu"] >= GOAL_RATIO
+    a.out.mkdir(parents=True, exist_ok=True)
+    from traces.store import atomic_write_text
+    atomic_write_text(a.out / "fastforward.json", json.dumps(res, indent=1))
+    print(f"wrote {a.out / 'fastforward.json'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Decode fast-forward (:mod:`sim.serving.fastforward`) against the stepped engine: every figure equal.
+
+The property tests run the same plain workload twice through :func:`sim.bench.plain.run`, once with quiet decode
+windows advanced at once and once step by step (``step_by_step=True``), and compare the results bit for bit:
+per-request timings and token times, the run's info, the engine's records, counters and timelines, and the
+scheduler's and block manager's statistics. Small workloads; KV capacities small enough to preempt.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.serving import engine as engine_mod
+from sim.bench import plain
+from sim.serving.capacity import ServingConfig
+from sim.cost.terms import TERM_NAMES, ScalarCost
+from sim.serving.fastforward import TokenTimes, exact_delays
+from sim.cost.graphs import engine_graphs
+from sim.cost.profiles import load_hardware, load_model
+
+MODEL = load_model("llama-3-8b")
+HW = {h: load_hardware(h) for h in ("h100-sxm", "a100-80gb", "l4")}
+
+
+@contextlib.contextmanager
+def captured():
+    """The engines :func:`sim.bench.plain.run` builds, with their results."""
+    got = []
+    orig = engine_mod.Engine.run
+
+    def run(self):
+        res = orig(self)
+        got.append((self, res))
+        return res
+    engine_mod.Engine.run = run
+    try:
+        yield got
+    finally:
+        engine_mod.Engine.run = orig
+
+
+def _both(wl, hw, **kw):
+    out = []
+    for sbs in (False, True):
+        with captured() as got:
+            r = plain.run(MODEL, hw, wl, step_by_step=sbs, **kw)
+        out.append((r, got[0][0], got[0][1]))
+    return out
+
+
+def _same(a, b, where=""):
+    """Equal, floats bit for bit (NaN equal to NaN), recursing through lists, dicts and arrays."""
+    if isinstance(a, TokenTimes) or isinstance(b, TokenTimes):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape, where
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), where
+        return
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+        return
+    if isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+        return
+    if isinstance(a, float) and math.isnan(a):
+        assert isinstance(b, float) and math.isnan(b), where
+        return
+    assert a == b and type(a) is type(b) or (isinstance(a, (int, float, np.number)) and a == b), (where, a, b)
+
+
+def _check(pair):
+    (ra, ea, xa), (rb, eb, xb) = pair
+    for f in ("scheduled", "start", "ttft", "e2el"):
+        _same(getattr(ra, f), getattr(rb, f), f)
+    assert ra.duration == rb.duration
+    _same(list(ra.itls), list(rb.itls), "itls")
+    _same(ra.info, rb.info, "info")
+    _same(xa.records(), xb.records(), "records")
+    for f in ("timeline_t", "timeline_b", "timeline_running", "iterations", "makespan", "busy", "mean_running",
+              "tokens", "stats", "gen_tokens"):
+        _same(getattr(xa, f), getattr(xb, f), f)
+    assert ea.items_scheduled == eb.items_scheduled and ea.run_time == eb.run_time
+    ka, kb = ea.kv, eb.kv
+    for f in ("n_clean", "evictions", "hits", "queries", "peak_used", "evicted_log", "tick", "_next_id"):
+        _same(getattr(ka, f), getattr(kb, f), f"kv.{f}")
+    assert sorted(ka.cached) == sorted(kb.cached)
+    assert sorted(ka._evictable) == sorted(kb._evictable)
+    ka.check()
+    # the serve result (every metric vllm bench serve prints) and the throughput result
+    sa = plain.serve_result(ra, percentiles=(50.0, 90.0, 99.0), metrics=("ttft", "tpot", "itl", "e2el"))
+    sb = plain.serve_result(rb, percentiles=(50.0, 90.0, 99.0), metrics=("ttft", "tpot", "itl", "e2el"))
+    _same(sa, sb, "serve_result")
+    _same(plain.throughput_result(ra), plain.throughput_result(rb), "throughput_result")
+    return ea._ff
+
+
+def _kv_bytes(blocks: int, bs: int) -> float:
+    return float(blocks * bs * MODEL.kv_bytes_per_token)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 30), il=st.integers(20, 200), ol=st.integers(1, 160), rr=st.sampled_from([0.0, 0.5, 0.9]),
+       prefix=st.sampled_from([0, 0, 20, 64]), seed=st.integers(0, 50),
+       blocks=st.sampled_from([None, 40, 80, 160, 400]), bs=st.sampled_from([16, 16, 4, 1]),
+       rate=st.sampled_from([math.inf, math.inf, 2.0, 20.0, 200.0]), conc=st.sampled_from([None, None, 3]),
+       policy=st.sampled_from(["vllm-v1", "vllm-v1", "prefill-first", "vllm-v1-chunk-admit"]),
+       seqs=st.sampled_from([None, 4, 16]), tokens=st.sampled_from([None, 64, 512]),
+       caching=st.booleans(), hw=st.sampled_from(sorted(HW)), eager=st.booleans())
+def test_fast_forward_equals_step_by_step(n, il, ol, rr, prefix, seed, blocks, bs, rate, conc, policy, seqs, tokens,
+                                          caching, hw, eager):
+    wl = plain.random_workload(n, il, ol, rr, prefix, seed)
+    need = int(((wl.input_lens + wl.output_lens).max() + bs - 1) // bs)
+    kvb = None if blocks is None else _kv_bytes(max(blocks, need), bs)
+    sv = ServingConfig(scheduler=policy, max_num_seqs=seqs, max_num_batched_tokens=tokens, prefix_caching=caching,
+                       kv_capacity_bytes=kvb, enforce_eager=eager)
+    offline = math.isinf(rate) and conc is None and seed % 2 == 0
+    kw = dict(serving=sv, block_size=bs, seed=seed, offline=offline)
+    if not offline:
+        kw.update(request_rate=rate, max_concurrency=conc)
+    _check(_both(wl, HW[hw], **kw))
+
+
+def test_windows_cover_preemptions_and_finishes():
+    """A run under KV pressure: the windows take most steps, preempt and finish inside, and still agree."""
+    wl = plain.random_workload(60, 64, 300, 0.5, 0, 3)
+    sv = ServingConfig(kv_capacity_bytes=_kv_bytes(600, 16))
+    pair = _both(wl, HW["h100-sxm"], serving=sv, offline=True)
+    ff = _check(pair)
+    (_, _, xa), _ = pair
+    assert xa.stats["preemptions"] > 20
+    assert ff.windows > 5 and ff.steps > 0.8 * xa.iterations
+    # preemptions happened inside windows: more than the stepped iterations could have made
+    assert xa.iterations - ff.steps < xa.stats["preemptions"]
+
+
+@pytest.mark.parametrize("policy", ["prefill-first", "vllm-v1-chunk-admit"])
+def test_other_schedulers_under_pressure(policy):
+    """Prefill-first looks the waiting head up before the decodes allocate (and in a preempting step), chunk
+    admission keeps windows free of evictions: both counted and timed as stepped."""
+    wl = plain.random_workload(40, 100, 200, 0.5, 32, 2)
+    pair = _both(wl, HW["h100-sxm"], offline=True,
+                 serving=ServingConfig(scheduler=policy, kv_capacity_bytes=_kv_bytes(300, 16)))
+    ff = _check(pair)
+    (_, _, xa), _ = pair
+    assert xa.stats["preemptions"] > 5 and ff.steps > 0.5 * xa.iterations
+
+
+def test_serving_with_arrivals_and_prefix():
+    wl = plain.random_workload(40, 300, 200, 0.3, 48, 1)
+    pair = _both(wl, HW["a100-80gb"], request_rate=5.0, seed=1,
+                 serving=ServingConfig(kv_capacity_bytes=_kv_bytes(500, 16)))
+    ff = _check(pair)
+    assert ff.windows > 10
+
+
+def test_step_by_step_flag_and_replicas_step():
+    """``step_by_step`` turns the windows off; replicas (one clock, several engines) always step."""
+    wl = plain.random_workload(8, 32, 64, 0.0, 0, 0)
+    with captured() as got:
+        plain.run(MODEL, HW["h100-sxm"], wl, offline=True, step_by_step=True)
+    assert got[0][0]._ff is None
+    with captured() as got:
+        plain.run(MODEL, HW["h100-sxm"], wl, offline=True)
+    assert got[0][0]._ff is not None and got[0][0]._ff.steps > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(B=st.sampled_from([1, 2, 3, 4, 5, 8, 9, 100, 255, 256, 257, 511, 512, 513, 1000]), seed=st.integers(0, 10 ** 6),
+       hw=st.sampled_from(["h100-sxm", "a100-80gb", "l4", "h200", "local-cpu"]),
+       model=st.sampled_from(["llama-3-8b", "qwen2.5-7b", "smollm2-135m", "falcon3-10b"]),
+       eager=st.booleans(), seqs=st.sampled_from([8, 256, 1024]))
+def test_decode_batch_terms_equal_the_stepped_terms(B, seed, hw, model, eager, seqs):
+    """The closed form of a uniform decode batch equals :meth:`ScalarCost.terms` / ``seconds`` bit for bit."""
+    m, h = load_model(model), load_hardware(hw)
+    c = ScalarCost(m, h, graphs=engine_graphs(h, seqs, eager))
+    assert c.exact_integers()
+    ctx = np.random.default_rng(seed).integers(0, 40000, B)
+    items = [(1.0, float(x), None, 0.0, 1.0, 0.0) for x in ctx]
+    ts = c.terms(items)
+    tv = c.decode_batch_terms(np.array([B]), np.array([ctx.sum()]), np.array([ctx.max()]))
+    for f in TERM_NAMES:
+        assert float(getattr(ts, f)) == float(np.broadcast_to(getattr(tv, f), (1,))[0]), f
+    assert c.seconds(items) == float(c.decode_batch_seconds(np.array([B]), np.array([ctx.sum()]),
+                                                            np.array([ctx.max()]))[0])
+
+
+def test_exact_delays():
+    """The clock lands on the window's end exactly, also where no single delay reaches it (a rounding tie)."""
+    now, end = 0.029388086064038366, 0.5697567842581105   # now + (end - now) rounds to a neighbour of end
+    assert now + (end - now) != end
+    dt = np.array([end - 0.3 - now, 0.3])
+    t = np.cumsum(np.concatenate(([now], dt)))
+    for now_, t_, dt_ in ((now, t, dt), (1234.5678, 1234.5678 + np.cumsum([0.0, 1e-3, 2e-3]), np.array([1e-3, 2e-3]))):
+        x = now_
+        ds = exact_delays(now_, t_, dt_)
+        for d in ds:
+            assert d > 0
+            x = x + d
+        assert x == t_[-1]
