@@ -240,7 +240,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         offline: bool = False, token_policy=None, block_size: int = BLOCK_SIZE,
         arrivals: np.ndarray | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
         node=None, data_parallel_size: int = 1, router: str = "prefix-affinity",
-        pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False) -> PlainRun:
+        pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False,
+        async_scheduling: bool | None = None, frontend: bool | None = None, host_time: bool = True) -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.engine.Engine` and return per-request timings.
 
     ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
@@ -256,6 +257,18 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     replica is the engine's own driver, unchanged. ``pipeline_schedule`` (PP > 1): ``"overlapped"``, vLLM's
     up to PP batches in flight, or ``"serial"``, one batch through all stages at a time.
     ``disable_custom_all_reduce``: vLLM's flag, every tensor-parallel all-reduce priced by NCCL.
+
+    Beyond the kernels (:mod:`sim.overheads`; docs/calibration.md, "Host time per step and front-end
+    time"): with ``host_time`` and a profile carrying ``host_step``, every engine step costs
+    ``step_seconds(gpu_s, host_s, async_scheduling, host_serial_s)`` (:meth:`sim.engine.Engine._stepped`;
+    with PP > 1 the host time goes with stage 0). ``async_scheduling`` None is vLLM 0.33's default: on
+    (``VllmConfig``, vllm/config/vllm.py: ``scheduler_config.async_scheduling is None`` becomes True unless
+    an option is incompatible; pipeline parallelism is incompatible only on the V1 model runner, and 0.33
+    picks the V2 runner by default). ``frontend`` (None: on for ``vllm serve``, off when ``offline``: ``vllm
+    bench throughput`` runs the in-process ``LLM`` class, vllm/benchmarks/throughput.py ``run_vllm``) with a
+    profile carrying ``frontend``: each request's TTFT and E2E gain :meth:`FrontendCost.ttft_s` of its
+    prompt, and each gap between its tokens is at least :meth:`FrontendCost.step_s` of the step's running
+    requests (``FrontendCost.itl_s``).
     """
     from .cost import ScalarCost
     from .engine import Engine
@@ -310,7 +323,12 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         jobs.append((i, job))
         own = -(1 + i * 10 ** 9 + np.arange(P - wl.prefix_len, dtype=np.int64))
         ids.append([np.concatenate([pre, own]) if wl.prefix_len else own])
+    async_on = True if async_scheduling is None else bool(async_scheduling)   # vLLM 0.33's default (docstring)
+    fe_on = (not offline) if frontend is None else bool(frontend)
+    host = hw.host_step if host_time else None
+    fe = hw.frontend if fe_on else None
     kw = dict(seed=seed, scheduler=sched, kv_blocks=blocks, caching=bool(sv.prefix_caching) and token_policy is None,
+              host_step=host, async_scheduling=async_on,
               max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name, record_token_times=True,
               cost=(ScalarCost(model, hw, graphs=graphs) if par.is_single
                     else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule, graphs=graphs)))
@@ -329,6 +347,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     ttft = np.array([r["first_token_times"][0] for r in recs])
     e2el = np.array([r["latency_s"] for r in recs])
     itls = [np.diff(np.asarray(r["token_times"][0])).tolist() for r in recs]
+    if fe is not None:
+        ttft, e2el, itls = _with_frontend(fe, wl, recs, results, where, ttft, e2el, itls)
     info = {"model": model.name, "hardware": hw.name, "calibration": hw.calibration_note,
             **host_fields(hw), "calibration_status": hw.calibration_status,
             "scheduler": sched.to_dict(), "block_size": bs, "kv_capacity_blocks": int(blocks),
@@ -343,6 +363,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     if model.quantization or model.kv_cache_dtype:   # stated only when set: a 16-bit run's info is as before
         info.update({"quantization": model.quantization or None, "kv_cache_dtype": model.kv_cache_dtype or "auto"})
     info["kv_bytes_per_token"] = int(model.kv_bytes_per_token)
+    info["overheads"] = _overheads_info(hw, host, fe, async_on, fe_on, host_time, results)
     if not par.is_single:
         info.update({"tensor_parallel_size": par.tensor_parallel_size,
                      "pipeline_parallel_size": par.pipeline_parallel_size, "node": nd.name})
@@ -350,6 +371,66 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         info.update({"data_parallel_size": par.data_parallel_size, "router": router,
                      "kv_capacity_blocks_per_replica": int(blocks)})
     return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where)
+
+
+def _with_frontend(fe, wl, recs, results, where, ttft, e2el, itls):
+    """TTFT, E2E and ITLs as a ``vllm bench serve`` client sees them through the API server.
+
+    ``ttft += FrontendCost.ttft_s(prompt)`` (HTTP, tokenisation, the first chunk's delivery; the client's
+    clock stops at the first SSE chunk, vllm/benchmarks/lib/endpoint_request_func.py); each later gap
+    ``itl = FrontendCost.itl_s(gap, running)`` = ``max(gap, step_s(running))`` with ``running`` the
+    requests of the step that sampled the token (the engine's timeline); ``e2el = ttft + sum(itl)``.
+    """
+    pre = np.asarray(fe.ttft_s(wl.input_lens), np.float64)
+    ttft = ttft + pre
+    out_itls, out_e2el = [], np.array(e2el, np.float64) + pre
+    for i, r in enumerate(recs):
+        res = results[0 if where is None else int(where[i])]
+        tl_t, tl_run = res.timeline_t, res.timeline_running
+        tt = np.asarray(r["token_times"][0], np.float64)
+        gaps = np.diff(tt)
+        if gaps.size and tl_t.size:
+            k = np.clip(np.searchsorted(tl_t, tt[1:]), 0, tl_t.size - 1)
+            g2 = np.asarray(fe.itl_s(gaps, tl_run[k]), np.float64).reshape(-1)
+            out_e2el[i] += float(g2.sum() - gaps.sum())
+            gaps = g2
+        out_itls.append(gaps.tolist())
+    return ttft, out_e2el, out_itls
+
+
+def _overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, results) -> dict:
+    """What a run priced beyond the kernels, and on what it stands (``info["overheads"]``)."""
+    if host is not None:
+        h = {"priced": True, "async_scheduling": async_on, "host_speed": host.host_speed,
+             "serial_fraction": host.serial_fraction, "source": host.source,
+             "host_seconds": float(sum(getattr(x, "host_seconds", 0.0) for x in results)),
+             "steps_beyond_measured": int(sum(getattr(x, "host_extrapolated", 0) for x in results))}
+    else:
+        h = {"priced": False, "async_scheduling": async_on,
+             "why": ("--no-host-time" if not host_time and hw.host_step is not None else
+                     "the profile has no host_step" + (" (its host_per_iter_s holds the host time of its end-to-end "
+                                                       "fit)" if hw.host_per_iter_s else ""))}
+    if fe is not None:
+        f = {"priced": True, "host_speed": fe.host_speed, "api_servers": fe.api_servers, "source": fe.source}
+    else:
+        f = {"priced": False, "why": ("in-process LLM run (no API server)" if not fe_on
+                                      else "the profile has no frontend")}
+    return {"host_step": h, "frontend": f}
+
+
+def _overheads_words(info: dict) -> str:
+    """The provenance line's clause on host and front-end time (empty for a record without them)."""
+    o = info.get("overheads")
+    if not o:
+        return ""
+    h, f = o["host_step"], o["frontend"]
+    hs = (f"host time per step priced (async scheduling {'on' if h['async_scheduling'] else 'off'}, host_speed "
+          f"{h['host_speed']:g}" + (f", {h['steps_beyond_measured']} steps beyond the measured sizes"
+                                    if h.get("steps_beyond_measured") else "") + ")"
+          if h["priced"] else f"no host time per step ({h['why']})")
+    fs = (f"front-end time priced ({f['api_servers']} API server{'s' if f['api_servers'] > 1 else ''}, host_speed "
+          f"{f['host_speed']:g})" if f["priced"] else f"no front-end time ({f['why']})")
+    return f"; {hs}; {fs}"
 
 
 def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, router: str, kw: dict):
@@ -586,6 +667,7 @@ def provenance(info: dict, run_stats: bool = True) -> str:
             f"{'on' if info['prefix_caching'] else 'off'}" + (f", token policy {pol}" if pol else "")
             + (f"; {info['data_parallel_size']} replicas behind {info['router']}, each with that capacity"
                if "data_parallel_size" in info else "")
+            + _overheads_words(info)
             + (f"; SLO {info['slo']}" if info.get("slo") else "")
             + ((f"; {info['preemptions']} preemptions, at most {info['max_running_seqs']} running"
                 + (" on one replica" if "data_parallel_size" in info else "")) if run_stats else ""))

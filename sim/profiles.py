@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import OutOfCalibrationError, PresetError  # defined there: sim.host and sim.ranges raise them too
+from .overheads import FrontendCost, HostStepCost, frontend_from_preset, host_step_from_preset
 from .roofline import ROOFLINES, seconds
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
@@ -325,9 +326,23 @@ class HardwareProfile:
     fp8_weights: str | None = None  # FP8_WEIGHTS: how --quantization fp8 runs here (None: refused)
     peak_flops_fp8: float | None = None   # FP8 tensor-core peak, dense (datasheet); needed by fp8_weights: w8a8
     eff_c_fp8: float | None = None  # FP8 matrix products' fraction of peak_flops_fp8 (None: eff_c's fraction)
+    # host time per engine step and the API server's time (sim.overheads; None: not priced). A GPU preset's
+    # kernels are fitted on device-side timings, so these are not inside eff_* / per_kernel_s; a profile fitted
+    # end to end (local-cpu) holds its host time in host_per_iter_s instead and carries neither.
+    host_step: HostStepCost | None = None
+    frontend: FrontendCost | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        where = f"hardware preset {self.source or self.name}"
+        if isinstance(self.host_step, dict):   # to_dict()'s form back (HardwareProfile(**d))
+            object.__setattr__(self, "host_step", host_step_from_preset({"host_step": self.host_step}, where))
+        if isinstance(self.frontend, dict):
+            object.__setattr__(self, "frontend", frontend_from_preset({"frontend": self.frontend}, where))
+        for f, cls in (("host_step", HostStepCost), ("frontend", FrontendCost)):
+            v = getattr(self, f)
+            if v is not None and not isinstance(v, cls):
+                raise PresetError(f"{where}: field {f!r} must be a mapping of {cls.__name__}'s fields or null, got {v!r}")
         for f in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
@@ -614,6 +629,10 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     """A :class:`HardwareProfile` from a preset name or a YAML/JSON file path."""
     path = _resolve("hardware", name_or_path)
     data = _read_file(path)
+    # host time per step and front-end time: their own mappings, checked field by field (sim.overheads)
+    for key, load in (("host_step", host_step_from_preset), ("frontend", frontend_from_preset)):
+        if key in data:
+            data[key] = load(data, where=str(path))
     extra = {k: data.pop(k) for k in list(data) if k not in _HW_FIELDS}
     allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals", "calibration_note", "reference", "fingerprint"}
     unknown = set(extra) - allowed_extra
