@@ -343,6 +343,11 @@ class HardwareProfile:
             v = getattr(self, f)
             if v is not None and not isinstance(v, cls):
                 raise PresetError(f"{where}: field {f!r} must be a mapping of {cls.__name__}'s fields or null, got {v!r}")
+        # host_step's model-runner part holds the sampler's host side and its kernels (Vidur's sampler_e2e) and
+        # the engine core's per-step work: a fitted per-forward host time or sampling term beside it counts twice
+        if self.host_step is not None and (self.host_per_iter_s or self.sample_s_per_vocab):
+            raise PresetError(f"{where}: fields 'host_per_iter_s' / 'sample_s_per_vocab' must be 0 when 'host_step' "
+                              "is given (both would price the step's host time and sampling)")
         for f in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
