@@ -154,7 +154,7 @@ class Engine:
                  arrival_times=None, max_concurrency: int | None = None, record_token_times: bool = False,
                  cost=None, env: simpy.Environment | None = None, settle: int | None = None,
                  block_size: int | None = None, record_pipeline: bool = False, host_step=None,
-                 async_scheduling: bool = False):
+                 async_scheduling: bool = False, client_delays=None, api_servers: int = 1):
         self.m, self.hw = model, hw
         # host time per step (a sim.overheads.HostStepCost; None: not priced, the policies' replay) and
         # vLLM's --async-scheduling (host work of a step beside the GPU's): _price_batch, _host_seconds
@@ -163,6 +163,12 @@ class Engine:
         self._host = (0.0, 0.0)
         self.host_seconds = 0.0      # host seconds priced over the run (sync: all on the critical path)
         self.host_extrapolated = 0   # steps beyond the sizes host_step was measured at (priced linearly, counted)
+        # the API server in front (arrival_times only; None: none): per job (before_s, after_s), the seconds
+        # from send to the engine (HTTP, tokenisation; api_servers requests at a time, FIFO) and from the
+        # engine's last token to the client (its chunk's delivery); sent[pseq] = when the client sent it
+        self.client_delays = client_delays
+        self.api_servers = int(api_servers)
+        self.sent: dict = {}
         # cost: anything with ScalarCost's seconds(items), e.g. sim.parallel.ParallelCost for a TP x PP replica
         self.cost = ScalarCost(model, hw) if cost is None else cost
         self.prices_shared = bool(getattr(self.cost, "prices_shared", False))
@@ -688,11 +694,20 @@ class Engine:
             slot = slots.request()
             yield slot
             done = self.env.event()
+        after = 0.0
+        if self.client_delays is not None:
+            self.sent[pseq] = self.env.now
+            before, after = self.client_delays[pseq]
+            with self._api.request() as q:   # the API server takes requests in turn
+                yield q
+                yield self.env.timeout(before)
         self._arrive(self._prob(pseq), done)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
         if done is not None:
             yield done
+            if after > 0:
+                yield self.env.timeout(after)   # the client holds its slot until the last chunk arrives
             slots.release(slot)
 
     def _closed_loop_user(self, mine):
@@ -744,6 +759,8 @@ class Engine:
         acc = self.start()
         if self.arrival_times is not None:
             slots = simpy.Resource(env, capacity=int(self.max_concurrency)) if self.max_concurrency else None
+            if self.client_delays is not None:
+                self._api = simpy.Resource(env, capacity=self.api_servers)
             for pseq in range(len(self.jobs)):
                 env.process(self._timed_user(pseq, slots))
         elif self.arrival_rate is None:

@@ -333,22 +333,34 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
               cost=(ScalarCost(model, hw, graphs=graphs) if par.is_single
                     else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule, graphs=graphs)))
     where = None
+    # the API server in front of the engine (FrontendCost): per request, send -> engine (HTTP, tokenisation)
+    # and last engine token -> client (its chunk); before + after = FrontendCost.ttft_s(prompt)
+    delays = None
+    if fe is not None:
+        before = (fe.request_s + fe.per_prompt_token_s * inp.astype(np.float64)) / fe.host_speed
+        after = fe.ttft_s(inp) - before
+        delays = list(zip(before.tolist(), np.broadcast_to(after, before.shape).tolist()))
+    sent = {}
     if par.data_parallel_size == 1:
-        eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency, **kw)
+        eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency,
+                     **kw, **({} if delays is None else {"client_delays": delays, "api_servers": fe.api_servers}))
         res = eng.run()
         recs = res.records()
         results = [res]
+        sent = eng.sent
     else:
         keys = [pre if wl.prefix_len else x[0] for x in ids]   # what prefix-affinity hashes: the shared prefix
         results, recs, where, makespan = _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency,
-                                                     par.data_parallel_size, router, kw)
+                                                     par.data_parallel_size, router, kw, delays,
+                                                     fe.api_servers if fe is not None else 1, sent)
     makespan = float(res.makespan) if where is None else makespan
     start = np.array([r["arrival_s"] for r in recs])
     ttft = np.array([r["first_token_times"][0] for r in recs])
     e2el = np.array([r["latency_s"] for r in recs])
     itls = [np.diff(np.asarray(r["token_times"][0])).tolist() for r in recs]
     if fe is not None:
-        ttft, e2el, itls = _with_frontend(fe, wl, recs, results, where, ttft, e2el, itls)
+        start, ttft, e2el, itls = _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, itls)
+        makespan = max(makespan, float((start + e2el).max()))
     info = {"model": model.name, "hardware": hw.name, "calibration": hw.calibration_note,
             **host_fields(hw), "calibration_status": hw.calibration_status,
             "scheduler": sched.to_dict(), "block_size": bs, "kv_capacity_blocks": int(blocks),
@@ -373,17 +385,21 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where)
 
 
-def _with_frontend(fe, wl, recs, results, where, ttft, e2el, itls):
-    """TTFT, E2E and ITLs as a ``vllm bench serve`` client sees them through the API server.
+def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, itls):
+    """Send times, TTFT, E2E and ITLs as a ``vllm bench serve`` client sees them through the API server.
 
-    ``ttft += FrontendCost.ttft_s(prompt)`` (HTTP, tokenisation, the first chunk's delivery; the client's
-    clock stops at the first SSE chunk, vllm/benchmarks/lib/endpoint_request_func.py); each later gap
-    ``itl = FrontendCost.itl_s(gap, running)`` = ``max(gap, step_s(running))`` with ``running`` the
-    requests of the step that sampled the token (the engine's timeline); ``e2el = ttft + sum(itl)``.
+    A request is sent at ``sent``, reaches the engine after its wait for the API server and its
+    ``before`` seconds there (HTTP, tokenisation), and its first token reaches the client ``after``
+    seconds (its chunk) after the engine sampled it: ``ttft = (engine arrival - sent) + engine ttft +
+    after``, so an idle server adds exactly ``FrontendCost.ttft_s(prompt)`` (the client's clock stops at
+    the first SSE chunk, vllm/benchmarks/lib/endpoint_request_func.py). Each later gap is
+    ``FrontendCost.itl_s(gap, running)`` = ``max(gap, step_s(running))``, ``running`` the requests of the
+    step that sampled the token (the engine's timeline); ``e2el = ttft + sum(itl)``.
     """
-    pre = np.asarray(fe.ttft_s(wl.input_lens), np.float64)
-    ttft = ttft + pre
-    out_itls, out_e2el = [], np.array(e2el, np.float64) + pre
+    s0 = np.array([sent[int(r["pseq"])] for r in recs], np.float64)
+    lead = start - s0 + np.array([d[1] for d in delays], np.float64)
+    ttft = ttft + lead
+    out_itls, out_e2el = [], np.array(e2el, np.float64) + lead
     for i, r in enumerate(recs):
         res = results[0 if where is None else int(where[i])]
         tl_t, tl_run = res.timeline_t, res.timeline_running
@@ -395,7 +411,7 @@ def _with_frontend(fe, wl, recs, results, where, ttft, e2el, itls):
             out_e2el[i] += float(g2.sum() - gaps.sum())
             gaps = g2
         out_itls.append(gaps.tolist())
-    return ttft, out_e2el, out_itls
+    return s0, ttft, out_e2el, out_itls
 
 
 def _overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, results) -> dict:
@@ -433,7 +449,8 @@ def _overheads_words(info: dict) -> str:
     return f"; {hs}; {fs}"
 
 
-def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, router: str, kw: dict):
+def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, router: str, kw: dict,
+                delays=None, api_servers: int = 1, sent: dict | None = None):
     """``n`` replica engines under one clock behind ``router``: each request, when due (and, with
     ``max_concurrency``, when it holds one of the client's slots, FIFO, as the single engine's driver), is
     routed on arrival (``outstanding`` = requests in flight per replica, :mod:`sim.router`) and submitted to
@@ -452,6 +469,7 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
     outstanding = [0] * n
     where = np.zeros(len(jobs), np.int64)
     slots = simpy.Resource(env, capacity=int(max_concurrency)) if max_concurrency else None
+    api = simpy.Resource(env, capacity=int(api_servers)) if delays is not None else None   # one in front of all
 
     def user(i):
         t = float(sched_t[i])
@@ -461,6 +479,11 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
         if slots is not None:
             slot = slots.request()
             yield slot
+        if api is not None:   # the API server (sim.engine.Engine._timed_user's rule)
+            sent[i] = env.now
+            with api.request() as q:
+                yield q
+                yield env.timeout(delays[i][0])
         r = int(rt.route(Arrival(i, 0, 1, keys[i]), outstanding))
         where[i] = r
         outstanding[r] += 1
@@ -469,6 +492,8 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
         yield done
         outstanding[r] -= 1
         if slot is not None:
+            if api is not None and delays[i][1] > 0:
+                yield env.timeout(delays[i][1])
             slots.release(slot)
 
     for i in range(len(jobs)):

@@ -80,20 +80,49 @@ def test_default_is_vllm_033_async_on_and_flags_say_so():
 
 
 def test_ttft_gains_exactly_the_frontend_term_and_no_frontend_removes_it():
-    m = load_model("llama-3-8b")   # steps of milliseconds: the front-end's pass (running x 0.3 ms) never binds
     fe = FrontendCost(request_s=2e-3, per_prompt_token_s=1e-5, per_output_s=3e-4, step_base_s=0.0)
+    P = 200
+    base, on = _one(_hw(), P, 12), _one(_hw(fe=fe), P, 12)
+    assert on.ttft[0] - base.ttft[0] == pytest.approx(fe.ttft_s(P), rel=1e-9)
+    assert on.e2el[0] - base.e2el[0] == pytest.approx(fe.ttft_s(P), rel=1e-9)
+    assert on.itls[0] == pytest.approx(base.itls[0], rel=1e-12)
+    m = load_model("llama-3-8b")   # steps of milliseconds: the front-end's pass (running x 0.3 ms) never binds
     wl = plain.random_workload(12, 200, 16, range_ratio=0.5, seed=3)
     base = plain.run(m, _hw(), wl, request_rate=50.0, seed=3)
-    on = plain.run(m, _hw(fe=fe), wl, request_rate=50.0, seed=3)
     off = plain.run(m, _hw(fe=fe), wl, request_rate=50.0, seed=3, frontend=False)
-    np.testing.assert_allclose(on.ttft - base.ttft, fe.ttft_s(wl.input_lens), rtol=1e-9, atol=0)
-    np.testing.assert_allclose(on.e2el - base.e2el, fe.ttft_s(wl.input_lens), rtol=1e-9, atol=0)
     np.testing.assert_array_equal(off.ttft, base.ttft)
     np.testing.assert_array_equal(off.e2el, base.e2el)
+    on = plain.run(m, _hw(fe=fe), wl, request_rate=50.0, seed=3)
     assert on.info["overheads"]["frontend"]["priced"] and not off.info["overheads"]["frontend"]["priced"]
+    np.testing.assert_array_equal(on.start, base.start)   # the client's send times do not move
+    assert (on.ttft >= fe.ttft_s(wl.input_lens) - 1e-12).all()
     # offline (vllm bench throughput: an in-process LLM) has no front-end by default
     thr = plain.run(m, _hw(fe=fe), wl, seed=3, offline=True)
     assert not thr.info["overheads"]["frontend"]["priced"]
+
+
+def test_one_api_server_takes_a_burst_in_turn():
+    """All requests sent at once: request k reaches the engine after the API server handled requests
+    0..k (HTTP + tokenisation each, one at a time), so its TTFT is at least that sum plus its chunk."""
+    m = load_model("llama-3-8b")
+    fe = FrontendCost(request_s=5e-3, per_prompt_token_s=2e-5, per_output_s=1e-4)
+    wl = plain.random_workload(10, 300, 4, range_ratio=0.5, seed=2)
+    on = plain.run(m, _hw(fe=fe), wl, request_rate=float("inf"), seed=2)
+    before = fe.request_s + fe.per_prompt_token_s * wl.input_lens
+    assert (on.ttft >= np.cumsum(before) + fe.per_output_s - 1e-12).all()
+    two = plain.run(m, _hw(fe=dataclasses.replace(fe, api_servers=10)), wl, request_rate=float("inf"), seed=2)
+    assert two.ttft.mean() < on.ttft.mean()
+
+
+def test_max_concurrency_slot_is_held_through_the_frontend():
+    m = load_model("llama-3-8b")
+    fe = FrontendCost(request_s=5e-3, per_prompt_token_s=2e-5, per_output_s=2e-3)
+    wl = plain.random_workload(20, 300, 8, range_ratio=0.5, seed=4)
+    r = plain.run(m, _hw(fe=fe), wl, request_rate=float("inf"), max_concurrency=3, seed=4)
+    assert plain.serve_result(r, max_concurrency=3)["max_concurrent_requests"] == 3
+    r2 = plain.run(m, _hw(fe=fe), wl, request_rate=float("inf"), max_concurrency=3, seed=4,
+                   data_parallel_size=2, tensor_parallel_size=1)
+    assert plain.serve_result(r2, max_concurrency=3)["max_concurrent_requests"] == 3
 
 
 def test_token_pace_is_bounded_by_the_frontend():
