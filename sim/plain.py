@@ -566,7 +566,10 @@ def serve_result(r: PlainRun, *, percentiles=(99.0,), metrics=("ttft", "tpot", "
     t0 = float(r.start.min())
     nsec = int(np.ceil(float((r.start + r.e2el).max()) - t0)) + 1
     tok = np.bincount(np.clip((np.concatenate(tt) - t0).astype(np.int64), 0, nsec - 1), minlength=nsec)
-    ev = sorted([(s, 1) for s in r.start] + [(s + e, -1) for s, e in zip(r.start, r.e2el)])
+    # to the nanosecond: a client slot freed at t and taken again at t (send = start + e2el, summed in floating
+    # point in different orders) is one request after the other, not two at once
+    ev = sorted([(round(float(s), 9), 1) for s in r.start] + [(round(float(s + e), 9), -1)
+                                                              for s, e in zip(r.start, r.e2el)])
     cur = peak = 0
     for _, dlt in ev:
         cur += dlt
