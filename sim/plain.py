@@ -423,7 +423,7 @@ def _overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, 
              "steps_beyond_measured": int(sum(getattr(x, "host_extrapolated", 0) for x in results))}
     else:
         h = {"priced": False, "async_scheduling": async_on,
-             "why": ("--no-host-time" if not host_time and hw.host_step is not None else
+             "why": ("turned off: --no-host-time, or a figure's host_time: false" if not host_time and hw.host_step is not None else
                      "the profile has no host_step" + (" (its host_per_iter_s holds the host time of its end-to-end "
                                                        "fit)" if hw.host_per_iter_s else ""))}
     if fe is not None:
