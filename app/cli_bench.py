@@ -61,6 +61,18 @@ def _target_flags(p, offline: bool) -> None:
     p.add_argument("--enforce-eager", action="store_true",
                    help="vLLM's flag: no CUDA graphs (every kernel launched from the host, no padding to capture "
                         "sizes); default: vLLM's graphs on a GPU")
+    import argparse
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM's flag: the host work of a step (schedule, prepare inputs, apply the last output) "
+                        "overlaps the GPU's step instead of adding to it (sim.overheads.step_seconds); default: on, "
+                        "vLLM 0.33's default (vllm/config/vllm.py)")
+    p.add_argument("--no-host-time", dest="host_time", action="store_false",
+                   help="price the GPU's kernels only: no host time per engine step (the hardware preset's "
+                        "host_step; default: priced where the preset has it)")
+    if not offline:
+        p.add_argument("--no-frontend", dest="frontend", action="store_false",
+                       help="price an in-process LLM run: no API server time (HTTP, tokenisation, streaming) on "
+                            "TTFT and ITL (default: priced where the preset has a frontend block, as vllm serve)")
     p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
                    help="turn exact-prefix caching off (vLLM's flag; on by default as in vLLM V1)")
     p.add_argument("--policy", default="none", metavar="NAME",
@@ -248,6 +260,10 @@ def register(sub) -> None:
     p.add_argument("--band", action="store_true",
                    help="also price every figure with each public fit of its device: a low-high band per figure "
                         "(sim.cost.bands; one more run per fit)")
+    p.add_argument("--no-host-time", dest="host_time", action="store_false",
+                   help="every figure priced without host time per engine step (default: as each figure's run)")
+    p.add_argument("--no-frontend", dest="frontend", action="store_false",
+                   help="every figure priced without API server time (default: as each figure's run)")
     p.set_defaults(func=_cmd_validate)
 
 
@@ -317,11 +333,14 @@ def _slo(args):
 
 
 def _layout(args) -> dict:
-    """The replica layout flags (declared on ``sim.replay.target.TargetSpec``) as ``sim.bench.plain.run`` keywords."""
+    """The replica layout flags (declared on ``sim.replay.target.TargetSpec``) and the host / front-end switches
+    as ``sim.bench.plain.run`` keywords."""
     return {"tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
             "node": args.node, "pipeline_schedule": args.pipeline_schedule,
             "disable_custom_all_reduce": args.disable_custom_all_reduce,
-            "enable_expert_parallel": args.enable_expert_parallel, "moe_routing": args.moe_routing}
+            "enable_expert_parallel": args.enable_expert_parallel, "moe_routing": args.moe_routing,
+            "async_scheduling": args.async_scheduling, "host_time": args.host_time,
+            "frontend": getattr(args, "frontend", None)}
 
 
 def _write_json(path: Path, obj) -> None:
@@ -440,7 +459,8 @@ def _cmd_validate(args) -> int:
     from app.validate_table import format_table, markdown_table
     from sim.bench import validate
     figs = validate.load_figures(args.file)
-    df = validate.run_figures(figs, hardware=args.hardware, band=args.band)
+    df = validate.run_figures(figs, hardware=args.hardware, band=args.band, host_time=args.host_time,
+                              frontend=args.frontend)
     print(format_table(df))
     if args.out:
         _write_json(Path(args.out), {"file": str(args.file), "rows": df.to_dict(orient="records")})

@@ -52,4 +52,7 @@ def markdown_table(df, path) -> str:
     cal = sorted({str(c) for c in df.get("calibration", []) if isinstance(c, str)})
     if cal:
         lines += ["", "Hardware profiles: " + "; ".join(cal) + "."]
+    ov = sorted({str(c) for c in df.get("overheads", []) if isinstance(c, str)})
+    if ov:   # sim.cost.overheads: what each figure's run priced beyond the kernels
+        lines += ["", "Beyond the kernels (per figure, as its run was made): " + " | ".join(ov) + "."]
     return "\n".join(lines) + "\n"

@@ -420,7 +420,9 @@ def default_base(name: str, device: str = "cpu") -> HardwareProfile:
     if str(device).startswith("cpu"):
         return dataclasses.replace(load_hardware(str(PRESET_DIR / "hardware" / f"{CPU_BASE}.yaml")), name=name)
     try:
-        return load_hardware(name)
+        # an end-to-end fit's coefficients hold the runner's host time (host_per_iter_s): the preset's
+        # host_step / frontend (sim.cost.overheads) would count it twice, so the fitted profile carries neither
+        return dataclasses.replace(load_hardware(name), host_step=None, frontend=None)
     except PresetError:
         return HardwareProfile(name=name, peak_flops=2.0e11, mem_bw=2.0e10, mem_capacity=16e9, source="default")
 

@@ -19,7 +19,13 @@ the neighbours; ``sim/cost/overheads.py`` explains where each term acts)::
     front-end per request (CompletionRequest parse + tokenise + EngineCoreRequest msgpack):
                                                    t = a + c * prompt_tokens
     model runner (cited, Vidur's A100 cpu_overheads.csv, Llama-2-7B TP1, medians of
-    prepare_inputs_e2e + sampler_e2e):             t = a + b * batch_size
+    prepare_inputs_e2e + sampler_e2e - lm_head):   t = a + b * batch_size
+
+``sampler_e2e`` is Sarathi-Serve's ``Sampler.forward``, which computes the logits
+(``torch.matmul(hidden_states, embedding.t())``, microsoft/sarathi-serve
+``sarathi/model_executor/layers/sampler.py``) before it samples; rksim prices that product with the
+kernels, so the LM head of each row, as ``a100-80gb`` prices it for ``llama-2-7b`` (:func:`lm_head_s`),
+is taken out of the cited time before the fit (else the step would count it twice).
 
 Cited, not measured here: the model runner's input preparation and sampling (they need a GPU).
 """
@@ -46,7 +52,8 @@ VIDUR_CSV = ROOT / "calibrate" / "data" / "vidur" / "a100-cpu-overheads.csv"
 VIDUR_SOURCE = ("microsoft/vidur data/profiling/a100/cpu_overheads.csv at commit "
                 "57720caf01edae3e5e7391581266e57c258e97dd (blob bf106186f8b1d3d6f43d05829a89f0fc411d5a65), "
                 "rows meta-llama/Llama-2-7b-hf, tensor_parallel_degree 1: prepare_inputs_e2e_median + "
-                "sampler_e2e_median (Sarathi-Serve's engine with a vLLM-style scheduler on an A100, batch 8-128)")
+                "sampler_e2e_median (Sarathi-Serve's engine with a vLLM-style scheduler on an A100, batch 8-128) "
+                "minus the LM-head product its sampler computes, as a100-80gb prices it for llama-2-7b")
 VIDUR_MODEL = "meta-llama/Llama-2-7b-hf"
 
 
@@ -129,10 +136,23 @@ def vidur_rows(path: Path = VIDUR_CSV, model: str = VIDUR_MODEL, tp: int = 1) ->
     return sorted(out, key=lambda r: r["batch_size"])
 
 
+def lm_head_s(batch_size: int) -> float:
+    """Seconds rksim prices for the logits product of ``batch_size`` rows of Llama-2-7B on ``a100-80gb``
+    (Vidur's rows' model and device): one GEMM, ``2 d V b`` flops over the ``s d V`` weight bytes."""
+    from sim.cost.terms import OpTerms
+    from sim.cost.profiles import load_hardware, load_model
+
+    m, hw = load_model("llama-2-7b"), load_hardware("a100-80gb")
+    f, b = 2.0 * m.hidden_size * m.vocab_size * batch_size, float(m.dtype_bytes * m.hidden_size * m.vocab_size)
+    return float(hw.time(OpTerms(f, b, 1.0, 0.0, f_head=f, b_head=b, rows=float(batch_size)), model=m))
+
+
 def fit_worker(rows: list[dict]) -> dict:
-    """``prepare_inputs + sampler = a + b * batch_size`` (seconds) on Vidur's rows."""
+    """``prepare_inputs + sampler - lm_head = a + b * batch_size`` (seconds) on Vidur's rows."""
     fit = fit_linear([[1.0, r["batch_size"]] for r in rows],
-                     [1e-3 * (r["prepare_inputs_ms"] + r["sampler_ms"]) for r in rows], ["base_s", "per_running_s"])
+                     [1e-3 * (r["prepare_inputs_ms"] + r["sampler_ms"]) - lm_head_s(r["batch_size"]) for r in rows],
+                     ["base_s", "per_running_s"])
+    fit["lm_head_s"] = {str(r["batch_size"]): round(lm_head_s(r["batch_size"]), 9) for r in (rows[0], rows[-1])}
     fit["batch_sizes"] = [rows[0]["batch_size"], rows[-1]["batch_size"]]
     return fit
 

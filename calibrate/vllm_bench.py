@@ -203,9 +203,13 @@ def iteration_table(bf: BenchFile, model, sched_cfg, kv_blocks: int, block_size:
 
 
 def _base(hw):
-    """The profile the fit starts from, with the terms end-to-end timings cannot separate switched off."""
+    """The profile the fit starts from, with the terms end-to-end timings cannot separate switched off.
+
+    The measured token times hold the host time per step and the API server's time, so the fitted
+    coefficients absorb them: the base's ``host_step`` / ``frontend`` (sim.cost.overheads) are dropped, or they
+    would be counted twice (as ``local-cpu``, fitted end to end, carries neither)."""
     return dataclasses.replace(hw, per_layer_s=0.0, host_per_iter_s=0.0, per_kernel_graph_s=None,
-                               sample_s_per_vocab=0.0)
+                               sample_s_per_vocab=0.0, host_step=None, frontend=None)
 
 
 def fit_files(files: list, model, hw, *, max_num_seqs=None, max_num_batched_tokens=None, block_size: int = 16,

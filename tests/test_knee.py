@@ -6,7 +6,9 @@ arrivals the server is an M/D/1 queue. Its mean wait is the Pollaczek-Khinchine 
 ``E[S^2] = D^2`` (L. Kleinrock, *Queueing Systems* Vol. I, 1975, ch. 5):
 ``W_q = rho D / (2 (1 - rho))``, ``rho = lambda D``; the request's TTFT is ``W_q + D``. The highest rate
 with mean TTFT <= ``X`` solves ``W_q = w = X - D``: ``rho* = 2 w / (D + 2 w)``, ``lambda* = rho* / D``.
-The queue is stable iff ``lambda < 1 / D``.
+The queue is stable iff ``lambda < 1 / D``. The runs are in-process (``--no-frontend``): the API
+server in front is a second queue in series (sim.overheads.FrontendCost), which would make it a tandem
+queue; the engine's host time per step is in ``D`` (async scheduling, hidden behind the forward).
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from sim.serving.capacity import ServingConfig
 from sim.cost.profiles import load_hardware, load_model
 
 BASE = ["bench", "sweep", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm", "--no-progress"]
-MD1 = ["--max-num-seqs", "1", "--random-input-len", "512", "--random-output-len", "1", "--no-enable-prefix-caching"]
+MD1 = ["--max-num-seqs", "1", "--random-input-len", "512", "--random-output-len", "1", "--no-enable-prefix-caching",
+       "--no-frontend"]
 
 
 def _err(capsys, argv) -> str:
@@ -39,7 +42,7 @@ def md1():
     """``(D, model, hardware, serving)`` of the one-at-a-time server."""
     m, hw = load_model("llama-3-8b"), load_hardware("h100-sxm")
     sv = ServingConfig(max_num_seqs=1, prefix_caching=False)
-    r = plain.run(m, hw, plain.random_workload(1, 512, 1), request_rate=1.0, serving=sv)
+    r = plain.run(m, hw, plain.random_workload(1, 512, 1), request_rate=1.0, serving=sv, frontend=False)
     D = float(r.e2el[0])
     assert D > 0 and r.ttft[0] == pytest.approx(D)
     return D, m, hw, sv
@@ -78,7 +81,8 @@ def test_md1_knee_matches_the_closed_form(md1, tmp_path, capsys):
     # error se (batch means of the very run); a wait error dW moves the knee by dW / (dW_q/dlambda) with
     # dW_q/dlambda = D^2 / (2 (1 - rho)^2). Three standard errors (a normal mean is outside them 0.3% of the time;
     # measured 2026-12-03: se = 0.033 D, the knee 0.506 / D against 0.5 / D), plus the bisection's resolution.
-    r = plain.run(m, hw, plain.random_workload(K, 512, 1, seed=5), request_rate=lam_star, serving=sv, seed=5)
+    r = plain.run(m, hw, plain.random_workload(K, 512, 1, seed=5), request_rate=lam_star, serving=sv, seed=5,
+                   frontend=False)
     se = _batch_se(r.ttft - D)
     assert abs(float(np.mean(r.ttft - D)) - w) < 4 * se        # the simulator is the M/D/1 queue at lambda*
     slope = D ** 2 / (2 * (1 - rho_star) ** 2)

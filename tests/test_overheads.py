@@ -220,14 +220,17 @@ def test_fit_rejects_a_malformed_measurement():
 
 
 def test_vidur_model_runner_fit_matches_its_rows():
-    from calibrate.host_step import fit_worker, vidur_rows
+    from calibrate.host_step import fit_worker, lm_head_s, vidur_rows
 
     rows = vidur_rows()
     assert [r["batch_size"] for r in rows][0] == 8 and rows[-1]["batch_size"] == 128
     f = fit_worker(rows)
     for r in (rows[0], rows[-1]):
         pred = f["coef"]["base_s"] + f["coef"]["per_running_s"] * r["batch_size"]
-        assert pred == pytest.approx(1e-3 * (r["prepare_inputs_ms"] + r["sampler_ms"]), rel=0.06)
+        # the logits product inside Sarathi's sampler is priced with the kernels: taken out of the cited time
+        head = lm_head_s(r["batch_size"])
+        assert 1e-4 < head < 1e-3
+        assert pred == pytest.approx(1e-3 * (r["prepare_inputs_ms"] + r["sampler_ms"]) - head, rel=0.06)
 
 
 def test_shipped_measurement_is_this_fit_of_its_data():

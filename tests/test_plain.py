@@ -317,7 +317,7 @@ def syn_files(tmp_path_factory):
     # sm_count None: the fitter prices the plain per-operator roofline (calibrate.fit drops wave quantisation,
     # whose matrix shapes its terms do not carry), so the known profile is of that form
     true_hw = dataclasses.replace(load_hardware("h100-sxm"), per_layer_s=0.0, host_per_iter_s=0.0,
-                                  sample_s_per_vocab=0.0, sm_count=None, **TRUE)
+                                  sample_s_per_vocab=0.0, sm_count=None, host_step=None, frontend=None, **TRUE)
     files = []
     for j, (rate, conc, il, ol) in enumerate([(1.5, None, 800, 32), (math.inf, 8, 400, 24), (10.0, 16, 1500, 12)]):
         wl = plain.random_workload(30, il, ol, 0.5, 0, seed=j)

@@ -266,6 +266,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         node=None, data_parallel_size: int = 1, router: str = "prefix-affinity",
         pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False,
         enable_expert_parallel: bool = False, moe_routing: str = "expected",
+        async_scheduling: bool | None = None, frontend: bool | None = None, host_time: bool = True,
         step_by_step: bool = False) -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.serving.engine.Engine` and return per-request timings.
 
@@ -287,6 +288,18 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     :class:`sim.cost.terms.SampledRouting`).
     ``step_by_step``: price and schedule every iteration one at a time (the reference); default: quiet decode
     windows are advanced at once (:mod:`sim.serving.fastforward`; one replica on one GPU), with identical results.
+
+    Beyond the kernels (:mod:`sim.cost.overheads`; docs/calibration.md, "Host time per step and front-end
+    time"): with ``host_time`` and a profile carrying ``host_step``, every engine step costs
+    ``step_seconds(gpu_s, host_s, async_scheduling, host_serial_s)`` (:meth:`sim.serving.engine.Engine._stepped`;
+    with PP > 1 the host time goes with stage 0). ``async_scheduling`` None is vLLM 0.33's default: on
+    (``VllmConfig``, vllm/config/vllm.py: ``scheduler_config.async_scheduling is None`` becomes True unless
+    an option is incompatible; pipeline parallelism is incompatible only on the V1 model runner, and 0.33
+    picks the V2 runner by default). ``frontend`` (None: on for ``vllm serve``, off when ``offline``: ``vllm
+    bench throughput`` runs the in-process ``LLM`` class, vllm/benchmarks/throughput.py ``run_vllm``) with a
+    profile carrying ``frontend``: each request's TTFT and E2E gain :meth:`FrontendCost.ttft_s` of its
+    prompt, and each gap between its tokens is at least :meth:`FrontendCost.step_s` of the step's running
+    requests (``FrontendCost.itl_s``).
     """
     from sim.cost.terms import ScalarCost, routing_for
     from sim.serving.engine import Engine
@@ -346,26 +359,44 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         jobs.append((i, job))
         own = -(1 + i * 10 ** 9 + np.arange(P - wl.prefix_len, dtype=np.int64))
         ids.append([np.concatenate([pre, own]) if wl.prefix_len else own])
+    async_on = True if async_scheduling is None else bool(async_scheduling)   # vLLM 0.33's default (docstring)
+    fe_on = (not offline) if frontend is None else bool(frontend)
+    host = hw.host_step if host_time else None
+    fe = hw.frontend if fe_on else None
     kw = dict(seed=seed, scheduler=sched, kv_blocks=blocks, caching=bool(sv.prefix_caching) and token_policy is None,
+              host_step=host, async_scheduling=async_on,
               max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name, record_token_times=True,
               cost=(ScalarCost(model, hw, graphs=graphs, routing=routing) if par.is_single
                     else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule, graphs=graphs, routing=routing)))
     where = None
+    # the API server in front of the engine (FrontendCost): per request, send -> engine (HTTP, tokenisation)
+    # and last engine token -> client (its chunk); before + after = FrontendCost.ttft_s(prompt)
+    delays = None
+    if fe is not None:
+        before = (fe.request_s + fe.per_prompt_token_s * inp.astype(np.float64)) / fe.host_speed
+        after = fe.ttft_s(inp) - before
+        delays = list(zip(before.tolist(), np.broadcast_to(after, before.shape).tolist()))
+    sent = {}
     if par.data_parallel_size == 1:
         eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency,
-                     fast_forward=not step_by_step, **kw)
+                     fast_forward=not step_by_step, **kw, **({} if delays is None else {"client_delays": delays, "api_servers": fe.api_servers}))
         res = eng.run()
         recs = res.records()
         results = [res]
+        sent = eng.sent
     else:
         keys = [pre if wl.prefix_len else x[0] for x in ids]   # what prefix-affinity hashes: the shared prefix
         results, recs, where, makespan = _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency,
-                                                     par.data_parallel_size, router, kw)
+                                                     par.data_parallel_size, router, kw, delays,
+                                                     fe.api_servers if fe is not None else 1, sent)
     makespan = float(res.makespan) if where is None else makespan
     start = np.array([r["arrival_s"] for r in recs])
     ttft = np.array([r["first_token_times"][0] for r in recs])
     e2el = np.array([r["latency_s"] for r in recs])
     itls = ITLs([r["token_times"][0] for r in recs])   # per-token gaps made when read, not kept
+    if fe is not None:
+        start, ttft, e2el, itls = _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, itls)
+        makespan = max(makespan, float((start + e2el).max()))
     info = {"model": model.name, "hardware": hw.name, "calibration": hw.calibration_note,
             **host_fields(hw), "calibration_status": hw.calibration_status,
             "scheduler": sched.to_dict(), "block_size": bs, "kv_capacity_blocks": int(blocks),
@@ -386,6 +417,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
             info["enable_expert_parallel"] = True
         if model.num_experts:
             info["moe_routing"] = moe_routing
+    info["overheads"] = _overheads_info(hw, host, fe, async_on, fe_on, host_time, results)
     if not par.is_single:
         info.update({"tensor_parallel_size": par.tensor_parallel_size,
                      "pipeline_parallel_size": par.pipeline_parallel_size, "node": nd.name})
@@ -395,7 +427,72 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where)
 
 
-def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, router: str, kw: dict):
+def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, itls):
+    """Send times, TTFT, E2E and ITLs as a ``vllm bench serve`` client sees them through the API server.
+
+    A request is sent at ``sent``, reaches the engine after its wait for the API server and its
+    ``before`` seconds there (HTTP, tokenisation), and its first token reaches the client ``after``
+    seconds (its chunk) after the engine sampled it: ``ttft = (engine arrival - sent) + engine ttft +
+    after``, so an idle server adds exactly ``FrontendCost.ttft_s(prompt)`` (the client's clock stops at
+    the first SSE chunk, vllm/benchmarks/lib/endpoint_request_func.py). Each later gap is
+    ``FrontendCost.itl_s(gap, running)`` = ``max(gap, step_s(running))``, ``running`` the requests of the
+    step that sampled the token (the engine's timeline); ``e2el = ttft + sum(itl)``.
+    """
+    s0 = np.array([sent[int(r["pseq"])] for r in recs], np.float64)
+    lead = start - s0 + np.array([d[1] for d in delays], np.float64)
+    ttft = ttft + lead
+    out_itls, out_e2el = [], np.array(e2el, np.float64) + lead
+    for i, r in enumerate(recs):
+        res = results[0 if where is None else int(where[i])]
+        tl_t, tl_run = res.timeline_t, res.timeline_running
+        tt = np.asarray(r["token_times"][0], np.float64)
+        gaps = np.diff(tt)
+        if gaps.size and tl_t.size:
+            k = np.clip(np.searchsorted(tl_t, tt[1:]), 0, tl_t.size - 1)
+            g2 = np.asarray(fe.itl_s(gaps, tl_run[k]), np.float64).reshape(-1)
+            out_e2el[i] += float(g2.sum() - gaps.sum())
+            gaps = g2
+        out_itls.append(gaps.tolist())
+    return s0, ttft, out_e2el, out_itls
+
+
+def _overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, results) -> dict:
+    """What a run priced beyond the kernels, and on what it stands (``info["overheads"]``)."""
+    if host is not None:
+        h = {"priced": True, "async_scheduling": async_on, "host_speed": host.host_speed,
+             "serial_fraction": host.serial_fraction, "source": host.source,
+             "host_seconds": float(sum(getattr(x, "host_seconds", 0.0) for x in results)),
+             "steps_beyond_measured": int(sum(getattr(x, "host_extrapolated", 0) for x in results))}
+    else:
+        h = {"priced": False, "async_scheduling": async_on,
+             "why": ("turned off: --no-host-time, or a figure's host_time: false" if not host_time and hw.host_step is not None else
+                     "the profile has no host_step" + (" (its host_per_iter_s holds the host time of its end-to-end "
+                                                       "fit)" if hw.host_per_iter_s else ""))}
+    if fe is not None:
+        f = {"priced": True, "host_speed": fe.host_speed, "api_servers": fe.api_servers, "source": fe.source}
+    else:
+        f = {"priced": False, "why": ("in-process LLM run (no API server)" if not fe_on
+                                      else "the profile has no frontend")}
+    return {"host_step": h, "frontend": f}
+
+
+def overheads_words(info: dict) -> str:
+    """The provenance line's clause on host and front-end time (empty for a record without them)."""
+    o = info.get("overheads")
+    if not o:
+        return ""
+    h, f = o["host_step"], o["frontend"]
+    hs = (f"host time per step priced (async scheduling {'on' if h['async_scheduling'] else 'off'}, host_speed "
+          f"{h['host_speed']:g}" + (f", {h['steps_beyond_measured']} steps beyond the measured sizes"
+                                    if h.get("steps_beyond_measured") else "") + ")"
+          if h["priced"] else f"no host time per step ({h['why']})")
+    fs = (f"front-end time priced ({f['api_servers']} API server{'s' if f['api_servers'] > 1 else ''}, host_speed "
+          f"{f['host_speed']:g})" if f["priced"] else f"no front-end time ({f['why']})")
+    return f"; {hs}; {fs}"
+
+
+def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, router: str, kw: dict,
+                delays=None, api_servers: int = 1, sent: dict | None = None):
     """``n`` replica engines under one clock behind ``router``: each request, when due (and, with
     ``max_concurrency``, when it holds one of the client's slots, FIFO, as the single engine's driver), is
     routed on arrival (``outstanding`` = requests in flight per replica, :mod:`sim.serving.router`) and submitted to
@@ -414,6 +511,7 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
     outstanding = [0] * n
     where = np.zeros(len(jobs), np.int64)
     slots = simpy.Resource(env, capacity=int(max_concurrency)) if max_concurrency else None
+    api = simpy.Resource(env, capacity=int(api_servers)) if delays is not None else None   # one in front of all
 
     def user(i):
         t = float(sched_t[i])
@@ -423,6 +521,11 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
         if slots is not None:
             slot = slots.request()
             yield slot
+        if api is not None:   # the API server (sim.serving.engine.Engine._timed_user's rule)
+            sent[i] = env.now
+            with api.request() as q:
+                yield q
+                yield env.timeout(delays[i][0])
         r = int(rt.route(Arrival(i, 0, 1, keys[i]), outstanding))
         where[i] = r
         outstanding[r] += 1
@@ -431,6 +534,8 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
         yield done
         outstanding[r] -= 1
         if slot is not None:
+            if api is not None and delays[i][1] > 0:
+                yield env.timeout(delays[i][1])
             slots.release(slot)
 
     for i in range(len(jobs)):
@@ -503,7 +608,10 @@ def serve_result(r: PlainRun, *, percentiles=(99.0,), metrics=("ttft", "tpot", "
     t0 = float(r.start.min())
     nsec = int(np.ceil(float((r.start + r.e2el).max()) - t0)) + 1
     tok = np.bincount(np.clip((np.concatenate(tt) - t0).astype(np.int64), 0, nsec - 1), minlength=nsec)
-    ev = sorted([(s, 1) for s in r.start] + [(s + e, -1) for s, e in zip(r.start, r.e2el)])
+    # to the nanosecond: a client slot freed at t and taken again at t (send = start + e2el, summed in floating
+    # point in different orders) is one request after the other, not two at once
+    ev = sorted([(round(float(s), 9), 1) for s in r.start] + [(round(float(s + e), 9), -1)
+                                                              for s, e in zip(r.start, r.e2el)])
     cur = peak = 0
     for _, dlt in ev:
         cur += dlt
@@ -629,6 +737,7 @@ def provenance(info: dict, run_stats: bool = True) -> str:
             f"{'on' if info['prefix_caching'] else 'off'}" + (f", token policy {pol}" if pol else "")
             + (f"; {info['data_parallel_size']} replicas behind {info['router']}, each with that capacity"
                if "data_parallel_size" in info else "")
+            + overheads_words(info)
             + (f"; SLO {info['slo']}" if info.get("slo") else "")
             + ((f"; {info['preemptions']} preemptions, at most {info['max_running_seqs']} running"
                 + (" on one replica" if "data_parallel_size" in info else "")) if run_stats else ""))

@@ -12,7 +12,10 @@ A figure file (``docs/validation/published-figures.yaml`` is the shipped one) ho
         kv_cache_dtype: fp8               # optional: vLLM --kv-cache-dtype (auto/absent: dtype); fp8 likewise
         parallelism: {tp: 1, pp: 1, dp: 1}   # tp, pp priced (sim.cost.parallel); dp > 1 refused by name
         serving: {scheduler: prefill-first, max_num_seqs: 1024, max_num_batched_tokens: 2048,
-                  gpu_memory_utilization: 0.95, prefix_caching: false}   # optional: the run's server
+                  gpu_memory_utilization: 0.95, prefix_caching: false,   # optional: the run's server;
+                  async_scheduling: false,        # what the run's engine did (absent: vLLM 0.33's default, on)
+                  frontend: false,                # false: an in-process LLM run (absent: through vllm serve)
+                  host_time: false}               # false: another engine's runtime (the preset's host_step is vLLM's)
         workload:                         # vllm bench serve's workload
           input_len: 1024                 #   random dataset: input_len, output_len, num_prompts,
           output_len: 128                 #   range_ratio, prefix_len, seed
@@ -53,7 +56,9 @@ PRICED_KV = {None, "auto"} | set(PRICED_DTYPES) | {k for k in KV_CACHE_DTYPES if
 _FIELDS = {"id", "model", "hardware", "dtype", "quantization", "kv_cache_dtype", "parallelism", "serving",
            "workload", "metric", "value", "source", "note", "engine"}
 _SERVING = {"scheduler", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "prefix_caching",
-            "block_size", "kv_capacity_bytes"}
+            "block_size", "kv_capacity_bytes", "async_scheduling", "frontend", "host_time"}
+# serving keys that are not ServingConfig's: how sim.bench.plain.run prices host and front-end time (sim.cost.overheads)
+_OVERHEAD_KEYS = ("async_scheduling", "frontend", "host_time")
 _WORKLOAD = {"input_len", "output_len", "num_prompts", "range_ratio", "prefix_len", "seed", "input_lens",
              "output_lens", "request_rate", "burstiness", "max_concurrency", "arrival_times_ns"}
 
@@ -218,9 +223,14 @@ def _rate(v) -> float:
     return float(v)
 
 
-def predict(f: dict, hardware: str | None = None, profile=None) -> dict:
+def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool = True,
+            frontend: bool = True) -> dict:
     """Simulate one figure's benchmark; returns the vllm bench serve result dictionary. ``profile``: a
-    :class:`sim.cost.profiles.HardwareProfile` to price it with instead of the named one (a band's fit)."""
+    :class:`sim.cost.profiles.HardwareProfile` to price it with instead of the named one (a band's fit).
+
+    The figure's ``serving.async_scheduling`` / ``frontend`` / ``host_time`` say how its run was made;
+    ``host_time`` / ``frontend`` False here turn those terms off for every figure (a before/after table).
+    """
     from sim.bench import plain
     from sim.serving.capacity import ServingConfig
     from sim.cost.profiles import load_hardware, load_model
@@ -231,6 +241,13 @@ def predict(f: dict, hardware: str | None = None, profile=None) -> dict:
     model = model.with_precision(None if q in (None, "none", "auto") else q, kv)
     sv = dict(f.get("serving") or {})
     bs = int(sv.pop("block_size", plain.BLOCK_SIZE))
+    over = {k: sv.pop(k) for k in _OVERHEAD_KEYS if k in sv}
+    for k, v in over.items():
+        if not isinstance(v, bool):
+            raise FigureError(f"figure {f['id']!r}: serving: {k} must be true or false, got {v!r}")
+    over["host_time"] = bool(over.get("host_time", True)) and host_time
+    if not frontend:
+        over["frontend"] = False
     serving = ServingConfig(**sv)
     wl = _workload(f)
     w = f["workload"]
@@ -244,20 +261,23 @@ def predict(f: dict, hardware: str | None = None, profile=None) -> dict:
         raise FigureError(f"figure {f['id']!r}: workload: arrival_times_ns has {arr.size} times for {wl.n} requests")
     r = plain.run(model, hw, wl, request_rate=rate, burstiness=burst, max_concurrency=conc,
                   seed=int(w.get("seed", 0)), serving=serving, block_size=bs, arrivals=arr,
-                  tensor_parallel_size=int(par.get("tp", 1)), pipeline_parallel_size=int(par.get("pp", 1)))
+                  tensor_parallel_size=int(par.get("tp", 1)), pipeline_parallel_size=int(par.get("pp", 1)), **over)
     pcts = [float(m.split("_")[0][1:]) for m in [f["metric"]] if m.split("_")[0].startswith("p")]
     return plain.serve_result(r, percentiles=pcts or (99.0,), request_rate=rate, burstiness=burst,
                               max_concurrency=conc, model_id=model.name, detailed=False)
 
 
-def run_figures(figs: list, hardware: str | None = None, band: bool = False):
+def run_figures(figs: list, hardware: str | None = None, band: bool = False, host_time: bool = True,
+                frontend: bool = True):
     """One row per figure: published value, prediction, ratio (prediction / published), or why refused.
 
     ``band``: each priced figure is priced again with every public fit of its device
     (:func:`sim.cost.bands.band_profiles`); ``predicted_lo`` / ``predicted_hi`` is ``[min, max]`` over
     those and the central prediction, and ``in_band`` says whether the published value lies inside.
+    ``host_time`` / ``frontend``: :func:`predict`.
     """
     import pandas as pd
+    from sim.bench import plain
     from sim.cost.bands import band_of, band_profiles
     from sim.cost.profiles import OutOfCalibrationError, load_hardware
     rows = []
@@ -274,13 +294,14 @@ def run_figures(figs: list, hardware: str | None = None, band: bool = False):
         why = refusal(f)
         if why is None:
             try:
-                res = predict(f, hardware)
+                res = predict(f, hardware, host_time=host_time, frontend=frontend)
                 row["predicted"] = float(res[f["metric"]])
                 row["ratio"] = row["predicted"] / row["published"]
                 row["status"] = "ok" if abs(row["ratio"] - 1) <= 0.25 else "off by more than 25%"
                 row["calibration"] = res["rksim"]["calibration"]
+                row["overheads"] = plain.overheads_words(res["rksim"]).lstrip("; ")
                 if band:
-                    others = [float(predict(f, profile=p)[f["metric"]])
+                    others = [float(predict(f, profile=p, host_time=host_time, frontend=frontend)[f["metric"]])
                               for _, p in band_profiles(load_hardware(hardware or f["hardware"]))]
                     lo, hi = band_of([row["predicted"], *others])
                     row.update(predicted_lo=lo, predicted_hi=hi, band_fits=len(others),

@@ -27,6 +27,7 @@ import numpy as np
 
 from sim.errors import OutOfCalibrationError, PresetError  # defined there: sim.cost.fingerprint and sim.cost.ranges raise them too
 from sim.cost.roofline import ROOFLINES, seconds
+from sim.cost.overheads import FrontendCost, HostStepCost, frontend_from_preset, host_step_from_preset
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"   # sim/presets
 USER_PRESETS_ENV = "RKSIM_PRESETS"
@@ -597,9 +598,28 @@ class HardwareProfile:
     fp8_weights: str | None = None  # FP8_WEIGHTS: how --quantization fp8 runs here (None: refused)
     peak_flops_fp8: float | None = None   # FP8 tensor-core peak, dense (datasheet); needed by fp8_weights: w8a8
     eff_c_fp8: float | None = None  # FP8 matrix products' fraction of peak_flops_fp8 (None: eff_c's fraction)
+    # host time per engine step and the API server's time (sim.cost.overheads; None: not priced). A GPU preset's
+    # kernels are fitted on device-side timings, so these are not inside eff_* / per_kernel_s; a profile fitted
+    # end to end (local-cpu) holds its host time in host_per_iter_s instead and carries neither.
+    host_step: HostStepCost | None = None
+    frontend: FrontendCost | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        where = f"hardware preset {self.source or self.name}"
+        if isinstance(self.host_step, dict):   # to_dict()'s form back (HardwareProfile(**d))
+            object.__setattr__(self, "host_step", host_step_from_preset({"host_step": self.host_step}, where))
+        if isinstance(self.frontend, dict):
+            object.__setattr__(self, "frontend", frontend_from_preset({"frontend": self.frontend}, where))
+        for f, cls in (("host_step", HostStepCost), ("frontend", FrontendCost)):
+            v = getattr(self, f)
+            if v is not None and not isinstance(v, cls):
+                raise PresetError(f"{where}: field {f!r} must be a mapping of {cls.__name__}'s fields or null, got {v!r}")
+        # host_step's model-runner part holds the sampler's host side and its kernels (Vidur's sampler_e2e) and
+        # the engine core's per-step work: a fitted per-forward host time or sampling term beside it counts twice
+        if self.host_step is not None and (self.host_per_iter_s or self.sample_s_per_vocab):
+            raise PresetError(f"{where}: fields 'host_per_iter_s' / 'sample_s_per_vocab' must be 0 when 'host_step' "
+                              "is given (both would price the step's host time and sampling)")
         for f in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m"):
             v = getattr(self, f)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
@@ -887,6 +907,10 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     """A :class:`HardwareProfile` from a preset name or a YAML/JSON file path."""
     path = resolve_preset("hardware", name_or_path)
     data = read_preset_file(path)
+    # host time per step and front-end time: their own mappings, checked field by field (sim.cost.overheads)
+    for key, load in (("host_step", host_step_from_preset), ("frontend", frontend_from_preset)):
+        if key in data:
+            data[key] = load(data, where=str(path))
     extra = {k: data.pop(k) for k in list(data) if k not in _HW_FIELDS}
     allowed_extra = {"fit", "notes", "device", "fitted_on", "residuals", "calibration_note", "reference", "fingerprint",
                      "band_fits"}

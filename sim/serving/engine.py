@@ -154,9 +154,24 @@ class Engine:
                  hw_name: str = "", per_problem_timeline: bool = False, kv_bytes_per_block: float | None = None,
                  arrival_times=None, max_concurrency: int | None = None, record_token_times: bool = False,
                  cost=None, env: simpy.Environment | None = None, settle: int | None = None,
-                 block_size: int | None = None, record_pipeline: bool = False, fast_forward: bool = False):
+                 block_size: int | None = None, record_pipeline: bool = False, host_step=None,
+                 async_scheduling: bool = False, client_delays=None, api_servers: int = 1,
+                 fast_forward: bool = False):
         self.m, self.hw = model, hw
-        # cost: anything with ScalarCost's seconds(items), e.g. sim.cost.parallel.ParallelCost for a TP x PP replica
+        # host time per step (a sim.cost.overheads.HostStepCost; None: not priced, the policies' replay) and
+        # vLLM's --async-scheduling (host work of a step beside the GPU's): _price_batch, _host_seconds
+        self.host_step = host_step
+        self.async_scheduling = bool(async_scheduling)
+        self._host = (0.0, 0.0)
+        self.host_seconds = 0.0      # host seconds priced over the run (sync: all on the critical path)
+        self.host_extrapolated = 0   # steps beyond the sizes host_step was measured at (priced linearly, counted)
+        # the API server in front (arrival_times only; None: none): per job (before_s, after_s), the seconds
+        # from send to the engine (HTTP, tokenisation; api_servers requests at a time, FIFO) and from the
+        # engine's last token to the client (its chunk's delivery); sent[pseq] = when the client sent it
+        self.client_delays = client_delays
+        self.api_servers = int(api_servers)
+        self.sent: dict = {}
+                # cost: anything with ScalarCost's seconds(items), e.g. sim.cost.parallel.ParallelCost for a TP x PP replica
         self.cost = ScalarCost(model, hw) if cost is None else cost
         self.prices_shared = bool(getattr(self.cost, "prices_shared", False))
         # env: a shared environment (several replicas' engines under one clock, sim.serving.replicas)
@@ -405,11 +420,13 @@ class Engine:
             priced, tup = self._price_batch(items, env.now)
             if self.pp_stages > 1:
                 st = cost.stage_seconds(tup)
+                if self.host_step is not None:
+                    st[0] = self._stepped(st[0])   # host time: with stage 0 (the engine core feeds rank 0)
                 dt = float(sum(st)) + self._extra_dt     # == cost.seconds(tup): one batch through every stage
                 st[-1] += self._extra_dt
                 self._record_batch(env.now, st, list(env.now + np.cumsum(st)), items)
             else:
-                dt = cost.seconds(tup) + self._extra_dt
+                dt = self._stepped(cost.seconds(tup) + self._extra_dt)
             self._admitted(items, env.now)
             if dt > 0:
                 yield env.timeout(dt)
@@ -423,7 +440,25 @@ class Engine:
         cost's per-step vector (:meth:`sim.cost.terms.ScalarCost.decode_batch_seconds`); a per-step host term, a
         function of the same running requests and scheduled tokens (both ``B``), joins here element by element.
         """
-        return self.cost.decode_batch_seconds(B, S, cmax)
+        gpu = self.cost.decode_batch_seconds(B, S, cmax)
+        if self.host_step is None or gpu is None:
+            return gpu
+        from sim.cost.overheads import step_seconds
+        h, sr = self.window_host(B)
+        return step_seconds(gpu, h, self.async_scheduling, sr)
+
+    # a window's steps carry the host term (window_host): fast-forward may replace them (sim.serving.fastforward)
+    windows_price_host = True
+
+    def window_host(self, B):
+        """``(host_s, host_serial_s)`` of decode steps of ``B`` requests (arrays): every request computes and
+        samples one token, none is admitted -- :meth:`_host_seconds` of such a step, element by element (the
+        same floating-point operations, so the same floats). Sizes past the measured range are priced on the
+        same lines (counted by the window's close: ``host_extrapolated``)."""
+        import dataclasses
+        hs = dataclasses.replace(self.host_step, max_running=None, max_tokens=None)
+        B = np.asarray(B)
+        return hs.seconds(B, B, B, 0, 0), hs.serial_seconds(B, B, B, 0, 0)
 
     def _record_batch(self, start, st, ends, items) -> None:
         for k, t in enumerate(st):
@@ -472,6 +507,8 @@ class Engine:
             priced, tup = self._price_batch(items, env.now)
             st = cost.stage_seconds(tup)
             st[-1] += self._extra_dt     # eviction scoring: with the sampling, on the last stage
+            if self.host_step is not None:
+                st[0] = self._stepped(st[0])   # host time: with stage 0 (the engine core feeds rank 0)
             start = env.now
             ends, e = [], start
             for k in range(S):
@@ -618,10 +655,44 @@ class Engine:
                 f"extrapolate (lower the arrival rate, the concurrency or --max-num-seqs)")
         self._extra_dt = 0.0
         self.items_scheduled += n
+        if self.host_step is not None:
+            self._host = self._host_seconds(items)
         priced = [self._price(it) for it in items]
         if self.prices_shared:
             priced = self._with_shared(items, priced)
         return priced, [t for ts, _ in priced for t in ts]
+
+    def _host_seconds(self, items) -> tuple:
+        """``(host_s, host_serial_s)`` of the step scheduling ``items`` (:class:`sim.cost.overheads.HostStepCost`).
+
+        ``running`` = the requests in the step, ``scheduled_tokens`` = their new tokens, ``sampled`` = those
+        sampling a token, ``admitted`` / ``admitted_tokens`` = requests scheduled for the first time (not
+        after a preemption) and their prompt tokens: vLLM's ``EngineCore.add_request`` runs once per
+        request between steps; it is charged to the step that first schedules it (the same total). Sizes
+        beyond the measured range are priced on the same lines and counted (``host_extrapolated``).
+        """
+        hs = self.host_step
+        r = len(items)
+        t = sum(it.num_new for it in items)
+        smp = sum(1 for it in items if it.samples)
+        new = [it.req for it in items if it.new_admission and it.req.num_preemptions == 0]
+        a, at = len(new), sum(q.prompt_tokens for q in new)
+        if (hs.max_running is not None and r > hs.max_running) or (hs.max_tokens is not None and t > hs.max_tokens):
+            import dataclasses
+            hs = dataclasses.replace(hs, max_running=None, max_tokens=None)
+            self.host_extrapolated += 1
+        return hs.seconds(r, t, smp, a, at), hs.serial_seconds(r, t, smp, a, at)
+
+    def _stepped(self, gpu_s: float) -> float:
+        """The step's first (or only) stage with its host time: ``sim.cost.overheads.step_seconds(gpu_s, host_s,
+        async_scheduling, host_serial_s)`` (sync: ``gpu_s + host_s``; async: ``max(gpu_s + serial, host_s)``).
+        """
+        if self.host_step is None:
+            return gpu_s
+        from sim.cost.overheads import step_seconds
+        h, s = self._host
+        self.host_seconds += h
+        return step_seconds(gpu_s, h, self.async_scheduling, s)
 
     def _with_shared(self, items, priced):
         """Each item's first cost tuple carries ``h_i`` (:func:`sim.serving.kvshare.shared_tokens` over the block
@@ -672,11 +743,20 @@ class Engine:
             slot = slots.request()
             yield slot
             done = self.env.event()
+        after = 0.0
+        if self.client_delays is not None:
+            self.sent[pseq] = self.env.now
+            before, after = self.client_delays[pseq]
+            with self._api.request() as q:   # the API server takes requests in turn
+                yield q
+                yield self.env.timeout(before)
         self._arrive(self._prob(pseq), done)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
         if done is not None:
             yield done
+            if after > 0:
+                yield self.env.timeout(after)   # the client holds its slot until the last chunk arrives
             slots.release(slot)
 
     def _closed_loop_user(self, mine):
@@ -728,6 +808,8 @@ class Engine:
         acc = self.start()
         if self.arrival_times is not None:
             slots = simpy.Resource(env, capacity=int(self.max_concurrency)) if self.max_concurrency else None
+            if self.client_delays is not None:
+                self._api = simpy.Resource(env, capacity=self.api_servers)
             for pseq in range(len(self.jobs)):
                 env.process(self._timed_user(pseq, slots))
         elif self.arrival_rate is None:
@@ -800,6 +882,7 @@ class EngineResult:
         self.stats = eng.sched.stats()
         self.kv = eng.kv
         self.gen_tokens = eng.gen_tokens
+        self.host_seconds, self.host_extrapolated = eng.host_seconds, eng.host_extrapolated
         # pipeline parallelism: per stage, the share of the makespan it computed nothing (its bubbles)
         span = self.makespan
         self.pipeline = None if eng.pp_stages == 1 else {

@@ -277,6 +277,10 @@ class FastForward:
             S0, m0 = int(c0.sum()), int(c0.max())
             first = eng._window_seconds(np.array([B0]), np.array([S0]), np.array([m0]))
             ref = eng.cost.seconds([(1.0, float(x), None, 0.0, 1.0, 0.0) for x in cl]) + 0.0
+            if eng.host_step is not None:   # the stepped price with its host time (Engine._stepped)
+                from sim.cost.overheads import step_seconds
+                h, sr = eng.window_host(np.array([B0]))
+                ref = float(step_seconds(ref, float(h[0]), eng.async_scheduling, float(sr[0])))
             if first is None or float(first[0]) != ref:   # never expected (tests/test_fastforward.py): step
                 self.off = True
                 return None
@@ -590,6 +594,13 @@ class FastForward:
         nB = int(Bj.sum())
         eng.items_scheduled += nB
         eng.busy = float(np.cumsum(np.concatenate(([eng.busy], dt)))[-1])
+        if eng.host_step is not None:
+            # the host seconds the stepped path adds one step at a time (Engine._stepped), left to right
+            h, _ = eng.window_host(Bj)
+            eng.host_seconds = float(np.cumsum(np.concatenate(([eng.host_seconds], h)))[-1])
+            hs = eng.host_step
+            eng.host_extrapolated += int(np.sum(((hs.max_running is not None) & (Bj > (hs.max_running or 0)))
+                                                | ((hs.max_tokens is not None) & (Bj > (hs.max_tokens or 0)))))
         eng.run_time = float(np.cumsum(np.concatenate(([eng.run_time], dt * Bj)))[-1])
         eng.tokens[2] += float(nB)        # integer-valued: the stepped sum of 1.0s is exact
         ph = np.array([p.phase["decode"] for p in probs])
