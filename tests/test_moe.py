@@ -347,3 +347,36 @@ def test_bench_with_sampled_routing_and_expert_parallel(tmp_path):
                "--moe-routing", "sampled")
     assert a["rksim"]["moe_routing"] == "sampled" and a["rksim"]["enable_expert_parallel"] is True
     assert a["rksim"]["weight_bytes_per_gpu"] == rank_weight_bytes(load_model("qwen3-30b-a3b"), 2, 1, ep=True)[0]
+
+
+def test_fused_moe_kernel_timings_priced_by_the_expert_term():
+    """Issue 33 item 6: vLLM's public fused-MoE kernel timings (calibrate/data/moe, all held out: no coefficient
+    is fitted on them) against rksim's routed-expert term. Decode-sized batches (<= 256 tokens) within a
+    median 15% in every set; the shipped comparison.json is what the code computes now."""
+    from calibrate import moe_kernels as mk
+    rows = mk.load_rows()
+    assert {r["set"] for r in rows} == {"mixtral-tp2-bf16-h100", "qwen3-30b-a3b-tp1-fp8-h100", "deepseek-r1-tp2-fp8-h200"}
+    # Mixtral TP 2, one token: its 2 experts' w13 and w2 at 2 bytes over mem_bw eff_m, the act traffic, 6 kernels
+    m, d, Fe = rank_model(load_model("mixtral-8x7b"), 2), 4096, 7168
+    want = (2 * 3 * d * Fe * 2 / (H100.mem_bw * H100.eff_m) + 3 * Fe * 2 * 2 / (H100.mem_bw * H100.eff_elem)
+            + 6 * H100.per_kernel_s)
+    assert mk.expert_seconds(m, H100, 1) == pytest.approx(want, rel=1e-12)
+    pred = mk.predict_rows(rows)
+    for s in mk.summarise(pred):
+        if s["regime"] == "T<=256":
+            assert s["median_abs_error"] <= 0.15, s
+    shipped = json.loads((mk.OUT).read_text())
+    assert [round(r["predicted_us"], 6) for r in shipped["rows"]] == [round(p["predicted_us"], 6) for p in pred]
+    with pytest.raises(ValueError, match="not preset"):
+        mk.load_rows(_bad_csv(mk))
+
+
+def _bad_csv(mk):
+    import csv
+    import tempfile
+    p = Path(tempfile.mkdtemp()) / "bad.csv"
+    rows = list(csv.reader(mk.CSV.open()))
+    rows[1][rows[0].index("config_n")] = "14336"
+    with p.open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    return p
