@@ -380,3 +380,35 @@ def _bad_csv(mk):
     with p.open("w", newline="") as f:
         csv.writer(f).writerows(rows)
     return p
+
+
+def test_expert_parallel_and_routing_are_target_flags_of_every_command():
+    """--enable-expert-parallel and --moe-routing are declared once (sim.replay.target.TargetSpec) and every
+    command that prices a target takes them; a dense target's key (what its memo tables and prices see) is
+    unchanged by them, an MoE target's sampled routing moves its serving figures, and isolated mode refuses it."""
+    from sim.api import simulate
+    from sim.errors import ConfigError
+    from sim.options import declared
+    from sim.replay.session import Session
+    from sim.replay.target import Target, TargetSpec
+    flags = {f.name: o.flag for f, o in declared(TargetSpec)}
+    assert flags["enable_expert_parallel"] == "--enable-expert-parallel" and flags["moe_routing"] == "--moe-routing"
+    for cmd in (["bench", "throughput"], ["simulate"], ["compare"], ["serve"], ["plan"], ["sweep"]):
+        out = subprocess.run([sys.executable, "-m", "app.cli", *cmd, "--help"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout
+        assert "--enable-expert-parallel" in out and "--moe-routing" in out, cmd
+    s = Session.of(None)
+    dense = [Target.resolve(s, "qwen3-4b", "h100-sxm", tensor_parallel_size=2, **kw)
+             for kw in ({}, {"enable_expert_parallel": True, "moe_routing": "sampled"})]
+    assert dense[0].key == dense[1].key and not dense[1].enable_expert_parallel
+    moe = Target.resolve(s, "qwen3-30b-a3b", "h100-sxm", tensor_parallel_size=2, enable_expert_parallel=True,
+                         moe_routing="sampled")
+    assert moe.key != Target.resolve(s, "qwen3-30b-a3b", "h100-sxm", tensor_parallel_size=2).key
+    assert moe.rank_model.local_experts == 64 and moe.cost().stages[0].routing is not None
+    kw = dict(policy="rksc", model_preset="qwen3-30b-a3b", hardware="h100-sxm", mode="serving",
+              workload={"n_requests": 4}, tensor_parallel_size=2, enable_expert_parallel=True)
+    a = simulate(**kw).summary["latency_mean_s"]
+    b = simulate(**kw, moe_routing="sampled").summary["latency_mean_s"]
+    assert b > a            # the busiest EP rank reads more experts than the mean rank
+    with pytest.raises(ConfigError, match="--moe-routing"):
+        simulate(policy="rksc", model_preset="qwen3-30b-a3b", hardware="h100-sxm", moe_routing="sampled")
