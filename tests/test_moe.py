@@ -412,3 +412,45 @@ def test_expert_parallel_and_routing_are_target_flags_of_every_command():
     assert b > a            # the busiest EP rank reads more experts than the mean rank
     with pytest.raises(ConfigError, match="--moe-routing"):
         simulate(policy="rksc", model_preset="qwen3-30b-a3b", hardware="h100-sxm", moe_routing="sampled")
+
+
+def test_hybrid_kv_groups_charge_each_request_its_sliding_blocks():
+    """A gpt-oss-shaped cache (one full group, one sliding group, W = 128, blocks of 16): a request holds
+    ceil(t / 16) full blocks plus the sliding group's ceil(t / 16) - floor(max(0, c - W + 1) / 16) -- the whole
+    chunk during its prefill, at most ceil(W / 16) + 1 = 9 while it decodes -- as vLLM's SlidingWindowManager
+    frees them; the pool's conservation holds throughout and freeing returns every block."""
+    from types import SimpleNamespace
+
+    from sim.serving.kvcache import BlockManager, KVCacheError
+    from sim.serving.scheduler import Scheduler, SchedulerConfig, SchedulerError
+    g = load_model("gpt-oss-20b")
+    assert g.kv_cache_groups == (1, 1, 128) and load_model("qwen3-4b").kv_cache_groups == (1, 0, 0)
+    bm = BlockManager(10_000, 16, caching=False)
+    Scheduler(SchedulerConfig(kv_groups=g.kv_cache_groups), bm)
+    assert bm.kv_groups == (1, 1, 128)
+    req = SimpleNamespace(req_id="r", num_tokens=1000, num_computed_tokens=0, cacheable=False, allow_full_hit=False,
+                          kv_cap=None, block_content=lambda k: ("r", k), block_depth=lambda k: k)
+    assert bm.allocate(req, 1000)
+    assert bm.num_used == 63 + 63                      # the prefill chunk: both groups hold all its blocks
+    held = []
+    for c in range(1000, 1400):
+        req.num_computed_tokens = c
+        assert bm.allocate_one(req)
+        held.append(len(bm._extra["r"]))
+        want = -(-(c + 1) // 16) - max(0, c - 128 + 1) // 16
+        assert held[-1] == want and bm.num_used == -(-(c + 1) // 16) + want
+        bm.check()
+    assert max(held) == 128 // 16 + 1 and min(held) == 128 // 16
+    bm.free(req)
+    assert bm.num_used == 0
+    bm.check()
+    with pytest.raises(KVCacheError, match="window"):
+        BlockManager(10, 16).set_kv_groups(1, 1, 0)
+    with pytest.raises(SchedulerError, match="kv_groups"):
+        SchedulerConfig(kv_groups=(0, 1, 128))
+    # the serving target states it; a dense one does not
+    from sim.replay.session import Session
+    from sim.replay.target import Target
+    s = Session.of(None)
+    assert Target.resolve(s, "gpt-oss-20b", "h100-sxm").scheduler("serving").to_dict()["kv_groups"] == [1, 1, 128]
+    assert "kv_groups" not in Target.resolve(s, "qwen3-4b", "h100-sxm").scheduler("serving").to_dict()

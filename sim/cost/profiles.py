@@ -300,6 +300,18 @@ class ModelShape:
         lo, hi = min(ns, nf), max(ns, nf)
         return hi if hi < 1.5 * lo else lo
 
+    @property
+    def kv_cache_groups(self) -> tuple:
+        """``(full_groups, sliding_groups, sliding_window)`` of vLLM's hybrid KV cache manager: groups of
+        :attr:`kv_group_layers` layers of one kind (a kind's layers padded up to whole groups, as
+        ``_get_kv_cache_groups_uniform_page_size`` pads them), each group holding its own blocks of one pool;
+        ``(1, 0, 0)`` when every layer attends alike (one group of every layer)."""
+        ns = self.n_sliding_layers
+        if not ns or ns == self.n_layers:
+            return (1, 0, 0)
+        g = self.kv_group_layers
+        return (-(-(self.n_layers - ns) // g), -(-ns // g), int(self.sliding_window))
+
     def layer_kinds(self) -> dict:
         """What a run states about a non-dense target: its experts, attention kind and KV per layer kind."""
         out = {"attention": "mla" if self.is_mla else "gqa", "kv_bytes_per_token_by_kind": self.kv_bytes_by_kind(),

@@ -274,13 +274,15 @@ class Target:
         """The scheduler a mode runs under: isolated admits everything; serving is the hardware's
         vLLM defaults (or the user's), its running-sequence cap no larger than the fitted batch
         (larger batches wait in the queue, never fail)."""
+        groups = self.model.kv_cache_groups   # a hybrid (full + sliding) model: every group's blocks per request
+        hybrid = {} if groups == (1, 0, 0) else {"kv_groups": groups}
         if mode != "serving":
-            return ISOLATED_SCHEDULER
+            return dataclasses.replace(ISOLATED_SCHEDULER, **hybrid) if hybrid else ISOLATED_SCHEDULER
         cfg = self.serving.scheduler_config(self.hardware.name)
         fb = self.max_batch
         if fb is not None and cfg.max_num_seqs > int(fb):
             cfg = dataclasses.replace(cfg, max_num_seqs=int(fb))
-        return cfg
+        return dataclasses.replace(cfg, **hybrid) if hybrid else cfg
 
     def capacity(self, mode: str, block_size: int) -> dict:
         """KV capacity (``sim.serving.capacity.kv_capacity``) plus its blocks, block size and the mode's scheduler."""

@@ -124,7 +124,8 @@ def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate,
     routing = routing_for(moe_routing, int(seed)) if model.num_experts else None
     cost = ParallelCost(model, hw, node, par, routing=routing)      # stateless: one object prices every replica
     sched = SchedulerConfig(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=dep.max_num_batched_tokens,
-                            policy="vllm-v1")
+                            policy="vllm-v1",
+                            kv_groups=() if model.kv_cache_groups == (1, 0, 0) else model.kv_cache_groups)
     run = Replicas(model, hw, jobs, make_router(router, par.data_parallel_size), par.data_parallel_size,
                    costs=[cost] * par.data_parallel_size, concurrency=concurrency, arrival_rate=arrival_rate,
                    seed=seed, scheduler=sched, kv_blocks=blocks, block_policy=w.get("block_policy"),
