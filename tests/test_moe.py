@@ -454,3 +454,46 @@ def test_hybrid_kv_groups_charge_each_request_its_sliding_blocks():
     s = Session.of(None)
     assert Target.resolve(s, "gpt-oss-20b", "h100-sxm").scheduler("serving").to_dict()["kv_groups"] == [1, 1, 128]
     assert "kv_groups" not in Target.resolve(s, "qwen3-4b", "h100-sxm").scheduler("serving").to_dict()
+
+
+def test_mxfp4_experts_priced_weight_only_where_vllm_runs_them():
+    """--quantization mxfp4 (gpt-oss's release format): the routed experts at 4 + 8/32 bits per weight (OCP MX
+    v1.0: E2M1 values, one E8M0 scale per 32), every other weight at 16 bits (vLLM's Mxfp4Config leaves linear
+    layers and attention unquantized); flops at the 16-bit rate (weight-only kernels). The checkpoint sizes then
+    match the model card's (arXiv 2508.10925 Table 1: 12.8 GiB and 60.8 GiB) within 1%."""
+    from sim.cost.profiles import MXFP4_BYTES, OutOfCalibrationError
+    assert MXFP4_BYTES == 0.53125
+    for name, gib in (("gpt-oss-20b", 12.8), ("gpt-oss-120b", 60.8)):
+        assert load_model(name).with_precision("mxfp4").weight_bytes / 2 ** 30 == pytest.approx(gib, rel=0.01)
+    g = load_model("gpt-oss-20b")
+    q = g.with_precision("mxfp4")
+    d, L, E, k, Fe = 2880, 24, 32, 4, 2880
+    expert = 3 * d * Fe
+    one = [(1.0, 500.0, None, 0.0, 1.0, 0.0)]
+    a, b = C.ScalarCost(g, H100).terms(one), C.ScalarCost(q, H100).terms(one)
+    # one token reads k experts: their bytes drop from 2 to 0.53125 per weight, nothing else moves
+    assert a.b_lin - b.b_lin == pytest.approx(L * k * expert * (2 - 0.53125), rel=1e-9)
+    assert a.f_lin == b.f_lin and b.f_lin_fp8 == 0.0
+    assert q.routed_expert_bytes == expert * 0.53125 and q.weight_elem_bytes == 2
+    np.testing.assert_allclose(C.batch_terms(q, np.ones(8), np.full(8, 500.0)).as_full_array(),
+                               C.ScalarCost(q, H100).terms(one * 8).as_full_array(), rtol=1e-12)
+    assert C.ScalarCost(q, H100).seconds(one * 8) < 0.6 * C.ScalarCost(g, H100).seconds(one * 8)
+    # where vLLM runs it: triton_kernels on Hopper, Marlin on Ampere / Ada; refused on a profile without a kernel
+    assert (H100.mxfp4_moe, load_hardware("h200").mxfp4_moe, load_hardware("a100-80gb").mxfp4_moe) == \
+        ("triton", "triton", "marlin")
+    H100.check_precision(q)
+    with pytest.raises(OutOfCalibrationError, match="mxfp4"):
+        load_hardware("local-cpu").check_precision(q)
+    with pytest.raises(PresetError, match="no MoE experts"):
+        load_model("qwen3-4b").with_precision("mxfp4")
+    r = _bench_q(["--model-preset", "gpt-oss-20b", "--quantization", "mxfp4"])
+    assert r["rksim"]["weight_bytes_per_gpu"] == pytest.approx(q.weight_bytes, rel=1e-9)
+
+
+def _bench_q(args):
+    import tempfile
+    out = Path(tempfile.mkdtemp()) / "o.json"
+    subprocess.run([sys.executable, "-m", "app.cli", "bench", "throughput", "--hardware", "h100-sxm", "--input-len",
+                    "256", "--output-len", "64", "--num-prompts", "16", "--output-json", str(out), *args], cwd=ROOT,
+                   check=True, capture_output=True, text=True)
+    return json.loads(out.read_text())

@@ -87,7 +87,9 @@ def variant_gemms(m, rows, ops=None):
             out += [(d, 2 * Fs, f, 1.0, rows, f * 2.0 * d * Fs), (Fs, d, f, 1.0, rows, f * Fs * d)]
         hit = distinct_experts(m, rows)
         per = rows * m.local_k / (hit + 1e-30)
-        out += [(d, 2 * Fe, f, hit, per, f * hit * 2.0 * d * Fe), (Fe, d, f, hit, per, f * hit * Fe * d)]
+        # params weigh the stream by bytes: MXFP4 experts are read at expert_elem_bytes, not weight_elem_bytes
+        x = f * (m.expert_elem_bytes / m.weight_elem_bytes if m.quantization == "mxfp4" else 1.0)
+        out += [(d, 2 * Fe, f, hit, per, x * hit * 2.0 * d * Fe), (Fe, d, f, hit, per, x * hit * Fe * d)]
     return out
 
 

@@ -87,7 +87,8 @@ class TargetSpec:
     quantization: str | None = option(None, kind=str, flag="--quantization", metavar="Q",
                                       help="weights as vLLM's --quantization serves them: fp8 (linear layers' "
                                            "weights one byte; GEMMs at the FP8 tensor-core peak where the GPU has "
-                                           "one); default: the model's own dtype")
+                                           "one) or mxfp4 (MoE models: the routed experts at 4.25 bits, weight-only, "
+                                           "as vLLM runs gpt-oss); default: the model's own dtype")
     kv_cache_dtype: str | None = option(None, kind=str, flag="--kv-cache-dtype", metavar="DTYPE",
                                         help="vLLM's --kv-cache-dtype: auto (the model's dtype; default) or fp8 / "
                                              "fp8_e4m3 / fp8_e5m2 (one byte per KV element: capacity and KV reads)")
