@@ -88,13 +88,8 @@ def _target_flags(p, offline: bool) -> None:
     from app.cli_sim import add_declared
     from sim.replay.target import TargetSpec
     add_declared(p, TargetSpec, only=("node", "tensor_parallel_size", "pipeline_parallel_size", "pipeline_schedule",
-                                      "quantization", "kv_cache_dtype", "disable_custom_all_reduce"))
-    p.add_argument("--enable-expert-parallel", action="store_true",
-                   help="vLLM's flag: each of the --tensor-parallel-size GPUs holds E / TP whole experts instead of "
-                        "every expert at 1 / TP of its width (MoE models; default off)")
-    p.add_argument("--moe-routing", choices=["expected", "sampled"], default="expected",
-                   help="MoE models: experts an iteration reads, by the expected distinct count under uniform "
-                        "routing or sampled (seeded by --seed; the busiest expert-parallel rank)")
+                                      "quantization", "kv_cache_dtype", "disable_custom_all_reduce",
+                                      "enable_expert_parallel", "moe_routing"))   # bench seeds sampled routing by --seed
 
 
 def _dataset_flags(p, serve: bool) -> None:

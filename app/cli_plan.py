@@ -69,7 +69,8 @@ def _cmd_plan(args) -> int:
     node_spec = args.node or (args.hardware if args.hardware == node.name or os.path.exists(args.hardware)
                               else node.name)
     deps = list(deployments(m, hw, node, args.gpus, pols, tp_sizes=tps, pp_sizes=pps, replicas=dps,
-                            max_num_seqs=mns, max_num_batched_tokens=mnbt))
+                            max_num_seqs=mns, max_num_batched_tokens=mnbt,
+                            enable_expert_parallel=args.enable_expert_parallel))
     if not deps:
         raise ValueError(f"--gpus {args.gpus}: no deployment of {m.name} on {node.name} fits in {args.gpus} GPU(s) "
                          f"with --tensor-parallel-size {args.tensor_parallel_size} --pipeline-parallel-size "
@@ -77,6 +78,8 @@ def _cmd_plan(args) -> int:
     opts = {"model_preset": args.model_preset, "node": node_spec, "router": args.router, "slo": str(slo) if
             slo.stated else None, "arrival_rate": args.problem_rate, "concurrency": args.max_concurrent_problems,
             "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost}
+    if m.num_experts:   # MoE only: a dense plan's tasks stay as they were
+        opts.update(enable_expert_parallel=args.enable_expert_parallel, moe_routing=args.moe_routing)
     t0, c0 = time.perf_counter(), time.process_time()
     if args.backend == "local" and (args.dask_scheduler or args.workers is not None):
         raise ValueError("--dask-scheduler/--workers need --backend dask")
@@ -243,6 +246,9 @@ def register(sub) -> None:
                    help="policies, each with its default parameters (default no-kv,exact-prefix,rksc)")
     p.add_argument("--tensor-parallel-size", default="1,2,4,8", metavar="N,N", help="TP sizes (default 1,2,4,8)")
     p.add_argument("--pipeline-parallel-size", default="1", metavar="N,N", help="PP sizes (default 1)")
+    from app.cli_sim import add_declared
+    from sim.replay.target import TargetSpec
+    add_declared(p, TargetSpec, only=("enable_expert_parallel", "moe_routing"))   # sampled: seeded by --sim-seed
     p.add_argument("--data-parallel-size", default=None, metavar="N,N",
                    help="replica counts (default: 1 .. GPUs / (TP x PP))")
     p.add_argument("--max-num-seqs", default="256", metavar="N,N", help="vLLM max_num_seqs values (default 256)")

@@ -51,7 +51,8 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
              allow_extrapolation: bool = False, node=None, tensor_parallel_size: int = 1,
              pipeline_parallel_size: int = 1, data_parallel_size: int = 1, router: str = "prefix-affinity",
              slo: str | None = None, pipeline_schedule: str = "overlapped", quantization: str | None = None,
-             kv_cache_dtype: str | None = None, disable_custom_all_reduce: bool = False) -> SimResult:
+             kv_cache_dtype: str | None = None, disable_custom_all_reduce: bool = False,
+             enable_expert_parallel: bool = False, moe_routing: str = "expected") -> SimResult:
     """Simulate one configuration; see :func:`evaluate` for the arguments.
 
     ``strict``: refuse a profile fitted on another host (``sim.cost.fingerprint``) instead of noting it;
@@ -67,7 +68,9 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     (docs/parallelism.md; :meth:`sim.replay.target.Target.resolve`); ``pipeline_schedule``: with PP > 1,
     ``"overlapped"`` (vLLM's up to PP batches in flight) or ``"serial"``; ``quantization`` / ``kv_cache_dtype``:
     vLLM's ``--quantization fp8`` / ``--kv-cache-dtype fp8``; ``disable_custom_all_reduce``: every
-    tensor-parallel all-reduce priced by NCCL (vLLM's flag); ``router`` routes the replicas' requests and
+    tensor-parallel all-reduce priced by NCCL (vLLM's flag); ``enable_expert_parallel`` / ``moe_routing``: vLLM's
+    ``--enable-expert-parallel`` and the experts an MoE iteration reads (``expected`` or ``sampled``, serving
+    mode); ``router`` routes the replicas' requests and
     ``slo`` (``"ttft=S,tpot=S,e2e=S"``) adds goodput, serving mode.
     """
     config = RunConfig(policy=policy, params=dict(params or {}), workload=workload, mode=mode, seed=seed,
@@ -80,7 +83,9 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
                                        data_parallel_size=data_parallel_size,
                                        pipeline_schedule=pipeline_schedule, quantization=quantization,
                                        kv_cache_dtype=kv_cache_dtype,
-                                       disable_custom_all_reduce=disable_custom_all_reduce), config)
+                                       disable_custom_all_reduce=disable_custom_all_reduce,
+                                       enable_expert_parallel=enable_expert_parallel, moe_routing=moe_routing),
+               config)
 
 
 def evaluate(trace, policy: str = "asks", params: dict | None = None, model_preset=None, hardware="local-cpu",
@@ -116,7 +121,8 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
                      pipeline_parallel_size: int = 1, data_parallel_size: int = 1,
                      router: str = "prefix-affinity", arrival_rate: float | None = None,
                      pipeline_schedule: str = "overlapped", quantization: str | None = None,
-                     kv_cache_dtype: str | None = None, disable_custom_all_reduce: bool = False) -> dict:
+                     kv_cache_dtype: str | None = None, disable_custom_all_reduce: bool = False,
+                     enable_expert_parallel: bool = False, moe_routing: str = "expected") -> dict:
     """``{"policies": {NAME: metrics}}`` for every registered policy at its defaults (docs/sim-api.md).
 
     Every rate and ratio has its 95% interval beside it, ``<metric>_ci95 = [lo, hi]``
@@ -131,7 +137,8 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
                             tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
                             data_parallel_size=data_parallel_size, pipeline_schedule=pipeline_schedule,
                             quantization=quantization, kv_cache_dtype=kv_cache_dtype,
-                            disable_custom_all_reduce=disable_custom_all_reduce)
+                            disable_custom_all_reduce=disable_custom_all_reduce,
+                            enable_expert_parallel=enable_expert_parallel, moe_routing=moe_routing)
     names = list(policies) if policies is not None else list_policies()
     if progress:
         from tqdm import tqdm

@@ -313,7 +313,9 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     d = scheduler_defaults(hw.name, offline)
     sched = SchedulerConfig(max_num_seqs=int(sv.max_num_seqs or d["max_num_seqs"]),
                             max_num_batched_tokens=int(sv.max_num_batched_tokens or d["max_num_batched_tokens"]),
-                            policy=sv.scheduler)
+                            policy=sv.scheduler,
+                            # a hybrid (full + sliding) model: every KV-cache group's blocks per request
+                            kv_groups=() if model.kv_cache_groups == (1, 0, 0) else model.kv_cache_groups)
     graphs = engine_graphs(hw, sched.max_num_seqs, sv.enforce_eager)   # vLLM's CUDA graphs (sim.cost.graphs)
     sv_eff = ServingConfig(**{**sv.to_dict(), "max_num_seqs": sched.max_num_seqs,
                               "max_num_batched_tokens": sched.max_num_batched_tokens})

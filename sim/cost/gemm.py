@@ -33,6 +33,20 @@ def gemm_wave_flops(rows, K, N, sms, ops=None):
     return ops.ceil(tiles / sms) * sms * tm * GEMM_TILE_N * 2.0 * K
 
 
+def grouped_wave_flops(groups, grows, K, N, sms, ops=None):
+    """``F_q`` of a grouped GEMM: ``groups`` products of ``grows`` rows each through ``K x N``, every group padded
+    to whole tiles and the tiles of all groups in whole waves::
+
+        tiles = groups ceil(grows / tm) ceil(N / tn),   F_q = ceil(tiles / sm) sm tm tn 2 K
+
+    (``groups = 1``: :func:`gemm_wave_flops`). The routed experts of an MoE layer run this way
+    (:func:`variant_gemms`); ``calibrate/moe_kernels.py`` holds it against vLLM's fused-MoE kernel timings."""
+    o = ops or _NP
+    tm = o.where(grows <= GEMM_TILE_M_SMALL, GEMM_TILE_M_SMALL, GEMM_TILE_M)
+    tiles = groups * o.ceil(grows / tm) * o.ceil(N / GEMM_TILE_N)
+    return o.ceil(tiles / sms) * sms * tm * GEMM_TILE_N * 2.0 * K
+
+
 def layer_gemms(m) -> tuple:
     """``(K, N)`` of one layer's matrix products as vLLM fuses them: qkv, o, gate_up, down (``sum K N = P - 2 d``)."""
     d, H, Hkv, Dh, F = m.hidden_size, m.n_heads, m.n_kv_heads, m.head_dim, m.intermediate_size
@@ -73,7 +87,9 @@ def variant_gemms(m, rows, ops=None):
             out += [(d, 2 * Fs, f, 1.0, rows, f * 2.0 * d * Fs), (Fs, d, f, 1.0, rows, f * Fs * d)]
         hit = distinct_experts(m, rows)
         per = rows * m.local_k / (hit + 1e-30)
-        out += [(d, 2 * Fe, f, hit, per, f * hit * 2.0 * d * Fe), (Fe, d, f, hit, per, f * hit * Fe * d)]
+        # params weigh the stream by bytes: MXFP4 experts are read at expert_elem_bytes, not weight_elem_bytes
+        x = f * (m.expert_elem_bytes / m.weight_elem_bytes if m.quantization == "mxfp4" else 1.0)
+        out += [(d, 2 * Fe, f, hit, per, x * hit * 2.0 * d * Fe), (Fe, d, f, hit, per, x * hit * Fe * d)]
     return out
 
 
@@ -100,9 +116,7 @@ def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head
             tot = tot + g[5]
         t = mem_lin * (2.0 * m.hidden_size / tot)
         for K, N, share, groups, grows, params in gs:
-            tm = o.where(grows <= GEMM_TILE_M_SMALL, GEMM_TILE_M_SMALL, GEMM_TILE_M)
-            tiles = groups * o.ceil(grows / tm) * o.ceil(N / GEMM_TILE_N)
-            fq = o.ceil(tiles / sms) * sms * tm * GEMM_TILE_N * 2.0 * K
+            fq = grouped_wave_flops(groups, grows, K, N, sms, o)
             t = t + mx(share * layers * fq / (rc if rc_lin is None else rc_lin), mem_lin * (params / tot))
         return t + mx(gemm_wave_flops(head_rows, m.hidden_size, m.vocab_size, sms, ops) / rc, mem_head)
     P = float(m.params_per_layer)

@@ -301,6 +301,18 @@ class ModelShape:
         lo, hi = min(ns, nf), max(ns, nf)
         return hi if hi < 1.5 * lo else lo
 
+    @property
+    def kv_cache_groups(self) -> tuple:
+        """``(full_groups, sliding_groups, sliding_window)`` of vLLM's hybrid KV cache manager: groups of
+        :attr:`kv_group_layers` layers of one kind (a kind's layers padded up to whole groups, as
+        ``_get_kv_cache_groups_uniform_page_size`` pads them), each group holding its own blocks of one pool;
+        ``(1, 0, 0)`` when every layer attends alike (one group of every layer)."""
+        ns = self.n_sliding_layers
+        if not ns or ns == self.n_layers:
+            return (1, 0, 0)
+        g = self.kv_group_layers
+        return (-(-(self.n_layers - ns) // g), -(-ns // g), int(self.sliding_window))
+
     def layer_kinds(self) -> dict:
         """What a run states about a non-dense target: its experts, attention kind and KV per layer kind."""
         out = {"attention": "mla" if self.is_mla else "gqa", "kv_bytes_per_token_by_kind": self.kv_bytes_by_kind(),
@@ -335,8 +347,13 @@ class ModelShape:
         for flag, v, ok in (("--quantization", q, QUANTIZATIONS), ("--kv-cache-dtype", k, KV_CACHE_DTYPES)):
             if v not in ok:
                 raise PresetError(f"{flag} {v!r} is not priced (one of: {', '.join(x for x in ok if x)}"
-                                  f"{', auto' if flag == '--kv-cache-dtype' else ''}); int4/AWQ/GPTQ, MXFP4 and "
+                                  f"{', auto' if flag == '--kv-cache-dtype' else ''}); int4/AWQ/GPTQ and "
                                   "NVFP4 run other kernels the cost model does not hold")
+        if q == "mxfp4" and not self.num_experts:
+            # vLLM's Mxfp4Config.get_quant_method: LinearBase -> UnquantizedLinearMethod, attention skipped; only
+            # the MoE experts (RoutedExperts) take MXFP4 (vllm/model_executor/layers/quantization/mxfp4.py, 0.33.0)
+            raise PresetError(f"--quantization mxfp4: {self.name} has no MoE experts; vLLM's MXFP4 method "
+                              "quantizes only the routed experts (its linear layers and attention stay unquantized)")
         if not q and not k:
             return self
         return dataclasses.replace(self, quantization=q or self.quantization, kv_cache_dtype=k or self.kv_cache_dtype)
@@ -345,6 +362,17 @@ class ModelShape:
     def weight_elem_bytes(self) -> int:
         """Bytes per element of the linear layers' weights: 1 under ``quantization: fp8``, else ``dtype_bytes``."""
         return 1 if self.quantization == "fp8" else self.dtype_bytes
+
+    @property
+    def expert_elem_bytes(self) -> float:
+        """Bytes per routed-expert weight: :data:`MXFP4_BYTES` under ``quantization: mxfp4`` (vLLM's MXFP4
+        method quantizes the routed experts only), else :attr:`weight_elem_bytes`."""
+        return MXFP4_BYTES if self.quantization == "mxfp4" else self.weight_elem_bytes
+
+    @property
+    def _routed_params(self) -> float:
+        """Routed-expert parameters this shape stores over all its layers: ``Lm (E / EP) 3 d Fe``."""
+        return self.n_moe_layers * self.local_experts * self.expert_params
 
     @property
     def kv_elem_bytes(self) -> int:
@@ -360,12 +388,16 @@ class ModelShape:
         if self.is_plain:
             return self.weight_elem_bytes * (self.params_per_layer - 2 * d) + self.dtype_bytes * 2 * d
         L = self.n_layers
+        if self.quantization == "mxfp4":   # routed experts at 4.25 bits, the other linear weights at w
+            R = self._routed_params
+            return (self.weight_elem_bytes * (self.layers_params - 2 * d * L - R) + MXFP4_BYTES * R
+                    + self.dtype_bytes * 2 * d * L) / L
         return (self.weight_elem_bytes * (self.layers_params - 2 * d * L) + self.dtype_bytes * 2 * d * L) / L
 
     @property
     def routed_expert_bytes(self) -> int:
         """Weight bytes of one routed expert (``w 3 d Fe``): what a step reads per distinct expert it hits."""
-        return self.weight_elem_bytes * self.expert_params
+        return self.expert_elem_bytes * self.expert_params
 
     @property
     def params_per_layer(self) -> int | float:
@@ -388,6 +420,10 @@ class ModelShape:
         if self.is_plain:
             return self.n_layers * self.layer_weight_bytes + self.dtype_bytes * (emb + self.hidden_size)
         d, L = self.hidden_size, self.n_layers
+        if self.quantization == "mxfp4":
+            R = self._routed_params
+            return int(self.weight_elem_bytes * (self.layers_params - 2 * d * L - R) + MXFP4_BYTES * R
+                       + self.dtype_bytes * (2 * d * L + emb + d))
         return int(self.weight_elem_bytes * (self.layers_params - 2 * d * L) + self.dtype_bytes * (2 * d * L + emb + d))
 
     @property
@@ -428,7 +464,10 @@ _VARIANT_INT_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts",
 
 
 # vLLM's --quantization and --kv-cache-dtype values the cost model prices ("" = the model's own dtype)
-QUANTIZATIONS = ("", "fp8")
+QUANTIZATIONS = ("", "fp8", "mxfp4")
+# Bytes per MXFP4 weight: a 4-bit E2M1 value plus one 8-bit E8M0 scale per block of 32 (OCP Microscaling Formats
+# (MX) Specification v1.0, §5: MXFP4 block size 32, scale E8M0): (4 + 8 / 32) / 8 = 0.53125
+MXFP4_BYTES = (4 + 8 / 32) / 8
 KV_CACHE_DTYPES = ("", "fp8", "fp8_e4m3", "fp8_e5m2")
 _CANON_QUANT = {"none": "", "fp8_e4m3": "fp8", "float8": "fp8"}
 
@@ -479,7 +518,13 @@ def model_from_manifest(manifest: dict) -> ModelShape:
 DECODE_ATTENTION = ("paged", "padded")
 # HardwareProfile.fp8_weights: FP8 GEMMs on FP8 tensor cores (Hopper, Ada) or FP8 weights dequantised into
 # 16-bit GEMMs (vLLM's FP8 Marlin on Ampere); None: --quantization fp8 refused
-FP8_WEIGHTS = (None, "w8a8", "w8a16")   # HardwareProfile.decode_attention (sim.cost.terms, "Padded decode attention")
+FP8_WEIGHTS = (None, "w8a8", "w8a16")
+# HardwareProfile.mxfp4_moe: the kernel vLLM 0.33.0 runs MXFP4 MoE experts with on the GPU (select_mxfp4_moe_backend,
+# vllm/model_executor/layers/fused_moe/oracle/mxfp4.py: "triton" = OpenAI's triton_kernels matmul_ogs, SM 9.0 to
+# 12.x; "marlin" = the Marlin MoE kernel, SM >= 7.5); both are weight-only (BF16 activations, the 4-bit weights
+# dequantised in the GEMM), so they are priced alike: expert bytes at MXFP4_BYTES, flops at the 16-bit rate.
+# None: --quantization mxfp4 refused
+MXFP4_MOE = (None, "triton", "marlin")   # HardwareProfile.decode_attention (sim.cost.terms, "Padded decode attention")
 UNCALIBRATED_NOTE = "uncalibrated: datasheet numbers with assumed efficiencies"
 # What a profile's coefficients stand on: datasheet peaks with assumed efficiencies; fitted on public
 # per-operator profiles of the device (not end to end); fitted end to end on measured runs on this device
@@ -603,6 +648,7 @@ class HardwareProfile:
     # end to end (local-cpu) holds its host time in host_per_iter_s instead and carries neither.
     host_step: HostStepCost | None = None
     frontend: FrontendCost | None = None
+    mxfp4_moe: str | None = None    # MXFP4_MOE: vLLM's MXFP4 MoE kernel here (None: --quantization mxfp4 refused)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -647,6 +693,9 @@ class HardwareProfile:
         if self.fp8_weights not in FP8_WEIGHTS:
             raise PresetError(f"hardware preset {self.source or self.name}: field 'fp8_weights' must be one of "
                               f"{', '.join(str(x) for x in FP8_WEIGHTS)}, got {self.fp8_weights!r}")
+        if self.mxfp4_moe not in MXFP4_MOE:
+            raise PresetError(f"hardware preset {self.source or self.name}: field 'mxfp4_moe' must be one of "
+                              f"{', '.join(str(x) for x in MXFP4_MOE)}, got {self.mxfp4_moe!r}")
         if self.fp8_weights == "w8a8" and self.peak_flops_fp8 is None:
             raise PresetError(f"hardware preset {self.source or self.name}: field 'peak_flops_fp8' is needed by "
                               "fp8_weights: w8a8 (FP8 tensor cores)")
@@ -719,6 +768,10 @@ class HardwareProfile:
         there unless fp8 was among them; datasheet and public-profile GPU profiles price KV reads as
         bytes over bandwidth, whatever the element size.
         """
+        if model.quantization == "mxfp4" and self.mxfp4_moe is None:
+            raise OutOfCalibrationError(
+                f"hardware {self.name}: --quantization mxfp4 cannot be priced: the profile names no MXFP4 MoE kernel "
+                "(mxfp4_moe: vLLM runs MXFP4 experts with its Triton kernels on SM 9.0+ and Marlin on SM 7.5+ GPUs)")
         if model.quantization == "fp8" and self.fp8_weights is None:
             raise OutOfCalibrationError(
                 f"hardware {self.name}: --quantization fp8 cannot be priced: the profile has no fp8_weights "

@@ -46,6 +46,9 @@ def check_layout(target, config) -> None:
         v = getattr(target, name)
         if v != 1:
             raise ConfigError(f"{flag}: {v} is not supported in {where}", field=name)
+    # the fast path and the token replays price the expected experts only (sim.replay.fastpath)
+    if getattr(target, "moe_routing", "expected") != "expected":
+        raise ConfigError(f"--moe-routing: {target.moe_routing} is not supported in {where}", field="moe_routing")
 
 
 def baseline_run(session, target, config, name: str) -> tuple:

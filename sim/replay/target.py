@@ -18,6 +18,8 @@ from sim.options import option, validate_options
 from sim.cost.profiles import HardwareProfile, ModelShape, PresetError, load_hardware, load_model, model_from_manifest
 from sim.cost.parallel import MAX_DP, MAX_PP, PIPELINE_SCHEDULES, NodeProfile, ParallelConfig, ParallelCost, ParallelError, \
     load_node, rank_model, stage_layers
+from sim.cost.routing import ROUTINGS, routing_for
+from sim.cost.terms import ScalarCost
 from sim.serving.scheduler import SchedulerConfig
 
 # Isolated mode: one problem alone, every branch admitted at once, prefills first.
@@ -85,10 +87,18 @@ class TargetSpec:
     quantization: str | None = option(None, kind=str, flag="--quantization", metavar="Q",
                                       help="weights as vLLM's --quantization serves them: fp8 (linear layers' "
                                            "weights one byte; GEMMs at the FP8 tensor-core peak where the GPU has "
-                                           "one); default: the model's own dtype")
+                                           "one) or mxfp4 (MoE models: the routed experts at 4.25 bits, weight-only, "
+                                           "as vLLM runs gpt-oss); default: the model's own dtype")
     kv_cache_dtype: str | None = option(None, kind=str, flag="--kv-cache-dtype", metavar="DTYPE",
                                         help="vLLM's --kv-cache-dtype: auto (the model's dtype; default) or fp8 / "
                                              "fp8_e4m3 / fp8_e5m2 (one byte per KV element: capacity and KV reads)")
+    enable_expert_parallel: bool = option(False, kind=bool, flag="--enable-expert-parallel",
+                                          help="vLLM's flag: each of the --tensor-parallel-size GPUs holds E / TP "
+                                               "whole experts instead of every expert at 1 / TP of its width (MoE "
+                                               "models; default off)")
+    moe_routing: str = option("expected", kind=str, choices=ROUTINGS, flag="--moe-routing", metavar="R",
+                              help="MoE models: the experts an iteration reads, by the expected distinct count under "
+                                   "uniform routing (default) or sampled (seeded; the busiest expert-parallel rank)")
 
     def __post_init__(self) -> None:
         validate_options(self)
@@ -121,11 +131,14 @@ class Target:
     data_parallel_size: int = 1
     pipeline_schedule: str = "overlapped"
     disable_custom_all_reduce: bool = False
+    enable_expert_parallel: bool = False     # vLLM's --enable-expert-parallel (MoE models only; else False)
+    moe_routing: str = "expected"            # sim.cost.routing.ROUTINGS (MoE models only; else "expected")
 
     @classmethod
     def resolve(cls, session, model=None, hardware="local-cpu", serving=None, node=None, tensor_parallel_size=1,
                 pipeline_parallel_size=1, data_parallel_size=1, pipeline_schedule="overlapped", quantization=None,
-                kv_cache_dtype=None, disable_custom_all_reduce=False) -> "Target":
+                kv_cache_dtype=None, disable_custom_all_reduce=False, enable_expert_parallel=False,
+                moe_routing="expected") -> "Target":
         """A target from preset names, files or profiles (``model=None``: the trace's own model).
 
         ``quantization`` / ``kv_cache_dtype``: vLLM's ``--quantization`` / ``--kv-cache-dtype``
@@ -135,6 +148,9 @@ class Target:
         shipped node preset whose GPU is ``hardware``. The layout is checked against the model and the
         node (:meth:`sim.cost.parallel.ParallelConfig.validate`), and the replica's weights against its GPUs
         (:func:`sim.serving.capacity.check_fits`, which names the smallest TP x PP that fits).
+        ``enable_expert_parallel`` / ``moe_routing``: vLLM's ``--enable-expert-parallel`` and the experts an
+        iteration reads (``expected`` or ``sampled``, :func:`sim.cost.routing.routing_for`, seed 0); both leave a
+        dense model's prices as they are.
         """
         with session.lock:  # the session's preset memo is shared by its threads
             if session.trace_model is None:
@@ -149,10 +165,11 @@ class Target:
             spec = TargetSpec(model=None, hardware="-", node=None if node is None or isinstance(node, NodeProfile)
                               else str(node), tensor_parallel_size=tensor_parallel_size,
                               pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size,
-                              pipeline_schedule=pipeline_schedule, disable_custom_all_reduce=disable_custom_all_reduce)
+                              pipeline_schedule=pipeline_schedule, disable_custom_all_reduce=disable_custom_all_reduce,
+                              enable_expert_parallel=enable_expert_parallel, moe_routing=moe_routing)
             try:
                 par = ParallelConfig(spec.tensor_parallel_size, spec.pipeline_parallel_size, spec.data_parallel_size,
-                                     spec.disable_custom_all_reduce)
+                                     spec.disable_custom_all_reduce, spec.enable_expert_parallel)
             except ParallelError as exc:
                 raise ConfigError(str(exc), field=_flag_field(str(exc))) from None
             nd = resolve_node(node, hw, par, session.presets)
@@ -170,7 +187,9 @@ class Target:
             return cls(model=m, hardware=hw, serving=sv, trace_model=session.trace_model, node=nd,
                        tensor_parallel_size=par.tensor_parallel_size, pipeline_parallel_size=par.pipeline_parallel_size,
                        data_parallel_size=par.data_parallel_size, pipeline_schedule=spec.pipeline_schedule,
-                       disable_custom_all_reduce=par.disable_custom_all_reduce)
+                       disable_custom_all_reduce=par.disable_custom_all_reduce,
+                       enable_expert_parallel=bool(par.enable_expert_parallel and m.num_experts),
+                       moe_routing=spec.moe_routing if m.num_experts else "expected")
 
     key: tuple = field(init=False, repr=False)  # (model, hardware cost terms): what a job's costs depend on
 
@@ -183,6 +202,11 @@ class Target:
                 key += (("pipeline_schedule", self.pipeline_schedule),)
             if self.disable_custom_all_reduce:
                 key += (("disable_custom_all_reduce", True),)
+            if self.enable_expert_parallel:
+                key += (("enable_expert_parallel", True),)
+        # a dense target (and the default routing) keeps its key: these only price MoE layers
+        if self.moe_routing != "expected":
+            key += (("moe_routing", self.moe_routing),)
         object.__setattr__(self, "key", key)
 
     def __hash__(self) -> int:
@@ -196,18 +220,27 @@ class Target:
     @property
     def parallel(self) -> ParallelConfig:
         return ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size, self.data_parallel_size,
-                              self.disable_custom_all_reduce)
+                              self.disable_custom_all_reduce, self.enable_expert_parallel)
 
     @property
     def single(self) -> bool:
         """One GPU per replica (TP = PP = 1): priced by ``sim.cost.terms.ScalarCost`` as ever."""
         return self.tensor_parallel_size == 1 and self.pipeline_parallel_size == 1
 
+    def routing(self):
+        """The MoE routing the costs read experts by: None (the expectation) or a seeded
+        :class:`sim.cost.routing.SampledRouting` (seed 0)."""
+        return routing_for(self.moe_routing, 0) if self.moe_routing != "expected" else None
+
     def cost(self):
-        """The cost object of one replica: None (the engine's own ``ScalarCost``) at TP = PP = 1, else a
-        :class:`sim.cost.parallel.ParallelCost` of the layout on the node."""
-        return None if self.single else ParallelCost(self.model, self.hardware, self.node, self.parallel,
-                                                     schedule=self.pipeline_schedule)
+        """The cost object of one replica: None (the engine's own ``ScalarCost``) at TP = PP = 1 with the expected
+        routing, a ``ScalarCost`` with the sampled routing, else a :class:`sim.cost.parallel.ParallelCost` of the
+        layout on the node."""
+        routing = self.routing()
+        if self.single:
+            return None if routing is None else ScalarCost(self.model, self.hardware, routing=routing)
+        return ParallelCost(self.model, self.hardware, self.node, self.parallel, schedule=self.pipeline_schedule,
+                            routing=routing)
 
     @property
     def rank_model(self) -> ModelShape:
@@ -216,7 +249,8 @@ class Target:
         if self.single:
             return self.model
         return rank_model(self.model, self.tensor_parallel_size,
-                          max(stage_layers(self.model.n_layers, self.pipeline_parallel_size)))
+                          max(stage_layers(self.model.n_layers, self.pipeline_parallel_size)),
+                          ep=self.enable_expert_parallel)
 
     def layout(self) -> str:
         """``TP 2 x PP 1 x DP 4 on dgx-h100`` (empty for one GPU, one replica)."""
@@ -241,13 +275,15 @@ class Target:
         """The scheduler a mode runs under: isolated admits everything; serving is the hardware's
         vLLM defaults (or the user's), its running-sequence cap no larger than the fitted batch
         (larger batches wait in the queue, never fail)."""
+        groups = self.model.kv_cache_groups   # a hybrid (full + sliding) model: every group's blocks per request
+        hybrid = {} if groups == (1, 0, 0) else {"kv_groups": groups}
         if mode != "serving":
-            return ISOLATED_SCHEDULER
+            return dataclasses.replace(ISOLATED_SCHEDULER, **hybrid) if hybrid else ISOLATED_SCHEDULER
         cfg = self.serving.scheduler_config(self.hardware.name)
         fb = self.max_batch
         if fb is not None and cfg.max_num_seqs > int(fb):
             cfg = dataclasses.replace(cfg, max_num_seqs=int(fb))
-        return cfg
+        return dataclasses.replace(cfg, **hybrid) if hybrid else cfg
 
     def capacity(self, mode: str, block_size: int) -> dict:
         """KV capacity (``sim.serving.capacity.kv_capacity``) plus its blocks, block size and the mode's scheduler."""

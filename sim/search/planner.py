@@ -56,21 +56,23 @@ class Deployment:
 
 
 def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes=TP_SIZES, pp_sizes=(1, 2, 4, 8),
-                replicas: Iterable[int] | None = None, max_num_seqs=(256,), max_num_batched_tokens=(2048,)
-                ) -> Iterator[Deployment]:
+                replicas: Iterable[int] | None = None, max_num_seqs=(256,), max_num_batched_tokens=(2048,),
+                enable_expert_parallel: bool = False) -> Iterator[Deployment]:
     """Every admissible deployment within ``gpus`` GPUs (a generator: nothing sized by the budget is stored).
 
-    ``replicas`` default: ``1 .. gpus // (TP x PP)`` for each layout.
+    ``replicas`` default: ``1 .. gpus // (TP x PP)`` for each layout; ``enable_expert_parallel``: vLLM's flag on
+    every layout (a TP that does not divide the experts is left out).
     """
     pols = list(policies)
     for tp, pp in itertools.product(tp_sizes, pp_sizes):
         try:
-            ParallelConfig(tp, pp).validate(model, node, gpus)
+            ParallelConfig(tp, pp, enable_expert_parallel=enable_expert_parallel).validate(model, node, gpus)
         except ParallelError:
             continue
         dps = range(1, gpus // (tp * pp) + 1) if replicas is None else [d for d in replicas if d * tp * pp <= gpus]
         for mns, mnbt in itertools.product(max_num_seqs, max_num_batched_tokens):
-            if not fits(model, hw, ServingConfig(max_num_seqs=mns, max_num_batched_tokens=mnbt), ParallelConfig(tp, pp)):
+            if not fits(model, hw, ServingConfig(max_num_seqs=mns, max_num_batched_tokens=mnbt),
+                        ParallelConfig(tp, pp, enable_expert_parallel=enable_expert_parallel)):
                 continue
             for dp in dps:
                 for pol in pols:
@@ -79,12 +81,14 @@ def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes
 
 def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], *, router: str = "prefix-affinity",
              slo: SLO | None = None, arrival_rate: float | None = None, concurrency: int = 1, seed: int = 0,
-             gpu_hour_cost: float | None = None) -> dict:
+             gpu_hour_cost: float | None = None, enable_expert_parallel: bool = False,
+             moe_routing: str = "expected") -> dict:
     """Serve ``workload(dep.policy)`` (``{"jobs", "prompt_ids"?, "block_policy"?, "caching"?}``) on ``dep``;
     one row of the planner's table."""
     w = workload(dep.policy)
     jobs = w["jobs"]
-    run, blocks = _serve(dep, model, hw, node, w, router, arrival_rate, concurrency, seed)
+    run, blocks = _serve(dep, model, hw, node, w, router, arrival_rate, concurrency, seed,
+                         enable_expert_parallel, moe_routing)
     s = summary(run, jobs, slo)
     tot = s["total"]
     tps = tot["throughput_tokens_per_s"]
@@ -94,21 +98,34 @@ def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], 
            "tpot_p99_s": tot["tpot_p99_s"], "e2e_p99_s": tot["e2e_p99_s"], "prefix_hit_rate": tot["prefix_hit_rate"],
            "preemptions": tot["preemptions"], "lost_asks_shares": s["lost_asks_shares"],
            "lost_prefix_reuse": s["lost_prefix_reuse"], "model": model.name, "hardware": hw.name, "node": node.name}
+    if enable_expert_parallel and model.num_experts:   # stated only where it prices something
+        row["enable_expert_parallel"] = True
+    if moe_routing != "expected" and model.num_experts:
+        row["moe_routing"] = moe_routing
     if gpu_hour_cost is not None:
         row["cost_per_million_output_tokens"] = (gpu_hour_cost * dep.gpus / 3600.0 / tps * 1e6) if tps else None
     return row
 
 
-def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate, concurrency: int, seed: int):
-    """``(ReplicaRun, KV blocks per replica)`` of ``w`` served on ``dep`` (what :func:`evaluate` scores)."""
+def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate, concurrency: int, seed: int,
+           enable_expert_parallel: bool = False, moe_routing: str = "expected"):
+    """``(ReplicaRun, KV blocks per replica)`` of ``w`` served on ``dep`` (what :func:`evaluate` scores);
+    ``moe_routing`` sampled is seeded by ``seed``."""
+    import dataclasses
+
+    from sim.cost.routing import routing_for
     jobs = w["jobs"]
     par = dep.parallel
+    if enable_expert_parallel and model.num_experts:
+        par = dataclasses.replace(par, enable_expert_parallel=True)
     cap = kv_capacity(model, hw, dep.serving(), par)
     bs = jobs[0][1].bs if jobs else 16
     blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
-    cost = ParallelCost(model, hw, node, par)      # stateless: one object prices every replica
+    routing = routing_for(moe_routing, int(seed)) if model.num_experts else None
+    cost = ParallelCost(model, hw, node, par, routing=routing)      # stateless: one object prices every replica
     sched = SchedulerConfig(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=dep.max_num_batched_tokens,
-                            policy="vllm-v1")
+                            policy="vllm-v1",
+                            kv_groups=() if model.kv_cache_groups == (1, 0, 0) else model.kv_cache_groups)
     run = Replicas(model, hw, jobs, make_router(router, par.data_parallel_size), par.data_parallel_size,
                    costs=[cost] * par.data_parallel_size, concurrency=concurrency, arrival_rate=arrival_rate,
                    seed=seed, scheduler=sched, kv_blocks=blocks, block_policy=w.get("block_policy"),
@@ -217,7 +234,8 @@ def trace_workload(trace, policy: str, model, n_requests: int | None = None, par
 def evaluate_deployment(trace, policy: str | None = None, params: dict | None = None, *, model_preset: str,
                         node: str, router: str = "prefix-affinity", slo: str | None = None,
                         arrival_rate: float | None = None, concurrency: int = 1, n_requests: int | None = None,
-                        seed: int = 0, gpu_hour_cost: float | None = None, band_fit: str | None = None) -> dict:
+                        seed: int = 0, gpu_hour_cost: float | None = None, band_fit: str | None = None,
+                        enable_expert_parallel: bool = False, moe_routing: str = "expected") -> dict:
     """One planner task on plain data (what a Dask worker runs, :func:`sim.search.dist.run_dask`'s ``evaluate``):
     ``params`` = :meth:`Deployment.to_dict` without ``gpus``; ``band_fit``: price it with that public fit of
     the node's GPU (a label of :func:`sim.cost.bands.band_profiles`) instead of the preset's."""
@@ -237,7 +255,8 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
         hw = fits[band_fit]
     w = trace_workload(trace, dep.policy, m, n_requests)
     row = evaluate(dep, m, hw, nd, lambda _pol: w, router=router, slo=SLO.parse(slo), arrival_rate=arrival_rate,
-                   concurrency=concurrency, seed=seed, gpu_hour_cost=gpu_hour_cost)
+                   concurrency=concurrency, seed=seed, gpu_hour_cost=gpu_hour_cost,
+                   enable_expert_parallel=enable_expert_parallel, moe_routing=moe_routing)
     row["decisions_model"] = w["decisions_model"]
     return row
 

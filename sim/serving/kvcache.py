@@ -164,6 +164,30 @@ class BlockManager:
         self.queries = 0           # blocks looked up
         self.peak_used = 0
         self.evicted_log: list = []  # keys evicted, in order (tests, reports; bounded by evictions)
+        self.kv_groups = None       # (full_groups, sliding_groups, window): set_kv_groups
+        self._extra: dict = {}      # req_id -> [Block] of its other groups (never keyed)
+
+    def set_kv_groups(self, full_groups: int, sliding_groups: int, window: int) -> None:
+        """A hybrid KV cache (vLLM's ``HybridKVCacheCoordinator``): every request holds the blocks of each of
+        ``full_groups`` full-attention groups and ``sliding_groups`` sliding-window groups, all from this pool.
+
+        The first full group's blocks are the request's block table (keyed, prefix-cached, as before); the
+        others are anonymous blocks taken from and returned to the same pool. A full group holds ``ceil(t / B)``
+        blocks of ``t`` tokens; a sliding group frees the blocks wholly before its window, as vLLM's
+        ``SlidingWindowManager.remove_skipped_blocks`` does before each allocation (``get_num_skipped_tokens(c)
+        = max(0, c - W + 1)`` of ``c`` computed tokens; vllm/v1/core/single_type_kv_cache_manager.py, vLLM
+        0.33.0), so it holds ``ceil(t / B) - floor(max(0, c - W + 1) / B)``: at most ``ceil(W / B) + 1`` in a
+        decode step, the whole chunk during a prefill. Sliding blocks are not prefix-cached here.
+        """
+        for name, v, lo in (("full_groups", full_groups, 1), ("sliding_groups", sliding_groups, 0),
+                            ("window", window, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise KVCacheError(f"kv groups: {name} must be an integer >= {lo}, got {v!r}")
+        if bool(sliding_groups) != bool(window):
+            raise KVCacheError("kv groups: sliding_groups and window must be both 0 or both > 0")
+        if self.req_blocks:
+            raise KVCacheError("kv groups: set before any request holds blocks")
+        self.kv_groups = None if (full_groups, sliding_groups) == (1, 0) else (full_groups, sliding_groups, window)
 
     # ------------------------------------------------------------------ counts
     @property
@@ -188,7 +212,7 @@ class BlockManager:
                 refd[b.block_id] = refd.get(b.block_id, 0) + 1
         for bid, n in refd.items():
             assert bid not in self._evictable, f"block {bid} referenced and evictable"
-        n_ref = len(refd)
+        n_ref = len(refd) + sum(len(x) for x in self._extra.values())
         assert self.n_clean + len(self._evictable) + n_ref == self.num_blocks, (
             self.n_clean, len(self._evictable), n_ref, self.num_blocks)
         for blks in self.req_blocks.values():
@@ -253,7 +277,19 @@ class BlockManager:
         have = len(self.req_blocks.get(req.req_id, ())) + len(computed)
         total = self._total_blocks(req, n_new, computed, hit_tokens)
         n_evictable_hits = sum(1 for b in computed if b.ref == 0)
-        return max(total - have, 0) + n_evictable_hits
+        extra = 0
+        if self.kv_groups is not None:
+            extra = max(self._extra_blocks(req, n_new, computed, hit_tokens)
+                        - len(self._extra.get(req.req_id, ())), 0)
+        return max(total - have, 0) + n_evictable_hits + extra
+
+    def _extra_blocks(self, req, n_new: int, computed, hit_tokens=None) -> int:
+        """Blocks of the request's other KV-cache groups once ``n_new`` more tokens are in (:meth:`set_kv_groups`)."""
+        full, sliding, window = self.kv_groups
+        nb = self._total_blocks(req, n_new, computed, hit_tokens)
+        hit = len(computed) * self.block_size if hit_tokens is None else int(hit_tokens)
+        skipped = max(0, int(req.num_computed_tokens) + hit - window + 1) // self.block_size
+        return (full - 1) * nb + sliding * max(nb - min(skipped, nb), 0)
 
     def _total_blocks(self, req, n_new: int, computed, hit_tokens=None) -> int:
         """Blocks the request holds once ``n_new`` more tokens are in; a request with ``kv_cap`` (token
@@ -292,6 +328,13 @@ class BlockManager:
         total = self._total_blocks(req, n_new, computed, hit_tokens)
         while len(blks) < total:
             blks.append(self._take())
+        if self.kv_groups is not None:
+            want = self._extra_blocks(req, n_new, computed, hit_tokens)
+            ext = self._extra.setdefault(rid, [])
+            while len(ext) < want:
+                ext.append(self._take())
+            while len(ext) > want:     # sliding blocks wholly before the window go back to the pool
+                self._release(ext.pop(0))
         used = self.num_used
         if used > self.peak_used:
             self.peak_used = used
@@ -303,7 +346,7 @@ class BlockManager:
     def allocate_one(self, req) -> bool:
         """:meth:`allocate` of one token (a decode step), with a fast lane when its block has room."""
         blks = self.req_blocks.get(req.req_id)
-        if blks is not None:
+        if blks is not None and self.kv_groups is None:   # hybrid groups: the window moves every step
             tokens = req.num_computed_tokens + 1
             cap = req.kv_cap
             if cap is not None and tokens > cap:
@@ -402,6 +445,8 @@ class BlockManager:
         rid = req.req_id
         blks = self.req_blocks.pop(rid, [])
         self._n_keyed.pop(rid, None)
+        for b in reversed(self._extra.pop(rid, [])):
+            self._release(b)
         for b in reversed(blks):
             b.ref -= 1
             if b.ref > 0:
@@ -417,6 +462,13 @@ class BlockManager:
                     b.key = None
                 self.n_clean += 1
                 heapq.heappush(self._spare_ids, b.block_id)
+
+    def _release(self, b: Block) -> None:
+        """An anonymous block of another KV-cache group back to the free pool."""
+        b.ref = 0
+        b.version += 1
+        self.n_clean += 1
+        heapq.heappush(self._spare_ids, b.block_id)
 
     def set_score(self, key: int, score: float) -> None:
         """RSBCM: the branch owning a block got its score; the block keeps the highest known."""

@@ -95,12 +95,17 @@ class SchedulerConfig:
     long_prefill_token_threshold : int
         vLLM's cap on one request's prefill chunk per iteration when more than one request
         is running or waiting; 0 = none (vLLM default).
+    kv_groups : tuple
+        ``(full_groups, sliding_groups, sliding_window)`` of a hybrid model's KV cache
+        (:attr:`sim.cost.profiles.ModelShape.kv_cache_groups`); the block manager charges each request the
+        blocks of every group (:meth:`sim.serving.kvcache.BlockManager.set_kv_groups`). Empty: one group.
     """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     policy: str = "vllm-v1"
     long_prefill_token_threshold: int = 0
+    kv_groups: tuple = ()
 
     def __post_init__(self) -> None:
         try:
@@ -111,6 +116,11 @@ class SchedulerConfig:
             raise SchedulerError(str(exc)) from None
         if self.policy not in POLICIES:
             raise SchedulerError(f"scheduler: {self.policy!r} is not one of {', '.join(POLICIES)}")
+        if self.kv_groups and (len(self.kv_groups) != 3 or
+                               any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in self.kv_groups)
+                               or self.kv_groups[0] < 1 or bool(self.kv_groups[1]) != bool(self.kv_groups[2])):
+            raise SchedulerError(f"scheduler: kv_groups must be (full_groups >= 1, sliding_groups >= 0, "
+                                 f"sliding_window >= 0, both 0 or both > 0), got {self.kv_groups!r}")
 
     @property
     def reserve_full_prompt(self) -> bool:
@@ -118,9 +128,12 @@ class SchedulerConfig:
         return self.policy != "vllm-v1-chunk-admit"
 
     def to_dict(self) -> dict:
-        return {"scheduler": self.policy, "max_num_seqs": int(self.max_num_seqs),
-                "max_num_batched_tokens": int(self.max_num_batched_tokens),
-                "long_prefill_token_threshold": int(self.long_prefill_token_threshold)}
+        out = {"scheduler": self.policy, "max_num_seqs": int(self.max_num_seqs),
+               "max_num_batched_tokens": int(self.max_num_batched_tokens),
+               "long_prefill_token_threshold": int(self.long_prefill_token_threshold)}
+        if self.kv_groups and tuple(self.kv_groups) != (1, 0, 0):   # stated only for a hybrid KV cache
+            out["kv_groups"] = list(self.kv_groups)
+        return out
 
 
 @dataclass(eq=False)
@@ -243,6 +256,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig | None = None, kv: BlockManager | None = None):
         self.cfg = config or SchedulerConfig()
         self.kv = kv or BlockManager(1 << 62, 16)
+        if self.cfg.kv_groups and tuple(self.cfg.kv_groups) != (1, 0, 0):
+            self.kv.set_kv_groups(*self.cfg.kv_groups)   # a hybrid model: every group's blocks per request
         self.bs = self.kv.block_size
         self.waiting: deque = deque()
         self.running: list = []
