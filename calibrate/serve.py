@@ -395,7 +395,7 @@ def real_loop(lm, cfg: ServeConfig, reqs: list[Request], stop_ids, progress: boo
 
 
 def _iter_row(it: int, step, finished, sched, clocks: dict) -> dict:
-    """One iteration: what the scheduler ran and its clocks (the replay's rows, ``serve_replay._Log``, have
+    """One iteration: what the scheduler ran and its clocks (the replay's rows, ``serve_replay.StepLog``, have
     the same composition columns)."""
     return {
         "iteration": it,

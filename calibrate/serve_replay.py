@@ -10,9 +10,9 @@ serving engine (:class:`sim.serving.engine.Engine`: simpy, the closed loop,
 iteration priced by ``sim.cost.terms.ScalarCost`` with the hardware profile) runs
 them. Prefix hits come from the engine's own hash chain over the prompt ids.
 
-The engine keeps no per-iteration log, so the replay *observes* its scheduler
-(:class:`_Log` wraps ``schedule`` and ``update`` of the engine's own
-``Scheduler`` instance and records what they returned, deciding nothing) and
+The replay observes the engine's iterations through its observer hook
+(``Engine(on_step=...)``, :class:`sim.serving.engine.StepRecord`: what the
+scheduler returned and its state after the update; it decides nothing) and
 takes each iteration's seconds from the simulated clock.
 """
 from __future__ import annotations
@@ -23,40 +23,27 @@ import numpy as np
 import pandas as pd
 
 
-class _Log:
-    """Records every non-empty ``schedule()`` of a scheduler (items, preemptions, sim time) and its ``update()``."""
+class StepLog:
+    """The engine's iterations (``Engine(on_step=StepLog(...))``) as rows: items, preemptions, sim time, the
+    requests each finished and the queue and KV after it."""
 
-    def __init__(self, eng, rid_of):
-        self.eng, self.rid_of = eng, rid_of
+    def __init__(self, rid_of):
+        self.rid_of = rid_of
         self.iters: list[dict] = []
-        sched = eng.sched
-        self._schedule, self._update = sched.schedule, sched.update
-        sched.schedule, sched.update = self.schedule, self.update
 
-    def schedule(self):
-        out = self._schedule()
-        if out.items:
-            self.iters.append({
-                "t0": float(self.eng.env.now), "out": out,
-                "seqs": [self.rid_of(it.req.req_id) for it in out.items],
-                "c": [int(it.num_cached) for it in out.items], "n": [int(it.num_new) for it in out.items],
-                "sample": [bool(it.samples) for it in out.items],
-                "preempted": sorted(self.rid_of(r.req_id) for r in out.preempted),
-                "cache_hit_tokens": int(sum(it.cache_hit for it in out.items if it.new_admission)),
-                "recompute_tokens": int(sum(it.recompute for it in out.items)),
-                "finished": [],
-            })
-        return out
-
-    def update(self, out, finished=()):
-        done = self._update(out, finished)
-        if self.iters and self.iters[-1]["out"] is out:
-            rec = self.iters[-1]
-            rec["finished"] = sorted(self.rid_of(r.req_id) for r in done)
-            rec["n_running"] = len(self.eng.sched.running)
-            rec["n_waiting"] = len(self.eng.sched.waiting)
-            rec["kv_blocks_used"] = int(self.eng.kv.num_used)
-        return done
+    def __call__(self, rec) -> None:
+        out, rid_of = rec.out, self.rid_of
+        self.iters.append({
+            "t0": float(rec.t0),
+            "seqs": [rid_of(it.req.req_id) for it in out.items],
+            "c": [int(it.num_cached) for it in out.items], "n": [int(it.num_new) for it in out.items],
+            "sample": [bool(it.samples) for it in out.items],
+            "preempted": sorted(rid_of(r.req_id) for r in out.preempted),
+            "cache_hit_tokens": int(sum(it.cache_hit for it in out.items if it.new_admission)),
+            "recompute_tokens": int(sum(it.recompute for it in out.items)),
+            "finished": sorted(rid_of(r.req_id) for r in rec.finished),
+            "n_running": int(rec.running), "n_waiting": int(rec.waiting), "kv_blocks_used": int(rec.kv_blocks_used),
+        })
 
 
 def jobs_from_requests(rq: pd.DataFrame, n_layers: int, block_size: int):
@@ -99,12 +86,6 @@ def replay(cfg, rq: pd.DataFrame):
     if (rq["rid"] != rq["problem"] * B + rq["branch"]).any():
         raise ValueError("replay: requests.parquet: rid must be problem * branches + branch")
     jobs, ids = jobs_from_requests(rq, model.n_layers, cfg.block_size)
-    eng = Engine(model, hw, jobs, concurrency=int(cfg.concurrency),
-                 scheduler=SchedulerConfig(max_num_seqs=int(cfg.max_num_seqs),
-                                           max_num_batched_tokens=int(cfg.max_num_batched_tokens),
-                                           policy=cfg.scheduler),
-                 kv_blocks=int(cfg.num_blocks), block_policy=block_policy(cfg.block_policy),
-                 caching=bool(cfg.prefix_caching), prompt_ids=ids, hw_name=hw.name)
 
     def rid_of(req_id):
         pseq, kind, b = req_id
@@ -112,11 +93,17 @@ def replay(cfg, rq: pd.DataFrame):
             raise RuntimeError(f"replay: the engine ran a {kind!r} request; only branches were submitted")
         return int(jobs[pseq][0]) * B + int(b)
 
-    log = _Log(eng, rid_of)
+    log = StepLog(rid_of)
+    eng = Engine(model, hw, jobs, concurrency=int(cfg.concurrency),
+                 scheduler=SchedulerConfig(max_num_seqs=int(cfg.max_num_seqs),
+                                           max_num_batched_tokens=int(cfg.max_num_batched_tokens),
+                                           policy=cfg.scheduler),
+                 kv_blocks=int(cfg.num_blocks), block_policy=block_policy(cfg.block_policy),
+                 caching=bool(cfg.prefix_caching), prompt_ids=ids, hw_name=hw.name, on_step=log)
     res = eng.run()
     its = log.iters
     t = [r["t0"] for r in its] + [res.makespan]
-    rows = pd.DataFrame([{"iteration": i, **{k: v for k, v in r.items() if k not in ("t0", "out")},
+    rows = pd.DataFrame([{"iteration": i, **{k: v for k, v in r.items() if k != "t0"},
                           "sim_s": t[i + 1] - t[i]} for i, r in enumerate(its)])
     # a calibrated profile answers only inside what it was fitted on: the iterations priced here
     from sim.cost.ranges import iteration_query

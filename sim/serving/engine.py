@@ -35,6 +35,8 @@ finished, the verification score when it is verified.
 from __future__ import annotations
 
 import numpy as np
+from dataclasses import dataclass
+
 import simpy
 
 from sim.serving.capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
@@ -112,6 +114,21 @@ def _content_fn(pos, b, ids, bs, tag):
     return content
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine iteration as an observer sees it (``Engine(on_step=...)``), after the scheduler's update:
+    it started at ``t0`` and took ``dt`` simulated seconds; ``out`` is what ``Scheduler.schedule`` returned
+    (items, preemptions), ``finished`` the requests the update finished; the queue and KV after it."""
+
+    t0: float
+    dt: float
+    out: object
+    finished: list
+    running: int
+    waiting: int
+    kv_blocks_used: int
+
+
 class Engine:
     """One simulation run. ``jobs``: list of ``(pos, Job)`` in submission order.
 
@@ -146,6 +163,9 @@ class Engine:
     record_pipeline : bool
         With PP > 1, record every batch's formation time, stage seconds, stage ends and request ids
         (``pp_batches``; ``EngineResult.pipeline["batches"]``).
+    on_step : callable, optional
+        Called with a :class:`StepRecord` after every iteration's scheduler update (an observer: it decides
+        nothing). With one, the engine steps every iteration (no fast-forward window skips one).
     """
 
     def __init__(self, model, hw, jobs, *, concurrency: int = 1, arrival_rate: float | None = None, seed: int = 0,
@@ -156,7 +176,7 @@ class Engine:
                  cost=None, env: simpy.Environment | None = None, settle: int | None = None,
                  block_size: int | None = None, record_pipeline: bool = False, host_step=None,
                  async_scheduling: bool = False, client_delays=None, api_servers: int = 1,
-                 fast_forward: bool = False):
+                 fast_forward: bool = False, on_step=None):
         self.m, self.hw = model, hw
         # host time per step (a sim.cost.overheads.HostStepCost; None: not priced, the policies' replay) and
         # vLLM's --async-scheduling (host work of a step beside the GPU's): _price_batch, _host_seconds
@@ -227,7 +247,10 @@ class Engine:
         self._n_flight = 0
         # decode fast-forward (sim.serving.fastforward): quiet decode windows advanced at once, exactly; off: stepped
         from sim.serving.fastforward import FastForward
-        self._ff = FastForward(self) if fast_forward and FastForward.supports(self) else None
+        # an iteration observer sees every iteration, so it keeps the engine stepping (a window skips them)
+        self.on_step = on_step
+        self._ff = (FastForward(self) if fast_forward and on_step is None and FastForward.supports(self)
+                    else None)
 
     # ------------------------------------------------------------------ requests
     def _add(self, req: Request) -> None:
@@ -572,6 +595,9 @@ class Engine:
         used = kv.num_used * self.block_bytes
         done = sched.update(out)
         now = env.now
+        if self.on_step is not None:
+            self.on_step(StepRecord(t0=now - dt, dt=dt, out=out, finished=list(done), running=len(sched.running),
+                                    waiting=len(sched.waiting), kv_blocks_used=int(kv.num_used)))
         touched = {}
         for it, (ts, kind) in zip(items, priced):
             req = it.req
