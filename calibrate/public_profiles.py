@@ -552,8 +552,8 @@ def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None 
                 else "attention not in any source")
     block = {
         "calibration_note": (f"fitted on public per-operator profiles ({names}; {rows} operator rows, float16, "
-                             f"1-{fit['max_tokens']} tokens); {att_note}; decode KV reads, sampling and host "
-                             "time not measured; not end to end"),
+                             f"1-{fit['max_tokens']} tokens); {att_note}; decode KV reads not measured; host time "
+                             "per step and front-end time priced apart (host_step, frontend); not end to end"),
         "reference": {
             "sources": [{k2: s[k2] for k2 in ("profile", "repo", "path", "commit", "license", "shipped", "rows_used",
                                               "rows_held_out", "operators_used", "tokens")} for s in srcs],
