@@ -74,3 +74,28 @@ def test_every_registered_claim_is_a_named_unit_citing_its_paper_section():
         assert re.search(r"\b(RKSC|VASE) papers?\b", doc), f"{cls.__name__}: docstring names no paper"
         assert re.search(r"DESIGN §\d", doc), f"{cls.__name__}: docstring cites no section (DESIGN §4 / §7)"
         assert cls.__module__.startswith("app.claims."), cls
+
+
+def test_the_moe_rows_are_priced_on_the_moe_target():
+    """Issue 33: each cost-dependent headline claim has a row on a mixture-of-experts target, whose
+    conditions are that target's costs (not the dense target's relabelled) and whose figures are its table's."""
+    from app.claims.rksc import RkscSpeedups
+    from app.claims.vase import VaseThroughput
+    cfg = ReproduceConfig(traces=[str(BUNDLED)]).quick()
+    units = (RkscSpeedups(), VaseThroughput())
+    res = Reproducer(cfg, progress=False, claims=units).run()
+    moe = [r for r in res["rows"] if "on an MoE target" in r["claim"]]
+    assert len(moe) == 4 and {r["group"] for r in moe} == {"RKSC speedup", "VASE"}
+    m, hw = units[0].moe_target
+    for r in moe:
+        conds = r["data"]["conditions"]
+        assert conds and all(f"costs {m} on {hw}" in c["kind"] for c in conds), r["claim"]
+        assert "no MoE figure" in r["paper"] and r["verdict"] and r["why"]
+    dense = [r for r in res["rows"] if r not in moe]
+    assert all("qwen3-30b-a3b" not in c["kind"] for r in dense for c in r["data"].get("conditions", []))
+    sp = {t["vs_no_kv"] for t in res["tables"]["rksc_speedups_moe"] if t["policy"] == "rksc"}
+    head = next(r for r in moe if r["claim"].startswith("RKSC (ASKS"))
+    assert {c["value"] for c in head["data"]["conditions"]} <= sp and len(sp) >= 1
+    thr = next(r for r in moe if r["group"] == "VASE")
+    assert [c["value"] for c in thr["data"]["conditions"]] == [
+        t["throughput_vs_full"] for t in res["tables"]["vase_throughput_moe"]]
