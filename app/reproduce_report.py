@@ -87,6 +87,7 @@ def _inputs_md(res: dict) -> list[str]:
 
 TABLE_TITLES = {
     "rksc_speedups": "RKSC speedups by trace, shape and verification mode",
+    "rksc_speedups_moe": "RKSC speedups on an MoE target (the traces' decisions, the MoE target's costs)",
     "asks": "ASKS: reuse, accuracy, diversity and gate AUC",
     "cgee": "CGEE: skip rate and induced error (95% Wilson interval)",
     "entropy": "Logit-lens entropy by layer, per model",
@@ -94,6 +95,7 @@ TABLE_TITLES = {
     "vase_sim": "VASE and baselines at 4×: simulated attention-output error on the trace's K/V/Q",
     "vase_measured": "VASE and baselines at 4×: measured on the real model (`calibrate quality`)",
     "vase_throughput": "VASE-DKV at 16K tokens through the capacity-aware serving engine",
+    "vase_throughput_moe": "VASE-DKV at 16K tokens on an MoE target",
     "rsbcm": "RSBCM vs LRU vs FIFO at a binding capacity",
     "compat": "The papers' public-code shortcuts (compatibility options)",
 }

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app import verdicts as V
-from app.reproduce import Reproducer, ReproduceConfig, reused_timings
+from app.claims.rksc import real_speedup_conds
+from app.reproduce import Context, ReproduceConfig, acted, reused_timings
 from app.reproduce_report import to_markdown
 from app.verdicts import Cond, combine
 
@@ -91,12 +92,12 @@ def test_at_least_judges_raw_figures_not_rounded_ones():
 def test_acted_names_the_policy_that_never_acted():
     p = pd.DataFrame({"shared_branches": [0, 0], "skipped": [False, False], "exit_layer_sum": [224.0, 224.0],
                       "verified_branches": [8, 8]})
-    assert "CGEE skipped 0 and exited early on 0 of 2" in Reproducer.acted("cgee", p, 28)
-    assert "ASKS shared no branch" in Reproducer.acted("rksc", p, 28)
+    assert "CGEE skipped 0 and exited early on 0 of 2" in acted("cgee", p, 28)
+    assert "ASKS shared no branch" in acted("rksc", p, 28)
     p2 = p.assign(exit_layer_sum=[224.0, 200.0])                      # one early exit: CGEE acted
-    assert Reproducer.acted("cgee", p2, 28) is None
-    assert Reproducer.acted("rksc", p2, 28) is None                   # one of its two parts acted
-    assert Reproducer.acted("asks", p2.assign(shared_branches=[7, 0]), 28) is None
+    assert acted("cgee", p2, 28) is None
+    assert acted("rksc", p2, 28) is None                   # one of its two parts acted
+    assert acted("asks", p2.assign(shared_branches=[7, 0]), 28) is None
 
 
 # ---------------------------------------------------------------------------- rate_low (CGEE error)
@@ -216,15 +217,15 @@ def test_reused_timings_are_named_and_counted_once():
     assert reused_timings(old) == {"no-kv", "cgee"}                   # recognised by the copied float
     new = {**old, "verify_reuses_kv": {**old["verify_reuses_kv"], "reused_timings": ["no-kv"]}}
     assert reused_timings(new) == {"no-kv"}                           # the marker wins
-    rp = Reproducer(ReproduceConfig(traces=[]), progress=False)
+    rp = Context(ReproduceConfig(traces=[]), progress=False)
     rp.measured["speedup"] = {"run": {
         "shape": {"problems": 24}, "threads": 1, "latency_s": old["latency_s"],
         "speedup_vs_no_kv": {"cgee": 132.3 / 117.4, "asks": 132.3 / 103.4},
         "verify_reuses_kv": {"latency_s": old["verify_reuses_kv"]["latency_s"],
                              "speedup_vs_no_kv": {"cgee": 132.3 / 117.4, "asks": 132.3 / 23.8, "exact-prefix": 1.59}}}}
-    cg = rp._real_speedup_conds("speedup_vs_no_kv", "cgee", "no-kv", 1.01, 1.0)
+    cg = real_speedup_conds(rp, "speedup_vs_no_kv", "cgee", "no-kv", 1.01, 1.0)
     assert len(cg) == 1 and "timings reused" in cg[0].label           # both copied: one condition, not two
-    ak = rp._real_speedup_conds("speedup_vs_no_kv", "asks", "no-kv", 1.0744, 0.343)
+    ak = real_speedup_conds(rp, "speedup_vs_no_kv", "asks", "no-kv", 1.0744, 0.343)
     assert len(ak) == 2 and "reused, not measured again" in ak[1].note and "1.59" in ak[1].note
     assert all(not c.primary for c in cg + ak)
 

@@ -224,7 +224,7 @@ def _rate(v) -> float:
 
 
 def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool = True,
-            frontend: bool = True) -> dict:
+            frontend: bool = True, custom_all_reduce: bool = True) -> dict:
     """Simulate one figure's benchmark; returns the vllm bench serve result dictionary. ``profile``: a
     :class:`sim.cost.profiles.HardwareProfile` to price it with instead of the named one (a band's fit).
 
@@ -248,6 +248,8 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
     over["host_time"] = bool(over.get("host_time", True)) and host_time
     if not frontend:
         over["frontend"] = False
+    if not custom_all_reduce:   # every tensor-parallel all-reduce by NCCL (the before/after table)
+        over["disable_custom_all_reduce"] = True
     serving = ServingConfig(**sv)
     wl = _workload(f)
     w = f["workload"]
@@ -268,13 +270,13 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
 
 
 def run_figures(figs: list, hardware: str | None = None, band: bool = False, host_time: bool = True,
-                frontend: bool = True):
+                frontend: bool = True, custom_all_reduce: bool = True):
     """One row per figure: published value, prediction, ratio (prediction / published), or why refused.
 
     ``band``: each priced figure is priced again with every public fit of its device
     (:func:`sim.cost.bands.band_profiles`); ``predicted_lo`` / ``predicted_hi`` is ``[min, max]`` over
     those and the central prediction, and ``in_band`` says whether the published value lies inside.
-    ``host_time`` / ``frontend``: :func:`predict`.
+    ``host_time`` / ``frontend`` / ``custom_all_reduce``: :func:`predict`.
     """
     import pandas as pd
     from sim.bench import plain
@@ -294,7 +296,8 @@ def run_figures(figs: list, hardware: str | None = None, band: bool = False, hos
         why = refusal(f)
         if why is None:
             try:
-                res = predict(f, hardware, host_time=host_time, frontend=frontend)
+                res = predict(f, hardware, host_time=host_time, frontend=frontend,
+                              custom_all_reduce=custom_all_reduce)
                 row["predicted"] = float(res[f["metric"]])
                 row["ratio"] = row["predicted"] / row["published"]
                 row["status"] = "ok" if abs(row["ratio"] - 1) <= 0.25 else "off by more than 25%"
