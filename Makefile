@@ -9,7 +9,7 @@ export PYTHONHASHSEED := 0
 # one pytest worker per core (pytest-xdist); PYTEST_WORKERS= runs the suite in one process
 PYTEST_WORKERS ?= -n auto --durations=20
 
-.PHONY: install run test test-fast bench capture app clean reference-check reproduce reproduce-traces reproduce-measured validate
+.PHONY: install run test test-fast bench capture app clean reference-check reproduce reproduce-traces reproduce-measured validate validate-terms
 
 install: $(STAMP)
 
@@ -82,6 +82,10 @@ reference-check-vllm: $(STAMP) $(VLLMVENV)/.vllm-installed
 # published serving figures beside rksim's predictions (docs/validation); rerun after any preset refit
 validate: $(STAMP)
 	$(PY) -m app.cli validate docs/validation/published-figures.yaml --markdown docs/validation/ratios.md --out docs/validation/ratios.json
+
+# What each term moved: the published figures priced with the terms added one at a time (docs/validation/terms.md)
+validate-terms: $(STAMP)
+	$(PY) scripts/validation_terms.py --figures docs/validation/published-figures.yaml --out docs/validation
 
 reproduce: $(STAMP)
 	$(RKSIM) reproduce --out docs/reproduction/
