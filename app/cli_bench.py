@@ -400,6 +400,7 @@ def _band(res: dict, hw, run) -> dict:
 
 
 def _cmd_serve(args) -> int:
+    from app.bench_text import format_serve
     from sim.bench import plain
     _checked(args)
     target = _target(args)
@@ -411,7 +412,7 @@ def _cmd_serve(args) -> int:
             raise ValueError(f"--percentile-metrics: {m!r} is not one of ttft, tpot, itl, e2el")
     slo = _slo(args)
     _, res = _serve_once(args, target, wl, name, args.request_rate, args.metric_percentiles, metrics, slo)
-    print(plain.format_serve(res, metrics, args.metric_percentiles))
+    print(format_serve(res, metrics, args.metric_percentiles))
     if args.band:
         res["band"] = _band(res, hw, lambda p: _serve_once(args, (model, p, *target[2:]), wl, name, args.request_rate,
                                                            args.metric_percentiles, metrics, slo)[1])
@@ -426,6 +427,7 @@ def _cmd_serve(args) -> int:
 
 
 def _cmd_throughput(args) -> int:
+    from app.bench_text import format_throughput
     from sim.bench import plain
     _checked(args)
     model, hw, sv, pol = _target(args)
@@ -439,7 +441,7 @@ def _cmd_throughput(args) -> int:
     r = plain.run(model, hw, wl, seed=args.seed, serving=sv, offline=True, token_policy=pol,
                   block_size=args.block_size, step_by_step=args.step_by_step, **_layout(args))
     res = plain.throughput_result(r)
-    print(plain.format_throughput(res))
+    print(format_throughput(res))
     if args.band:
         res["band"] = _band(res, hw, lambda p: plain.throughput_result(plain.run(
             model, p, wl, seed=args.seed, serving=sv, offline=True, token_policy=pol, block_size=args.block_size,

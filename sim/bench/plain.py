@@ -53,6 +53,7 @@ from sim.serving.capacity import GENERIC_DEFAULTS, SCHEDULER_DEFAULTS, ServingCo
 from sim.cost.fingerprint import host_fields
 from sim.serving.kvcache import check_size
 from sim.workload.job import Job
+from sim.serving.metrics import percentile_word
 
 # vLLM LLM-class (offline) defaults by device; source in the module docstring.
 OFFLINE_DEFAULTS = {
@@ -579,10 +580,6 @@ def _stats(x, percentiles) -> tuple:
             [(p, float(np.percentile(a, p)) * 1000) for p in percentiles])
 
 
-def _pword(p: float) -> str:
-    return str(int(p)) if int(p) == p else str(p)
-
-
 def serve_result(r: PlainRun, *, percentiles=(99.0,), metrics=("ttft", "tpot", "itl", "e2el"),
                  request_rate: float = math.inf, burstiness: float = 1.0, max_concurrency: int | None = None,
                  model_id: str = "", num_prompts: int | None = None, detailed: bool = True,
@@ -638,7 +635,7 @@ def serve_result(r: PlainRun, *, percentiles=(99.0,), metrics=("ttft", "tpot", "
         mean, med, std, pcts = _stats(series[m], percentiles)
         res[f"mean_{m}_ms"], res[f"median_{m}_ms"], res[f"std_{m}_ms"] = mean, med, std
         for p, v in pcts:
-            res[f"p{_pword(p)}_{m}_ms"] = v
+            res[f"p{percentile_word(p)}_{m}_ms"] = v
     if not detailed:
         for k in ("input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors"):
             res.pop(k, None)
@@ -669,56 +666,9 @@ def _per_replica(r: PlainRun, all_tpot, slo, percentiles) -> list:
                 mean, med, _, pcts = _stats(x, percentiles)
                 row[f"mean_{name}_ms"], row[f"median_{name}_ms"] = mean, med
                 for p, v in pcts:
-                    row[f"p{_pword(p)}_{name}_ms"] = v
+                    row[f"p{percentile_word(p)}_{name}_ms"] = v
         out.append(row)
     return out
-
-
-_HEAD = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
-         "itl": ("ITL", "Inter-token Latency"), "e2el": ("E2EL", "End-to-end Latency")}
-
-
-def format_serve(res: dict, metrics=("ttft", "tpot", "itl", "e2el"), percentiles=(99.0,)) -> str:
-    """vLLM's ``Serving Benchmark Result`` block, then the line saying what produced it."""
-    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
-
-    def row(label, v, f="{:<10}"):
-        lines.append(("{:<40} " + f).format(label, v))
-    row("Successful requests:", res["completed"])
-    row("Failed requests:", res["failed"])
-    if res.get("max_concurrency") is not None:
-        row("Maximum request concurrency:", res["max_concurrency"])
-    if res.get("request_rate") != "inf":
-        row("Request rate configured (RPS):", float(res["request_rate"]), "{:<10.2f}")
-    row("Benchmark duration (s):", res["duration"], "{:<10.2f}")
-    row("Total input tokens:", res["total_input_tokens"])
-    row("Total generated tokens:", res["total_output_tokens"])
-    row("Request throughput (req/s):", res["request_throughput"], "{:<10.2f}")
-    if res.get("request_goodput") is not None:
-        row("Request goodput (req/s):", res["request_goodput"], "{:<10.2f}")
-    row("Output token throughput (tok/s):", res["output_throughput"], "{:<10.2f}")
-    row("Peak output token throughput (tok/s):", res["max_output_tokens_per_s"], "{:<10.2f}")
-    row("Peak concurrent requests:", res["max_concurrent_requests"], "{:<10.2f}")
-    row("Total token throughput (tok/s):", res["total_token_throughput"], "{:<10.2f}")
-    for m in metrics:
-        short, head = _HEAD[m]
-        lines.append("{s:{c}^{n}}".format(s=head, n=50, c="-"))
-        row(f"Mean {short} (ms):", res[f"mean_{m}_ms"], "{:<10.2f}")
-        row(f"Median {short} (ms):", res[f"median_{m}_ms"], "{:<10.2f}")
-        for p in percentiles:
-            row(f"P{_pword(p)} {short} (ms):", res[f"p{_pword(p)}_{m}_ms"], "{:<10.2f}")
-    reps = res["rksim"].get("per_replica")
-    if reps:
-        lines.append("{s:{c}^{n}}".format(s=f"Per replica ({res['rksim'].get('router')})", n=50, c="-"))
-        p = _pword(percentiles[-1]) if percentiles else None
-        for x in reps:
-            good = "" if x["request_goodput"] is None else f", goodput {x['request_goodput']:.2f}"
-            tail = f", P{p} E2EL {x[f'p{p}_e2el_ms']:.0f} ms" if p and f"p{p}_e2el_ms" in x else ""
-            lines.append(f"replica {x['replica']}: {x['completed']} requests, {x['request_throughput']:.2f} req/s"
-                         f"{good}{tail}")
-    lines.append("=" * 50)
-    lines.append(provenance(res["rksim"]))
-    return "\n".join(lines)
 
 
 def provenance(info: dict, run_stats: bool = True) -> str:
@@ -754,13 +704,3 @@ def throughput_result(r: PlainRun) -> dict:
             "requests_per_second": wl.n / r.duration, "tokens_per_second": tot / r.duration,
             "output_tokens_per_second": tot_out / r.duration, "total_output_tokens": tot_out,
             "rksim": dict(r.info)}
-
-
-def format_throughput(res: dict) -> str:
-    """vLLM's offline throughput lines, then the provenance line."""
-    e = res["elapsed_time"]
-    tot_out = res["total_output_tokens"]
-    return (f"Throughput: {res['num_requests'] / e:.2f} requests/s, {res['total_num_tokens'] / e:.2f} total tokens/s, "
-            f"{tot_out / e:.2f} output tokens/s\n"
-            f"Total num prompt tokens:  {res['total_num_tokens'] - tot_out}\n"
-            f"Total num output tokens:  {tot_out}\n" + provenance(res["rksim"]))

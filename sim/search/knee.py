@@ -43,6 +43,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from sim.serving.metrics import percentile_word
+
 STATS_METRICS = ("ttft", "tpot", "itl", "e2el")   # vllm bench serve's --percentile-metrics
 DEFAULT_SLO = "p99_ttft_ms=1000,mean_tpot_ms=50"
 DEFAULT_TOLERANCE = 0.05
@@ -54,10 +56,6 @@ _KEY = re.compile(r"^(mean|median|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
 
 class KneeError(ValueError):
     """A bad --slo, --request-rate list, --refine or tolerance (the message names the flag)."""
-
-
-def _pword(p: float) -> str:
-    return str(int(p)) if int(p) == p else str(p)
 
 
 @dataclass(frozen=True)
@@ -155,7 +153,7 @@ def latency_metrics(ttft_s, tpot_s, e2el_s, percentiles=(50.0, 99.0)) -> dict:
             continue
         out[f"mean_{name}_ms"], out[f"median_{name}_ms"] = float(a.mean()) * 1000, float(np.median(a)) * 1000
         for p in percentiles:
-            out[f"p{_pword(p)}_{name}_ms"] = float(np.percentile(a, p)) * 1000
+            out[f"p{percentile_word(p)}_{name}_ms"] = float(np.percentile(a, p)) * 1000
     return out
 
 

@@ -93,3 +93,8 @@ def timelines(res, max_points: int = 500) -> dict:
         idx = np.unique(np.linspace(0, t.size - 1, max_points).round().astype(np.int64))
         t, b, r = t[idx], b[idx], r[idx]
     return {"t_s": t.tolist(), "kv_bytes": b.tolist(), "running_seqs": r.tolist()}
+
+
+def percentile_word(p: float) -> str:
+    """A percentile as ``vllm bench serve`` names its keys: ``99`` for 99.0, ``99.9`` for 99.9 (``p99_ttft_ms``)."""
+    return str(int(p)) if int(p) == p else str(p)
