@@ -234,7 +234,7 @@ def register(sub) -> None:
     p.add_argument("--trace", default=None, metavar="PATH", help="trace directory (default: the bundled trace)")
     p.add_argument("--model-preset", required=True, metavar="M", help="model whose costs are simulated")
     p.add_argument("--hardware", required=True, metavar="GPU",
-                   help="GPU preset (a100-80gb, h100-sxm, l4: its shipped node) or a node preset (dgx-a100, dgx-h100, "
+                   help="GPU preset (a100-80gb, h100-sxm, l4: its shipped node) or a node preset (dgx-a100, dgx-h100, dgx-h200, "
                         "l4-pcie) or file")
     p.add_argument("--band", action="store_true",
                    help="also run every deployment with each public fit of the GPU (sim.cost.bands): goodput and "

@@ -71,7 +71,7 @@ def test_plan_bad_flags_one_line_naming_the_flag(capsys, extra, flag):
 
 
 @pytest.mark.parametrize("hardware, node, words", [
-    (["--hardware", "h200"], None, "--hardware h200: no shipped node preset(s) of h200's GPUs; name one with --node"),
+    (["--hardware", "local-cpu"], None, "--hardware local-cpu: no shipped node preset(s) of local-cpu's GPUs; name one with --node"),
     (["--hardware", "a100-80gb", "--node", "dgx-h100"], None, "--node dgx-h100: its GPUs are h100-sxm, not --hardware a100-80gb"),
     (["--hardware", "nope"], None, "--hardware: unknown hardware preset 'nope'"),
     (["--hardware", "a100-80gb"], "dgx-a100", None),
