@@ -231,12 +231,8 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write DIR/latency-rate.json (the curve) and DIR/latency-rate.html (the figure) atomically "
                         "(default: none)")
-    p.add_argument("--backend", choices=("local", "dask"), default="local",
-                   help="local: this process; dask: the rates' runs on a LocalCluster or --dask-scheduler "
-                        "(identical results; the --refine steps run here, each after the last)")
-    p.add_argument("--dask-scheduler", default=None, metavar="ADDR",
-                   help="Dask scheduler address (tcp://host:8786; default: a LocalCluster)")
-    p.add_argument("--workers", type=int, default=None, metavar="N", help="Dask LocalCluster workers (default 2)")
+    from app.cli_sweep import backend_flags
+    backend_flags(p, "the rates' runs in this process (the --refine steps always run here, each after the last)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     p.set_defaults(func=_cmd_sweep, slo_key=None)
 
@@ -561,6 +557,8 @@ def _cmd_sweep(args) -> int:
         infos.append(out["info"])
         return out["metrics"], out["growth"]
 
+    from app.cli_sweep import check_backend
+    check_backend(args)
     many = None
     if args.backend == "dask":
         def many(rs):
@@ -571,8 +569,6 @@ def _cmd_sweep(args) -> int:
                                 scheduler=args.dask_scheduler, progress=args.progress)
             infos.extend(res[cid]["info"] for cid, _ in items)
             return [(res[cid]["metrics"], res[cid]["growth"]) for cid, _ in items]
-    elif args.dask_scheduler or args.workers is not None:
-        raise ValueError("--dask-scheduler/--workers need --backend dask")
     curve = knee.sweep(evaluate, rates, slo, refine=args.refine, evaluate_many=many,
                        progress=lambda it, **kw: tqdm(it, disable=not args.progress, leave=False, **kw))
     info = {k: v for k, v in infos[0].items() if k not in ("preemptions", "max_running_seqs", "iterations",

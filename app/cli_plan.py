@@ -81,8 +81,8 @@ def _cmd_plan(args) -> int:
     if m.num_experts:   # MoE only: a dense plan's tasks stay as they were
         opts.update(enable_expert_parallel=args.enable_expert_parallel, moe_routing=args.moe_routing)
     t0, c0 = time.perf_counter(), time.process_time()
-    if args.backend == "local" and (args.dask_scheduler or args.workers is not None):
-        raise ValueError("--dask-scheduler/--workers need --backend dask")
+    from app.cli_sweep import check_backend
+    check_backend(args)
     rows = run_plan(args.trace, deps, opts, backend=args.backend, workers=args.workers, progress=not args.json,
                     scheduler=args.dask_scheduler)
     band_fits = _band_rows(args, rows, deps, opts, hw) if args.band else None
@@ -279,10 +279,8 @@ def register(sub) -> None:
                         "({mean,median,pNN}_{ttft,tpot,e2el}_ms)")
     p.add_argument("--knee-refine", type=int, default=0, metavar="N",
                    help="bisection steps between the knee and the first failing rate")
-    p.add_argument("--backend", choices=("local", "dask"), default="local", help="run locally or on Dask")
-    p.add_argument("--workers", type=int, default=None, metavar="N", help="Dask LocalCluster workers (default 2)")
-    p.add_argument("--dask-scheduler", default=None, metavar="ADDR",
-                   help="Dask scheduler address (tcp://host:8786; default: a LocalCluster)")
+    from app.cli_sweep import backend_flags
+    backend_flags(p)
     p.add_argument("--out", default=None, metavar="FILE", help="write the table to FILE.parquet, atomically (default: none)")
     p.add_argument("--json", action="store_true", help="print the frontier and the best per policy as JSON")
     p.set_defaults(func=_cmd_plan)

@@ -75,7 +75,18 @@ def _grid(args, trace):
     return default_grid(args.policy, trace.n_layers)
 
 
-def _validate_backend(args) -> None:
+def backend_flags(p, local_means: str = "this process") -> None:
+    """``--backend local|dask``, ``--dask-scheduler``, ``--workers``: the Dask flags of sweep, tune, bench sweep
+    and plan (checked by :func:`check_backend`)."""
+    p.add_argument("--backend", choices=("local", "dask"), default="local",
+                   help=f"local: {local_means}; dask: a LocalCluster or --dask-scheduler (identical results)")
+    p.add_argument("--dask-scheduler", default=None, metavar="ADDR",
+                   help="Dask scheduler address (tcp://host:8786; default: a LocalCluster)")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="LocalCluster worker processes (default 2)")
+
+
+def check_backend(args) -> None:
+    """The Dask flags make sense together (one-line ``ValueError`` naming the flag)."""
     if args.backend == "local" and (args.dask_scheduler or args.workers is not None):
         raise ValueError("--dask-scheduler/--workers need --backend dask")
     if args.workers is not None and args.workers < 1:
@@ -87,7 +98,7 @@ def _cmd_sweep(args) -> int:
 
     trace = _check_trace(args.trace)
     args.trace = str(trace.path)
-    _validate_backend(args)
+    check_backend(args)
     out = Path(args.out)
     if out.suffix != ".parquet":
         raise ValueError(f"--out {args.out!r}: the sweep is written as Parquet; name it *.parquet")
@@ -152,7 +163,7 @@ def _cmd_tune(args) -> int:
 
     trace = _check_trace(args.trace)
     args.trace = str(trace.path)
-    _validate_backend(args)
+    check_backend(args)
     spec = TuneSpec(objective=args.objective, direction=args.direction,
                     max_cgee_error=args.max_cgee_error, max_accuracy_drop=args.max_accuracy_drop,
                     split=args.split, seed=args.seed, refine=args.refine,
@@ -267,11 +278,7 @@ def _sim_flags(p) -> None:
     p.add_argument("--reshape", default=None, metavar="SPEC",
                    help="evaluate on the trace's problems reshaped (docs/simulator.md, Workload reshaping; "
                         "default: the trace's own shape)")
-    p.add_argument("--backend", choices=("local", "dask"), default="local",
-                   help="local: this process; dask: a LocalCluster or --dask-scheduler")
-    p.add_argument("--dask-scheduler", default=None, metavar="ADDR",
-                   help="Dask scheduler address (tcp://host:8786; default: a LocalCluster)")
-    p.add_argument("--workers", type=int, default=None, metavar="N", help="LocalCluster worker processes (default 2)")
+    backend_flags(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     serving_args(p)  # the serving flags of `rksim serve`, from the same declarations
 
