@@ -231,7 +231,7 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write DIR/latency-rate.json (the curve) and DIR/latency-rate.html (the figure) atomically "
                         "(default: none)")
-    from app.cli_sweep import backend_flags
+    from app.dask_flags import backend_flags
     backend_flags(p, "the rates' runs in this process (the --refine steps always run here, each after the last)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     p.set_defaults(func=_cmd_sweep, slo_key=None)
@@ -557,7 +557,7 @@ def _cmd_sweep(args) -> int:
         infos.append(out["info"])
         return out["metrics"], out["growth"]
 
-    from app.cli_sweep import check_backend
+    from app.dask_flags import check_backend
     check_backend(args)
     many = None
     if args.backend == "dask":

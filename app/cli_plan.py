@@ -81,7 +81,7 @@ def _cmd_plan(args) -> int:
     if m.num_experts:   # MoE only: a dense plan's tasks stay as they were
         opts.update(enable_expert_parallel=args.enable_expert_parallel, moe_routing=args.moe_routing)
     t0, c0 = time.perf_counter(), time.process_time()
-    from app.cli_sweep import check_backend
+    from app.dask_flags import check_backend
     check_backend(args)
     rows = run_plan(args.trace, deps, opts, backend=args.backend, workers=args.workers, progress=not args.json,
                     scheduler=args.dask_scheduler)
@@ -279,7 +279,7 @@ def register(sub) -> None:
                         "({mean,median,pNN}_{ttft,tpot,e2el}_ms)")
     p.add_argument("--knee-refine", type=int, default=0, metavar="N",
                    help="bisection steps between the knee and the first failing rate")
-    from app.cli_sweep import backend_flags
+    from app.dask_flags import backend_flags
     backend_flags(p)
     p.add_argument("--out", default=None, metavar="FILE", help="write the table to FILE.parquet, atomically (default: none)")
     p.add_argument("--json", action="store_true", help="print the frontier and the best per policy as JSON")
