@@ -295,6 +295,28 @@ class FastForward:
         lo = np.maximum((a - 1 - fa) // bs + 1, 0)
         return int((hi - lo).sum())
 
+    def _short(self, f, alive, s: int, e: int, free: int):
+        """The first step of ``s..e`` whose takes exceed the ``free`` blocks (it preempts), or None."""
+        bs = self.eng.kv.block_size
+        fa = f[alive]
+        nt = fa + np.maximum(-(-(s - fa) // bs), 0) * bs      # each alive request's next take, >= s
+        if free < len(nt):
+            # every request takes at most once in bs steps: the (free + 1)-th take is the
+            # (free + 1)-th smallest next take if that falls within them
+            q = int(np.partition(nt, free)[free])
+            if q < s + bs and q <= e:
+                return q
+        if self._takes(f, alive, s, e) <= free:
+            return None
+        lo, hi = s - 1, e          # takes(s..lo) <= free < takes(s..hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self._takes(f, alive, s, mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return hi                  # the step whose takes exceed the pool
+
     def _events(self, f, g, a: int, b: int, caching: bool):
         """Block events of steps ``a..b`` in (step, running order): ``(steps, request indices)``."""
         B0 = len(f)
@@ -448,24 +470,7 @@ class FastForward:
             nf = int(fin[alive].min())
             free = kv.n_clean if clean_only else kv.num_free
             e = min(nf, kcap)
-            pre = None
-            fa = f[alive]
-            nt = fa + np.maximum(-(-(s - fa) // bs), 0) * bs      # each alive request's next take, >= s
-            if free < len(nt):
-                # every request takes at most once in bs steps: the (free + 1)-th take is the
-                # (free + 1)-th smallest next take if that falls within them
-                q = int(np.partition(nt, free)[free])
-                if q < s + bs and q <= e:
-                    pre = q
-            if pre is None and self._takes(f, alive, s, e) > free:
-                lo, hi = s - 1, e          # takes(s..lo) <= free < takes(s..hi)
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if self._takes(f, alive, s, mid) <= free:
-                        lo = mid
-                    else:
-                        hi = mid
-                pre = hi                   # the step whose takes exceed the pool
+            pre = self._short(f, alive, s, e, free)
             if pre is not None:
                 e = pre - 1
             if e >= s:
@@ -501,28 +506,10 @@ class FastForward:
             # sure no outcome can end past the next event
             s = pre
             ensure(s)
-            order = np.flatnonzero(alive)
-            need, i1 = free, None
-            for q in range(ep, len(evs)):
-                if evs[q] != s:
-                    if evs[q] > s:
-                        break
-                    continue
-                i = who[q]
-                if alive[i] and (s - f[i]) % bs == 0 and s >= f[i]:
-                    if need == 0:
-                        i1 = i
-                        break
-                    need -= 1
-            r1 = 0 if i1 is None else int(alive[:i1].sum())   # alive requests before the first that cannot take
-            if r1 == 0:
+            plan = self._preempt_prices(s, alive, evs, who, ep, free, f, c0, t_end, t_next)
+            if plan is None:
                 break
-            ctx = c0[order] + (s - 1)
-            cand = np.arange(r1, len(order), dtype=np.int64)   # the batch sizes the preemptions can leave
-            sums, mx = np.cumsum(ctx), np.maximum.accumulate(ctx)
-            dtc = eng._window_seconds(cand, sums[cand - 1], mx[cand - 1])
-            if dtc is None or not np.all(t_end + dtc < t_next) or not np.all(dtc > 0):
-                break
+            r1, dtc = plan
             preempt_step(s)
             n_alive = int(alive.sum())
             mask = alive.copy()
@@ -551,6 +538,36 @@ class FastForward:
         if float(t[-1]) != t_end:   # pragma: no cover - one sum, two ways
             raise RuntimeError("fast-forward: the window's end time disagrees with its steps")
         return exact_delays(now, t, dt)
+
+    def _preempt_prices(self, s, alive, evs, who, ep, free, f, c0, t_end, t_next):
+        """Step ``s`` preempts: ``(r1, dtc)``, the alive requests before the first take the pool cannot give and
+        the step's seconds for every batch size ``r1..`` its preemptions can leave, or None where none is
+        planned or some outcome could end at or past the next event (the window ends before ``s``)."""
+        eng = self.eng
+        bs = eng.kv.block_size
+        order = np.flatnonzero(alive)
+        need, i1 = free, None
+        for q in range(ep, len(evs)):
+            if evs[q] != s:
+                if evs[q] > s:
+                    break
+                continue
+            i = who[q]
+            if alive[i] and (s - f[i]) % bs == 0 and s >= f[i]:
+                if need == 0:
+                    i1 = i
+                    break
+                need -= 1
+        r1 = 0 if i1 is None else int(alive[:i1].sum())   # alive requests before the first that cannot take
+        if r1 == 0:
+            return None
+        ctx = c0[order] + (s - 1)
+        cand = np.arange(r1, len(order), dtype=np.int64)   # the batch sizes the preemptions can leave
+        sums, mx = np.cumsum(ctx), np.maximum.accumulate(ctx)
+        dtc = eng._window_seconds(cand, sums[cand - 1], mx[cand - 1])
+        if dtc is None or not np.all(t_end + dtc < t_next) or not np.all(dtc > 0):
+            return None
+        return r1, dtc
 
     def _finish(self, R, probs, alive, al, last, fin, st, t_end, settle) -> None:
         """Requests sampling their last token at step ``st`` finish as ``Scheduler.update`` and
