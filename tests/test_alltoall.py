@@ -80,3 +80,15 @@ def test_dp_attention_cost_adds_dispatch_combine():
     no_comm = ParallelCost(m, hw, node, ParallelConfig(1, 1, 4, enable_expert_parallel=True))
     assert dpa.seconds(items) == pytest.approx(no_comm.stages[0].seconds(items) + comm, rel=1e-12)
     assert comm > 0
+
+
+def test_target_prices_dp_attention():
+    """--data-parallel-size 4 --enable-expert-parallel on an MoE target: ParallelCost with EP 4, not replicas."""
+    from sim.api import loaded
+    from sim.replay.target import Target
+    s = loaded()
+    rep = Target.resolve(s, "qwen3-30b-a3b", "h100-sxm", None, node="dgx-h100", data_parallel_size=4)
+    dpa = Target.resolve(s, "qwen3-30b-a3b", "h100-sxm", None, node="dgx-h100", data_parallel_size=4,
+                         enable_expert_parallel=True)
+    assert rep.single and rep.cost() is None
+    assert not dpa.single and dpa.cost().dpa and dpa.rank_model.expert_parallel_size == 4
