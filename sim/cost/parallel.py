@@ -75,7 +75,8 @@ class ParallelConfig:
     # vLLM's --disable-custom-all-reduce: every tensor-parallel all-reduce through NCCL (NodeProfile.allreduce_seconds)
     disable_custom_all_reduce: bool = False
     # vLLM's --enable-expert-parallel: each of the TP ranks holds E / TP whole experts instead of every expert
-    # at 1 / TP of its width (EP size = TP here: rksim's replicas are independent, not vLLM's DP attention)
+    # at 1 / TP of its width; with --data-parallel-size D > 1 on an MoE model it is vLLM's DP attention + EP:
+    # EP size = D x TP, each DP rank its own batch and KV (sim.cost.alltoall prices dispatch / combine)
     enable_expert_parallel: bool = False
 
     def __post_init__(self) -> None:
@@ -100,6 +101,17 @@ class ParallelConfig:
     def gpus(self) -> int:
         return self.gpus_per_replica * self.data_parallel_size
 
+    def dp_attention(self, model: ModelShape) -> bool:
+        """vLLM's DP attention + EP: ``--enable-expert-parallel`` on an MoE model with ``--data-parallel-size > 1``
+        (otherwise ``data_parallel_size`` counts independent replicas)."""
+        return bool(self.enable_expert_parallel and model.num_experts and self.data_parallel_size > 1)
+
+    def expert_parallel_size(self, model: ModelShape) -> int:
+        """vLLM's EP size: ``DP x TP`` under DP attention, ``TP`` with EP alone, 1 without EP or experts."""
+        if not (self.enable_expert_parallel and model.num_experts):
+            return 1
+        return self.tensor_parallel_size * (self.data_parallel_size if self.dp_attention(model) else 1)
+
     @property
     def is_single(self) -> bool:
         return self.tensor_parallel_size == 1 and self.pipeline_parallel_size == 1
@@ -122,6 +134,15 @@ class ParallelConfig:
         if model.intermediate_size % tp:
             raise ParallelError(f"--tensor-parallel-size: {tp} does not divide {model.name}'s MLP width "
                                 f"{model.intermediate_size}")
+        if self.dp_attention(model):
+            ep = self.expert_parallel_size(model)
+            if model.num_experts % ep:
+                raise ParallelError(f"--data-parallel-size: {self.data_parallel_size} x --tensor-parallel-size {tp} "
+                                    f"= EP size {ep} does not divide {model.name}'s {model.num_experts} experts "
+                                    "(--enable-expert-parallel)")
+            if pp > 1:
+                raise ParallelError("--data-parallel-size: DP attention with --enable-expert-parallel is priced "
+                                    "for --pipeline-parallel-size 1 only")
         if self.enable_expert_parallel and model.num_experts:
             if model.num_experts % tp:
                 raise ParallelError(f"--enable-expert-parallel: --tensor-parallel-size {tp} does not divide "
@@ -165,7 +186,8 @@ def kv_heads_per_rank(n_kv_heads: int, tp: int) -> int:
     return 1 if tp >= n_kv_heads else n_kv_heads // tp
 
 
-def rank_model(m: ModelShape, tp: int = 1, layers: int | None = None, start: int = 0, ep: bool = False) -> ModelShape:
+def rank_model(m: ModelShape, tp: int = 1, layers: int | None = None, start: int = 0, ep: bool = False,
+               ep_size: int | None = None) -> ModelShape:
     """The shard one TP rank holds (and runs), over ``layers`` layers from layer ``start`` (default all).
 
     ``n_heads / TP`` query heads, :func:`kv_heads_per_rank` KV heads, ``F / TP`` MLP width,
@@ -181,9 +203,12 @@ def rank_model(m: ModelShape, tp: int = 1, layers: int | None = None, start: int
     (``FusedMoE``'s ``expert_map``) and runs, in expectation, ``k / TP`` of each token's experts; the shared
     experts stay TP-sharded (``DeepseekV2MLP``). Without DP attention every rank sees every token and the
     experts' outputs are all-reduced as under TP (``FusedMoE`` output reduction), so the collectives are TP's.
+    ``ep_size`` (with ``ep``): the EP size when it is not TP, ``D x TP`` under DP attention
+    (:meth:`ParallelConfig.expert_parallel_size`): ``E / (D TP)`` experts a rank.
     """
     L = m.n_layers if layers is None else int(layers)
-    if tp == 1 and L == m.n_layers:
+    eps = (ep_size or tp) if ep else 1
+    if tp == 1 and L == m.n_layers and eps == 1:
         return m
     kinds = {}
     if not m.is_plain:
@@ -192,8 +217,8 @@ def rank_model(m: ModelShape, tp: int = 1, layers: int | None = None, start: int
         kinds = dict(first_k_dense=fk, layer_types=lt if "sliding_attention" in lt else (),
                      sliding_window=m.sliding_window if "sliding_attention" in lt else 0,
                      moe_intermediate_size=m.moe_intermediate_size // tp)
-        if m.num_experts and ep and tp > 1:
-            kinds.update(moe_intermediate_size=m.moe_intermediate_size, expert_parallel_size=tp,
+        if m.num_experts and eps > 1:
+            kinds.update(moe_intermediate_size=m.moe_intermediate_size, expert_parallel_size=eps,
                          shared_expert_intermediate_size=m.shared_width // tp if m.shared_width else 0)
         if m.num_experts and fk >= L:   # a stage of dense layers only
             kinds.update(num_experts=0, experts_per_token=0, num_shared_experts=0, moe_intermediate_size=0,
@@ -204,15 +229,17 @@ def rank_model(m: ModelShape, tp: int = 1, layers: int | None = None, start: int
         source=f"{m.source or m.name} (one rank of tensor parallel {tp}, {L} layers)", **kinds)
 
 
-def rank_weight_bytes(m: ModelShape, tp: int, pp: int, ep: bool = False) -> list[float]:
+def rank_weight_bytes(m: ModelShape, tp: int, pp: int, ep: bool = False, ep_size: int | None = None) -> list[float]:
     """Weight bytes one GPU of each stage holds: its layers' shards, the embedding shard on the first
-    stage, the LM head shard (unless tied, then the embedding's) and the final norm on the last."""
+    stage, the LM head shard (unless tied, then the embedding's) and the final norm on the last.
+    ``ep_size``: as :func:`rank_model` (DP attention: attention, embedding and head TP-sharded inside the DP
+    rank, ``E / (D TP)`` whole experts a GPU)."""
     parts = stage_layers(m.n_layers, pp)
     s = m.dtype_bytes
     out = []
     a = 0
     for i, ell in enumerate(parts):
-        r = rank_model(m, tp, ell, a, ep)
+        r = rank_model(m, tp, ell, a, ep, ep_size)
         a += ell
         b = ell * r.layer_weight_bytes   # linear weights at their (maybe fp8) size, norms at s
         emb = s * r.vocab_size * m.hidden_size
@@ -453,12 +480,14 @@ class ParallelCost:
         # how the engine runs the stages (sim.serving.engine): up to PP batches in flight (vLLM) or one at a time
         self.pipeline_schedule = schedule
         self.pp = par.pipeline_parallel_size
-        self.single = par.is_single and delegate_single
+        # vLLM's DP attention + EP (ParallelConfig.dp_attention): experts over D x TP, dispatch / combine per MoE layer
+        self.dpa = par.dp_attention(m)
+        self.single = par.is_single and delegate_single and not self.dpa
         if self.single:
             self._one = ScalarCost(m, hw, cuda_graph=cuda_graph, graphs=graphs, routing=routing)
             self.prices_shared = self._one.prices_shared
             return
-        if node is None and not par.is_single:
+        if node is None and (self.dpa or not par.is_single):
             raise ParallelError(f"--tensor-parallel-size {par.tensor_parallel_size} --pipeline-parallel-size "
                                 f"{par.pipeline_parallel_size}: a node preset is needed to price the communication")
         if node is not None:
@@ -471,7 +500,8 @@ class ParallelCost:
         for ell in self.parts:
             self.bounds.append((a, a + ell))
             a += ell
-        self.stages = [ScalarCost(rank_model(m, tp, ell, a, par.enable_expert_parallel), hw, cuda_graph=cuda_graph,
+        self.stages = [ScalarCost(rank_model(m, tp, ell, a, par.enable_expert_parallel, par.expert_parallel_size(m)),
+                                  hw, cuda_graph=cuda_graph,
                                   sample_vocab=m.vocab_size, graphs=graphs, routing=routing)
                        for ell, (a, _) in zip(self.parts, self.bounds)]
         self.prices_shared = self.stages[0].prices_shared
@@ -525,6 +555,20 @@ class ParallelCost:
                 if rows > 0:
                     # tensor_model_parallel_gather: NCCL, not the custom all-reduce
                     t += 0.5 * node.allreduce_seconds(rows * self.logit_row, tp, custom=False)
+            if self.dpa and runs:
+                # DP attention + EP: all_gatherv dispatch and reduce_scatterv combine over the DP group, per MoE
+                # layer (sim.cost.alltoall), the other DP ranks padded to this rank's token count (DPMetadata)
+                from sim.cost.alltoall import dispatch_combine_seconds
+                fk = self.m.first_k_dense
+                prev = 0
+                for h in sorted({hh for hh, _ in runs}):
+                    tok = sum(nn for hh, nn in runs if hh >= h)     # tokens still running layers a+prev .. a+h
+                    moe_layers = max(0, (a + h) - max(a + prev, fk))
+                    if moe_layers:
+                        t += moe_layers * dispatch_combine_seconds(node, tok, self.m.hidden_size, self.m.dtype_bytes,
+                                                                   self.par.data_parallel_size,
+                                                                   self.m.experts_per_token)
+                    prev = h
             if k < last:
                 tok_next = sum(float(it[0]) for it in items if it[0] > 0 and (L if it[2] is None else it[2]) > b)
                 if tok_next > 0:

@@ -224,8 +224,9 @@ class Target:
 
     @property
     def single(self) -> bool:
-        """One GPU per replica (TP = PP = 1): priced by ``sim.cost.terms.ScalarCost`` as ever."""
-        return self.tensor_parallel_size == 1 and self.pipeline_parallel_size == 1
+        """One GPU per replica (TP = PP = 1, no DP attention + EP): priced by ``sim.cost.terms.ScalarCost`` as ever."""
+        return self.tensor_parallel_size == 1 and self.pipeline_parallel_size == 1 and \
+            not self.parallel.dp_attention(self.model)
 
     def routing(self):
         """The MoE routing the costs read experts by: None (the expectation) or a seeded
@@ -250,7 +251,7 @@ class Target:
             return self.model
         return rank_model(self.model, self.tensor_parallel_size,
                           max(stage_layers(self.model.n_layers, self.pipeline_parallel_size)),
-                          ep=self.enable_expert_parallel)
+                          ep=self.enable_expert_parallel, ep_size=self.parallel.expert_parallel_size(self.model))
 
     def layout(self) -> str:
         """``TP 2 x PP 1 x DP 4 on dgx-h100`` (empty for one GPU, one replica)."""
