@@ -111,14 +111,15 @@ def test_the_guard_sees_every_way_of_reading_the_figures(tmp_path):
 
 
 def test_a_public_profile_fit_and_the_collective_fit_never_open_the_figures():
-    from calibrate import collectives
+    from calibrate import collectives, fp8_gemm
     from calibrate import public_profiles as pp
     with _Guard() as g:
         fit = pp.fit_preset("a100-80gb")
+        fp8 = [fp8_gemm.fit(p) for p in fp8_gemm.PRESETS]
         d = collectives.load(collectives.PROFILES[0], collectives.COLLECTIVES[0])
         (nw, dpn), grp = next(iter(d.groupby(["num_workers", "devices_per_node"])))
         segs, _ = collectives.fit_segments(grp["size"].to_numpy(), grp["seconds"].to_numpy())
-    assert fit["rows"] > 0 and segs
+    assert fit["rows"] > 0 and segs and all(f["rows"] > 0 for f in fp8)
     assert not g.reads, f"the fit read the published validation figures: {g.reads}"
 
 

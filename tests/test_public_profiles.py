@@ -271,3 +271,34 @@ def test_cross_validation_prices_each_stack_and_same_stack_pairs_exist():
     for fit_on, predict in pp.CROSS["h100-same-stack"]:
         assert fit_on.startswith("vidur-h100-") and predict.startswith("vidur-h100-")
         assert "layer_shared" in by[(fit_on, predict)]["held_out"]
+
+
+# ----------------------------------------------------------------------------- FP8 GEMM efficiency (DeepGEMM)
+def test_fp8_gemm_source_license_checksum_and_presets_match_the_fit():
+    from calibrate import fp8_gemm
+
+    d = DATA / "deepgemm"
+    assert "MIT License" in (d / "LICENSE").read_text()
+    src = (d / "SOURCE.md").read_text()
+    sha = re.search(r"sha256 of `normal_gemm_h800.csv`: ([0-9a-f]{64})", src).group(1)
+    assert hashlib.sha256((d / "normal_gemm_h800.csv").read_bytes()).hexdigest() == sha
+    assert fp8_gemm.COMMIT in src
+    assert fp8_gemm.main(["--check"]) == 0      # the shipped eff_c_fp8 lines are what the table gives
+    for p in fp8_gemm.PRESETS:
+        f = fp8_gemm.fit(p)
+        assert load_hardware(p).eff_c_fp8 == pytest.approx(f["eff_c_fp8"])
+        assert f["band"][0] <= f["eff_c_fp8"] <= f["band"][1] and f["range"][0] <= f["eff_c_fp8"] <= f["range"][1]
+
+
+def test_fp8_gemm_efficiency_recovers_a_known_fraction():
+    from calibrate import fp8_gemm
+    from sim.cost.gemm import gemm_wave_flops
+
+    peak, sms, e = 1978.9e12, 132, 0.7
+    df = pd.DataFrame({"M": [4096, 4096, 64], "N": [7168, 4096, 4096], "K": [16384, 7168, 7168]})
+    fq = gemm_wave_flops(df["M"].to_numpy(), df["K"].to_numpy(), df["N"].to_numpy(), sms)
+    df["tflops"] = 2.0 * df["M"] * df["N"] * df["K"] / (fq / (peak * e)) / 1e12   # time = F_q / (peak e)
+    got = fp8_gemm.efficiencies(df, peak, sms)
+    assert len(got) == 2 and np.allclose(got, e)      # the M = 64 (weight-streaming) row is not a compute row
+    with pytest.raises(ValueError, match="compute-bound"):
+        fp8_gemm.efficiencies(df[df["M"] < 4096], peak, sms)
