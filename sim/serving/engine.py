@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import simpy
 
+from sim.serving import arrivals
 from sim.serving.capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
 from sim.cost.terms import ScalarCost, with_shared
 from sim.serving.fastforward import token_times
@@ -203,11 +204,12 @@ class Engine:
         self.concurrency = int(concurrency)
         self.arrival_rate = arrival_rate
         self.arrival_times = None if arrival_times is None else [float(t) for t in arrival_times]
-        if self.arrival_times is not None and len(self.arrival_times) != len(jobs):
-            raise ValueError(f"engine: {len(self.arrival_times)} arrival times for {len(jobs)} jobs")
         self.max_concurrency = max_concurrency
+        # how problems arrive (sim.serving.arrivals: the one driver of the engine, replicas and bench)
+        self.arrivals = arrivals.of(len(jobs), concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
+                                    arrival_times=arrival_times, max_concurrency=max_concurrency,
+                                    client_delays=client_delays, api_servers=api_servers)
         self.record_tokens = bool(record_token_times)
-        self.rng = np.random.default_rng(seed)
         bs = int(block_size) if block_size is not None else (jobs[0][1].bs if jobs else 16)
         self.bs = bs
         self.cfg = scheduler or SchedulerConfig(max_num_seqs=1 << 20, max_num_batched_tokens=1 << 24,
@@ -758,48 +760,12 @@ class Engine:
             p.tok = [[] for _ in range(job.B)]
         return p
 
-    def _timed_user(self, pseq: int, slots):
-        """Job ``pseq`` due at ``arrival_times[pseq]``; with ``slots`` (a FIFO resource of ``max_concurrency``)
-        it is sent when it holds one, and holds it until answered."""
-        t = self.arrival_times[pseq]
-        if t > self.env.now:
-            yield self.env.timeout(t - self.env.now)
-        done = None
-        if slots is not None:
-            slot = slots.request()
-            yield slot
-            done = self.env.event()
-        after = 0.0
-        if self.client_delays is not None:
-            self.sent[pseq] = self.env.now
-            before, after = self.client_delays[pseq]
-            with self._api.request() as q:   # the API server takes requests in turn
-                yield q
-                yield self.env.timeout(before)
-        self._arrive(self._prob(pseq), done)
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
-        if done is not None:
-            yield done
-            if after > 0:
-                yield self.env.timeout(after)   # the client holds its slot until the last chunk arrives
-            slots.release(slot)
-
-    def _closed_loop_user(self, mine):
-        for pseq in mine:
-            ev = self.env.event()
-            self._arrive(self._prob(pseq), ev)
-            if self._wake is not None and not self._wake.triggered:
-                self._wake.succeed()
-            yield ev
-
-    def _poisson(self):
-        for pseq in range(len(self.jobs)):
-            if pseq:
-                yield self.env.timeout(float(self.rng.exponential(1.0 / self.arrival_rate)))
-            self._arrive(self._prob(pseq))
-            if self._wake is not None and not self._wake.triggered:
-                self._wake.succeed()
+    def _submit_own(self, pseq: int, hold: bool):
+        """Job ``pseq`` of ``self.jobs`` arrives now (:mod:`sim.serving.arrivals`); ``hold``: an event for its answer."""
+        done = self.env.event() if hold else None
+        pos, job = self.jobs[pseq]
+        self.submit(pseq, pos, job, None, done)
+        return done
 
     # ------------------------------------------------------------------ driven from outside (sim.serving.replicas)
     def start(self):
@@ -830,32 +796,9 @@ class Engine:
 
     # ------------------------------------------------------------------ run
     def run(self) -> "EngineResult":
-        env = self.env
         acc = self.start()
-        if self.arrival_times is not None:
-            slots = simpy.Resource(env, capacity=int(self.max_concurrency)) if self.max_concurrency else None
-            if self.client_delays is not None:
-                self._api = simpy.Resource(env, capacity=self.api_servers)
-            for pseq in range(len(self.jobs)):
-                env.process(self._timed_user(pseq, slots))
-        elif self.arrival_rate is None:
-            n = len(self.jobs)
-            for u in range(min(self.concurrency, n)):
-                env.process(self._closed_loop_user(list(range(u, n, self.concurrency))))
-        else:
-            env.process(self._poisson())
-        step = env.step
-        n_ev = 0
-        try:
-            while True:
-                step()
-                n_ev += 1
-                if acc.triggered and not acc.ok:
-                    raise acc.value
-        except simpy.core.EmptySchedule:
-            pass
-        if acc.triggered and not acc.ok:  # pragma: no cover - re-raised above
-            raise acc.value
+        arrivals.start(self.env, self.arrivals, len(self.jobs), self._submit_own, self.sent)
+        n_ev = arrivals.run_until_empty(self.env, [acc])
         # events: simpy events plus one per request scheduled in an iteration (what a per-step event loop
         # such as Vidur's processes); the branches' bookkeeping runs as callbacks, not as simpy processes
         self.events = n_ev + self.items_scheduled
