@@ -41,6 +41,8 @@ import simpy
 
 from sim.serving import arrivals
 from sim.serving.capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
+from sim.cost import pricing
+from sim.cost.pricing import StepPricer
 from sim.cost.terms import ScalarCost, with_shared
 from sim.serving.fastforward import token_times
 from sim.serving.kvcache import UNLIMITED, BlockManager
@@ -179,22 +181,18 @@ class Engine:
                  async_scheduling: bool = False, client_delays=None, api_servers: int = 1,
                  fast_forward: bool = False, on_step=None):
         self.m, self.hw = model, hw
-        # host time per step (a sim.cost.overheads.HostStepCost; None: not priced, the policies' replay) and
-        # vLLM's --async-scheduling (host work of a step beside the GPU's): _price_batch, _host_seconds
-        self.host_step = host_step
-        self.async_scheduling = bool(async_scheduling)
-        self._host = (0.0, 0.0)
-        self.host_seconds = 0.0      # host seconds priced over the run (sync: all on the critical path)
-        self.host_extrapolated = 0   # steps beyond the sizes host_step was measured at (priced linearly, counted)
         # the API server in front (arrival_times only; None: none): per job (before_s, after_s), the seconds
         # from send to the engine (HTTP, tokenisation; api_servers requests at a time, FIFO) and from the
         # engine's last token to the client (its chunk's delivery); sent[pseq] = when the client sent it
         self.client_delays = client_delays
         self.api_servers = int(api_servers)
         self.sent: dict = {}
-                # cost: anything with ScalarCost's seconds(items), e.g. sim.cost.parallel.ParallelCost for a TP x PP replica
-        self.cost = ScalarCost(model, hw) if cost is None else cost
-        self.prices_shared = bool(getattr(self.cost, "prices_shared", False))
+        # pricing (sim.cost.pricing.StepPricer): the cost (anything with ScalarCost's seconds(items), e.g.
+        # sim.cost.parallel.ParallelCost for a TP x PP replica), the host time per step (a
+        # sim.cost.overheads.HostStepCost; None: not priced, the policies' replay) and vLLM's --async-scheduling
+        self.pricer = StepPricer(ScalarCost(model, hw) if cost is None else cost, host_step=host_step,
+                                 async_scheduling=async_scheduling, max_batch=max_batch,
+                                 hw_name=hw_name or getattr(hw, "name", ""), shared=self._with_shared)
         # env: a shared environment (several replicas' engines under one clock, sim.serving.replicas)
         self.env = simpy.Environment() if env is None else env
         # settle: before forming a batch, yield zero-time steps while events are due now (None: until none are;
@@ -220,8 +218,6 @@ class Engine:
         self.caching = caching
         self.prompt_ids = prompt_ids
         self.score_at = score_at
-        self.max_batch = max_batch
-        self.hw_name = hw_name or getattr(hw, "name", "")
         self.per_problem = per_problem_timeline
         self.block_bytes = float(kv_bytes_per_block if kv_bytes_per_block is not None
                                  else bs * model.kv_bytes_per_token)
@@ -236,8 +232,6 @@ class Engine:
         self.run_time = 0.0       # sum of running-seqs x iteration time (time-weighted mean)
         self.tokens = [0.0, 0.0, 0.0, 0.0]
         self.gen_tokens = 0
-        self._extra_dt = 0.0
-        self._alone_memo: dict = {}
         self.items_scheduled = 0   # (request, iteration) pairs: one scheduling event each
         # pipeline parallelism: the cost's stages; "overlapped" keeps up to PP batches in flight (vLLM)
         self.pp_stages = int(getattr(self.cost, "pp", 1)) if hasattr(self.cost, "stage_seconds") else 1
@@ -253,6 +247,18 @@ class Engine:
         self.on_step = on_step
         self._ff = (FastForward(self) if fast_forward and on_step is None and FastForward.supports(self)
                     else None)
+
+    # the pricing state, on the engine (sim.serving.fastforward and callers read and add to these)
+    cost = property(lambda self: self.pricer.cost)
+    host_step = property(lambda self: self.pricer.host_step)
+    async_scheduling = property(lambda self: self.pricer.async_scheduling)
+    max_batch = property(lambda self: self.pricer.max_batch)
+    hw_name = property(lambda self: self.pricer.hw_name)
+    prices_shared = property(lambda self: self.pricer.prices_shared)
+    host_seconds = property(lambda self: self.pricer.host_seconds,
+                            lambda self, v: setattr(self.pricer, "host_seconds", v))
+    host_extrapolated = property(lambda self: self.pricer.host_extrapolated,
+                                 lambda self, v: setattr(self.pricer, "host_extrapolated", v))
 
     # ------------------------------------------------------------------ requests
     def _add(self, req: Request) -> None:
@@ -359,48 +365,30 @@ class Engine:
         if p.user_done is not None:
             p.user_done.succeed()
 
-    # ------------------------------------------------------------------ pricing
+    # ------------------------------------------------------------------ pricing (sim.cost.pricing.StepPricer)
     def _price(self, it):
-        """Cost tuples ``(n, c, layers, probes, logits, copy)`` and the phase kind of one scheduled item."""
-        req = it.req
-        p, kind, b = req.data
-        n, c = it.num_new, it.num_cached
-        j = p.job
-        if kind == 0:
-            return [(float(n), float(c), None, 0.0, 0.0, 0.0)], 0
-        if kind == 3:
-            last = c + n == req.num_tokens
-            # verification reads p(Yes)/p(No) off its LM-head row: no sampling (7th field 0)
-            return [(float(n), float(c), float(j.v_layers[b]), float(j.v_probes[b]) if last else 0.0,
-                     float(j.v_head[b]) if last else 0.0, 0.0, 0.0)], 3
-        if n == 0:
-            return [], 1   # a zero-copy fork admitted on its source's KV: no forward work
-        ctx = int(j.ctx[b])
-        vs = int(p.vstart[b]) if p.ext[b] else None
-        end = c + n
-        out = []
-        if vs is not None and end > vs:
-            lo = max(c, vs)
-            if c < vs:
-                out += self._price(_Sub(req, vs - c, c))[0]
-            last = end == req.num_tokens
-            out.append((float(end - lo), float(lo), float(j.v_layers[b]), float(j.v_probes[b]) if last else 0.0,
-                        float(j.v_head[b]) if last else 0.0, 0.0, 0.0))
-            return out, 3
-        if c < ctx:
-            cp = 0
-            if j.share[b] and j.copy[b] > 0:
-                cp = max(0, min(end, ctx) - max(c, ctx - int(j.copy[b])))
-            # the chunk completing the prompt pays the LM head if the branch computes prompt tokens of its own
-            # (a copy-only fork's first token is its source's), or if it recomputes past the prompt
-            logits = 1.0 if end >= ctx and (end > ctx or j.computed[b] > 0) else 0.0
-            return [(float(n - cp), float(c), None, 0.0, logits, float(cp))], 1
-        long = j.long
-        if long is not None and n == 1:
-            # token eviction: the step attends over the policy's cache, not every token so far
-            self._extra_dt += long.evict_s.get(c, 0.0)
-            return [(1.0, float(long.context(c)), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
-        return [(float(n), float(c), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
+        return self.pricer.item(it)
+
+    def _price_batch(self, items, now: float):
+        """:meth:`StepPricer.batch` of the scheduled batch (``items_scheduled`` counts its items)."""
+        out = self.pricer.batch(items, now)
+        self.items_scheduled += len(items)
+        return out
+
+    def _host_seconds(self, items) -> tuple:
+        return self.pricer.host_of(items)
+
+    def _stepped(self, gpu_s: float) -> float:
+        return self.pricer.stepped(gpu_s)
+
+    def _window_seconds(self, B, S, cmax):
+        return self.pricer.window_seconds(B, S, cmax)
+
+    def window_host(self, B):
+        return self.pricer.window_host(B)
+
+    def _alone(self, ts) -> float:
+        return self.pricer.alone(ts)
 
     # ------------------------------------------------------------------ accelerator
     def _settle(self):
@@ -447,11 +435,11 @@ class Engine:
                 st = cost.stage_seconds(tup)
                 if self.host_step is not None:
                     st[0] = self._stepped(st[0])   # host time: with stage 0 (the engine core feeds rank 0)
-                dt = float(sum(st)) + self._extra_dt     # == cost.seconds(tup): one batch through every stage
-                st[-1] += self._extra_dt
+                dt = float(sum(st)) + self.pricer.extra_dt     # == cost.seconds(tup): one batch through every stage
+                st[-1] += self.pricer.extra_dt
                 self._record_batch(env.now, st, list(env.now + np.cumsum(st)), items)
             else:
-                dt = self._stepped(cost.seconds(tup) + self._extra_dt)
+                dt = self._stepped(cost.seconds(tup) + self.pricer.extra_dt)
             self._admitted(items, env.now)
             if dt > 0:
                 yield env.timeout(dt)
@@ -459,31 +447,8 @@ class Engine:
             self.run_time += dt * nrun
             self._complete(out, items, priced, tup, dt, nrun)
 
-    def _window_seconds(self, B, S, cmax):
-        """Seconds of decode iterations of a fast-forward window (:mod:`sim.serving.fastforward`), one per entry: ``B``
-        requests decoding one token each over ``S`` cached tokens in all, the longest ``cmax`` (arrays). The
-        cost's per-step vector (:meth:`sim.cost.terms.ScalarCost.decode_batch_seconds`); a per-step host term, a
-        function of the same running requests and scheduled tokens (both ``B``), joins here element by element.
-        """
-        gpu = self.cost.decode_batch_seconds(B, S, cmax)
-        if self.host_step is None or gpu is None:
-            return gpu
-        from sim.cost.overheads import step_seconds
-        h, sr = self.window_host(B)
-        return step_seconds(gpu, h, self.async_scheduling, sr)
-
     # a window's steps carry the host term (window_host): fast-forward may replace them (sim.serving.fastforward)
     windows_price_host = True
-
-    def window_host(self, B):
-        """``(host_s, host_serial_s)`` of decode steps of ``B`` requests (arrays): every request computes and
-        samples one token, none is admitted -- :meth:`_host_seconds` of such a step, element by element (the
-        same floating-point operations, so the same floats). Sizes past the measured range are priced on the
-        same lines (counted by the window's close: ``host_extrapolated``)."""
-        import dataclasses
-        hs = dataclasses.replace(self.host_step, max_running=None, max_tokens=None)
-        B = np.asarray(B)
-        return hs.seconds(B, B, B, 0, 0), hs.serial_seconds(B, B, B, 0, 0)
 
     def _record_batch(self, start, st, ends, items) -> None:
         for k, t in enumerate(st):
@@ -531,7 +496,7 @@ class Engine:
                 continue
             priced, tup = self._price_batch(items, env.now)
             st = cost.stage_seconds(tup)
-            st[-1] += self._extra_dt     # eviction scoring: with the sampling, on the last stage
+            st[-1] += self.pricer.extra_dt     # eviction scoring: with the sampling, on the last stage
             if self.host_step is not None:
                 st[0] = self._stepped(st[0])   # host time: with stage 0 (the engine core feeds rank 0)
             start = env.now
@@ -650,17 +615,6 @@ class Engine:
         for it, (ts, kind), a in zip(items, priced, alone):
             it.req.data[0].phase[KIND_NAMES[kind]] += dt * a / tot if tot > 0 else dt / len(items)
 
-    def _alone(self, ts) -> float:
-        """``cost.seconds(ts)``, memoised: a pure function of the item's cost tuples, priced for every item of
-        every mixed iteration (the decodes beside a prefill chunk repeat their contexts across iterations)."""
-        key = tuple(ts)
-        v = self._alone_memo.get(key)
-        if v is None:
-            if len(self._alone_memo) > 1 << 16:
-                self._alone_memo.clear()
-            v = self._alone_memo[key] = self.cost.seconds(ts)
-        return v
-
     # ------------------------------------------------------------------ arrivals
     def _no_fit(self, head, kv) -> CapacityError:
         """The request at the head of the queue can never fit the KV capacity, even alone."""
@@ -670,57 +624,6 @@ class Engine:
             f"({need * self.block_bytes / 1e9:.3f} GB) but the KV capacity is {kv.num_blocks} blocks "
             f"({kv.num_blocks * self.block_bytes / 1e9:.3f} GB): {need - kv.num_blocks} blocks "
             f"({(need - kv.num_blocks) * self.block_bytes / 1e9:.3f} GB) short", field="kv_capacity_bytes")
-
-    def _price_batch(self, items, now: float):
-        """Price one scheduled batch: ``(per item (cost tuples, info), all cost tuples)``; refuses a batch of
-        more sequences than the profile was fitted on. Resets the eviction-scoring time the items add."""
-        n = len(items)
-        if self.max_batch is not None and n > self.max_batch:
-            from sim.cost.profiles import OutOfCalibrationError
-            raise OutOfCalibrationError(
-                f"hardware {self.hw_name}: an iteration batched {n} sequences at t = {now:.3f} s, "
-                f"outside the calibrated range (fitted_range.max_batch = {self.max_batch}); refusing to "
-                f"extrapolate (lower the arrival rate, the concurrency or --max-num-seqs)")
-        self._extra_dt = 0.0
-        self.items_scheduled += n
-        if self.host_step is not None:
-            self._host = self._host_seconds(items)
-        priced = [self._price(it) for it in items]
-        if self.prices_shared:
-            priced = self._with_shared(items, priced)
-        return priced, [t for ts, _ in priced for t in ts]
-
-    def _host_seconds(self, items) -> tuple:
-        """``(host_s, host_serial_s)`` of the step scheduling ``items`` (:class:`sim.cost.overheads.HostStepCost`).
-
-        ``running`` = the requests in the step, ``scheduled_tokens`` = their new tokens, ``sampled`` = those
-        sampling a token, ``admitted`` / ``admitted_tokens`` = requests scheduled for the first time (not
-        after a preemption) and their prompt tokens: vLLM's ``EngineCore.add_request`` runs once per
-        request between steps; it is charged to the step that first schedules it (the same total). Sizes
-        beyond the measured range are priced on the same lines and counted (``host_extrapolated``).
-        """
-        hs = self.host_step
-        r = len(items)
-        t = sum(it.num_new for it in items)
-        smp = sum(1 for it in items if it.samples)
-        new = [it.req for it in items if it.new_admission and it.req.num_preemptions == 0]
-        a, at = len(new), sum(q.prompt_tokens for q in new)
-        if (hs.max_running is not None and r > hs.max_running) or (hs.max_tokens is not None and t > hs.max_tokens):
-            import dataclasses
-            hs = dataclasses.replace(hs, max_running=None, max_tokens=None)
-            self.host_extrapolated += 1
-        return hs.seconds(r, t, smp, a, at), hs.serial_seconds(r, t, smp, a, at)
-
-    def _stepped(self, gpu_s: float) -> float:
-        """The step's first (or only) stage with its host time: ``sim.cost.overheads.step_seconds(gpu_s, host_s,
-        async_scheduling, host_serial_s)`` (sync: ``gpu_s + host_s``; async: ``max(gpu_s + serial, host_s)``).
-        """
-        if self.host_step is None:
-            return gpu_s
-        from sim.cost.overheads import step_seconds
-        h, s = self._host
-        self.host_seconds += h
-        return step_seconds(gpu_s, h, self.async_scheduling, s)
 
     def _with_shared(self, items, priced):
         """Each item's first cost tuple carries ``h_i`` (:func:`sim.serving.kvshare.shared_tokens` over the block
@@ -826,12 +729,7 @@ class LongDecode:
         return c
 
 
-class _Sub:
-    """A sub-range of a scheduled item (pricing the part of a chunk before a verification prompt)."""
-
-    def __init__(self, req, n, c):
-        self.req, self.num_new, self.num_cached = req, n, c
-        self.samples = False
+_Sub = pricing._Sub   # re-exported: it moved with the pricing
 
 
 class EngineResult:
