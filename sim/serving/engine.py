@@ -41,13 +41,12 @@ import simpy
 
 from sim.serving import arrivals
 from sim.serving.capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
-from sim.cost import pricing
 from sim.cost.pricing import StepPricer
 from sim.cost.terms import ScalarCost, with_shared
 from sim.serving.fastforward import token_times
 from sim.serving.kvcache import UNLIMITED, BlockManager
 from sim.serving.kvshare import shared_tokens
-from sim.serving.lifecycle import ProblemLifecycle, _Prob, _content_fn, _plan_ids  # noqa: F401  (re-exported)
+from sim.serving.lifecycle import ProblemLifecycle
 from sim.serving.scheduler import Request, Scheduler, SchedulerConfig
 from sim.workload.job import KIND_NAMES, Job
 
@@ -532,9 +531,6 @@ class LongDecode:
         if 0 <= i < self.sizes.size:
             return int(self.sizes[i]) - 1
         return c
-
-
-_Sub = pricing._Sub   # re-exported: it moved with the pricing
 
 
 class EngineResult:
