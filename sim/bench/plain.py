@@ -503,6 +503,7 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
     makespan)``."""
     import simpy
 
+    from sim.serving import arrivals
     from sim.serving.engine import Engine
     from sim.serving.router import Arrival, make_router
 
@@ -513,44 +514,19 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
     rt = make_router(router, n)
     outstanding = [0] * n
     where = np.zeros(len(jobs), np.int64)
-    slots = simpy.Resource(env, capacity=int(max_concurrency)) if max_concurrency else None
-    api = simpy.Resource(env, capacity=int(api_servers)) if delays is not None else None   # one in front of all
+    arr = arrivals.Timed(tuple(float(t) for t in sched_t), max_concurrency, delays, int(api_servers))
 
-    def user(i):
-        t = float(sched_t[i])
-        if t > env.now:
-            yield env.timeout(t - env.now)
-        slot = None
-        if slots is not None:
-            slot = slots.request()
-            yield slot
-        if api is not None:   # the API server (sim.serving.engine.Engine._timed_user's rule)
-            sent[i] = env.now
-            with api.request() as q:
-                yield q
-                yield env.timeout(delays[i][0])
+    def submit(i, hold):
         r = int(rt.route(Arrival(i, 0, 1, keys[i]), outstanding))
         where[i] = r
         outstanding[r] += 1
         done = env.event()
+        done.callbacks.append(lambda _e, r=r: outstanding.__setitem__(r, outstanding[r] - 1))
         engines[r].submit(i, jobs[i][0], jobs[i][1], ids[i], done)
-        yield done
-        outstanding[r] -= 1
-        if slot is not None:
-            if api is not None and delays[i][1] > 0:
-                yield env.timeout(delays[i][1])
-            slots.release(slot)
+        return done
 
-    for i in range(len(jobs)):
-        env.process(user(i))
-    try:
-        while True:
-            env.step()
-            for a in accs:
-                if a.triggered and not a.ok:
-                    raise a.value
-    except simpy.core.EmptySchedule:
-        pass
+    arrivals.start(env, arr, len(jobs), submit, sent)
+    arrivals.run_until_empty(env, accs)
     counts = np.bincount(where, minlength=n)
     results = [e.result(n_expected=int(c)) for e, c in zip(engines, counts)]
     by = {}

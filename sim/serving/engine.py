@@ -39,79 +39,18 @@ from dataclasses import dataclass
 
 import simpy
 
+from sim.serving import arrivals
 from sim.serving.capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
+from sim.cost.pricing import StepPricer
 from sim.cost.terms import ScalarCost, with_shared
 from sim.serving.fastforward import token_times
 from sim.serving.kvcache import UNLIMITED, BlockManager
 from sim.serving.kvshare import shared_tokens
+from sim.serving.lifecycle import ProblemLifecycle
 from sim.serving.scheduler import Request, Scheduler, SchedulerConfig
 from sim.workload.job import KIND_NAMES, Job
 
 SCORE_AT = {"mean_prob": "generation", "vote_share": "branches", "verify_score": "verification"}
-
-
-class _Prob:
-    __slots__ = ("pseq", "pos", "job", "ids", "arrival", "admitted", "end", "first", "gate_left", "src_ready",
-                 "started", "gen_done", "n_gen_done", "verify_left", "phase", "times", "mem", "peak", "iterations",
-                 "recompute", "hit_tokens", "prompt_tokens", "user_done", "reqs", "vstart", "ext", "qsum", "qn",
-                 "tok")
-
-    def __init__(self, pseq, pos, job, ids):
-        self.pseq, self.pos, self.job, self.ids = pseq, pos, job, ids
-        B = job.B
-        self.arrival = self.admitted = 0.0
-        self.end = float("nan")
-        self.first = np.full(B, np.nan)
-        self.gate_left = (job.gate > 0).copy()
-        self.src_ready = np.zeros(B, bool)
-        self.started = np.zeros(B, bool)
-        self.gen_done = np.zeros(B, bool)
-        self.n_gen_done = 0
-        self.verify_left = 0
-        self.phase = {k: 0.0 for k in KIND_NAMES}
-        self.times, self.mem = [], []
-        self.peak = 0.0
-        self.iterations = 0
-        self.recompute = 0
-        self.hit_tokens = 0
-        self.prompt_tokens = 0
-        self.user_done = None
-        self.reqs = {}
-        self.vstart = np.where(job.gen > 0, job.ctx + job.gen - 1, job.ctx)
-        self.ext = np.zeros(B, bool)     # the branch's request was extended by its verification prompt
-        self.qsum, self.qn = 0.0, 0      # waiting of its branch requests: first scheduled - ready
-        self.admitted = None
-        self.tok = None                  # per branch, the times its tokens were sampled (record_token_times)
-
-
-def _plan_ids(pos: int, job: Job) -> list:
-    """Stand-in token ids that realise a job's sharing plan when the trace's are not given: branch ``b``'s
-    first ``reused_b`` tokens are its source's (all of them when it shares the root's KV), the rest its own
-    (negative ids, unique per problem position, branch and token)."""
-    if job.plan_ids is not None:
-        return job.plan_ids
-    out = []
-    for b in range(job.B):
-        ids = -(1 + pos * 10 ** 9 + b * 10 ** 6 + np.arange(int(job.ctx[b]), dtype=np.int64))
-        s = int(job.source[b])
-        if s >= 0:
-            r = int(job.ctx[b]) if job.share[b] else int(job.reused[b])
-            r = min(r, len(out[s]))
-            ids[:r] = out[s][:r]
-        out.append(ids)
-    job.plan_ids = out
-    return out
-
-
-def _content_fn(pos, b, ids, bs, tag):
-    """Block ``k``'s content: its token ids inside the prompt, else the branch's generated block ``k``."""
-    n_full = len(ids) // bs
-
-    def content(k, ids=ids):
-        if k < n_full:
-            return tuple(ids[k * bs:(k + 1) * bs].tolist())
-        return ("gen", pos, tag, k)
-    return content
 
 
 @dataclass(frozen=True)
@@ -129,7 +68,7 @@ class StepRecord:
     kv_blocks_used: int
 
 
-class Engine:
+class Engine(ProblemLifecycle):
     """One simulation run. ``jobs``: list of ``(pos, Job)`` in submission order.
 
     Parameters
@@ -178,22 +117,18 @@ class Engine:
                  async_scheduling: bool = False, client_delays=None, api_servers: int = 1,
                  fast_forward: bool = False, on_step=None):
         self.m, self.hw = model, hw
-        # host time per step (a sim.cost.overheads.HostStepCost; None: not priced, the policies' replay) and
-        # vLLM's --async-scheduling (host work of a step beside the GPU's): _price_batch, _host_seconds
-        self.host_step = host_step
-        self.async_scheduling = bool(async_scheduling)
-        self._host = (0.0, 0.0)
-        self.host_seconds = 0.0      # host seconds priced over the run (sync: all on the critical path)
-        self.host_extrapolated = 0   # steps beyond the sizes host_step was measured at (priced linearly, counted)
         # the API server in front (arrival_times only; None: none): per job (before_s, after_s), the seconds
         # from send to the engine (HTTP, tokenisation; api_servers requests at a time, FIFO) and from the
         # engine's last token to the client (its chunk's delivery); sent[pseq] = when the client sent it
         self.client_delays = client_delays
         self.api_servers = int(api_servers)
         self.sent: dict = {}
-                # cost: anything with ScalarCost's seconds(items), e.g. sim.cost.parallel.ParallelCost for a TP x PP replica
-        self.cost = ScalarCost(model, hw) if cost is None else cost
-        self.prices_shared = bool(getattr(self.cost, "prices_shared", False))
+        # pricing (sim.cost.pricing.StepPricer): the cost (anything with ScalarCost's seconds(items), e.g.
+        # sim.cost.parallel.ParallelCost for a TP x PP replica), the host time per step (a
+        # sim.cost.overheads.HostStepCost; None: not priced, the policies' replay) and vLLM's --async-scheduling
+        self.pricer = StepPricer(ScalarCost(model, hw) if cost is None else cost, host_step=host_step,
+                                 async_scheduling=async_scheduling, max_batch=max_batch,
+                                 hw_name=hw_name or getattr(hw, "name", ""), shared=self._with_shared)
         # env: a shared environment (several replicas' engines under one clock, sim.serving.replicas)
         self.env = simpy.Environment() if env is None else env
         # settle: before forming a batch, yield zero-time steps while events are due now (None: until none are;
@@ -203,11 +138,12 @@ class Engine:
         self.concurrency = int(concurrency)
         self.arrival_rate = arrival_rate
         self.arrival_times = None if arrival_times is None else [float(t) for t in arrival_times]
-        if self.arrival_times is not None and len(self.arrival_times) != len(jobs):
-            raise ValueError(f"engine: {len(self.arrival_times)} arrival times for {len(jobs)} jobs")
         self.max_concurrency = max_concurrency
+        # how problems arrive (sim.serving.arrivals: the one driver of the engine, replicas and bench)
+        self.arrivals = arrivals.of(len(jobs), concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
+                                    arrival_times=arrival_times, max_concurrency=max_concurrency,
+                                    client_delays=client_delays, api_servers=api_servers)
         self.record_tokens = bool(record_token_times)
-        self.rng = np.random.default_rng(seed)
         bs = int(block_size) if block_size is not None else (jobs[0][1].bs if jobs else 16)
         self.bs = bs
         self.cfg = scheduler or SchedulerConfig(max_num_seqs=1 << 20, max_num_batched_tokens=1 << 24,
@@ -218,8 +154,6 @@ class Engine:
         self.caching = caching
         self.prompt_ids = prompt_ids
         self.score_at = score_at
-        self.max_batch = max_batch
-        self.hw_name = hw_name or getattr(hw, "name", "")
         self.per_problem = per_problem_timeline
         self.block_bytes = float(kv_bytes_per_block if kv_bytes_per_block is not None
                                  else bs * model.kv_bytes_per_token)
@@ -234,8 +168,6 @@ class Engine:
         self.run_time = 0.0       # sum of running-seqs x iteration time (time-weighted mean)
         self.tokens = [0.0, 0.0, 0.0, 0.0]
         self.gen_tokens = 0
-        self._extra_dt = 0.0
-        self._alone_memo: dict = {}
         self.items_scheduled = 0   # (request, iteration) pairs: one scheduling event each
         # pipeline parallelism: the cost's stages; "overlapped" keeps up to PP batches in flight (vLLM)
         self.pp_stages = int(getattr(self.cost, "pp", 1)) if hasattr(self.cost, "stage_seconds") else 1
@@ -252,153 +184,48 @@ class Engine:
         self._ff = (FastForward(self) if fast_forward and on_step is None and FastForward.supports(self)
                     else None)
 
+    # the pricing state, on the engine (sim.serving.fastforward and callers read and add to these)
+    cost = property(lambda self: self.pricer.cost)
+    host_step = property(lambda self: self.pricer.host_step)
+    async_scheduling = property(lambda self: self.pricer.async_scheduling)
+    max_batch = property(lambda self: self.pricer.max_batch)
+    hw_name = property(lambda self: self.pricer.hw_name)
+    prices_shared = property(lambda self: self.pricer.prices_shared)
+    host_seconds = property(lambda self: self.pricer.host_seconds,
+                            lambda self, v: setattr(self.pricer, "host_seconds", v))
+    host_extrapolated = property(lambda self: self.pricer.host_extrapolated,
+                                 lambda self, v: setattr(self.pricer, "host_extrapolated", v))
+
     # ------------------------------------------------------------------ requests
     def _add(self, req: Request) -> None:
         self.sched.add(req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
-    def _branch_ids(self, p: _Prob, b: int):
-        j = p.job
-        if self.prompt_ids is None:
-            return _plan_ids(p.pos, j)[b]
-        ids = self.prompt_ids[p.pseq][b]
-        return ids[: int(j.ctx[b])]
-
-    def _start_branch(self, p: _Prob, b: int) -> None:
-        j = p.job
-        p.started[b] = True
-        share = bool(j.share[b])
-        ids = self._branch_ids(p, b)
-        tag = ("s" if share else "o", b)
-        hold = bool(j.verify_on and j.v_reuse)
-        req = Request((p.pseq, "b", b), int(j.ctx[b]), int(j.gen[b]),
-                      content=_content_fn(p.pos, b, ids, self.bs, tag), cacheable=self.caching,
-                      allow_full_hit=share, hold=hold, depth=0, gen_depth=1, data=(p, 1, b))
-        long = j.long
-        if long is not None:
-            req.kv_cap = long.cap
-        req.arrival = self.env.now   # ready to run (gate done, source's first token out)
-        p.reqs[b] = req
-        self._add(req)
-
-    def _ready(self, p: _Prob, b: int) -> bool:
-        s = int(p.job.source[b])
-        return (not p.started[b]) and (not p.gate_left[b]) and (s < 0 or p.src_ready[s])
-
-    def _try_start(self, p: _Prob) -> None:
-        for b in range(p.job.B):
-            if self._ready(p, b):
-                self._start_branch(p, b)
-
-    def _arrive(self, p: _Prob, user_done=None) -> None:
-        p.arrival = self.env.now
-        p.user_done = user_done
-        self.probs.append(p)
-        j = p.job
-        if j.B == 0:
-            self._finish_problem(p)
-            return
-        for b in range(j.B):
-            if j.gate[b] > 0:
-                self._add(Request((p.pseq, "g", b), int(j.gate[b]), 0, cacheable=False, data=(p, 0, b)))
-        self._try_start(p)
-
-    def _gen_finished(self, p: _Prob, b: int) -> None:
-        if p.gen_done[b]:
-            return
-        p.gen_done[b] = True
-        p.n_gen_done += 1
-        j = p.job
-        if self.score_at == "generation":
-            self._score(p, b)
-        if p.n_gen_done < j.B:
-            return
-        if self.score_at == "branches":
-            for bb in range(j.B):
-                self._score(p, bb)
-        if not j.verify_on:
-            self._finish_problem(p)
-            return
-        p.verify_left = j.B
-        for bb in range(j.B):
-            if j.v_reuse:
-                tail = 1 if j.gen[bb] > 0 else 0
-                p.ext[bb] = True
-                req = self.sched.extend((p.pseq, "b", bb), int(j.v_new[bb]) - tail)
-                if req.status == "finished":  # nothing to compute (no verification tokens)
-                    self._verify_done(p, bb)
-                if self._wake is not None and not self._wake.triggered:
-                    self._wake.succeed()
-            else:
-                self._add(Request((p.pseq, "v", bb), int(j.v_new[bb]), 0, cacheable=False, data=(p, 3, bb)))
-
-    def _score(self, p: _Prob, b: int) -> None:
-        if self.kv.num_blocks == 0 or not self.caching:
-            return
-        req = p.reqs.get(b)
-        if req is None:
-            return
-        s = float(p.job.score[b]) if p.job.score is not None else 0.0
-        for key in self.kv.chain_keys(req):
-            self.kv.set_score(key, s)
-
-    def _verify_done(self, p: _Prob, b: int) -> None:
-        if self.score_at == "verification":
-            self._score(p, b)
-        p.verify_left -= 1
-        if p.verify_left == 0:
-            self._finish_problem(p)
-
-    def _finish_problem(self, p: _Prob) -> None:
-        p.end = self.env.now
-        if p.admitted is None:
-            p.admitted = p.arrival
-        if p.user_done is not None:
-            p.user_done.succeed()
-
-    # ------------------------------------------------------------------ pricing
+    # ------------------------------------------------------------------ pricing (sim.cost.pricing.StepPricer)
     def _price(self, it):
-        """Cost tuples ``(n, c, layers, probes, logits, copy)`` and the phase kind of one scheduled item."""
-        req = it.req
-        p, kind, b = req.data
-        n, c = it.num_new, it.num_cached
-        j = p.job
-        if kind == 0:
-            return [(float(n), float(c), None, 0.0, 0.0, 0.0)], 0
-        if kind == 3:
-            last = c + n == req.num_tokens
-            # verification reads p(Yes)/p(No) off its LM-head row: no sampling (7th field 0)
-            return [(float(n), float(c), float(j.v_layers[b]), float(j.v_probes[b]) if last else 0.0,
-                     float(j.v_head[b]) if last else 0.0, 0.0, 0.0)], 3
-        if n == 0:
-            return [], 1   # a zero-copy fork admitted on its source's KV: no forward work
-        ctx = int(j.ctx[b])
-        vs = int(p.vstart[b]) if p.ext[b] else None
-        end = c + n
-        out = []
-        if vs is not None and end > vs:
-            lo = max(c, vs)
-            if c < vs:
-                out += self._price(_Sub(req, vs - c, c))[0]
-            last = end == req.num_tokens
-            out.append((float(end - lo), float(lo), float(j.v_layers[b]), float(j.v_probes[b]) if last else 0.0,
-                        float(j.v_head[b]) if last else 0.0, 0.0, 0.0))
-            return out, 3
-        if c < ctx:
-            cp = 0
-            if j.share[b] and j.copy[b] > 0:
-                cp = max(0, min(end, ctx) - max(c, ctx - int(j.copy[b])))
-            # the chunk completing the prompt pays the LM head if the branch computes prompt tokens of its own
-            # (a copy-only fork's first token is its source's), or if it recomputes past the prompt
-            logits = 1.0 if end >= ctx and (end > ctx or j.computed[b] > 0) else 0.0
-            return [(float(n - cp), float(c), None, 0.0, logits, float(cp))], 1
-        long = j.long
-        if long is not None and n == 1:
-            # token eviction: the step attends over the policy's cache, not every token so far
-            self._extra_dt += long.evict_s.get(c, 0.0)
-            return [(1.0, float(long.context(c)), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
-        return [(float(n), float(c), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
+        return self.pricer.item(it)
+
+    def _price_batch(self, items, now: float):
+        """:meth:`StepPricer.batch` of the scheduled batch (``items_scheduled`` counts its items)."""
+        out = self.pricer.batch(items, now)
+        self.items_scheduled += len(items)
+        return out
+
+    def _host_seconds(self, items) -> tuple:
+        return self.pricer.host_of(items)
+
+    def _stepped(self, gpu_s: float) -> float:
+        return self.pricer.stepped(gpu_s)
+
+    def _window_seconds(self, B, S, cmax):
+        return self.pricer.window_seconds(B, S, cmax)
+
+    def window_host(self, B):
+        return self.pricer.window_host(B)
+
+    def _alone(self, ts) -> float:
+        return self.pricer.alone(ts)
 
     # ------------------------------------------------------------------ accelerator
     def _settle(self):
@@ -445,11 +272,11 @@ class Engine:
                 st = cost.stage_seconds(tup)
                 if self.host_step is not None:
                     st[0] = self._stepped(st[0])   # host time: with stage 0 (the engine core feeds rank 0)
-                dt = float(sum(st)) + self._extra_dt     # == cost.seconds(tup): one batch through every stage
-                st[-1] += self._extra_dt
+                dt = float(sum(st)) + self.pricer.extra_dt     # == cost.seconds(tup): one batch through every stage
+                st[-1] += self.pricer.extra_dt
                 self._record_batch(env.now, st, list(env.now + np.cumsum(st)), items)
             else:
-                dt = self._stepped(cost.seconds(tup) + self._extra_dt)
+                dt = self._stepped(cost.seconds(tup) + self.pricer.extra_dt)
             self._admitted(items, env.now)
             if dt > 0:
                 yield env.timeout(dt)
@@ -457,31 +284,8 @@ class Engine:
             self.run_time += dt * nrun
             self._complete(out, items, priced, tup, dt, nrun)
 
-    def _window_seconds(self, B, S, cmax):
-        """Seconds of decode iterations of a fast-forward window (:mod:`sim.serving.fastforward`), one per entry: ``B``
-        requests decoding one token each over ``S`` cached tokens in all, the longest ``cmax`` (arrays). The
-        cost's per-step vector (:meth:`sim.cost.terms.ScalarCost.decode_batch_seconds`); a per-step host term, a
-        function of the same running requests and scheduled tokens (both ``B``), joins here element by element.
-        """
-        gpu = self.cost.decode_batch_seconds(B, S, cmax)
-        if self.host_step is None or gpu is None:
-            return gpu
-        from sim.cost.overheads import step_seconds
-        h, sr = self.window_host(B)
-        return step_seconds(gpu, h, self.async_scheduling, sr)
-
     # a window's steps carry the host term (window_host): fast-forward may replace them (sim.serving.fastforward)
     windows_price_host = True
-
-    def window_host(self, B):
-        """``(host_s, host_serial_s)`` of decode steps of ``B`` requests (arrays): every request computes and
-        samples one token, none is admitted -- :meth:`_host_seconds` of such a step, element by element (the
-        same floating-point operations, so the same floats). Sizes past the measured range are priced on the
-        same lines (counted by the window's close: ``host_extrapolated``)."""
-        import dataclasses
-        hs = dataclasses.replace(self.host_step, max_running=None, max_tokens=None)
-        B = np.asarray(B)
-        return hs.seconds(B, B, B, 0, 0), hs.serial_seconds(B, B, B, 0, 0)
 
     def _record_batch(self, start, st, ends, items) -> None:
         for k, t in enumerate(st):
@@ -529,7 +333,7 @@ class Engine:
                 continue
             priced, tup = self._price_batch(items, env.now)
             st = cost.stage_seconds(tup)
-            st[-1] += self._extra_dt     # eviction scoring: with the sampling, on the last stage
+            st[-1] += self.pricer.extra_dt     # eviction scoring: with the sampling, on the last stage
             if self.host_step is not None:
                 st[0] = self._stepped(st[0])   # host time: with stage 0 (the engine core feeds rank 0)
             start = env.now
@@ -560,30 +364,6 @@ class Engine:
         self._complete(out, items, priced, tup, dt, nrun)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
-
-    def _admitted(self, items, start) -> None:
-        """Bookkeeping of a batch formed at ``start``: admissions, prefix hits, queueing, zero-copy forks."""
-        for it in items:
-            p = it.req.data[0]
-            if p.admitted is None:
-                p.admitted = start
-            if it.new_admission:
-                req = it.req
-                if req.data[1] == 1 and req.num_preemptions == 0:
-                    b = req.data[2]
-                    j = p.job
-                    planned = int(j.reused[b]) - (int(j.copy[b]) if j.share[b] else 0)
-                    if it.cache_hit < planned:
-                        p.recompute += planned - it.cache_hit
-                    p.hit_tokens += it.cache_hit
-                    p.prompt_tokens += int(j.ctx[b])
-                    p.qsum += start - req.arrival
-                    p.qn += 1
-                if it.num_new == 0 and req.data[1] == 1:
-                    b = req.data[2]
-                    if np.isnan(p.first[b]):
-                        p.first[b] = start - p.arrival
-                        p.src_ready[b] = True
 
     def _complete(self, out, items, priced, tup, dt, nrun) -> None:
         """A batch's forward is done (now): advance the scheduler, the branches and the records."""
@@ -648,17 +428,6 @@ class Engine:
         for it, (ts, kind), a in zip(items, priced, alone):
             it.req.data[0].phase[KIND_NAMES[kind]] += dt * a / tot if tot > 0 else dt / len(items)
 
-    def _alone(self, ts) -> float:
-        """``cost.seconds(ts)``, memoised: a pure function of the item's cost tuples, priced for every item of
-        every mixed iteration (the decodes beside a prefill chunk repeat their contexts across iterations)."""
-        key = tuple(ts)
-        v = self._alone_memo.get(key)
-        if v is None:
-            if len(self._alone_memo) > 1 << 16:
-                self._alone_memo.clear()
-            v = self._alone_memo[key] = self.cost.seconds(ts)
-        return v
-
     # ------------------------------------------------------------------ arrivals
     def _no_fit(self, head, kv) -> CapacityError:
         """The request at the head of the queue can never fit the KV capacity, even alone."""
@@ -668,57 +437,6 @@ class Engine:
             f"({need * self.block_bytes / 1e9:.3f} GB) but the KV capacity is {kv.num_blocks} blocks "
             f"({kv.num_blocks * self.block_bytes / 1e9:.3f} GB): {need - kv.num_blocks} blocks "
             f"({(need - kv.num_blocks) * self.block_bytes / 1e9:.3f} GB) short", field="kv_capacity_bytes")
-
-    def _price_batch(self, items, now: float):
-        """Price one scheduled batch: ``(per item (cost tuples, info), all cost tuples)``; refuses a batch of
-        more sequences than the profile was fitted on. Resets the eviction-scoring time the items add."""
-        n = len(items)
-        if self.max_batch is not None and n > self.max_batch:
-            from sim.cost.profiles import OutOfCalibrationError
-            raise OutOfCalibrationError(
-                f"hardware {self.hw_name}: an iteration batched {n} sequences at t = {now:.3f} s, "
-                f"outside the calibrated range (fitted_range.max_batch = {self.max_batch}); refusing to "
-                f"extrapolate (lower the arrival rate, the concurrency or --max-num-seqs)")
-        self._extra_dt = 0.0
-        self.items_scheduled += n
-        if self.host_step is not None:
-            self._host = self._host_seconds(items)
-        priced = [self._price(it) for it in items]
-        if self.prices_shared:
-            priced = self._with_shared(items, priced)
-        return priced, [t for ts, _ in priced for t in ts]
-
-    def _host_seconds(self, items) -> tuple:
-        """``(host_s, host_serial_s)`` of the step scheduling ``items`` (:class:`sim.cost.overheads.HostStepCost`).
-
-        ``running`` = the requests in the step, ``scheduled_tokens`` = their new tokens, ``sampled`` = those
-        sampling a token, ``admitted`` / ``admitted_tokens`` = requests scheduled for the first time (not
-        after a preemption) and their prompt tokens: vLLM's ``EngineCore.add_request`` runs once per
-        request between steps; it is charged to the step that first schedules it (the same total). Sizes
-        beyond the measured range are priced on the same lines and counted (``host_extrapolated``).
-        """
-        hs = self.host_step
-        r = len(items)
-        t = sum(it.num_new for it in items)
-        smp = sum(1 for it in items if it.samples)
-        new = [it.req for it in items if it.new_admission and it.req.num_preemptions == 0]
-        a, at = len(new), sum(q.prompt_tokens for q in new)
-        if (hs.max_running is not None and r > hs.max_running) or (hs.max_tokens is not None and t > hs.max_tokens):
-            import dataclasses
-            hs = dataclasses.replace(hs, max_running=None, max_tokens=None)
-            self.host_extrapolated += 1
-        return hs.seconds(r, t, smp, a, at), hs.serial_seconds(r, t, smp, a, at)
-
-    def _stepped(self, gpu_s: float) -> float:
-        """The step's first (or only) stage with its host time: ``sim.cost.overheads.step_seconds(gpu_s, host_s,
-        async_scheduling, host_serial_s)`` (sync: ``gpu_s + host_s``; async: ``max(gpu_s + serial, host_s)``).
-        """
-        if self.host_step is None:
-            return gpu_s
-        from sim.cost.overheads import step_seconds
-        h, s = self._host
-        self.host_seconds += h
-        return step_seconds(gpu_s, h, self.async_scheduling, s)
 
     def _with_shared(self, items, priced):
         """Each item's first cost tuple carries ``h_i`` (:func:`sim.serving.kvshare.shared_tokens` over the block
@@ -749,57 +467,12 @@ class Engine:
             out.append((ts, kind))
         return out
 
-    def _prob(self, pseq: int, pos=None, job=None) -> _Prob:
-        """The problem ``pseq`` (of ``self.jobs`` unless ``pos``/``job`` are given), with its token-time lists."""
-        if job is None:
-            pos, job = self.jobs[pseq]
-        p = _Prob(pseq, pos, job, None)
-        if self.record_tokens:
-            p.tok = [[] for _ in range(job.B)]
-        return p
-
-    def _timed_user(self, pseq: int, slots):
-        """Job ``pseq`` due at ``arrival_times[pseq]``; with ``slots`` (a FIFO resource of ``max_concurrency``)
-        it is sent when it holds one, and holds it until answered."""
-        t = self.arrival_times[pseq]
-        if t > self.env.now:
-            yield self.env.timeout(t - self.env.now)
-        done = None
-        if slots is not None:
-            slot = slots.request()
-            yield slot
-            done = self.env.event()
-        after = 0.0
-        if self.client_delays is not None:
-            self.sent[pseq] = self.env.now
-            before, after = self.client_delays[pseq]
-            with self._api.request() as q:   # the API server takes requests in turn
-                yield q
-                yield self.env.timeout(before)
-        self._arrive(self._prob(pseq), done)
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
-        if done is not None:
-            yield done
-            if after > 0:
-                yield self.env.timeout(after)   # the client holds its slot until the last chunk arrives
-            slots.release(slot)
-
-    def _closed_loop_user(self, mine):
-        for pseq in mine:
-            ev = self.env.event()
-            self._arrive(self._prob(pseq), ev)
-            if self._wake is not None and not self._wake.triggered:
-                self._wake.succeed()
-            yield ev
-
-    def _poisson(self):
-        for pseq in range(len(self.jobs)):
-            if pseq:
-                yield self.env.timeout(float(self.rng.exponential(1.0 / self.arrival_rate)))
-            self._arrive(self._prob(pseq))
-            if self._wake is not None and not self._wake.triggered:
-                self._wake.succeed()
+    def _submit_own(self, pseq: int, hold: bool):
+        """Job ``pseq`` of ``self.jobs`` arrives now (:mod:`sim.serving.arrivals`); ``hold``: an event for its answer."""
+        done = self.env.event() if hold else None
+        pos, job = self.jobs[pseq]
+        self.submit(pseq, pos, job, None, done)
+        return done
 
     # ------------------------------------------------------------------ driven from outside (sim.serving.replicas)
     def start(self):
@@ -830,32 +503,9 @@ class Engine:
 
     # ------------------------------------------------------------------ run
     def run(self) -> "EngineResult":
-        env = self.env
         acc = self.start()
-        if self.arrival_times is not None:
-            slots = simpy.Resource(env, capacity=int(self.max_concurrency)) if self.max_concurrency else None
-            if self.client_delays is not None:
-                self._api = simpy.Resource(env, capacity=self.api_servers)
-            for pseq in range(len(self.jobs)):
-                env.process(self._timed_user(pseq, slots))
-        elif self.arrival_rate is None:
-            n = len(self.jobs)
-            for u in range(min(self.concurrency, n)):
-                env.process(self._closed_loop_user(list(range(u, n, self.concurrency))))
-        else:
-            env.process(self._poisson())
-        step = env.step
-        n_ev = 0
-        try:
-            while True:
-                step()
-                n_ev += 1
-                if acc.triggered and not acc.ok:
-                    raise acc.value
-        except simpy.core.EmptySchedule:
-            pass
-        if acc.triggered and not acc.ok:  # pragma: no cover - re-raised above
-            raise acc.value
+        arrivals.start(self.env, self.arrivals, len(self.jobs), self._submit_own, self.sent)
+        n_ev = arrivals.run_until_empty(self.env, [acc])
         # events: simpy events plus one per request scheduled in an iteration (what a per-step event loop
         # such as Vidur's processes); the branches' bookkeeping runs as callbacks, not as simpy processes
         self.events = n_ev + self.items_scheduled
@@ -881,14 +531,6 @@ class LongDecode:
         if 0 <= i < self.sizes.size:
             return int(self.sizes[i]) - 1
         return c
-
-
-class _Sub:
-    """A sub-range of a scheduled item (pricing the part of a chunk before a verification prompt)."""
-
-    def __init__(self, req, n, c):
-        self.req, self.num_new, self.num_cached = req, n, c
-        self.samples = False
 
 
 class EngineResult:

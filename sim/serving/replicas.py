@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from sim.serving import arrivals
 from sim.serving.engine import Engine
 from sim.serving.goodput import SLO, goodput, tpot
 from sim.serving.router import Arrival, lost_shares
@@ -109,7 +110,7 @@ class Replicas:
         self.env = simpy.Environment()
         self.concurrency = int(concurrency)
         self.arrival_rate = arrival_rate
-        self.rng = np.random.default_rng(seed)
+        self.arrivals = arrivals.of(len(jobs), concurrency=concurrency, arrival_rate=arrival_rate, seed=seed)
         self.prompt_ids = prompt_ids
         self.prefixes = prefixes
         bs = jobs[0][1].bs if jobs else 16
@@ -178,36 +179,19 @@ class Replicas:
     def _done(self, r: int, cnt: int) -> None:
         self.outstanding[r] -= cnt
 
-    def _user(self, mine):
-        for pseq in mine:
-            evs = self._arrive(pseq)
-            yield evs[0] if len(evs) == 1 else self.env.all_of(evs)
-
-    def _poisson(self):
-        for pseq in range(len(self.jobs)):
-            if pseq:
-                yield self.env.timeout(float(self.rng.exponential(1.0 / self.arrival_rate)))
-            self._arrive(pseq)
+    def _submit(self, pseq: int, hold: bool):
+        """Problem ``pseq`` arrives now (:mod:`sim.serving.arrivals`): routed, submitted; its answered event."""
+        evs = self._arrive(pseq)
+        if not hold:
+            return None   # no user waits (Poisson): no condition event joins the clock
+        return evs[0] if len(evs) == 1 else self.env.all_of(evs)
 
     def run(self) -> ReplicaRun:
         env = self.env
         accs = [e.start() for e in self.engines]
         n = len(self.jobs)
-        if self.arrival_rate is None:
-            for u in range(min(self.concurrency, n)):
-                env.process(self._user(list(range(u, n, self.concurrency))))
-        else:
-            env.process(self._poisson())
-        n_ev = 0
-        try:
-            while True:
-                env.step()
-                n_ev += 1
-                for a in accs:
-                    if a.triggered and not a.ok:
-                        raise a.value
-        except simpy.core.EmptySchedule:
-            pass
+        arrivals.start(env, self.arrivals, n, self._submit)
+        n_ev = arrivals.run_until_empty(env, accs)
         items = 0
         results = []
         for e, k in zip(self.engines, self.submitted):

@@ -1,0 +1,182 @@
+"""What one engine step costs: the scheduled items' cost tuples, the GPU seconds and the host time.
+
+:class:`StepPricer` is the pricing half of :class:`sim.serving.engine.Engine` (the engine keeps the
+schedule, the clock and the problems' lifecycle). An item's cost tuples are
+``(n, c, layers, probes, logits, copy)`` of :meth:`sim.cost.terms.ScalarCost.seconds` (a verification
+chunk adds a 7th field 0: no sampling; a shared-KV price adds ``h_i`` as the 8th, computed on the
+serving side from the block manager and passed in as ``shared``). A step's seconds with its host time
+are ``sim.cost.overheads.step_seconds(gpu_s, host_s, async_scheduling, host_serial_s)``
+(sync: ``gpu_s + host_s``; async: ``max(gpu_s + serial, host_s)``).
+
+The items are duck-typed: ``it.req.data == (problem, kind, branch)`` with ``problem.job`` a
+:class:`sim.workload.job.Job` and ``problem.vstart`` / ``problem.ext`` the verification-extension marks;
+kinds 0 gate, 1 branch, 2 decode, 3 verification (``sim.workload.job.KIND_NAMES``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from sim.cost.overheads import step_seconds
+from sim.errors import OutOfCalibrationError
+
+
+class _Sub:
+    """A sub-range of a scheduled item (pricing the part of a chunk before a verification prompt)."""
+
+    def __init__(self, req, n, c):
+        self.req, self.num_new, self.num_cached = req, n, c
+        self.samples = False
+
+
+class StepPricer:
+    """Prices the engine's steps (module docstring).
+
+    Parameters
+    ----------
+    cost : anything with :class:`sim.cost.terms.ScalarCost`'s ``seconds(items)``
+        (e.g. :class:`sim.cost.parallel.ParallelCost` for a TP x PP replica).
+    host_step : sim.cost.overheads.HostStepCost, optional
+        Host time per step (None: not priced, the policies' replay).
+    async_scheduling : bool
+        vLLM's ``--async-scheduling``: host work of a step beside the GPU's.
+    max_batch, hw_name : the profile's fitted batch range (None: any) and the hardware named in its error.
+    shared : callable, optional
+        ``shared(items, priced) -> priced`` adding the shared-KV field when the cost prices it.
+    """
+
+    def __init__(self, cost, *, host_step=None, async_scheduling: bool = False, max_batch: int | None = None,
+                 hw_name: str = "", shared=None):
+        self.cost = cost
+        self.host_step = host_step
+        self.async_scheduling = bool(async_scheduling)
+        self.max_batch = max_batch
+        self.hw_name = hw_name
+        self.prices_shared = bool(getattr(cost, "prices_shared", False))
+        self.shared = shared
+        self.host = (0.0, 0.0)        # (host_s, host_serial_s) of the batch priced last
+        self.host_seconds = 0.0       # host seconds priced over the run (sync: all on the critical path)
+        self.host_extrapolated = 0    # steps beyond the sizes host_step was measured at (priced linearly, counted)
+        self.extra_dt = 0.0           # eviction-scoring seconds the batch priced last adds
+        self._alone_memo: dict = {}
+
+    def item(self, it):
+        """Cost tuples ``(n, c, layers, probes, logits, copy)`` and the phase kind of one scheduled item."""
+        req = it.req
+        p, kind, b = req.data
+        n, c = it.num_new, it.num_cached
+        j = p.job
+        if kind == 0:
+            return [(float(n), float(c), None, 0.0, 0.0, 0.0)], 0
+        if kind == 3:
+            last = c + n == req.num_tokens
+            # verification reads p(Yes)/p(No) off its LM-head row: no sampling (7th field 0)
+            return [(float(n), float(c), float(j.v_layers[b]), float(j.v_probes[b]) if last else 0.0,
+                     float(j.v_head[b]) if last else 0.0, 0.0, 0.0)], 3
+        if n == 0:
+            return [], 1   # a zero-copy fork admitted on its source's KV: no forward work
+        ctx = int(j.ctx[b])
+        vs = int(p.vstart[b]) if p.ext[b] else None
+        end = c + n
+        out = []
+        if vs is not None and end > vs:
+            lo = max(c, vs)
+            if c < vs:
+                out += self.item(_Sub(req, vs - c, c))[0]
+            last = end == req.num_tokens
+            out.append((float(end - lo), float(lo), float(j.v_layers[b]), float(j.v_probes[b]) if last else 0.0,
+                        float(j.v_head[b]) if last else 0.0, 0.0, 0.0))
+            return out, 3
+        if c < ctx:
+            cp = 0
+            if j.share[b] and j.copy[b] > 0:
+                cp = max(0, min(end, ctx) - max(c, ctx - int(j.copy[b])))
+            # the chunk completing the prompt pays the LM head if the branch computes prompt tokens of its own
+            # (a copy-only fork's first token is its source's), or if it recomputes past the prompt
+            logits = 1.0 if end >= ctx and (end > ctx or j.computed[b] > 0) else 0.0
+            return [(float(n - cp), float(c), None, 0.0, logits, float(cp))], 1
+        long = j.long
+        if long is not None and n == 1:
+            # token eviction: the step attends over the policy's cache, not every token so far
+            self.extra_dt += long.evict_s.get(c, 0.0)
+            return [(1.0, float(long.context(c)), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
+        return [(float(n), float(c), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
+
+    def batch(self, items, now: float):
+        """Price one scheduled batch: ``(per item (cost tuples, kind), all cost tuples)``; refuses a batch of
+        more sequences than the profile was fitted on. Resets the eviction-scoring time the items add."""
+        n = len(items)
+        if self.max_batch is not None and n > self.max_batch:
+            raise OutOfCalibrationError(
+                f"hardware {self.hw_name}: an iteration batched {n} sequences at t = {now:.3f} s, "
+                f"outside the calibrated range (fitted_range.max_batch = {self.max_batch}); refusing to "
+                f"extrapolate (lower the arrival rate, the concurrency or --max-num-seqs)")
+        self.extra_dt = 0.0
+        if self.host_step is not None:
+            self.host = self.host_of(items)
+        priced = [self.item(it) for it in items]
+        if self.prices_shared and self.shared is not None:
+            priced = self.shared(items, priced)
+        return priced, [t for ts, _ in priced for t in ts]
+
+    def host_of(self, items) -> tuple:
+        """``(host_s, host_serial_s)`` of the step scheduling ``items`` (:class:`sim.cost.overheads.HostStepCost`).
+
+        ``running`` = the requests in the step, ``scheduled_tokens`` = their new tokens, ``sampled`` = those
+        sampling a token, ``admitted`` / ``admitted_tokens`` = requests scheduled for the first time (not
+        after a preemption) and their prompt tokens: vLLM's ``EngineCore.add_request`` runs once per
+        request between steps; it is charged to the step that first schedules it (the same total). Sizes
+        beyond the measured range are priced on the same lines and counted (``host_extrapolated``).
+        """
+        hs = self.host_step
+        r = len(items)
+        t = sum(it.num_new for it in items)
+        smp = sum(1 for it in items if it.samples)
+        new = [it.req for it in items if it.new_admission and it.req.num_preemptions == 0]
+        a, at = len(new), sum(q.prompt_tokens for q in new)
+        if (hs.max_running is not None and r > hs.max_running) or (hs.max_tokens is not None and t > hs.max_tokens):
+            hs = dataclasses.replace(hs, max_running=None, max_tokens=None)
+            self.host_extrapolated += 1
+        return hs.seconds(r, t, smp, a, at), hs.serial_seconds(r, t, smp, a, at)
+
+    def stepped(self, gpu_s: float) -> float:
+        """The step's first (or only) stage with its host time: ``step_seconds(gpu_s, host_s,
+        async_scheduling, host_serial_s)`` of the batch priced last (module docstring)."""
+        if self.host_step is None:
+            return gpu_s
+        h, s = self.host
+        self.host_seconds += h
+        return step_seconds(gpu_s, h, self.async_scheduling, s)
+
+    def window_seconds(self, B, S, cmax):
+        """Seconds of decode iterations of a fast-forward window (:mod:`sim.serving.fastforward`), one per entry:
+        ``B`` requests decoding one token each over ``S`` cached tokens in all, the longest ``cmax`` (arrays).
+        The cost's per-step vector (:meth:`sim.cost.terms.ScalarCost.decode_batch_seconds`); a per-step host
+        term, a function of the same running requests and scheduled tokens (both ``B``), joins here element by
+        element."""
+        gpu = self.cost.decode_batch_seconds(B, S, cmax)
+        if self.host_step is None or gpu is None:
+            return gpu
+        h, sr = self.window_host(B)
+        return step_seconds(gpu, h, self.async_scheduling, sr)
+
+    def window_host(self, B):
+        """``(host_s, host_serial_s)`` of decode steps of ``B`` requests (arrays): every request computes and
+        samples one token, none is admitted -- :meth:`host_of` of such a step, element by element (the same
+        floating-point operations, so the same floats). Sizes past the measured range are priced on the same
+        lines (counted by the window's close: ``host_extrapolated``)."""
+        hs = dataclasses.replace(self.host_step, max_running=None, max_tokens=None)
+        B = np.asarray(B)
+        return hs.seconds(B, B, B, 0, 0), hs.serial_seconds(B, B, B, 0, 0)
+
+    def alone(self, ts) -> float:
+        """``cost.seconds(ts)``, memoised: a pure function of the item's cost tuples, priced for every item of
+        every mixed iteration (the decodes beside a prefill chunk repeat their contexts across iterations)."""
+        key = tuple(ts)
+        v = self._alone_memo.get(key)
+        if v is None:
+            if len(self._alone_memo) > 1 << 16:
+                self._alone_memo.clear()
+            v = self._alone_memo[key] = self.cost.seconds(ts)
+        return v
