@@ -374,18 +374,12 @@ SIZE_EXCEPTIONS = {
     "calibrate/public_profiles.py": SPLITTING,
     "sim/cost/profiles.py": PENDING,
     "sim/search/tune.py::_tune": PENDING,
-    "app/cli_bench.py::register": PENDING,
-    "app/cli_calibrate.py::register": PENDING,
-    "app/cli_plan.py::_cmd_plan": PENDING,
     "app/ui_backend.py": PENDING,
     "app/ui_pages/whatif.py::_whatif": PENDING,
     "calibrate/quality.py::run_quality": PENDING,
-    "calibrate/report.py::fidelity_report": PENDING,
     "calibrate/runner.py::run_problem": PENDING,
     "calibrate/runner.py::run_calibration": PENDING,
     "calibrate/serve.py": PENDING,
-    "calibrate/serve_forward.py::run_iteration": PENDING,
-    "calibrate/speedup.py::run_speedup": PENDING,
     "calibrate/real_tree.py::run_tree": PENDING,
 }
 
