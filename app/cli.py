@@ -13,7 +13,7 @@ import os
 import sys
 
 # Order sets the order in --help.
-_AREAS = ["app.cli_trace", "app.cli_sim", "app.cli_sweep", "app.cli_bench", "app.cli_plan", "app.cli_calibrate",
+_AREAS = ["app.cli_trace", "app.cli_sim", "app.cli_sweep", "app.cli_bench", "app.cli_validate", "app.cli_plan", "app.cli_calibrate",
           "app.cli_app"]
 
 

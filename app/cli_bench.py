@@ -165,6 +165,13 @@ def register(sub) -> None:
     bsub = b.add_subparsers(dest="bench_command", metavar="VERB")
     bsub.required = True
 
+    _register_serve(bsub)
+    _register_sweep(bsub)
+    _register_throughput(bsub)
+
+
+def _register_serve(bsub) -> None:
+    """``bench serve``: vllm bench serve's flags, online serving of plain requests."""
     p = bsub.add_parser("serve", help="simulated vllm bench serve: online serving of plain requests")
     _target_flags(p, offline=False)
     _dataset_flags(p, serve=True)
@@ -197,6 +204,9 @@ def register(sub) -> None:
                    help="result file name (default rksim-{rate}qps[-concurrency{C}]-{model}-{hardware}.json)")
     p.set_defaults(func=_cmd_serve)
 
+
+def _register_sweep(bsub) -> None:
+    """``bench sweep``: bench serve's workload over a list of rates (the latency-rate curve and its knee)."""
     p = bsub.add_parser("sweep", help="one bench serve workload over a list of request rates: the latency-rate "
                                       "curve, its knee under an SLO and the rate where queues grow without bound",
                         description="Serve one `bench serve` workload (same flags, same seed) at each --request-rate; "
@@ -236,26 +246,14 @@ def register(sub) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     p.set_defaults(func=_cmd_sweep, slo_key=None)
 
+
+def _register_throughput(bsub) -> None:
+    """``bench throughput``: vllm bench throughput's flags, offline."""
     p = bsub.add_parser("throughput", help="simulated vllm bench throughput: offline, every request at t = 0")
     _target_flags(p, offline=True)
     _dataset_flags(p, serve=False)
     p.add_argument("--output-json", default=None, metavar="FILE", help="write vLLM's throughput JSON (default: none)")
     p.set_defaults(func=_cmd_throughput)
-
-    p = sub.add_parser("validate", help="predict published serving figures and print each with the ratio")
-    p.add_argument("file", metavar="FILE", help="YAML of published figures (docs/validation.md)")
-    p.add_argument("--hardware", default=None, metavar="NAME",
-                   help="override every entry's hardware preset (default: the entry's)")
-    p.add_argument("--out", default=None, metavar="FILE", help="also write the table as JSON (default: none)")
-    p.add_argument("--markdown", default=None, metavar="FILE", help="also write the table as Markdown (default: none)")
-    p.add_argument("--band", action="store_true",
-                   help="also price every figure with each public fit of its device: a low-high band per figure "
-                        "(sim.cost.bands; one more run per fit)")
-    p.add_argument("--no-host-time", dest="host_time", action="store_false",
-                   help="every figure priced without host time per engine step (default: as each figure's run)")
-    p.add_argument("--no-frontend", dest="frontend", action="store_false",
-                   help="every figure priced without API server time (default: as each figure's run)")
-    p.set_defaults(func=_cmd_validate)
 
 
 def _policy(args):
@@ -334,7 +332,7 @@ def _layout(args) -> dict:
             "frontend": getattr(args, "frontend", None)}
 
 
-def _write_json(path: Path, obj) -> None:
+def write_json(path: Path, obj) -> None:
     import json
 
     from traces.store import atomic_write_text
@@ -417,7 +415,7 @@ def _cmd_serve(args) -> int:
         rate = args.request_rate if args.request_rate < math.inf else "inf"
         fname = args.result_filename or f"rksim-{rate}qps{conc}-{model.name}-{hw.name}.json"
         path = Path(args.result_dir or ".") / fname
-        _write_json(path, res)
+        write_json(path, res)
         print(f"wrote {path}")
     return 0
 
@@ -443,26 +441,8 @@ def _cmd_throughput(args) -> int:
             model, p, wl, seed=args.seed, serving=sv, offline=True, token_policy=pol, block_size=args.block_size,
             **_layout(args))))
     if args.output_json:
-        _write_json(Path(args.output_json), res)
+        write_json(Path(args.output_json), res)
         print(f"wrote {args.output_json}")
-    return 0
-
-
-def _cmd_validate(args) -> int:
-    from app.validate_table import format_table, markdown_table
-    from sim.bench import validate
-    figs = validate.load_figures(args.file)
-    df = validate.run_figures(figs, hardware=args.hardware, band=args.band, host_time=args.host_time,
-                              frontend=args.frontend)
-    print(format_table(df))
-    if args.out:
-        _write_json(Path(args.out), {"file": str(args.file), "rows": df.to_dict(orient="records")})
-        print(f"wrote {args.out}")
-    if args.markdown:
-        from traces.store import atomic_write_text
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(Path(args.markdown), markdown_table(df, args.file))
-        print(f"wrote {args.markdown}")
     return 0
 
 
@@ -589,7 +569,7 @@ def _cmd_sweep(args) -> int:
     if out is not None:
         from app.knee_plot import curve_figure
         import plotly.io as pio
-        atomic_write_json(out / SWEEP_FILES[0], json.loads(json.dumps(doc)))
+        atomicwrite_json(out / SWEEP_FILES[0], json.loads(json.dumps(doc)))
         fig = curve_figure(curve, cap, unit="req/s")
         atomic_write_text(out / SWEEP_FILES[1], pio.to_html(fig, full_html=True, include_plotlyjs="inline"))
         print(f"wrote {out / SWEEP_FILES[0]}, {out / SWEEP_FILES[1]}")

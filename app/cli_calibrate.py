@@ -155,6 +155,18 @@ def register(sub) -> None:
     csub = cal.add_subparsers(dest="calibrate_command", metavar="VERB")
     csub.required = True
 
+    _register_model_runs(csub)
+    _register_serve(csub)
+    _register_profile_fits(csub)
+
+    p = sub.add_parser("profiles", help="hardware profiles: status, host, date, where they come from")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_profiles)
+
+
+def _register_model_runs(csub) -> None:
+    """The verbs that run the policies on a real model and fit or check on its phases: run, fit, report,
+    quality, speedup."""
     p = csub.add_parser("run", help="execute every policy end to end on a real model, timing each phase")
     _model_flags(p)
     p.add_argument("--problems", type=int, default=4, help="problems to run (default 4; half are held out)")
@@ -222,6 +234,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_speedup)
 
+
+def _register_serve(csub) -> None:
+    """``calibrate serve``: a real continuous-batching run, replayed by the simulator."""
     # conflict_handler="resolve": if the shared model flags gain a --clock too, this parser's own wins
     p = csub.add_parser("serve", help="a real continuous-batching run under a binding KV capacity, replayed by the simulator",
                         conflict_handler="resolve")
@@ -258,6 +273,9 @@ def register(sub) -> None:
                    help="price iterations outside the profile's fitted range, marked (default: refused)")
     p.set_defaults(func=_cmd_serve)
 
+
+def _register_profile_fits(csub) -> None:
+    """The verbs that fit a hardware profile without a policy run: vllm-bench, public-profiles, host."""
     p = csub.add_parser("vllm-bench", help="fit a hardware profile on vllm bench serve --save-detailed result files")
     p.add_argument("files", nargs="+", metavar="FILE", help="result files (vllm bench serve --save-result --save-detailed)")
     p.add_argument("--model-preset", required=True, metavar="NAME", help="model preset the runs served")
@@ -305,11 +323,6 @@ def register(sub) -> None:
                    help="KV capacity that binds: b sequences hold at most this / b tokens each (default 16384)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=_cmd_host)
-
-    p = sub.add_parser("profiles", help="hardware profiles: status, host, date, where they come from")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=_cmd_profiles)
-
 
 def _cmd_vllm_bench(args) -> int:
     from app.params import number

@@ -21,14 +21,12 @@ def _ints(flag: str, text: str) -> list[int]:
     return out
 
 
-def _cmd_plan(args) -> int:
-    from sim.serving.goodput import SLO
+def _plan_flags(args):
+    """``plan``'s flags checked before any deployment is served (each error names its flag): the parallel layouts
+    and scheduler limits to try, the SLO, the knee's rates (None without ``--knee``) and the policies."""
     from sim.cost.parallel import TP_SIZES
-    from sim.replay.target import node_for
-    from sim.search.planner import deployments, frontier, run_plan
-    from sim.cost.profiles import load_hardware, load_model
+    from sim.serving.goodput import SLO
     from sim.serving.router import ROUTERS
-    from sim.search.sweep import write_parquet
 
     if args.gpus < 1:
         raise ValueError(f"--gpus: must be >= 1, got {args.gpus}")
@@ -63,6 +61,16 @@ def _cmd_plan(args) -> int:
             make_config(pol, {}, None)
         except ValueError as exc:
             raise ValueError(f"--policies: {exc}") from None
+    return tps, pps, dps, mns, mnbt, slo, knee_rates, pols
+
+
+def _cmd_plan(args) -> int:
+    from sim.replay.target import node_for
+    from sim.search.planner import deployments, frontier, run_plan
+    from sim.cost.profiles import load_hardware, load_model
+    from sim.search.sweep import write_parquet
+
+    tps, pps, dps, mns, mnbt, slo, knee_rates, pols = _plan_flags(args)
     m = load_model(args.model_preset)
     node = node_for(args.hardware, args.node)
     hw = load_hardware(node.gpu)

@@ -110,6 +110,20 @@ def fit_errors(df: pd.DataFrame) -> dict:
     }, df
 
 
+def _errors_by_clock(base, sim_tab) -> dict:
+    """The same simulation (``sim_tab``) against each clock the run recorded (``base``'s ``seconds`` = wall,
+    ``cpu_seconds`` = cpu): its error figures and the measured total, by clock."""
+    by_clock = {}
+    for ck, c in (("wall", "seconds"), ("cpu", "cpu_seconds")):
+        if c in base and base[c].notna().all():
+            dk = base[["problem", "policy", c]].rename(columns={c: "measured"}).merge(sim_tab, on=["problem", "policy"])
+            e, _ = fit_errors(dk)
+            by_clock[ck] = {k: e[k] for k in ("mean_abs_pct_error", "median_abs_pct_error", "p90_abs_pct_error",
+                                              "speedup_ratio_error")}
+            by_clock[ck]["measured_total_s"] = float(dk["measured"].sum())
+    return by_clock
+
+
 def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto",
                     allow_other_host: bool = False) -> dict:
     """Held-out fidelity. Primary numbers: the simulator (``sim.api.simulate`` on the run's parity trace,
@@ -161,15 +175,7 @@ def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto"
                 primary, df_primary = fit_errors(d2)
                 sim_tab = s2
                 source = "sim.api.simulate on the run's trace (decisions from the trace, costs from the fitted profile)"
-    # the same simulation against each clock the run recorded
-    by_clock = {}
-    for ck, c in (("wall", "seconds"), ("cpu", "cpu_seconds")):
-        if c in base and base[c].notna().all():
-            dk = base[["problem", "policy", c]].rename(columns={c: "measured"}).merge(sim_tab, on=["problem", "policy"])
-            e, _ = fit_errors(dk)
-            by_clock[ck] = {k: e[k] for k in ("mean_abs_pct_error", "median_abs_pct_error", "p90_abs_pct_error",
-                                              "speedup_ratio_error")}
-            by_clock[ck]["measured_total_s"] = float(dk["measured"].sum())
+    by_clock = _errors_by_clock(base, sim_tab)
     par = run.get("decision_parity")
     rep = {
         **{k: primary[k] for k in ("mean_abs_pct_error", "median_abs_pct_error", "p90_abs_pct_error",

@@ -110,6 +110,38 @@ class PagedKV:
 
 
 
+def _decode_gather(items: list[Item], spans, dev):
+    """The decode rows (one new token) of an iteration: their item indices, each row's context slots padded to
+    the longest (``gidx``, padding reads slot 0), the mask of real slots and each row's token position."""
+    dec = [i for i, it in enumerate(items) if len(it.tokens) == 1]
+    gidx = dmask = dpos = None
+    if dec:
+        cmax = max(len(items[i].slots) for i in dec)
+        gidx = torch.zeros((len(dec), cmax), dtype=torch.long)   # padding reads slot 0, masked out
+        dmask = torch.zeros((len(dec), 1, 1, cmax), dtype=torch.bool)
+        for r, i in enumerate(dec):
+            s = items[i].slots
+            gidx[r, :len(s)] = torch.tensor(s, dtype=torch.long)
+            dmask[r, 0, 0, :len(s)] = True
+        gidx, dmask = gidx.to(dev), dmask.to(dev)
+        dpos = torch.tensor([spans[i][0] for i in dec], dtype=torch.long, device=dev)
+    return dec, gidx, dmask, dpos
+
+
+def _prefill_contexts(items: list[Item], dev) -> list:
+    """``(item index, context slots, causal mask)`` of each prefill item (more than one new token)."""
+    pre_ctx = []
+    for i, it in enumerate(items):
+        if len(it.tokens) <= 1:
+            continue
+        n, c = len(it.tokens), it.start
+        idx = torch.tensor(it.slots[:c + n], dtype=torch.long, device=dev)
+        # query j (position c + j) sees keys 0 .. c + j
+        m = torch.ones((n, c + n), dtype=torch.bool, device=dev).tril(diagonal=c)
+        pre_ctx.append((i, idx, m))
+    return pre_ctx
+
+
 @torch.inference_mode()
 def run_iteration(lm, kv: PagedKV, items: list[Item]) -> dict:
     """Run one iteration; returns ``{key: logits (V,) float32}`` for the items that sample."""
@@ -135,27 +167,8 @@ def run_iteration(lm, kv: PagedKV, items: list[Item]) -> dict:
     h = inner.embed_tokens(x)
     cos, sin = inner.rotary_emb(h, position_ids=p)
 
-    dec = [i for i, it in enumerate(items) if len(it.tokens) == 1]
-    pre = [i for i, it in enumerate(items) if len(it.tokens) > 1]
-    # decode batch: each row's context slots, padded to the longest (masked out)
-    if dec:
-        cmax = max(len(items[i].slots) for i in dec)
-        gidx = torch.zeros((len(dec), cmax), dtype=torch.long)   # padding reads slot 0, masked out
-        dmask = torch.zeros((len(dec), 1, 1, cmax), dtype=torch.bool)
-        for r, i in enumerate(dec):
-            s = items[i].slots
-            gidx[r, :len(s)] = torch.tensor(s, dtype=torch.long)
-            dmask[r, 0, 0, :len(s)] = True
-        gidx, dmask = gidx.to(dev), dmask.to(dev)
-        dpos = torch.tensor([spans[i][0] for i in dec], dtype=torch.long, device=dev)
-    pre_ctx = []
-    for i in pre:
-        it = items[i]
-        n, c = len(it.tokens), it.start
-        idx = torch.tensor(it.slots[:c + n], dtype=torch.long, device=dev)
-        # query j (position c + j) sees keys 0 .. c + j
-        m = torch.ones((n, c + n), dtype=torch.bool, device=dev).tril(diagonal=c)
-        pre_ctx.append((i, idx, m))
+    dec, gidx, dmask, dpos = _decode_gather(items, spans, dev)
+    pre_ctx = _prefill_contexts(items, dev)
 
     H = int(model.config.num_attention_heads)
     D = kv.D

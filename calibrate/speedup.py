@@ -63,6 +63,20 @@ class SpeedupConfig:
                    branches=a.branches, prefix_tokens=a.prefix_tokens, step_tokens=a.step_tokens, depth=a.depth)
 
 
+def _early_exit_stats(dec: pd.DataFrame, sel: pd.DataFrame) -> dict:
+    """Each early-exit policy against the policy it exits from (CGEE vs No-KV, RKSC vs ASKS): its skip rate, mean
+    exit layer over the problems it did not skip, and the share of problems whose selected answer changed."""
+    res = {}
+    for name, ref in (("cgee", "no-kv"), ("rksc", "asks")):
+        if name in sel and ref in sel:
+            d = dec[dec["policy"] == name]
+            res[f"{name}_skip_rate"] = float(d["skipped"].mean())
+            res[f"{name}_mean_exit_layer"] = float(np.mean([np.mean(x) for x, s in zip(d["exit_layer"], d["skipped"])
+                                                            if not s])) if (~d["skipped"]).any() else None
+            res[f"{name}_induced_error"] = float((sel[name] != sel[ref]).mean())
+    return res
+
+
 def run_speedup(cfg: SpeedupConfig, out: Path, progress: bool = True) -> dict:
     import torch
     from tqdm import tqdm
@@ -136,13 +150,7 @@ def run_speedup(cfg: SpeedupConfig, out: Path, progress: bool = True) -> dict:
         d2 = pd.DataFrame(recs2)
         res["verify_reuses_kv"] = reuse_section(lat, d2.groupby("policy")["seconds"].mean())
     res["verify_reuses_kv_main"] = False
-    for name, ref in (("cgee", "no-kv"), ("rksc", "asks")):
-        if name in sel and ref in sel:
-            d = dec[dec["policy"] == name]
-            res[f"{name}_skip_rate"] = float(d["skipped"].mean())
-            res[f"{name}_mean_exit_layer"] = float(np.mean([np.mean(x) for x, s in zip(d["exit_layer"], d["skipped"])
-                                                            if not s])) if (~d["skipped"]).any() else None
-            res[f"{name}_induced_error"] = float((sel[name] != sel[ref]).mean())
+    res.update(_early_exit_stats(dec, sel))
     if cfg.depth > 0:
         res["tree"] = _tree_section(lm, problems[0], cfg, timer, stop, yes, no, suffix, pad_id)
     res["threads"] = torch.get_num_threads()

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from sim.cost import terms as C
+from sim.cost import scalar
 from sim.serving.capacity import vllm_kv_budget
 from sim.cost.gemm import GEMM_TILE_M_SMALL, variant_gemms
 from sim.cost.parallel import ParallelConfig, ParallelError, rank_model, rank_weight_bytes, stage_layers
@@ -225,7 +226,7 @@ def test_sliding_layers_attend_within_the_window():
     for _ in range(200):
         nn, cc, ww = (int(x) for x in rng.integers(1, 400, 3))
         brute = sum(min(cc + j, ww) for j in range(1, nn + 1))
-        assert C.window_keys(float(nn), float(cc), float(ww), C._fmax, C._fmin) == brute
+        assert C.window_keys(float(nn), float(cc), float(ww), scalar._fmax, scalar._fmin) == brute
         assert float(C.window_keys(np.float64(nn), np.float64(cc), float(ww))) == brute
 
 

@@ -353,3 +353,77 @@ def test_no_private_name_is_imported_across_modules():
                 bad += [f"{mod} imports {node.module}.{a.name}" for a in node.names
                         if a.name.startswith("_") and not a.name.startswith("__")]
     assert bad == []
+
+
+# ---------------------------------------------------------------------------- sizes (issue 31)
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+SIZED = ("sim", "app", "calibrate")
+SPLITTING = "being split this session"
+PENDING = "not split yet (issue 31 open; the sizes helper's list, left for the next pass)"
+# "path" is a module over MAX_MODULE_LINES, "path::function" a function over MAX_FUNCTION_LINES; each is listed
+# with the same reason in docs/design.md ("Size limits").
+SIZE_EXCEPTIONS = {
+    "sim/serving/engine.py": SPLITTING,
+    "sim/serving/engine.py::__init__": SPLITTING,
+    "sim/serving/fastforward.py": SPLITTING,
+    "sim/serving/fastforward.py::_run": SPLITTING,
+    "sim/bench/plain.py": SPLITTING,
+    "sim/bench/plain.py::run": SPLITTING,
+    "sim/replay/tree.py": SPLITTING,
+    "calibrate/public_profiles.py": SPLITTING,
+    "sim/cost/profiles.py": PENDING,
+    "sim/search/tune.py::_tune": PENDING,
+    "app/ui_backend.py": PENDING,
+    "app/ui_pages/whatif.py::_whatif": PENDING,
+    "calibrate/quality.py::run_quality": PENDING,
+    "calibrate/runner.py::run_problem": PENDING,
+    "calibrate/runner.py::run_calibration": PENDING,
+    "calibrate/serve.py": PENDING,
+    "calibrate/real_tree.py::run_tree": PENDING,
+}
+
+
+def _oversized(roots=SIZED, max_module=MAX_MODULE_LINES, max_function=MAX_FUNCTION_LINES) -> dict[str, int]:
+    """Modules over ``max_module`` lines and functions (methods, nested ones) over ``max_function``, by key."""
+    out = {}
+    for root in roots:
+        for p in sorted((ROOT / root).rglob("*.py")):
+            rel = p.relative_to(ROOT).as_posix()
+            text = p.read_text()
+            if text.count("\n") > max_module:
+                out[rel] = text.count("\n")
+            for node in ast.walk(ast.parse(text, rel)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = node.end_lineno - node.lineno + 1
+                    if n > max_function:
+                        out[f"{rel}::{node.name}"] = n
+    return out
+
+
+def _design_size_exceptions() -> dict[str, str]:
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text.split("## Size limits", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        if line.startswith("- `") and "`: " in line:
+            key, reason = line[3:].split("`: ", 1)
+            out[key] = reason.strip()
+    return out
+
+
+def test_size_checker_sees_a_long_function():
+    assert "sim/api.py" in _oversized(("sim",), max_module=10)
+    assert any(k.startswith("sim/api.py::") for k in _oversized(("sim",), max_function=5))
+
+
+def test_modules_and_functions_stay_small():
+    over = _oversized()
+    unlisted = {k: v for k, v in over.items() if k not in SIZE_EXCEPTIONS}
+    assert unlisted == {}, "over the size limits and not a named exception (docs/design.md, 'Size limits')"
+    stale = sorted(set(SIZE_EXCEPTIONS) - set(over))
+    assert stale == [], "back under the limits: remove from SIZE_EXCEPTIONS and docs/design.md"
+
+
+def test_size_exceptions_are_named_with_reasons_in_the_design_doc():
+    assert _design_size_exceptions() == SIZE_EXCEPTIONS

@@ -119,37 +119,8 @@ cache); embeddings, norms, the LM head and activations stay at ``s``::
 (:func:`sim.cost.roofline.seconds` prices ``f_lin_fp8`` at ``peak_flops_fp8 eff_c_fp8`` on FP8 tensor cores,
 ``fp8_weights: w8a8``; at the 16-bit rate where FP8 weights are dequantised into 16-bit GEMMs, ``w8a16``).
 
-Mixture of experts, multi-head latent attention, sliding windows (:class:`sim.cost.profiles.ModelShape`; a
-dense model takes none of this and its terms are the ones above, unchanged). ``rows`` token rows route
-to ``k`` of ``E`` experts each; under uniform, independent routing the expected number of distinct
-experts an iteration's MoE layer hits is::
-
-    E_hit(rows) = E (1 - (1 - k / E)^rows)
-
-(derived, the balls-into-bins expectation: a token's k distinct choices miss a given expert with
-probability ``1 - k / E``, independently across tokens; ``tests/test_moe.py`` holds it against seeded
-sampling of the same routing. Uniform routing is an assumption, not a measurement: a trained router is
-skewed, which hits fewer distinct experts at a batch, so this is the upper end of the weights read).
-Then, with ``Lm / L`` the MoE layers' share and
-``B_e`` one routed expert's bytes (:attr:`~sim.cost.profiles.ModelShape.routed_expert_bytes`)::
-
-    f_lin = sum_i 2 P_act n_i l_i                                 # P_act: mean active params per layer
-                                                                   # (router d E, k + S experts: 2 T k P_e)
-    b_lin = max_i(l_i) (W_layer - (Lm / L) (E - E_hit(rows)) B_e)  # experts no token routed to are not read
-
-MLA (DeepSeek-V2 §2.1; vLLM's MLA backends): one token's KV is ``r + dr`` elements per layer; a decode row
-runs attention with the absorbed weights over the latent, ``2 H (r + dr)`` flops per key for QK^T and
-``2 H r`` for AV; a prefill row runs it expanded to heads, ``2 H (dn + dr) + 2 H dv`` per key (the
-up-projection of cached latents for a chunked prefill is not counted)::
-
-    a_decode = 2 H (2 r + dr),   a_prefill = 2 H (dn + dr + dv)    (dense: both 4 H Dh)
-
-Sliding-window layers (``L_sw`` of ``L``, window ``W``): the new token ``j`` of an item attends to
-``min(c + j, W)`` keys and the layer reads ``min(c, W - 1) + n`` tokens of KV (vLLM's window is the
-current token and the ``W - 1`` before it)::
-
-    keys_i = (1 - L_sw / L) (n c + n (n + 1) / 2) + (L_sw / L) sum_j min(c + j, W)
-    kv_i   = (1 - L_sw / L) (c + n) + (L_sw / L) (min(c, W - 1) + n)
+Mixture of experts, multi-head latent attention, sliding windows: their coefficients and formulas are in
+:mod:`sim.cost.opterms` (:class:`~sim.cost.opterms.Variant`); a dense model takes none of them.
 
 Mixed context lengths in a batch are summed item by item (exact), never
 replaced by their mean. Activations other than the residual stream are not
@@ -157,148 +128,30 @@ counted (they stay in cache/SRAM for the fused kernels this models).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+# the vocabulary lives in sim.cost.opterms; re-exported so ``sim.cost.terms`` stays the one face of the cost terms
+from sim.cost.opterms import (K_FWD, K_LAYER, K_PROBE, TERM_NAMES, ZERO, OpTerms, Variant,  # noqa: F401
+                              elem_bytes_per_token_layer, variant, window_keys)
 from sim.cost.profiles import ModelShape
 from sim.cost.routing import ROUTINGS, SampledRouting, distinct_experts, routing_for  # noqa: F401 (re-exported)
-from sim.cost.roofline import FLOAT, NUMPY, seconds
-
-# Kernels per decoder layer: 2 norms, fused qkv, rope, attention, o_proj, gate_up, act*mul, down, 2 residual adds.
-K_LAYER = 11
-# Kernels per forward outside the layers: embedding gather, final norm, LM head, sampling.
-K_FWD = 4
-# Kernels per logit-lens probe: final norm, d x V matmul, softmax/entropy reduction.
-K_PROBE = 3
-
-# Every field of OpTerms, in order: the rows of the calibration design matrix (``as_full_array``).
-TERM_NAMES = ("flops", "bytes", "kernels", "layers", "samples", "iters", "graph_kernels",
-              "f_lin", "b_lin", "f_att", "b_att", "f_head", "b_head", "b_elem", "b_lin_mv", "b_head_mv", "rows",
-              "b_kv_shared", "f_att_pad", "b_att_pad", "f_lin_fp8")
+# ScalarCost (the per-iteration float path) lives in sim.cost.scalar; re-exported for the callers of sim.cost.terms
+from sim.cost.scalar import ScalarCost, with_shared  # noqa: F401
 
 
-@dataclass(frozen=True)
-class OpTerms:
-    """Hardware-independent work of one operation (fields are floats or equal-shape arrays).
-
-    The first four are the whole-iteration roofline's; the others default to 0 so that
-    ``OpTerms(flops, bytes, kernels, layers)`` keeps its meaning (with the per-operator
-    roofline such terms count as one operator).
-    """
-
-    flops: np.ndarray | float
-    bytes: np.ndarray | float
-    kernels: np.ndarray | float
-    layers: np.ndarray | float
-    samples: np.ndarray | float = 0.0        # vocabulary entries sorted by top-p sampling (rows x V)
-    iters: np.ndarray | float = 0.0          # forward calls (host time per iteration)
-    graph_kernels: np.ndarray | float = 0.0  # kernels replayed from a CUDA graph (instead of launched)
-    f_lin: np.ndarray | float = 0.0
-    b_lin: np.ndarray | float = 0.0
-    f_att: np.ndarray | float = 0.0
-    b_att: np.ndarray | float = 0.0
-    f_head: np.ndarray | float = 0.0
-    b_head: np.ndarray | float = 0.0
-    b_elem: np.ndarray | float = 0.0         # element-wise traffic: charged by the per-operator roofline only
-    b_lin_mv: np.ndarray | float = 0.0       # the part of b_lin read by matrix-vector products (one token row)
-    b_head_mv: np.ndarray | float = 0.0      # the part of b_head read by matrix-vector products (one token row)
-    rows: np.ndarray | float = 0.0           # token rows of the linear layers (sum_i n_i): BLAS row blocking
-    b_kv_shared: np.ndarray | float = 0.0    # the part of b_att re-read from KV blocks an earlier item of the
-                                             # iteration read too ("Shared KV reads")
-    f_att_pad: np.ndarray | float = 0.0      # attention over padding when one-token rows are padded to the
-    b_att_pad: np.ndarray | float = 0.0      # longest context ("Padded decode attention"); not in flops/bytes
-    f_lin_fp8: np.ndarray | float = 0.0      # the part of f_lin whose weights are FP8 ("Precision"): all of it or 0
-
-    def __add__(self, other: "OpTerms") -> "OpTerms":
-        """Two operations run one after the other (not batched)."""
-        return OpTerms(*(getattr(self, k) + getattr(other, k) for k in TERM_NAMES))
-
-    def as_array(self) -> np.ndarray:
-        """``(4, ...)`` array [flops, bytes, kernels, layers] (the whole-iteration roofline's terms)."""
-        return np.stack(np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in
-                                              (self.flops, self.bytes, self.kernels, self.layers))))
-
-    def as_full_array(self) -> np.ndarray:
-        """``(len(TERM_NAMES), ...)`` array of every term (``calibrate.fit``'s design matrix)."""
-        return np.stack(np.broadcast_arrays(*(np.asarray(getattr(self, k), dtype=np.float64) for k in TERM_NAMES)))
-
-    @classmethod
-    def from_array(cls, a: np.ndarray) -> "OpTerms":
-        """Inverse of :meth:`as_full_array` (rows beyond those given are 0)."""
-        return cls(*(a[i] for i in range(a.shape[0])))
-
-
-ZERO = OpTerms(0.0, 0.0, 0.0, 0.0)
-
-
-def elem_bytes_per_token_layer(m: ModelShape) -> float:
-    """Element-wise traffic of one token through one layer: ``s (10 d + 2 (H + Hkv) Dh + 3 F)``.
-
-    MoE / MLA layers: ``F`` is the mean over layers of the MLP width a token runs (``(k + S) Fe`` on an MoE
-    layer) and RoPE touches ``H dr + dr`` elements under MLA (the rope part of q and the shared rope key).
-    """
-    if m.is_plain:
-        return float(m.dtype_bytes * (10 * m.hidden_size + 2 * (m.n_heads + m.n_kv_heads) * m.head_dim
-                                      + 3 * m.intermediate_size))
-    return float(m.dtype_bytes * (10 * m.hidden_size + 2 * _rope_elems(m) + 3 * _mlp_width(m)))
-
-
-def _rope_elems(m: ModelShape) -> int:
-    return (m.n_heads + 1) * m.qk_rope_head_dim if m.is_mla else (m.n_heads + m.n_kv_heads) * m.head_dim
-
-
-def _mlp_width(m: ModelShape) -> float:
-    """Mean over layers of the MLP width one token runs: ``F`` on dense layers, ``(k + S) Fe`` on MoE ones."""
-    Lm, L = m.n_moe_layers, m.n_layers
-    return ((L - Lm) * m.intermediate_size + Lm * (m.local_k * m.moe_intermediate_size + m.shared_width)) / L
-
-
-@dataclass(frozen=True)
-class Variant:
-    """The per-layer constants of a non-dense shape the three term builders share (module docstring)."""
-
-    a_dec: float      # attention flops per key and query row, decode rows (MLA absorbed; dense 4 H Dh)
-    a_pre: float      # ... prefill rows (MLA expanded to heads)
-    kvt: float        # KV elements per token and layer
-    f_sw: float       # L_sw / L: share of sliding-window layers
-    window: float     # W (0: none)
-    w_fixed: float    # mean weight bytes per layer outside the routed experts
-    w_expert: float   # (Lm / L) B_e: mean bytes per layer of one routed expert
-
-    def lin_bytes(self, m: ModelShape, rows, routing=None):
-        """Mean weight bytes per layer an iteration of ``rows`` token rows reads: ``W_fixed + (Lm/L) E_hit B_e``
-        (``routing``: None for the expectation, or a :class:`SampledRouting`)."""
-        hit = distinct_experts(m, rows) if routing is None else routing.distinct(m, rows)
-        return self.w_fixed + self.w_expert * hit
-
-
-def variant(m: ModelShape) -> Variant:
-    """:class:`Variant` of ``m`` (a dense model's values give the dense formulas)."""
-    H = m.n_heads
-    if m.is_mla:
-        r, dr, dn, dv = m.kv_lora_rank, m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
-        a_dec, a_pre = 2.0 * H * (2 * r + dr), 2.0 * H * (dn + dr + dv)
+def _item_arrays(m: ModelShape, n, c, layers, probes, logits, copy_tokens, mask):
+    """:func:`batch_terms`'s per-item arguments as float arrays of ``n``'s shape; ``mask`` as 0/1 weights."""
+    n = np.asarray(n, dtype=np.float64)
+    c = np.broadcast_to(np.asarray(c, dtype=np.float64), n.shape)
+    ell = np.broadcast_to(np.asarray(m.n_layers if layers is None else layers, dtype=np.float64), n.shape)
+    p = np.broadcast_to(np.asarray(probes, dtype=np.float64), n.shape)
+    g = np.broadcast_to(np.asarray(logits, dtype=np.float64), n.shape)
+    cp = np.broadcast_to(np.asarray(copy_tokens, dtype=np.float64), n.shape)
+    if mask is None:
+        mask = np.ones(n.shape, dtype=bool)
     else:
-        a_dec = a_pre = 4.0 * H * m.head_dim
-    we = m.n_moe_layers / m.n_layers * m.routed_expert_bytes
-    return Variant(a_dec, a_pre, float(m.kv_elems_per_token_layer), m.n_sliding_layers / m.n_layers,
-                   float(m.sliding_window), float(m.layer_weight_bytes) - we * m.local_experts, we)
-
-
-def window_keys(n, c, W, lo=np.maximum, hi=np.minimum):
-    """``sum_{j=1..n} min(c + j, W)``: keys the ``n`` new tokens over ``c`` cached attend to in a window of
-    ``W``; with ``j0 = min(max(W - c, 0), n)`` queries inside it, ``j0 c + j0 (j0 + 1) / 2 + (n - j0) W``."""
-    j0 = hi(lo(W - c, 0.0), n)
-    return j0 * c + j0 * (j0 + 1.0) / 2.0 + (n - j0) * W
-
-
-def _fmax(a, b):
-    return a if a > b else b
-
-
-def _fmin(a, b):
-    return a if a < b else b
+        mask = np.broadcast_to(np.asarray(mask, dtype=bool), n.shape)
+    return n, c, ell, p, g, cp, mask.astype(np.float64)
 
 
 def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_tokens=0, mask=None,
@@ -337,18 +190,8 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     OpTerms
         Reduced over the last axis; an iteration with no item costs nothing.
     """
-    n = np.asarray(n, dtype=np.float64)
-    c = np.broadcast_to(np.asarray(c, dtype=np.float64), n.shape)
+    n, c, ell, p, g, cp, w = _item_arrays(m, n, c, layers, probes, logits, copy_tokens, mask)
     L = m.n_layers
-    ell = np.broadcast_to(np.asarray(L if layers is None else layers, dtype=np.float64), n.shape)
-    p = np.broadcast_to(np.asarray(probes, dtype=np.float64), n.shape)
-    g = np.broadcast_to(np.asarray(logits, dtype=np.float64), n.shape)
-    cp = np.broadcast_to(np.asarray(copy_tokens, dtype=np.float64), n.shape)
-    if mask is None:
-        mask = np.ones(n.shape, dtype=bool)
-    else:
-        mask = np.broadcast_to(np.asarray(mask, dtype=bool), n.shape)
-    w = mask.astype(np.float64)
     d, H, Hkv, Dh, V, s = m.hidden_size, m.n_heads, m.n_kv_heads, m.head_dim, m.vocab_size, m.dtype_bytes
     sk = m.kv_elem_bytes
     P = m.params_per_layer
@@ -372,23 +215,8 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     f_pad = 4.0 * H * Dh * np.sum(gap, axis=-1)
     b_pad = sk * kv_tok * np.sum(gap, axis=-1)
     if not m.is_plain:
-        # MoE / MLA / sliding-window layers (module docstring): the same sums with their coefficients
-        v = variant(m)
-        a = np.where(n == 1.0, v.a_dec, v.a_pre)
-        full = 1.0 - v.f_sw
-        keys = full * (n * c + n * (n + 1.0) / 2.0)
-        toks = full * (c + n)
-        if v.f_sw:
-            keys = keys + v.f_sw * window_keys(n, c, v.window)
-            toks = toks + v.f_sw * (np.minimum(c, v.window - 1.0) + n)
-        f_att = np.sum(runs * a * ell * keys, axis=-1)
+        f_att, b_att, b_kvs, f_pad, b_pad, b_lin, kv_tok = _variant_sums(m, n, c, ell, runs, h, gap, lmax, routing)
         flops = f_lin + f_att + f_head
-        b_att = sk * np.sum(runs * ell * v.kvt * toks, axis=-1)
-        b_kvs = sk * np.sum(runs * ell * v.kvt * h * full, axis=-1)
-        f_pad = v.a_dec * full * np.sum(gap, axis=-1)
-        b_pad = sk * v.kvt * full * np.sum(gap, axis=-1)
-        b_lin = lmax * v.lin_bytes(m, np.sum(runs * n, axis=-1), routing)
-        kv_tok = v.kvt
     bytes_ = (b_lin + b_head + b_att + s * np.sum(runs * 2.0 * d * n, axis=-1)
               + sk * np.sum(w * 2.0 * cp, axis=-1) * L * kv_tok)
     b_elem = np.sum(runs * n * ell, axis=-1) * elem_bytes_per_token_layer(m)
@@ -405,6 +233,30 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     return OpTerms(flops, bytes_, kernels, lmax, samples, iters, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, b_elem,
                    mv * b_lin, mv * b_head, np.sum(runs * n, axis=-1), b_kvs, f_pad, b_pad,
                    f_lin if m.quantization == "fp8" else zero)
+
+
+def _variant_sums(m: ModelShape, n, c, ell, runs, h, gap, lmax, routing):
+    """:func:`batch_terms`'s attention, KV and weight sums for MoE / MLA / sliding-window layers: the same sums
+    with the coefficients of :class:`sim.cost.opterms.Variant` (formulas in :mod:`sim.cost.opterms`).
+
+    Returns ``(f_att, b_att, b_kv_shared, f_att_pad, b_att_pad, b_lin, kv elements per token per layer)``.
+    """
+    sk = m.kv_elem_bytes
+    v = variant(m)
+    a = np.where(n == 1.0, v.a_dec, v.a_pre)
+    full = 1.0 - v.f_sw
+    keys = full * (n * c + n * (n + 1.0) / 2.0)
+    toks = full * (c + n)
+    if v.f_sw:
+        keys = keys + v.f_sw * window_keys(n, c, v.window)
+        toks = toks + v.f_sw * (np.minimum(c, v.window - 1.0) + n)
+    f_att = np.sum(runs * a * ell * keys, axis=-1)
+    b_att = sk * np.sum(runs * ell * v.kvt * toks, axis=-1)
+    b_kvs = sk * np.sum(runs * ell * v.kvt * h * full, axis=-1)
+    f_pad = v.a_dec * full * np.sum(gap, axis=-1)
+    b_pad = sk * v.kvt * full * np.sum(gap, axis=-1)
+    b_lin = lmax * v.lin_bytes(m, np.sum(runs * n, axis=-1), routing)
+    return f_att, b_att, b_kvs, f_pad, b_pad, b_lin, v.kvt
 
 
 def prefill_terms(m: ModelShape, n_new, n_cached=0) -> OpTerms:
@@ -488,199 +340,6 @@ def eviction_scoring_terms(m: ModelShape, cand_tokens, window, n_layers=None, va
     flops = lay * (2.0 * H * Dh * window * C + 5.0 * H * window * C)
     bytes_ = lay * (m.kv_elem_bytes * Hkv * Dh * C * (2.0 if value_range else 1.0) + s * H * Dh * window)
     return OpTerms(flops, bytes_, 3.0 * lay * (C > 0), 0.0 * C, f_att=flops, b_att=bytes_)
-
-
-class ScalarCost:
-    """:func:`batch_terms` for one iteration in plain Python floats, priced by the one formula.
-
-    The simpy engine prices one iteration at a time with a handful of items; numpy's per-call
-    overhead would dominate there. The terms are summed item by item here (the same sums as
-    :func:`batch_terms`'s, tested equal) and priced by :func:`sim.cost.roofline.seconds` with plain-float
-    operations: the formula itself is written once, for this path and ``HardwareProfile.time``.
-    """
-
-    def __init__(self, m: ModelShape, hw, cuda_graph: bool = False, sample_vocab: int | None = None, graphs=None,
-                 routing=None):
-        # sample_vocab: entries the sampler sorts per row when it differs from m.vocab_size (a tensor-parallel
-        # rank holds V / TP of the LM head but samples over the gathered V logits: sim.cost.parallel)
-        # cuda_graph: every kernel replayed from a graph; graphs (sim.cost.graphs.CudaGraphs): vLLM's choice per
-        # iteration -- padded to a capture size, full (uniform decode) or piecewise, eager above the largest
-        self.m, self.hw, self.cuda_graph, self.graphs = m, hw, bool(cuda_graph), graphs
-        self.L = float(m.n_layers)
-        self.P = float(m.params_per_layer)
-        self.att = 4.0 * m.n_heads * m.head_dim
-        self.dV = float(m.hidden_size * m.vocab_size)
-        self.V = float(m.vocab_size if sample_vocab is None else sample_vocab)
-        self.d = float(m.hidden_size)
-        self.s = float(m.dtype_bytes)
-        self.sk = float(m.kv_elem_bytes)
-        self.wl = float(m.layer_weight_bytes)
-        self.fp8 = m.quantization == "fp8"
-        self.kvt = 2.0 * m.n_kv_heads * m.head_dim
-        self.elem = elem_bytes_per_token_layer(m)
-        self.prices_shared = hw.eff_kv_shared is not None   # callers skip counting shared blocks when nothing prices them
-        # MoE / MLA / sliding-window shapes: the per-item sums with their coefficients (module docstring)
-        self.v = None if m.is_plain else variant(m)
-        self.routing = routing   # MoE: None (expected distinct experts) or a SampledRouting
-
-    def terms(self, items) -> OpTerms:
-        """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled[, shared]])`` tuples (layers
-        None = L); the :class:`OpTerms` of their iteration, every field a float.
-
-        Without the 7th field an item with an LM-head row and new tokens samples one row; the 8th is
-        ``h_i`` of "Shared KV reads" (default 0).
-        """
-        f_lin = f_att = f_head = 0.0
-        kv = kvs = 0.0
-        d_ell = d_ellc = d_cmax = 0.0   # one-token rows: sum l_i, sum l_i c_i, max c_i (padded attention)
-        emb = cp = nl = rows = rows_n = 0.0
-        lmax = pmax = gmax = cp_any = 0.0
-        uniform = True    # every running item decodes one token (vLLM's uniform decode batch)
-        L = self.L
-        v = self.v
-        for it in items:
-            n, c, ell, p, g, copy = it[:6]
-            if ell is None:
-                ell = L
-            if n > 0:
-                if n != 1.0:
-                    uniform = False
-                f_lin += 2.0 * self.P * n * ell
-                if v is None:
-                    f_att += self.att * ell * (n * c + n * (n + 1.0) / 2.0)
-                    kv += ell * self.kvt * (c + n)
-                    if len(it) > 7:
-                        kvs += ell * self.kvt * it[7]
-                else:
-                    full = 1.0 - v.f_sw
-                    keys = full * (n * c + n * (n + 1.0) / 2.0)
-                    toks = full * (c + n)
-                    if v.f_sw:
-                        keys += v.f_sw * window_keys(n, c, v.window, _fmax, _fmin)
-                        toks += v.f_sw * (_fmin(c, v.window - 1.0) + n)
-                    f_att += (v.a_dec if n == 1.0 else v.a_pre) * ell * keys
-                    kv += ell * v.kvt * toks
-                    if len(it) > 7:
-                        kvs += ell * v.kvt * it[7] * full
-                if n == 1.0:
-                    d_ell += ell
-                    d_ellc += ell * c
-                    if c > d_cmax:
-                        d_cmax = c
-                emb += 2.0 * self.d * n
-                nl += n * ell
-                rows_n += n
-                rows += (it[6] if len(it) > 6 else (1.0 if g > 0 else 0.0))
-                if ell > lmax:
-                    lmax = ell
-                if g > gmax:
-                    gmax = g
-            f_head += 2.0 * self.dV * (p + g)
-            if p > pmax:
-                pmax = p
-            if copy > 0:
-                cp += 2.0 * copy
-                cp_any = 1.0
-        s, sk = self.s, self.sk
-        gemm_rows = rows_n
-        kernels = (K_LAYER * lmax + K_FWD if lmax > 0 else 0.0) + K_PROBE * pmax + cp_any
-        kernels, gk = (0.0, kernels) if self.cuda_graph else (kernels, 0.0)
-        tp = self.graphs.padded(rows_n) if self.graphs is not None and lmax > 0 else None
-        if tp is not None:
-            # padding rows run the captured layers (not the LM head: logits are computed on the real rows)
-            pad = tp - rows_n
-            f_lin += 2.0 * self.P * pad * lmax
-            nl += pad * lmax
-            gemm_rows = float(tp)
-            launched = 0.0 if uniform else lmax   # piecewise: attention launched eagerly, once per layer
-            kernels, gk = launched, kernels + gk - launched
-        b_lin = lmax * self.wl
-        b_head = s * (pmax + gmax) * self.dV
-        b_att = sk * kv
-        mv = 1.0 if rows_n == 1.0 else 0.0
-        gap = d_cmax * d_ell - d_ellc
-        if v is not None:
-            # experts read: those the iteration's real rows route to (CUDA-graph padding rows are not counted)
-            b_lin = lmax * v.lin_bytes(self.m, rows_n, self.routing)
-            full = 1.0 - v.f_sw
-            return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * emb + sk * cp * L * v.kvt, kernels,
-                           lmax, rows * self.V, 1.0 if lmax > 0 else 0.0, gk, f_lin, b_lin, f_att, b_att, f_head,
-                           b_head, nl * self.elem, mv * b_lin, mv * b_head, gemm_rows, sk * kvs,
-                           v.a_dec * full * gap, sk * v.kvt * full * gap, f_lin if self.fp8 else 0.0)
-        return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * emb + sk * cp * L * self.kvt, kernels,
-                       lmax, rows * self.V, 1.0 if lmax > 0 else 0.0, gk, f_lin, b_lin, f_att, b_att, f_head, b_head,
-                       nl * self.elem, mv * b_lin, mv * b_head, gemm_rows, sk * kvs, self.att * gap, sk * self.kvt * gap,
-                       f_lin if self.fp8 else 0.0)
-
-    def seconds(self, items) -> float:
-        """Seconds of one iteration of ``items`` (see :meth:`terms`): :func:`sim.cost.roofline.seconds`."""
-        return seconds(self.hw, self.terms(items), FLOAT, model=self.m)
-
-    def exact_integers(self) -> bool:
-        """Every constant of :meth:`terms` is an integer (so are a decode batch's terms: their float sums are exact)."""
-        return all(float(x).is_integer() for x in (self.L, self.P, self.att, self.dV, self.V, self.d, self.s,
-                                                    self.sk, self.wl, self.kvt, self.elem))
-
-    def decode_batch_terms(self, B, S, cmax) -> OpTerms:
-        """:meth:`terms` of uniform decode iterations in closed form, vectorised: ``B`` requests decoding one token
-        each (the items ``(1, c_i, None, 0, 1, 0)`` the engine prices) over ``S = sum_i c_i`` cached tokens, the
-        longest ``cmax``; arrays broadcast (one entry per iteration). With ``L`` layers::
-
-            f_lin = 2 P L (B + pad),  f_att = 4 H Dh L (S + B),  f_head = 2 d V B,  b_att = s_kv 2 Hkv Dh L (S + B)
-            b_lin = L w_layer,  b_head = s d V,  emb = 2 d B,  rows = B,  gap = L (B cmax - S)
-            pad = graphs.padded(B) - B (0 without graphs or above the largest capture size)
-
-        and the kernels of one forward, replayed from the full graph when padded. Equal to :meth:`terms` bit for bit
-        while every term is an integer below 2^53 (:meth:`exact_integers`; ``tests/test_fastforward.py``).
-        """
-        B = np.asarray(B, np.float64)
-        S = np.asarray(S, np.float64)
-        cmax = np.asarray(cmax, np.float64)
-        L = self.L
-        kern = K_LAYER * L + K_FWD
-        if self.graphs is not None:
-            sizes = np.asarray(self.graphs.capture_sizes, np.float64)
-            pos = np.searchsorted(sizes, B, side="left")
-            graphed = (B > 0) & (B <= sizes[-1])
-            tp = np.where(graphed, sizes[np.minimum(pos, len(sizes) - 1)], B)
-        else:
-            graphed = np.zeros(B.shape, bool)
-            tp = B
-        pad = tp - B
-        f_lin = 2.0 * self.P * L * B + 2.0 * self.P * pad * L
-        f_att = self.att * L * (S + B)
-        f_head = 2.0 * self.dV * B
-        kv = L * self.kvt * (S + B)
-        s, sk = self.s, self.sk
-        b_lin = L * self.wl + 0.0 * B
-        b_head = s * self.dV + 0.0 * B
-        b_att = sk * kv
-        if self.cuda_graph:
-            kernels, gk = 0.0 * B, kern + 0.0 * B
-        else:
-            kernels, gk = np.where(graphed, 0.0, kern), np.where(graphed, kern, 0.0)
-        mv = (B == 1.0) * 1.0
-        gap = cmax * (B * L) - L * S
-        nl = B * L + pad * L
-        zero = 0.0 * B
-        return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * (2.0 * self.d * B), kernels, L + zero,
-                       B * self.V, 1.0 + zero, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, nl * self.elem,
-                       mv * b_lin, mv * b_head, tp + zero, zero, self.att * gap, sk * self.kvt * gap,
-                       f_lin if self.fp8 else zero)
-
-    def decode_batch_seconds(self, B, S, cmax) -> np.ndarray:
-        """Seconds of the iterations of :meth:`decode_batch_terms`: one numpy pass of :func:`sim.cost.roofline.seconds`."""
-        t = self.decode_batch_terms(B, S, cmax)
-        return np.broadcast_to(np.asarray(seconds(self.hw, t, NUMPY, model=self.m), np.float64), np.shape(B)).copy()
-
-
-def with_shared(item: tuple, h: float) -> tuple:
-    """``item`` (a :meth:`ScalarCost.seconds` tuple) with ``h_i`` as its 8th field; an absent 7th field (rows
-    sampled) gets its default, one row when the item has an LM-head row."""
-    if not h:
-        return item
-    sampled = item[6] if len(item) > 6 else (1.0 if item[4] > 0 else 0.0)
-    return tuple(item[:6]) + (sampled, float(h))
 
 
 def decode_steps_terms(m: ModelShape, contexts, mask, cuda_graph: bool = False, shared=0.0, routing=None) -> OpTerms:

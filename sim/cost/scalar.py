@@ -1,0 +1,228 @@
+"""One forward iteration priced item by item in plain Python floats: :class:`ScalarCost`.
+
+The simpy engine prices one iteration at a time with a handful of items, where numpy's per-call overhead
+would dominate; :class:`ScalarCost` sums the same terms as :func:`sim.cost.terms.batch_terms` (formulas in
+:mod:`sim.cost.terms`'s docstring; tested equal) and prices them with :func:`sim.cost.roofline.seconds`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from sim.cost.opterms import K_FWD, K_LAYER, K_PROBE, OpTerms, elem_bytes_per_token_layer, variant, window_keys
+from sim.cost.profiles import ModelShape
+from sim.cost.roofline import FLOAT, NUMPY, seconds
+
+
+def _fmax(a, b):
+    return a if a > b else b
+
+
+def _fmin(a, b):
+    return a if a < b else b
+
+
+class ScalarCost:
+    """:func:`batch_terms` for one iteration in plain Python floats, priced by the one formula.
+
+    The simpy engine prices one iteration at a time with a handful of items; numpy's per-call
+    overhead would dominate there. The terms are summed item by item here (the same sums as
+    :func:`batch_terms`'s, tested equal) and priced by :func:`sim.cost.roofline.seconds` with plain-float
+    operations: the formula itself is written once, for this path and ``HardwareProfile.time``.
+    """
+
+    def __init__(self, m: ModelShape, hw, cuda_graph: bool = False, sample_vocab: int | None = None, graphs=None,
+                 routing=None):
+        # sample_vocab: entries the sampler sorts per row when it differs from m.vocab_size (a tensor-parallel
+        # rank holds V / TP of the LM head but samples over the gathered V logits: sim.cost.parallel)
+        # cuda_graph: every kernel replayed from a graph; graphs (sim.cost.graphs.CudaGraphs): vLLM's choice per
+        # iteration -- padded to a capture size, full (uniform decode) or piecewise, eager above the largest
+        self.m, self.hw, self.cuda_graph, self.graphs = m, hw, bool(cuda_graph), graphs
+        self.L = float(m.n_layers)
+        self.P = float(m.params_per_layer)
+        self.att = 4.0 * m.n_heads * m.head_dim
+        self.dV = float(m.hidden_size * m.vocab_size)
+        self.V = float(m.vocab_size if sample_vocab is None else sample_vocab)
+        self.d = float(m.hidden_size)
+        self.s = float(m.dtype_bytes)
+        self.sk = float(m.kv_elem_bytes)
+        self.wl = float(m.layer_weight_bytes)
+        self.fp8 = m.quantization == "fp8"
+        self.kvt = 2.0 * m.n_kv_heads * m.head_dim
+        self.elem = elem_bytes_per_token_layer(m)
+        self.prices_shared = hw.eff_kv_shared is not None   # callers skip counting shared blocks when nothing prices them
+        # MoE / MLA / sliding-window shapes: the per-item sums with their coefficients (module docstring)
+        self.v = None if m.is_plain else variant(m)
+        self.routing = routing   # MoE: None (expected distinct experts) or a SampledRouting
+
+    def _item_sums(self, items):
+        """:meth:`terms`'s per-item sums over ``items`` (plain floats, accumulated in item order).
+
+        Returns ``(f_lin, f_att, f_head, kv, kvs, d_ell, d_ellc, d_cmax, emb, cp, nl, rows, rows_n, lmax, pmax,
+        gmax, cp_any, uniform)``:
+        the flops and KV elements of each operator group, the one-token rows' ``sum l_i``, ``sum l_i c_i`` and
+        ``max c_i`` (padded attention), the maxima over items, and whether every running item decodes one token.
+        """
+        f_lin = f_att = f_head = 0.0
+        kv = kvs = 0.0
+        d_ell = d_ellc = d_cmax = 0.0   # one-token rows: sum l_i, sum l_i c_i, max c_i (padded attention)
+        emb = cp = nl = rows = rows_n = 0.0
+        lmax = pmax = gmax = cp_any = 0.0
+        uniform = True    # every running item decodes one token (vLLM's uniform decode batch)
+        L = self.L
+        v = self.v
+        for it in items:
+            n, c, ell, p, g, copy = it[:6]
+            if ell is None:
+                ell = L
+            if n > 0:
+                if n != 1.0:
+                    uniform = False
+                f_lin += 2.0 * self.P * n * ell
+                if v is None:
+                    f_att += self.att * ell * (n * c + n * (n + 1.0) / 2.0)
+                    kv += ell * self.kvt * (c + n)
+                    if len(it) > 7:
+                        kvs += ell * self.kvt * it[7]
+                else:
+                    full = 1.0 - v.f_sw
+                    keys = full * (n * c + n * (n + 1.0) / 2.0)
+                    toks = full * (c + n)
+                    if v.f_sw:
+                        keys += v.f_sw * window_keys(n, c, v.window, _fmax, _fmin)
+                        toks += v.f_sw * (_fmin(c, v.window - 1.0) + n)
+                    f_att += (v.a_dec if n == 1.0 else v.a_pre) * ell * keys
+                    kv += ell * v.kvt * toks
+                    if len(it) > 7:
+                        kvs += ell * v.kvt * it[7] * full
+                if n == 1.0:
+                    d_ell += ell
+                    d_ellc += ell * c
+                    if c > d_cmax:
+                        d_cmax = c
+                emb += 2.0 * self.d * n
+                nl += n * ell
+                rows_n += n
+                rows += (it[6] if len(it) > 6 else (1.0 if g > 0 else 0.0))
+                if ell > lmax:
+                    lmax = ell
+                if g > gmax:
+                    gmax = g
+            f_head += 2.0 * self.dV * (p + g)
+            if p > pmax:
+                pmax = p
+            if copy > 0:
+                cp += 2.0 * copy
+                cp_any = 1.0
+        return f_lin, f_att, f_head, kv, kvs, d_ell, d_ellc, d_cmax, emb, cp, nl, rows, rows_n, lmax, pmax, gmax, cp_any, uniform
+
+    def terms(self, items) -> OpTerms:
+        """``items``: iterable of ``(n, c, layers, probes, logits, copy[, sampled[, shared]])`` tuples (layers
+        None = L); the :class:`OpTerms` of their iteration, every field a float.
+
+        Without the 7th field an item with an LM-head row and new tokens samples one row; the 8th is
+        ``h_i`` of "Shared KV reads" (default 0).
+        """
+        (f_lin, f_att, f_head, kv, kvs, d_ell, d_ellc, d_cmax, emb, cp, nl, rows, rows_n, lmax, pmax, gmax, cp_any,
+         uniform) = self._item_sums(items)
+        L = self.L
+        v = self.v
+        s, sk = self.s, self.sk
+        gemm_rows = rows_n
+        kernels = (K_LAYER * lmax + K_FWD if lmax > 0 else 0.0) + K_PROBE * pmax + cp_any
+        kernels, gk = (0.0, kernels) if self.cuda_graph else (kernels, 0.0)
+        tp = self.graphs.padded(rows_n) if self.graphs is not None and lmax > 0 else None
+        if tp is not None:
+            # padding rows run the captured layers (not the LM head: logits are computed on the real rows)
+            pad = tp - rows_n
+            f_lin += 2.0 * self.P * pad * lmax
+            nl += pad * lmax
+            gemm_rows = float(tp)
+            launched = 0.0 if uniform else lmax   # piecewise: attention launched eagerly, once per layer
+            kernels, gk = launched, kernels + gk - launched
+        b_lin = lmax * self.wl
+        b_head = s * (pmax + gmax) * self.dV
+        b_att = sk * kv
+        mv = 1.0 if rows_n == 1.0 else 0.0
+        gap = d_cmax * d_ell - d_ellc
+        if v is not None:
+            # experts read: those the iteration's real rows route to (CUDA-graph padding rows are not counted)
+            b_lin = lmax * v.lin_bytes(self.m, rows_n, self.routing)
+            full = 1.0 - v.f_sw
+            return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * emb + sk * cp * L * v.kvt, kernels,
+                           lmax, rows * self.V, 1.0 if lmax > 0 else 0.0, gk, f_lin, b_lin, f_att, b_att, f_head,
+                           b_head, nl * self.elem, mv * b_lin, mv * b_head, gemm_rows, sk * kvs,
+                           v.a_dec * full * gap, sk * v.kvt * full * gap, f_lin if self.fp8 else 0.0)
+        return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * emb + sk * cp * L * self.kvt, kernels,
+                       lmax, rows * self.V, 1.0 if lmax > 0 else 0.0, gk, f_lin, b_lin, f_att, b_att, f_head, b_head,
+                       nl * self.elem, mv * b_lin, mv * b_head, gemm_rows, sk * kvs, self.att * gap, sk * self.kvt * gap,
+                       f_lin if self.fp8 else 0.0)
+
+    def seconds(self, items) -> float:
+        """Seconds of one iteration of ``items`` (see :meth:`terms`): :func:`sim.cost.roofline.seconds`."""
+        return seconds(self.hw, self.terms(items), FLOAT, model=self.m)
+
+    def exact_integers(self) -> bool:
+        """Every constant of :meth:`terms` is an integer (so are a decode batch's terms: their float sums are exact)."""
+        return all(float(x).is_integer() for x in (self.L, self.P, self.att, self.dV, self.V, self.d, self.s,
+                                                    self.sk, self.wl, self.kvt, self.elem))
+
+    def decode_batch_terms(self, B, S, cmax) -> OpTerms:
+        """:meth:`terms` of uniform decode iterations in closed form, vectorised: ``B`` requests decoding one token
+        each (the items ``(1, c_i, None, 0, 1, 0)`` the engine prices) over ``S = sum_i c_i`` cached tokens, the
+        longest ``cmax``; arrays broadcast (one entry per iteration). With ``L`` layers::
+
+            f_lin = 2 P L (B + pad),  f_att = 4 H Dh L (S + B),  f_head = 2 d V B,  b_att = s_kv 2 Hkv Dh L (S + B)
+            b_lin = L w_layer,  b_head = s d V,  emb = 2 d B,  rows = B,  gap = L (B cmax - S)
+            pad = graphs.padded(B) - B (0 without graphs or above the largest capture size)
+
+        and the kernels of one forward, replayed from the full graph when padded. Equal to :meth:`terms` bit for bit
+        while every term is an integer below 2^53 (:meth:`exact_integers`; ``tests/test_fastforward.py``).
+        """
+        B = np.asarray(B, np.float64)
+        S = np.asarray(S, np.float64)
+        cmax = np.asarray(cmax, np.float64)
+        L = self.L
+        kern = K_LAYER * L + K_FWD
+        if self.graphs is not None:
+            sizes = np.asarray(self.graphs.capture_sizes, np.float64)
+            pos = np.searchsorted(sizes, B, side="left")
+            graphed = (B > 0) & (B <= sizes[-1])
+            tp = np.where(graphed, sizes[np.minimum(pos, len(sizes) - 1)], B)
+        else:
+            graphed = np.zeros(B.shape, bool)
+            tp = B
+        pad = tp - B
+        f_lin = 2.0 * self.P * L * B + 2.0 * self.P * pad * L
+        f_att = self.att * L * (S + B)
+        f_head = 2.0 * self.dV * B
+        kv = L * self.kvt * (S + B)
+        s, sk = self.s, self.sk
+        b_lin = L * self.wl + 0.0 * B
+        b_head = s * self.dV + 0.0 * B
+        b_att = sk * kv
+        if self.cuda_graph:
+            kernels, gk = 0.0 * B, kern + 0.0 * B
+        else:
+            kernels, gk = np.where(graphed, 0.0, kern), np.where(graphed, kern, 0.0)
+        mv = (B == 1.0) * 1.0
+        gap = cmax * (B * L) - L * S
+        nl = B * L + pad * L
+        zero = 0.0 * B
+        return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * (2.0 * self.d * B), kernels, L + zero,
+                       B * self.V, 1.0 + zero, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, nl * self.elem,
+                       mv * b_lin, mv * b_head, tp + zero, zero, self.att * gap, sk * self.kvt * gap,
+                       f_lin if self.fp8 else zero)
+
+    def decode_batch_seconds(self, B, S, cmax) -> np.ndarray:
+        """Seconds of the iterations of :meth:`decode_batch_terms`: one numpy pass of :func:`sim.cost.roofline.seconds`."""
+        t = self.decode_batch_terms(B, S, cmax)
+        return np.broadcast_to(np.asarray(seconds(self.hw, t, NUMPY, model=self.m), np.float64), np.shape(B)).copy()
+
+
+def with_shared(item: tuple, h: float) -> tuple:
+    """``item`` (a :meth:`ScalarCost.seconds` tuple) with ``h_i`` as its 8th field; an absent 7th field (rows
+    sampled) gets its default, one row when the item has an LM-head row."""
+    if not h:
+        return item
+    sampled = item[6] if len(item) > 6 else (1.0 if item[4] > 0 else 0.0)
+    return tuple(item[:6]) + (sampled, float(h))
