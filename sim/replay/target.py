@@ -172,18 +172,12 @@ class Target:
                                      spec.disable_custom_all_reduce, spec.enable_expert_parallel)
             except ParallelError as exc:
                 raise ConfigError(str(exc), field=_flag_field(str(exc))) from None
-            nd = resolve_node(node, hw, par, session.presets)
             try:
-                par.validate(m, nd, nd.gpus_per_node if nd is not None else None)
+                nd = resolve_layout(m, hw, sv, par, node, session.presets, node_gpus=True)
+            except CapacityError as exc:
+                raise ConfigError(str(exc), field="tensor_parallel_size") from None
             except ParallelError as exc:
-                msg = str(exc).replace("(--gpus)", f"on one {nd.name} node (--node)") if nd is not None else str(exc)
-                raise ConfigError(msg, field=_flag_field(msg)) from None
-            # one GPU: only where today's weight check refuses anyway, so its refusal names the layout that fits
-            if not par.is_single or m.weight_bytes > hw.mem_capacity:
-                try:
-                    check_fits(m, hw, sv, par, nd)
-                except CapacityError as exc:
-                    raise ConfigError(str(exc), field="tensor_parallel_size") from None
+                raise ConfigError(str(exc), field=_flag_field(str(exc))) from None
             return cls(model=m, hardware=hw, serving=sv, trace_model=session.trace_model, node=nd,
                        tensor_parallel_size=par.tensor_parallel_size, pipeline_parallel_size=par.pipeline_parallel_size,
                        data_parallel_size=par.data_parallel_size, pipeline_schedule=spec.pipeline_schedule,
@@ -403,4 +397,30 @@ def resolve_node(node, hw: HardwareProfile, par: ParallelConfig, memo: dict | No
     return nd
 
 
-__all__ = ["Target", "TargetSpec", "resolve_node", "node_for", "shipped_nodes", "ISOLATED_SCHEDULER", "hw_key"]
+def resolve_layout(model: ModelShape, hw: HardwareProfile, serving: ServingConfig, par: ParallelConfig, node=None,
+                   memo: dict | None = None, node_gpus: bool = False) -> NodeProfile | None:
+    """The node a ``par`` replica of ``model`` runs on, once the layout is checked: every command's one resolver of
+    a layout (:meth:`Target.resolve` and :func:`sim.bench.plain.run` call it; tests/test_structure.py checks
+    that no other command module builds a :class:`ParallelConfig` from the target flags).
+
+    ``node``: :func:`resolve_node` (``memo``: the caller's preset memo). The layout is checked against the model
+    and the node (:meth:`sim.cost.parallel.ParallelConfig.validate`; ``node_gpus``: TP x PP x DP must fit on one
+    node, a refusal naming ``--node``), then, for TP x PP > 1 or where one GPU cannot hold the weights anyway,
+    the replica's weights against its GPUs (:func:`sim.serving.capacity.check_fits`, which names the smallest
+    TP x PP that fits). Raises :class:`ParallelError` / :class:`CapacityError` (naming the flag) or
+    :class:`ConfigError` (the node).
+    """
+    nd = resolve_node(node, hw, par, memo)
+    try:
+        par.validate(model, nd, nd.gpus_per_node if node_gpus and nd is not None else None)
+    except ParallelError as exc:
+        if node_gpus and nd is not None:
+            raise ParallelError(str(exc).replace("(--gpus)", f"on one {nd.name} node (--node)")) from None
+        raise
+    # one GPU: only where today's weight check refuses anyway, so its refusal names the layout that fits
+    if not par.is_single or model.weight_bytes > hw.mem_capacity:
+        check_fits(model, hw, serving, par, nd)
+    return nd
+
+
+__all__ = ["Target", "TargetSpec", "resolve_layout", "resolve_node", "node_for", "shipped_nodes", "ISOLATED_SCHEDULER", "hw_key"]
