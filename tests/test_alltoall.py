@@ -82,13 +82,20 @@ def test_dp_attention_cost_adds_dispatch_combine():
     assert comm > 0
 
 
-def test_target_prices_dp_attention():
-    """--data-parallel-size 4 --enable-expert-parallel on an MoE target: ParallelCost with EP 4, not replicas."""
+def test_commands_refuse_dp_attention_naming_the_flags():
+    """--data-parallel-size 4 --enable-expert-parallel on an MoE target is refused by the one resolver (every command:
+    the trace commands and bench) until the engine runs DP ranks; without EP the four are replicas."""
     from sim.api import loaded
     from sim.replay.target import Target
+    from sim.errors import ConfigError
     s = loaded()
     rep = Target.resolve(s, "qwen3-30b-a3b", "h100-sxm", None, node="dgx-h100", data_parallel_size=4)
-    dpa = Target.resolve(s, "qwen3-30b-a3b", "h100-sxm", None, node="dgx-h100", data_parallel_size=4,
-                         enable_expert_parallel=True)
     assert rep.single and rep.cost() is None
-    assert not dpa.single and dpa.cost().dpa and dpa.rank_model.expert_parallel_size == 4
+    with pytest.raises(ConfigError, match="--data-parallel-size 4 with --enable-expert-parallel"):
+        Target.resolve(s, "qwen3-30b-a3b", "h100-sxm", None, node="dgx-h100", data_parallel_size=4,
+                       enable_expert_parallel=True)
+    from sim.bench import plain
+    wl = plain.random_workload(4, 64, 8)
+    with pytest.raises(ParallelError, match="--data-parallel-size 4 with --enable-expert-parallel"):
+        plain.run(load_model("qwen3-30b-a3b"), load_hardware("h100-sxm"), wl, node="dgx-h100",
+                  data_parallel_size=4, enable_expert_parallel=True)

@@ -14,7 +14,7 @@ picked. Per MoE layer, ``t`` tokens on each DP rank (vLLM pads the DP ranks to a
     dispatch = allgather(D t d s, D) = allreduce(D t d s, D) / 2
     combine  = reducescatter(D t d s, D) = allreduce(D t d s, D) / 2
 
-priced by NCCL's measured all-reduce lines of the node (:meth:`sim.cost.parallel.NodeProfile.allreduce_seconds`,
+priced by NCCL's measured all-reduce lines of the node (:meth:`sim.cost.node.NodeProfile.allreduce_seconds`,
 ``custom=False``: vLLM's custom all-reduce is not used for all_gatherv / reduce_scatterv), halved because a
 ring all-reduce is a reduce-scatter followed by an all-gather of the same bytes (the convention the LM-head
 logits gather already uses). The top-k weights and ids (``k (4 + 4)`` bytes a token) are folded into

@@ -143,7 +143,7 @@ class Target:
 
         ``quantization`` / ``kv_cache_dtype``: vLLM's ``--quantization`` / ``--kv-cache-dtype``
         (:func:`with_precision`; the hardware refuses what it cannot price when queried).
-        ``node`` (a node preset or :class:`sim.cost.parallel.NodeProfile`) prices the collectives of a
+        ``node`` (a node preset or :class:`sim.cost.node.NodeProfile`) prices the collectives of a
         ``tensor_parallel_size`` x ``pipeline_parallel_size`` replica; ``None`` with TP x PP > 1: the one
         shipped node preset whose GPU is ``hardware``. The layout is checked against the model and the
         node (:meth:`sim.cost.parallel.ParallelConfig.validate`), and the replica's weights against its GPUs
@@ -410,6 +410,14 @@ def resolve_layout(model: ModelShape, hw: HardwareProfile, serving: ServingConfi
     TP x PP that fits). Raises :class:`ParallelError` / :class:`CapacityError` (naming the flag) or
     :class:`ConfigError` (the node).
     """
+    if par.dp_attention(model):
+        # the per-layer cost exists (sim.cost.parallel, sim.cost.alltoall) but a run would be wrong: the engine does
+        # not step DP ranks in lockstep and the experts are priced over a rank's rows, not the D x t gathered ones
+        raise ParallelError(
+            f"--data-parallel-size {par.data_parallel_size} with --enable-expert-parallel on {model.name} is vLLM's "
+            "DP attention + expert parallelism, which no command runs yet (docs/parallelism.md, 'DP attention'): "
+            "use --tensor-parallel-size with --enable-expert-parallel (EP size = TP), or drop "
+            "--enable-expert-parallel for independent replicas")
     nd = resolve_node(node, hw, par, memo)
     try:
         par.validate(model, nd, nd.gpus_per_node if node_gpus and nd is not None else None)
