@@ -366,7 +366,6 @@ WINDOW = "the fast-forward window's steps share one state through closures; a wi
 SIZE_EXCEPTIONS = {
     "sim/serving/fastforward.py": WINDOW,
     "sim/serving/fastforward.py::_run": WINDOW,
-    "sim/replay/tree.py": PENDING,
     "calibrate/public_profiles.py": PENDING,
     "sim/cost/profiles.py": PENDING,
     "sim/search/tune.py::_tune": PENDING,

@@ -37,27 +37,25 @@ so the manager makes the same decisions for the same tree and budget:
 The clock is logical: one tick per block touched. :class:`TreeBlocks` holds the
 block bookkeeping alone (pure Python, no torch); the real runner drives it with
 hooks that do the torch work, :func:`walk_tree` drives it from a trace and
-records the operations, :func:`simulate_tree` prices them with ``sim.cost.terms``.
+records the operations, :func:`simulate_tree` prices them with ``sim.cost.terms``
+(:mod:`sim.replay.tree_result`, on the :class:`sim.replay.target.Target` of ``Target.resolve``).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Hashable
 
 import numpy as np
 import pandas as pd
 
 from policies import PolicyError, get_policy, list_policies
 
-from sim.cost import terms as C
 from sim.serving.kvcache import BlockManager
 from sim.serving.capacity import MAX_BLOCK_SIZE, MAX_BLOCKS, MAX_FRAC
-from sim.cost.profiles import HardwareProfile, ModelShape, load_hardware, load_model, model_from_manifest
+from sim.replay.tree_result import PHASES, tree_result, tree_target
 
 BLOCK_POLICIES = ("rsbcm", "lru", "fifo")
-PHASES = ("verify", "prefill", "assemble", "decode", "recompute")
 
 
 class TreeError(ValueError):
@@ -355,9 +353,12 @@ class TreeSpec:
 
 
 def tree_spec(trace, tree: int = 0) -> TreeSpec:
-    """A :class:`TreeSpec` from a trace path, a loaded ``Trace`` or a ``TreeSpec``."""
+    """A :class:`TreeSpec` from a trace path, a loaded ``Trace`` or a ``TreeSpec`` (None: the bundled trace)."""
     if isinstance(trace, TreeSpec):
         return trace
+    if trace is None:
+        from sim.replay.session import default_trace_path
+        trace = default_trace_path()
     from traces.store import Trace, load_trace
     if isinstance(trace, (str, Path)):
         if not (Path(trace) / "manifest.json").is_file():
@@ -542,33 +543,6 @@ def _run(spec, pol, budget, bs, parent, depth, ntok, score, toks, children, leve
 
 
 # --------------------------------------------------------------------------- costs
-def _targets(spec: TreeSpec, model_preset, hardware) -> tuple[ModelShape, HardwareProfile]:
-    if isinstance(model_preset, ModelShape):
-        model = model_preset
-    elif model_preset is not None:
-        model = load_model(model_preset)
-    elif spec.manifest is not None:
-        model = model_from_manifest(spec.manifest)
-    else:
-        raise TreeError("--model-preset: needed (the tree has no trace manifest to take the model from)")
-    hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
-    return model, hw
-
-
-def _price(model: ModelShape, hw: HardwareProfile, phase: str, items: list) -> float:
-    if not items:
-        return 0.0
-    if phase == "assemble":
-        return float(np.sum(hw.time(C.kv_copy_terms(model, np.array([n[0] for n, _ in items], dtype=np.float64)))))
-    k = max(len(n) for n, _ in items)
-    N = np.zeros((len(items), k))
-    Cc = np.zeros((len(items), k))
-    M = np.zeros((len(items), k), dtype=bool)
-    for r, (n, c) in enumerate(items):
-        N[r, :len(n)], Cc[r, :len(c)], M[r, :len(n)] = n, c, True
-    return float(np.sum(hw.time(C.batch_terms(model, N, Cc, mask=M), model=model)))
-
-
 def simulate_tree(trace=None, policy: str = "rsbcm", params: dict | None = None, budget_blocks: int | None = None,
                   budget_frac: float | None = 0.5, model_preset=None, hardware="local-cpu", tree: int = 0,
                   block_size: int = 16) -> dict:
@@ -585,64 +559,22 @@ def simulate_tree(trace=None, policy: str = "rsbcm", params: dict | None = None,
     model_preset, hardware : cost target (default: the trace's model on ``local-cpu``)
 
     Latency is the sum of the walk's operations, each priced by ``sim.cost.terms``
-    (``t = max(flops / (peak eff_c), bytes / (bw eff_m)) + overheads``): ``verify``
+    (``t = max(flops / (peak eff_c), bytes / (bw eff_m)) + overheads``, :mod:`sim.replay.tree_result`): ``verify``
     (root + one batch per level, from scratch), ``prefill`` (prompt, first-time
     blocks, each expansion's last token over its context), ``assemble`` (the
     context's KV copy), ``decode`` (lock-step steps of the children) and
     ``recompute`` (evicted blocks needed again, each over the KV before it).
     """
-    if trace is None:
-        from sim.replay.session import default_trace_path
-        trace = default_trace_path()
     spec = tree_spec(trace, tree)
-    model, hw = _targets(spec, model_preset, hardware)
+    target = tree_target(spec, model_preset, hardware, error=TreeError)
     w = walk_tree(spec, policy, params, budget_blocks, budget_frac, block_size)
-    max_ctx = max((max(np.add(n, c)) if c else n[0]) for ops in w.ops.values() for n, c in ops)
-    max_new = max(max(n) for p, ops in w.ops.items() if p != "assemble" for n, _ in ops)
-    max_batch = max(len(n) for p, ops in w.ops.items() if p != "assemble" for n, _ in ops)
-    hw.check_query(model, max_context=int(max_ctx), max_new=int(max_new), max_batch=int(max_batch))
-    phases = {f"{p}_s": _price(model, hw, p, w.ops[p]) for p in PHASES}
-    tb = w.blocks
-    bm = tb.bm
-    nodes = spec.nodes
-    best = w.best_node
-    bytes_per_block = block_size * model.kv_bytes_per_token
-    from sim.serving.capacity import CapacityError, kv_capacity
-    cap = kv_capacity(model, hw)
-    if tb.peak * bytes_per_block > cap["kv_capacity_bytes"]:
-        # the tree runs alone on the device, like isolated mode: a KV peak past the capacity cannot run
-        raise TreeError(str(CapacityError(
-            f"tree {spec.name}: holds {tb.peak * bytes_per_block / 1e9:.3f} GB of KV at its peak but {model.name} "
-            f"on {hw.name} has {cap['kv_capacity_bytes'] / 1e9:.3f} GB of KV capacity: "
-            f"{(tb.peak * bytes_per_block - cap['kv_capacity_bytes']) / 1e9:.3f} GB short (lower --budget-blocks)")))
-    return {
-        "policy": policy, "params": dict(params or {}), "tree": spec.name,
-        "latency_s": float(sum(phases.values())), **phases,
-        "evictions": int(bm.evictions), "refetches": int(tb.refetches), "preemptions": int(tb.preemptions),
-        "recompute_tokens": int(w.blocks.recompute_tokens),
-        "hits": sum(t.hit for t in tb.touches), "misses": sum(not t.hit for t in tb.touches),
-        "touches": len(tb.touches),
-        "peak_blocks": int(tb.peak), "peak_kv_bytes": int(tb.peak * bytes_per_block),
-        "peak_used_blocks": int(bm.peak_used), "floor_blocks": int(tb.floor),
-        "budget_blocks": int(w.budget_blocks), "budget_frac": None if budget_blocks is not None else budget_frac,
-        "block_size": int(block_size), "n_nodes": int(w.n_nodes),
-        "best_node": int(best), "best_score": float(nodes["score"].iloc[best]),
-        "best_answer": str(nodes["answer"].iloc[best]) if "answer" in nodes else "",
-        "correct": bool(nodes["correct"].iloc[best]) if "correct" in nodes else False,
-        "eviction_order": [list(b) for b in tb.evicted_log],
-        "cost_model": model.name, "hardware": hw.name,
-        "kv_capacity_bytes": float(cap["kv_capacity_bytes"]), "capacity_source": cap["capacity_source"],
-        "decisions_model": str(((spec.manifest or {}).get("model") or {}).get("name", "")),
-    }
+    return tree_result(spec, w, target, policy, params, budget_blocks, budget_frac, block_size, error=TreeError)
 
 
 def compare_tree(trace=None, budget_blocks: int | None = None, budget_frac: float | None = 0.5, model_preset=None,
                  hardware="local-cpu", tree: int = 0, block_size: int = 16,
                  policies=BLOCK_POLICIES) -> pd.DataFrame:
     """RSBCM vs LRU vs FIFO on one tree and budget: one row per policy (index), plus latency vs RSBCM."""
-    if trace is None:
-        from sim.replay.session import default_trace_path
-        trace = default_trace_path()
     spec = tree_spec(trace, tree)
     rows = {p: simulate_tree(spec, p, None, budget_blocks, budget_frac, model_preset, hardware, tree, block_size)
             for p in policies}
