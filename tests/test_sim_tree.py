@@ -389,3 +389,19 @@ def test_tree_refused_when_its_kv_peak_exceeds_the_capacity(tmp_path):
         simulate_tree(None, "rsbcm", hardware=str(hw))
     r = simulate_tree(None, "rsbcm", hardware="h100-sxm")
     assert 0 < r["peak_kv_bytes"] <= r["kv_capacity_bytes"]
+
+
+def test_tree_target_comes_from_the_one_resolver():
+    # issue 31: tree mode resolves its target by Target.resolve, so a bad preset is the ConfigError naming its
+    # field that every other mode raises, and the bare tree's missing / unknown model names --model-preset
+    from sim.errors import ConfigError
+    with pytest.raises(ConfigError) as e:
+        simulate_tree(None, "rsbcm", hardware="no-such-gpu")
+    assert e.value.field == "hardware" and "no-such-gpu" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        simulate_tree(None, "rsbcm", model_preset="no-such-model")
+    assert e.value.field == "model"
+    with pytest.raises(TreeError, match="^--model-preset: .*no-such-model"):
+        simulate_tree(HAND, model_preset="no-such-model")
+    r = simulate_tree(HAND, model_preset="smollm2-135m", hardware="h100-sxm")
+    assert (r["cost_model"], r["hardware"], r["decisions_model"]) == ("smollm2-135m", "h100-sxm", "")
