@@ -569,7 +569,7 @@ def _cmd_sweep(args) -> int:
     if out is not None:
         from app.knee_plot import curve_figure
         import plotly.io as pio
-        atomicwrite_json(out / SWEEP_FILES[0], json.loads(json.dumps(doc)))
+        atomic_write_json(out / SWEEP_FILES[0], json.loads(json.dumps(doc)))
         fig = curve_figure(curve, cap, unit="req/s")
         atomic_write_text(out / SWEEP_FILES[1], pio.to_html(fig, full_html=True, include_plotlyjs="inline"))
         print(f"wrote {out / SWEEP_FILES[0]}, {out / SWEEP_FILES[1]}")
