@@ -23,6 +23,10 @@ def _id_ranks(ids) -> np.ndarray:
 
 class BlockPolicyBase(PolicyBase):
     kind: ClassVar[str] = "block"
+    # True when evict_key's order is the order blocks were released in (its first field is ``last_used``, a
+    # fresh tick at every release, whatever the score): the block manager then keeps a release-ordered queue
+    # instead of a heap (vLLM's FreeKVCacheBlockQueue), with the same victims
+    release_ordered: ClassVar[bool] = False
 
     def evict_key(self, score: float, depth: float, last_used: float, inserted: float) -> tuple:
         """The eviction rank of one block as a tuple: the smallest key is evicted first.
@@ -108,6 +112,7 @@ class LRU(BlockPolicyBase):
     """Least recently used first (vLLM / SGLang default); ties: older insertion, lower id."""
 
     name: ClassVar[str] = "lru"
+    release_ordered: ClassVar[bool] = True
 
     def evict_key(self, score, depth, last_used, inserted) -> tuple:
         return (float(last_used), float(inserted))

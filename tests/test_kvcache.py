@@ -4,6 +4,7 @@ from __future__ import annotations
 import tracemalloc
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from policies.blocks import FIFO, LRU, RSBCM
 from sim.serving.kvcache import BlockManager, KVCacheError, chain_keys
@@ -129,3 +130,37 @@ def test_bad_sizes_name_the_parameter(kw, flag):
     args = {"num_blocks": 10, "block_size": 16, **kw}
     with pytest.raises(KVCacheError, match=flag):
         BlockManager(**args)
+
+
+class _HeapLRU(LRU):
+    """LRU ranked through the heap path (the reference for the release-ordered queue)."""
+    release_ordered = False
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 14), st.booleans(), st.floats(0, 1)),
+                min_size=1, max_size=30),
+       st.integers(4, 9))
+def test_release_ordered_lru_evicts_as_the_heap_does(ops, num_blocks):
+    """LRU's release-ordered queue (no heap) picks the same victims, hits and final state as the heap."""
+    managers = [BlockManager(num_blocks, 4, policy=LRU()), BlockManager(num_blocks, 4, policy=_HeapLRU())]
+    assert managers[0]._ordered and not managers[1]._ordered
+    logs = [[], []]
+    for i, m in enumerate(managers):
+        live = []
+        for n, (prefix, length, release, score) in enumerate(ops):
+            toks = [prefix * 100 + j for j in range(length)]   # four shared prefixes: hits and re-use
+            r = _req(f"r{n}", toks)
+            blocks, hit = m.find_cached(r)
+            if m.allocate(r, r.num_tokens - hit, blocks, hit):
+                r.num_computed_tokens = r.num_tokens
+                live.append(r)
+                logs[i].append(("hit", n, hit))
+                for k in chain_keys(toks, 4)[:1]:
+                    m.set_score(k, score)                     # LRU ignores the score
+            if release and live:
+                m.free(live.pop(len(live) // 2))              # out of admission order
+            m.check()
+        logs[i].append(sorted(m.cached))
+    assert managers[0].evicted_log == managers[1].evicted_log
+    assert logs[0] == logs[1]

@@ -36,7 +36,11 @@ same reachability):
   :mod:`policies.blocks`): LRU = vLLM's free-queue order (``last_used`` = the
   tick the block was freed; a request frees its blocks last-first so its tail
   goes first, as vLLM's ``free`` does), FIFO (``inserted`` = tick it was first
-  cached), RSBCM (``omega = score / (depth + 1)``).
+  cached), RSBCM (``omega = score / (depth + 1)``). A policy whose key grows
+  with the release order (``policy.release_ordered``: LRU, whose key leads
+  with ``last_used``, a fresh tick at every release) needs no heap: the
+  evictable blocks are kept in release order and the oldest goes first, as
+  vLLM's ``FreeKVCacheBlockQueue`` does, with the same victims.
 * **RSBCM score.** A block's score is only what is known when it is ranked:
   0 until :meth:`BlockManager.set_score` raises it (the caller calls it when
   the branch's score becomes known); a block shared by several branches keeps
@@ -61,6 +65,7 @@ API (docs/sim-api.md)::
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass
 
 ROOT_KEY = 0x9E3779B97F4A7C15  # parent key of a sequence's first block
@@ -153,7 +158,9 @@ class BlockManager:
         self.n_clean = self.num_blocks  # free blocks holding nothing useful
         self.cached: dict[int, Block] = {}   # key -> the block a lookup returns (referenced or evictable)
         self._dups: dict[int, dict] = {}     # key -> {block_id: block} of later copies, in insertion order
-        self._evictable: dict[int, Block] = {}  # block_id -> block with ref 0 and a key
+        # block_id -> block with ref 0 and a key; in release order when the policy's key follows it (no heap)
+        self._ordered = bool(getattr(policy, "release_ordered", False))
+        self._evictable: dict[int, Block] = OrderedDict() if self._ordered else {}
         self._heap: list = []
         self.req_blocks: dict = {}  # req_id -> [Block]
         self._n_keyed: dict = {}    # req_id -> blocks of the request already keyed
@@ -422,6 +429,10 @@ class BlockManager:
             del self._dups[key]
 
     def _pop_victim(self) -> Block:
+        if self._ordered:
+            if self._evictable:
+                return self._evictable.popitem(last=False)[1]
+            raise RuntimeError("block manager: no evictable block (can_allocate should have refused)")  # pragma: no cover
         heap = self._heap
         while heap:
             _, _, version, bid = heapq.heappop(heap)
@@ -433,6 +444,8 @@ class BlockManager:
 
     def _push(self, b: Block) -> None:
         b.version += 1
+        if self._ordered:
+            return      # its place in _evictable is its rank
         heapq.heappush(self._heap, (self.policy.evict_key(b.score, b.depth, b.last_used, b.inserted),
                                     b.block_id, b.version, b.block_id))
         if len(self._heap) > 2 * len(self._evictable) + 64:  # drop stale entries
