@@ -188,7 +188,7 @@ class FastForward:
                 # the head's chain keys by position (its content never changes): kept while it waits
                 if len(memo) > 4096:
                     memo.clear()
-                memo[id(head)] = (head, {kv._key_of(head, k): k for k in range(nblk)})
+                memo[id(head)] = (head, {key: k for k, key in enumerate(kv.keys_upto(head, nblk)[:nblk])})
             keys = memo[id(head)][1]
             cached, kd = kv.cached, kv._dups
             for key in keys:            # in position order (dicts keep insertion order)

@@ -231,15 +231,22 @@ class BlockManager:
 
     # ------------------------------------------------------------------ keys
     def _key_of(self, req, k: int) -> int:
-        # a request's chain keys are kept for the pool's life (its content never changes, preempted or not)
+        return self.keys_upto(req, k + 1)[k]
+
+    def keys_upto(self, req, n: int) -> list:
+        """The chain keys of ``req``'s first ``n`` blocks (at least; the manager's own list: read it, never change
+        it). A request's keys are kept for the pool's life: its content never changes, preempted or not."""
         hit = self._chain.get(id(req))
         if hit is None:
             hit = self._chain[id(req)] = (req, [])  # the request is held so its id stays its own
         keys = hit[1]
-        while len(keys) <= k:
+        if len(keys) < n:
+            content = req.block_content
             parent = keys[-1] if keys else ROOT_KEY
-            keys.append(block_key(parent, req.block_content(len(keys))))
-        return keys[k]
+            for k in range(len(keys), n):
+                parent = block_key(parent, content(k))
+                keys.append(parent)
+        return keys
 
     def chain_keys(self, req) -> list:
         """The chain keys of ``req``'s blocks computed so far (empty before its first)."""
@@ -267,8 +274,11 @@ class BlockManager:
         limit = n if getattr(req, "allow_full_hit", False) else n - 1
         nblk = n // self.block_size
         out = []
+        cached = self.cached
+        keys = self.keys_upto(req, 1) if nblk else ()
         for k in range(nblk):
-            b = self.cached.get(self._key_of(req, k))
+            # keys one by one past the known ones: the walk stops at the first miss
+            b = cached.get(keys[k] if k < len(keys) else self._key_of(req, k))
             if b is None:
                 break
             out.append(b)
@@ -379,10 +389,12 @@ class BlockManager:
     def _register(self, req, blks: list, full: int) -> None:
         rid = req.req_id
         k0 = self._n_keyed.get(rid, 0)
-        for k in range(k0, min(full, len(blks))):
+        hi = min(full, len(blks))
+        keys = self.keys_upto(req, hi) if hi > k0 else ()
+        for k in range(k0, hi):
             b = blks[k]
             if b.key is None:
-                key = self._key_of(req, k)
+                key = keys[k]
                 b.key = key
                 b.depth = int(req.block_depth(k))
                 self.tick += 1.0
