@@ -434,3 +434,18 @@ def test_validate_bad_file_one_line(tmp_path, capsys):
     f.write_text("figures:\n  - {id: a, model: llama-3-8b, hardware: h100-sxm, dtype: bf16, workload: {input_len: 8},"
                  " metric: speed, value: 1, source: {url: x}}\n")
     assert "metric 'speed'" in _err(capsys, ["validate", str(f)])
+
+
+def test_token_counts_a_chunk_of_requests_at_a_time_are_the_whole_runs(monkeypatch):
+    """The peak output tokens per second counted over requests a chunk at a time (bounded memory) is the count
+    over every token at once; the front end's gaps (8-byte arrays) read back as the lists they were."""
+    import sim.bench.plain_results as pr
+    r = _run(request_rate=40.0, seed=2)
+    assert isinstance(r.itls, pr.Gaps) and isinstance(r.itls[0], list)
+    whole = plain.serve_result(r)
+    t = np.concatenate([whole["start_times"][i] + whole["ttfts"][i] + np.concatenate([[0.0], np.cumsum(g)])
+                        for i, g in enumerate(whole["itls"])])
+    t0 = min(whole["start_times"])
+    assert whole["max_output_tokens_per_s"] == float(np.bincount((t - t0).astype(np.int64)).max())
+    monkeypatch.setattr(pr, "TOKEN_CHUNK", 3)   # 40 requests in 14 chunks, the last one short
+    assert json.dumps(plain.serve_result(r)) == json.dumps(whole)

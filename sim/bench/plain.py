@@ -51,7 +51,7 @@ from sim.cost.fingerprint import host_fields
 from sim.bench.plain_workload import MAX_LEN, MAX_PROMPTS, PlainError, PlainWorkload, int_arg, arrival_times, \
     file_workload, random_workload  # noqa: F401 (re-exported: the workload half of this module)
 from sim.workload.job import Job
-from sim.bench.plain_results import ITLs, overheads_words, provenance, serve_result, throughput_result  # noqa: F401
+from sim.bench.plain_results import Gaps, ITLs, overheads_words, provenance, serve_result, throughput_result  # noqa: F401
 
 # vLLM LLM-class (offline) defaults by device; source in the module docstring.
 OFFLINE_DEFAULTS = {
@@ -354,8 +354,8 @@ def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, it
             g2 = np.asarray(fe.itl_s(gaps, tl_run[k]), np.float64).reshape(-1)
             out_e2el[i] += float(g2.sum() - gaps.sum())
             gaps = g2
-        out_itls.append(gaps.tolist())
-    return s0, ttft, out_e2el, out_itls
+        out_itls.append(gaps)
+    return s0, ttft, out_e2el, Gaps(out_itls)
 
 
 def _overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, results) -> dict:

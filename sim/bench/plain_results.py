@@ -9,6 +9,8 @@ import numpy as np
 from sim.bench.plain_workload import PlainError
 from sim.serving.metrics import percentile_word
 
+TOKEN_CHUNK = 4096   # requests whose token times are counted at once (serve_result's peak tokens per second)
+
 
 class ITLs:
     """Per request, the gaps between consecutive tokens, computed from its token times when read
@@ -28,10 +30,25 @@ class ITLs:
         for i in range(len(self.times)):
             yield self[i]
 
+    def array(self, i: int) -> np.ndarray:
+        """Request ``i``'s gaps as an array."""
+        return np.diff(np.asarray(self.times[i], np.float64))
+
     def flat(self) -> np.ndarray:
         """Every request's gaps, in request order, as one array."""
-        parts = [np.diff(np.asarray(t, np.float64)) for t in self.times]
+        parts = [self.array(i) for i in range(len(self.times))]
         return np.concatenate(parts) if parts else np.zeros(0)
+
+
+class Gaps(ITLs):
+    """Per request, its gaps as one float64 array each (the front end's ITLs, :func:`sim.bench.plain._with_frontend`):
+    8 bytes a token, where a list of Python floats holds 32; read as :class:`ITLs` is."""
+
+    def array(self, i: int) -> np.ndarray:
+        return self.times[i]
+
+    def __getitem__(self, i) -> list:
+        return self.times[i].tolist()
 
 
 def overheads_words(info: dict) -> str:
@@ -78,10 +95,13 @@ def serve_result(r, *, percentiles=(99.0,), metrics=("ttft", "tpot", "itl", "e2e
     allitl = r.itls.flat() if isinstance(r.itls, ITLs) else [x for it in r.itls for x in it]
     queue = (r.start - r.scheduled).tolist()
     # peak output tokens per whole second and peak concurrency, as calculate_metrics buckets them
-    tt = [r.start[i] + r.ttft[i] + np.concatenate([[0.0], np.cumsum(r.itls[i])]) for i in range(n)]
+    gap = r.itls.array if isinstance(r.itls, ITLs) else (lambda i: np.asarray(r.itls[i], np.float64))
     t0 = float(r.start.min())
     nsec = int(np.ceil(float((r.start + r.e2el).max()) - t0)) + 1
-    tok = np.bincount(np.clip((np.concatenate(tt) - t0).astype(np.int64), 0, nsec - 1), minlength=nsec)
+    tok = np.zeros(nsec, np.int64)
+    for lo in range(0, n, TOKEN_CHUNK):   # counts add exactly: requests a chunk at a time bound the memory
+        tt = [r.start[i] + r.ttft[i] + np.concatenate([[0.0], np.cumsum(gap(i))]) for i in range(lo, min(n, lo + TOKEN_CHUNK))]
+        tok += np.bincount(np.clip((np.concatenate(tt) - t0).astype(np.int64), 0, nsec - 1), minlength=nsec)
     # to the nanosecond: a client slot freed at t and taken again at t (send = start + e2el, summed in floating
     # point in different orders) is one request after the other, not two at once
     ev = sorted([(round(float(s), 9), 1) for s in r.start] + [(round(float(s + e), 9), -1)
