@@ -50,7 +50,7 @@ print(json.dumps({"rc": rc, "cpu_s": c1 - c0, "wall_s": w1 - w0,
 """
 
 
-def _once(args: list[str]) -> dict:
+def run_child(args: list[str]) -> dict:
     p = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)})
     if p.returncode != 0:
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         outs = {}
         for _ in range(max(1, a.repeats)):
             for mode, flag in (("fast", []), ("step", ["--step-by-step"])):
-                r = _once(BASE + extra + flag)
+                r = run_child(BASE + extra + flag)
                 runs[mode].append(r)
                 outs[mode] = r["out"]
         same = outs["fast"] == outs["step"]
