@@ -51,21 +51,12 @@ take arrays, so the cost of many steps is one vectorised call.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
 import numpy as np
 
+from sim.cost.fields import check_field
 from sim.errors import PresetError
-
-def _is_num(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _nonneg(obj, f: str) -> None:
-    v = getattr(obj, f)
-    if not _is_num(v) or v < 0:
-        raise PresetError(f"host_step.{f} must be a number >= 0, got {v!r}")
 
 
 # ---------------------------------------------------------------------------------- host step
@@ -111,18 +102,12 @@ class HostStepCost:
     source: str = ""
 
     def __post_init__(self) -> None:
-        for f in ("base_s", "per_running_s", "per_token_s", "per_output_s", "per_admit_s", "per_admit_token_s"):
-            _nonneg(self, f)
-        v = self.host_speed
-        if not _is_num(v) or v <= 0:
-            raise PresetError(f"host_step.host_speed must be a positive number, got {v!r}")
-        v = self.serial_fraction
-        if not _is_num(v) or not 0.0 <= v <= 1.0:
-            raise PresetError(f"host_step.serial_fraction must be a number in [0, 1], got {v!r}")
-        for f in ("max_running", "max_tokens"):
-            v = getattr(self, f)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-                raise PresetError(f"host_step.{f} must be a positive integer or null, got {v!r}")
+        for rule, names in (("nonneg", ("base_s", "per_running_s", "per_token_s", "per_output_s", "per_admit_s",
+                                        "per_admit_token_s")),
+                            ("positive", ("host_speed",)), ("fraction", ("serial_fraction",)),
+                            ("count or null", ("max_running", "max_tokens"))):
+            for f in names:
+                check_field(f"host_step.{f}", getattr(self, f), rule)
 
     def seconds(self, running, scheduled_tokens, sampled=None, admitted=0, admitted_tokens=0):
         """Host seconds of steps with ``running`` requests computing ``scheduled_tokens`` tokens.
@@ -241,15 +226,10 @@ class FrontendCost:
     source: str = ""
 
     def __post_init__(self) -> None:
-        for f in ("request_s", "per_prompt_token_s", "per_output_s", "step_base_s"):
-            v = getattr(self, f)
-            if not _is_num(v) or v < 0:
-                raise PresetError(f"frontend.{f} must be a number >= 0, got {v!r}")
-        if isinstance(self.api_servers, bool) or not isinstance(self.api_servers, (int, np.integer)) \
-                or self.api_servers < 1:
-            raise PresetError(f"frontend.api_servers must be a positive integer, got {self.api_servers!r}")
-        if not _is_num(self.host_speed) or self.host_speed <= 0:
-            raise PresetError(f"frontend.host_speed must be a positive number, got {self.host_speed!r}")
+        for rule, names in (("nonneg", ("request_s", "per_prompt_token_s", "per_output_s", "step_base_s")),
+                            ("count", ("api_servers",)), ("positive", ("host_speed",))):
+            for f in names:
+                check_field(f"frontend.{f}", getattr(self, f), rule)
 
     def ttft_s(self, prompt_tokens):
         """Front-end seconds a request's TTFT gains (HTTP, tokenisation, its first chunk's delivery)."""

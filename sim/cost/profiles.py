@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from sim.errors import OutOfCalibrationError, PresetError  # defined there: sim.cost.fingerprint and sim.cost.ranges raise them too
+from sim.cost.fields import check_choice, check_field
 from sim.cost.roofline import ROOFLINES, seconds
 from sim.cost.overheads import FrontendCost, HostStepCost, frontend_from_preset, host_step_from_preset
 
@@ -666,45 +667,25 @@ class HardwareProfile:
         if self.host_step is not None and (self.host_per_iter_s or self.sample_s_per_vocab):
             raise PresetError(f"{where}: fields 'host_per_iter_s' / 'sample_s_per_vocab' must be 0 when 'host_step' "
                               "is given (both would price the step's host time and sampling)")
-        for f in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m"):
-            v = getattr(self, f)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v <= 0:
-                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive number, got {v!r}")
-        for f in ("eff_elem", "eff_mv", "eff_att", "eff_kv", "eff_kv_shared", "peak_flops_fp8", "eff_c_fp8"):
-            v = getattr(self, f)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0):
-                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
-                                  f"number or null, got {v!r}")
-        for f in ("gemm_row_block", "gemm_small_m_max", "sm_count"):
-            v = getattr(self, f)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a positive "
-                                  f"integer or null, got {v!r}")
-        for f in ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s",
-                  "eager_launch_s"):
-            v = getattr(self, f)
-            if v is None and f == "per_kernel_graph_s":
-                continue
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or v < 0:
-                raise PresetError(f"hardware preset {self.source or self.name}: field {f!r} must be a number >= 0, got {v!r}")
-        if not isinstance(self.cuda_graphs, bool):
-            raise PresetError(f"hardware preset {self.source or self.name}: field 'cuda_graphs' must be true or false, "
-                              f"got {self.cuda_graphs!r}")
-        if self.fp8_weights not in FP8_WEIGHTS:
-            raise PresetError(f"hardware preset {self.source or self.name}: field 'fp8_weights' must be one of "
-                              f"{', '.join(str(x) for x in FP8_WEIGHTS)}, got {self.fp8_weights!r}")
-        if self.mxfp4_moe not in MXFP4_MOE:
-            raise PresetError(f"hardware preset {self.source or self.name}: field 'mxfp4_moe' must be one of "
-                              f"{', '.join(str(x) for x in MXFP4_MOE)}, got {self.mxfp4_moe!r}")
+        label = f"hardware preset {self.source or self.name}: field"
+        for rule, names in (("positive", ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m")),
+                            ("positive or null", ("eff_elem", "eff_mv", "eff_att", "eff_kv", "eff_kv_shared",
+                                                  "peak_flops_fp8", "eff_c_fp8")),
+                            ("count or null", ("gemm_row_block", "gemm_small_m_max", "sm_count")),
+                            ("nonneg", ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s",
+                                        "eager_launch_s")),
+                            ("bool", ("cuda_graphs",))):
+            for f in names:
+                check_field(f"{label} {f!r}", getattr(self, f), rule)
+        if self.per_kernel_graph_s is not None:
+            check_field(f"{label} 'per_kernel_graph_s'", self.per_kernel_graph_s, "nonneg")
+        for f, choices in (("fp8_weights", FP8_WEIGHTS), ("mxfp4_moe", MXFP4_MOE)):
+            check_choice(f"{label} {f!r}", getattr(self, f), choices)
         if self.fp8_weights == "w8a8" and self.peak_flops_fp8 is None:
             raise PresetError(f"hardware preset {self.source or self.name}: field 'peak_flops_fp8' is needed by "
                               "fp8_weights: w8a8 (FP8 tensor cores)")
-        if self.decode_attention not in DECODE_ATTENTION:
-            raise PresetError(f"hardware preset {self.source or self.name}: field 'decode_attention' must be one of "
-                              f"{', '.join(DECODE_ATTENTION)}, got {self.decode_attention!r}")
-        if self.roofline not in ROOFLINES:
-            raise PresetError(f"hardware preset {self.source or self.name}: field 'roofline' must be one of "
-                              f"{', '.join(ROOFLINES)}, got {self.roofline!r}")
+        for f, choices in (("decode_attention", DECODE_ATTENTION), ("roofline", ROOFLINES)):
+            check_choice(f"{label} {f!r}", getattr(self, f), choices)
         st = self.calibration_status or ("end-to-end" if self.calibrated else
                                          "provisional" if self.provisional else "datasheet")
         if st not in CALIBRATION_STATUSES or (st == "end-to-end") != bool(self.calibrated):
