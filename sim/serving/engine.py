@@ -383,12 +383,14 @@ class Engine(ProblemLifecycle):
             req = it.req
             p, rkind, b = req.data
             touched[p.pseq] = p
-            self.tokens[kind] += sum(t[0] for t in ts)
+            # one tuple (a decode): its tokens, as the sum over one adds them (0 + x is x)
+            self.tokens[kind] += ts[0][0] if len(ts) == 1 else sum(t[0] for t in ts)
             p.recompute += it.recompute
             if rkind == 1:
                 if self.record_tokens and it.samples:
                     p.tok[b].append(now)
-                if np.isnan(p.first[b]) and it.num_cached + it.num_new >= int(p.job.ctx[b]):
+                f = p.first[b]
+                if f != f and it.num_cached + it.num_new >= int(p.job.ctx[b]):   # NaN: no first token yet
                     p.first[b] = now - p.arrival   # the prompt is in: its first token is out
                     p.src_ready[b] = True
                     self._try_start(p)

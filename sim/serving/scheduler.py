@@ -339,6 +339,8 @@ class Scheduler:
 
     def _item(self, req: Request, n: int, new: bool, hit: int = 0) -> Scheduled:
         c = req.num_computed_tokens
+        if c >= req.prompt_like and c >= req.high_water:   # a decode (the common item): nothing given, nothing redone
+            return Scheduled(req, n, c, 0, 0, c + n == req.num_tokens and not req.done_sampling, new, hit)
         pl = max(0, min(c + n, req.prompt_like) - c)
         rec = max(0, min(c + n, req.high_water) - c)
         return Scheduled(req, n, c, pl, rec, c + n == req.num_tokens and not req.done_sampling, new, hit)
