@@ -503,7 +503,7 @@ class Scheduler:
             if req.num_computed_tokens == req.num_tokens and not req.done_sampling:
                 req.num_tokens += 1
                 req.num_output_tokens += 1
-            if req.req_id in stop or (req.pending == 0 and req.done_sampling and not req.hold):
+            if req.req_id in stop or (req.done_sampling and req.pending == 0 and not req.hold):   # rarest first
                 self._finish(req)
                 done.append(req)
         return done
