@@ -373,7 +373,6 @@ SIZE_EXCEPTIONS = {
     "app/ui_pages/whatif.py::_whatif": PENDING,
     "calibrate/quality.py::run_quality": PENDING,
     "calibrate/serve.py": PENDING,
-    "calibrate/real_tree.py::run_tree": PENDING,
 }
 
 
