@@ -148,21 +148,51 @@ class StepClock:
 
 
 def run_problem(lm, prompts, problem, pol, cfg: RealRunConfig, timer, yes, no, suffix, stop, pad_id) -> dict:
-    """One problem under one policy, end to end. Returns the decision record."""
-    import torch
-    from policies import NoKV
-    from traces import capture_ops as CO
-    from traces.answers import extract_answer, is_correct
-    from traces.capture import STREAM_BRANCH
-    from traces.workload import verification_ids
+    """One problem under one policy, end to end. Returns the decision record.
 
-    from calibrate import real_phases as E
-    from calibrate import kv as KV
+    The steps of the module docstring, in order: the sharing plan (:func:`_sharing_plan`, ASKS's gate
+    included), the prompts' KV (:func:`_prefill_prompts`), one batched decode, the answers and their
+    vote, the verification (:func:`_verify`); ``seconds`` and ``cpu_seconds`` span all of them.
+    """
+    import torch
+    from traces import capture_ops as CO
+    from traces.answers import extract_answer
+    from traces.capture import STREAM_BRANCH
 
     ids = [np.asarray(b.prompt_ids, dtype=np.int64) for b in prompts.branches]
     spans = np.array([[b.variant_start, b.variant_end] for b in prompts.branches], dtype=np.int64)
     B = len(ids)
     t_start, c_start = time.perf_counter(), time.thread_time()
+    sharing, cos, plan = _sharing_plan(lm, pol, ids, spans, pad_id, timer)
+    with torch.inference_mode():
+        kv = _prefill_prompts(lm, ids, plan, pad_id, timer)
+        # --- decode all branches as one batch (the capture's sampling streams)
+        gens = [CO.make_generator(lm, CO.seed_for(cfg.seed, problem.index, b, STREAM_BRANCH)) for b in range(B)]
+        clock = StepClock(timer, B, kv.lens)
+        res = CO.sample_decode(lm, kv.first, kv.batch, kv.mask, kv.next_pos, cfg.max_new_tokens, gens,
+                               cfg.temperature, cfg.top_p, stop_ids=sorted(stop), step_hook=clock.hook)
+        clock.close()
+    tok = lm.tokenizer
+    answers = [extract_answer(tok.decode(g, skip_special_tokens=True), problem.answer_kind,
+                              len(problem.choices), problem.choices, problem.labels) for g in res.gen_ids]
+    vote = np.array([(sum(a == x for x in answers) / B) if a else 0.0 for a in answers])
+    mean_prob = np.array([float(np.mean(np.exp(lp))) if lp else 0.0 for lp in res.logprobs])
+    ver = _verify(lm, pol, sharing, cfg, ids, res, kv, answers, vote, mean_prob, yes, no, suffix, stop, pad_id,
+                  timer)
+    seconds = time.perf_counter() - t_start
+    cpu_seconds = time.thread_time() - c_start
+    return _decision_record(problem, pol, plan, ids, spans, cos, res, answers, vote, mean_prob, ver,
+                            seconds, cpu_seconds)
+
+
+def _sharing_plan(lm, pol, ids, spans, pad_id, timer):
+    """The sharing policy (No-KV for ``cgee`` alone), ASKS's gate cosines (None without a gate) and the plan."""
+    from policies import NoKV
+    from traces import capture_ops as CO
+
+    from calibrate import real_phases as E
+
+    B = len(ids)
     sharing = pol if hasattr(pol, "plan") else NoKV()
     asks = getattr(pol, "asks", pol if getattr(pol, "name", "") == "asks" else None)
     cos = None
@@ -173,63 +203,86 @@ def run_problem(lm, prompts, problem, pol, cfg: RealRunConfig, timer, yes, no, s
         pooled = mean if asks.pooling == "mean" else last
         cos = CO.cosine(pooled, pooled[:1])
         cos[0] = 1.0  # the root against itself, exactly (as capture stores it)
-    plan = sharing.plan(ids, cos=cos, variant_spans=spans)
+    return sharing, cos, sharing.plan(ids, cos=cos, variant_spans=spans)
 
-    with torch.inference_mode():
-        # --- prompts: one left-padded batch for the branches that compute their whole prompt
-        # (the root always does), a view of the source's first `reused` tokens for the others,
-        # the root's KV itself for the branches ASKS let share it.
-        full = [b for b in range(B) if plan.reused[b] == 0 and not plan.share_root[b]]
-        x, mask, pos = CO.left_pad([ids[b].tolist() for b in full], pad_id, lm.device)
-        T0 = x.shape[1]
-        # Views are cut out of this KV when some branch reuses it: a sliding-window layer must
-        # then keep every token (calibrate.kv); otherwise the model's own cache, as capture's.
-        keep_all = KV.full_kv_cache(lm.model) if len(full) < B else None
-        with timer.phase("prefill") as row:
-            logits, cache, _ = CO.prefill(lm, x, mask, pos, cache=keep_all)
-            row.items([T0] * len(full), [0] * len(full))
-        if len(full) == B:
-            batch, bmask, first, lens = cache, mask, logits, [T0] * B
-            next_pos = mask.sum(1)
-        else:
-            row_of = {b: i for i, b in enumerate(full)}
-            per, firsts = [None] * B, [None] * B
-            for b in full:  # each row without its left padding: views
-                i, pad = row_of[b], T0 - len(ids[b])
-                per[b] = KV.cache_from([(k[i:i + 1, :, pad:], v[i:i + 1, :, pad:]) for k, v in KV.kv_list(cache)])
-                firsts[b] = logits[i:i + 1]
-            for b in range(B):
-                if b in row_of:
-                    continue
-                if plan.share_root[b]:
-                    per[b], firsts[b] = per[0], firsts[0]
-                    continue
-                r = int(plan.reused[b])
-                past = KV.prefix_view(per[int(plan.source[b])], r)
-                with timer.phase("prefill", branch=b) as row:
-                    xb = torch.tensor([ids[b][r:].tolist()], dtype=torch.long, device=lm.device)
-                    pb = torch.arange(r, len(ids[b]), device=lm.device).unsqueeze(0)
-                    firsts[b], per[b], _ = CO.prefill(lm, xb, position_ids=pb, cache=past)
-                    row.items([len(ids[b]) - r], [r])
-            with timer.phase("assemble", kind="copy") as row:
-                batch, bmask, lens0 = KV.left_padded_batch(per)
-                row.cand = int(sum(lens0))
-            first = torch.cat(firsts, 0)
-            lens = [bmask.shape[1]] * B
-            next_pos = torch.tensor([KV.seq_len(c) for c in per], device=lm.device)
-        # --- decode all branches as one batch (the capture's sampling streams)
-        gens = [CO.make_generator(lm, CO.seed_for(cfg.seed, problem.index, b, STREAM_BRANCH)) for b in range(B)]
-        clock = StepClock(timer, B, lens)
-        res = CO.sample_decode(lm, first, batch, bmask, next_pos, cfg.max_new_tokens, gens, cfg.temperature,
-                               cfg.top_p, stop_ids=sorted(stop), step_hook=clock.hook)
-        clock.close()
-    tok = lm.tokenizer
-    answers = [extract_answer(tok.decode(g, skip_special_tokens=True), problem.answer_kind,
-                              len(problem.choices), problem.choices, problem.labels) for g in res.gen_ids]
-    vote = np.array([(sum(a == x for x in answers) / B) if a else 0.0 for a in answers])
-    mean_prob = np.array([float(np.mean(np.exp(lp))) if lp else 0.0 for lp in res.logprobs])
 
-    # --- verification
+@dataclass
+class _PromptKV:
+    """Every branch's prompt KV as one left-padded decode batch, with the first logits of each branch."""
+    batch: object        # the batch's cache
+    mask: object         # (B, T) attention mask
+    first: object        # (B, V) logits after each branch's prompt
+    lens: list           # per branch: the context length a decode step's row is charged for
+    next_pos: object     # (B,) position of each branch's first generated token
+
+
+def _prefill_prompts(lm, ids, plan, pad_id, timer) -> _PromptKV:
+    """The prompts' KV under ``plan``, each prefill timed; runs under the caller's ``torch.inference_mode``."""
+    import torch
+    from traces import capture_ops as CO
+
+    from calibrate import kv as KV
+
+    B = len(ids)
+    # One left-padded batch for the branches that compute their whole prompt (the root always
+    # does), a view of the source's first `reused` tokens for the others, the root's KV itself
+    # for the branches ASKS let share it.
+    full = [b for b in range(B) if plan.reused[b] == 0 and not plan.share_root[b]]
+    x, mask, pos = CO.left_pad([ids[b].tolist() for b in full], pad_id, lm.device)
+    T0 = x.shape[1]
+    # Views are cut out of this KV when some branch reuses it: a sliding-window layer must
+    # then keep every token (calibrate.kv); otherwise the model's own cache, as capture's.
+    keep_all = KV.full_kv_cache(lm.model) if len(full) < B else None
+    with timer.phase("prefill") as row:
+        logits, cache, _ = CO.prefill(lm, x, mask, pos, cache=keep_all)
+        row.items([T0] * len(full), [0] * len(full))
+    if len(full) == B:
+        return _PromptKV(cache, mask, logits, [T0] * B, mask.sum(1))
+    row_of = {b: i for i, b in enumerate(full)}
+    per, firsts = [None] * B, [None] * B
+    for b in full:  # each row without its left padding: views
+        i, pad = row_of[b], T0 - len(ids[b])
+        per[b] = KV.cache_from([(k[i:i + 1, :, pad:], v[i:i + 1, :, pad:]) for k, v in KV.kv_list(cache)])
+        firsts[b] = logits[i:i + 1]
+    for b in range(B):
+        if b in row_of:
+            continue
+        if plan.share_root[b]:
+            per[b], firsts[b] = per[0], firsts[0]
+            continue
+        r = int(plan.reused[b])
+        past = KV.prefix_view(per[int(plan.source[b])], r)
+        with timer.phase("prefill", branch=b) as row:
+            xb = torch.tensor([ids[b][r:].tolist()], dtype=torch.long, device=lm.device)
+            pb = torch.arange(r, len(ids[b]), device=lm.device).unsqueeze(0)
+            firsts[b], per[b], _ = CO.prefill(lm, xb, position_ids=pb, cache=past)
+            row.items([len(ids[b]) - r], [r])
+    with timer.phase("assemble", kind="copy") as row:
+        batch, bmask, lens0 = KV.left_padded_batch(per)
+        row.cand = int(sum(lens0))
+    next_pos = torch.tensor([KV.seq_len(c) for c in per], device=lm.device)
+    return _PromptKV(batch, bmask, torch.cat(firsts, 0), [bmask.shape[1]] * B, next_pos)
+
+
+@dataclass
+class _Verdict:
+    """The verification's outcome: CGEE's level-1 skip and winner, the selected branch, per-branch exits."""
+    skipped: bool
+    winner: int
+    selected: int
+    exit_layers: np.ndarray   # (B,) 0 where not verified
+    scores: np.ndarray        # (B,) NaN where not verified
+    entropy: np.ndarray       # (B, L) NaN where the lens was not evaluated
+
+
+def _verify(lm, pol, sharing, cfg, ids, res, kv: _PromptKV, answers, vote, mean_prob, yes, no, suffix, stop,
+            pad_id, timer) -> _Verdict:
+    """CGEE's level-1 skip on the vote (or mean token probability), else every branch verified, its best selected."""
+    from traces.workload import verification_ids
+
+    from calibrate import real_phases as E
+
+    B = len(ids)
     exit_pol = getattr(pol, "cgee", pol if getattr(pol, "name", "") == "cgee" else None)
     skipped, winner = False, int(np.argmax(vote))
     if exit_pol is not None:
@@ -240,31 +293,34 @@ def run_problem(lm, prompts, problem, pol, cfg: RealRunConfig, timer, yes, no, s
     scores = np.full(B, np.nan)
     entropy = np.full((B, L), np.nan)
     if skipped:
-        selected = winner
+        return _Verdict(skipped, winner, winner, exit_layers, scores, entropy)
+    # recomputed from scratch: the branch's own prompt + its generation (also for a branch that
+    # decoded on the root's KV, as capture scores the counterfactual generation)
+    if cfg.verify_reuses_kv and getattr(sharing, "name", "") != "no-kv":
+        vr = E.verify_batch_reuse(lm, res.cache, kv.mask, kv.next_pos, res.gen_ids, suffix, yes, no, exit_pol, timer)
     else:
-        # recomputed from scratch: the branch's own prompt + its generation (also for a branch that
-        # decoded on the root's KV, as capture scores the counterfactual generation)
-        if cfg.verify_reuses_kv and getattr(sharing, "name", "") != "no-kv":
-            vr = E.verify_batch_reuse(lm, res.cache, bmask, next_pos, res.gen_ids, suffix, yes, no, exit_pol, timer)
-        else:
-            vseqs = [verification_ids(ids[b].tolist(), res.gen_ids[b], suffix, sorted(stop))[0] for b in range(B)]
-            vr = E.verify_batch(lm, vseqs, yes, no, pad_id, exit_pol, timer)
-        exit_layers, scores, entropy = vr.exit_layer, vr.scores, vr.entropy
-        selected = int(np.argmax(scores))
-    seconds = time.perf_counter() - t_start
-    cpu_seconds = time.thread_time() - c_start
-    sel_ans = answers[selected]
+        vseqs = [verification_ids(ids[b].tolist(), res.gen_ids[b], suffix, sorted(stop))[0] for b in range(B)]
+        vr = E.verify_batch(lm, vseqs, yes, no, pad_id, exit_pol, timer)
+    return _Verdict(skipped, winner, int(np.argmax(vr.scores)), vr.exit_layer, vr.scores, vr.entropy)
+
+
+def _decision_record(problem, pol, plan, ids, spans, cos, res, answers, vote, mean_prob, ver: _Verdict,
+                     seconds, cpu_seconds) -> dict:
+    """One row of ``decisions.parquet``: the plan, the signals, the decisions, the answers and the clocks."""
+    from traces.answers import is_correct
+
+    sel_ans = answers[ver.selected]
     return {
         "problem": int(problem.index), "policy": pol.name,
         "share_root": plan.share_root.tolist(), "reused": plan.reused.tolist(), "computed": plan.computed.tolist(),
         "source": plan.source.tolist(), "gate_tokens": plan.gate_tokens.tolist(),
         "sigma": [float(s) for s in plan.sigma],
-        "skipped": bool(skipped), "winner": int(winner), "exit_layer": [int(x) for x in exit_layers],
-        "scores": [float(s) for s in scores], "selected": int(selected),
+        "skipped": bool(ver.skipped), "winner": int(ver.winner), "exit_layer": [int(x) for x in ver.exit_layers],
+        "scores": [float(s) for s in ver.scores], "selected": int(ver.selected),
         "answers": answers, "gen_len": [len(g) for g in res.gen_ids], "prompt_len": [len(i) for i in ids],
         "gen_ids": [list(map(int, g)) for g in res.gen_ids],
         "prompt_ids": [i.tolist() for i in ids], "spans": spans.tolist(),
-        "cos": None if cos is None else cos.tolist(), "entropy": entropy.tolist(),
+        "cos": None if cos is None else cos.tolist(), "entropy": ver.entropy.tolist(),
         "vote_share": vote.tolist(), "mean_prob": mean_prob.tolist(),
         "answer": sel_ans, "correct": bool(is_correct(sel_ans, problem.truth, problem.answer_kind)),
         "truth": problem.truth, "seconds": float(seconds), "cpu_seconds": float(cpu_seconds),
@@ -314,15 +370,19 @@ def write_parquet(path: Path, df: pd.DataFrame) -> None:
 
 
 def run_calibration(cfg: RealRunConfig, out: Path, progress: bool = True) -> dict:
-    """``rksim calibrate run``: every policy on every problem, plus the op sweep."""
-    import torch
-    from tqdm import tqdm
-    from traces.datasets import load_dataset
-    from traces.models import load_model
-    from traces.store import atomic_write_json
-    from traces.workload import WorkloadConfig, build_prompts, verify_suffix_ids, yes_no_ids
+    """``rksim calibrate run``: every policy on every problem, plus the op sweep.
 
-    from calibrate.repeats import fastest_of_passes, fastest_per_row
+    The model and its token ids (:func:`load_run_model`, :func:`_token_ids`), one unmeasured
+    warm-up, the measured passes (:func:`_measured_passes`), then the outputs: ``phases.parquet``,
+    ``decisions.parquet``, ``parity.parquet`` (with ``cfg.capture``, :func:`_parity_vs_capture`)
+    and ``run.json`` (:func:`_run_summary`).
+    """
+    import torch
+    from traces.datasets import load_dataset
+    from traces.store import atomic_write_json
+    from traces.workload import WorkloadConfig, build_prompts
+
+    from calibrate.repeats import fastest_per_row
     from calibrate.timing import PhaseTimer
 
     out = Path(out)
@@ -331,28 +391,17 @@ def run_calibration(cfg: RealRunConfig, out: Path, progress: bool = True) -> dic
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    if cfg.model.startswith(RANDOM_PREFIX):
-        from calibrate.random_model import build_random_model
-        lm = build_random_model(cfg.model[len(RANDOM_PREFIX):], device=cfg.device, dtype=cfg.dtype,
-                                tokenizer=cfg.tokenizer, seed=cfg.seed)
-    else:
-        lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    lm = load_run_model(cfg)
     timer = PhaseTimer(sync=lm.sync)
     problems = load_dataset(cfg.dataset, limit=cfg.problems)
     wcfg = WorkloadConfig(layout=cfg.layout, n_branches=cfg.branches, seed=cfg.seed,
                           target_prefix_tokens=cfg.target_prefix_tokens)
-    yes, no = yes_no_ids(lm.tokenizer)
-    suffix = verify_suffix_ids(lm.tokenizer, wcfg.verify_prompt)
-    from traces.capture import stop_ids
-    eos = set(stop_ids(lm.tokenizer))   # the capture's stop tokens and pad id: same computation paths
-    tk = lm.tokenizer
-    pad_id = tk.pad_token_id if tk.pad_token_id is not None else (tk.eos_token_id or 0)
+    tokens = _token_ids(lm, wcfg)
     pols = {name: make_policy(name, cfg.params.get(name)) for name in cfg.policies}
     # warm-up: first calls allocate and pick kernels; not part of any measurement
     timer.enabled = False
     pp0 = build_prompts(lm.tokenizer, problems[0].prompt_text(), problems[0].answer_kind, wcfg, problems[0].index)
-    run_problem(lm, pp0, problems[0], make_policy("no-kv"), dataclasses.replace(cfg, max_new_tokens=2), timer,
-                yes, no, suffix, eos, pad_id)
+    run_problem(lm, pp0, problems[0], make_policy("no-kv"), dataclasses.replace(cfg, max_new_tokens=2), timer, *tokens)
     timer.enabled = True
     timer.rows.clear()
     jobs = [(p, name) for p in problems for name in cfg.policies]
@@ -360,6 +409,61 @@ def run_calibration(cfg: RealRunConfig, out: Path, progress: bool = True) -> dic
                for p in problems}
     # fastest repeat by the clock the fit will use (thread CPU time on CPU, wall on CUDA)
     best_key = "seconds" if lm.device.type == "cuda" else "cpu_seconds"
+    best, sweeps = _measured_passes(lm, cfg, timer, jobs, prompts, pols, tokens, best_key, progress)
+    records = []
+    for (p, _), ((rec, rows), _) in zip(jobs, best):
+        timer.rows.extend(rows)
+        rec["shared_prefix_tokens"] = int(prompts[int(p.index)].shared_prefix_tokens)
+        records.append(rec)
+    # each sweep row is its own measurement of one shape: the fastest per row across passes
+    timer.rows.extend(fastest_per_row(sweeps, lambda row: getattr(row, best_key)))
+    phases = timer.frame()
+    write_parquet(out / "phases.parquet", phases)
+    dec = pd.DataFrame(records)
+    write_parquet(out / "decisions.parquet", dec)
+    summary = _run_summary(cfg, lm, pols, problems, phases)
+    summary["replay_parity"] = float(decision_parity(out, dec, pols)) if len(dec) else float("nan")
+    summary["decision_parity"] = None
+    if cfg.capture:
+        summary.update(_parity_vs_capture(cfg, lm, out, dec, pols, summary["policy_params"], progress))
+    atomic_write_json(out / "run.json", summary)
+    return summary
+
+
+def load_run_model(cfg: RealRunConfig):
+    """The model ``cfg.model`` names: random weights in a preset's shape for ``random:<preset>``, else loaded."""
+    from traces.models import load_model
+
+    if cfg.model.startswith(RANDOM_PREFIX):
+        from calibrate.random_model import build_random_model
+        return build_random_model(cfg.model[len(RANDOM_PREFIX):], device=cfg.device, dtype=cfg.dtype,
+                                  tokenizer=cfg.tokenizer, seed=cfg.seed)
+    return load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+
+
+def _token_ids(lm, wcfg) -> tuple:
+    """``run_problem``'s last five arguments: the verifier's yes and no ids, its suffix, the stop ids, the pad id."""
+    from traces.capture import stop_ids
+    from traces.workload import verify_suffix_ids, yes_no_ids
+
+    yes, no = yes_no_ids(lm.tokenizer)
+    suffix = verify_suffix_ids(lm.tokenizer, wcfg.verify_prompt)
+    eos = set(stop_ids(lm.tokenizer))   # the capture's stop tokens and pad id: same computation paths
+    tk = lm.tokenizer
+    pad_id = tk.pad_token_id if tk.pad_token_id is not None else (tk.eos_token_id or 0)
+    return yes, no, suffix, eos, pad_id
+
+
+def _measured_passes(lm, cfg: RealRunConfig, timer, jobs, prompts, pols, tokens, best_key, progress):
+    """``cfg.repeats`` passes over ``jobs`` (and the op sweep between them); the fastest run of each job.
+
+    Returns ``calibrate.repeats.fastest_of_passes``'s list, one ``((record, phase rows), clock)``
+    per job, and the sweep's phase rows of every pass.
+    """
+    from tqdm import tqdm
+
+    from calibrate.repeats import fastest_of_passes
+
     # The machine may be shared: keep the fastest of `repeats` identical runs (same seeds, same
     # decisions), as whole passes over the job list (calibrate.repeats says why the order matters).
     bar = tqdm(total=cfg.repeats * len(jobs), desc="calibrate run", disable=not progress)
@@ -370,7 +474,7 @@ def run_calibration(cfg: RealRunConfig, out: Path, progress: bool = True) -> dic
         p, name = jobs[j]
         timer.context = {"problem": int(p.index), "policy": name}
         mark = len(timer.rows)
-        r = run_problem(lm, prompts[int(p.index)], p, pols[name], cfg, timer, yes, no, suffix, eos, pad_id)
+        r = run_problem(lm, prompts[int(p.index)], p, pols[name], cfg, timer, *tokens)
         rows = timer.rows[mark:]
         del timer.rows[mark:]
         if first[j] is None:
@@ -392,18 +496,14 @@ def run_calibration(cfg: RealRunConfig, out: Path, progress: bool = True) -> dic
 
     best = fastest_of_passes(len(jobs), cfg.repeats, measure, between_passes=sweep, on_done=done, seed=cfg.seed)
     bar.close()
-    records = []
-    for (p, _), ((rec, rows), _) in zip(jobs, best):
-        timer.rows.extend(rows)
-        rec["shared_prefix_tokens"] = int(prompts[int(p.index)].shared_prefix_tokens)
-        records.append(rec)
-    # each sweep row is its own measurement of one shape: the fastest per row across passes
-    timer.rows.extend(fastest_per_row(sweeps, lambda row: getattr(row, best_key)))
-    phases = timer.frame()
-    write_parquet(out / "phases.parquet", phases)
-    dec = pd.DataFrame(records)
-    write_parquet(out / "decisions.parquet", dec)
-    summary = {
+    return best, sweeps
+
+
+def _run_summary(cfg: RealRunConfig, lm, pols: dict, problems, phases: pd.DataFrame) -> dict:
+    """``run.json`` but its parity figures: the config, the policies' parameters, the model, host and versions."""
+    import torch
+
+    return {
         "config": {**dataclasses.asdict(cfg), "policies": list(cfg.policies)},
         "policy_params": {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else {} for k, v in pols.items()},
         "model": lm.info(), "device": str(lm.device), "threads": torch.get_num_threads(),
@@ -417,27 +517,34 @@ def run_calibration(cfg: RealRunConfig, out: Path, progress: bool = True) -> dic
         "n_phases": int(len(phases)), "problems": [int(p.index) for p in problems],
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    summary["replay_parity"] = float(decision_parity(out, dec, pols)) if len(dec) else float("nan")
-    summary["decision_parity"] = None
-    if cfg.capture:
-        from calibrate.parity import parity_vs_trace
-        from traces.capture import CaptureConfig, run_capture
 
-        ccfg = CaptureConfig(model=cfg.model, dataset=cfg.dataset, problems=cfg.problems, branches=cfg.branches,
-                             layout=cfg.layout, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                             top_p=cfg.top_p, seed=cfg.seed, device=cfg.device, threads=torch.get_num_threads(),
-                             target_prefix_tokens=cfg.target_prefix_tokens, hidden_vectors=False, dtype=cfg.dtype)
-        run_capture(ccfg, out / "trace", command="rksim calibrate run (parity capture)", progress=progress, lm=lm)
-        par = parity_vs_trace(dec, out / "trace", pols, summary["policy_params"])
-        write_parquet(out / "parity.parquet", par)
-        dpar = par[par["decision"] != "sigma_info"]
-        summary["decision_parity"] = float(dpar["match"].mean()) if len(dpar) else None
-        summary["parity_by_decision"] = {k: float(v) for k, v in dpar.groupby("decision")["match"].mean().items()}
-        summary["parity_by_policy"] = {k: float(v) for k, v in dpar.groupby("policy")["match"].mean().items()}
-        sig = par[par["decision"] == "sigma_info"]["detail"]
-        summary["asks_sigma_max_abs_diff_vs_trace"] = float(sig.max()) if len(sig) else None
-    atomic_write_json(out / "run.json", summary)
-    return summary
+
+def _parity_vs_capture(cfg: RealRunConfig, lm, out: Path, dec: pd.DataFrame, pols: dict, policy_params: dict,
+                       progress: bool) -> dict:
+    """Capture a trace of the same problems and seeds (``out/trace``) and compare the run's decisions with it.
+
+    Writes ``parity.parquet``; returns ``run.json``'s parity figures, in their order there.
+    """
+    import torch
+    from traces.capture import CaptureConfig, run_capture
+
+    from calibrate.parity import parity_vs_trace
+
+    ccfg = CaptureConfig(model=cfg.model, dataset=cfg.dataset, problems=cfg.problems, branches=cfg.branches,
+                         layout=cfg.layout, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                         top_p=cfg.top_p, seed=cfg.seed, device=cfg.device, threads=torch.get_num_threads(),
+                         target_prefix_tokens=cfg.target_prefix_tokens, hidden_vectors=False, dtype=cfg.dtype)
+    run_capture(ccfg, out / "trace", command="rksim calibrate run (parity capture)", progress=progress, lm=lm)
+    par = parity_vs_trace(dec, out / "trace", pols, policy_params)
+    write_parquet(out / "parity.parquet", par)
+    dpar = par[par["decision"] != "sigma_info"]
+    sig = par[par["decision"] == "sigma_info"]["detail"]
+    return {
+        "decision_parity": float(dpar["match"].mean()) if len(dpar) else None,
+        "parity_by_decision": {k: float(v) for k, v in dpar.groupby("decision")["match"].mean().items()},
+        "parity_by_policy": {k: float(v) for k, v in dpar.groupby("policy")["match"].mean().items()},
+        "asks_sigma_max_abs_diff_vs_trace": float(sig.max()) if len(sig) else None,
+    }
 
 
 def model_fingerprint(lm) -> dict:

@@ -269,3 +269,6 @@ def test_tree_block_pool_recomputes_evicted_blocks():
     assert tight.peak_blocks <= budget and tight.evictions > 0 and tight.refetches > 0
     rec = t.frame()
     assert tight.recompute_tokens == int(rec.loc[rec["phase"] == "recompute", "n_new"].sum()) > 0
+    # recompute_seconds spans each recompute phase (timer entry and exit included): at least their sum
+    assert free.recompute_seconds == 0.0
+    assert tight.recompute_seconds >= rec.loc[rec["phase"] == "recompute", "seconds"].sum() > 0

@@ -372,10 +372,7 @@ SIZE_EXCEPTIONS = {
     "app/ui_backend.py": PENDING,
     "app/ui_pages/whatif.py::_whatif": PENDING,
     "calibrate/quality.py::run_quality": PENDING,
-    "calibrate/runner.py::run_problem": PENDING,
-    "calibrate/runner.py::run_calibration": PENDING,
     "calibrate/serve.py": PENDING,
-    "calibrate/real_tree.py::run_tree": PENDING,
 }
 
 
