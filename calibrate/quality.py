@@ -106,17 +106,17 @@ def _decode(lm, prompt: list[int], cache, T: int, stop: set[int], forced: list[i
 
 
 def run_quality(cfg: QualityConfig, out: Path, progress: bool = True) -> dict:
+    """``rksim calibrate quality``: every (policy, compression) on every problem against the full cache.
+
+    Writes ``quality.parquet`` (a row per problem, policy and ratio, :func:`_eviction_row`, and each
+    problem's full-cache row, :func:`_problem_rows`) and ``quality.json`` (:func:`_quality_summary`).
+    """
     import torch
-    from scipy.stats import spearmanr
     from tqdm import tqdm
-    from policies import FullAttention, attention_metrics, get_policy, run_token_eviction
-    from traces.answers import extract_answer, is_correct
     from traces.datasets import load_dataset
     from traces.models import load_model
     from traces.store import atomic_write_json
-    from traces.workload import WorkloadConfig, build_prompts
-
-    from calibrate.evicting_cache import EvictingCache
+    from traces.workload import WorkloadConfig
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -137,74 +137,124 @@ def run_quality(cfg: QualityConfig, out: Path, progress: bool = True) -> dict:
     wcfg = WorkloadConfig(layout="persona-prefix", n_branches=1, seed=cfg.seed, shuffle_variants=False)
     with torch.inference_mode():
         for p in problems:
-            prompt = build_prompts(tok, p.prompt_text(), p.answer_kind, wcfg, p.index).branches[0].prompt_ids
-            P = len(prompt)
-            full_cache = EvictingCache(L, get_policy("full"), P, lm.n_kv_heads).attach(lm.model)
-            with full_cache:
-                t0 = time.perf_counter()
-                ref_ids, ref_lp = _decode(lm, prompt, full_cache, cfg.long_decode, stop)
-                full_s = time.perf_counter() - t0
-            ref_ans = extract_answer(tok.decode(ref_ids, skip_special_tokens=True), p.answer_kind)
-            total = P + len(ref_ids)
-            # the recorded full-cache K/V/Q of the proxy layers (what a trace's long/ shard holds)
-            kvq = {l: full_cache.ev[l - 1].arrays() for l in layers}
-            fulls = {l: FullAttention(*[x[: total - 1] for x in kvq[l]], P) for l in layers}
-            p_full = ref_lp.exp()
-            for name in cfg.policies:
-                for ratio in cfg.compression:
-                    base = _make_policy(name)
-                    K = _budget(total, ratio, cfg.buffer, base.sinks)
-                    pol = _make_policy(name, budget=K, buffer=cfg.buffer)
-                    rngs = lambda: [np.random.default_rng([cfg.seed, p.index, l]) for l in range(L)]  # noqa: E731
-                    c = EvictingCache(L, pol, P, lm.n_kv_heads, rngs()).attach(lm.model)
-                    with c:
-                        _, lp = _decode(lm, prompt, c, len(ref_ids), stop, forced=ref_ids)
-                    kl = (p_full * (ref_lp - lp)).sum(-1).clamp(min=0)
-                    rec = {"problem": int(p.index), "policy": name, "compression": float(ratio), "budget": K,
-                           "buffer": cfg.buffer, "prompt_len": P, "gen_len": len(ref_ids),
-                           "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
-                           "evictions": int(c.n_events // L)}
-                    if cfg.free_generation:
-                        c2 = EvictingCache(L, pol, P, lm.n_kv_heads, rngs()).attach(lm.model)
-                        with c2:
-                            t0 = time.perf_counter()
-                            g, _ = _decode(lm, prompt, c2, cfg.long_decode, stop)
-                            rec["seconds"] = time.perf_counter() - t0
-                        ans = extract_answer(tok.decode(g, skip_special_tokens=True), p.answer_kind)
-                        rec.update(answer=ans, agree=bool(ans == ref_ans), repetition=repetition_rate(g),
-                                   correct=bool(is_correct(ans, p.truth, p.answer_kind)), gen_len_free=len(g))
-                    # the simulator's proxy on the full-cache K/V/Q of the recorded layers
-                    errs = []
-                    for l in layers:
-                        Kx, Vx, Qx = (x[: total - 1] for x in kvq[l])
-                        res = run_token_eviction(pol, Kx, Vx, Qx, P, np.random.default_rng([cfg.seed, p.index, l - 1]))
-                        errs.append(attention_metrics(res, full=fulls[l])["attn_output_rel_error"])
-                    rec["proxy_attn_err"] = float(np.mean(errs))
-                    rows.append(rec)
-                    bar.update(1)
-            rows.append({"problem": int(p.index), "policy": "full", "compression": 1.0, "budget": total,
-                         "buffer": cfg.buffer, "prompt_len": P, "gen_len": len(ref_ids), "kl_mean": 0.0,
-                         "kl_max": 0.0, "evictions": 0, "answer": ref_ans, "agree": True,
-                         "repetition": repetition_rate(ref_ids),
-                         "correct": bool(is_correct(ref_ans, p.truth, p.answer_kind)), "seconds": full_s,
-                         "proxy_attn_err": 0.0})
+            rows += _problem_rows(lm, p, cfg, wcfg, layers, stop, bar)
     bar.close()
     df = pd.DataFrame(rows)
     from calibrate.runner import write_parquet
     write_parquet(out / "quality.parquet", df)
+    res = _quality_summary(df, cfg, len(problems))
+    atomic_write_json(out / "quality.json", res)
+    return res
+
+
+@dataclass
+class _Reference:
+    """One problem's full-cache greedy generation and what the evicted runs are measured against."""
+    prompt: list
+    ids: list            # the generated tokens
+    logp: object         # (T, V) log-softmax of each step's next-token distribution
+    p: object            # (T, V) the same, as probabilities
+    answer: str
+    total: int           # prompt + generation
+    kvq: dict            # proxy layer (1-based) -> its recorded full-cache K, V, Q
+    fulls: dict          # proxy layer -> its FullAttention over the first total - 1 tokens
+
+
+def _problem_rows(lm, p, cfg: QualityConfig, wcfg, layers, stop, bar) -> list[dict]:
+    """One problem: the full-cache reference, a row per (policy, ratio), then the full cache's own row."""
+    from policies import FullAttention, get_policy
+    from traces.answers import extract_answer, is_correct
+    from traces.workload import build_prompts
+
+    from calibrate.evicting_cache import EvictingCache
+
+    L, tok = lm.n_layers, lm.tokenizer
+    prompt = build_prompts(tok, p.prompt_text(), p.answer_kind, wcfg, p.index).branches[0].prompt_ids
+    P = len(prompt)
+    full_cache = EvictingCache(L, get_policy("full"), P, lm.n_kv_heads).attach(lm.model)
+    with full_cache:
+        t0 = time.perf_counter()
+        ref_ids, ref_lp = _decode(lm, prompt, full_cache, cfg.long_decode, stop)
+        full_s = time.perf_counter() - t0
+    ref_ans = extract_answer(tok.decode(ref_ids, skip_special_tokens=True), p.answer_kind)
+    total = P + len(ref_ids)
+    # the recorded full-cache K/V/Q of the proxy layers (what a trace's long/ shard holds)
+    kvq = {l: full_cache.ev[l - 1].arrays() for l in layers}
+    fulls = {l: FullAttention(*[x[: total - 1] for x in kvq[l]], P) for l in layers}
+    ref = _Reference(prompt, ref_ids, ref_lp, ref_lp.exp(), ref_ans, total, kvq, fulls)
+    rows = []
+    for name in cfg.policies:
+        for ratio in cfg.compression:
+            rows.append(_eviction_row(lm, p, name, ratio, cfg, ref, layers, stop))
+            bar.update(1)
+    rows.append({"problem": int(p.index), "policy": "full", "compression": 1.0, "budget": total,
+                 "buffer": cfg.buffer, "prompt_len": P, "gen_len": len(ref_ids), "kl_mean": 0.0,
+                 "kl_max": 0.0, "evictions": 0, "answer": ref_ans, "agree": True,
+                 "repetition": repetition_rate(ref_ids),
+                 "correct": bool(is_correct(ref_ans, p.truth, p.answer_kind)), "seconds": full_s,
+                 "proxy_attn_err": 0.0})
+    return rows
+
+
+def _eviction_row(lm, p, name: str, ratio: float, cfg: QualityConfig, ref: _Reference, layers, stop) -> dict:
+    """One (policy, ratio) on one problem: teacher-forced KL, the free generation's measures, the proxy.
+
+    ``KL = sum_v p_full(v) (log p_full(v) - log p_evicted(v))`` at every position of the full-cache
+    generation, clamped at 0 (rounding), its mean and max; ``proxy_attn_err`` the mean over the proxy
+    layers of ``run_token_eviction``'s attention-output relative error.
+    """
+    from policies import attention_metrics, run_token_eviction
+    from traces.answers import extract_answer, is_correct
+
+    from calibrate.evicting_cache import EvictingCache
+
+    L, tok, P, total = lm.n_layers, lm.tokenizer, len(ref.prompt), ref.total
+    base = _make_policy(name)
+    K = _budget(total, ratio, cfg.buffer, base.sinks)
+    pol = _make_policy(name, budget=K, buffer=cfg.buffer)
+    rngs = lambda: [np.random.default_rng([cfg.seed, p.index, l]) for l in range(L)]  # noqa: E731
+    c = EvictingCache(L, pol, P, lm.n_kv_heads, rngs()).attach(lm.model)
+    with c:
+        _, lp = _decode(lm, ref.prompt, c, len(ref.ids), stop, forced=ref.ids)
+    kl = (ref.p * (ref.logp - lp)).sum(-1).clamp(min=0)
+    rec = {"problem": int(p.index), "policy": name, "compression": float(ratio), "budget": K,
+           "buffer": cfg.buffer, "prompt_len": P, "gen_len": len(ref.ids),
+           "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
+           "evictions": int(c.n_events // L)}
+    if cfg.free_generation:
+        c2 = EvictingCache(L, pol, P, lm.n_kv_heads, rngs()).attach(lm.model)
+        with c2:
+            t0 = time.perf_counter()
+            g, _ = _decode(lm, ref.prompt, c2, cfg.long_decode, stop)
+            rec["seconds"] = time.perf_counter() - t0
+        ans = extract_answer(tok.decode(g, skip_special_tokens=True), p.answer_kind)
+        rec.update(answer=ans, agree=bool(ans == ref.answer), repetition=repetition_rate(g),
+                   correct=bool(is_correct(ans, p.truth, p.answer_kind)), gen_len_free=len(g))
+    # the simulator's proxy on the full-cache K/V/Q of the recorded layers
+    errs = []
+    for l in layers:
+        Kx, Vx, Qx = (x[: total - 1] for x in ref.kvq[l])
+        res = run_token_eviction(pol, Kx, Vx, Qx, P, np.random.default_rng([cfg.seed, p.index, l - 1]))
+        errs.append(attention_metrics(res, full=ref.fulls[l])["attn_output_rel_error"])
+    rec["proxy_attn_err"] = float(np.mean(errs))
+    return rec
+
+
+def _quality_summary(df: pd.DataFrame, cfg: QualityConfig, n_problems: int) -> dict:
+    """``quality.json``: the mean measures per (policy, ratio) and the Spearman rank correlation of proxy and KL."""
+    from scipy.stats import spearmanr
+
     ev = df[df["policy"] != "full"]
     agg = ev.groupby(["policy", "compression"], as_index=False).agg(
         kl=("kl_mean", "mean"), proxy=("proxy_attn_err", "mean"),
         **({"agreement": ("agree", "mean"), "repetition": ("repetition", "mean"), "accuracy": ("correct", "mean")}
            if cfg.free_generation else {}))
     rho = spearmanr(agg["proxy"], agg["kl"]) if len(agg) > 2 else None
-    res = {"n_problems": len(problems), "long_decode": cfg.long_decode,
-           "full_accuracy": float(df[df["policy"] == "full"]["correct"].mean()),
-           "spearman_proxy_vs_kl": None if rho is None else float(rho.statistic),
-           "spearman_pvalue": None if rho is None else float(rho.pvalue),
-           "table": agg.to_dict("records"), "config": {**dataclasses.asdict(cfg)}}
-    atomic_write_json(out / "quality.json", res)
-    return res
+    return {"n_problems": n_problems, "long_decode": cfg.long_decode,
+            "full_accuracy": float(df[df["policy"] == "full"]["correct"].mean()),
+            "spearman_proxy_vs_kl": None if rho is None else float(rho.statistic),
+            "spearman_pvalue": None if rho is None else float(rho.pvalue),
+            "table": agg.to_dict("records"), "config": {**dataclasses.asdict(cfg)}}
 
 
 def format_quality(res: dict) -> str:

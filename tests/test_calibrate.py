@@ -240,6 +240,22 @@ def test_quality_cli_tiny(tmp_path):
 
 
 @pytest.mark.slow
+def test_quality_without_free_generation_measures_kl_and_proxy_only(tmp_path):
+    from calibrate.quality import QualityConfig, run_quality
+
+    cfg = QualityConfig(problems=1, long_decode=32, policies=("streamingllm",), compression=(2, 4, 8),
+                        free_generation=False)
+    res = run_quality(cfg, tmp_path / "q", progress=False)
+    assert [set(r) for r in res["table"]] == [{"policy", "compression", "kl", "proxy"}] * 3
+    assert res["spearman_proxy_vs_kl"] is not None and res["full_accuracy"] in (0.0, 1.0)
+    df = pd.read_parquet(tmp_path / "q" / "quality.parquet")
+    ev = df[df["policy"] != "full"]
+    assert len(ev) == 3 and ev["answer"].isna().all() and ev["seconds"].isna().all()
+    assert (ev["kl_mean"] > 0).all() and (ev["proxy_attn_err"] > 0).all()
+    assert ev["budget"].is_monotonic_decreasing and (df[df["policy"] == "full"]["kl_mean"] == 0).all()
+
+
+@pytest.mark.slow
 def test_tree_block_pool_recomputes_evicted_blocks():
     """RSBCM tree mode: under a tight budget evicted blocks are recomputed for real; unconstrained: none."""
     from policies import get_policy

@@ -371,7 +371,6 @@ SIZE_EXCEPTIONS = {
     "sim/search/tune.py::_tune": PENDING,
     "app/ui_backend.py": PENDING,
     "app/ui_pages/whatif.py::_whatif": PENDING,
-    "calibrate/quality.py::run_quality": PENDING,
     "calibrate/serve.py": PENDING,
 }
 
