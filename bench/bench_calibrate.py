@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     from calibrate.fit import fit_run_dir
     from calibrate.quality import QualityConfig, run_quality
     from calibrate.report import fidelity_report
-    from calibrate.runner import RunConfig, run_calibration
+    from calibrate.runner import RealRunConfig, run_calibration
     from calibrate.speedup import SpeedupConfig, run_speedup
     from traces.store import atomic_write_json
 
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     try:
         for i in range(args.runs):
             d = work / (f"run{i}" if args.runs > 1 else "run")
-            cfg = RunConfig(problems=args.problems, branches=args.branches, max_new_tokens=args.max_new_tokens,
+            cfg = RealRunConfig(problems=args.problems, branches=args.branches, max_new_tokens=args.max_new_tokens,
                             repeats=args.repeats)
             t1 = time.perf_counter()
             if args.reuse_runs and (d / "run.json").is_file():
