@@ -333,44 +333,29 @@ def shipped_nodes(gpu: str) -> list[str]:
 def node_for(hardware: str, node: str | None = None) -> NodeProfile:
     """The node a multi-GPU command (``rksim plan``) prices: ``--node`` when given (its GPUs must be
     ``--hardware``'s), else ``--hardware`` itself when it names a node preset or file, else the one
-    shipped node of ``--hardware``'s GPU. Errors name the flag."""
+    shipped node of ``--hardware``'s GPU (:func:`resolve_node` with no layout). Errors name the flag."""
     from sim.cost.profiles import list_presets
-    if node is not None:
-        try:
-            nd = load_node(node)
-        except (PresetError, OSError, ValueError) as exc:
-            raise ConfigError(f"--node: {exc}", field="node") from None
-        if _gpu_name(hardware) != nd.gpu:
-            raise ConfigError(f"--node {nd.name}: its GPUs are {nd.gpu}, not --hardware {hardware}", field="node")
-        return nd
-    if str(hardware) in list_presets("nodes"):
+    if node is None and str(hardware) in list_presets("nodes"):
         return load_node(hardware)
     try:
         hw = load_hardware(hardware)
     except (PresetError, OSError, ValueError) as exc_hw:
+        if node is not None:
+            raise ConfigError(f"--hardware: {exc_hw}", field="hardware") from None
         try:  # a node file
             return load_node(hardware)
         except (PresetError, OSError, ValueError):
             raise ConfigError(f"--hardware: {exc_hw} (nor a node preset: {', '.join(list_presets('nodes'))})",
                               field="hardware") from None
-    names = shipped_nodes(hw.name)
-    if len(names) != 1:
-        raise ConfigError(f"--hardware {hardware}: {'no' if not names else len(names)} shipped node preset(s) of "
-                          f"{hw.name}'s GPUs{'' if not names else ' (' + ', '.join(names) + ')'}; name one with --node "
-                          f"(node presets: {', '.join(list_presets('nodes'))}, or a node file)", field="hardware")
-    return load_node(names[0])
+    return resolve_node(node, hw, None)
 
 
-def _gpu_name(hardware: str) -> str:
-    try:
-        return load_hardware(hardware).name
-    except (PresetError, OSError, ValueError) as exc:
-        raise ConfigError(f"--hardware: {exc}", field="hardware") from None
-
-
-def resolve_node(node, hw: HardwareProfile, par: ParallelConfig, memo: dict | None = None) -> NodeProfile | None:
-    """The node of the layout: the one named (its GPUs must be ``hw``), else for TP x PP > 1 the one shipped
-    node preset of ``hw``'s GPU, else None (one GPU of ``hw``). ``memo``: the caller's preset memo."""
+def resolve_node(node, hw: HardwareProfile, par: ParallelConfig | None,
+                 memo: dict | None = None) -> NodeProfile | None:
+    """Every command's one node resolver: the node named (a :class:`NodeProfile`, a preset name or a file; its
+    GPUs must be ``hw``), else the one shipped node preset of ``hw``'s GPU where a node is needed (``par`` is
+    None, as ``rksim plan`` asks, or TP x PP > 1), else None (one GPU of ``hw``). ``memo``: the caller's preset
+    memo. Errors name the flag (:class:`ConfigError`)."""
     memo = {} if memo is None else memo
     if isinstance(node, NodeProfile):
         nd = node
@@ -382,19 +367,30 @@ def resolve_node(node, hw: HardwareProfile, par: ParallelConfig, memo: dict | No
                 nd = memo[key] = load_node(node)
             except (PresetError, OSError, ValueError) as exc:
                 raise ConfigError(f"--node: {exc}", field="node") from None
-    elif par.is_single:
+    elif par is not None and par.is_single:
         return None
     else:
-        names = shipped_nodes(hw.name)
-        if len(names) != 1:
-            raise ConfigError(f"--node: --tensor-parallel-size {par.tensor_parallel_size} --pipeline-parallel-size "
-                              f"{par.pipeline_parallel_size} needs a node preset to price the communication; "
-                              f"{'none' if not names else ', '.join(names)} of {hw.name}'s GPUs "
-                              f"{'is shipped' if not names else 'match'}: name one with --node", field="node")
-        nd = load_node(names[0])
+        nd = _shipped_node(hw, par)
     if nd.gpu != hw.name:
         raise ConfigError(f"--node {nd.name}: its GPUs are {nd.gpu}, not --hardware {hw.name}", field="node")
     return nd
+
+
+def _shipped_node(hw: HardwareProfile, par: ParallelConfig | None) -> NodeProfile:
+    """The one shipped node preset of ``hw``'s GPU; the refusal names why a node is needed (``par``: the layout,
+    None: a multi-GPU command) and the flag that names one."""
+    from sim.cost.profiles import list_presets
+    names = shipped_nodes(hw.name)
+    if len(names) == 1:
+        return load_node(names[0])
+    if par is None:
+        raise ConfigError(f"--hardware {hw.name}: {'no' if not names else len(names)} shipped node preset(s) of "
+                          f"{hw.name}'s GPUs{'' if not names else ' (' + ', '.join(names) + ')'}; name one with --node "
+                          f"(node presets: {', '.join(list_presets('nodes'))}, or a node file)", field="hardware")
+    raise ConfigError(f"--node: --tensor-parallel-size {par.tensor_parallel_size} --pipeline-parallel-size "
+                      f"{par.pipeline_parallel_size} needs a node preset to price the communication; "
+                      f"{'none' if not names else ', '.join(names)} of {hw.name}'s GPUs "
+                      f"{'is shipped' if not names else 'match'}: name one with --node", field="node")
 
 
 def resolve_layout(model: ModelShape, hw: HardwareProfile, serving: ServingConfig, par: ParallelConfig, node=None,

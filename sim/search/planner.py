@@ -161,16 +161,14 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
     ``rates`` (problems/s), judged on ``slo`` (:class:`sim.search.knee.KneeSLO` text; None: its default). The
     dict adds ``provenance``: the target, layout, scheduler limits and KV capacity it holds under."""
     from sim.search.knee import KneeSLO, check_tolerance, sweep
-    from sim.cost.parallel import load_node
-    from sim.cost.profiles import load_hardware, load_model
+    from sim.cost.profiles import load_model
     from sim.replay.session import Session
 
     spec = KneeSLO.parse(slo, "--knee-slo")
     check_tolerance(tolerance)
     dep = Deployment(**{k: v for k, v in params.items() if k != "gpus"})
     m = load_model(model_preset)
-    nd = load_node(node)
-    hw = load_hardware(nd.gpu)
+    nd, hw = node_and_gpu(node)
     if trace is None:
         from sim.replay.session import default_trace_path
         trace = default_trace_path()
@@ -209,6 +207,15 @@ def frontier(rows) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     return df, front, best
 
 
+def node_and_gpu(node: str):
+    """``(node profile, its GPUs' hardware profile)`` of a planner task's ``node``: the preset name or file that
+    ``rksim plan`` resolved (:func:`sim.replay.target.node_for`), passed to a (Dask) worker as plain data."""
+    from sim.cost.node import load_node
+    from sim.cost.profiles import load_hardware
+    nd = load_node(node)
+    return nd, load_hardware(nd.gpu)
+
+
 # --------------------------------------------------------------------------- a trace's workload, as one task
 def trace_workload(trace, policy: str, model, n_requests: int | None = None, params: dict | None = None) -> dict:
     """The jobs, token ids, caching and block policy of ``policy`` (``params``, default: its defaults) on a trace's
@@ -240,14 +247,12 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
     ``params`` = :meth:`Deployment.to_dict` without ``gpus``; ``band_fit``: price it with that public fit of
     the node's GPU (a label of :func:`sim.cost.bands.band_profiles`) instead of the preset's."""
     from sim.cost.bands import band_profiles
-    from sim.cost.parallel import load_node
-    from sim.cost.profiles import load_hardware, load_model
+    from sim.cost.profiles import load_model
 
     p = {k: v for k, v in (params or {}).items() if k != "gpus"}
     dep = Deployment(**p)
     m = load_model(model_preset)
-    nd = load_node(node)
-    hw = load_hardware(nd.gpu)
+    nd, hw = node_and_gpu(node)
     if band_fit is not None:
         fits = dict(band_profiles(hw))
         if band_fit not in fits:
