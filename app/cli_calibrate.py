@@ -333,7 +333,7 @@ def _cmd_vllm_bench(args) -> int:
     if args.dtype is not None:
         import dataclasses
 
-        from sim.cost.profiles import CANON_DTYPE, DTYPE_BYTES
+        from sim.cost.model_shape import CANON_DTYPE, DTYPE_BYTES
         name = CANON_DTYPE.get(args.dtype, args.dtype)
         if name not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"--dtype: {args.dtype!r} is not one of bfloat16, float16, float32 (others are not priced)")

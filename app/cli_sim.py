@@ -427,7 +427,8 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_tree(args) -> int:
-    from sim.cost.profiles import PresetError, load_hardware, load_model
+    from sim.errors import PresetError
+    from sim.cost.profiles import load_hardware, load_model
     from sim.replay.tree import compare_tree
 
     trace = check_trace(args.trace)

@@ -3,7 +3,7 @@
 The cost model (``sim.cost.terms``) reduces every operation to terms (flops, bytes,
 kernels, layers, sampled vocabulary entries, forward calls, the operator
 groups); a hardware profile turns them into seconds
-(:meth:`sim.cost.profiles.HardwareProfile.time`)::
+(:meth:`sim.cost.hardware.HardwareProfile.time`)::
 
     t = roof + kernels * per_kernel_s + layers * per_layer_s
           + samples * sample_s_per_vocab + iters * host_per_iter_s [+ graph_kernels * per_kernel_graph_s]
@@ -44,7 +44,11 @@ from traces.store import atomic_write_text
 from scipy.optimize import least_squares
 
 from sim.cost import terms as C
-from sim.cost.profiles import ROOFLINES, HardwareProfile, ModelShape, PRESET_DIR, PresetError, load_hardware
+from sim.cost.roofline import ROOFLINES
+from sim.cost.hardware import HardwareProfile
+from sim.cost.model_shape import ModelShape
+from sim.cost.profiles import PRESET_DIR, load_hardware
+from sim.errors import PresetError
 
 # (parameter, term it multiplies, optimiser scale in seconds); eff_c / eff_m are the roofline's.
 _LINEAR = (("per_kernel_s", "kernels", 1e-6), ("per_layer_s", "layers", 1e-6),

@@ -42,7 +42,8 @@ import sys
 import numpy as np
 
 from sim.cost.terms import batch_terms
-from sim.cost.profiles import HardwareProfile, model_from_manifest
+from sim.cost.hardware import HardwareProfile
+from sim.cost.profiles import model_from_manifest
 
 _SEQ = ("decode", "cf_decode", "long_decode")
 

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from sim.cost.profiles import ModelShape, load_model as load_shape
+from sim.cost.model_shape import ModelShape
+from sim.cost.profiles import load_model as load_shape
 
 # A shape small enough for a CPU smoke run; SmolLM2's vocabulary so the tokenizer covers it.
 TINY = ModelShape(name="tiny", n_layers=16, hidden_size=64, n_heads=4, n_kv_heads=2, head_dim=16,
@@ -39,7 +40,7 @@ def shape_for(preset: str) -> tuple[ModelShape, str]:
     """(shape, hf_id) of a model preset name / file, or the ``tiny`` smoke shape."""
     if preset == "tiny":
         return TINY, "tiny-llama"
-    from sim.cost.profiles import PresetError
+    from sim.errors import PresetError
     try:
         m = load_shape(preset)
     except PresetError as exc:

@@ -173,7 +173,8 @@ def check_host(hardware: str, fp: dict, allow_other_host: bool = False) -> dict:
     and ``hardware_calibrated: false``. Returns :func:`sim.cost.fingerprint.profile_host_status`.
     """
     from sim.cost.fingerprint import profile_host_status
-    from sim.cost.profiles import OutOfCalibrationError, load_hardware
+    from sim.errors import OutOfCalibrationError
+    from sim.cost.profiles import load_hardware
 
     hw = load_hardware(hardware)
     st = profile_host_status(hw, fp)

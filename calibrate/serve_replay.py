@@ -79,7 +79,7 @@ def replay(cfg, rq: pd.DataFrame):
 
     model = load_model(cfg.model_preset or cfg.model)
     if getattr(cfg, "dtype", ""):
-        from sim.cost.profiles import DTYPE_BYTES
+        from sim.cost.model_shape import DTYPE_BYTES
         model = dataclasses.replace(model, dtype=cfg.dtype, dtype_bytes=DTYPE_BYTES.get(cfg.dtype, model.dtype_bytes))
     hw = load_hardware(cfg.hardware)
     B = int(rq.groupby("problem")["branch"].count().max())

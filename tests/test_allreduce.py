@@ -8,7 +8,8 @@ import pytest
 
 from sim.cost.terms import ScalarCost
 from sim.cost.parallel import NodeProfile, ParallelConfig, ParallelCost, load_node
-from sim.cost.profiles import PresetError, load_hardware, load_model
+from sim.errors import PresetError
+from sim.cost.profiles import load_hardware, load_model
 
 MiB = 1 << 20
 

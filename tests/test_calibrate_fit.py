@@ -7,7 +7,9 @@ import pytest
 
 from calibrate.fit import fit_profile, fitted_range, phase_terms, predict, write_preset
 from calibrate.timing import PhaseRow, phases_frame
-from sim.cost.profiles import HardwareProfile, ModelShape, load_hardware
+from sim.cost.hardware import HardwareProfile
+from sim.cost.model_shape import ModelShape
+from sim.cost.profiles import load_hardware
 
 SMOL = ModelShape(name="smollm2-135m", n_layers=30, hidden_size=576, n_heads=9, n_kv_heads=3, head_dim=64,
                   intermediate_size=1536, vocab_size=49152, dtype_bytes=4, tied_embeddings=True)
@@ -69,7 +71,7 @@ def test_fit_rejects_bad_timings():
 
 
 def test_preset_written_loads_and_refuses_outside_range(tmp_path):
-    from sim.cost.profiles import OutOfCalibrationError
+    from sim.errors import OutOfCalibrationError
 
     rng = np.random.default_rng(3)
     df = phases_frame(_synthetic_rows(rng))

@@ -13,7 +13,10 @@ import pytest
 from calibrate.fit import fit_profile, fit_run_dir, phase_terms, predict
 from calibrate.timing import PhaseRow, PhaseTimer, phases_frame, resolve_clock, select_clock
 from sim.cost import terms as C
-from sim.cost.profiles import HardwareProfile, ModelShape, OutOfCalibrationError, load_hardware, load_model
+from sim.cost.hardware import HardwareProfile
+from sim.cost.model_shape import ModelShape
+from sim.errors import OutOfCalibrationError
+from sim.cost.profiles import load_hardware, load_model
 
 SMOL = ModelShape(name="smollm2-135m", n_layers=30, hidden_size=576, n_heads=9, n_kv_heads=3, head_dim=64,
                   intermediate_size=1536, vocab_size=49152, dtype_bytes=4, tied_embeddings=True)

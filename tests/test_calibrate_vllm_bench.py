@@ -17,7 +17,8 @@ from tiny_hf import tiny_llama  # noqa: E402
 
 from calibrate import serve as S  # noqa: E402
 from calibrate import vllm_bench as vb  # noqa: E402
-from sim.cost.profiles import ModelShape, load_hardware  # noqa: E402
+from sim.cost.model_shape import ModelShape  # noqa: E402
+from sim.cost.profiles import load_hardware
 
 
 def test_a_real_cpu_serving_run_is_read_placed_and_fitted(tmp_path):

@@ -13,7 +13,8 @@ import yaml
 
 from sim.serving.capacity import GIB, VLLM_RULES, activation_peak, vllm_kv_budget
 from sim.cost.parallel import rank_weight_bytes
-from sim.cost.profiles import ModelShape, load_hardware, load_model
+from sim.cost.model_shape import ModelShape
+from sim.cost.profiles import load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "data" / "vllm-kv-capacity.yaml"

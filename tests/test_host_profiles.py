@@ -9,7 +9,10 @@ import pytest
 import yaml
 
 from sim.cost.fingerprint import fingerprint_differences, host_status, parse_cpuinfo, profile_host_status
-from sim.cost.profiles import HardwareProfile, ModelShape, OutOfCalibrationError, load_hardware
+from sim.cost.hardware import HardwareProfile
+from sim.cost.model_shape import ModelShape
+from sim.errors import OutOfCalibrationError
+from sim.cost.profiles import load_hardware
 from sim.cost.ranges import RangeQuery, check, iteration_query, violations
 
 SMOL = ModelShape(name="smollm2-135m", n_layers=30, hidden_size=576, n_heads=9, n_kv_heads=3, head_dim=64,

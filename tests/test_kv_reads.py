@@ -12,7 +12,8 @@ from sim.cost import terms as C
 from sim.serving.engine import Engine
 from sim.replay.fastpath import FastPath
 from sim.serving.kvshare import block_names, shared_per_step, shared_tokens
-from sim.cost.profiles import HardwareProfile, load_hardware, load_model
+from sim.cost.hardware import HardwareProfile
+from sim.cost.profiles import load_hardware, load_model
 
 from test_sim_core import _EQUAL_KEYS, _random_job
 

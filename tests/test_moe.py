@@ -19,7 +19,8 @@ from sim.cost import scalar
 from sim.serving.capacity import vllm_kv_budget
 from sim.cost.gemm import GEMM_TILE_M_SMALL, variant_gemms
 from sim.cost.parallel import ParallelConfig, ParallelError, rank_model, rank_weight_bytes, stage_layers
-from sim.cost.profiles import PresetError, load_hardware, load_model
+from sim.errors import PresetError
+from sim.cost.profiles import load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = ("mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b", "deepseek-v2-lite",
@@ -462,7 +463,8 @@ def test_mxfp4_experts_priced_weight_only_where_vllm_runs_them():
     v1.0: E2M1 values, one E8M0 scale per 32), every other weight at 16 bits (vLLM's Mxfp4Config leaves linear
     layers and attention unquantized); flops at the 16-bit rate (weight-only kernels). The checkpoint sizes then
     match the model card's (arXiv 2508.10925 Table 1: 12.8 GiB and 60.8 GiB) within 1%."""
-    from sim.cost.profiles import MXFP4_BYTES, OutOfCalibrationError
+    from sim.cost.model_shape import MXFP4_BYTES
+    from sim.errors import OutOfCalibrationError
     assert MXFP4_BYTES == 0.53125
     for name, gib in (("gpt-oss-20b", 12.8), ("gpt-oss-120b", 60.8)):
         assert load_model(name).with_precision("mxfp4").weight_bytes / 2 ** 30 == pytest.approx(gib, rel=0.01)

@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from sim.cost import terms as C
-from sim.cost.profiles import HardwareProfile, OutOfCalibrationError, PresetError, load_hardware, load_model
+from sim.cost.hardware import HardwareProfile
+from sim.errors import OutOfCalibrationError, PresetError
+from sim.cost.profiles import load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = load_model("llama-3-8b")

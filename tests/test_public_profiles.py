@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 
 from calibrate import llmcompass, llmservingsim, public_profiles as pp, vidur
-from sim.cost.profiles import (HardwareProfile, OutOfCalibrationError, PresetError, load_hardware, load_model,
-                          model_from_manifest)
+from sim.cost.hardware import HardwareProfile
+from sim.errors import OutOfCalibrationError, PresetError
+from sim.cost.profiles import load_hardware, load_model, model_from_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "calibrate" / "data"
@@ -116,7 +117,7 @@ def test_simulator_prices_a_layer_as_the_fit_prices_its_rows():
     what the fit's row model gives its four matrix products, with and without wave quantisation."""
     from sim.cost import terms as C
     from sim.cost.gemm import layer_gemms
-    from sim.cost.profiles import ModelShape
+    from sim.cost.model_shape import ModelShape
 
     sh = pp.LLAMA_3_8B
     m = ModelShape("one-layer", 1, sh.d, sh.H, sh.Hkv, sh.Dh, sh.F, sh.V, 2, False)

@@ -13,8 +13,9 @@ from sim.api import evaluate, simulate
 from sim.workload.decisions import ConfigError, decide, job_for, make_config
 from sim.serving.engine import Engine
 from sim.replay.fastpath import FastPath
-from sim.cost.profiles import (HardwareProfile, OutOfCalibrationError, PresetError, list_presets, load_hardware,
-                          load_model, model_from_manifest)
+from sim.cost.hardware import HardwareProfile
+from sim.errors import OutOfCalibrationError, PresetError
+from sim.cost.profiles import list_presets, load_hardware, load_model, model_from_manifest
 from sim.serving.capacity import CapacityError
 from sim.serving.scheduler import SchedulerConfig
 from sim.workload.job import Job

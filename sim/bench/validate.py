@@ -48,8 +48,8 @@ PRICED_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16
                  "half": "float16"}
 METRIC_KEYS = ("request_throughput", "output_throughput", "total_token_throughput", "duration")
 # weight quantizations and KV-cache dtypes the cost model prices: none (the checkpoint's dtype) and fp8
-# (sim.cost.profiles.ModelShape.with_precision: 1-byte linear weights at the FP8 rate, 1-byte KV)
-from sim.cost.profiles import KV_CACHE_DTYPES, QUANTIZATIONS   # the one list of what ModelShape.with_precision prices
+# (sim.cost.model_shape.ModelShape.with_precision: 1-byte linear weights at the FP8 rate, 1-byte KV)
+from sim.cost.model_shape import KV_CACHE_DTYPES, QUANTIZATIONS  # the one list of what ModelShape.with_precision prices
 
 PRICED_QUANT = {None, "none", "auto"} | {q for q in QUANTIZATIONS if q}
 PRICED_KV = {None, "auto"} | set(PRICED_DTYPES) | {k for k in KV_CACHE_DTYPES if k}
@@ -226,7 +226,7 @@ def _rate(v) -> float:
 def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool = True,
             frontend: bool = True, custom_all_reduce: bool = True) -> dict:
     """Simulate one figure's benchmark; returns the vllm bench serve result dictionary. ``profile``: a
-    :class:`sim.cost.profiles.HardwareProfile` to price it with instead of the named one (a band's fit).
+    :class:`sim.cost.hardware.HardwareProfile` to price it with instead of the named one (a band's fit).
 
     The figure's ``serving.async_scheduling`` / ``frontend`` / ``host_time`` say how its run was made;
     ``host_time`` / ``frontend`` False here turn those terms off for every figure (a before/after table).
@@ -281,7 +281,8 @@ def run_figures(figs: list, hardware: str | None = None, band: bool = False, hos
     import pandas as pd
     from sim.bench import plain
     from sim.cost.bands import band_of, band_profiles
-    from sim.cost.profiles import OutOfCalibrationError, load_hardware
+    from sim.errors import OutOfCalibrationError
+    from sim.cost.profiles import load_hardware
     rows = []
     for f in figs:
         src = f["source"]

@@ -1,5 +1,5 @@
 """The checks of a preset's numeric and choice fields, written once: hardware presets
-(:class:`sim.cost.profiles.HardwareProfile`) and their ``host_step`` / ``frontend`` blocks
+(:class:`sim.cost.hardware.HardwareProfile`) and their ``host_step`` / ``frontend`` blocks
 (:mod:`sim.cost.overheads`) name the field their own way and share the rule and its words."""
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ wgmma M): its compute takes whole waves of ``sm`` tiles::
 
 and each product is its own roofline ``max(F_q / rc, B / rm)`` (constants, not fitted).
 
-Used by the per-operator roofline (:class:`sim.cost.profiles.HardwareProfile`, :class:`sim.cost.terms.ScalarCost`)
+Used by the per-operator roofline (:class:`sim.cost.hardware.HardwareProfile`, :class:`sim.cost.terms.ScalarCost`)
 and by the public-profile fits (:mod:`calibrate.public_profiles`): one formula. ``m`` below is a
-:class:`sim.cost.profiles.ModelShape`.
+:class:`sim.cost.model_shape.ModelShape`.
 """
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def variant_gemms(m, rows, ops=None):
 
 
 def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head, ops=None, rc_lin=None):
-    """Linear layers' and LM head's time under wave quantisation (``sim.cost.profiles.HardwareProfile.sm_count``).
+    """Linear layers' and LM head's time under wave quantisation (``sim.cost.hardware.HardwareProfile.sm_count``).
 
     ``rows`` token rows through ``layers`` layers (every running item's rows through the deepest
     item's layers), ``head_rows = f_head / (2 d V)`` LM-head / probe rows as one ``d x V``

@@ -19,7 +19,7 @@ The default capture sizes (``vllm/config/vllm.py``, ``VllmConfig._set_cudagraph_
 linear layers, norms and activations like real tokens; the LM head and sampler run on the real rows
 only (vLLM computes logits outside the graph, on the sampled positions). The padded tokens' cost
 is priced by :class:`sim.cost.terms.ScalarCost` (``graphs``); graphed kernels cost ``per_kernel_graph_s``
-(:class:`sim.cost.profiles.HardwareProfile`), launched ones ``per_kernel_s``, and an eager iteration's host
+(:class:`sim.cost.hardware.HardwareProfile`), launched ones ``per_kernel_s``, and an eager iteration's host
 launches, ``eager_launch_s`` each, bound it from below (``sim.cost.roofline``).
 """
 from __future__ import annotations

@@ -10,7 +10,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from sim.cost.profiles import OutOfCalibrationError, PresetError, read_preset_file, resolve_preset
+from sim.errors import OutOfCalibrationError, PresetError
+from sim.cost.profiles import read_preset_file, resolve_preset
 
 
 # --------------------------------------------------------------------------- nodes

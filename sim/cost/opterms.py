@@ -4,7 +4,7 @@ coefficients of non-dense shapes (:class:`Variant`).
 The formulas that fill these terms are in :mod:`sim.cost.terms`'s docstring (the dense model); the
 non-dense shapes change them as follows.
 
-Mixture of experts, multi-head latent attention, sliding windows (:class:`sim.cost.profiles.ModelShape`; a
+Mixture of experts, multi-head latent attention, sliding windows (:class:`sim.cost.model_shape.ModelShape`; a
 dense model takes none of this and its terms are the ones above, unchanged). ``rows`` token rows route
 to ``k`` of ``E`` experts each; under uniform, independent routing the expected number of distinct
 experts an iteration's MoE layer hits is::
@@ -16,7 +16,7 @@ probability ``1 - k / E``, independently across tokens; ``tests/test_moe.py`` ho
 sampling of the same routing. Uniform routing is an assumption, not a measurement: a trained router is
 skewed, which hits fewer distinct experts at a batch, so this is the upper end of the weights read).
 Then, with ``Lm / L`` the MoE layers' share and
-``B_e`` one routed expert's bytes (:attr:`~sim.cost.profiles.ModelShape.routed_expert_bytes`)::
+``B_e`` one routed expert's bytes (:attr:`~sim.cost.model_shape.ModelShape.routed_expert_bytes`)::
 
     f_lin = sum_i 2 P_act n_i l_i                                 # P_act: mean active params per layer
                                                                    # (router d E, k + S experts: 2 T k P_e)
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.cost.profiles import ModelShape
+from sim.cost.model_shape import ModelShape
 from sim.cost.routing import distinct_experts
 
 

@@ -49,7 +49,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from sim.cost.terms import ScalarCost
-from sim.cost.profiles import ModelShape
+from sim.cost.model_shape import ModelShape
 from sim.cost.node import NodeProfile, load_node  # noqa: F401  (re-exported: sim.cost.parallel.NodeProfile)
 
 TP_SIZES = (1, 2, 4, 8)

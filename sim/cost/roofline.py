@@ -24,7 +24,7 @@ path (``2 <= rows <= gemm_small_m_max``), ``b_lin + b_head`` read ``mult = ceil(
 times; ``lin = max(f_lin / rc, m_lin)``, ``head = max(f_head / rc, m_head)`` with the weight-stream
 seconds ``m = (b - b_mv) / rm + mult b_mv / rmv``, or under wave quantisation (``sm_count``)
 :func:`sim.cost.gemm.wave_linear_head`. Every term is defined in :mod:`sim.cost.terms`'s docstring and every
-field in :class:`sim.cost.profiles.HardwareProfile`'s.
+field in :class:`sim.cost.hardware.HardwareProfile`'s.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ FLOAT = SimpleNamespace(maximum=lambda a, b: a if a > b else b, where=lambda c, 
 
 
 def seconds(hw, terms, ops=NUMPY, roofline: str | None = None, model=None):
-    """Seconds of ``terms`` (an :class:`sim.cost.terms.OpTerms`) on ``hw`` (a :class:`sim.cost.profiles.HardwareProfile`).
+    """Seconds of ``terms`` (an :class:`sim.cost.terms.OpTerms`) on ``hw`` (a :class:`sim.cost.hardware.HardwareProfile`).
 
     ``ops`` is :data:`NUMPY` (fields may be arrays; they broadcast) or :data:`FLOAT` (every field a
     float); ``roofline`` overrides the profile's; ``model`` (the terms' shape) is needed where

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cost.opterms import K_FWD, K_LAYER, K_PROBE, OpTerms, elem_bytes_per_token_layer, variant, window_keys
-from sim.cost.profiles import ModelShape
+from sim.cost.model_shape import ModelShape
 from sim.cost.roofline import FLOAT, NUMPY, seconds
 
 

@@ -2,7 +2,7 @@
 
 An operation is first reduced to hardware-independent *terms*
 (:class:`OpTerms`: flops, bytes moved, kernels launched, layers run) from the
-model shape alone; a :class:`sim.cost.profiles.HardwareProfile` turns terms into
+model shape alone; a :class:`sim.cost.hardware.HardwareProfile` turns terms into
 seconds::
 
     t = max(flops / (peak * eff_c), (bytes - b_mv) / (bw * eff_m) + b_mv / (bw * eff_mv))
@@ -13,7 +13,7 @@ products (below; ``eff_mv`` None means ``eff_m``, and the formula is the plain r
 and attention's flops and KV bytes (``f_att``, ``b_att``) at their own ``eff_att`` /
 ``eff_kv`` where the profile sets them
 
-(the per-operator roofline and CUDA-graph kernels: :class:`sim.cost.profiles.HardwareProfile`).
+(the per-operator roofline and CUDA-graph kernels: :class:`sim.cost.hardware.HardwareProfile`).
 Keeping the two apart is what lets ``calibrate`` fit ``eff_c``, ``eff_m``,
 ``per_kernel_s``, ``per_layer_s`` and the new terms with ``scipy.optimize.least_squares``
 against measured phases: it computes the terms of every measured phase once
@@ -22,7 +22,7 @@ and only re-evaluates ``HardwareProfile.time`` inside the residual.
 Notation (model shape): ``L`` layers, ``d`` hidden size, ``H`` query heads,
 ``Hkv`` KV heads, ``Dh`` head dim, ``F`` MLP intermediate size, ``V`` vocab,
 ``s`` bytes per element, ``P`` = parameters per layer (see
-:class:`sim.cost.profiles.ModelShape`).
+:class:`sim.cost.model_shape.ModelShape`).
 
 One forward *iteration* batches items ``i`` (a prefill chunk, a decode token,
 a verification pass, an ASKS gate pass), each with ``n_i`` new tokens over
@@ -61,7 +61,7 @@ while two or more rows take the matrix-matrix path, which packs the weight
 panels first and costs much more per byte at small M (measured on SmolLM2,
 one CPU thread: 37-41 ms for a 1-row decode, 59-65 ms for 2 rows). The
 profile prices these bytes at their own efficiency, ``eff_mv``
-(:class:`sim.cost.profiles.HardwareProfile`; None = ``eff_m``: off, the same
+(:class:`sim.cost.hardware.HardwareProfile`; None = ``eff_m``: off, the same
 formula as before). Both terms are subsets of ``b_lin`` / ``b_head``, and of
 ``bytes``. Logit-lens probes (``probe_terms``) are not counted here.
 
@@ -76,7 +76,7 @@ panels once per block. Measured on SmolLM2, one thread of a Sapphire Rapids
 core: a decode iteration takes 61 ms at 1 row, 80 at 3, 112 at 4, 160 at 7,
 209 at 10, 249 at 13 (a step of about 25 ms -- the weights once more -- every 3
 rows), then 236 ms at 16 rows, where another kernel takes over. The profile
-prices the small-M path (:class:`sim.cost.profiles.HardwareProfile`, off unless
+prices the small-M path (:class:`sim.cost.hardware.HardwareProfile`, off unless
 ``gemm_row_block`` is set) as that many passes over the weights at the
 matrix-vector rate::
 
@@ -92,7 +92,7 @@ iteration also reads (:func:`sim.serving.kvshare.shared_tokens`). Those bytes::
     b_kv_shared = s sum_i l_i 2 Hkv Dh h_i              # a subset of b_att
 
 are priced at ``mem_bw * eff_kv_shared`` instead of ``eff_kv``'s rate
-(:class:`sim.cost.profiles.HardwareProfile`; None: off, the same formula as before).
+(:class:`sim.cost.hardware.HardwareProfile`; None: off, the same formula as before).
 Measured on SmolLM2, one CPU thread: a decode of 8 sequences at context 512
 over one shared prefix takes 5.8% less CPU time than over distinct blocks.
 
@@ -106,10 +106,10 @@ row. The extra work over the exact sums above::
     b_att_pad = s 2 Hkv Dh sum_{i: n_i = 1} l_i (c_max - c_i)
 
 is charged only by a profile with ``decode_attention: padded``
-(:class:`sim.cost.profiles.HardwareProfile`; ``paged``, the default, is vLLM's paged
+(:class:`sim.cost.hardware.HardwareProfile`; ``paged``, the default, is vLLM's paged
 kernel, which reads each sequence's own blocks).
 
-Precision (vLLM's ``--quantization fp8`` / ``--kv-cache-dtype fp8``: :meth:`sim.cost.profiles.ModelShape.with_precision`):
+Precision (vLLM's ``--quantization fp8`` / ``--kv-cache-dtype fp8``: :meth:`sim.cost.model_shape.ModelShape.with_precision`):
 the linear layers' weights are ``w`` bytes per element (1 under fp8) and the KV cache ``s_kv`` (1 under an fp8
 cache); embeddings, norms, the LM head and activations stay at ``s``::
 
@@ -133,7 +133,7 @@ import numpy as np
 # the vocabulary lives in sim.cost.opterms; re-exported so ``sim.cost.terms`` stays the one face of the cost terms
 from sim.cost.opterms import (K_FWD, K_LAYER, K_PROBE, TERM_NAMES, ZERO, OpTerms, Variant,  # noqa: F401
                               elem_bytes_per_token_layer, variant, window_keys)
-from sim.cost.profiles import ModelShape
+from sim.cost.model_shape import ModelShape
 from sim.cost.routing import ROUTINGS, SampledRouting, distinct_experts, routing_for  # noqa: F401 (re-exported)
 # ScalarCost (the per-iteration float path) lives in sim.cost.scalar; re-exported for the callers of sim.cost.terms
 from sim.cost.scalar import ScalarCost, with_shared  # noqa: F401

@@ -9,7 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cost import terms as C
-from sim.cost.profiles import HardwareProfile, ModelShape, PresetError, load_model, model_from_manifest
+from sim.cost.hardware import HardwareProfile
+from sim.cost.model_shape import ModelShape
+from sim.errors import PresetError
+from sim.cost.profiles import load_model, model_from_manifest
 from sim.serving.capacity import CapacityError
 
 PHASES = ("verify", "prefill", "assemble", "decode", "recompute")

@@ -97,7 +97,7 @@ class SchedulerConfig:
         is running or waiting; 0 = none (vLLM default).
     kv_groups : tuple
         ``(full_groups, sliding_groups, sliding_window)`` of a hybrid model's KV cache
-        (:attr:`sim.cost.profiles.ModelShape.kv_cache_groups`); the block manager charges each request the
+        (:attr:`sim.cost.model_shape.ModelShape.kv_cache_groups`); the block manager charges each request the
         blocks of every group (:meth:`sim.serving.kvcache.BlockManager.set_kv_groups`). Empty: one group.
     """
 
