@@ -367,7 +367,6 @@ SIZE_EXCEPTIONS = {
     "sim/serving/fastforward.py": WINDOW,
     "sim/serving/fastforward.py::_run": WINDOW,
     "calibrate/public_profiles.py": PENDING,
-    "sim/search/tune.py::_tune": PENDING,
     "app/ui_backend.py": PENDING,
     "app/ui_pages/whatif.py::_whatif": PENDING,
     "calibrate/serve.py": PENDING,

@@ -314,18 +314,12 @@ def _tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
          validate: bool = True) -> TuneResult:
     import os
 
-    from scipy.optimize import differential_evolution
-    from tqdm.auto import tqdm
+    from sim.search.sweep import open_session
 
     evaluate = evaluate or default_evaluate()
     options = options or SweepOptions()
     trace = os.fspath(trace)
-    if n_problems is None or (grid is None and n_layers is None):
-        from traces.store import load_trace
-
-        tr = load_trace(trace, verify=False)
-        n_problems = len(tr.problems) if n_problems is None else n_problems
-        n_layers = tr.n_layers if n_layers is None else n_layers
+    n_problems, n_layers = _trace_sizes(trace, n_problems, n_layers, need_layers=grid is None)
     if grid is None:
         grid = default_grid(policy, n_layers)
     configs = list(grid.configs())
@@ -334,22 +328,11 @@ def _tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
 
         validate_params(policy, configs)
     tune_idx, held_idx = split_problems(n_problems, spec.split, spec.seed)
-    from policies import policy_class
-
     notes: list[str] = []
-    refine = spec.refine
-    if policy_class(policy).kind == "token":
-        notes.append("token-eviction policies are judged on the trace's long decodes, which the problem "
-                     "split does not divide: both rows use the same sequences (no held-out check)")
-        if refine is None:
-            refine = False  # each evaluation replays every long decode: seconds, not milliseconds
-            notes.append("refinement off by default for token-eviction policies (pass --refine to force it)")
-    refine = True if refine is None else refine
+    refine = _refine_default(policy, spec.refine, notes)
     base_opts = dataclasses.asdict(options)
     opts_tune = SweepOptions(**{**base_opts, "problems": tuple(tune_idx)})
     opts_held = SweepOptions(**{**base_opts, "problems": tuple(held_idx)})
-
-    from sim.search.sweep import open_session
     session = open_session(trace)  # the tuning's own: every evaluation reuses its memo tables
 
     def ev(params: dict, opts: SweepOptions, pol: str = policy) -> dict:
@@ -358,31 +341,18 @@ def _tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
     base_tune = ev({}, opts_tune, "no-kv")
     base_held = ev({}, opts_held, "no-kv")
     acc_tune = _num(base_tune.get("accuracy"))
-    if spec.objective not in base_tune:  # before the sweep: every policy reports the same keys
-        raise ValueError(f"--objective {spec.objective!r}: evaluate returns no such metric "
-                         f"(metrics: {', '.join(sorted(base_tune))})")
+    _check_objective(spec, base_tune)  # before the sweep: every policy reports the same keys
 
     df = run_sweep(trace, policy, configs, opts_tune, evaluate=evaluate, backend=backend,
                    workers=workers, scheduler=scheduler, progress=progress)
     metric_cols = [c for c in df.columns if c not in ("config_id", "policy") and not c.startswith("param.")]
     rows = df[metric_cols].to_dict("records")
-    if spec.objective not in metric_cols:
-        raise ValueError(f"--objective {spec.objective!r}: evaluate returns no such metric "
-                         f"(metrics: {', '.join(sorted(metric_cols))})")
-    viol = np.array([violation(r, spec, acc_tune) for r in rows])
-    scores = np.array([score(r, spec) for r in rows])
-    # best = feasible with max score (first on ties); else min violation, then max score
-    feasible_any = bool((viol == 0).any())
-    if feasible_any:
-        cand = np.flatnonzero(viol == 0)
-        best = int(cand[np.argmax(scores[cand])])
-    else:
-        order = np.lexsort((-scores, viol))
-        best = int(order[0])
-    best_params = configs[best]
-    best_m, best_v, best_s = rows[best], float(viol[best]), float(scores[best])
-    grid_best = {"params": best_params, "config_id": config_id(best_params), "score": best_s,
-                 "feasible": best_v == 0}
+    _check_objective(spec, metric_cols)
+    best = _grid_pick(rows, spec, acc_tune)
+    best_params = configs[best.index]
+    grid_best = {"params": best_params, "config_id": config_id(best_params), "score": best.score,
+                 "feasible": best.violation == 0}
+    best_m, best_v, best_s = rows[best.index], best.violation, best.score
     source = "grid"
     n_eval = len(configs) + 2
 
@@ -390,38 +360,9 @@ def _tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
                if len(vals) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)]
     refinement_ran = bool(refine and numeric)
     if refinement_ran:
-        is_int = [all(isinstance(v, int) for v in grid.axes[k]) for k in numeric]
-        bounds = [(min(grid.axes[k]), max(grid.axes[k])) for k in numeric]
-        cache: dict[str, tuple[float, float, dict]] = {}
-        bar = tqdm(desc=f"refine {policy}", unit="eval", disable=not progress, mininterval=0.5)
-
-        def params_at(x) -> dict:
-            p = dict(best_params)
-            for k, xi, integer in zip(numeric, x, is_int):
-                p[k] = int(round(xi)) if integer else _round6(float(xi))
-            return p
-
-        def f(x) -> float:
-            p = params_at(x)
-            cid = config_id(p)
-            if cid not in cache:
-                m = ev(p, opts_tune)
-                cache[cid] = (violation(m, spec, acc_tune), score(m, spec), m)
-                bar.update(1)
-            v, s, _ = cache[cid]
-            return PENALTY * v - (s if math.isfinite(s) else -PENALTY)
-
-        x0 = [float(best_params[k]) for k in numeric]
-        try:
-            res = differential_evolution(f, bounds, x0=x0, seed=spec.seed, maxiter=spec.refine_maxiter,
-                                         popsize=spec.refine_popsize, tol=0, polish=False,
-                                         integrality=is_int, init="latinhypercube", updating="immediate")
-        finally:
-            bar.close()
-        n_eval += len(cache)
-        p = params_at(res.x)
-        f(res.x)  # res.x was evaluated already (no polishing); this is a cache hit
-        v, s, m = cache[config_id(p)]
+        n_refined, (p, m, v, s) = _refine(lambda q: ev(q, opts_tune), best_params, grid, numeric, spec,
+                                          acc_tune, policy, progress)
+        n_eval += n_refined
         if v < best_v or (v == best_v and s > best_s):
             best_params, best_m, best_v, best_s = p, m, v, s
             source = "refined"
@@ -435,3 +376,97 @@ def _tune(trace, policy: str, spec: TuneSpec, grid: Grid | None = None,
                       baseline_tune=base_tune, baseline_held=base_held, grid_size=len(configs),
                       n_evaluations=n_eval, grid_best=grid_best, notes=notes,
                       refinement_ran=refinement_ran, held_out_breaks=breaks)
+
+
+def _trace_sizes(trace: str, n_problems: int | None, n_layers: int | None,
+                 need_layers: bool) -> tuple[int | None, int | None]:
+    """``n_problems`` and ``n_layers`` as given, read from the trace where missing (and needed)."""
+    if n_problems is None or (need_layers and n_layers is None):
+        from traces.store import load_trace
+
+        tr = load_trace(trace, verify=False)
+        n_problems = len(tr.problems) if n_problems is None else n_problems
+        n_layers = tr.n_layers if n_layers is None else n_layers
+    return n_problems, n_layers
+
+
+def _refine_default(policy: str, refine: bool | None, notes: list[str]) -> bool:
+    """Whether to refine: ``spec.refine`` where set; off for token-eviction policies (noted), else on."""
+    from policies import policy_class
+
+    if policy_class(policy).kind == "token":
+        notes.append("token-eviction policies are judged on the trace's long decodes, which the problem "
+                     "split does not divide: both rows use the same sequences (no held-out check)")
+        if refine is None:
+            refine = False  # each evaluation replays every long decode: seconds, not milliseconds
+            notes.append("refinement off by default for token-eviction policies (pass --refine to force it)")
+    return True if refine is None else refine
+
+
+def _check_objective(spec: TuneSpec, metrics) -> None:
+    if spec.objective not in metrics:
+        raise ValueError(f"--objective {spec.objective!r}: evaluate returns no such metric "
+                         f"(metrics: {', '.join(sorted(metrics))})")
+
+
+@dataclass(frozen=True)
+class _Pick:
+    index: int
+    violation: float
+    score: float
+
+
+def _grid_pick(rows: list[dict], spec: TuneSpec, acc_tune: float) -> _Pick:
+    """The grid's best row: feasible with the highest score (first on ties); else least violation, then score."""
+    viol = np.array([violation(r, spec, acc_tune) for r in rows])
+    scores = np.array([score(r, spec) for r in rows])
+    if (viol == 0).any():
+        cand = np.flatnonzero(viol == 0)
+        best = int(cand[np.argmax(scores[cand])])
+    else:
+        best = int(np.lexsort((-scores, viol))[0])
+    return _Pick(best, float(viol[best]), float(scores[best]))
+
+
+def _refine(ev: Callable[[dict], dict], start: dict, grid: Grid, numeric: list[str], spec: TuneSpec,
+            acc_tune: float, policy: str, progress: bool) -> tuple[int, tuple[dict, dict, float, float]]:
+    """Differential evolution over the grid's numeric axes, from the grid's best ``start``.
+
+    Minimises ``PENALTY * violation - score``; every distinct config is evaluated once.
+    Returns (evaluations, (params, metrics, violation, score) at the optimiser's answer).
+    """
+    from scipy.optimize import differential_evolution
+    from tqdm.auto import tqdm
+
+    is_int = [all(isinstance(v, int) for v in grid.axes[k]) for k in numeric]
+    bounds = [(min(grid.axes[k]), max(grid.axes[k])) for k in numeric]
+    cache: dict[str, tuple[float, float, dict]] = {}
+    bar = tqdm(desc=f"refine {policy}", unit="eval", disable=not progress, mininterval=0.5)
+
+    def params_at(x) -> dict:
+        p = dict(start)
+        for k, xi, integer in zip(numeric, x, is_int):
+            p[k] = int(round(xi)) if integer else _round6(float(xi))
+        return p
+
+    def f(x) -> float:
+        p = params_at(x)
+        cid = config_id(p)
+        if cid not in cache:
+            m = ev(p)
+            cache[cid] = (violation(m, spec, acc_tune), score(m, spec), m)
+            bar.update(1)
+        v, s, _ = cache[cid]
+        return PENALTY * v - (s if math.isfinite(s) else -PENALTY)
+
+    x0 = [float(start[k]) for k in numeric]
+    try:
+        res = differential_evolution(f, bounds, x0=x0, seed=spec.seed, maxiter=spec.refine_maxiter,
+                                     popsize=spec.refine_popsize, tol=0, polish=False,
+                                     integrality=is_int, init="latinhypercube", updating="immediate")
+    finally:
+        bar.close()
+    p = params_at(res.x)
+    f(res.x)  # res.x was evaluated already (no polishing); this is a cache hit
+    v, s, m = cache[config_id(p)]
+    return len(cache), (p, m, v, s)
