@@ -20,7 +20,7 @@ cost model's accounting (:mod:`sim.cost.terms`, ``s = 2`` bytes, float16)::
     softmax, LayerNorm over M x N, GELU over M:    B = s 2 (elements)
     attention        F = 4 H Dh (n c + n (n + 1) / 2)    B = s 2 Hkv Dh (c + n)
 
-and its time is the per-operator roofline of :class:`sim.cost.profiles.HardwareProfile`::
+and its time is the per-operator roofline of :class:`sim.cost.hardware.HardwareProfile`::
 
     t = max(F / (peak eff_c), B / (bw eff_m)) + per_kernel_s          matrix products
     t = B / (bw eff_elem) + k per_kernel_s                            element-wise (k kernels)
@@ -64,193 +64,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from . import kernel_stacks, llmcompass, llmservingsim, vidur
+from .public_render import crossval_markdown, fits_markdown, outputs
+from .public_rows import FAMILY_ORDER, LAYER_FAMILIES, PROFILES, source_of
 
-DATA = Path(__file__).resolve().parent / "data"
-FIT_JSON = DATA / "public-profiles-fit.json"
-S = 2.0  # every source profiles float16
 F_SCALE = 0.05
-LAYER_FAMILIES = ("qkv", "o", "gate_up", "down", "norm", "rope", "act", "add", "attention")
-FAMILY_ORDER = LAYER_FAMILIES + ("lm_head", "matmul", "softmax", "layernorm", "gelu")
-COEFS = ("eff_c", "eff_m", "eff_elem", "eff_att", "eff_kv", "per_kernel_s")
 MAX_TOKENS_CV = 4096
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """The model dimensions the operator terms need."""
-
-    name: str
-    d: int
-    H: int
-    Hkv: int
-    Dh: int
-    F: int
-    V: int
-
-
-LLAMA_2_7B = Shape("llama-2-7b", 4096, 32, 32, 128, 11008, 32000)
-LLAMA_3_8B = Shape("llama-3-8b", 4096, 32, 8, 128, 14336, 128256)  # Llama-3.1-8B has the same shape
-
-
-def _shape_from_vidur(attrs: dict, name: str) -> Shape:
-    s = attrs["shape"]
-    d, H = s["n_embd"], s["n_head"]
-    return Shape(name, d, H, s["n_kv_head"], d // H, s["n_expanded_embd"], s["vocab_size"])
-
-
-# ----------------------------------------------------------------------------- rows
-def _rows(profile: str, family: str, kind: str, n, seconds, F, B, c=0, op=None, in_layer=True,
-          host_timed=False, kernels=1, K=0, N=0) -> pd.DataFrame:
-    n = np.asarray(n, dtype=np.float64)
-    bc = lambda v: np.broadcast_to(np.asarray(v, dtype=np.float64), n.shape)  # noqa: E731
-    return pd.DataFrame({"profile": profile, "op": op or family, "family": family, "kind": kind,
-                         "n": n, "c": np.broadcast_to(np.asarray(c, dtype=np.float64), n.shape),
-                         "seconds": np.asarray(seconds, dtype=np.float64),
-                         "F": np.broadcast_to(np.asarray(F, dtype=np.float64), n.shape),
-                         "B": np.broadcast_to(np.asarray(B, dtype=np.float64), n.shape), "in_layer": in_layer,
-                         "host_timed": host_timed, "kernels": float(kernels), "K": bc(K), "N": bc(N)})
-
-
-def _gemm(profile: str, family: str, n, seconds, K: int, N: int, **kw) -> pd.DataFrame:
-    """Rows of ``n`` tokens through a ``K x N`` weight: ``F = 2 n K N``, ``B = s K N`` (the weight stream)."""
-    n = np.asarray(n, dtype=np.float64)
-    return _rows(profile, family, "gemm", n, seconds, 2.0 * n * K * N, S * K * N + 0.0 * n, K=K, N=N, **kw)
-
-
-def vidur_rows(device: str, model: str, tp: int = 1) -> pd.DataFrame:
-    """Operator rows of one Vidur ``mlp.csv`` at tensor parallel ``tp`` (the embedding gather left out).
-
-    At ``tp > 1`` each row times one rank's shard: the shape is the rank's, split as vLLM splits it
-    (:func:`sim.cost.parallel.kv_heads_per_rank`: ``H / TP`` query heads, ``max(1, Hkv / TP)`` KV heads,
-    ``F / TP`` MLP width; ``d`` whole).
-    """
-    prof = vidur.load_mlp(vidur.mlp_path(device, model), tp)
-    m = _shape_from_vidur(prof.attrs, model)
-    if tp > 1:
-        from sim.cost.parallel import kv_heads_per_rank
-        m = dataclasses.replace(m, H=m.H // tp, Hkv=kv_heads_per_rank(m.Hkv, tp), F=m.F // tp)
-    key = f"vidur-{device}-{model}" + (f"-tp{tp}" if tp > 1 else "")
-    d, H, Hkv, Dh, Fm = m.d, m.H, m.Hkv, m.Dh, m.F
-    out = []
-    for op, g in prof.groupby("op", sort=False):
-        n = g["num_tokens"].to_numpy(np.float64)
-        t = g["seconds"].to_numpy()
-        z = 0.0 * n
-        if op == "attn_pre_proj":
-            out.append(_gemm(key, "qkv", n, t, d, (H + 2 * Hkv) * Dh, op=op))
-        elif op == "attn_post_proj":
-            out.append(_gemm(key, "o", n, t, H * Dh, d, op=op))
-        elif op == "mlp_up_proj":
-            out.append(_gemm(key, "gate_up", n, t, d, 2 * Fm, op=op))
-        elif op == "mlp_down_proj":
-            out.append(_gemm(key, "down", n, t, Fm, d, op=op))
-        elif op in ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act"):
-            fam = {"attn_rope": "rope", "mlp_act": "act"}.get(op, "norm")
-            k, B = kernel_stacks.elementwise("vllm", fam, n, d, H, Hkv, Dh, Fm)
-            out.append(_rows(key, fam, "elem", n, t, z, B, op=op, kernels=k))
-        elif op == "add":
-            out.append(_rows(key, "add", "elem", n, t, z, S * 3 * n * d, op=op))
-    return pd.concat(out, ignore_index=True)
-
-
-def llmservingsim_rows(tp: int = 1, stack: str = "vllm") -> pd.DataFrame:
-    """Operator rows of LLMServingSim's H100 Llama-3.1-8B ``layers.csv`` (per-rank shapes at ``tp``).
-
-    ``stack`` prices its RMSNorm, RoPE and SiLU*up rows (:mod:`calibrate.kernel_stacks`):
-    ``"vllm"`` with one fused kernel's bytes each, kind ``elem_unfused`` (held out of the
-    presets' fit: the stack those rows ran is not the one the presets follow); ``"hf-eager"``
-    with the kernel count and bytes of the Hugging Face code that produced them, kind ``elem``
-    (fit rows like any other element-wise kernel).
-    """
-    prof = llmservingsim.load_layers(llmservingsim.layers_path(tp))
-    m = LLAMA_3_8B
-    d, H, Hkv, Dh, Fm, V = m.d, m.H // tp, m.Hkv // tp, m.Dh, m.F // tp, m.V // tp
-    key = f"llmservingsim-h100-llama-3.1-8b" + ("" if tp == 1 else f"-tp{tp}") + ("" if stack == "vllm" else f"@{stack}")
-    ekind = "elem_unfused" if stack == "vllm" else "elem"
-    gem = {"q_proj": ("qkv", d, H * Dh), "k_proj": ("qkv", d, Hkv * Dh), "v_proj": ("qkv", d, Hkv * Dh),
-           "o_proj": ("o", H * Dh, d), "gate_proj": ("gate_up", d, Fm), "up_proj": ("gate_up", d, Fm),
-           "down_proj": ("down", Fm, d), "lm_head": ("lm_head", d, V)}
-    out = []
-    for op, g in prof.groupby("op", sort=False):
-        n = g["num_tokens"].to_numpy(np.float64)
-        c = g["kv_cache"].to_numpy(np.float64)
-        t = g["seconds"].to_numpy()
-        z = 0.0 * n
-        if op in gem:
-            fam, K, N = gem[op]
-            out.append(_gemm(key, fam, n, t, K, N, op=op, in_layer=op != "lm_head"))
-        elif op == "attn":
-            out.append(_rows(key, "attention", "attn", n, t, 4.0 * H * Dh * (n * c + n * (n + 1.0) / 2.0),
-                             S * 2.0 * Hkv * Dh * (c + n), c=c, op=op))
-        elif op in ("input_layernorm", "post_layernorm", "rope", "act_fn"):
-            fam = {"rope": "rope", "act_fn": "act"}.get(op, "norm")
-            k, B = kernel_stacks.elementwise(stack, fam, n, d, H, Hkv, Dh, Fm)
-            out.append(_rows(key, fam, ekind, n, t, z, B, op=op, kernels=k))
-        # embedding and final_layernorm: outside the decoder layer, not priced as operators here
-    return pd.concat(out, ignore_index=True)
-
-
-def llmcompass_rows() -> pd.DataFrame:
-    """LLMCompass's A100 matmul / softmax / LayerNorm / GELU rows (``M`` plays the tokens).
-
-    Timed on the host (``time.time()`` around the call and ``torch.cuda.synchronize()``), so each
-    row carries a launch-and-synchronise overhead the kernel-timed sources do not: the fit gives
-    these rows their own intercept (``host_call_s``, reported, not a preset coefficient). A matmul
-    here is a generic ``M x K`` by ``K x N`` product: its bytes are all three operands,
-    ``s (M K + K N + M N)``, not a weight stream alone.
-    """
-    prof = llmcompass.load_operators()
-    key = "llmcompass-a100"
-    out = []
-    for op, g in prof.groupby("op", sort=False):
-        M = g["M"].to_numpy(np.float64)
-        t = g["seconds"].to_numpy()
-        if op == "matmul":
-            N, K = g["N"].to_numpy(np.float64), g["K"].to_numpy(np.float64)
-            out.append(_rows(key, "matmul", "gemm", M, t, 2.0 * M * N * K, S * (M * K + K * N + M * N),
-                             in_layer=False, host_timed=True, K=K, N=N))
-        else:
-            out.append(_rows(key, op, "elem", M, t, 0.0 * M, S * 2.0 * g["elements"].to_numpy(), in_layer=False,
-                             host_timed=True))
-    return pd.concat(out, ignore_index=True)
-
-
-PROFILES = {
-    "vidur-h100-llama-2-7b": lambda: vidur_rows("h100", "llama-2-7b"),
-    "llmservingsim-h100-llama-3.1-8b": lambda: llmservingsim_rows(1),
-    "llmservingsim-h100-llama-3.1-8b@hf-eager": lambda: llmservingsim_rows(1, "hf-eager"),
-    "vidur-h100-codellama-34b": lambda: vidur_rows("h100", "codellama-34b"),
-    "vidur-h100-internlm-20b": lambda: vidur_rows("h100", "internlm-20b"),
-    "vidur-a100-llama-2-7b": lambda: vidur_rows("a100", "llama-2-7b"),
-    "vidur-a100-llama-3-8b": lambda: vidur_rows("a100", "llama-3-8b"),
-    "llmcompass-a100": llmcompass_rows,
-}
-
-
-def source_of(profile: str) -> dict:
-    """Repository, path(s), commit and license of a profile (what a preset lists)."""
-    if profile.startswith("vidur-"):
-        _, dev, model = profile.split("-", 2)
-        f, path, commit = vidur.MLP_FILES[(dev, model)]
-        return {"repo": vidur.REPO, "path": path, "commit": commit, "license": "MIT",
-                "shipped": f"calibrate/data/vidur/{f}"}
-    if profile.startswith("llmservingsim-"):
-        f, path = llmservingsim.FILES[1]
-        return {"repo": llmservingsim.REPO, "path": path, "commit": llmservingsim.COMMIT, "license": "MIT",
-                "shipped": f"calibrate/data/llmservingsim/{f}"}
-    if profile == "llmcompass-a100":
-        return {"repo": llmcompass.REPO, "path": "ae/figure5/{ab,cf,de,g}/real_hardware/*_A100.csv",
-                "commit": llmcompass.COMMIT, "license": "BSD-3-Clause", "shipped": "calibrate/data/llmcompass/"}
-    raise KeyError(profile)
 
 
 # ----------------------------------------------------------------------------- the model and the fit
@@ -403,7 +227,7 @@ PRESETS = {
     # preset -> (profiles fitted, kinds held out of the fit, device words, fitted_range.dtypes enforced)
     # h100-sxm does not enforce its dtypes: as a datasheet preset it priced float32 models (the synthetic and
     # bundled traces' own models) at the 16-bit peak, and that use stays; 8-/4-bit dtypes are refused on
-    # every profile (sim.cost.profiles.HardwareProfile.check_dtype). a100-80gb enforced them before and still does.
+    # every profile (sim.cost.hardware.HardwareProfile.check_dtype). a100-80gb enforced them before and still does.
     "h100-sxm": (("vidur-h100-llama-2-7b", "llmservingsim-h100-llama-3.1-8b"), ("elem_unfused",),
                  "NVIDIA H100 (Vidur's 'h100'; LLMServingSim's 'H100')", False),
     "a100-80gb": (("vidur-a100-llama-2-7b", "vidur-a100-llama-3-8b", "llmcompass-a100"), ("elem_unfused",),
@@ -485,148 +309,6 @@ def run_all() -> dict:
     cache: dict = {}
     fits = {p: fit_preset(p, cache) for p in PRESETS}
     return _r4({"fits": fits, "cross_validation": cross_validate(cache)})
-
-
-# ----------------------------------------------------------------------------- writing
-FIT_MARK = "# Not on a datasheet"
-
-
-def _fmt(v: float | None, spec: str) -> str:
-    return "null" if v is None else format(v, spec)
-
-
-BAND_TABLE = {"h100-sxm": "h100", "a100-80gb": "a100"}   # the cross-validation table whose fits make a preset's band
-
-
-def band_fits(preset: str, cross: dict) -> list[dict]:
-    """The preset's device fitted on each public source alone (``cross_validate``'s fits of
-    :data:`BAND_TABLE`): the band every figure carries (``sim.cost.bands``). Coefficients a source
-    cannot fit (None) are left out: the central fit's value applies."""
-    out = []
-    for r in cross.get(BAND_TABLE.get(preset, ""), []):
-        out.append({"fit_on": r["fit_on"], **{k: v for k, v in r["coefficients"].items() if v is not None
-                                              and k != "host_call_s"}})
-    return out
-
-
-def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None = None) -> str:
-    """The preset's YAML: its datasheet header kept, everything from ``FIT_MARK`` on regenerated."""
-    import yaml
-
-    if FIT_MARK not in current_text:
-        raise ValueError(f"{preset}.yaml: no line starting {FIT_MARK!r} to regenerate from")
-    head = current_text[:current_text.index(FIT_MARK)]
-    k = fit["coefficients"]
-    srcs = fit["sources"]
-    names = ", ".join(s["profile"] for s in srcs)
-    att = ("fitted: attention's fraction of peak (prefill over an empty cache, LLMServingSim)"
-           if k["eff_att"] is not None else "not fitted: no source times attention; eff_c applies")
-    elem = ("fitted: fused element-wise kernels' fraction of mem_bw" if k["eff_elem"] is not None
-            else "not fitted: eff_m applies")
-    lines = [
-        f"{FIT_MARK}: fitted on public per-operator profiles ({names}) by",
-        "# `python -m calibrate.public_profiles --write` (calibrate/public_profiles.py); do not edit below by hand.",
-        f"eff_c: {_fmt(k['eff_c'], '.4f')}".ljust(26) + "# fitted: matrix products' fraction of peak_flops"
-        + (" within whole waves of tiles (sm_count)" if fit.get("sm_count") else ""),
-        f"eff_m: {_fmt(k['eff_m'], '.4f')}".ljust(26) + "# fitted: weight streams' fraction of mem_bw",
-        f"eff_elem: {_fmt(k['eff_elem'], '.4f')}".ljust(26) + f"# {elem}",
-        f"eff_att: {_fmt(k['eff_att'], '.4f')}".ljust(26) + f"# {att}",
-        f"eff_kv: {_fmt(k['eff_kv'], '.4f')}".ljust(26)
-        + "# not fitted: no source times attention over cached tokens (decode KV reads); eff_m applies",
-        f"per_kernel_s: {_fmt(k['per_kernel_s'], '.3e')}".ljust(26) + "# fitted: the per-operator intercept",
-        "per_layer_s: 0.0".ljust(26) + "# assumption: no per-layer cost beyond its kernels",
-        "roofline: operator".ljust(26) + "# the form fitted: each operator its own roofline, element-wise kernels charged",
-        "calibrated: false".ljust(26) + "# not end to end on this device: see calibration_status",
-        "calibration_status: public-profiles",
-    ]
-    fr = {"device": fit["device"]}
-    if fit["enforce_dtypes"]:
-        fr["dtypes"] = ["float16", "bfloat16"]
-        why = "measured in float16; bf16 runs at fp16's tensor-core peak (datasheet)"
-    else:
-        why = "measured in float16; dtypes not enforced (float32 priced at the 16-bit peak, as before; 8-/4-bit refused)"
-    fr["max_new_tokens"] = fit["max_tokens"]
-    lines.append("fitted_range: " + json.dumps(fr) + f"   # {why}; no model restriction: see docs/calibration.md")
-    rows = " + ".join(f"{s['rows_used']:,}" for s in srcs)
-    att_note = ("prefill attention from LLMServingSim (HF SDPA)" if k["eff_att"] is not None
-                else "attention not in any source")
-    block = {
-        "calibration_note": (f"fitted on public per-operator profiles ({names}; {rows} operator rows, float16, "
-                             f"1-{fit['max_tokens']} tokens); {att_note}; decode KV reads not measured; host time "
-                             "per step and front-end time priced apart (host_step, frontend); not end to end"),
-        "reference": {
-            "sources": [{k2: s[k2] for k2 in ("profile", "repo", "path", "commit", "license", "shipped", "rows_used",
-                                              "rows_held_out", "operators_used", "tokens")} for s in srcs],
-            "rows": fit["rows"],
-            "residuals_median_abs_by_profile": {p: {f: v["median_abs"] for f, v in r["by_family"].items()}
-                                                for p, r in fit["residuals"].items()},
-            "layer_sum_median_abs_by_profile": {p: r["layer"]["median_abs"] for p, r in fit["residuals"].items()
-                                                if "layer" in r},
-            "details": "calibrate/data/public-profiles-fit.json",
-        },
-    }
-    band = band_fits(preset, cross or {})
-    if band:
-        # each public source fitted alone: every figure is priced with these too, as its low-high band
-        block["band_fits"] = band
-    return head + "\n".join(lines) + "\n" + yaml.safe_dump(block, sort_keys=False, width=100)
-
-
-def _preset_path(preset: str) -> Path:
-    from sim.cost.profiles import PRESET_DIR
-
-    return PRESET_DIR / "hardware" / f"{preset}.yaml"
-
-
-def outputs(res: dict) -> dict[Path, str]:
-    """Every file the fit writes, path -> text."""
-    out = {FIT_JSON: json.dumps(res, indent=1, sort_keys=False) + "\n"}
-    for p, fit in res["fits"].items():
-        path = _preset_path(p)
-        out[path] = render_preset(p, fit, path.read_text(), res["cross_validation"])
-    return out
-
-
-# ----------------------------------------------------------------------------- doc tables
-def _pct(x) -> str:
-    return "—" if x is None else f"{100 * x:+.1f}%"
-
-
-def _apct(x) -> str:
-    return "—" if x is None else f"{100 * x:.1f}%"
-
-
-def crossval_markdown(cv: dict) -> str:
-    """The cross-validation tables docs/calibration.md quotes (one per device)."""
-    parts = []
-    for dev, pairs in cv.items():
-        fams = [f for f in FAMILY_ORDER if any(f in p["held_out"]["by_family"] for p in pairs)]
-        hdr = ("| fit on → predict | tokens | " + " | ".join(fams)
-               + " | layer sum | layer: families both time | layer: GEMM + attention | layer: GEMM |")
-        sep = "| --- " * (len(fams) + 6) + "|"
-        lines = [f"{dev.upper()} (median signed error per operator family; layer sums: median / p90 of |error|)", "",
-                 hdr, sep]
-        for p in pairs:
-            h = p["held_out"]
-            cells = [_pct(h["by_family"][f]["median"]) if f in h["by_family"] else "—" for f in fams]
-            lay = [f"{_apct(h[g]['median_abs'])} / {_apct(h[g]['p90_abs'])}" if g in h else "—" for g in
-                   ("layer", "layer_shared", "layer_gemm_attention", "layer_gemm")]
-            lines.append(f"| {p['fit_on']} → {p['predict']} | {h['tokens'][0]}–{h['tokens'][1]} | "
-                         + " | ".join(cells) + " | " + " | ".join(lay) + " |")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
-
-
-def fits_markdown(fits: dict) -> str:
-    """The fitted coefficients table docs/calibration.md quotes."""
-    lines = ["| preset | rows | eff_c | eff_m | eff_elem | eff_att | eff_kv | per_kernel_s | layer sum median abs error |",
-             "| --- " * 9 + "|"]
-    for p, f in fits.items():
-        k = f["coefficients"]
-        lay = ", ".join(f"{q}: {_apct(r['layer']['median_abs'])}" for q, r in f["residuals"].items() if "layer" in r)
-        lines.append(f"| `{p}` | {f['rows']:,} | " + " | ".join(_fmt(k[c], ".3f") for c in COEFS[:5])
-                     + f" | {k['per_kernel_s'] * 1e6:.2f} µs | {lay} |")
-    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

@@ -149,7 +149,7 @@ def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto"
     # ... and the host: a run measured here against a profile fitted on another host is refused
     host = {"hardware_calibrated": bool(hw.calibrated), "host_match": None, "host_note": ""}
     if run.get("fingerprint"):
-        from calibrate.serve import check_host
+        from calibrate.serve_config import check_host
         host = check_host(str(hw_path), run["fingerprint"], allow_other_host=allow_other_host)
     _, _, used, clock_note = select_clock(phases, dec, clock, run.get("device", "cpu"))
     col = "cpu_seconds" if used == "cpu" else "seconds"

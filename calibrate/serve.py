@@ -50,266 +50,16 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from calibrate.serve_config import ServeConfig, check_host, profile_host_fields
+from calibrate.serve_workload import ClosedLoop, Request, build_requests, check_capacity
 from sim.serving.kvshare import shared_tokens
 
 SUMMARY_FILE = "serve.json"
-CLOCKS = ("cpu", "wall")
-from sim.serving.scheduler import POLICIES as SCHEDULERS  # noqa: E402  (one list of scheduler names)
-
-
-@dataclass
-class ServeConfig:
-    """Everything that decides a ``calibrate serve`` run (recorded in ``serve.json``)."""
-
-    problems: int = 3
-    capacity_tokens: int = 512          # KV capacity of the run, in tokens (rounded down to whole blocks)
-    concurrency: int = 2                # closed-loop users
-    branches: int = 2                   # requests per problem (the multi-branch workload)
-    max_new_tokens: int = 32
-    block_size: int = 16                # vLLM's default block size
-    max_num_seqs: int = 256             # vLLM V1 defaults (scheduler config)
-    max_num_batched_tokens: int = 2048
-    scheduler: str = "vllm-v1"          # or prefill-first
-    block_policy: str = "lru"           # eviction order of the freed (cached) blocks
-    prefix_caching: bool = True
-    hardware: str = "local-cpu"         # profile the replay prices iterations with
-    clock: str | None = None            # clock the errors use; None: cpu on a 1-thread CPU run, else wall
-    model: str = "smollm2-135m"
-    model_preset: str | None = None     # sim model preset of the replay (default: --model, a preset name)
-    device: str = "cpu"
-    dtype: str = ""                     # the run's torch dtype (set from the loaded model): the replay prices it
-    seed: int = 0
-    threads: int | None = 1
-    dataset: str = "gsm8k"
-    layout: str = "hint-suffix"         # branches share all but the last segment: prefix-cache hits
-    temperature: float = 0.7
-    top_p: float = 0.95
-    warmup: bool = True
-    allow_other_host: bool = False      # price with a profile fitted on another host (the result says so)
-    allow_extrapolation: bool = False   # price iterations outside the profile's fitted range (marked)
-
-    def __post_init__(self) -> None:
-        for f in ("problems", "capacity_tokens", "concurrency", "branches", "max_new_tokens", "block_size",
-                  "max_num_seqs", "max_num_batched_tokens"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"--{f.replace('_', '-')}: must be a positive integer, got {v!r}")
-        if self.capacity_tokens < self.block_size:
-            raise ValueError(f"--capacity-tokens: {self.capacity_tokens} is less than one block "
-                             f"(--block-size {self.block_size})")
-        if self.clock is None:
-            self.clock = "cpu" if self.device == "cpu" and self.threads == 1 else "wall"
-        if self.clock not in CLOCKS:
-            raise ValueError(f"--clock: {self.clock!r} is not one of {', '.join(CLOCKS)}")
-        if self.clock == "cpu" and self.device != "cpu":
-            raise ValueError(f"--clock: cpu (the thread's CPU time) does not see work on {self.device}; use wall")
-        if self.clock == "cpu" and self.threads != 1:
-            raise ValueError("--clock: cpu is this thread's CPU time and misses torch's other intra-op threads; "
-                             "use --threads 1 or --clock wall")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"--threads: must be >= 1, got {self.threads}")
-        if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"--scheduler: {self.scheduler!r} is not one of {', '.join(SCHEDULERS)}")
-        if self.temperature < 0:
-            raise ValueError(f"--temperature: must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"--top-p: must be in (0, 1], got {self.top_p}")
-
-    def validate_targets(self) -> None:
-        """Names that would otherwise fail after the model loaded: layout, block policy, replay presets."""
-        from sim.cost.profiles import load_hardware, load_model
-        from traces.workload import LAYOUTS
-
-        from calibrate.serve_sched import block_policy
-
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"--layout: {self.layout!r} is not one of {', '.join(LAYOUTS)}")
-        block_policy(self.block_policy)
-        try:
-            load_hardware(self.hardware)
-        except ValueError as exc:
-            raise ValueError(f"--hardware: {exc}") from None
-        try:
-            load_model(self.model_preset or self.model)
-        except ValueError as exc:
-            raise ValueError(f"--model: the replay needs a sim model preset of the same name ({exc})") from None
-
-    @property
-    def num_blocks(self) -> int:
-        return self.capacity_tokens // self.block_size
-
-    @classmethod
-    def from_args(cls, a) -> "ServeConfig":
-        """From the CLI namespace; numeric flags arrive as text so a bad value is one line naming its flag."""
-        kw = {}
-        for f in dataclasses.fields(cls):
-            v = getattr(a, f.name, None)
-            if v is None:
-                continue
-            flag = "--" + f.name.replace("_", "-")
-            if f.type in ("int", "int | None"):
-                v = _int_flag(flag, v)
-            elif f.type == "float":
-                v = _float_flag(flag, v)
-            kw[f.name] = v
-        if getattr(a, "no_prefix_caching", False):
-            kw["prefix_caching"] = False
-        if kw.get("scheduler") is not None and kw["scheduler"] not in SCHEDULERS:
-            raise ValueError(f"--scheduler: {kw['scheduler']!r} is not one of {', '.join(SCHEDULERS)}")
-        return cls(**kw)
-
-
-def check_host(hardware: str, fp: dict, allow_other_host: bool = False) -> dict:
-    """Refuse to compare a run on this host with a profile fitted on another (naming the difference).
-
-    ``calibrate serve`` and ``calibrate report`` measure this host: a profile from another host
-    can only disagree with it. ``allow_other_host``: go on; the result carries the one-line note
-    and ``hardware_calibrated: false``. Returns :func:`sim.cost.fingerprint.profile_host_status`.
-    """
-    from sim.cost.fingerprint import profile_host_status
-    from sim.errors import OutOfCalibrationError
-    from sim.cost.profiles import load_hardware
-
-    hw = load_hardware(hardware)
-    st = profile_host_status(hw, fp)
-    if st["host_match"] is False and not allow_other_host:
-        raise OutOfCalibrationError(
-            f"--hardware {hardware}: fitted on another host ({'; '.join(st['host_differences'])}); this run "
-            f"measures this one (fit it: rksim calibrate host; or --allow-other-host to compare anyway)")
-    return st
-
-
-def _host_fields(hardware: str, fp: dict) -> dict:
-    from sim.cost.fingerprint import host_fields
-    from sim.cost.profiles import load_hardware
-    return host_fields(load_hardware(hardware), current=fp)
-
-
-def _int_flag(flag: str, v) -> int:
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-        return int(v)
-    try:
-        return int(str(v).strip())
-    except ValueError:
-        raise ValueError(f"{flag}: must be an integer, got {v!r}") from None
-
-
-def _float_flag(flag: str, v) -> float:
-    try:
-        x = float(str(v).strip())
-    except ValueError:
-        raise ValueError(f"{flag}: must be a number, got {v!r}") from None
-    if not np.isfinite(x):
-        raise ValueError(f"{flag}: must be finite, got {v!r}")
-    return x
-
-
-# --------------------------------------------------------------------------- requests
-@dataclass
-class Request:
-    """One branch of one problem: a sequence the scheduler serves."""
-
-    rid: int
-    problem: int          # position in the run (0..problems-1)
-    problem_index: int    # row in the dataset
-    branch: int
-    user: int
-    prompt: list[int]
-    max_new: int
-    out: list[int] = field(default_factory=list)
-    arrival_iter: int = -1   # submitted before this iteration was scheduled
-    first_iter: int = -1     # iteration that sampled its first token
-    finish_iter: int = -1    # iteration that sampled its last token
-    preempted: int = 0
-    gen: object = None       # torch.Generator (real run)
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.out
-
-
-def closed_loop_users(n_problems: int, concurrency: int) -> list[list[int]]:
-    """User ``u`` submits problems ``u, u + K, u + 2K, ...`` one after the other (K = concurrency)."""
-    return [list(range(u, n_problems, concurrency)) for u in range(min(concurrency, n_problems))]
-
-
-class ClosedLoop:
-    """Arrivals of a closed loop, in iteration space (the real run's; the replay's are ``sim.serving.engine``'s).
-
-    At the start every user submits its first problem, in user order; when a
-    problem's last branch finishes in iteration ``i``, its user's next problem
-    is submitted before iteration ``i + 1`` is scheduled, users in the order
-    their problems finished, branches in branch order — what ``sim.serving.engine``'s
-    closed-loop users do. It decides *when requests exist*, not how they are
-    scheduled.
-    """
-
-    def __init__(self, requests: list[Request], concurrency: int):
-        self.by_problem: dict[int, list[Request]] = {}
-        for r in requests:
-            self.by_problem.setdefault(r.problem, []).append(r)
-        n = len(self.by_problem)
-        self.queue = {u: list(ps) for u, ps in enumerate(closed_loop_users(n, concurrency))}
-        self.left = {p: len(rs) for p, rs in self.by_problem.items()}
-
-    def first(self) -> list[Request]:
-        out = []
-        for u in sorted(self.queue):
-            if self.queue[u]:
-                out.extend(self.by_problem[self.queue[u].pop(0)])
-        return out
-
-    def finished(self, reqs: list[Request]) -> list[Request]:
-        """Requests submitted after these finished (their problems' users' next problems).
-
-        ``reqs`` in the order the scheduler finished them; users whose problems were
-        answered in the same iteration submit in that order (as ``sim.serving.engine``'s users do).
-        """
-        out = []
-        for r in reqs:
-            self.left[r.problem] -= 1
-            if self.left[r.problem] == 0:
-                u = self.by_problem[r.problem][0].user
-                if self.queue[u]:
-                    out.extend(self.by_problem[self.queue[u].pop(0)])
-        return out
-
-
-def build_requests(lm, cfg: ServeConfig) -> list[Request]:
-    """The branch prompts of the first ``cfg.problems`` problems, as requests (rid = problem * B + branch)."""
-    from traces import capture_ops as CO
-    from traces.capture import STREAM_BRANCH
-    from traces.datasets import load_dataset
-    from traces.workload import WorkloadConfig, build_prompts
-
-    problems = load_dataset(cfg.dataset, limit=cfg.problems)
-    wcfg = WorkloadConfig(layout=cfg.layout, n_branches=cfg.branches, seed=cfg.seed)
-    users = closed_loop_users(len(problems), cfg.concurrency)
-    user_of = {p: u for u, ps in enumerate(users) for p in ps}
-    reqs = []
-    for j, p in enumerate(problems):
-        pp = build_prompts(lm.tokenizer, p.prompt_text(), p.answer_kind, wcfg, p.index)
-        for b, br in enumerate(pp.branches):
-            reqs.append(Request(rid=j * cfg.branches + b, problem=j, problem_index=int(p.index), branch=b,
-                                user=user_of[j], prompt=[int(t) for t in br.prompt_ids], max_new=cfg.max_new_tokens,
-                                gen=CO.make_generator(lm, CO.seed_for(cfg.seed, p.index, b, STREAM_BRANCH))))
-    return reqs
-
-
-def check_capacity(cfg: ServeConfig, reqs: list[Request]) -> None:
-    """Every request must fit alone (vLLM refuses a request longer than its KV cache, too)."""
-    cap = cfg.num_blocks * cfg.block_size
-    need = max(len(r.prompt) + r.max_new for r in reqs)
-    if need > cap:
-        raise ValueError(f"--capacity-tokens: {cfg.capacity_tokens} ({cfg.num_blocks} blocks of {cfg.block_size}) "
-                         f"cannot hold one request of {need} tokens (prompt + --max-new-tokens); use at least "
-                         f"{-(-need // cfg.block_size) * cfg.block_size}")
 
 
 # --------------------------------------------------------------------------- the real loop
@@ -590,7 +340,7 @@ def rescore(run_dir: Path, hardware: str | None = None, clock: str | None = None
     host = {}
     if saved.get("fingerprint"):   # the run's host against the profile's: refused when they differ
         check_host(cfg.hardware, saved["fingerprint"], allow_other_host=cfg.allow_other_host)
-        host = _host_fields(cfg.hardware, saved["fingerprint"])
+        host = profile_host_fields(cfg.hardware, saved["fingerprint"])
     sim_rows, sim_req, info = replay(cfg, rq)
     return {**compare(rows, sim_rows, rq.merge(sim_req, on="rid"), cfg.clock), "hardware": info["hardware"],
             "hardware_source": info["hardware_source"], "clock": cfg.clock, **host,
@@ -664,7 +414,7 @@ def run_serve(cfg: ServeConfig, out: Path | None = None, progress: bool = True, 
         "makespan_wall_s": float(rows["wall_s"].sum()), "makespan_cpu_s": float(rows["cpu_s"].sum()),
         "sched_wall_s": float(rows["sched_wall_s"].sum()), "loop_wall_s": float(loop_wall),
         "sim": sim_info,
-        **_host_fields(cfg.hardware, fp),
+        **profile_host_fields(cfg.hardware, fp),
         "config": dataclasses.asdict(cfg),
         "model": lm.info(), "device": str(lm.device), "threads": torch.get_num_threads(),
         "fingerprint": fp,

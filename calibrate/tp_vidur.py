@@ -4,7 +4,7 @@ Vidur's profile (``calibrate/data/vidur/a100-meta-llama-3-8b-mlp.csv``) times th
 one tensor-parallel rank at ``num_tensor_parallel_workers`` = 1, 2, 4, 8 (each rank's shard; the
 all-reduces are not in it, they are the network profile's). ``a100-80gb``'s coefficients were fitted on
 tensor-parallel-1 rows only (:mod:`calibrate.public_profiles`). Here the same operator terms
-(:func:`calibrate.public_profiles.vidur_rows` at the rank's shape: ``H / TP`` query heads,
+(:func:`calibrate.public_rows.vidur_rows` at the rank's shape: ``H / TP`` query heads,
 ``max(1, Hkv / TP)`` KV heads, ``F / TP`` MLP width) and the preset's per-operator roofline
 (:func:`calibrate.public_profiles.predict`) price every measured ``num_tokens`` and TP::
 
@@ -24,7 +24,8 @@ import sys
 import numpy as np
 
 from . import vidur
-from .public_profiles import Coefs, evaluate, layer_sums, predict, vidur_rows
+from .public_profiles import Coefs, evaluate, layer_sums, predict
+from .public_rows import vidur_rows
 
 OUT = vidur.DATA / "tp-prediction.json"
 TP_SIZES = (1, 2, 4, 8)

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 from tiny_hf import tiny_llama  # noqa: E402
 
 from calibrate import serve as S  # noqa: E402
+from calibrate import serve_workload as W  # noqa: E402
 from calibrate.serve_forward import Item, PagedKV, run_iteration  # noqa: E402
 
 SUMMARY_KEYS = {"scheduling_parity", "makespan_error", "throughput_error", "e2e_median_abs_pct_error",
@@ -75,14 +76,14 @@ def _tiny_requests(cfg, seed=0):
     """Problem j: a shared 16-token system prefix, then its own text; its branches differ in the last tokens."""
     rng = np.random.default_rng(seed)
     system = rng.integers(3, 300, 16).tolist()
-    users = S.closed_loop_users(cfg.problems, cfg.concurrency)
+    users = W.closed_loop_users(cfg.problems, cfg.concurrency)
     user_of = {p: u for u, ps in enumerate(users) for p in ps}
     reqs = []
     for j in range(cfg.problems):
         body = rng.integers(3, 300, 9 + 3 * j).tolist()
         for b in range(cfg.branches):
             tail = rng.integers(3, 300, 3).tolist()
-            reqs.append(S.Request(rid=j * cfg.branches + b, problem=j, problem_index=j, branch=b, user=user_of[j],
+            reqs.append(W.Request(rid=j * cfg.branches + b, problem=j, problem_index=j, branch=b, user=user_of[j],
                                   prompt=system + body + tail, max_new=cfg.max_new_tokens))
     return reqs
 
@@ -130,7 +131,7 @@ def test_tiny_loop_stop_token_ends_requests_early_and_replay_follows(tiny):
 def test_closed_loop_submits_next_problem_when_previous_answered():
     cfg = _tiny_cfg(problems=5, concurrency=2)
     reqs = _tiny_requests(cfg)
-    loop = S.ClosedLoop(reqs, cfg.concurrency)
+    loop = W.ClosedLoop(reqs, cfg.concurrency)
     first = loop.first()
     assert [(r.problem, r.branch) for r in first] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert loop.finished([first[0]]) == []                          # problem 0 still has a branch running
@@ -144,7 +145,7 @@ def test_closed_loop_submits_next_problem_when_previous_answered():
 def test_closed_loop_submits_each_problem_once_in_user_order(n, k, b, seed):
     cfg = _tiny_cfg(problems=n, concurrency=k, branches=b)
     reqs = _tiny_requests(cfg)
-    loop = S.ClosedLoop(reqs, k)
+    loop = W.ClosedLoop(reqs, k)
     live = loop.first()
     submitted = [r.problem for r in live]
     rng = np.random.default_rng(seed)
@@ -155,7 +156,7 @@ def test_closed_loop_submits_each_problem_once_in_user_order(n, k, b, seed):
         live += new
         assert len({r.problem for r in live}) <= k
     assert sorted(submitted) == sorted(p for p in range(n) for _ in range(b))
-    for u, ps in enumerate(S.closed_loop_users(n, k)):
+    for u, ps in enumerate(W.closed_loop_users(n, k)):
         assert [p for p in dict.fromkeys(submitted) if p % k == u] == ps
 
 

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 from tiny_hf import tiny_llama  # noqa: E402
 
 from calibrate import serve as S  # noqa: E402
+from calibrate import serve_workload as W  # noqa: E402
 from calibrate import vllm_bench as vb  # noqa: E402
 from sim.cost.model_shape import ModelShape  # noqa: E402
 from sim.cost.profiles import load_hardware
@@ -28,9 +29,9 @@ def test_a_real_cpu_serving_run_is_read_placed_and_fitted(tmp_path):
                         temperature=0.0, model_preset="smollm2-135m", hardware="local-cpu", warmup=False,
                         prefix_caching=False, max_num_batched_tokens=32)
     rng = np.random.default_rng(0)
-    users = S.closed_loop_users(cfg.problems, cfg.concurrency)
+    users = W.closed_loop_users(cfg.problems, cfg.concurrency)
     user_of = {p: u for u, ps in enumerate(users) for p in ps}
-    reqs = [S.Request(rid=j * 2 + b, problem=j, problem_index=j, branch=b, user=user_of[j],
+    reqs = [W.Request(rid=j * 2 + b, problem=j, problem_index=j, branch=b, user=user_of[j],
                       prompt=rng.integers(3, 300, 10 + 7 * j + b).tolist(), max_new=cfg.max_new_tokens)
             for j in range(cfg.problems) for b in range(2)]
     rows, rq, *_ = S.serve_requests(tiny, cfg, reqs, stop=[])

@@ -323,7 +323,7 @@ def test_committed_inputs_recreate_the_shipped_local_cpu(tmp_path, monkeypatch):
 def test_calibrate_serve_and_report_refuse_a_profile_of_another_host():
     """``calibrate serve`` / ``report`` measure this host: a profile fitted on another is refused, naming the
     difference; ``--allow-other-host`` goes on and says the prices are not this machine's."""
-    from calibrate.serve import check_host
+    from calibrate.serve_config import check_host
     from sim.cost.profiles import load_hardware
 
     recorded = load_hardware("local-cpu").fingerprint

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from calibrate import llmcompass, llmservingsim, public_profiles as pp, vidur
+from calibrate import public_render as prd, public_rows as pr
 from sim.cost.hardware import HardwareProfile
 from sim.errors import OutOfCalibrationError, PresetError
 from sim.cost.profiles import load_hardware, load_model, model_from_manifest
@@ -63,15 +64,15 @@ def _synthetic_rows(truth: pp.Coefs, peak: float, bw: float, kv: bool, seed: int
     """Operator rows of two shapes at 1..8192 tokens timed by ``truth`` (1% lognormal noise)."""
     n = np.unique(np.round(np.geomspace(1, 8192, 60)))
     parts = []
-    for key, m in (("a", pp.LLAMA_2_7B), ("b", pp.LLAMA_3_8B)):
-        parts += [pp._gemm(key, "qkv", n, 0 * n, m.d, (m.H + 2 * m.Hkv) * m.Dh),
-                  pp._gemm(key, "down", n, 0 * n, m.F, m.d),
-                  pp._rows(key, "norm", "elem", n, 0 * n, 0 * n, pp.S * (2 * n * m.d + m.d)),
-                  pp._rows(key, "act", "elem", n, 0 * n, 0 * n, pp.S * 3 * n * m.F)]
+    for key, m in (("a", pr.LLAMA_2_7B), ("b", pr.LLAMA_3_8B)):
+        parts += [pr.gemm_rows(key, "qkv", n, 0 * n, m.d, (m.H + 2 * m.Hkv) * m.Dh),
+                  pr.gemm_rows(key, "down", n, 0 * n, m.F, m.d),
+                  pr.op_rows(key, "norm", "elem", n, 0 * n, 0 * n, pr.S * (2 * n * m.d + m.d)),
+                  pr.op_rows(key, "act", "elem", n, 0 * n, 0 * n, pr.S * 3 * n * m.F)]
         c = np.where(np.arange(n.size) % 2, 4096.0, 0.0) if kv else 0.0 * n
         nq = np.where(c > 0, np.maximum(n // 64, 1), n)  # decode-like rows: few queries over a long cache
-        parts.append(pp._rows(key, "attention", "attn", nq, 0 * nq, 4.0 * m.H * m.Dh * (nq * c + nq * (nq + 1) / 2),
-                              pp.S * 2.0 * m.Hkv * m.Dh * (c + nq), c=c))
+        parts.append(pr.op_rows(key, "attention", "attn", nq, 0 * nq, 4.0 * m.H * m.Dh * (nq * c + nq * (nq + 1) / 2),
+                              pr.S * 2.0 * m.Hkv * m.Dh * (c + nq), c=c))
     rows = pd.concat(parts, ignore_index=True)
     rng = np.random.default_rng(seed)
     rows["seconds"] = pp.predict(rows, truth, peak, bw, sms) * np.exp(rng.normal(0.0, 0.01, len(rows)))
@@ -119,14 +120,14 @@ def test_simulator_prices_a_layer_as_the_fit_prices_its_rows():
     from sim.cost.gemm import layer_gemms
     from sim.cost.model_shape import ModelShape
 
-    sh = pp.LLAMA_3_8B
+    sh = pr.LLAMA_3_8B
     m = ModelShape("one-layer", 1, sh.d, sh.H, sh.Hkv, sh.Dh, sh.F, sh.V, 2, False)
     base = load_hardware("h100-sxm")
     assert base.sm_count == 132
     for hw in (base, dataclasses.replace(base, sm_count=None)):
         k = pp.Coefs(hw.eff_c, hw.eff_m, hw.eff_elem, hw.eff_att, hw.eff_kv, 0.0)
         for n in (1.0, 48.0, 100.0, 333.0, 2048.0):
-            rows = pd.concat([pp._gemm("x", f, [n], [1.0], K, N) for f, (K, N) in
+            rows = pd.concat([pr.gemm_rows("x", f, [n], [1.0], K, N) for f, (K, N) in
                               zip(("qkv", "o", "gate_up", "down"), layer_gemms(m))], ignore_index=True)
             fit_s = pp.predict(rows, k, hw.peak_flops, hw.mem_bw, hw.sm_count).sum() + 2 * 2.0 * m.hidden_size / (
                 hw.mem_bw * hw.eff_m)  # the two norm weights' stream, which no fit row times
@@ -154,7 +155,7 @@ def test_fit_leaves_unconstrained_coefficients_null():
 
 def test_presets_and_json_are_recreated_byte_for_byte(capsys):
     assert pp.main(["--check"]) == 0, capsys.readouterr().err
-    res = json.loads(pp.FIT_JSON.read_text())
+    res = json.loads(prd.FIT_JSON.read_text())
     for preset, fit in res["fits"].items():
         hw = load_hardware(preset)
         k = fit["coefficients"]
@@ -170,30 +171,30 @@ def test_presets_and_json_are_recreated_byte_for_byte(capsys):
 
 
 def test_check_detects_a_preset_that_is_not_the_fit(tmp_path, monkeypatch, capsys):
-    res = json.loads(pp.FIT_JSON.read_text())
+    res = json.loads(prd.FIT_JSON.read_text())
     fit = res["fits"]["h100-sxm"]
-    text = pp._preset_path("h100-sxm").read_text()
+    text = prd.preset_path("h100-sxm").read_text()
     cross = res["cross_validation"]
-    assert pp.render_preset("h100-sxm", fit, text, cross) == text
+    assert prd.render_preset("h100-sxm", fit, text, cross) == text
     bad = dict(fit, coefficients={**fit["coefficients"], "eff_c": fit["coefficients"]["eff_c"] * 1.01})
-    assert pp.render_preset("h100-sxm", bad, text, cross) != text
-    assert pp.render_preset("h100-sxm", fit, text) != text       # the band (each source alone) is part of it
+    assert prd.render_preset("h100-sxm", bad, text, cross) != text
+    assert prd.render_preset("h100-sxm", fit, text) != text       # the band (each source alone) is part of it
     with pytest.raises(ValueError, match="no line starting '# Not on a datasheet'"):
-        pp.render_preset("h100-sxm", fit, "name: x\n")
+        prd.render_preset("h100-sxm", fit, "name: x\n")
 
 
 def test_docs_quote_the_cross_validation_json():
-    res = json.loads(pp.FIT_JSON.read_text())
+    res = json.loads(prd.FIT_JSON.read_text())
     doc = (ROOT / "docs" / "calibration.md").read_text()
-    assert pp.crossval_markdown(res["cross_validation"]) in doc
-    assert pp.fits_markdown(res["fits"]) in doc
+    assert prd.crossval_markdown(res["cross_validation"]) in doc
+    assert prd.fits_markdown(res["fits"]) in doc
     cv = res["cross_validation"]
     assert [(p["fit_on"], p["predict"]) for p in cv["h100"] + cv["a100"]] == list(pp.CROSS["h100"] + pp.CROSS["a100"])
     for p in cv["h100"] + cv["a100"]:
         h = p["held_out"]
         assert h["tokens"][0] == 1 and h["tokens"][1] <= pp.MAX_TOKENS_CV
         assert h["layer"]["rows"] == len(set(range(h["tokens"][0], h["tokens"][1] + 1))
-                                         & set(pp.PROFILES[p["predict"]]()["n"].astype(int)))
+                                         & set(pr.PROFILES[p["predict"]]()["n"].astype(int)))
 
 
 @pytest.mark.parametrize("preset", ["h100-sxm", "a100-80gb", "h200", "l4", "local-cpu"])
@@ -259,10 +260,10 @@ def test_kernel_stacks_count_the_hf_eager_chains_from_the_shape():
 
 
 def test_cross_validation_prices_each_stack_and_same_stack_pairs_exist():
-    res = json.loads(pp.FIT_JSON.read_text())["cross_validation"]
+    res = json.loads(prd.FIT_JSON.read_text())["cross_validation"]
     by = {(p["fit_on"], p["predict"]): p for t in res.values() for p in t}
     assert set(res) == set(pp.CROSS)
-    hf = pp.PROFILES["llmservingsim-h100-llama-3.1-8b@hf-eager"]()
+    hf = pr.PROFILES["llmservingsim-h100-llama-3.1-8b@hf-eager"]()
     el = hf[hf["family"].isin(["norm", "rope", "act"])]
     assert set(el["kind"]) == {"elem"} and sorted(el.groupby("family")["kernels"].first()) == [2.0, 8.0, 10.0]
     # the stack option moves the element-wise prediction, not the GEMMs: same fit, same GEMM errors

@@ -366,10 +366,8 @@ WINDOW = "the fast-forward window's steps share one state through closures; spli
 SIZE_EXCEPTIONS = {
     "sim/serving/fastforward.py": WINDOW,
     "sim/serving/fastforward.py::_run": WINDOW,
-    "calibrate/public_profiles.py": PENDING,
     "app/ui_backend.py": PENDING,
     "app/ui_pages/whatif.py::_whatif": PENDING,
-    "calibrate/serve.py": PENDING,
 }
 
 

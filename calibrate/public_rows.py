@@ -1,0 +1,188 @@
+"""Operator rows of the public per-operator profiles, with their cost-model terms.
+
+Every measured row is one operator (``n`` tokens through a ``K x N`` weight, an element-wise kernel,
+or attention over ``c`` cached tokens) with its flops ``F`` and bytes ``B`` as the cost model counts
+them (the formulas: :mod:`calibrate.public_profiles`). Sources: Vidur (:mod:`calibrate.vidur`),
+LLMServingSim (:mod:`calibrate.llmservingsim`), LLMCompass (:mod:`calibrate.llmcompass`); each
+profile's repository, commit and license: :func:`source_of`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from . import kernel_stacks, llmcompass, llmservingsim, vidur
+
+S = 2.0  # every source profiles float16
+LAYER_FAMILIES = ("qkv", "o", "gate_up", "down", "norm", "rope", "act", "add", "attention")
+FAMILY_ORDER = LAYER_FAMILIES + ("lm_head", "matmul", "softmax", "layernorm", "gelu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The model dimensions the operator terms need."""
+
+    name: str
+    d: int
+    H: int
+    Hkv: int
+    Dh: int
+    F: int
+    V: int
+
+
+LLAMA_2_7B = Shape("llama-2-7b", 4096, 32, 32, 128, 11008, 32000)
+LLAMA_3_8B = Shape("llama-3-8b", 4096, 32, 8, 128, 14336, 128256)  # Llama-3.1-8B has the same shape
+
+
+def _shape_from_vidur(attrs: dict, name: str) -> Shape:
+    s = attrs["shape"]
+    d, H = s["n_embd"], s["n_head"]
+    return Shape(name, d, H, s["n_kv_head"], d // H, s["n_expanded_embd"], s["vocab_size"])
+
+
+def op_rows(profile: str, family: str, kind: str, n, seconds, F, B, c=0, op=None, in_layer=True,
+          host_timed=False, kernels=1, K=0, N=0) -> pd.DataFrame:
+    n = np.asarray(n, dtype=np.float64)
+    bc = lambda v: np.broadcast_to(np.asarray(v, dtype=np.float64), n.shape)  # noqa: E731
+    return pd.DataFrame({"profile": profile, "op": op or family, "family": family, "kind": kind,
+                         "n": n, "c": np.broadcast_to(np.asarray(c, dtype=np.float64), n.shape),
+                         "seconds": np.asarray(seconds, dtype=np.float64),
+                         "F": np.broadcast_to(np.asarray(F, dtype=np.float64), n.shape),
+                         "B": np.broadcast_to(np.asarray(B, dtype=np.float64), n.shape), "in_layer": in_layer,
+                         "host_timed": host_timed, "kernels": float(kernels), "K": bc(K), "N": bc(N)})
+
+
+def gemm_rows(profile: str, family: str, n, seconds, K: int, N: int, **kw) -> pd.DataFrame:
+    """Rows of ``n`` tokens through a ``K x N`` weight: ``F = 2 n K N``, ``B = s K N`` (the weight stream)."""
+    n = np.asarray(n, dtype=np.float64)
+    return op_rows(profile, family, "gemm", n, seconds, 2.0 * n * K * N, S * K * N + 0.0 * n, K=K, N=N, **kw)
+
+
+def vidur_rows(device: str, model: str, tp: int = 1) -> pd.DataFrame:
+    """Operator rows of one Vidur ``mlp.csv`` at tensor parallel ``tp`` (the embedding gather left out).
+
+    At ``tp > 1`` each row times one rank's shard: the shape is the rank's, split as vLLM splits it
+    (:func:`sim.cost.parallel.kv_heads_per_rank`: ``H / TP`` query heads, ``max(1, Hkv / TP)`` KV heads,
+    ``F / TP`` MLP width; ``d`` whole).
+    """
+    prof = vidur.load_mlp(vidur.mlp_path(device, model), tp)
+    m = _shape_from_vidur(prof.attrs, model)
+    if tp > 1:
+        from sim.cost.parallel import kv_heads_per_rank
+        m = dataclasses.replace(m, H=m.H // tp, Hkv=kv_heads_per_rank(m.Hkv, tp), F=m.F // tp)
+    key = f"vidur-{device}-{model}" + (f"-tp{tp}" if tp > 1 else "")
+    d, H, Hkv, Dh, Fm = m.d, m.H, m.Hkv, m.Dh, m.F
+    out = []
+    for op, g in prof.groupby("op", sort=False):
+        n = g["num_tokens"].to_numpy(np.float64)
+        t = g["seconds"].to_numpy()
+        z = 0.0 * n
+        if op == "attn_pre_proj":
+            out.append(gemm_rows(key, "qkv", n, t, d, (H + 2 * Hkv) * Dh, op=op))
+        elif op == "attn_post_proj":
+            out.append(gemm_rows(key, "o", n, t, H * Dh, d, op=op))
+        elif op == "mlp_up_proj":
+            out.append(gemm_rows(key, "gate_up", n, t, d, 2 * Fm, op=op))
+        elif op == "mlp_down_proj":
+            out.append(gemm_rows(key, "down", n, t, Fm, d, op=op))
+        elif op in ("input_layernorm", "post_attention_layernorm", "attn_rope", "mlp_act"):
+            fam = {"attn_rope": "rope", "mlp_act": "act"}.get(op, "norm")
+            k, B = kernel_stacks.elementwise("vllm", fam, n, d, H, Hkv, Dh, Fm)
+            out.append(op_rows(key, fam, "elem", n, t, z, B, op=op, kernels=k))
+        elif op == "add":
+            out.append(op_rows(key, "add", "elem", n, t, z, S * 3 * n * d, op=op))
+    return pd.concat(out, ignore_index=True)
+
+
+def llmservingsim_rows(tp: int = 1, stack: str = "vllm") -> pd.DataFrame:
+    """Operator rows of LLMServingSim's H100 Llama-3.1-8B ``layers.csv`` (per-rank shapes at ``tp``).
+
+    ``stack`` prices its RMSNorm, RoPE and SiLU*up rows (:mod:`calibrate.kernel_stacks`):
+    ``"vllm"`` with one fused kernel's bytes each, kind ``elem_unfused`` (held out of the
+    presets' fit: the stack those rows ran is not the one the presets follow); ``"hf-eager"``
+    with the kernel count and bytes of the Hugging Face code that produced them, kind ``elem``
+    (fit rows like any other element-wise kernel).
+    """
+    prof = llmservingsim.load_layers(llmservingsim.layers_path(tp))
+    m = LLAMA_3_8B
+    d, H, Hkv, Dh, Fm, V = m.d, m.H // tp, m.Hkv // tp, m.Dh, m.F // tp, m.V // tp
+    key = "llmservingsim-h100-llama-3.1-8b" + ("" if tp == 1 else f"-tp{tp}") + ("" if stack == "vllm" else f"@{stack}")
+    ekind = "elem_unfused" if stack == "vllm" else "elem"
+    gem = {"q_proj": ("qkv", d, H * Dh), "k_proj": ("qkv", d, Hkv * Dh), "v_proj": ("qkv", d, Hkv * Dh),
+           "o_proj": ("o", H * Dh, d), "gate_proj": ("gate_up", d, Fm), "up_proj": ("gate_up", d, Fm),
+           "down_proj": ("down", Fm, d), "lm_head": ("lm_head", d, V)}
+    out = []
+    for op, g in prof.groupby("op", sort=False):
+        n = g["num_tokens"].to_numpy(np.float64)
+        c = g["kv_cache"].to_numpy(np.float64)
+        t = g["seconds"].to_numpy()
+        z = 0.0 * n
+        if op in gem:
+            fam, K, N = gem[op]
+            out.append(gemm_rows(key, fam, n, t, K, N, op=op, in_layer=op != "lm_head"))
+        elif op == "attn":
+            out.append(op_rows(key, "attention", "attn", n, t, 4.0 * H * Dh * (n * c + n * (n + 1.0) / 2.0),
+                             S * 2.0 * Hkv * Dh * (c + n), c=c, op=op))
+        elif op in ("input_layernorm", "post_layernorm", "rope", "act_fn"):
+            fam = {"rope": "rope", "act_fn": "act"}.get(op, "norm")
+            k, B = kernel_stacks.elementwise(stack, fam, n, d, H, Hkv, Dh, Fm)
+            out.append(op_rows(key, fam, ekind, n, t, z, B, op=op, kernels=k))
+        # embedding and final_layernorm: outside the decoder layer, not priced as operators here
+    return pd.concat(out, ignore_index=True)
+
+
+def llmcompass_rows() -> pd.DataFrame:
+    """LLMCompass's A100 matmul / softmax / LayerNorm / GELU rows (``M`` plays the tokens).
+
+    Timed on the host (``time.time()`` around the call and ``torch.cuda.synchronize()``), so each
+    row carries a launch-and-synchronise overhead the kernel-timed sources do not: the fit gives
+    these rows their own intercept (``host_call_s``, reported, not a preset coefficient). A matmul
+    here is a generic ``M x K`` by ``K x N`` product: its bytes are all three operands,
+    ``s (M K + K N + M N)``, not a weight stream alone.
+    """
+    prof = llmcompass.load_operators()
+    key = "llmcompass-a100"
+    out = []
+    for op, g in prof.groupby("op", sort=False):
+        M = g["M"].to_numpy(np.float64)
+        t = g["seconds"].to_numpy()
+        if op == "matmul":
+            N, K = g["N"].to_numpy(np.float64), g["K"].to_numpy(np.float64)
+            out.append(op_rows(key, "matmul", "gemm", M, t, 2.0 * M * N * K, S * (M * K + K * N + M * N),
+                             in_layer=False, host_timed=True, K=K, N=N))
+        else:
+            out.append(op_rows(key, op, "elem", M, t, 0.0 * M, S * 2.0 * g["elements"].to_numpy(), in_layer=False,
+                             host_timed=True))
+    return pd.concat(out, ignore_index=True)
+
+
+PROFILES = {
+    "vidur-h100-llama-2-7b": lambda: vidur_rows("h100", "llama-2-7b"),
+    "llmservingsim-h100-llama-3.1-8b": lambda: llmservingsim_rows(1),
+    "llmservingsim-h100-llama-3.1-8b@hf-eager": lambda: llmservingsim_rows(1, "hf-eager"),
+    "vidur-h100-codellama-34b": lambda: vidur_rows("h100", "codellama-34b"),
+    "vidur-h100-internlm-20b": lambda: vidur_rows("h100", "internlm-20b"),
+    "vidur-a100-llama-2-7b": lambda: vidur_rows("a100", "llama-2-7b"),
+    "vidur-a100-llama-3-8b": lambda: vidur_rows("a100", "llama-3-8b"),
+    "llmcompass-a100": llmcompass_rows,
+}
+
+
+def source_of(profile: str) -> dict:
+    """Repository, path(s), commit and license of a profile (what a preset lists)."""
+    if profile.startswith("vidur-"):
+        _, dev, model = profile.split("-", 2)
+        f, path, commit = vidur.MLP_FILES[(dev, model)]
+        return {"repo": vidur.REPO, "path": path, "commit": commit, "license": "MIT",
+                "shipped": f"calibrate/data/vidur/{f}"}
+    if profile.startswith("llmservingsim-"):
+        f, path = llmservingsim.FILES[1]
+        return {"repo": llmservingsim.REPO, "path": path, "commit": llmservingsim.COMMIT, "license": "MIT",
+                "shipped": f"calibrate/data/llmservingsim/{f}"}
+    if profile == "llmcompass-a100":
+        return {"repo": llmcompass.REPO, "path": "ae/figure5/{ab,cf,de,g}/real_hardware/*_A100.csv",
+                "commit": llmcompass.COMMIT, "license": "BSD-3-Clause", "shipped": "calibrate/data/llmcompass/"}
+    raise KeyError(profile)
