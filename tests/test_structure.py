@@ -366,7 +366,6 @@ WINDOW = "the fast-forward window's steps share one state through closures; spli
 SIZE_EXCEPTIONS = {
     "sim/serving/fastforward.py": WINDOW,
     "sim/serving/fastforward.py::_run": WINDOW,
-    "app/ui_backend.py": PENDING,
     "app/ui_pages/whatif.py::_whatif": PENDING,
 }
 

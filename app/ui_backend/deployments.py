@@ -1,0 +1,179 @@
+"""Deployments (TP, PP, replicas, router, SLO): plans, knees and the checks of a deployment."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from app.ui_backend.simulation import serving_kwargs
+
+
+# ------------------------------------------------------------------ deployments (TP, PP, replicas, router, SLO)
+# The deployment keywords of sim.api.simulate; ``serving_kwargs`` routes them there like the serving options.
+DEPLOYMENT_OPTIONS = ("node", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "router", "slo")
+REPLICA_KEYS = ("problems", "throughput_tokens_per_s", "throughput_problems_per_s", "goodput_problems_per_s",
+                "slo_attainment", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
+                "prefix_hit_rate", "preemptions", "gpu_utilisation")
+
+
+def node_presets() -> list[str]:
+    from sim.cost.profiles import list_presets
+
+    return list_presets("nodes")
+
+
+def routers() -> tuple[str, ...]:
+    from sim.serving.router import ROUTERS
+
+    return tuple(ROUTERS)
+
+
+def tp_sizes() -> tuple[int, ...]:
+    from sim.cost.parallel import TP_SIZES
+
+    return tuple(TP_SIZES)
+
+
+def slo_text(ttft=None, tpot=None, e2e=None) -> str | None:
+    """``"ttft=0.5,e2e=10"`` from the stated SLOs (seconds; None = not stated), None when none is."""
+    parts = [f"{k}={v:g}" for k, v in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e)) if v is not None]
+    return ",".join(parts) or None
+
+
+def error_field(exc: BaseException) -> str | None:
+    """The option a simulator error names (``sim.errors.ConfigError.field``), None when it names none."""
+    return getattr(exc, "field", None)
+
+
+def per_replica(summary: dict) -> pd.DataFrame:
+    """One row per replica and a ``total`` row: throughput, goodput, TTFT/TPOT/E2E p50/p99, hit rate, ..."""
+    reps = summary.get("per_replica") or []
+    rows = [{"replica": str(r.get("replica", i)), **{k: r.get(k) for k in REPLICA_KEYS}} for i, r in enumerate(reps)]
+    total = {"replica": "total", **{k: summary.get(k) for k in REPLICA_KEYS}}
+    total["problems"] = sum(int(r.get("problems") or 0) for r in reps) if reps else None
+    return pd.DataFrame(rows + [total]).set_index("replica")
+
+
+def read_plan(path: str) -> tuple[pd.DataFrame, dict]:
+    from sim.search.planner import read_plan as _rp
+
+    return _rp(path)
+
+
+def plan_figure(df: pd.DataFrame, meta: dict, x: str, y: str):
+    from app.frontier_plot import plan_figure as _pf
+    from sim.search.planner import plan_axes
+
+    xc, yc = plan_axes(df, x, y)
+    fig, curves = _pf(df, meta, xc, yc)
+    return fig, curves, xc, yc
+
+
+def plan_frontier(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    from sim.search.planner import plan_frontiers
+
+    return plan_frontiers(df, x, y)[0]
+
+
+SMALL_PLAN_MAX = 24  # deployments a plan started from the page may have (the CLI has no such cap)
+
+
+def run_small_plan(trace: str, model: str, node: str, gpus: int, policies: tuple[str, ...], tp: tuple[int, ...],
+                   pp: tuple[int, ...], router: str, slo: str | None, arrival_rate: float | None, concurrency: int,
+                   n_requests: int | None, seed: int = 0) -> tuple[pd.DataFrame, dict]:
+    """``rksim plan`` from the page: the same deployments, tasks and frontier (local backend, in memory), at most
+    :data:`SMALL_PLAN_MAX` deployments; returns the table (``on_frontier`` marked) and the plan's metadata."""
+    from sim.workload.decisions import make_config
+    from sim.serving.goodput import SLO
+    from sim.cost.parallel import load_node
+    from sim.search.planner import deployments, frontier, run_plan
+    from sim.cost.profiles import load_hardware, load_model
+
+    spec = SLO.parse(slo)
+    for pol in policies:
+        try:
+            make_config(pol, {}, None)
+        except ValueError as exc:
+            raise ValueError(f"--policies: {exc}") from None
+    m = load_model(model)
+    nd = load_node(node)
+    hw = load_hardware(nd.gpu)
+    deps = list(deployments(m, hw, nd, int(gpus), list(policies), tp_sizes=tp, pp_sizes=pp))
+    if not deps:
+        raise ValueError(f"--gpus {gpus}: no deployment of {m.name} on {nd.name} fits in {gpus} GPU(s) with "
+                         f"TP {', '.join(map(str, tp))} and PP {', '.join(map(str, pp))}")
+    if len(deps) > SMALL_PLAN_MAX:
+        raise ValueError(f"--gpus {gpus}: {len(deps)} deployments, more than the {SMALL_PLAN_MAX} a plan run on this "
+                         "page may have; fewer GPUs, TP/PP sizes or policies (or `rksim plan`, then load its file)")
+    opts = {"model_preset": model, "node": node, "router": router, "slo": str(spec) if spec.stated else None,
+            "arrival_rate": arrival_rate, "concurrency": int(concurrency), "n_requests": n_requests, "seed": int(seed)}
+    rows = run_plan(trace, deps, opts, progress=False)
+    df, front, _ = frontier(rows)
+    key = ["tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
+           "max_num_batched_tokens", "policy"]
+    on = set(map(tuple, front[key].to_numpy().tolist()))
+    df = df.assign(on_frontier=[tuple(r) in on for r in df[key].to_numpy().tolist()])
+    meta = {"command": "plan", "model": m.name, "node": nd.name, "hardware": hw.name, "gpus": int(gpus),
+            "slo": str(spec), "router": router, "policies": list(policies), "deployments": len(deps),
+            "decisions_model": df["decisions_model"].iloc[0] if len(df) else None, "model_preset": model,
+            "node_preset": node, "trace": trace, "arrival_rate": arrival_rate,
+            "concurrency": None if arrival_rate is not None else int(concurrency), "n_requests": n_requests,
+            "seed": int(seed)}
+    return df, meta
+
+
+def serving_load(row: dict, meta: dict) -> dict:
+    """What the Serving page needs to re-run one plan deployment (``st.session_state["serving.load"]``):
+    the policy, target, deployment, scheduler limits and arrivals of the plan."""
+    return {"policy": str(row["policy"]), "model": meta.get("model_preset") or row.get("model"),
+            "hardware": meta.get("hardware") or row.get("hardware"),
+            "deployment": {"node": meta.get("node_preset") or row.get("node"),
+                           "tensor_parallel_size": int(row["tensor_parallel_size"]),
+                           "pipeline_parallel_size": int(row["pipeline_parallel_size"]),
+                           "data_parallel_size": int(row["data_parallel_size"]),
+                           "router": meta.get("router") or row.get("router"),
+                           "slo": None if str(meta.get("slo") or row.get("slo") or "none") == "none"
+                           else str(meta.get("slo") or row.get("slo"))},
+            "serving": {"max_num_seqs": int(row["max_num_seqs"]),
+                        "max_num_batched_tokens": int(row["max_num_batched_tokens"]),
+                        "arrival_rate": meta.get("arrival_rate"), "n_requests": meta.get("n_requests")},
+            "concurrency": meta.get("concurrency"), "seed": meta.get("seed")}
+
+
+def deployment_knee(row: dict, meta: dict, rates: str, slo: str | None, refine: int = 0) -> tuple[dict, str]:
+    """``(curve, caption)`` of a plan deployment's latency-rate knee, the function ``rksim plan --knee`` calls
+    (:func:`sim.search.planner.deployment_knee`): its problems at each Poisson rate of ``rates`` (problems/s, the
+    ``--knee`` syntax) under the plan's model, node, router, problem count and seed; errors name the flag."""
+    from sim.search.knee import caption, parse_rates
+    from sim.search.planner import deployment_knee as _dk
+
+    params = {k: (str(row[k]) if k == "policy" else int(row[k])) for k in
+              ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
+               "max_num_batched_tokens", "policy")}
+    n = meta.get("n_requests")
+    c = _dk(meta.get("trace"), params, parse_rates(rates, "--knee"), model_preset=meta.get("model_preset") or
+            meta.get("model"), node=meta.get("node_preset") or meta.get("node"),
+            router=meta.get("router") or "prefix-affinity", slo=slo or None,
+            n_requests=None if n is None or (isinstance(n, float) and math.isnan(n)) else int(n),
+            seed=int(meta.get("seed") or 0), refine=int(refine))
+    return c, caption({"provenance": c["provenance"]}, c, unit="problems/s")
+
+
+def knee_figure(curve: dict, caption: str):
+    from app.knee_plot import curve_figure
+
+    return curve_figure(curve, caption, unit="problems/s")
+
+
+def check_deployment(trace, model: str | None, hardware: str, options: dict) -> None:
+    """Raise the simulator's error (``ConfigError`` with its ``field``) for a deployment the target or the run
+    settings refuse: :meth:`sim.api.Target.resolve` and :class:`sim.api.RunConfig`, without a run."""
+    from sim.api import RunConfig, Target, loaded
+
+    kw, _, _ = serving_kwargs(options)
+    Target.resolve(loaded(trace), model, hardware, kw.get("serving"), node=kw.get("node"),
+                   tensor_parallel_size=kw.get("tensor_parallel_size", 1),
+                   pipeline_parallel_size=kw.get("pipeline_parallel_size", 1),
+                   data_parallel_size=kw.get("data_parallel_size", 1))
+    RunConfig(mode="serving", router=kw.get("router", "prefix-affinity"), slo=kw.get("slo"),
+              arrival_rate=kw.get("arrival_rate"))
