@@ -61,33 +61,9 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
             seed: int, serving: dict, slots) -> None:
     """Policy controls and their results: a slider change re-runs only this fragment."""
     t0, wall0 = time.perf_counter(), time.time()
-    configs: dict[str, dict] = {}
-    bad = False
     top = st.container()  # the KPIs go above the controls (filled once the results exist)
-    deferred: list = []   # control figures, drawn after the KPIs
-    tabs = st.tabs([f"tune {n}" for n in chosen]) if chosen else []
-    for pol, tab in zip(chosen, tabs):
-        with tab:
-            params, notes = ui_policy.controls(pol, trace, facts, key=f"whatif.p.{pol}", deferred=deferred)
-            for n in notes:
-                st.caption(n)
-        if params is None:
-            bad = True
-        else:
-            configs[pol] = params
-    if bad:
-        st.warning("Fix the value above to see results (the other policies are shown).")
-    results, refused = {}, None
-    for name in list(B.BASELINES) + list(configs):
-        try:
-            results[name] = U.run(trace, name, configs.get(name, {}), model, hardware, mode, workload, seed,
-                                  serving)
-        except ValueError as exc:
-            if B.out_of_calibration(exc):
-                refused = exc
-                break
-            if not slots.show(exc, name):  # beside the widget of the error's field, where the page has one
-                U.error(f"{name}: {U.one_line(exc)}")
+    configs, deferred = _controls(trace, facts, chosen)
+    results, refused = _results(trace, configs, model, hardware, mode, workload, seed, serving, slots)
     if refused is not None:
         U.error(refused)
         st.info(U.refusal_advice(trace, model or facts["model"], model, hardware, mode))
@@ -108,38 +84,84 @@ def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mo
     shown = [n for n in branch if n not in B.BASELINES]
     if shown:
         with top:
-            cols = st.columns(len(shown))
-            for col, n in zip(cols, shown):
-                with col:
-                    _kpis(n, branch[n]["summary"], kpi_keys[:4], ref, branch[n]["info"])
-            for n in shown:
-                why = B.why_it_loses(n, B.policy_kind(n), branch[n]["summary"], ref or {}, "exact prefix", facts,
-                                     nokv=branch.get("no-kv", {}).get("summary"))
-                if why:
-                    st.info(why, icon=":material/trending_down:")
+            _headline(branch, shown, kpi_keys, ref, facts)
     t_kpi = time.perf_counter()
     for draw in deferred:
         draw()
     if shown:
-        st.subheader("Side by side")
-        st.table(_table(branch, kpi_keys + [k for k in B.TABLE_BRANCH if k not in kpi_keys]))
-        st.caption(B.CI_NOTE)
-        from app.report import fig_latency_breakdown
-
-        summ = {n: {**r["summary"], "kind": B.policy_kind(n)} for n, r in branch.items()}
-        st.plotly_chart(fig_latency_breakdown(f"{info.get('cost_model')} on {info.get('hardware')}", summ),
-                        key="whatif.breakdown")
-        if mode == "serving":
-            import plotly.express as px
-
-            kv = pd.concat([r["kv"].assign(policy=n) for n, r in branch.items() if len(r["kv"])], ignore_index=True)
-            if len(kv):
-                st.plotly_chart(px.line(kv, x="t_s", y="kv_bytes", color="policy",
-                                        labels={"t_s": "time (s)", "kv_bytes": "KV cache in use (bytes)"},
-                                        title="KV cache in use on the server"), key="whatif.kv")
+        _side_by_side(branch, kpi_keys, info, mode)
     if token:
         _token_view(trace, token, configs, seed, facts, top)
     _log_timing(t0, t_kpi, wall0)
+
+
+def _controls(trace: str, facts: dict, chosen: list[str]) -> tuple[dict[str, dict], list]:
+    """One tab of controls per chosen policy: its valid parameters, and the control figures to draw later."""
+    configs: dict[str, dict] = {}
+    bad = False
+    deferred: list = []   # control figures, drawn after the KPIs
+    tabs = st.tabs([f"tune {n}" for n in chosen]) if chosen else []
+    for pol, tab in zip(chosen, tabs):
+        with tab:
+            params, notes = ui_policy.controls(pol, trace, facts, key=f"whatif.p.{pol}", deferred=deferred)
+            for n in notes:
+                st.caption(n)
+        if params is None:
+            bad = True
+        else:
+            configs[pol] = params
+    if bad:
+        st.warning("Fix the value above to see results (the other policies are shown).")
+    return configs, deferred
+
+
+def _results(trace: str, configs: dict, model, hardware: str, mode: str, workload: dict, seed: int,
+             serving: dict, slots) -> tuple[dict, Exception | None]:
+    """The baselines and every valid policy run; an out-of-calibration refusal stops them (returned)."""
+    results = {}
+    for name in list(B.BASELINES) + list(configs):
+        try:
+            results[name] = U.run(trace, name, configs.get(name, {}), model, hardware, mode, workload, seed,
+                                  serving)
+        except ValueError as exc:
+            if B.out_of_calibration(exc):
+                return results, exc
+            if not slots.show(exc, name):  # beside the widget of the error's field, where the page has one
+                U.error(f"{name}: {U.one_line(exc)}")
+    return results, None
+
+
+def _headline(branch: dict, shown: list[str], kpi_keys: list[str], ref: dict | None, facts: dict) -> None:
+    """Each policy's first four KPIs, and why it loses where it does."""
+    cols = st.columns(len(shown))
+    for col, n in zip(cols, shown):
+        with col:
+            _kpis(n, branch[n]["summary"], kpi_keys[:4], ref, branch[n]["info"])
+    for n in shown:
+        why = B.why_it_loses(n, B.policy_kind(n), branch[n]["summary"], ref or {}, "exact prefix", facts,
+                             nokv=branch.get("no-kv", {}).get("summary"))
+        if why:
+            st.info(why, icon=":material/trending_down:")
+
+
+def _side_by_side(branch: dict, kpi_keys: list[str], info: dict, mode: str) -> None:
+    """The table of every KPI, the latency breakdown and (serving) the KV cache in use over time."""
+    st.subheader("Side by side")
+    st.table(_table(branch, kpi_keys + [k for k in B.TABLE_BRANCH if k not in kpi_keys]))
+    st.caption(B.CI_NOTE)
+    from app.report import fig_latency_breakdown
+
+    summ = {n: {**r["summary"], "kind": B.policy_kind(n)} for n, r in branch.items()}
+    st.plotly_chart(fig_latency_breakdown(f"{info.get('cost_model')} on {info.get('hardware')}", summ),
+                    key="whatif.breakdown")
+    if mode == "serving":
+        import plotly.express as px
+
+        kv = pd.concat([r["kv"].assign(policy=n) for n, r in branch.items() if len(r["kv"])], ignore_index=True)
+        if len(kv):
+            st.plotly_chart(px.line(kv, x="t_s", y="kv_bytes", color="policy",
+                                    labels={"t_s": "time (s)", "kv_bytes": "KV cache in use (bytes)"},
+                                    title="KV cache in use on the server"), key="whatif.kv")
 
 
 def _log_timing(t0: float, t_kpi: float, wall0: float) -> None:
