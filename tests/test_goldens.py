@@ -22,7 +22,18 @@ _spec.loader.exec_module(goldens)
 def test_golden(name):
     want = json.loads((goldens.GOLDEN / f"{name}.json").read_text())
     got = goldens.run_case(goldens.CASES[name])
-    assert goldens.dump(got) == goldens.dump(want), f"{name}: figures moved (scripts/goldens.py --write if on purpose)"
+    assert goldens.moved(got, want) == [], f"{name}: figures moved (scripts/goldens.py --write if on purpose)"
+
+
+def test_golden_comparison_allows_last_bits_only():
+    want = {"a": 0.11795600085481131, "b": [1, "x", None, True], "c": {"d": 2.0}}
+    assert goldens.moved({"a": 0.11795600085481134, "b": [1, "x", None, True], "c": {"d": 2.0}}, want) == []
+    assert goldens.moved({"a": 0.11795600086, "b": [1, "x", None, True], "c": {"d": 2.0}}, want) == \
+        ["/a: 0.11795600086 != 0.11795600085481131"]
+    assert goldens.moved({**want, "b": [1, "x", None, 1]}, want) == ["/b[3]: 1 != True"]
+    assert goldens.moved({**want, "b": [1, "x", None]}, want) == ["/b: 3 items != 4"]
+    assert goldens.moved({**want, "c": {"d": 2.0, "e": 1}}, want) == ["/c: keys ['e'] in one only"]
+    assert goldens.moved({**want, "c": {"d": 2}}, want) == ["/c/d: 2 != 2.0"]
 
 
 @pytest.mark.slow
@@ -35,5 +46,5 @@ def test_goldens_do_not_depend_on_the_host(monkeypatch):
     monkeypatch.setattr(sim.cost.fingerprint, "current_cpu_fingerprint", lambda *a, **k: dict(foreign))
     name = "compare-trace-local-cpu"
     want = json.loads((goldens.GOLDEN / f"{name}.json").read_text())
-    assert goldens.dump(goldens.run_case(goldens.CASES[name])) == goldens.dump(want)
+    assert goldens.moved(goldens.run_case(goldens.CASES[name]), want) == []
     assert sim.cost.fingerprint.current_cpu_fingerprint()["cpu_model"] == "Foreign CPU 9000"   # restored after the case

@@ -1,0 +1,379 @@
+"""One fast-forward window's state and its steps (:mod:`sim.serving.fastforward`, module docstring).
+
+:class:`Window` holds what the window's steps share -- the alive set, the block events generated so far, the
+head's cached chain, the priced segments, KV in use -- so each step is a method: :meth:`Window.process` (block
+events of steps that take within the pool), :meth:`Window.preempt_step` (the step whose takes exceed it),
+:meth:`Window.finish` (requests sampling their last token), :meth:`Window.close` (counters, records,
+timelines). :class:`sim.serving.fastforward.FastForward` finds a window and runs one of these.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Window:
+    """The decode window starting now of ``ff``'s engine over the running requests ``R``.
+
+    Parameters
+    ----------
+    ff : the :class:`sim.serving.fastforward.FastForward` (block-event and admission arithmetic, counters)
+    R, probs : the running requests and their problems, in running order
+    c0 : computed tokens of each at the window's start
+    f, g : first window step at which each opens / fills a block
+    fin : the window step at which each samples its last token
+    kcap : the longest window allowed
+    hd : the waiting head's admission (``FastForward._head``): ``(keys, L, nblk, clean_only)``
+    """
+
+    def __init__(self, ff, R, probs, c0, f, g, fin, kcap: int, hd):
+        eng = self.eng = ff.eng
+        self.ff = ff
+        self.sched, self.kv = eng.sched, eng.kv
+        kv = self.kv
+        self.R, self.probs, self.c0, self.f, self.g, self.fin, self.kcap = R, probs, c0, f, g, fin, kcap
+        B0 = len(R)
+        self.bs = kv.block_size
+        self.now = eng.env.now
+        self.t_next = eng.env.peek()
+        self.keys, self.L, self.nblk, self.clean_only = hd
+        self.alive = np.ones(B0, bool)
+        self.last = np.zeros(B0, np.int64)     # last step each request was in the batch (0: none)
+        self.out_at = np.zeros(B0, np.int64)   # the step its lengths were settled at (0: at the window's end)
+        self.segs = []                         # (dt, B, alive mask) of consecutive steps
+        self.used = []                         # (step, num_used after its schedule)
+        self.t_end = self.now
+        self.s = 1
+        self.n_alive = B0
+        self.hits = 0
+        self.evs, self.who, self.ep = [], [], 0   # block events generated so far, the next one to process
+        self.gen_to = 0
+        self.pf = self.sched.cfg.policy == "prefill-first"
+        self.cl = c0.tolist()
+        self.al = [True] * B0                  # alive, as a list (read per event)
+        self.blist = [kv.req_blocks[r.req_id] for r in R]
+        self.reg = [kv.caching and r.cacheable for r in R]
+        self.rids = [r.req_id for r in R]
+        self.index = {id(r): i for i, r in enumerate(R)}
+
+    # ------------------------------------------------------------------ helpers of the steps
+    def ensure(self, upto: int) -> None:
+        """Block events generated through step ``upto`` (32 steps, then doubling, up to ``ff.chunk``)."""
+        while self.gen_to < upto:
+            gen_to = self.gen_to
+            a, b = gen_to + 1, min(gen_to + max(32, min(gen_to, self.ff.chunk)), self.kcap)
+            e, w = self.ff._events(self.f, self.g, a, b, self.kv.caching)
+            ep = self.ep
+            self.evs, self.who, self.ep = self.evs[ep:] + e, self.who[ep:] + w, 0
+            self.gen_to = b
+
+    def settle(self, i: int, steps_done: int) -> None:
+        """Set request i's lengths after ``steps_done`` window steps (each sampled one token)."""
+        req = self.R[i]
+        c = int(self.c0[i]) + steps_done
+        req.num_computed_tokens = c
+        req.num_tokens = c + 1
+        req.num_output_tokens = req.max_output_tokens - int(self.fin[i]) + steps_done
+        req.high_water = c
+        self.out_at[i] = steps_done
+
+    def price(self, Bs: int, a: int, b: int, mask):
+        """Per-step seconds of steps a..b with the alive set ``mask``."""
+        ctx = self.c0[mask]
+        j = np.arange(a, b + 1, dtype=np.int64) - 1
+        return self.eng._window_seconds(np.full(len(j), Bs), int(ctx.sum()) + Bs * j, int(ctx.max()) + j)
+
+    def _new_head(self) -> bool:
+        """The waiting head's admission after a step that freed blocks; False: it fits (the window ends)."""
+        hd = self.ff._head()
+        if hd is None:
+            return False
+        self.keys, self.L, self.nblk, self.clean_only = hd
+        return True
+
+    # ------------------------------------------------------------------ the steps
+    def process(self, a: int, b: int) -> None:
+        """Block events of steps a..b (no take fails), as ``allocate_one`` makes them; the head's lookups."""
+        self.ensure(b)
+        kv, keys, used, bs = self.kv, self.keys, self.used, self.bs
+        evs, who, ep, L, hits = self.evs, self.who, self.ep, self.L, self.hits
+        al, blist, cl, reg, rids, R = self.al, self.blist, self.cl, self.reg, self.rids, self.R
+        nkeyed = kv._n_keyed
+        cur = a
+        ev0 = kv.evictions
+        n = len(evs)
+        if self.pf and keys is not None:
+            hits += L            # prefill-first looks the head up before the step's decodes allocate
+        take, register = kv._take, kv._register
+        while ep < n and evs[ep] <= b:
+            st, i = evs[ep], who[ep]
+            ep += 1
+            if not al[i]:
+                continue
+            if st != cur:
+                if keys is not None:
+                    hits += L * (st - cur)
+                used.append((cur, kv.num_used))
+                cur = st
+            blks = blist[i]
+            tokens = cl[i] + st                 # the token this step computes, 1-based
+            if tokens > len(blks) * bs:         # it opens a block (allocate_one's second lane)
+                if kv.n_clean + len(kv._evictable) < 1:   # pragma: no cover - planned within the pool
+                    raise RuntimeError("fast-forward: a planned block allocation failed")
+                blks.append(take())
+                u = kv.num_used
+                if u > kv.peak_used:
+                    kv.peak_used = u
+                if reg[i] and nkeyed.get(rids[i], 0) < tokens // bs:   # else _register is a no-op
+                    register(R[i], blks, tokens // bs)
+                if keys is not None and kv.evictions != ev0:
+                    for x in kv.evicted_log[len(kv.evicted_log) - (kv.evictions - ev0):]:
+                        pos = keys.get(x)
+                        if pos is not None and pos < L:
+                            L = pos
+                    ev0 = kv.evictions
+            elif reg[i] and tokens % bs == 0:   # it fills one: its key (the first lane)
+                register(R[i], blks, tokens // bs)
+        if keys is not None:
+            hits += L * (b - cur if self.pf else b + 1 - cur)
+            kv.queries += self.nblk * (b + 1 - a)
+            kv.hits += hits
+            hits = 0
+        used.append((cur, kv.num_used))
+        if cur < b:
+            used.append((b, kv.num_used))
+        self.ep, self.L, self.hits = ep, L, hits
+
+    def preempt_step(self, st: int) -> None:
+        """Step ``st``, whose takes exceed the pool: the scheduler's own preemptions (newest first) as
+        ``_run_running`` makes them; no admission in this step."""
+        self.ensure(st)
+        kv, sched = self.kv, self.sched
+        pre_l = []
+        if self.pf and self.keys is not None:   # prefill-first tried the head before the decodes preempted
+            kv.queries += self.nblk
+            kv.hits += self.L
+        evs, who = self.evs, self.who
+        while self.ep < len(evs) and evs[self.ep] <= st:
+            i = who[self.ep]
+            self.ep += 1
+            if not self.al[i]:
+                continue
+            req = self.R[i]
+            req.num_computed_tokens = self.cl[i] + st - 1
+            while not kv.allocate_one(req):
+                victim = sched._victim()
+                vi = self.index[id(victim)]
+                self.settle(vi, st - 1)
+                self.alive[vi] = False
+                self.al[vi] = False
+                self.last[vi] = st - 1
+                sched._preempt(victim, pre_l)
+                if victim is req:
+                    break
+        self.used.append((st, kv.num_used))
+
+    def preempt_prices(self, s: int, free: int):
+        """Step ``s`` preempts: ``(r1, dtc)``, the alive requests before the first take the pool cannot give and
+        the step's seconds for every batch size ``r1..`` its preemptions can leave, or None where none is
+        planned or some outcome could end at or past the next event (the window ends before ``s``)."""
+        alive, evs, who, f = self.alive, self.evs, self.who, self.f
+        bs = self.bs
+        order = np.flatnonzero(alive)
+        need, i1 = free, None
+        for q in range(self.ep, len(evs)):
+            if evs[q] != s:
+                if evs[q] > s:
+                    break
+                continue
+            i = who[q]
+            if alive[i] and (s - f[i]) % bs == 0 and s >= f[i]:
+                if need == 0:
+                    i1 = i
+                    break
+                need -= 1
+        r1 = 0 if i1 is None else int(alive[:i1].sum())   # alive requests before the first that cannot take
+        if r1 == 0:
+            return None
+        ctx = self.c0[order] + (s - 1)
+        cand = np.arange(r1, len(order), dtype=np.int64)   # the batch sizes the preemptions can leave
+        sums, mx = np.cumsum(ctx), np.maximum.accumulate(ctx)
+        dtc = self.eng._window_seconds(cand, sums[cand - 1], mx[cand - 1])
+        if dtc is None or not np.all(self.t_end + dtc < self.t_next) or not np.all(dtc > 0):
+            return None
+        return r1, dtc
+
+    def finish(self, st: int) -> None:
+        """Requests sampling their last token at step ``st`` finish as ``Scheduler.update`` and
+        ``Engine._complete`` finish them: blocks freed in running order, then each problem answered at the
+        window's time so far."""
+        eng, R, alive = self.eng, self.R, self.alive
+        done = [i for i in np.flatnonzero(alive & (self.fin == st)).tolist()]
+        for i in done:
+            self.settle(i, st)
+            alive[i] = False
+            self.al[i] = False
+            self.last[i] = st
+            eng.sched._finish(R[i])
+        for i in done:
+            p = self.probs[i]
+            b = R[i].data[2]
+            eng.gen_tokens += int(p.job.gen[b])
+            p.gen_done[b] = True
+            p.n_gen_done += 1
+            eng._score(p, b)
+            p.end = self.t_end
+            if p.admitted is None:   # pragma: no cover - a decoding request was admitted
+                p.admitted = p.arrival
+
+    # ------------------------------------------------------------------ the window
+    def run(self):
+        """Apply the window's steps; ``(t, dt)`` (step end times from now, per-step seconds), or None (no step)."""
+        while self.s <= self.kcap and self._next():
+            pass
+        k = self.s - 1
+        if k < 1:
+            if self.segs:   # pragma: no cover
+                raise RuntimeError("fast-forward: a window of no steps changed state")
+            return None
+        t, dt = self.close(k)
+        if float(t[-1]) != self.t_end:   # pragma: no cover - one sum, two ways
+            raise RuntimeError("fast-forward: the window's end time disagrees with its steps")
+        return t, dt
+
+    def _next(self) -> bool:
+        """Apply the next stretch: steps up to the soonest finish, preemption or the window's cap; False: the
+        window ends."""
+        alive, kv, s = self.alive, self.kv, self.s
+        mask = alive.copy()
+        nf = int(self.fin[alive].min())
+        free = kv.n_clean if self.clean_only else kv.num_free
+        e = min(nf, self.kcap)
+        pre = self.ff._short(self.f, alive, s, e, free)
+        if pre is not None:
+            e = pre - 1
+        if e >= s:
+            return self._decode(s, e, nf, self.n_alive, mask)
+        if pre is None or self.clean_only:
+            return False
+        return self._preempting(pre, free)
+
+    def _decode(self, s: int, e: int, nf: int, Bs: int, mask) -> bool:
+        """Steps ``s..e`` take within the pool: priced, applied up to the next event on the clock."""
+        dt = self.price(Bs, s, e, mask)
+        if dt is None or not np.all(dt > 0):
+            return False
+        tt = np.cumsum(np.concatenate(([self.t_end], dt)))
+        ok = int(np.searchsorted(tt[1:], self.t_next, side="left"))   # steps ending before the next event
+        if ok < e - s + 1:
+            if ok:
+                self.process(s, s + ok - 1)
+                self.segs.append((dt[:ok], Bs, mask))
+                self.t_end = float(tt[ok])
+                self.s += ok
+            return False
+        self.process(s, e)
+        self.segs.append((dt, Bs, mask))
+        self.t_end = float(tt[-1])
+        self.s = e + 1
+        if e != nf:
+            return True
+        self.finish(e)
+        self.n_alive = int(self.alive.sum())
+        return self.n_alive != 0 and self._new_head()
+
+    def _preempting(self, s: int, free: int) -> bool:
+        """Step ``s`` preempts: its batch is the alive requests before some rank, priced for every outcome
+        first, so that none can end past the next event."""
+        alive = self.alive
+        self.s = s
+        self.ensure(s)
+        plan = self.preempt_prices(s, free)
+        if plan is None:
+            return False
+        r1, dtc = plan
+        self.preempt_step(s)
+        n_alive = int(alive.sum())
+        mask = alive.copy()
+        if n_alive < r1:   # pragma: no cover - victims are the newest, the first r1 stay
+            raise RuntimeError("fast-forward: a preemption left fewer requests than planned")
+        dt = dtc[n_alive - r1: n_alive - r1 + 1]   # the alive requests are the first n_alive: priced above
+        self.segs.append((dt, n_alive, mask))
+        self.t_end = float(self.t_end + float(dt[0]))
+        done = n_alive > 0 and int(self.fin[alive].min()) == s
+        self.s = s + 1
+        if done:
+            self.finish(s)
+            n_alive = int(alive.sum())
+        self.n_alive = n_alive
+        return n_alive != 0 and self._new_head()
+
+    def close(self, k: int):
+        """Counters, records and timelines of the window's ``k`` steps (module docstring of
+        :mod:`sim.serving.fastforward`); ``(t, dt)``."""
+        eng, R, probs, segs, last = self.eng, self.R, self.probs, self.segs, self.last
+        sched = eng.sched
+        for i in np.flatnonzero(self.alive).tolist():
+            self.settle(i, k)
+            last[i] = k
+        dt = np.concatenate([d for d, _, _ in segs])
+        Bj = np.concatenate([np.full(len(d), b, np.int64) for d, b, _ in segs])
+        if len(dt) != k:   # pragma: no cover
+            raise RuntimeError(f"fast-forward: {len(dt)} priced steps for a window of {k}")
+        t = np.cumsum(np.concatenate(([self.now], dt)))
+        sched.iterations += k
+        B0 = len(R)
+        if B0 > sched.max_running:
+            sched.max_running = B0
+        eng.iterations += k
+        nB = int(Bj.sum())
+        eng.items_scheduled += nB
+        eng.busy = float(np.cumsum(np.concatenate(([eng.busy], dt)))[-1])
+        if eng.host_step is not None:
+            # the host seconds the stepped path adds one step at a time (Engine._stepped), left to right
+            h, _ = eng.window_host(Bj)
+            eng.host_seconds = float(np.cumsum(np.concatenate(([eng.host_seconds], h)))[-1])
+            hs = eng.host_step
+            eng.host_extrapolated += int(np.sum(((hs.max_running is not None) & (Bj > (hs.max_running or 0)))
+                                                | ((hs.max_tokens is not None) & (Bj > (hs.max_tokens or 0)))))
+        eng.run_time = float(np.cumsum(np.concatenate(([eng.run_time], dt * Bj)))[-1])
+        eng.tokens[2] += float(nB)        # integer-valued: the stepped sum of 1.0s is exact
+        ph = np.array([p.phase["decode"] for p in probs])
+        for d, b, mask in segs:
+            for x in (d / b).tolist():
+                np.add(ph, x, out=ph, where=mask)
+        ub = self._kv_used(k) * eng.block_bytes
+        top = np.maximum.accumulate(ub)
+        ends = t[1:]
+        rec = eng.record_tokens
+        for i, p in enumerate(probs):
+            p.phase["decode"] = float(ph[i])
+            n = int(last[i])
+            if n:
+                p.iterations += n
+                pk = float(top[n - 1])
+                if pk > p.peak:
+                    p.peak = pk
+                if rec:
+                    p.tok[R[i].data[2]].append(ends if n == k else ends[:n])
+        eng.timeline_t.extend(ends.tolist())
+        eng.timeline_b.extend(ub.tolist())
+        eng.timeline_run.extend(Bj.tolist())
+        self.ff.windows += 1
+        self.ff.steps += k
+        return t, dt
+
+    def _kv_used(self, k: int):
+        """KV blocks in use after each of steps 1..k's schedule (forward-filled from the steps that changed it)."""
+        used = self.used
+        u = np.empty(k + 1, np.int64)
+        u[0] = used[0][1] if used else self.kv.num_used
+        marks = np.zeros(k + 1, np.int64) - 1
+        for st, v in used:
+            if 1 <= st <= k:
+                marks[st] = v
+        cur = int(u[0]) if marks[1] < 0 else int(marks[1])
+        for st in range(1, k + 1):
+            if marks[st] >= 0:
+                cur = int(marks[st])
+            u[st] = cur
+        return u[1:]
