@@ -282,7 +282,7 @@ def _policy(args):
 def _target(args):
     from sim.serving.capacity import ServingConfig
     from sim.cost.profiles import load_hardware, load_model
-    from sim.errors import PresetError
+    from sim.base.errors import PresetError
     try:
         model = load_model(args.model_preset)
     except (PresetError, FileNotFoundError) as exc:

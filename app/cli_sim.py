@@ -20,7 +20,7 @@ def trace_arg(p) -> None:
 
 
 def add_declared(p, cls, only=None, text: bool = False, rename: dict | None = None) -> None:
-    """One flag per declared option of ``cls`` (``sim.options.option`` fields; ``only``: these names;
+    """One flag per declared option of ``cls`` (``sim.base.options.option`` fields; ``only``: these names;
     ``rename``: field -> another flag spelling, same destination). A declared option's ``aliases`` are
     accepted too, each with a one-line deprecation warning on stderr (:func:`deprecating`).
 
@@ -29,7 +29,7 @@ def add_declared(p, cls, only=None, text: bool = False, rename: dict | None = No
     """
     import argparse
 
-    from sim.options import declared
+    from sim.base.options import declared
     for f, opt in declared(cls):
         if opt.flag is None or (only is not None and f.name not in only):
             continue
@@ -86,7 +86,7 @@ def dest(flag: str) -> str:
 
 def declared_values(args, cls, only=None) -> dict:
     """The declared options of ``cls`` given as text flags, parsed and checked (errors name the flag)."""
-    from sim.options import check_value, declared
+    from sim.base.options import check_value, declared
     out = {}
     for f, opt in declared(cls):
         if only is not None and f.name not in only:
@@ -176,7 +176,7 @@ def serving_options(args) -> tuple[dict, dict, float | None]:
 def workload_options(args) -> dict:
     """``--workload KEY=VALUE`` items and the serving flags' workload options; a key with a flag of its own
     given as ``--workload`` is deprecated (one line naming the flag), and the flag wins."""
-    from sim.options import declared
+    from sim.base.options import declared
     from sim.workload.config import Workload
     wl = parse_sets(args.workload or [], "--workload")
     flags = {f.name: opt.flag for f, opt in declared(Workload) if opt.flag is not None}
@@ -193,7 +193,7 @@ def workload_options(args) -> dict:
 def flagged(exc) -> str:
     """A simulator error as the CLI says it: the flag of the error's field, then the message."""
     from sim.serving.capacity import ServingConfig
-    from sim.options import flag_for
+    from sim.base.options import flag_for
     from sim.replay.runconfig import RunConfig
     from sim.replay.target import TargetSpec
     msg = str(exc)
@@ -287,7 +287,7 @@ def check_trace(path):
 
 def _cmd_simulate(args) -> int:
     from sim.api import simulate
-    from sim.errors import ConfigError
+    from sim.base.errors import ConfigError
     from sim.replay.problem_metrics import clean
     from app.tables import trace_model_note
 
@@ -331,7 +331,7 @@ def _cmd_simulate(args) -> int:
 
 def deployment_kwargs(args) -> dict:
     """The deployment flags (``sim.replay.target.TargetSpec``'s node and parallel sizes) as ``simulate`` keywords."""
-    from sim.options import declared
+    from sim.base.options import declared
     from sim.replay.target import TargetSpec
     return {f.name: getattr(args, dest(opt.flag)) for f, opt in declared(TargetSpec)
             if f.name not in ("model", "hardware") and hasattr(args, dest(opt.flag))}
@@ -361,7 +361,7 @@ def run_compare(trace, model_preset, hardware, mode="isolated", workload=None, s
                 progress=True, reshape=None, **deployment) -> dict:
     """``compare_policies`` with its errors as the CLI says them; ``deployment``: its other keywords."""
     from sim.api import compare_policies
-    from sim.errors import ConfigError
+    from sim.base.errors import ConfigError
     try:
         return compare_policies(trace, model_preset=model_preset, hardware=hardware, mode=mode, workload=workload,
                                 seed=seed, policies=policies, progress=progress, reshape=reshape, **deployment)
@@ -427,7 +427,7 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_tree(args) -> int:
-    from sim.errors import PresetError
+    from sim.base.errors import PresetError
     from sim.cost.profiles import load_hardware, load_model
     from sim.replay.tree import compare_tree
 

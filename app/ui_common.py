@@ -70,7 +70,7 @@ def _field_widgets() -> dict[str, str]:
     """``ConfigError.field`` (or ``CapacityError.field``) -> the key, under a page's prefix, of the widget that
     sets it. Every page that builds a RunConfig / Target keys its widgets so (``{prefix}.{suffix}``)."""
     from sim.serving.capacity import ServingConfig
-    from sim.options import declared
+    from sim.base.options import declared
     out = {"model": "model", "hardware": "hardware", "seed": "seed", "mode": "mode",
            # the dashboard runs one GPU: a model whose weights do not fit (the layout's refusal) is the model's
            "tensor_parallel_size": "model", "pipeline_parallel_size": "model",

@@ -1,7 +1,7 @@
 """The deployment controls (node, TP, PP, replicas, router, SLOs), shared by the Deployment and Serving pages.
 
 Each widget has a slot under it: an error the simulator raises names its option
-(``sim.errors.ConfigError.field``), and :func:`show_error` writes it there, beside the widget at
+(``sim.base.errors.ConfigError.field``), and :func:`show_error` writes it there, beside the widget at
 fault, not at the top of the page. The values are the keywords of ``sim.api.simulate``
 (``node``, ``tensor_parallel_size``, ``pipeline_parallel_size``, ``data_parallel_size``, ``router``,
 ``slo``), which :func:`app.ui_backend.serving_kwargs` routes there.

@@ -10,7 +10,7 @@ import streamlit as st
 
 from app import ui_common as U
 from sim.serving.capacity import ServingConfig
-from sim.options import flag_for
+from sim.base.options import flag_for
 from sim.replay.runconfig import RunConfig
 from sim.workload.config import Workload
 

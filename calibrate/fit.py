@@ -48,7 +48,7 @@ from sim.cost.roofline import ROOFLINES
 from sim.cost.hardware import HardwareProfile
 from sim.cost.model_shape import ModelShape
 from sim.cost.profiles import PRESET_DIR, load_hardware
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 
 # (parameter, term it multiplies, optimiser scale in seconds); eff_c / eff_m are the roofline's.
 _LINEAR = (("per_kernel_s", "kernels", 1e-6), ("per_layer_s", "layers", 1e-6),

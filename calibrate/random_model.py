@@ -40,7 +40,7 @@ def shape_for(preset: str) -> tuple[ModelShape, str]:
     """(shape, hf_id) of a model preset name / file, or the ``tiny`` smoke shape."""
     if preset == "tiny":
         return TINY, "tiny-llama"
-    from sim.errors import PresetError
+    from sim.base.errors import PresetError
     try:
         m = load_shape(preset)
     except PresetError as exc:

@@ -133,7 +133,7 @@ def fidelity_report(dir_: Path, hardware: str | None = None, clock: str = "auto"
     ``clock`` picks the measured seconds (see the module docstring)."""
     from calibrate.fit import run_device
     from calibrate.timing import select_clock
-    from sim.errors import OutOfCalibrationError
+    from sim.base.errors import OutOfCalibrationError
     from sim.cost.profiles import load_hardware, model_from_manifest
 
     dir_ = Path(dir_)

@@ -125,7 +125,7 @@ def check_host(hardware: str, fp: dict, allow_other_host: bool = False) -> dict:
     and ``hardware_calibrated: false``. Returns :func:`sim.cost.fingerprint.profile_host_status`.
     """
     from sim.cost.fingerprint import profile_host_status
-    from sim.errors import OutOfCalibrationError
+    from sim.base.errors import OutOfCalibrationError
     from sim.cost.profiles import load_hardware
 
     hw = load_hardware(hardware)

@@ -8,7 +8,7 @@ import pytest
 
 from sim.cost.terms import ScalarCost
 from sim.cost.parallel import NodeProfile, ParallelConfig, ParallelCost, load_node
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 from sim.cost.profiles import load_hardware, load_model
 
 MiB = 1 << 20
@@ -112,7 +112,7 @@ def test_disable_custom_all_reduce_gives_the_nccl_price():
     assert on.seconds(dec) == pytest.approx(custom, rel=1e-12)
     assert on.seconds(dec) < off.seconds(dec)
     # the flag is vLLM's, declared once where the CLI's target flags come from
-    from sim.options import declared
+    from sim.base.options import declared
     from sim.replay.target import TargetSpec
     flags = {f.name: opt.flag for f, opt in declared(TargetSpec)}
     assert flags["disable_custom_all_reduce"] == "--disable-custom-all-reduce"

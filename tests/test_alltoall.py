@@ -87,7 +87,7 @@ def test_commands_refuse_dp_attention_naming_the_flags():
     the trace commands and bench) until the engine runs DP ranks; without EP the four are replicas."""
     from sim.api import loaded
     from sim.replay.target import Target
-    from sim.errors import ConfigError
+    from sim.base.errors import ConfigError
     s = loaded()
     rep = Target.resolve(s, "qwen3-30b-a3b", "h100-sxm", None, node="dgx-h100", data_parallel_size=4)
     assert rep.single and rep.cost() is None

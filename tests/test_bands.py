@@ -11,7 +11,7 @@ import yaml
 from app.cli import main
 from sim.cost.bands import band_of, band_profiles
 from sim.cost.profiles import PRESET_DIR, load_hardware
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 
 FIG = ("figures:\n"
        "  - {id: a, model: llama-3-8b, hardware: h100-sxm, dtype: bf16, metric: mean_tpot_ms, value: 9.0,\n"

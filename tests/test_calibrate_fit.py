@@ -71,7 +71,7 @@ def test_fit_rejects_bad_timings():
 
 
 def test_preset_written_loads_and_refuses_outside_range(tmp_path):
-    from sim.errors import OutOfCalibrationError
+    from sim.base.errors import OutOfCalibrationError
 
     rng = np.random.default_rng(3)
     df = phases_frame(_synthetic_rows(rng))

@@ -15,7 +15,7 @@ from calibrate.timing import PhaseRow, PhaseTimer, phases_frame, resolve_clock, 
 from sim.cost import terms as C
 from sim.cost.hardware import HardwareProfile
 from sim.cost.model_shape import ModelShape
-from sim.errors import OutOfCalibrationError
+from sim.base.errors import OutOfCalibrationError
 from sim.cost.profiles import load_hardware, load_model
 
 SMOL = ModelShape(name="smollm2-135m", n_layers=30, hidden_size=576, n_heads=9, n_kv_heads=3, head_dim=64,

@@ -650,7 +650,7 @@ def test_a_simulator_error_is_shown_beside_the_widget_of_its_field(env):
     """ConfigError.field / CapacityError.field -> the widget (ui_common.FIELD_WIDGETS), never the message text."""
     from app.ui_common import FIELD_WIDGETS
     from sim.serving.capacity import ServingConfig
-    from sim.options import declared
+    from sim.base.options import declared
 
     # every serving setting and every target field a RunConfig / Target names has its widget
     assert {f.name for f, _ in declared(ServingConfig)} <= set(FIELD_WIDGETS)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from sim.cost.fields import RULES, check_choice, check_field
 from sim.cost.overheads import FrontendCost, HostStepCost
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 from sim.cost.profiles import load_hardware
 
 H100 = load_hardware("h100-sxm")

@@ -16,7 +16,7 @@ import yaml
 
 from app.cli import main
 from sim.bench import plain
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 from sim.cost.overheads import FrontendCost, HostStepCost
 from sim.cost.profiles import load_hardware, load_model
 

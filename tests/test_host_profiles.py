@@ -11,7 +11,7 @@ import yaml
 from sim.cost.fingerprint import fingerprint_differences, host_status, parse_cpuinfo, profile_host_status
 from sim.cost.hardware import HardwareProfile
 from sim.cost.model_shape import ModelShape
-from sim.errors import OutOfCalibrationError
+from sim.base.errors import OutOfCalibrationError
 from sim.cost.profiles import load_hardware
 from sim.cost.ranges import RangeQuery, check, iteration_query, violations
 

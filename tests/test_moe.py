@@ -19,7 +19,7 @@ from sim.cost import scalar
 from sim.serving.capacity import vllm_kv_budget
 from sim.cost.gemm import GEMM_TILE_M_SMALL, variant_gemms
 from sim.cost.parallel import ParallelConfig, ParallelError, rank_model, rank_weight_bytes, stage_layers
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 from sim.cost.profiles import load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -389,8 +389,8 @@ def test_expert_parallel_and_routing_are_target_flags_of_every_command():
     command that prices a target takes them; a dense target's key (what its memo tables and prices see) is
     unchanged by them, an MoE target's sampled routing moves its serving figures, and isolated mode refuses it."""
     from sim.api import simulate
-    from sim.errors import ConfigError
-    from sim.options import declared
+    from sim.base.errors import ConfigError
+    from sim.base.options import declared
     from sim.replay.session import Session
     from sim.replay.target import Target, TargetSpec
     flags = {f.name: o.flag for f, o in declared(TargetSpec)}
@@ -464,7 +464,7 @@ def test_mxfp4_experts_priced_weight_only_where_vllm_runs_them():
     layers and attention unquantized); flops at the 16-bit rate (weight-only kernels). The checkpoint sizes then
     match the model card's (arXiv 2508.10925 Table 1: 12.8 GiB and 60.8 GiB) within 1%."""
     from sim.cost.model_shape import MXFP4_BYTES
-    from sim.errors import OutOfCalibrationError
+    from sim.base.errors import OutOfCalibrationError
     assert MXFP4_BYTES == 0.53125
     for name, gib in (("gpt-oss-20b", 12.8), ("gpt-oss-120b", 60.8)):
         assert load_model(name).with_precision("mxfp4").weight_bytes / 2 ** 30 == pytest.approx(gib, rel=0.01)

@@ -13,7 +13,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 from sim.cost.overheads import (NO_FRONTEND, FrontendCost, HostStepCost, add, frontend_from_preset, frontend_or_none,
                            host_step_from_preset, step_seconds)
 

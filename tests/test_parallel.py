@@ -11,7 +11,7 @@ from sim.serving.capacity import CapacityError, check_fits, kv_capacity, smalles
 from sim.cost.terms import ScalarCost
 from sim.cost.parallel import (NodeProfile, ParallelConfig, ParallelCost, ParallelError, kv_heads_per_rank, load_node,
                           pipeline_schedule, rank_model, rank_weight_bytes, stage_layers)
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 from sim.cost.profiles import list_presets, load_hardware, load_model
 
 BUNDLED = api.default_trace_path()

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from sim.serving.engine import Engine
-from sim.errors import ConfigError
+from sim.base.errors import ConfigError
 from sim.serving.kvcache import BlockManager
-from sim.options import declared
+from sim.base.options import declared
 from sim.cost.parallel import ParallelConfig, ParallelCost, ParallelError, load_node, pipeline_schedule
 from sim.cost.profiles import load_hardware, load_model
 from sim.serving.scheduler import Request, Scheduler, SchedulerConfig

@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from sim.cost import terms as C
 from sim.cost.hardware import HardwareProfile
-from sim.errors import OutOfCalibrationError, PresetError
+from sim.base.errors import OutOfCalibrationError, PresetError
 from sim.cost.profiles import load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ import pytest
 from calibrate import llmcompass, llmservingsim, public_profiles as pp, vidur
 from calibrate import public_render as prd, public_rows as pr
 from sim.cost.hardware import HardwareProfile
-from sim.errors import OutOfCalibrationError, PresetError
+from sim.base.errors import OutOfCalibrationError, PresetError
 from sim.cost.profiles import load_hardware, load_model, model_from_manifest
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from sim.workload.decisions import ConfigError, decide, job_for, make_config
 from sim.serving.engine import Engine
 from sim.replay.fastpath import FastPath
 from sim.cost.hardware import HardwareProfile
-from sim.errors import OutOfCalibrationError, PresetError
+from sim.base.errors import OutOfCalibrationError, PresetError
 from sim.cost.profiles import list_presets, load_hardware, load_model, model_from_manifest
 from sim.serving.capacity import CapacityError
 from sim.serving.scheduler import SchedulerConfig

@@ -394,7 +394,7 @@ def test_tree_refused_when_its_kv_peak_exceeds_the_capacity(tmp_path):
 def test_tree_target_comes_from_the_one_resolver():
     # issue 31: tree mode resolves its target by Target.resolve, so a bad preset is the ConfigError naming its
     # field that every other mode raises, and the bare tree's missing / unknown model names --model-preset
-    from sim.errors import ConfigError
+    from sim.base.errors import ConfigError
     with pytest.raises(ConfigError) as e:
         simulate_tree(None, "rsbcm", hardware="no-such-gpu")
     assert e.value.field == "hardware" and "no-such-gpu" in str(e.value)

@@ -101,7 +101,7 @@ def test_no_two_modules_import_each_other():
 
 # sim/'s layers, lowest first (docs/design.md, "sim/'s packages"): a module may import its own package and
 # the layers below it, never one above. errors and options are the floor every layer stands on.
-SIM_LAYERS = [("sim.errors", "sim.options"), ("sim.cost",), ("sim.workload",), ("sim.serving",), ("sim.replay",),
+SIM_LAYERS = [("sim.base",), ("sim.cost",), ("sim.workload",), ("sim.serving",), ("sim.replay",),
               ("sim.api",), ("sim.search", "sim.bench")]
 
 
@@ -136,8 +136,14 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 def test_sim_packages_import_only_downward():
     graph = import_graph()
     assert {m.split(".")[1] for m in graph if m.startswith("sim.") and m.count(".") >= 2} == \
-        {"cost", "workload", "serving", "replay", "search", "bench"}
+        {"base", "cost", "workload", "serving", "replay", "search", "bench"}
     assert upward_imports(graph) == []
+
+
+def test_sim_top_level_holds_only_the_face_and_the_packages():
+    top = sorted(p.name for p in (ROOT / "sim").iterdir() if p.name != "__pycache__")
+    pkgs = sorted(p.name for p in (ROOT / "sim").iterdir() if (p / "__init__.py").is_file())
+    assert [n for n in top if n not in pkgs] == ["__init__.py", "api.py", "presets"]
     # the check sees an upward arrow when there is one
     assert upward_imports({"sim.cost.terms": {"sim.serving.engine"}}) == ["sim.cost.terms imports sim.serving.engine"]
     assert upward_imports({"sim.search.sweep": {"sim.bench.plain"}}) == ["sim.search.sweep imports sim.bench.plain"]
@@ -316,8 +322,8 @@ def test_a_declared_option_is_a_flag_and_a_check():
     import argparse
 
     from app.cli_sim import add_declared, declared_values, flagged
-    from sim.errors import ConfigError
-    from sim.options import option
+    from sim.base.errors import ConfigError
+    from sim.base.options import option
 
     @dataclasses.dataclass(frozen=True)
     class Spec:
@@ -336,7 +342,7 @@ def test_a_declared_option_is_a_flag_and_a_check():
 
 
 def test_token_policies_refuse_options_they_cannot_use():
-    from sim.errors import ConfigError
+    from sim.base.errors import ConfigError
     with pytest.raises(ConfigError) as e:
         api.RunConfig(policy="h2o", problems=[0])
     assert e.value.field == "problems"

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from sim.errors import ConfigError
+from sim.base.errors import ConfigError
 from sim.replay.runconfig import RunConfig
 from sim.workload.config import WORKLOAD_DEFAULTS, Workload
 

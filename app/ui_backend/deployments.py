@@ -41,7 +41,7 @@ def slo_text(ttft=None, tpot=None, e2e=None) -> str | None:
 
 
 def error_field(exc: BaseException) -> str | None:
-    """The option a simulator error names (``sim.errors.ConfigError.field``), None when it names none."""
+    """The option a simulator error names (``sim.base.errors.ConfigError.field``), None when it names none."""
     return getattr(exc, "field", None)
 
 

@@ -89,7 +89,7 @@ def run(trace: str, policy: str, params: dict, model: str | None, hardware: str,
 
 def out_of_calibration(exc: BaseException) -> bool:
     """The simulator refused a target its hardware profile was not fitted for (not a bad value)."""
-    from sim.errors import OutOfCalibrationError
+    from sim.base.errors import OutOfCalibrationError
 
     return isinstance(exc, OutOfCalibrationError)
 

@@ -281,7 +281,7 @@ def run_figures(figs: list, hardware: str | None = None, band: bool = False, hos
     import pandas as pd
     from sim.bench import plain
     from sim.cost.bands import band_of, band_profiles
-    from sim.errors import OutOfCalibrationError
+    from sim.base.errors import OutOfCalibrationError
     from sim.cost.profiles import load_hardware
     rows = []
     for f in figs:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 
 BAND_COEFFICIENTS = ("eff_c", "eff_m", "eff_elem", "eff_att", "eff_kv", "per_kernel_s")
 

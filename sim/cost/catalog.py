@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from sim.cost.fingerprint import describe, profile_host_status
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 from sim.cost.profiles import list_presets, load_hardware, preset_origin, preset_path, user_profile_dir
 
 # HardwareProfile.calibration_status -> the words the table shows

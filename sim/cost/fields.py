@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 
 
 def is_number(v) -> bool:

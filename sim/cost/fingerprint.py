@@ -182,7 +182,7 @@ def host_fields(hw, strict: bool = False, current: dict | None = None) -> dict:
     refuted by a fingerprint). ``strict``: a profile fitted on another host is refused
     (:class:`sim.cost.profiles.OutOfCalibrationError` naming the difference) instead of noted.
     """
-    from sim.errors import OutOfCalibrationError
+    from sim.base.errors import OutOfCalibrationError
 
     st = profile_host_status(hw, current)
     if strict and st["host_match"] is False:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.errors import OutOfCalibrationError, PresetError
+from sim.base.errors import OutOfCalibrationError, PresetError
 from sim.cost.fields import check_choice, check_field
 from sim.cost.model_shape import CANON_DTYPE, DTYPE_BYTES, UNPRICED_DTYPES, ModelShape
 from sim.cost.roofline import ROOFLINES, seconds

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from sim.errors import OutOfCalibrationError, PresetError
+from sim.base.errors import OutOfCalibrationError, PresetError
 from sim.cost.profiles import read_preset_file, resolve_preset
 
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from sim.cost.fields import check_field
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 
 
 # ---------------------------------------------------------------------------------- host step

@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 
 from sim.cost.overheads import step_seconds
-from sim.errors import OutOfCalibrationError
+from sim.base.errors import OutOfCalibrationError
 
 
 class _Sub:

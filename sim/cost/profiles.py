@@ -22,7 +22,7 @@ import json
 import os
 from pathlib import Path
 
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 from sim.cost.hardware import HardwareProfile
 from sim.cost.model_shape import CANON_DTYPE, DTYPE_BYTES, VARIANT_INT_FIELDS, ModelShape
 from sim.cost.overheads import frontend_from_preset, host_step_from_preset

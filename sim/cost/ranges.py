@@ -81,7 +81,7 @@ def check(profile: str, fitted_range: dict | None, q: RangeQuery, allow_extrapol
 
     Raises :class:`sim.cost.profiles.OutOfCalibrationError` naming the first dimension outside.
     """
-    from sim.errors import OutOfCalibrationError
+    from sim.base.errors import OutOfCalibrationError
 
     vs = violations(fitted_range, q)
     if not vs:

@@ -14,7 +14,7 @@ import numpy as np
 
 from sim.workload.decisions import (bind_vocab, decide, decision_key, in_target_units, job_for, prefetch_exits, scale_layers,
                         static_key, workload_key)
-from sim.errors import ConfigError
+from sim.base.errors import ConfigError
 from sim.cost.ranges import job_extent
 from sim.replay.summary import info_of
 from sim.workload.job import probes_for

@@ -18,7 +18,7 @@ from policies import FullAttention, attention_metrics, run_token_eviction
 from sim.serving.capacity import ServingConfig
 from sim.cost.terms import batch_terms, eviction_scoring_terms
 from sim.workload.decisions import freeze
-from sim.errors import ConfigError
+from sim.base.errors import ConfigError
 from sim.replay.mode_isolated import refuse_if_too_big
 from sim.replay.problem_metrics import SUMMARY_KEYS
 from sim.replay.records import SimResult

@@ -9,7 +9,7 @@ from __future__ import annotations
 from sim.replay import mode_isolated as isolated
 from sim.replay import mode_serving as serving
 from sim.replay import mode_token as token
-from sim.errors import ConfigError
+from sim.base.errors import ConfigError
 from sim.replay.records import SimResult
 from sim.replay.summary import finish
 

@@ -1,11 +1,11 @@
 """The :class:`RunConfig`: what one simulation runs (policy, workload, mode, seed, arrivals), validated once.
 
-Every check happens in ``__post_init__``; an error is a :class:`sim.errors.ConfigError`
+Every check happens in ``__post_init__``; an error is a :class:`sim.base.errors.ConfigError`
 whose ``field`` names the option (``"mode"``, ``"arrival_rate"``, ``"workload.batching"``,
 ``"params"``, ...). The policy objects are built here too (``sim``: a
 :class:`sim.workload.decisions.SimConfig`), so a run never re-validates.
 
-Adding an option is one declaration: a field with :func:`sim.options.option` metadata (type,
+Adding an option is one declaration: a field with :func:`sim.base.options.option` metadata (type,
 default, bounds, help, flag); the CLI builds its flag from it (``app/cli_sim.py``) and
 ``validate_options`` checks it.
 """
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from sim.serving.capacity import check_block_budget, check_block_size, check_budget_frac
 from sim.workload.decisions import SimConfig, freeze, make_config, workload_key
-from sim.errors import ConfigError
-from sim.options import declared, option, validate_options
+from sim.base.errors import ConfigError
+from sim.base.options import declared, option, validate_options
 from sim.workload.config import Workload
 
 MODES = ("isolated", "serving")

@@ -13,11 +13,11 @@ import os
 from dataclasses import dataclass, field
 
 from sim.serving.capacity import CapacityError, ServingConfig, capacity_blocks, check_fits, kv_capacity
-from sim.errors import ConfigError
-from sim.options import option, validate_options
+from sim.base.errors import ConfigError
+from sim.base.options import option, validate_options
 from sim.cost.hardware import HardwareProfile
 from sim.cost.model_shape import ModelShape
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 from sim.cost.profiles import load_hardware, load_model, model_from_manifest
 from sim.cost.parallel import MAX_DP, MAX_PP, PIPELINE_SCHEDULES, NodeProfile, ParallelConfig, ParallelCost, ParallelError, \
     load_node, rank_model, stage_layers

@@ -11,7 +11,7 @@ import numpy as np
 from sim.cost import terms as C
 from sim.cost.hardware import HardwareProfile
 from sim.cost.model_shape import ModelShape
-from sim.errors import PresetError
+from sim.base.errors import PresetError
 from sim.cost.profiles import load_model, model_from_manifest
 from sim.serving.capacity import CapacityError
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from sim.errors import ConfigError
+from sim.base.errors import ConfigError
 from sim.serving.kvcache import KVCacheError, check_size
-from sim.options import check_value, declared, option
+from sim.base.options import check_value, declared, option
 from sim.serving.scheduler import POLICIES, SchedulerConfig
 
 GIB = 1 << 30
@@ -65,7 +65,7 @@ CAPACITY_SOURCES = {
 class CapacityError(KVCacheError):
     """A problem or request that cannot fit in the KV capacity (the message says by how much), or a bad serving
     setting. ``field`` names the :class:`ServingConfig` setting at fault (``"kv_capacity_bytes"`` for a
-    capacity too small), as :class:`sim.errors.ConfigError`'s does; ``None`` when no single setting is."""
+    capacity too small), as :class:`sim.base.errors.ConfigError`'s does; ``None`` when no single setting is."""
 
     def __init__(self, message: str, field: str | None = None):
         super().__init__(message)

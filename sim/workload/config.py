@@ -1,8 +1,8 @@
 """The :class:`Workload`: how the trace's problems are replayed (KV reuse, blocks, budgets, arrivals), validated once.
 
-One declared field per option (:func:`sim.options.option`: type, default, bounds, help and,
+One declared field per option (:func:`sim.base.options.option`: type, default, bounds, help and,
 where the option has a command-line flag of its own, the flag). Errors are
-:class:`sim.errors.ConfigError` with ``field = "workload.<name>"``; the CLI's ``--workload
+:class:`sim.base.errors.ConfigError` with ``field = "workload.<name>"``; the CLI's ``--workload
 KEY=VALUE`` and the dashboard build one from a dict (:meth:`Workload.from_any`), which also
 refuses unknown keys by name. Documented in docs/simulator.md (Workload options).
 """
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.errors import ConfigError
-from sim.options import check_value, declared, option
+from sim.base.errors import ConfigError
+from sim.base.options import check_value, declared, option
 
 # kv_budget_frac when none is stated: isolated mode's per-problem budget (serving then uses the device's capacity).
 DEFAULT_BUDGET_FRAC = 0.5

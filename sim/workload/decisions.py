@@ -25,7 +25,7 @@ import numpy as np
 
 from policies import PolicyError, get_policy, list_policies, yes_score
 
-from sim.errors import ConfigError
+from sim.base.errors import ConfigError
 from sim.workload.job import build_job
 from sim.workload.config import Workload
 

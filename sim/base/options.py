@@ -1,7 +1,7 @@
 """One declaration per option: :func:`option` puts type, default, bounds, help and flag on a dataclass field.
 
 ``validate_options(obj)`` checks every declared field of a dataclass instance (raising
-:class:`sim.errors.ConfigError` with ``field`` set); ``declared(cls)`` lists them, which is
+:class:`sim.base.errors.ConfigError` with ``field`` set); ``declared(cls)`` lists them, which is
 what the CLI builds its flags from (``app/cli_sim.py``). Adding an option to a
 :class:`sim.replay.runconfig.RunConfig` or :class:`sim.serving.capacity.ServingConfig` is one such field.
 """
@@ -11,7 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from sim.errors import ConfigError
+from sim.base.errors import ConfigError
 
 
 @dataclass(frozen=True)
