@@ -13,21 +13,15 @@ from policies import list_policies
 
 from sim.serving.capacity import ServingConfig
 from sim.workload.decisions import policy_kind
-from sim.replay.problem_metrics import SUMMARY_KEYS, clean
-from sim.replay.modes import run
+from sim.replay.problem_metrics import clean
+from sim.replay.modes import run, token_entry
 from sim.cost.profiles import load_presets as _load_presets
 from sim.replay.records import SimResult
-from sim.replay.runconfig import MODES, RunConfig, Workload
+from sim.replay.runconfig import MODES, RunConfig
 from sim.replay.session import Session, default_trace_path
-from sim.replay.summary import reshape_fields, reshape_info
+from sim.replay.summary import reshape_info
 from sim.replay.target import Target
 from sim.replay.mode_token import eviction_schedule, token_budgets
-
-# What compare_policies reports for each budget of a token policy.
-TOKEN_BUDGET_KEYS = ("attn_output_rel_error", "attn_mass_recall", "latency_mean_s", "speedup_vs_full", "peak_kv_bytes",
-                     "evictions", "kv_capacity_bytes", "kv_cap_tokens_per_sequence", "throughput_tokens_per_s",
-                     "throughput_vs_full", "max_running_seqs", "length_extrapolated")
-
 
 def load_presets() -> dict[str, list[str]]:
     """Names of every model and hardware preset (shipped + ``$RKSIM_PRESETS``)."""
@@ -100,21 +94,6 @@ def evaluate(trace, policy: str = "asks", params: dict | None = None, model_pres
     return out
 
 
-def _token_entry(session, target, name: str, mode: str, workload, seed: int, arrival_rate=None) -> dict:
-    """A token policy at each of the workload's compression ratios; the headline is its 4x budget."""
-    opts = Workload.from_any(workload)
-    res = {}
-    for label, K in token_budgets(session, name, list(opts.token_compressions), target.serving.decode_tokens).items():
-        config = RunConfig(policy=name, params={"budget": K} if name != "full" else {}, workload=workload,
-                           mode=mode, seed=seed, arrival_rate=arrival_rate)
-        r = run(session, target, config)
-        res[label] = clean({"budget": K, **{k: r.summary.get(k) for k in TOKEN_BUDGET_KEYS}})
-    entry = {k: None for k in SUMMARY_KEYS}
-    entry.update(dict(res["4x" if "4x" in res else next(iter(res))]))
-    entry.update({"budgets": res, "kind": "token", **reshape_fields(session.tf)})
-    return clean(entry)
-
-
 def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: str = "isolated",
                      policies=None, workload: dict | None = None, seed: int = 0, problems=None,
                      progress: bool = False, serving=None, reshape=None, node=None, tensor_parallel_size: int = 1,
@@ -150,7 +129,7 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
             if target.layout():
                 continue  # one sequence's decode on one GPU (sim.replay.modes.check_layout): not a deployment's figure
             if session.tf.longs:
-                out[name] = _token_entry(session, target, name, mode, workload, seed, arrival_rate)
+                out[name] = token_entry(session, target, name, mode, workload, seed, arrival_rate)
             continue
         config = RunConfig(policy=name, params={}, workload=workload, mode=mode, seed=seed,
                            problems=problems, router=router, arrival_rate=arrival_rate)

@@ -144,6 +144,7 @@ def test_sim_top_level_holds_only_the_face_and_the_packages():
     top = sorted(p.name for p in (ROOT / "sim").iterdir() if p.name != "__pycache__")
     pkgs = sorted(p.name for p in (ROOT / "sim").iterdir() if (p / "__init__.py").is_file())
     assert [n for n in top if n not in pkgs] == ["__init__.py", "api.py", "presets"]
+    assert len((ROOT / "sim" / "api.py").read_text().splitlines()) <= 150   # the face a newcomer reads in one screen
     # the check sees an upward arrow when there is one
     assert upward_imports({"sim.cost.terms": {"sim.serving.engine"}}) == ["sim.cost.terms imports sim.serving.engine"]
     assert upward_imports({"sim.search.sweep": {"sim.bench.plain"}}) == ["sim.search.sweep imports sim.bench.plain"]

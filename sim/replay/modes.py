@@ -10,8 +10,10 @@ from sim.replay import mode_isolated as isolated
 from sim.replay import mode_serving as serving
 from sim.replay import mode_token as token
 from sim.base.errors import ConfigError
+from sim.replay.problem_metrics import SUMMARY_KEYS, clean
 from sim.replay.records import SimResult
-from sim.replay.summary import finish
+from sim.replay.runconfig import RunConfig, Workload
+from sim.replay.summary import finish, reshape_fields
 
 BASELINES = ("no-kv", "exact-prefix")
 
@@ -83,4 +85,27 @@ def run(session, target, config) -> SimResult:
         return res
 
 
-__all__ = ["run", "runner", "check_layout", "baseline_run", "baseline_latency", "RUNNERS", "BASELINES"]
+# What compare_policies reports for each budget of a token policy.
+TOKEN_BUDGET_KEYS = ("attn_output_rel_error", "attn_mass_recall", "latency_mean_s", "speedup_vs_full", "peak_kv_bytes",
+                     "evictions", "kv_capacity_bytes", "kv_cap_tokens_per_sequence", "throughput_tokens_per_s",
+                     "throughput_vs_full", "max_running_seqs", "length_extrapolated")
+
+
+def token_entry(session, target, name: str, mode: str, workload, seed: int, arrival_rate=None) -> dict:
+    """A token policy at each of the workload's compression ratios; the headline is its 4x budget."""
+    opts = Workload.from_any(workload)
+    res = {}
+    budgets = token.token_budgets(session, name, list(opts.token_compressions), target.serving.decode_tokens)
+    for label, K in budgets.items():
+        config = RunConfig(policy=name, params={"budget": K} if name != "full" else {}, workload=workload,
+                           mode=mode, seed=seed, arrival_rate=arrival_rate)
+        r = run(session, target, config)
+        res[label] = clean({"budget": K, **{k: r.summary.get(k) for k in TOKEN_BUDGET_KEYS}})
+    entry = {k: None for k in SUMMARY_KEYS}
+    entry.update(dict(res["4x" if "4x" in res else next(iter(res))]))
+    entry.update({"budgets": res, "kind": "token", **reshape_fields(session.tf)})
+    return clean(entry)
+
+
+__all__ = ["run", "runner", "check_layout", "baseline_run", "baseline_latency", "token_entry", "RUNNERS", "BASELINES",
+           "TOKEN_BUDGET_KEYS"]
