@@ -397,7 +397,7 @@ def _cmd_compare(args) -> int:
 
 def _cmd_demo(args) -> int:
     from app.report import write_report
-    from app.tables import print_table, wrap
+    from app.tables import HEADLINE_WIDTH, print_headline, wrap
     from sim.api import simulate
 
     from sim.cost.fingerprint import profile_line
@@ -406,7 +406,8 @@ def _cmd_demo(args) -> int:
     trace = check_trace(args.trace)
     out_dir = Path(args.out)
     t0 = time.perf_counter()
-    print(wrap(profile_line(load_hardware(DEMO_TARGETS[0][1]))))   # does the shipped CPU profile belong to this host?
+    # does the shipped CPU profile belong to this host?
+    print(wrap(profile_line(load_hardware(DEMO_TARGETS[0][1])), HEADLINE_WIDTH))
     results = {}
     for model, hw in DEMO_TARGETS:
         label = f"{model or 'trace model'} on {hw}"
@@ -414,15 +415,18 @@ def _cmd_demo(args) -> int:
         results[label] = {"model": model, "hardware": hw, "compare": comp}
         any_m = next((m for m in comp["policies"].values() if m.get("decisions_model")), {})
         print("\n" + wrap(f"== {label} (isolated; verify_reuses_kv=True; decisions from the trace's model "
-                          f"{any_m.get('decisions_model', '?')}, costs from {any_m.get('cost_model', '?')} on {hw})"))
-        print_table(comp["policies"])
+                          f"{any_m.get('decisions_model', '?')}, costs from {any_m.get('cost_model', '?')} on {hw})",
+                          HEADLINE_WIDTH))
+        print_headline(comp["policies"])
     # Detail runs for the figures (the first target).
     details = {}
     for pol in ("no-kv", "exact-prefix", "asks", "cgee", "rksc", "lru", "rsbcm"):
         details[pol] = simulate(trace, policy=pol, hardware=DEMO_TARGETS[0][1], model_preset=DEMO_TARGETS[0][0],
                                 seed=args.sim_seed)
     path = write_report(out_dir / "report.html", trace, results, details)
-    print(f"\nwrote {path} in {time.perf_counter() - t0:.1f} s")
+    print("\n" + wrap(f"every figure with its interval: {path} and `rksim compare --json` (one target per run)",
+                      HEADLINE_WIDTH))
+    print(f"wrote {path} in {time.perf_counter() - t0:.1f} s")
     return 0
 
 

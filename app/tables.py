@@ -104,6 +104,61 @@ def print_table(policies: dict, width: int | None = None) -> None:
         print(wrap(note, width))
 
 
+# The figures a user reads first (``rksim demo``, ``make run``): printed name -> summary key. Every other
+# column is in the HTML report and ``rksim compare --json``.
+HEADLINE = {"vs exact-prefix": "speedup_vs_exact_prefix", "vs no-kv": "speedup_vs_no_kv",
+            "peak KV GB": "peak_kv_bytes", "answers changed": "answer_change_rate"}
+TOKEN_HEADLINE = {"latency s": "latency_mean_s", "peak KV GB": "peak_kv_bytes",
+                  "attn output error": "attn_output_rel_error", "attn mass recall": "attn_mass_recall"}
+HEADLINE_WIDTH = 100
+
+
+def headline_blocks(policies: dict) -> list[str]:
+    """The headline figures of ``policies`` as text blocks of at most :data:`HEADLINE_WIDTH` columns: the
+    sequence/block policies' speedups over exact-prefix and No-KV, peak KV and the share of shared branches
+    whose answer changed (each with its 95% interval where it has one), and the token (eviction) policies'
+    latency, peak KV and attention fidelity at their 4x budget. Trace-model figures are marked *."""
+    import pandas as pd
+
+    from policies import list_policies
+    from sim.replay.intervals import SUFFIX, fmt_ci
+    token = set(list_policies("token"))
+    blocks = []
+    for cols, rows in ((HEADLINE, [p for p in policies if p not in token]),
+                       (TOKEN_HEADLINE, [p for p in policies if p in token])):
+        if not rows:
+            continue
+        table = {}
+        for label, key in cols.items():
+            marked = any(key in (policies[p].get("trace_model_figures") or []) for p in rows)
+            col = {}
+            for p in rows:
+                v = policies[p].get(key)
+                if key == "peak_kv_bytes":
+                    col[p] = "—" if v is None else f"{v / 1e9:.3g}"
+                else:
+                    col[p] = fmt_ci(None if v is None else float(v), policies[p].get(key + SUFFIX))
+            table[label + ("*" if marked else "")] = col
+        text = pd.DataFrame(table).to_string()
+        if max(len(line) for line in text.splitlines()) > HEADLINE_WIDTH:   # pragma: no cover - long policy names
+            text = pd.DataFrame(table).to_string(line_width=HEADLINE_WIDTH)
+        blocks.append(text)
+    return blocks
+
+
+def print_headline(policies: dict, width: int = HEADLINE_WIDTH) -> None:
+    """Print the :func:`provenance_line`, the :func:`headline_blocks` and their footnotes, within ``width``."""
+    line = provenance_line(policies)
+    if line:
+        print(wrap(line, width))
+    print("\n\n".join(headline_blocks(policies)))
+    if any(k.endswith("_ci95") for v in policies.values() for k in v):
+        print(wrap("[lo, hi]: 95% intervals over the problems (Wilson for rates, paired bootstrap for speedups)", width))
+    note = trace_model_note(policies.values())
+    if note:
+        print(wrap(note, width))
+
+
 def wrap(text: str, width: int | None = None) -> str:
     """``text`` wrapped at ``width`` (default: this terminal's, 120 when not one), continued lines indented."""
     import shutil
@@ -112,4 +167,5 @@ def wrap(text: str, width: int | None = None) -> str:
                          break_on_hyphens=False, break_long_words=False)
 
 
-__all__ = ["TABLE_COLS", "fmt_table", "ci_table", "table_blocks", "trace_model_note", "print_table", "wrap"]
+__all__ = ["TABLE_COLS", "HEADLINE", "TOKEN_HEADLINE", "fmt_table", "ci_table", "table_blocks", "headline_blocks",
+           "trace_model_note", "print_table", "print_headline", "wrap"]

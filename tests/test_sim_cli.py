@@ -167,6 +167,9 @@ def test_demo_end_to_end(tmp_path):
     html = (tmp_path / "demo" / "report.html").read_text()
     assert html.count("plotly-graph-div") >= 6
     assert "qwen2.5-7b on h100-sxm" in r.stdout and "local-cpu" in r.stdout
+    # the first screen: the headline figures within 100 columns wherever it runs (no terminal here)
+    assert max(len(line) for line in r.stdout.splitlines()) <= 100, r.stdout
+    assert r.stdout.count("vs exact-prefix") == 2 and "answers changed" in r.stdout and "attn mass recall" in r.stdout
 
 
 def test_compare_table_says_whose_decisions_whose_costs_and_the_limits(syn, capsys):
@@ -202,3 +205,23 @@ def test_the_printed_table_fits_the_terminal(syn, capsys, monkeypatch):
     for name in list_policies():
         assert any(line.startswith(name + " ") for line in out.splitlines()), name
     assert "KV capacity" in out and "peak_kv_MB" in out and "attn_mass_recall" in out
+
+
+def test_the_headline_table_has_the_first_figures_within_100_columns(syn, capsys):
+    import json as _json
+
+    from app.tables import HEADLINE_WIDTH, headline_blocks
+    from policies import list_policies
+    assert main(["compare", "--trace", syn, "--hardware", "h100-sxm", "--json"]) == 0
+    out = _json.loads(capsys.readouterr().out)
+    blocks = headline_blocks(out["policies"])
+    assert len(blocks) == 2
+    lines = [line for b in blocks for line in b.splitlines()]
+    assert max(len(line) for line in lines) <= HEADLINE_WIDTH
+    assert lines[0].split() == ["vs", "exact-prefix", "vs", "no-kv", "peak", "KV", "GB", "answers", "changed"]
+    for name in list_policies():
+        assert any(line.startswith(name + " ") for line in lines), name
+    asks = next(line for line in lines if line.startswith("asks "))
+    p = out["policies"]["asks"]
+    assert f"{p['peak_kv_bytes'] / 1e9:.3g}" in asks and asks.count("[") == 3   # speedups and answer changes, CIs
+
