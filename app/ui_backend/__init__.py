@@ -66,7 +66,7 @@ from app.ui_backend.calibration import (  # noqa: F401
     calibration_kind,
     calibration_run,
     calibration_serve)
-from app.ui_backend.ranges import (  # noqa: F401
+from app.ui_backend.policy_ranges import (  # noqa: F401
     param_ranges,
     range_text)
 from app.ui_backend.deployments import (  # noqa: F401
