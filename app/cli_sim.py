@@ -313,7 +313,8 @@ def _cmd_simulate(args) -> int:
         s = clean(r.summary)
         print(f"{args.policy} on {r.info['cost_model']} / {r.info['hardware']} ({args.mode}); {r.info['note']}; "
               f"verify_reuses_kv={r.info['verify_reuses_kv']}")
-        from sim.replay.intervals import SUFFIX, fmt_ci
+        from app.tables import fmt_ci
+        from sim.replay.intervals import SUFFIX
         ci = clean(r.intervals())
         marked = set(s.get("trace_model_figures") or [])
         print(pd.Series({k + ("*" if k in marked else ""): (fmt_ci(v, ci[k + SUFFIX]) if ci.get(k + SUFFIX) else v)

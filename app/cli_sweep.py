@@ -125,7 +125,8 @@ def best_line(df, configs: list, trace: str, policy: str, options) -> str:
     this one row only: ``sim.search.sweep.row_intervals``); empty when no row has the figure."""
     import math
 
-    from sim.replay.intervals import SUFFIX, fmt_ci
+    from app.tables import fmt_ci
+    from sim.replay.intervals import SUFFIX
     from sim.search.sweep import row_intervals
     if BEST_BY not in df.columns:
         return ""

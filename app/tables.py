@@ -1,11 +1,23 @@
 """The comparison table the CLI prints and the HTML report and dashboard show (one formatting for all)."""
 from __future__ import annotations
 
+import math
+
 # Columns of the printed comparison table (all in the JSON too).
 TABLE_COLS = ["latency_mean_s", "speedup_vs_no_kv", "speedup_vs_exact_prefix", "kv_reuse", "asks_gate_auc",
               "skip_rate", "mean_exit_layer", "cgee_error_rate", "cgee_branch_disagreement_rate", "accuracy",
               "peak_kv_bytes", "evictions",
               "recompute_tokens", "attn_output_rel_error", "attn_mass_recall", "kv_capacity_bytes", "kv_budget_blocks"]
+
+
+def fmt_ci(value, ci, spec: str = "{:.4g}") -> str:
+    """``"0.25 [0.1, 0.47]"``: a figure and its interval (``sim.replay.intervals``) as table text (``"—"`` for no figure)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    s = spec.format(float(value))
+    if ci is None or len(ci) != 2 or ci[0] is None or ci[1] is None:
+        return s
+    return f"{s} [{spec.format(float(ci[0]))}, {spec.format(float(ci[1]))}]"
 
 
 def fmt_table(policies: dict):
@@ -24,8 +36,8 @@ def fmt_table(policies: dict):
 
 def ci_table(policies: dict):
     """:func:`fmt_table` as text, a figure with a 95% interval (``<metric>_ci95`` of its policy) shown as
-    ``"0.25 [0.1, 0.47]"`` (``sim.replay.intervals.fmt_ci``); figures without one as plain numbers."""
-    from sim.replay.intervals import SUFFIX, fmt_ci
+    ``"0.25 [0.1, 0.47]"`` (:func:`fmt_ci`); figures without one as plain numbers."""
+    from sim.replay.intervals import SUFFIX
     df = fmt_table(policies)
     out = df.astype(object)
     for col in df.columns:
@@ -121,7 +133,7 @@ def headline_blocks(policies: dict) -> list[str]:
     import pandas as pd
 
     from policies import list_policies
-    from sim.replay.intervals import SUFFIX, fmt_ci
+    from sim.replay.intervals import SUFFIX
     token = set(list_policies("token"))
     blocks = []
     for cols, rows in ((HEADLINE, [p for p in policies if p not in token]),
@@ -167,5 +179,5 @@ def wrap(text: str, width: int | None = None) -> str:
                          break_on_hyphens=False, break_long_words=False)
 
 
-__all__ = ["TABLE_COLS", "HEADLINE", "TOKEN_HEADLINE", "fmt_table", "ci_table", "table_blocks", "headline_blocks",
+__all__ = ["fmt_ci", "TABLE_COLS", "HEADLINE", "TOKEN_HEADLINE", "fmt_table", "ci_table", "table_blocks", "headline_blocks",
            "trace_model_note", "print_table", "print_headline", "wrap"]

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.replay.intervals import (auc_of_groups, bootstrap_auc, bootstrap_ratio, bootstrap_stat, fmt_ci, summary_intervals,
+from app.tables import fmt_ci
+from sim.replay.intervals import (auc_of_groups, bootstrap_auc, bootstrap_ratio, bootstrap_stat, summary_intervals,
                            wilson, wilson_of_rate, wilson_upper)
 
 

@@ -192,7 +192,7 @@ def test_bad_trace_and_out(tmp_path, capsys):
 def test_sweep_prints_its_best_row_with_intervals(tmp_path, capsys):
     """The sweep's best configuration by speedup, with the intervals SimResult.intervals gives that row."""
     from sim.api import simulate
-    from sim.replay.intervals import fmt_ci
+    from app.tables import fmt_ci
     out = tmp_path / "c.parquet"
     assert main(["sweep", "--trace", TRACE, "--hardware", HW, "--policy", "cgee", "--grid", "tau_conf=0.5,0.7",
                  "--grid", "l_min=20,26", "--quiet", "--out", str(out)]) == 0

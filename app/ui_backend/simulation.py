@@ -114,7 +114,8 @@ def compare(trace: str, model: str | None, hardware: str, mode: str = "isolated"
     from app.cli_sim import run_compare
     from app.tables import fmt_table
 
-    from sim.replay.intervals import SUFFIX, fmt_ci as ci_text
+    from app.tables import fmt_ci as ci_text
+    from sim.replay.intervals import SUFFIX
 
     out = run_compare(trace, model, hardware, mode, workload, seed, None, progress=False)
     df = fmt_table(out["policies"])

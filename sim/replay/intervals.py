@@ -221,16 +221,6 @@ def _ratio_ci(num: np.ndarray, den: np.ndarray, seed: int, n_boot: int) -> list 
     return [lo, hi] if math.isfinite(lo) and math.isfinite(hi) else None
 
 
-def fmt_ci(value, ci, spec: str = "{:.4g}") -> str:
-    """``"0.25 [0.1, 0.47]"``: a figure and its interval as table text (``"—"`` for no figure)."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "—"
-    s = spec.format(float(value))
-    if ci is None or len(ci) != 2 or ci[0] is None or ci[1] is None:
-        return s
-    return f"{s} [{spec.format(float(ci[0]))}, {spec.format(float(ci[1]))}]"
-
-
 __all__ = ["Z", "N_BOOT", "wilson", "bootstrap_ratio", "bootstrap_auc", "bootstrap_mean", "bootstrap_stat", "wilson_of_rate",
-           "wilson_upper", "summary_intervals", "fmt_ci", "auc_of_groups", "RATE_COLUMNS", "RATIO_COLUMNS",
+           "wilson_upper", "summary_intervals", "auc_of_groups", "RATE_COLUMNS", "RATIO_COLUMNS",
            "SPEEDUPS", "SUFFIX"]
