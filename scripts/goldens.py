@@ -17,12 +17,13 @@ import argparse
 import contextlib
 import io
 import json
-import math
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "golden"
+sys.path.insert(0, str(ROOT / "tests"))
+from json_close import moved  # noqa: E402,F401  (the comparison; tests/json_close.py)
 
 TARGETS = (("local-cpu", None), ("h100-sxm", "qwen2.5-7b"), ("h200", "qwen3-4b"))
 SERVE_POLICIES = ("rksc", "rsbcm", "vase-dkv")
@@ -83,26 +84,6 @@ def dump(obj) -> str:
 REL = 1e-12   # floats: relative agreement (a BLAS kernel's summation order moves the last bits, about 1e-16)
 
 
-def moved(got, want, path: str = "", rel: float = REL) -> list[str]:
-    """The figures of ``got`` that differ from ``want``, as ``path: got != want`` (empty: equal).
-
-    Dicts must have the same keys and lists the same lengths; a float equals a float within ``rel`` relative
-    (``math.isclose``); everything else (strings, integers, booleans, None) exactly, type included.
-    """
-    if isinstance(want, dict) and isinstance(got, dict):
-        if set(got) != set(want):
-            return [f"{path or '/'}: keys {sorted(set(got) ^ set(want))} in one only"]
-        return [m for k in sorted(want) for m in moved(got[k], want[k], f"{path}/{k}", rel)]
-    if isinstance(want, list) and isinstance(got, list):
-        if len(got) != len(want):
-            return [f"{path}: {len(got)} items != {len(want)}"]
-        return [m for i, (a, b) in enumerate(zip(got, want)) for m in moved(a, b, f"{path}[{i}]", rel)]
-    if isinstance(want, float) and isinstance(got, float):
-        return [] if math.isclose(got, want, rel_tol=rel, abs_tol=0.0) or (got != got and want != want) \
-            else [f"{path}: {got!r} != {want!r}"]
-    return [] if type(got) is type(want) and got == want else [f"{path}: {got!r} != {want!r}"]
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", action="store_true", help="rewrite tests/golden/*.json (default: check only)")
@@ -117,7 +98,7 @@ def main(argv=None) -> int:
             tmp.write_text(text)
             tmp.replace(path)
             print(f"wrote {path.relative_to(ROOT)}")
-        elif not path.is_file() or moved(json.loads(text), json.loads(path.read_text())):
+        elif not path.is_file() or moved(json.loads(text), json.loads(path.read_text()), rel=REL):
             bad.append(name)
             print(f"differs: {name}", file=sys.stderr)
     return 1 if bad else 0

@@ -301,7 +301,8 @@ def test_profile_line_for_a_newcomer():
 @pytest.mark.slow
 def test_committed_inputs_recreate_the_shipped_local_cpu(tmp_path, monkeypatch):
     """`rksim calibrate fit` on calibrate/data/local-cpu-fit (the command in docs/calibration.md, run from the
-    repository root) re-creates the shipped local-cpu.yaml byte for byte: its inputs are in the repository."""
+    repository root) re-creates the shipped local-cpu.yaml (every comment, key and string; floats to 1e-6): its inputs
+    are in the repository."""
     import shutil
 
     from calibrate.fit import fit_run_dirs
@@ -315,7 +316,15 @@ def test_committed_inputs_recreate_the_shipped_local_cpu(tmp_path, monkeypatch):
     out = tmp_path / "local-cpu.yaml"
     fit_run_dirs([rel / n for n in names], name="local-cpu", out=out, clock="cpu")
     shipped = root / "sim" / "presets" / "hardware" / "local-cpu.yaml"
-    assert out.read_text() == shipped.read_text()
+    # comments, keys, strings and integers exactly; the fitted floats to 1e-6 relative, or 1e-12 (seconds, or a
+    # dimensionless efficiency) where the optimiser drives a constant to its zero bound: its stopping point moves in
+    # the 9th digit between CPUs (tests/json_close.py)
+    import yaml
+    from json_close import moved
+    comments = [line for line in out.read_text().splitlines() if line.lstrip().startswith("#")]
+    assert comments == [line for line in shipped.read_text().splitlines() if line.lstrip().startswith("#")]
+    assert moved(yaml.safe_load(out.read_text()), yaml.safe_load(shipped.read_text()), rel=1e-6,
+                 abs_tol=1e-12) == []
     hw = load_hardware(str(shipped))
     assert hw.fingerprint and hw.fingerprint["kind"] == "cpu" and hw.fitted_range["max_batch"] >= 64
 

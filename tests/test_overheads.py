@@ -12,6 +12,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from json_close import moved
 
 from sim.base.errors import PresetError
 from sim.cost.overheads import (NO_FRONTEND, FrontendCost, HostStepCost, add, frontend_from_preset, frontend_or_none,
@@ -243,7 +244,7 @@ def test_shipped_measurement_is_this_fit_of_its_data():
     assert [r["running"] for r in rec["measurement"]["decode"]] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     again = assemble(rec["measurement"], rec["fingerprint"], rec["microbench_s"], rec["measured"])
     assert again["preset"] == rec["preset"]
-    assert again["fits"] == rec["fits"]
+    assert moved(again["fits"], rec["fits"]) == []   # to 1e-12: least squares' last bits differ between CPUs
     # the engine core's time grows with the running requests
     core = [r["core_cpu_ms"] for r in rec["measurement"]["decode"]]
     assert core[-1] > 20 * core[0]

@@ -151,12 +151,15 @@ def test_cli_quick_end_to_end(tmp_path):
 
 @pytest.mark.slow
 def test_committed_report_is_what_make_reproduce_regenerates(tmp_path):
-    """docs/reproduction/ holds exactly what `make reproduce` writes from the stored traces."""
+    """docs/reproduction/ holds what `make reproduce` writes from the stored traces (report.md exactly)."""
     committed = OUT_DOCS / "claims.json"
     if not committed.is_file():
         pytest.skip("no committed report")
     r = _rksim("reproduce", "--traces", str(DEFAULT_ROOT), "--no-progress", "--out", str(tmp_path / "rep"),
                timeout=1200)
     assert r.returncode == 0, r.stderr
-    for name in ("claims.json", "report.md"):
-        assert (tmp_path / "rep" / name).read_bytes() == (OUT_DOCS / name).read_bytes(), name
+    # the report's text byte for byte; its JSON's floats to 1e-12 relative: the attention errors go through BLAS
+    # matrix products whose last bits differ between CPUs (tests/json_close.py)
+    assert (tmp_path / "rep" / "report.md").read_bytes() == (OUT_DOCS / "report.md").read_bytes()
+    from json_close import moved
+    assert moved(json.loads((tmp_path / "rep" / "claims.json").read_text()), json.loads(committed.read_text())) == []
