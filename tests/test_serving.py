@@ -64,7 +64,7 @@ def test_preemption_and_recompute_hand_built():
     m, hw = load_model("qwen3-4b"), load_hardware("h100-sxm")
     job = _two_branches()
     eng = Engine(m, hw, [(0, job)], kv_blocks=5, caching=True, scheduler=SchedulerConfig(policy="vllm-v1"),
-                 prompt_ids=[[np.arange(8), np.arange(100, 108)]])
+                 prompt_ids=[[np.arange(8), np.arange(100, 108)]], log_evictions=True)
     res = eng.run()
     st = res.stats
     assert st["preemptions"] == 1 and st["recompute_tokens"] == 4
@@ -217,3 +217,13 @@ def test_eviction_schedule_equals_the_policy_loop(name, kw):
     assert events == list(res.event_positions)
     longer, _, _ = api.eviction_schedule(pol, P, 3 * T)   # extending the length keeps the recorded prefix
     np.testing.assert_array_equal(longer[: T - P], sizes)
+
+
+def test_the_engine_keeps_only_the_last_evicted_key_unless_asked():
+    m, hw = load_model("qwen3-4b"), load_hardware("h100-sxm")
+    runs = [Engine(m, hw, [(0, _two_branches())], kv_blocks=5, caching=True, scheduler=SchedulerConfig(policy="vllm-v1"),
+                   prompt_ids=[[np.arange(8), np.arange(100, 108)]], log_evictions=log).run() for log in (False, True)]
+    assert runs[0].kv.evicted_log == [] and runs[1].kv.evictions == runs[0].kv.evictions == 4
+    assert runs[0].kv.last_evicted == runs[1].kv.evicted_log[-1]
+    assert runs[0].makespan == runs[1].makespan and runs[0].stats == runs[1].stats   # the same run either way
+

@@ -157,6 +157,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
                      fast_forward=not step_by_step, **kw, **({} if delays is None else {"client_delays": delays, "api_servers": fe.api_servers}))
         res = eng.run()
         recs = res.records()
+        # the records hold what the results read: the problems go now, not when the engine's cycles are collected
+        eng.probs, res.problems = [], []
         results = [res]
         sent = eng.sent
     else:
@@ -283,24 +285,40 @@ def _layout(model, hw, sv_eff, tensor_parallel_size, pipeline_parallel_size, dat
     return par, nd, routing
 
 
+class PromptIds:
+    """Request ``i``'s prompt token ids (one branch), made when read: the shared prefix's ids
+    ``PREFIX_ID_BASE..``, then its own ``-(1 + i 10^9 + k)``, unique per request and token. Nothing is held
+    per request, so a run's memory does not grow with its prompts (the engine reads a request's ids when it
+    starts and lets them go when it is answered)."""
+
+    def __init__(self, pre: np.ndarray, input_lens: np.ndarray):
+        self.pre = pre
+        self.input_lens = input_lens
+
+    def __len__(self) -> int:
+        return len(self.input_lens)
+
+    def __getitem__(self, i: int) -> list:
+        own = -(1 + int(i) * 10 ** 9 + np.arange(int(self.input_lens[i]) - len(self.pre), dtype=np.int64))
+        return [np.concatenate([self.pre, own]) if len(self.pre) else own]
+
+
 def _jobs(model, hw, wl: PlainWorkload, bs: int, token_policy):
-    """One job and its prompt token ids per request (the shared prefix's ids first), and those prefix ids."""
-    jobs, ids = [], []
+    """One job per request (requests of the same lengths share one: a job is what a request asks, not its
+    state), their prompt token ids (:class:`PromptIds`), and the shared prefix's ids."""
+    jobs = []
     memo = {}
     inp, out = wl.input_lens, wl.output_lens
     pre = np.arange(PREFIX_ID_BASE, PREFIX_ID_BASE + wl.prefix_len, dtype=np.int64)
     for i in range(wl.n):
         P, T = int(inp[i]), int(out[i])
-        job = plain_job(P, T, model.n_layers, bs)
-        if token_policy is not None:
-            key = (P, T)
-            if key not in memo:
-                memo[key] = _long_decode(model, hw, token_policy, P, T)
-            job.long = memo[key]
+        job = memo.get((P, T))
+        if job is None:
+            job = memo[(P, T)] = plain_job(P, T, model.n_layers, bs)
+            if token_policy is not None:
+                job.long = _long_decode(model, hw, token_policy, P, T)
         jobs.append((i, job))
-        own = -(1 + i * 10 ** 9 + np.arange(P - wl.prefix_len, dtype=np.int64))
-        ids.append([np.concatenate([pre, own]) if wl.prefix_len else own])
-    return jobs, ids, pre
+    return jobs, PromptIds(pre, inp), pre
 
 
 def _info(model, hw, sv, sched, graphs, cap, bs, blocks, token_policy, results, recs, offline, par,
@@ -343,7 +361,11 @@ def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, it
     s0 = np.array([sent[int(r["pseq"])] for r in recs], np.float64)
     lead = start - s0 + np.array([d[1] for d in delays], np.float64)
     ttft = ttft + lead
-    out_itls, out_e2el = [], np.array(e2el, np.float64) + lead
+    out_e2el = np.array(e2el, np.float64) + lead
+    # every request's gaps in one array (Gaps), filled in place: a day's ITLs are never held twice
+    off = np.zeros(len(recs) + 1, np.int64)
+    np.cumsum([max(len(r["token_times"][0]) - 1, 0) for r in recs], out=off[1:])
+    values = np.empty(int(off[-1]), np.float64)
     for i, r in enumerate(recs):
         res = results[0 if where is None else int(where[i])]
         tl_t, tl_run = res.timeline_t, res.timeline_running
@@ -354,8 +376,8 @@ def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, it
             g2 = np.asarray(fe.itl_s(gaps, tl_run[k]), np.float64).reshape(-1)
             out_e2el[i] += float(g2.sum() - gaps.sum())
             gaps = g2
-        out_itls.append(gaps)
-    return s0, ttft, out_e2el, Gaps(out_itls)
+        values[off[i]:off[i + 1]] = gaps
+    return s0, ttft, out_e2el, Gaps(values, off)
 
 
 def _overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, results) -> dict:

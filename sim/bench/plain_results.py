@@ -41,14 +41,31 @@ class ITLs:
 
 
 class Gaps(ITLs):
-    """Per request, its gaps as one float64 array each (the front end's ITLs, :func:`sim.bench.plain._with_frontend`):
-    8 bytes a token, where a list of Python floats holds 32; read as :class:`ITLs` is."""
+    """Every request's gaps in one float64 array (the front end's ITLs, :func:`sim.bench.plain._with_frontend`),
+    request ``i``'s at ``values[offsets[i]:offsets[i + 1]]``: 8 bytes a token and no array per request, and
+    :meth:`flat` is that array itself (a day of traffic's ITLs are held once, not twice); read as
+    :class:`ITLs` is."""
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray):
+        self.values = values
+        self.offsets = offsets
+        self.times = None
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
 
     def array(self, i: int) -> np.ndarray:
-        return self.times[i]
+        return self.values[self.offsets[i]:self.offsets[i + 1]]
 
     def __getitem__(self, i) -> list:
-        return self.times[i].tolist()
+        return self.array(i).tolist()
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def flat(self) -> np.ndarray:
+        return self.values
 
 
 def overheads_words(info: dict) -> str:

@@ -105,6 +105,9 @@ class Engine(ProblemLifecycle):
     on_step : callable, optional
         Called with a :class:`StepRecord` after every iteration's scheduler update (an observer: it decides
         nothing). With one, the engine steps every iteration (no fast-forward window skips one).
+    log_evictions : bool
+        Keep every evicted block's key in order (``kv.evicted_log``); off, the block manager keeps only the
+        last, so memory does not grow with a long run's evictions.
     """
 
     def __init__(self, model, hw, jobs, *, concurrency: int = 1, arrival_rate: float | None = None, seed: int = 0,
@@ -115,7 +118,7 @@ class Engine(ProblemLifecycle):
                  cost=None, env: simpy.Environment | None = None, settle: int | None = None,
                  block_size: int | None = None, record_pipeline: bool = False, host_step=None,
                  async_scheduling: bool = False, client_delays=None, api_servers: int = 1,
-                 fast_forward: bool = False, on_step=None):
+                 fast_forward: bool = False, on_step=None, log_evictions: bool = False):
         self.m, self.hw = model, hw
         # the API server in front (arrival_times only; None: none): per job (before_s, after_s), the seconds
         # from send to the engine (HTTP, tokenisation; api_servers requests at a time, FIFO) and from the
@@ -149,7 +152,7 @@ class Engine(ProblemLifecycle):
         self.cfg = scheduler or SchedulerConfig(max_num_seqs=1 << 20, max_num_batched_tokens=1 << 24,
                                                 policy="prefill-first")
         self.kv = BlockManager(UNLIMITED if kv_blocks is None else int(kv_blocks), bs, policy=block_policy,
-                               caching=caching)
+                               caching=caching, log_evictions=log_evictions)
         self.sched = Scheduler(self.cfg, self.kv)
         self.caching = caching
         self.prompt_ids = prompt_ids

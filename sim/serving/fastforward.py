@@ -152,6 +152,11 @@ class FastForward:
         self._static: dict = {}   # id(request) -> (request, problem, prompt tokens) of requests found eligible
         self.guarded = 0          # windows whose first step was also priced the stepped way
 
+    def forget(self, req) -> None:
+        """An answered request leaves the memos (they hold what is read while a request runs or waits)."""
+        self._static.pop(id(req), None)
+        self._keys.pop(id(req), None)
+
     @staticmethod
     def supports(eng) -> bool:
         """Engines whose iterations a window can replace: one stage, one accelerator on its own clock, a cost
@@ -244,7 +249,7 @@ class FastForward:
                 if (kind != 1 or j.B != 1 or j.verify_on or j.long is not None or req.hold or req.kv_cap is not None
                         or p.ext[b] or p.first[b] != p.first[b]):
                     return None
-                if len(static) > 1 << 16:
+                if len(static) > 4 * cfg.max_num_seqs + 1024:   # only running requests are read: bound it
                     static.clear()
                 e = static[id(req)] = (req, p, int(j.ctx[b]))
             c = req.num_computed_tokens

@@ -125,11 +125,10 @@ class Window:
                     kv.peak_used = u
                 if reg[i] and nkeyed.get(rids[i], 0) < tokens // bs:   # else _register is a no-op
                     register(R[i], blks, tokens // bs)
-                if keys is not None and kv.evictions != ev0:
-                    for x in kv.evicted_log[len(kv.evicted_log) - (kv.evictions - ev0):]:
-                        pos = keys.get(x)
-                        if pos is not None and pos < L:
-                            L = pos
+                if keys is not None and kv.evictions != ev0:   # the take evicted (one block at most)
+                    pos = keys.get(kv.last_evicted)
+                    if pos is not None and pos < L:
+                        L = pos
                     ev0 = kv.evictions
             elif reg[i] and tokens % bs == 0:   # it fills one: its key (the first lane)
                 register(R[i], blks, tokens // bs)
@@ -224,6 +223,7 @@ class Window:
             p.end = self.t_end
             if p.admitted is None:   # pragma: no cover - a decoding request was admitted
                 p.admitted = p.arrival
+            eng._release(p)   # as Engine._finish_problem (no user waits on it: such a step is stepped)
 
     # ------------------------------------------------------------------ the window
     def run(self):

@@ -141,9 +141,13 @@ class BlockManager:
         Ranks the evictable cache; default LRU (vLLM's order).
     caching : bool
         Prefix caching on (vLLM ``enable_prefix_caching``); off: no block is ever reused.
+    log_evictions : bool
+        Keep every evicted key in order (``evicted_log``: the tree replay's eviction order, tests); off, only
+        the last (``last_evicted``), so a long serving run's memory does not grow with its evictions.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, policy=None, caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, policy=None, caching: bool = True,
+                 log_evictions: bool = True):
         self.num_blocks = check_size("num_blocks", num_blocks, lo=0, hi=UNLIMITED)
         self.block_size = check_size("block_size", block_size, lo=1, hi=4096)
         if policy is None:
@@ -170,7 +174,9 @@ class BlockManager:
         self.hits = 0              # blocks found in the cache
         self.queries = 0           # blocks looked up
         self.peak_used = 0
-        self.evicted_log: list = []  # keys evicted, in order (tests, reports; bounded by evictions)
+        self.log_evictions = bool(log_evictions)
+        self.evicted_log: list = []  # keys evicted, in order (with log_evictions; bounded by evictions)
+        self.last_evicted = None     # the key of the last block evicted
         self.kv_groups = None       # (full_groups, sliding_groups, window): set_kv_groups
         self._extra: dict = {}      # req_id -> [Block] of its other groups (never keyed)
 
@@ -247,6 +253,11 @@ class BlockManager:
                 parent = block_key(parent, content(k))
                 keys.append(parent)
         return keys
+
+    def forget(self, req) -> None:
+        """Drop ``req``'s chain keys: it is answered and never asks again (a preempted request keeps them). Its
+        cached blocks keep their own keys."""
+        self._chain.pop(id(req), None)
 
     def chain_keys(self, req) -> list:
         """The chain keys of ``req``'s blocks computed so far (empty before its first)."""
@@ -420,7 +431,9 @@ class BlockManager:
             return Block(bid, ref=1)
         b = self._pop_victim()
         self.evictions += 1
-        self.evicted_log.append(b.key)
+        self.last_evicted = b.key
+        if self.log_evictions:
+            self.evicted_log.append(b.key)
         self._uncache(b)
         b.key, b.ref, b.score, b.depth = None, 1, 0.0, 0
         b.version += 1

@@ -6,7 +6,8 @@ verification, answer.
 :mod:`sim.serving.engine`): a branch enters the scheduler once its gate pass finished and its KV source
 produced its first token; verification starts when every branch is done; RSBCM's block scores are set when
 they become known (``score_at``). The engine supplies ``env``, ``sched``, ``kv``, ``bs``, ``caching``,
-``prompt_ids``, ``score_at``, ``record_tokens``, ``jobs``, ``probs``, ``_add`` and ``_wake``.
+``prompt_ids``, ``score_at``, ``record_tokens``, ``jobs``, ``probs``, ``_add``, ``_wake`` and ``_ff`` (its
+fast-forward, or None).
 """
 from __future__ import annotations
 
@@ -180,8 +181,19 @@ class ProblemLifecycle:
         p.end = self.env.now
         if p.admitted is None:
             p.admitted = p.arrival
+        self._release(p)
         if p.user_done is not None:
             p.user_done.succeed()
+
+    def _release(self, p: _Prob) -> None:
+        """An answered problem lets its requests go (their token ids, chain keys): what stays is its record's
+        figures and token times."""
+        ff = self._ff
+        for req in p.reqs.values():
+            self.kv.forget(req)
+            if ff is not None:
+                ff.forget(req)
+        p.reqs = {}
 
     def _prob(self, pseq: int, pos=None, job=None) -> _Prob:
         """The problem ``pseq`` (of ``self.jobs`` unless ``pos``/``job`` are given), with its token-time lists."""
