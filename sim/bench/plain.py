@@ -156,7 +156,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency,
                      fast_forward=not step_by_step, **kw, **({} if delays is None else {"client_delays": delays, "api_servers": fe.api_servers}))
         res = eng.run()
-        recs = res.records()
+        recs = res.records(res.PLAIN_FIELDS)
         # the records hold what the results read: the problems go now, not when the engine's cycles are collected
         eng.probs, res.problems = [], []
         results = [res]
@@ -437,7 +437,7 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
     results = [e.result(n_expected=int(c)) for e, c in zip(engines, counts)]
     by = {}
     for res in results:
-        for rec in res.records():
+        for rec in res.records(res.PLAIN_FIELDS):
             by[rec["pseq"]] = rec
     return results, [by[i] for i in range(len(jobs))], where, float(env.now)
 

@@ -563,7 +563,14 @@ class EngineResult:
             "bubble_fraction": [1.0 - b / span if span > 0 else 0.0 for b in eng.stage_busy],
             **({"batches": eng.pp_batches} if eng.record_pipeline else {})}
 
-    def records(self) -> list[dict]:
+    # what a vllm bench-shaped run reads of each record (sim.bench.plain): a day of traffic's records are small
+    PLAIN_FIELDS = ("pseq", "arrival_s", "latency_s", "first_token_times", "prefix_hit_tokens", "token_times")
+
+    def records(self, fields: tuple | None = None) -> list[dict]:
+        """One dict per problem, in arrival order; ``fields``: only these keys of each (e.g. :data:`PLAIN_FIELDS`),
+        with the same values."""
+        if fields is not None:
+            return [{k: v for k, v in r.items() if k in fields} for r in self._lean(fields)]
         out = []
         for p in self.problems:
             adm = p.admitted if p.admitted is not None else p.arrival
@@ -583,3 +590,11 @@ class EngineResult:
                 **({"token_times": [token_times(x) for x in p.tok]} if p.tok is not None else {}),
             })
         return out
+
+    def _lean(self, fields):
+        for p in self.problems:
+            r = {"pseq": p.pseq, "arrival_s": p.arrival, "latency_s": p.end - p.arrival, "first_token_times": p.first,
+                 "prefix_hit_tokens": int(p.hit_tokens)}
+            if p.tok is not None and "token_times" in fields:
+                r["token_times"] = [token_times(x) for x in p.tok]
+            yield r
