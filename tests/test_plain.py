@@ -449,3 +449,25 @@ def test_token_counts_a_chunk_of_requests_at_a_time_are_the_whole_runs(monkeypat
     assert whole["max_output_tokens_per_s"] == float(np.bincount((t - t0).astype(np.int64)).max())
     monkeypatch.setattr(pr, "TOKEN_CHUNK", 3)   # 40 requests in 14 chunks, the last one short
     assert json.dumps(plain.serve_result(r)) == json.dumps(whole)
+
+
+def test_a_run_holds_nothing_per_answered_request_but_its_figures():
+    """Memory grows with requests, not with their tokens or evictions: once every request is answered the block
+    manager holds no chain keys, the fast-forward memos no request, the eviction log nothing (only the last key);
+    requests of the same lengths share one job; prompt ids are made when read, as they were written."""
+    from sim.serving.engine import Engine
+    from sim.serving.scheduler import SchedulerConfig
+    m, hw = load_model("llama-3-8b"), load_hardware("h100-sxm")
+    wl = plain.PlainWorkload(np.array([64, 64, 100, 64] * 10, np.int64), np.array([40, 40, 7, 40] * 10, np.int64), 16)
+    jobs, ids, pre = plain._jobs(m, hw, wl, 16, None)
+    assert len({id(j) for _, j in jobs}) == 2 and len(ids) == 40
+    want = np.concatenate([pre, -(1 + 5 * 10 ** 9 + np.arange(64 - 16, dtype=np.int64))])
+    assert np.array_equal(ids[5][0], want) and ids[5][0][0] == plain.PREFIX_ID_BASE
+    eng = Engine(m, hw, jobs, prompt_ids=ids, arrival_times=np.arange(40) * 0.002, kv_blocks=40, fast_forward=True,
+                 scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=2048, policy="vllm-v1"),
+                 record_token_times=True)
+    res = eng.run()
+    assert len(res.records()) == 40 and eng._ff.windows > 0
+    assert eng.kv.evictions > 0 and eng.kv.evicted_log == [] and eng.kv.last_evicted is not None
+    assert eng.kv._chain == {} and eng._ff._static == {} and eng._ff._keys == {}
+    assert all(p.reqs == {} for p in res.problems)
