@@ -235,6 +235,11 @@ class FastForward:
         last = R[-1]   # the newest request is the likeliest not to decode (a prefill chunk): look at it first
         if last.num_tokens - last.num_computed_tokens != 1 or last.num_computed_tokens < last.high_water:
             return None
+        # an admissible waiting head ends the window before it starts: checked before the O(batch) pass below
+        # (the commonest exit under steady arrivals; both read the state and only fill memos)
+        hd = self._head()
+        if hd is None:
+            return None
         kcap = self.max_steps
         probs, cl, nbl, finl = [], [], [], []
         static = self._static
@@ -268,9 +273,6 @@ class FastForward:
         nb = np.array(nbl, np.int64)
         fin = np.array(finl, np.int64)      # the window step at which each request samples its last token
         if kcap < self.min_steps:
-            return None
-        hd = self._head()
-        if hd is None:
             return None
         bs = kv.block_size
         f = nb * bs - c0 + 1                 # first step at which request i opens a block
