@@ -11,7 +11,8 @@ TABLE_COLS = ["latency_mean_s", "speedup_vs_no_kv", "speedup_vs_exact_prefix", "
 
 
 def fmt_ci(value, ci, spec: str = "{:.4g}") -> str:
-    """``"0.25 [0.1, 0.47]"``: a figure and its interval (``sim.replay.intervals``) as table text (``"—"`` for no figure)."""
+    """``"0.25 [0.1, 0.47]"``: a figure and its interval (``sim.replay.intervals``) as table text (``"—"``
+    for no figure)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "—"
     s = spec.format(float(value))
@@ -165,7 +166,8 @@ def print_headline(policies: dict, width: int = HEADLINE_WIDTH) -> None:
         print(wrap(line, width))
     print("\n\n".join(headline_blocks(policies)))
     if any(k.endswith("_ci95") for v in policies.values() for k in v):
-        print(wrap("[lo, hi]: 95% intervals over the problems (Wilson for rates, paired bootstrap for speedups)", width))
+        print(wrap("[lo, hi]: 95% intervals over the problems (Wilson for rates, paired bootstrap for speedups)",
+                   width))
     note = trace_model_note(policies.values())
     if note:
         print(wrap(note, width))
@@ -179,5 +181,5 @@ def wrap(text: str, width: int | None = None) -> str:
                          break_on_hyphens=False, break_long_words=False)
 
 
-__all__ = ["fmt_ci", "TABLE_COLS", "HEADLINE", "TOKEN_HEADLINE", "fmt_table", "ci_table", "table_blocks", "headline_blocks",
-           "trace_model_note", "print_table", "print_headline", "wrap"]
+__all__ = ["fmt_ci", "TABLE_COLS", "HEADLINE", "TOKEN_HEADLINE", "fmt_table", "ci_table", "table_blocks",
+           "headline_blocks", "trace_model_note", "print_table", "print_headline", "wrap"]

@@ -221,8 +221,9 @@ def test_eviction_schedule_equals_the_policy_loop(name, kw):
 
 def test_the_engine_keeps_only_the_last_evicted_key_unless_asked():
     m, hw = load_model("qwen3-4b"), load_hardware("h100-sxm")
-    runs = [Engine(m, hw, [(0, _two_branches())], kv_blocks=5, caching=True, scheduler=SchedulerConfig(policy="vllm-v1"),
-                   prompt_ids=[[np.arange(8), np.arange(100, 108)]], log_evictions=log).run() for log in (False, True)]
+    runs = [Engine(m, hw, [(0, _two_branches())], kv_blocks=5, caching=True,
+                   scheduler=SchedulerConfig(policy="vllm-v1"), prompt_ids=[[np.arange(8), np.arange(100, 108)]],
+                   log_evictions=log).run() for log in (False, True)]
     assert runs[0].kv.evicted_log == [] and runs[1].kv.evictions == runs[0].kv.evictions == 4
     assert runs[0].kv.last_evicted == runs[1].kv.evicted_log[-1]
     assert runs[0].makespan == runs[1].makespan and runs[0].stats == runs[1].stats   # the same run either way

@@ -567,34 +567,27 @@ class EngineResult:
     PLAIN_FIELDS = ("pseq", "arrival_s", "latency_s", "first_token_times", "prefix_hit_tokens", "token_times")
 
     def records(self, fields: tuple | None = None) -> list[dict]:
-        """One dict per problem, in arrival order; ``fields``: only these keys of each (e.g. :data:`PLAIN_FIELDS`),
-        with the same values."""
-        if fields is not None:
-            return [{k: v for k, v in r.items() if k in fields} for r in self._lean(fields)]
-        out = []
-        for p in self.problems:
-            adm = p.admitted if p.admitted is not None else p.arrival
-            first = p.first
-            out.append({
-                "pseq": p.pseq, "pos": p.pos, "arrival_s": p.arrival, "admitted_s": adm, "end_s": p.end,
-                "latency_s": p.end - p.arrival, "service_s": p.end - adm,
-                # waiting for the scheduler (memory, sequence or token caps): the problem's first admission
-                # after arrival plus its branches' mean wait between ready and first scheduled
-                "queue_s": (adm - p.arrival) + (p.qsum / p.qn if p.qn else 0.0),
-                **{f"{k}_s": v for k, v in p.phase.items()},
-                "ttft_s": float(np.nanmean(first)) if len(first) and not np.isnan(first).all() else 0.0,
-                "first_token_times": first, "peak_kv_bytes": p.peak, "iterations": p.iterations,
-                "kv_times": np.asarray(p.times), "kv_bytes": np.asarray(p.mem),
-                "recompute_tokens": int(p.recompute), "evictions": 0,
-                "prefix_hit_tokens": int(p.hit_tokens), "prompt_tokens_admitted": int(p.prompt_tokens),
-                **({"token_times": [token_times(x) for x in p.tok]} if p.tok is not None else {}),
-            })
-        return out
+        """One dict per problem, in arrival order; ``fields``: only these keys of each (e.g. :data:`PLAIN_FIELDS`:
+        a long run's records are then small; each full record lives only while it is cut)."""
+        if fields is None:
+            return [self._record(p) for p in self.problems]
+        return [{k: v for k, v in self._record(p).items() if k in fields} for p in self.problems]
 
-    def _lean(self, fields):
-        for p in self.problems:
-            r = {"pseq": p.pseq, "arrival_s": p.arrival, "latency_s": p.end - p.arrival, "first_token_times": p.first,
-                 "prefix_hit_tokens": int(p.hit_tokens)}
-            if p.tok is not None and "token_times" in fields:
-                r["token_times"] = [token_times(x) for x in p.tok]
-            yield r
+    @staticmethod
+    def _record(p) -> dict:
+        adm = p.admitted if p.admitted is not None else p.arrival
+        first = p.first
+        return {
+            "pseq": p.pseq, "pos": p.pos, "arrival_s": p.arrival, "admitted_s": adm, "end_s": p.end,
+            "latency_s": p.end - p.arrival, "service_s": p.end - adm,
+            # waiting for the scheduler (memory, sequence or token caps): the problem's first admission
+            # after arrival plus its branches' mean wait between ready and first scheduled
+            "queue_s": (adm - p.arrival) + (p.qsum / p.qn if p.qn else 0.0),
+            **{f"{k}_s": v for k, v in p.phase.items()},
+            "ttft_s": float(np.nanmean(first)) if len(first) and not np.isnan(first).all() else 0.0,
+            "first_token_times": first, "peak_kv_bytes": p.peak, "iterations": p.iterations,
+            "kv_times": np.asarray(p.times), "kv_bytes": np.asarray(p.mem),
+            "recompute_tokens": int(p.recompute), "evictions": 0,
+            "prefix_hit_tokens": int(p.hit_tokens), "prompt_tokens_admitted": int(p.prompt_tokens),
+            **({"token_times": [token_times(x) for x in p.tok]} if p.tok is not None else {}),
+        }

@@ -171,7 +171,7 @@ class FastForward:
                 and eng.score_at == "generation" and hasattr(c, "decode_batch_seconds") and c.exact_integers())
 
     # ------------------------------------------------------------------ admissions
-    def _head(self):
+    def head(self):
         """The waiting head's admission now. ``None``: it could be admitted (or the rule is not covered): stop.
         Else ``(keys, L, nblk, clean_only)``: ``keys`` its chain keys by position (None: no lookup is counted),
         ``L`` the length of its cached chain, ``clean_only``: takes must not evict (module docstring)."""
@@ -237,7 +237,7 @@ class FastForward:
             return None
         # an admissible waiting head ends the window before it starts: checked before the O(batch) pass below
         # (the commonest exit under steady arrivals; both read the state and only fill memos)
-        hd = self._head()
+        hd = self.head()
         if hd is None:
             return None
         kcap = self.max_steps
@@ -296,51 +296,3 @@ class FastForward:
         w = Window(self, R, probs, c0, f, g, fin, kcap, hd)
         res = w.run()
         return None if res is None else exact_delays(w.now, *res)
-
-    def _takes(self, f, alive, a: int, b: int) -> int:
-        """Blocks the alive requests open at steps ``a..b``."""
-        fa = f[alive]
-        bs = self.eng.kv.block_size
-        hi = np.maximum((b - fa) // bs + 1, 0)
-        lo = np.maximum((a - 1 - fa) // bs + 1, 0)
-        return int((hi - lo).sum())
-
-    def _short(self, f, alive, s: int, e: int, free: int):
-        """The first step of ``s..e`` whose takes exceed the ``free`` blocks (it preempts), or None."""
-        bs = self.eng.kv.block_size
-        fa = f[alive]
-        nt = fa + np.maximum(-(-(s - fa) // bs), 0) * bs      # each alive request's next take, >= s
-        if free < len(nt):
-            # every request takes at most once in bs steps: the (free + 1)-th take is the
-            # (free + 1)-th smallest next take if that falls within them
-            q = int(np.partition(nt, free)[free])
-            if q < s + bs and q <= e:
-                return q
-        if self._takes(f, alive, s, e) <= free:
-            return None
-        lo, hi = s - 1, e          # takes(s..lo) <= free < takes(s..hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self._takes(f, alive, s, mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return hi                  # the step whose takes exceed the pool
-
-    def _events(self, f, g, a: int, b: int, caching: bool):
-        """Block events of steps ``a..b`` in (step, running order): ``(steps, request indices)``."""
-        B0 = len(f)
-        bs = self.eng.kv.block_size
-        M = (b - a) // bs + 2
-        m = np.arange(M, dtype=np.int64)[None, :] * bs
-        idx = np.arange(B0, dtype=np.int64)[:, None]
-        keys = []
-        for st in ((f, g) if caching else (f,)):
-            s0 = st + np.maximum(-(-(a - st) // bs), 0) * bs    # first event step >= a
-            e = s0[:, None] + m
-            keys.append(np.where(e <= b, e * B0 + idx, -1).ravel())
-        key = np.concatenate(keys)
-        key = key[key >= 0]
-        # distinct but for block size 1 (a step both opens and fills the request's block: one call)
-        key = np.unique(key) if bs == 1 else np.sort(key)
-        return (key // B0).tolist(), (key % B0).tolist()

@@ -16,13 +16,13 @@ class Window:
 
     Parameters
     ----------
-    ff : the :class:`sim.serving.fastforward.FastForward` (block-event and admission arithmetic, counters)
+    ff : the :class:`sim.serving.fastforward.FastForward` (the waiting head's admission, counters)
     R, probs : the running requests and their problems, in running order
     c0 : computed tokens of each at the window's start
     f, g : first window step at which each opens / fills a block
     fin : the window step at which each samples its last token
     kcap : the longest window allowed
-    hd : the waiting head's admission (``FastForward._head``): ``(keys, L, nblk, clean_only)``
+    hd : the waiting head's admission (``FastForward.head``): ``(keys, L, nblk, clean_only)``
     """
 
     def __init__(self, ff, R, probs, c0, f, g, fin, kcap: int, hd):
@@ -61,7 +61,7 @@ class Window:
         while self.gen_to < upto:
             gen_to = self.gen_to
             a, b = gen_to + 1, min(gen_to + max(32, min(gen_to, self.ff.chunk)), self.kcap)
-            e, w = self.ff._events(self.f, self.g, a, b, self.kv.caching)
+            e, w = self.events(a, b)
             ep = self.ep
             self.evs, self.who, self.ep = self.evs[ep:] + e, self.who[ep:] + w, 0
             self.gen_to = b
@@ -84,11 +84,60 @@ class Window:
 
     def _new_head(self) -> bool:
         """The waiting head's admission after a step that freed blocks; False: it fits (the window ends)."""
-        hd = self.ff._head()
+        hd = self.ff.head()
         if hd is None:
             return False
         self.keys, self.L, self.nblk, self.clean_only = hd
         return True
+
+    # ------------------------------------------------------------------ block arithmetic
+    def takes(self, alive, a: int, b: int) -> int:
+        """Blocks the alive requests open at steps ``a..b``."""
+        fa = self.f[alive]
+        bs = self.bs
+        hi = np.maximum((b - fa) // bs + 1, 0)
+        lo = np.maximum((a - 1 - fa) // bs + 1, 0)
+        return int((hi - lo).sum())
+
+    def short(self, alive, s: int, e: int, free: int):
+        """The first step of ``s..e`` whose takes exceed the ``free`` blocks (it preempts), or None."""
+        bs = self.bs
+        fa = self.f[alive]
+        nt = fa + np.maximum(-(-(s - fa) // bs), 0) * bs      # each alive request's next take, >= s
+        if free < len(nt):
+            # every request takes at most once in bs steps: the (free + 1)-th take is the
+            # (free + 1)-th smallest next take if that falls within them
+            q = int(np.partition(nt, free)[free])
+            if q < s + bs and q <= e:
+                return q
+        if self.takes(alive, s, e) <= free:
+            return None
+        lo, hi = s - 1, e          # takes(s..lo) <= free < takes(s..hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.takes(alive, s, mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return hi                  # the step whose takes exceed the pool
+
+    def events(self, a: int, b: int):
+        """Block events of steps ``a..b`` in (step, running order): ``(steps, request indices)``."""
+        f, g, bs = self.f, self.g, self.bs
+        B0 = len(f)
+        M = (b - a) // bs + 2
+        m = np.arange(M, dtype=np.int64)[None, :] * bs
+        idx = np.arange(B0, dtype=np.int64)[:, None]
+        keys = []
+        for st in ((f, g) if self.kv.caching else (f,)):
+            s0 = st + np.maximum(-(-(a - st) // bs), 0) * bs    # first event step >= a
+            e = s0[:, None] + m
+            keys.append(np.where(e <= b, e * B0 + idx, -1).ravel())
+        key = np.concatenate(keys)
+        key = key[key >= 0]
+        # distinct but for block size 1 (a step both opens and fills the request's block: one call)
+        key = np.unique(key) if bs == 1 else np.sort(key)
+        return (key // B0).tolist(), (key % B0).tolist()
 
     # ------------------------------------------------------------------ the steps
     def process(self, a: int, b: int) -> None:
@@ -248,7 +297,7 @@ class Window:
         nf = int(self.fin[alive].min())
         free = kv.n_clean if self.clean_only else kv.num_free
         e = min(nf, self.kcap)
-        pre = self.ff._short(self.f, alive, s, e, free)
+        pre = self.short(alive, s, e, free)
         if pre is not None:
             e = pre - 1
         if e >= s:
