@@ -82,20 +82,71 @@ def test_dp_attention_cost_adds_dispatch_combine():
     assert comm > 0
 
 
-def test_commands_refuse_dp_attention_naming_the_flags():
-    """--data-parallel-size 4 --enable-expert-parallel on an MoE target is refused by the one resolver (every command:
-    the trace commands and bench) until the engine runs DP ranks; without EP the four are replicas."""
+def test_dp_attention_experts_run_over_the_gathered_rows():
+    """Under DP attention each rank's E / (D TP) experts run over all D ranks' rows: the rank's distinct experts and
+    expert GEMM rows at its own t rows are those of D t rows; the router and shared experts stay at t."""
+    from sim.cost.gemm import variant_gemms
+    from sim.cost.routing import SampledRouting, distinct_experts
+    m = load_model("qwen3-30b-a3b")                  # E = 128, k = 8
+    r = rank_model(m, 1, ep=True, ep_size=4)         # DP 4 x TP 1
+    assert r.expert_rows_factor == 4 and r.local_experts == 32
+    assert rank_model(m, 2, ep=True).expert_rows_factor == 1     # EP = TP: every rank sees every token already
+    flat = dataclasses.replace(r, expert_rows_factor=1)
+    # a batch of 1 on each rank: 4 gathered rows, 32 (1 - (1 - 8/128)^4) of this rank's experts hit
+    assert distinct_experts(r, 1.0) == pytest.approx(32 * (1 - (1 - 8 / 128) ** 4), rel=1e-12)
+    for t in (1.0, 7.0, 64.0, 512.0):
+        assert distinct_experts(r, t) == distinct_experts(flat, 4 * t)
+        g, g4 = variant_gemms(r, t), variant_gemms(flat, 4 * t)
+        assert g[-2:] == g4[-2:]                     # the routed experts: groups and rows per group
+        router = [x for x in g if x[1] == m.num_experts]
+        assert router and all(x[4] == t for x in router)   # the router runs on the rank's own rows
+    assert SampledRouting(3).distinct(r, 5.0) == SampledRouting(3).distinct(flat, 20.0)
+    # the rank's expert work per own row is D k / EP = k / TP
+    assert r.local_k == pytest.approx(m.experts_per_token / 1)
+    hw, node = load_hardware("h100-sxm"), load_node("dgx-h100")
+    dpa = ParallelCost(m, hw, node, ParallelConfig(1, 1, 4, enable_expert_parallel=True))
+    items = [(1.0, 512.0, None, 0.0, 1.0, 0.0)] * 8       # a decode batch of 8 on this rank
+    from sim.cost.terms import ScalarCost
+    gathered = ScalarCost(dpa.stages[0].m, hw).seconds(items)
+    own = ScalarCost(dataclasses.replace(dpa.stages[0].m, expert_rows_factor=1), hw).seconds(items)
+    assert gathered > own                               # more experts read over 32 rows than over 8
+
+
+def test_dp_attention_capacity_holds_a_gpus_share_of_the_experts():
+    """KV per GPU under DP attention + EP: each GPU holds E / (D TP) experts, so more room than a whole-model replica
+    (the capacity check and the run read the same numbers)."""
+    from sim.serving.capacity import kv_capacity
+    m, hw = load_model("qwen3-30b-a3b"), load_hardware("h100-sxm")
+    dpa = kv_capacity(m, hw, None, ParallelConfig(1, 1, 4, enable_expert_parallel=True))
+    rep = kv_capacity(m, hw, None, ParallelConfig(1, 1, 4))
+    assert dpa["weight_bytes"] == pytest.approx(rank_weight_bytes(m, 1, 1, ep=True, ep_size=4)[0], rel=1e-12)
+    assert rep["weight_bytes"] == pytest.approx(m.weight_bytes, rel=1e-3)
+    assert dpa["num_gpu_blocks"] > rep["num_gpu_blocks"]
+    assert "E / 4 experts a GPU" in dpa["capacity_source"]
+
+
+def test_commands_run_dp_attention_and_refuse_what_they_cannot_price():
+    """--data-parallel-size 4 --enable-expert-parallel on an MoE target runs as DP ranks (the trace commands and bench)
+    on the node's links; more DP x TP GPUs than one node holds is refused naming the flag."""
     from sim.api import loaded
     from sim.replay.target import Target
     from sim.base.errors import ConfigError
     s = loaded()
     rep = Target.resolve(s, "qwen3-30b-a3b", "h100-sxm", None, node="dgx-h100", data_parallel_size=4)
     assert rep.single and rep.cost() is None
-    with pytest.raises(ConfigError, match="--data-parallel-size 4 with --enable-expert-parallel"):
-        Target.resolve(s, "qwen3-30b-a3b", "h100-sxm", None, node="dgx-h100", data_parallel_size=4,
+    t = Target.resolve(s, "qwen3-30b-a3b", "h100-sxm", None, data_parallel_size=4, enable_expert_parallel=True)
+    assert not t.single and t.node.name == "dgx-h100" and t.cost().dpa
+    with pytest.raises(ConfigError, match="--data-parallel-size: 8 x --tensor-parallel-size 2 = 16 GPUs"):
+        Target.resolve(s, "qwen3-30b-a3b", "h100-sxm", None, data_parallel_size=8, tensor_parallel_size=2,
                        enable_expert_parallel=True)
     from sim.bench import plain
-    wl = plain.random_workload(4, 64, 8)
-    with pytest.raises(ParallelError, match="--data-parallel-size 4 with --enable-expert-parallel"):
-        plain.run(load_model("qwen3-30b-a3b"), load_hardware("h100-sxm"), wl, node="dgx-h100",
-                  data_parallel_size=4, enable_expert_parallel=True)
+    wl = plain.random_workload(16, 64, 8)
+    run = plain.run(load_model("qwen3-30b-a3b"), load_hardware("h100-sxm"), wl, data_parallel_size=4,
+                    enable_expert_parallel=True)
+    assert run.info["dp_attention"]["expert_parallel_size"] == 4 and run.info["node"] == "dgx-h100"
+    assert "lockstep" in run.info["dp_attention"]["note"]
+    alone = plain.run(load_model("qwen3-30b-a3b"), load_hardware("h100-sxm"), wl, data_parallel_size=4)
+    assert "dp_attention" not in alone.info
+    with pytest.raises(ParallelError, match="--data-parallel-size: 8 x --tensor-parallel-size 2 = 16 GPUs"):
+        plain.run(load_model("qwen3-30b-a3b"), load_hardware("h100-sxm"), wl, data_parallel_size=8,
+                  tensor_parallel_size=2, enable_expert_parallel=True)

@@ -139,7 +139,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     sched, graphs, sv_eff = _scheduler(model, hw, sv, offline)
     par, nd, routing = _layout(model, hw, sv_eff, tensor_parallel_size, pipeline_parallel_size, data_parallel_size,
                                disable_custom_all_reduce, enable_expert_parallel, moe_routing, seed, router, node)
-    cap = kv_capacity(model, hw, sv_eff, None if par.is_single else par)
+    cap = kv_capacity(model, hw, sv_eff, par)   # one GPU (TP = PP = 1, no DP attention): as with None
     blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
     inp, out = wl.input_lens, wl.output_lens
     _check_range(model, hw, par, inp, out, sched)
@@ -174,7 +174,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     info = _info(model, hw, sv, sched, graphs, cap, bs, blocks, token_policy, results, recs, offline, par,
                  moe_routing)
     info["overheads"] = _overheads_info(hw, host, fe, async_on, fe_on, host_time, results)
-    info.update(_layout_info(par, nd, router, blocks, where is not None))
+    info.update(_layout_info(par, nd, router, blocks, where is not None, par.dp_attention(model)))
     return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where)
 
 
@@ -184,12 +184,21 @@ def _timings(recs):
             np.array([r["latency_s"] for r in recs]), ITLs([r["token_times"][0] for r in recs]))
 
 
-def _layout_info(par, nd, router, blocks, replicated: bool) -> dict:
-    """The provenance of a multi-GPU layout and of replicas behind a router (empty for one GPU, one replica)."""
+def _layout_info(par, nd, router, blocks, replicated: bool, dpa: bool = False) -> dict:
+    """The provenance of a multi-GPU layout and of replicas behind a router (empty for one GPU, one replica);
+    ``dpa``: vLLM's DP attention + EP, whose replicas are DP ranks sharing their experts."""
     info = {}
-    if not par.is_single:
+    if not par.is_single or dpa:
         info.update({"tensor_parallel_size": par.tensor_parallel_size,
                      "pipeline_parallel_size": par.pipeline_parallel_size, "node": nd.name})
+    if dpa:
+        info["dp_attention"] = {
+            "expert_parallel_size": par.tensor_parallel_size * par.data_parallel_size,
+            "note": (f"vLLM's DP attention + EP: {par.data_parallel_size} DP ranks, each with its own batch and KV "
+                     f"cache on TP {par.tensor_parallel_size}; experts over all "
+                     f"{par.tensor_parallel_size * par.data_parallel_size} GPUs, run over every rank's gathered "
+                     "tokens; each rank is priced as if the others carried its token count (ranks step on their "
+                     "own clocks, not in vLLM's lockstep)")}
     if replicated:
         info.update({"data_parallel_size": par.data_parallel_size, "router": router,
                      "kv_capacity_blocks_per_replica": int(blocks)})
@@ -199,8 +208,8 @@ def _layout_info(par, nd, router, blocks, replicated: bool) -> dict:
 def _check_range(model, hw, par, inp, out, sched) -> None:
     """Refuse a run outside the hardware profile's fitted range, checked on the shard one GPU holds."""
     from sim.cost.parallel import rank_model, stage_layers
-    shard = model if par.is_single else rank_model(model, par.tensor_parallel_size,
-                                                   max(stage_layers(model.n_layers, par.pipeline_parallel_size)))
+    shard = model if par.one_gpu(model) else rank_model(model, par.tensor_parallel_size,
+                                                        max(stage_layers(model.n_layers, par.pipeline_parallel_size)))
     hw.check_query(shard, max_context=int((inp + out).max()),
                    max_new=int(min(int(inp.max()), sched.max_num_batched_tokens)), max_batch=0)
 
@@ -231,7 +240,7 @@ def _engine_kw(model, hw, sv, sched, graphs, blocks, token_policy, par, nd, rout
     kw = dict(seed=seed, scheduler=sched, kv_blocks=blocks, caching=bool(sv.prefix_caching) and token_policy is None,
               host_step=host, async_scheduling=async_on,
               max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name, record_token_times=True,
-              cost=(ScalarCost(model, hw, graphs=graphs, routing=routing) if par.is_single
+              cost=(ScalarCost(model, hw, graphs=graphs, routing=routing) if par.one_gpu(model)
                     else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule, graphs=graphs, routing=routing)))
     return kw, async_on, fe_on, host, fe
 

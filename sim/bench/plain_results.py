@@ -200,7 +200,9 @@ def provenance(info: dict, run_stats: bool = True) -> str:
             f"{info['block_size']} tokens ({info['kv_capacity_bytes'] / 1e9:.2f} GB), prefix caching "
             f"{'on' if info['prefix_caching'] else 'off'}" + (f", token policy {pol}" if pol else "")
             + (f"; {info['data_parallel_size']} replicas behind {info['router']}, each with that capacity"
-               if "data_parallel_size" in info else "")
+               if "data_parallel_size" in info and "dp_attention" not in info else "")
+            + (f"; {info['dp_attention']['note']}, behind {info['router']}, each rank with that capacity"
+               if "dp_attention" in info else "")
             + overheads_words(info)
             + (f"; SLO {info['slo']}" if info.get("slo") else "")
             + ((f"; {info['preemptions']} preemptions, at most {info['max_running_seqs']} running"

@@ -81,6 +81,9 @@ class ModelShape:
     # parallel size whose rank this shape is (it holds num_experts / expert_parallel_size whole experts)
     shared_expert_intermediate_size: int = 0
     expert_parallel_size: int = 1
+    # token rows this rank's routed experts see per row of its own batch: D under vLLM's DP attention + EP (each
+    # DP rank's experts run over every DP rank's tokens, all-gathered: sim.cost.alltoall), else 1
+    expert_rows_factor: int = 1
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim",
@@ -146,6 +149,9 @@ class ModelShape:
         if not isinstance(ep, (int, np.integer)) or isinstance(ep, bool) or ep < 1 or (self.num_experts % ep):
             raise PresetError(f"{where}: field 'expert_parallel_size' must be a positive integer dividing "
                               f"num_experts ({self.num_experts}), got {ep!r}")
+        f = self.expert_rows_factor
+        if not isinstance(f, (int, np.integer)) or isinstance(f, bool) or f < 1:
+            raise PresetError(f"{where}: field 'expert_rows_factor' must be a positive integer, got {f!r}")
         if not isinstance(self.weights_format, str):
             raise PresetError(f"{where}: field 'weights_format' must be a string, got {self.weights_format!r}")
 
@@ -201,9 +207,10 @@ class ModelShape:
 
     @property
     def local_k(self) -> float:
-        """Routed experts per token that run here, in expectation: ``k / EP`` (``k`` without EP)."""
-        return self.experts_per_token / self.expert_parallel_size if self.expert_parallel_size > 1 \
-            else self.experts_per_token
+        """Routed experts that run here per row of this rank's batch, in expectation: ``k / EP`` (``k`` without
+        EP); under DP attention ``D k / EP`` (``expert_rows_factor`` D: the experts run over all D ranks' rows)."""
+        k = self.experts_per_token * self.expert_rows_factor
+        return k / self.expert_parallel_size if self.expert_parallel_size > 1 else k
 
     @property
     def router_params(self) -> int:
@@ -418,8 +425,9 @@ class ModelShape:
         for k in ("quantization", "kv_cache_dtype") + VARIANT_INT_FIELDS + ("layer_types", "weights_format"):
             if not d[k]:   # stated only when set: a dense 16-bit model's dict is as before
                 d.pop(k)
-        if d["expert_parallel_size"] == 1:
-            d.pop("expert_parallel_size")
+        for k in ("expert_parallel_size", "expert_rows_factor"):
+            if d[k] == 1:
+                d.pop(k)
         if "layer_types" in d:
             d["layer_types"] = list(d["layer_types"])
         return d

@@ -115,6 +115,11 @@ class ParallelConfig:
     def is_single(self) -> bool:
         return self.tensor_parallel_size == 1 and self.pipeline_parallel_size == 1
 
+    def one_gpu(self, model: ModelShape) -> bool:
+        """A replica is one GPU priced alone (``ScalarCost``): TP = PP = 1 and no DP attention + EP (whose ranks
+        gather each other's tokens for their experts, on a node's links)."""
+        return self.is_single and not self.dp_attention(model)
+
     def validate(self, model: ModelShape, node: "NodeProfile | None" = None, gpus: int | None = None) -> None:
         """Refuse a layout the model or the hardware cannot take (vLLM's checks), naming the flag.
 
@@ -142,6 +147,10 @@ class ParallelConfig:
             if pp > 1:
                 raise ParallelError("--data-parallel-size: DP attention with --enable-expert-parallel is priced "
                                     "for --pipeline-parallel-size 1 only")
+            if node is not None and ep > node.gpus_per_node:
+                raise ParallelError(f"--data-parallel-size: {self.data_parallel_size} x --tensor-parallel-size {tp} "
+                                    f"= {ep} GPUs, more than one {node.name} node's {node.gpus_per_node} (DP "
+                                    "attention's dispatch and combine are priced on one node's links)")
         if self.enable_expert_parallel and model.num_experts:
             if model.num_experts % tp:
                 raise ParallelError(f"--enable-expert-parallel: --tensor-parallel-size {tp} does not divide "
@@ -203,7 +212,9 @@ def rank_model(m: ModelShape, tp: int = 1, layers: int | None = None, start: int
     experts stay TP-sharded (``DeepseekV2MLP``). Without DP attention every rank sees every token and the
     experts' outputs are all-reduced as under TP (``FusedMoE`` output reduction), so the collectives are TP's.
     ``ep_size`` (with ``ep``): the EP size when it is not TP, ``D x TP`` under DP attention
-    (:meth:`ParallelConfig.expert_parallel_size`): ``E / (D TP)`` experts a rank.
+    (:meth:`ParallelConfig.expert_parallel_size`): ``E / (D TP)`` experts a rank, which run over the ``D``
+    ranks' all-gathered rows (``expert_rows_factor = D``: ``D t k / (D TP)`` expert rows for a rank's ``t``,
+    its distinct experts among ``D t`` rows); router and shared experts run on the rank's own ``t``.
     """
     L = m.n_layers if layers is None else int(layers)
     eps = (ep_size or tp) if ep else 1
@@ -217,11 +228,14 @@ def rank_model(m: ModelShape, tp: int = 1, layers: int | None = None, start: int
                      sliding_window=m.sliding_window if "sliding_attention" in lt else 0,
                      moe_intermediate_size=m.moe_intermediate_size // tp)
         if m.num_experts and eps > 1:
+            # EP size D x TP (DP attention): the experts run over all D ranks' gathered rows (expert_rows_factor)
             kinds.update(moe_intermediate_size=m.moe_intermediate_size, expert_parallel_size=eps,
+                         expert_rows_factor=max(1, eps // tp),
                          shared_expert_intermediate_size=m.shared_width // tp if m.shared_width else 0)
         if m.num_experts and fk >= L:   # a stage of dense layers only
             kinds.update(num_experts=0, experts_per_token=0, num_shared_experts=0, moe_intermediate_size=0,
-                         first_k_dense=0, expert_parallel_size=1, shared_expert_intermediate_size=0)
+                         first_k_dense=0, expert_parallel_size=1, shared_expert_intermediate_size=0,
+                         expert_rows_factor=1)
     return dataclasses.replace(
         m, n_layers=L, n_heads=m.n_heads // tp, n_kv_heads=kv_heads_per_rank(m.n_kv_heads, tp),
         intermediate_size=m.intermediate_size // tp, vocab_size=-(-m.vocab_size // tp),

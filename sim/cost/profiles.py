@@ -168,7 +168,7 @@ def load_model(name_or_path: str | os.PathLike) -> ModelShape:
     if unknown:
         raise PresetError(f"{path}: unknown field(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(_MODEL_FIELDS))}")
     missing = _MODEL_FIELDS - set(data) - {"name", "dtype", "quantization", "kv_cache_dtype", "layer_types",
-                                           "weights_format", "expert_parallel_size"} - set(VARIANT_INT_FIELDS)
+                                           "weights_format", "expert_parallel_size", "expert_rows_factor"} - set(VARIANT_INT_FIELDS)
     if missing:
         raise PresetError(f"{path}: missing field(s) {', '.join(sorted(missing))}")
     data.setdefault("name", path.stem)

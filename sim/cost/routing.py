@@ -13,10 +13,13 @@ import numpy as np
 def distinct_experts(m, rows):
     """``E_hit = E (1 - (1 - k / E)^rows)``: expected distinct experts ``rows`` tokens route to (module
     docstring; uniform routing). ``rows`` a float or an array; 0 for a dense model. One rank of expert
-    parallelism holds ``E / EP`` of them: ``(E / EP) (1 - (1 - k / E)^rows)``."""
+    parallelism holds ``E / EP`` of them: ``(E / EP) (1 - (1 - k / E)^rows)``. Under DP attention (``D =
+    m.expert_rows_factor``) the experts route every DP rank's rows: ``(E / EP) (1 - (1 - k / E)^(D rows))``."""
     if not m.num_experts:
         return 0.0 * rows
     E, k = float(m.num_experts), float(m.experts_per_token)
+    if m.expert_rows_factor != 1:
+        rows = rows * m.expert_rows_factor
     return m.local_experts * (1.0 - (1.0 - k / E) ** rows)
 
 
@@ -47,7 +50,7 @@ class SampledRouting:
         E, k, ep = m.num_experts, m.experts_per_token, m.expert_parallel_size
         if not E:
             return 0.0
-        T = int(round(rows))
+        T = int(round(rows * m.expert_rows_factor))   # DP attention: every DP rank's rows (distinct_experts)
         if T <= 0 or E * (1.0 - k / E) ** T < 1e-6:
             return float(distinct_experts(m, float(rows)))
         key = (E, k, ep, T)

@@ -39,10 +39,14 @@ def deployment_fields(target) -> dict:
     """The layout a multi-GPU or multi-replica result ran on (empty for one GPU, one replica: today's keys)."""
     if not target.layout():
         return {}
-    return {"tensor_parallel_size": target.tensor_parallel_size, "pipeline_parallel_size": target.pipeline_parallel_size,
-            "data_parallel_size": target.data_parallel_size,
-            "node": target.node.name if target.node is not None else None,
-            "gpus": target.tensor_parallel_size * target.pipeline_parallel_size * target.data_parallel_size}
+    out = {"tensor_parallel_size": target.tensor_parallel_size, "pipeline_parallel_size": target.pipeline_parallel_size,
+           "data_parallel_size": target.data_parallel_size,
+           "node": target.node.name if target.node is not None else None,
+           "gpus": target.tensor_parallel_size * target.pipeline_parallel_size * target.data_parallel_size}
+    if target.parallel.dp_attention(target.model):
+        # vLLM's DP attention + EP: the replicas are DP ranks whose experts run over every rank's tokens
+        out["dp_attention_expert_parallel_size"] = target.parallel.expert_parallel_size(target.model)
+    return out
 
 
 def stated_under(session, target, config, cap: dict, sched, info: dict) -> dict:

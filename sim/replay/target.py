@@ -409,15 +409,8 @@ def resolve_layout(model: ModelShape, hw: HardwareProfile, serving: ServingConfi
     TP x PP that fits). Raises :class:`ParallelError` / :class:`CapacityError` (naming the flag) or
     :class:`ConfigError` (the node).
     """
-    if par.dp_attention(model):
-        # the per-layer cost exists (sim.cost.parallel, sim.cost.alltoall) but a run would be wrong: the engine does
-        # not step DP ranks in lockstep and the experts are priced over a rank's rows, not the D x t gathered ones
-        raise ParallelError(
-            f"--data-parallel-size {par.data_parallel_size} with --enable-expert-parallel on {model.name} is vLLM's "
-            "DP attention + expert parallelism, which no command runs yet (docs/parallelism.md, 'DP attention'): "
-            "use --tensor-parallel-size with --enable-expert-parallel (EP size = TP), or drop "
-            "--enable-expert-parallel for independent replicas")
-    nd = resolve_node(node, hw, par, memo)
+    # DP attention + EP needs a node even at TP 1: its ranks gather each other's tokens over the node's links
+    nd = resolve_node(node, hw, None if par.dp_attention(model) else par, memo)
     try:
         par.validate(model, nd, nd.gpus_per_node if node_gpus and nd is not None else None)
     except ParallelError as exc:
@@ -425,7 +418,7 @@ def resolve_layout(model: ModelShape, hw: HardwareProfile, serving: ServingConfi
             raise ParallelError(str(exc).replace("(--gpus)", f"on one {nd.name} node (--node)")) from None
         raise
     # one GPU: only where today's weight check refuses anyway, so its refusal names the layout that fits
-    if not par.is_single or model.weight_bytes > hw.mem_capacity:
+    if not par.one_gpu(model) or model.weight_bytes > hw.mem_capacity:
         check_fits(model, hw, serving, par, nd)
     return nd
 

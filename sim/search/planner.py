@@ -75,6 +75,16 @@ def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes
                         ParallelConfig(tp, pp, enable_expert_parallel=enable_expert_parallel)):
                 continue
             for dp in dps:
+                if dp > 1 and enable_expert_parallel and model.num_experts:
+                    # vLLM's DP attention + EP: the EP size D x TP must divide the experts and fit the node, and
+                    # each GPU holds E / (D TP) experts (its own capacity)
+                    dpa = ParallelConfig(tp, pp, int(dp), enable_expert_parallel=True)
+                    try:
+                        dpa.validate(model, node, gpus)
+                    except ParallelError:
+                        continue
+                    if not fits(model, hw, ServingConfig(max_num_seqs=mns, max_num_batched_tokens=mnbt), dpa):
+                        continue
                 for pol in pols:
                     yield Deployment(tp, pp, int(dp), int(mns), int(mnbt), pol)
 
@@ -100,6 +110,8 @@ def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], 
            "lost_prefix_reuse": s["lost_prefix_reuse"], "model": model.name, "hardware": hw.name, "node": node.name}
     if enable_expert_parallel and model.num_experts:   # stated only where it prices something
         row["enable_expert_parallel"] = True
+        if dep.data_parallel_size > 1:   # vLLM's DP attention + EP: DP ranks sharing their experts
+            row["dp_attention"] = True
     if moe_routing != "expected" and model.num_experts:
         row["moe_routing"] = moe_routing
     if gpu_hour_cost is not None:

@@ -281,9 +281,11 @@ def activation_reserve(model, max_num_batched_tokens: int, max_num_seqs: int, te
 def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max_num_batched_tokens: int,
                    max_num_seqs: int, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                    rules: str | VllmMemoryRules = DEFAULT_RULES, block_size: int = VLLM_BLOCK_SIZE,
-                   reserve_bytes: float | None = None, expert_parallel: bool = False) -> dict:
+                   reserve_bytes: float | None = None, expert_parallel: bool = False,
+                   ep_size: int | None = None) -> dict:
     """vLLM's KV cache size for a model on TP x PP GPUs of ``total_bytes`` each (``expert_parallel``: vLLM's
-    ``--enable-expert-parallel``, the weight shards of :func:`sim.cost.parallel.rank_model` with ``ep``).
+    ``--enable-expert-parallel``, the weight shards of :func:`sim.cost.parallel.rank_model` with ``ep``;
+    ``ep_size``: the EP size when it is not TP, ``D x TP`` under DP attention: ``E / (D TP)`` experts a GPU).
 
     Per GPU of stage ``k`` (``ell_k`` layers, weight shard ``W_k``)::
 
@@ -305,7 +307,7 @@ def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max
     parts = stage_layers(model.n_layers, pp)
     ranks = []
     start = 0
-    for k, (ell, wk) in enumerate(zip(parts, rank_weight_bytes(model, tp, pp, expert_parallel))):
+    for k, (ell, wk) in enumerate(zip(parts, rank_weight_bytes(model, tp, pp, expert_parallel, ep_size))):
         act = activation_peak(model, max_num_batched_tokens, max_num_seqs, tp, k == pp - 1, r)
         reserve = float(reserve_bytes) if reserve_bytes is not None else act + nt + r.cudagraph_bytes
         avail = max(0.0, requested - wk - reserve)
@@ -329,13 +331,14 @@ def vllm_kv_budget(model, total_bytes: float, gpu_memory_utilization: float, max
             "available_kv_bytes_per_gpu": last["kv_bytes"], "per_rank": ranks, "memory_rules": r.name}
 
 
-def _capacity(model, hw, serving: ServingConfig | None, tp: int, pp: int, ep: bool = False) -> dict:
+def _capacity(model, hw, serving: ServingConfig | None, tp: int, pp: int, ep: bool = False,
+              ep_size: int | None = None) -> dict:
     sv = serving or ServingConfig()
     sc = sv.scheduler_config(hw.name)
     total = float(CUDA_TOTAL_BYTES.get(hw.name, hw.mem_capacity))
     given = sv.activation_reserve_bytes
     b = vllm_kv_budget(model, total, sv.gpu_memory_utilization, sc.max_num_batched_tokens, sc.max_num_seqs,
-                       tp, pp, DEFAULT_RULES, reserve_bytes=given, expert_parallel=ep)
+                       tp, pp, DEFAULT_RULES, reserve_bytes=given, expert_parallel=ep, ep_size=ep_size)
     rsrc = "given" if given is not None else "estimated"
     mem_src = CAPACITY_SOURCES.get(hw.name)
     out = {"mem_capacity_bytes": float(hw.mem_capacity), "cuda_total_bytes": total,
@@ -353,6 +356,8 @@ def _capacity(model, hw, serving: ServingConfig | None, tp: int, pp: int, ep: bo
         out["kv_capacity_bytes"] = float(b["kv_tokens"] * model.kv_bytes_per_token)
         tot_src = "cudaMemGetInfo total" if hw.name in CUDA_TOTAL_BYTES else f"mem_capacity ({mem_src or hw.source or 'preset'})"
         out["capacity_source"] = (f"{hw.name}" + (f" x {tp * pp} (TP {tp} x PP {pp})" if tp * pp > 1 else "")
+                                  + (f", E / {ep_size} experts a GPU (DP attention + EP)"
+                                     if ep_size and ep_size > tp else "")
                                   + f": {tot_src} {total:.6g} B x {sv.gpu_memory_utilization:g} - weights - "
                                   f"activation peak - non-torch - CUDA graphs ({rsrc}), in whole "
                                   f"{b['block_size']}-token blocks (vLLM's determine_available_memory)")
@@ -367,7 +372,7 @@ def kv_capacity(model, hw, serving: ServingConfig | None = None, parallel=None) 
     ``parallel`` (a :class:`sim.cost.parallel.ParallelConfig`; None or TP = PP = 1: one GPU) gives the capacity
     of one replica of TP x PP GPUs: :func:`replica_kv_capacity`.
     """
-    if parallel is not None and not parallel.is_single:
+    if parallel is not None and (not parallel.is_single or parallel.dp_attention(model)):
         return replica_kv_capacity(model, hw, serving, parallel)
     out, _ = _capacity(model, hw, serving, 1, 1)
     return out
@@ -391,7 +396,10 @@ def replica_kv_capacity(model, hw, serving: ServingConfig | None, parallel) -> d
     from sim.cost.parallel import kv_heads_per_rank
 
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
-    out, b = _capacity(model, hw, serving, tp, pp, bool(getattr(parallel, "enable_expert_parallel", False)))
+    ep = bool(getattr(parallel, "enable_expert_parallel", False))
+    # DP attention + EP: each GPU holds E / (D TP) experts (ParallelConfig.expert_parallel_size)
+    eps = parallel.expert_parallel_size(model) if ep else None
+    out, b = _capacity(model, hw, serving, tp, pp, ep, eps)
     out.update({"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "per_rank": b["per_rank"],
                 "kv_tokens": b["kv_tokens"], "kv_heads_per_rank": kv_heads_per_rank(model.n_kv_heads, tp)})
     return out
