@@ -185,3 +185,16 @@ def test_pareto_cost_axis_needs_a_price(tmp_path, capsys):
     write_parquet(pd.DataFrame({"a": [1]}), tmp_path / "other.parquet", {"command": "plan"})
     with pytest.raises(ValueError, match="not a `rksim plan --out` table"):
         read_plan(tmp_path / "other.parquet")
+
+
+def test_plan_with_expert_parallel_runs_dp_attention_where_the_ep_size_divides_the_experts():
+    """--enable-expert-parallel on an MoE model: DP > 1 is vLLM's DP attention + EP (EP size D x TP), so a DP that does
+    not divide the 128 experts (3) is left out, and the row says it ran DP attention."""
+    from sim.cost.parallel import load_node
+    from sim.cost.profiles import load_hardware, load_model
+    from sim.search.planner import deployments
+    m, hw, node = load_model("qwen3-30b-a3b"), load_hardware("h100-sxm"), load_node("dgx-h100")
+    deps = list(deployments(m, hw, node, 4, ["no-kv"], tp_sizes=(1,), pp_sizes=(1,), enable_expert_parallel=True))
+    assert sorted(d.data_parallel_size for d in deps) == [1, 2, 4]
+    plain = list(deployments(m, hw, node, 4, ["no-kv"], tp_sizes=(1,), pp_sizes=(1,)))
+    assert sorted(d.data_parallel_size for d in plain) == [1, 2, 3, 4]   # replicas: any count
