@@ -431,8 +431,13 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
     where = np.zeros(len(jobs), np.int64)
     arr = arrivals.Timed(tuple(float(t) for t in sched_t), max_concurrency, delays, int(api_servers))
 
+    reads_running = getattr(rt, "reads_running", False)   # vllm-dp: each replica's running requests too
+
     def submit(i, hold):
-        r = int(rt.route(Arrival(i, 0, 1, keys[i]), outstanding))
+        if reads_running:
+            r = int(rt.route(Arrival(i, 0, 1, keys[i]), outstanding, [len(e.sched.running) for e in engines]))
+        else:
+            r = int(rt.route(Arrival(i, 0, 1, keys[i]), outstanding))
         where[i] = r
         outstanding[r] += 1
         done = env.event()

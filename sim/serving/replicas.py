@@ -147,7 +147,11 @@ class Replicas:
         key = self._prefix(pseq, pos, job)
         reps = np.empty(job.B, np.int64)
         for b in range(job.B):
-            r = int(self.router.route(Arrival(pseq, b, job.B, key), self.outstanding))
+            if getattr(self.router, "reads_running", False):   # vllm-dp: each replica's running requests too
+                run = [len(e.sched.running) for e in self.engines]
+                r = int(self.router.route(Arrival(pseq, b, job.B, key), self.outstanding, run))
+            else:
+                r = int(self.router.route(Arrival(pseq, b, job.B, key), self.outstanding))
             if not 0 <= r < self.n:
                 raise ValueError(f"router {type(self.router).__name__} returned replica {r} of {self.n}")
             reps[b] = r

@@ -14,6 +14,11 @@ problem's first replica) keep it in their own fields; the caller owns the router
   worker). Like SGLang's cache-aware policy it yields to load when the replicas are imbalanced:
   ``max - min > balance_abs_threshold and max > min * balance_rel_threshold`` sends the request to the
   least-outstanding replica instead (SGLang's defaults: 32 and 1.0001).
+* ``vllm-dp``: vLLM's internal data-parallel load balancer (``DPLBAsyncMPClient.get_core_engine_for_request``,
+  vllm/v1/engine/core_client.py, vLLM 0.33): the replica with the lowest ``4 waiting + running``, the lowest
+  index on ties (one API server: its ``eng_start_index`` is 0). ``waiting`` = in flight but not running
+  (``outstanding - running``). vLLM reads the counts its coordinator publishes every 100 ms, raised by the
+  requests its client sent since; here they are exact at each arrival (the staleness is not modelled).
 * ``branch-spread``: a problem's branches on different replicas: branch ``b`` of a problem goes to
   ``(r0 + b) mod N``, ``r0`` the least-outstanding replica when its first branch arrives (a problem's
   branches run in parallel on as many replicas as it has branches).
@@ -29,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-ROUTERS = ("round-robin", "least-outstanding", "prefix-affinity", "branch-spread")
+ROUTERS = ("round-robin", "least-outstanding", "prefix-affinity", "branch-spread", "vllm-dp")
 
 
 class RouterError(ValueError):
@@ -101,6 +106,25 @@ class PrefixAffinity:
 
 
 @dataclass
+class VllmDpBalance:
+    """``vllm-dp``: the lowest ``4 (outstanding - running) + running`` (module docstring); reads the replicas'
+    running counts, which the driver passes as ``running`` when ``reads_running`` is set."""
+
+    n: int
+    reads_running = True
+
+    def route(self, arrival: Arrival, outstanding: Sequence[int], running: Sequence[int] | None = None) -> int:
+        if running is None:
+            raise RouterError("--router vllm-dp: the driver must pass each replica's running count")
+        best, score = 0, None
+        for i, (o, r) in enumerate(zip(outstanding, running)):
+            s = 4 * (o - r) + r
+            if score is None or s < score:
+                best, score = i, s
+        return best
+
+
+@dataclass
 class BranchSpread:
     """``branch-spread``: branch ``b`` of a problem to ``(r0 + b) mod N``, ``r0`` the least-outstanding
     replica when the problem's first routed branch arrived."""
@@ -125,7 +149,7 @@ def make_router(name: str, n_replicas: int, **options):
     if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
         raise RouterError(f"--data-parallel-size: must be an integer >= 1, got {n_replicas!r}")
     cls = {"round-robin": RoundRobin, "least-outstanding": LeastOutstanding, "prefix-affinity": PrefixAffinity,
-           "branch-spread": BranchSpread}.get(name)
+           "branch-spread": BranchSpread, "vllm-dp": VllmDpBalance}.get(name)
     if cls is None:
         raise RouterError(f"--router: {name!r} is not one of {', '.join(ROUTERS)}")
     try:
