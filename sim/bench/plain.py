@@ -420,7 +420,7 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
 
     from sim.serving import arrivals
     from sim.serving.engine import Engine
-    from sim.serving.router import Arrival, make_router
+    from sim.serving.router import Arrival, choose, make_router
 
     env = simpy.Environment()
     # several accelerators must not wait on each other's zero-time steps: one settle step each (sim.serving.replicas)
@@ -431,13 +431,8 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
     where = np.zeros(len(jobs), np.int64)
     arr = arrivals.Timed(tuple(float(t) for t in sched_t), max_concurrency, delays, int(api_servers))
 
-    reads_running = getattr(rt, "reads_running", False)   # vllm-dp: each replica's running requests too
-
     def submit(i, hold):
-        if reads_running:
-            r = int(rt.route(Arrival(i, 0, 1, keys[i]), outstanding, [len(e.sched.running) for e in engines]))
-        else:
-            r = int(rt.route(Arrival(i, 0, 1, keys[i]), outstanding))
+        r = choose(rt, Arrival(i, 0, 1, keys[i]), outstanding, engines)
         where[i] = r
         outstanding[r] += 1
         done = env.event()

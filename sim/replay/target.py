@@ -222,8 +222,7 @@ class Target:
     @property
     def single(self) -> bool:
         """One GPU per replica (TP = PP = 1, no DP attention + EP): priced by ``sim.cost.terms.ScalarCost`` as ever."""
-        return self.tensor_parallel_size == 1 and self.pipeline_parallel_size == 1 and \
-            not self.parallel.dp_attention(self.model)
+        return self.parallel.one_gpu(self.model)
 
     def routing(self):
         """The MoE routing the costs read experts by: None (the expectation) or a seeded

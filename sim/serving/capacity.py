@@ -372,7 +372,7 @@ def kv_capacity(model, hw, serving: ServingConfig | None = None, parallel=None) 
     ``parallel`` (a :class:`sim.cost.parallel.ParallelConfig`; None or TP = PP = 1: one GPU) gives the capacity
     of one replica of TP x PP GPUs: :func:`replica_kv_capacity`.
     """
-    if parallel is not None and (not parallel.is_single or parallel.dp_attention(model)):
+    if parallel is not None and not parallel.one_gpu(model):
         return replica_kv_capacity(model, hw, serving, parallel)
     out, _ = _capacity(model, hw, serving, 1, 1)
     return out

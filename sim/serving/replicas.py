@@ -26,7 +26,7 @@ import simpy
 from sim.serving import arrivals
 from sim.serving.engine import Engine
 from sim.serving.goodput import SLO, goodput, tpot
-from sim.serving.router import Arrival, lost_shares
+from sim.serving.router import Arrival, choose, lost_shares
 
 _BRANCH_FIELDS = ("reused", "computed", "copy", "gate", "source", "share", "ctx", "gen", "own", "v_new", "v_cached",
                   "v_layers", "v_probes", "v_head", "v_kv_tokens")
@@ -147,11 +147,7 @@ class Replicas:
         key = self._prefix(pseq, pos, job)
         reps = np.empty(job.B, np.int64)
         for b in range(job.B):
-            if getattr(self.router, "reads_running", False):   # vllm-dp: each replica's running requests too
-                run = [len(e.sched.running) for e in self.engines]
-                r = int(self.router.route(Arrival(pseq, b, job.B, key), self.outstanding, run))
-            else:
-                r = int(self.router.route(Arrival(pseq, b, job.B, key), self.outstanding))
+            r = choose(self.router, Arrival(pseq, b, job.B, key), self.outstanding, self.engines)
             if not 0 <= r < self.n:
                 raise ValueError(f"router {type(self.router).__name__} returned replica {r} of {self.n}")
             reps[b] = r

@@ -144,6 +144,14 @@ class BranchSpread:
         return (r0 + arrival.branch) % self.n
 
 
+def choose(router, arrival: Arrival, outstanding: Sequence[int], engines) -> int:
+    """The replica ``router`` picks, given each engine's running requests where it reads them (``vllm-dp``): the
+    one call both multi-replica drivers make."""
+    if getattr(router, "reads_running", False):
+        return int(router.route(arrival, outstanding, [len(e.sched.running) for e in engines]))
+    return int(router.route(arrival, outstanding))
+
+
 def make_router(name: str, n_replicas: int, **options):
     """The router named ``name`` (``--router``) for ``n_replicas`` replicas (``--data-parallel-size``)."""
     if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
