@@ -12,21 +12,30 @@ the row is fp8), the same products the engine charges (:func:`sim.cost.gemm.vari
         + (3 Fe) T k s / (mem_bw eff_elem)                                # silu_and_mul: read 2 Fe, write Fe per row
         + 6 per_kernel_s                                                  # topk, align, w13, act, w2, moe_sum
 
-with ``rc`` the preset's ``peak_flops eff_c`` (``peak_flops_fp8 eff_c`` for w8a8 FP8 weights), ``rm = mem_bw
-eff_m``, ``w`` bytes per weight, ``s`` bytes per activation. No coefficient is fitted here: every row is held out
-from the presets' fits (the H100's were fitted on dense operators only, the H200's are datasheet assumptions).
-The error of a row is ``predicted / measured - 1``; the issue's goal is a median |error| of at most 15%.
+with ``rc`` the routed experts' rate (:func:`sim.cost.gemm.expert_rate`: ``peak_flops eff_c_moe`` for 16-bit experts,
+``peak_flops_fp8 eff_c_moe_fp8`` for w8a8 FP8, ``peak_flops eff_c_moe_mxfp4`` for MXFP4; each None: the dense
+products' rate, ``peak_flops eff_c`` or ``peak_flops_fp8 eff_c_fp8``), ``rm = mem_bw eff_m``, ``w`` bytes per
+weight, ``s`` bytes per activation. The error of a row is ``predicted / measured - 1``; the issue's goal is a
+median |error| of at most 15% on rows the fit did not see.
 
-``python -m calibrate.moe_kernels`` prints the table by set and regime; ``--write`` writes
-``calibrate/data/moe/comparison.json``. ``--fit-eff-c SET`` reports, beside it, what one grouped-GEMM compute
-fraction fitted on SET's rows would give on the others (a what-if; no preset takes it).
+The fit (:func:`fit`): per weight format, the fraction minimising the mean squared log ratio over that format's
+prefill-sized rows (more than 256 tokens; at decode sizes the weight stream binds and no fraction shows), and each
+set held out in turn (fitted on the format's other sets). The H100 SXM and the H200 are one die, so one fraction
+serves both (:data:`PRESETS`). A format in :data:`NOT_WRITTEN` is fitted and reported, not taken, for the reason
+given there.
+
+``python -m calibrate.moe_kernels`` prints the table by set and regime, beside the same rows without a fitted
+fraction, and the fits; ``--write`` writes ``calibrate/data/moe/comparison.json`` and the ``eff_c_moe*`` lines of
+the presets; ``--check`` exits 1 where a shipped line or the file's fitted values differ from what the rows give.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -65,12 +74,13 @@ def load_rows(path=CSV) -> list[dict]:
     return rows
 
 
-def expert_seconds(m, hw, rows: float, eff_c: float | None = None) -> float:
+def expert_seconds(m, hw, rows: float) -> float:
     """The routed experts of one MoE layer of ``m`` (a rank's shape) at ``rows`` tokens on ``hw`` (module formula)."""
-    from sim.cost.gemm import grouped_wave_flops, variant_gemms
-    fp8 = m.quantization == "fp8" and hw.fp8_weights == "w8a8"
-    ec = hw.eff_c if eff_c is None else eff_c
-    rc = (hw.peak_flops_fp8 if fp8 else hw.peak_flops) * ec
+    from sim.cost.gemm import expert_rate, grouped_wave_flops, variant_gemms
+    from sim.cost.roofline import linear_rates
+    rc, rc8 = linear_rates(hw)
+    # the engine's rate of the routed products (sim.cost.roofline.seconds: rc_lin is rc8 for FP8 weights)
+    rc = expert_rate(hw, m, rc, rc8 if m.quantization == "fp8" else rc)
     rm = hw.mem_bw * hw.eff_m
     routed = variant_gemms(m, float(rows))[-2:]        # (w13, w2): the grouped products of the routed experts
     share = routed[0][2]
@@ -94,12 +104,32 @@ def _shape(r):
     return rank_model(m, r["tp"]), load_hardware(r["hardware"])
 
 
-def predict_rows(rows, eff_c: dict | None = None) -> list[dict]:
-    """Each row with ``predicted_us`` and ``error`` (``predicted / measured - 1``)."""
+# the experts' weight format of a row (its ``quantization`` column) and the preset field that prices it
+FORMAT_FIELD = {"bf16": "eff_c_moe", "fp8": "eff_c_moe_fp8", "mxfp4": "eff_c_moe_mxfp4"}
+# the presets the fit is written to: the H100 SXM and the H200 are one die (GH100, 132 SMs), so a kernel's fraction
+# of peak carries from one to the other as calibrate/fp8_gemm.py carries DeepGEMM's
+PRESETS = ("h100-sxm", "h200")
+# a format fitted but not written to the presets, and why (docs/calibration.md, "Fused-MoE kernels")
+NOT_WRITTEN = {
+    "fp8": "per-tensor FP8 Triton kernel only (Qwen3-30B-A3B); the FP8 MoE checkpoints served (Qwen3, DeepSeek) are "
+           "128x128 block-scaled, another kernel; the dense FP8 rate (eff_c_fp8) applies",
+}
+
+
+def fmt_of(quantization: str) -> str:
+    return {"": "bf16", "fp8": "fp8", "mxfp4": "mxfp4"}[quantization]
+
+
+def predict_rows(rows, eff: dict | None = None) -> list[dict]:
+    """Each row with ``predicted_us`` and ``error`` (``predicted / measured - 1``); ``eff``: ``{format: compute
+    fraction}`` in place of the presets' (None: the dense products' rate; a format not named keeps its preset's)."""
     out = []
     for r in rows:
         m, hw = _shape(r)
-        p = expert_seconds(m, hw, r["batch_size"], (eff_c or {}).get(r["hardware"])) * 1e6
+        fmt = fmt_of(r["quantization"])
+        if eff is not None and fmt in eff:
+            hw = dataclasses.replace(hw, **{FORMAT_FIELD[fmt]: eff[fmt]})
+        p = expert_seconds(m, hw, r["batch_size"]) * 1e6
         out.append({**r, "predicted_us": p, "error": p / r["kernel_us"] - 1.0})
     return out
 
@@ -120,33 +150,72 @@ def summarise(pred: list[dict]) -> list[dict]:
     return out
 
 
-def fit_eff_c(rows, fit_set: str) -> float:
-    """What-if: the grouped GEMMs' compute fraction of the peak that minimises the median |log ratio| on
-    ``fit_set``'s rows (a grid over 0.05..1; the memory side and every other coefficient unchanged)."""
-    sub = [r for r in rows if r["set"] == fit_set]
+def fit_format(rows, fmt: str) -> float | None:
+    """The experts' compute fraction of ``fmt`` that minimises the mean squared log ratio over its prefill-sized
+    rows (more than 256 tokens: at decode sizes the weight stream bounds the term, so those rows cannot tell a
+    fraction; bounded scalar minimisation over [0.02, 1], rounded to 4 digits; the memory side and every other
+    coefficient unchanged); None: no such row."""
+    from scipy.optimize import minimize_scalar
+    sub = [r for r in rows if fmt_of(r["quantization"]) == fmt and regime(r["batch_size"]) == "T>256"]
     if not sub:
-        raise ValueError(f"--fit-eff-c: no rows in set {fit_set!r}")
-    hw = sub[0]["hardware"]
-    grid = np.linspace(0.05, 1.0, 96)
-    cost = [np.median([abs(np.log1p(p["error"])) for p in predict_rows(sub, {hw: float(g)})]) for g in grid]
-    return float(grid[int(np.argmin(cost))])
+        return None
+    shaped = [(r, *_shape(r)) for r in sub]
+    field = FORMAT_FIELD[fmt]
+
+    def cost(g):
+        return float(np.mean([np.log(expert_seconds(m, dataclasses.replace(hw, **{field: float(g)}),
+                                                    r["batch_size"]) * 1e6 / r["kernel_us"]) ** 2
+                              for r, m, hw in shaped]))
+    res = minimize_scalar(cost, bounds=(0.02, 1.0), method="bounded", options={"xatol": 1e-6})
+    return round(float(res.x), 4)
 
 
-def table(path=CSV, fit_set: str | None = None) -> dict:
+def fit(rows) -> dict:
+    """Per format: the fraction fitted on every set of that format, and each set held out in turn (the fraction
+    fitted on the format's other sets, where it has some; a held-out set is a model or shape the fit did not see)."""
+    out = {}
+    for fmt in FORMAT_FIELD:
+        sets = sorted({r["set"] for r in rows if fmt_of(r["quantization"]) == fmt})
+        if not sets:
+            out[fmt] = {"field": FORMAT_FIELD[fmt], "fitted": None, "value": None, "not_written": None, "sets": [],
+                        "held_out": []}
+            continue
+        held = []
+        for s in sets:
+            g = fit_format([r for r in rows if r["set"] != s], fmt)
+            if g is None:
+                continue
+            pred = predict_rows([r for r in rows if r["set"] == s], {fmt: g})
+            e = np.array([p["error"] for p in pred])
+            big = np.array([p["error"] for p in pred if p["batch_size"] > 256])
+            held.append({"set": s, "fitted_without_it": g, "rows": int(e.size),
+                         "median_abs_error": float(np.median(np.abs(e))),
+                         "median_abs_error_T>256": float(np.median(np.abs(big))) if big.size else None})
+        g = fit_format(rows, fmt)
+        why = NOT_WRITTEN.get(fmt) if g is not None else None
+        out[fmt] = {"field": FORMAT_FIELD[fmt], "fitted": g, "value": None if why else g, "not_written": why,
+                    "sets": sets, "held_out": held}
+    return out
+
+
+def _fitted_eff(fits: dict) -> dict:
+    """What the presets take: every format's written fraction (None: the dense rate), whatever their lines say now."""
+    return {f: v["value"] for f, v in fits.items()}
+
+
+def table(path=CSV) -> dict:
     rows = load_rows(path)
-    pred = predict_rows(rows)
-    res = {"source": str(Path(path).relative_to(DATA.parents[2])) if Path(path).is_relative_to(DATA.parents[2])
-           else str(path), "formula": __doc__.split("::")[1].split("\n\n")[1].strip(),
-           "rows": [{k: p[k] for k in ("set", "hardware", "model", "tp", "quantization", "batch_size", "kernel_us",
-                                       "predicted_us", "error")} for p in pred],
-           "summary": summarise(pred)}
-    if fit_set:
-        g = fit_eff_c(rows, fit_set)
-        hw = next(r["hardware"] for r in rows if r["set"] == fit_set)
-        held = [r for r in rows if r["set"] != fit_set and r["hardware"] == hw]
-        res["what_if"] = {"fit_set": fit_set, "hardware": hw, "eff_c": g,
-                          "held_out": summarise(predict_rows(held, {hw: g})) if held else []}
-    return res
+    fits = fit(rows)
+    pred = predict_rows(rows, _fitted_eff(fits))
+    before = predict_rows(rows, dict.fromkeys(FORMAT_FIELD))   # the dense products' rate (no fitted fraction)
+    held = [h for f in fits.values() for h in f["held_out"]]
+    return {"source": str(Path(path).relative_to(DATA.parents[2])) if Path(path).is_relative_to(DATA.parents[2])
+            else str(path), "formula": __doc__.split("::")[1].split("\n\n")[1].strip(),
+            "fits": fits,
+            "held_out_median_abs_error": float(np.median([h["median_abs_error"] for h in held])) if held else None,
+            "rows": [{k: p[k] for k in ("set", "hardware", "model", "tp", "quantization", "batch_size", "kernel_us",
+                                        "predicted_us", "error")} for p in pred],
+            "summary": summarise(pred), "summary_without_fit": summarise(before)}
 
 
 def _write_json(obj, path: Path) -> None:
@@ -157,24 +226,77 @@ def _write_json(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def render(preset: str, text: str, fits: dict) -> str:
+    """``preset``'s YAML with its ``eff_c_moe*`` lines set to the fit (each line must be there already)."""
+    for fmt, f in fits.items():
+        field = f["field"]
+        line_re = re.compile(rf"^{field}:.*$", re.M)
+        if not line_re.search(text):
+            raise ValueError(f"{preset}.yaml: no '{field}:' line to rewrite")
+        if f["value"] is None and f["not_written"]:
+            line = f"{field}: null".ljust(26) + (f"# fitted {f['fitted']:.4f} (calibrate/moe_kernels.py), not taken: "
+                                                 f"{f['not_written']}")
+        elif f["value"] is None:
+            line = f"{field}: null".ljust(26) + f"# no public per-operator timing of {fmt} fused-MoE kernels on H100/H200 " \
+                                                 "in calibrate/data/moe: the dense products' rate applies"
+        else:
+            held = ", ".join(f"{h['set']} {h['median_abs_error']:.3f}" for h in f["held_out"]) or "none (one set)"
+            line = (f"{field}: {f['value']:.4f}".ljust(26)
+                    + f"# fitted (calibrate/moe_kernels.py): {fmt} fused-MoE grouped GEMMs on {len(f['sets'])} "
+                      f"per-operator set(s) of calibrate/data/moe ({', '.join(f['sets'])}); held-out median |error| "
+                      f"by set: {held}")
+        text = line_re.sub(lambda _: line, text, count=1)
+    return text
+
+
 def main(argv=None) -> int:
+    from sim.cost.profiles import PRESET_DIR
+    from traces.store import atomic_write_text
+
     ap = argparse.ArgumentParser(prog="python -m calibrate.moe_kernels", description=__doc__.split("\n\n")[0])
     ap.add_argument("--csv", default=str(CSV), help="measurement file (default: the shipped one)")
-    ap.add_argument("--fit-eff-c", metavar="SET", help="what-if: fit a grouped-GEMM compute fraction on SET")
-    ap.add_argument("--write", action="store_true", help=f"write {OUT.relative_to(DATA.parents[2])}")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help=f"write {OUT.relative_to(DATA.parents[2])} and the "
+                   f"eff_c_moe* lines of the presets {', '.join(PRESETS)}")
+    g.add_argument("--check", action="store_true", help="exit 1 if a shipped preset's eff_c_moe* lines or "
+                   f"{OUT.relative_to(DATA.parents[2])}'s fits differ from what the rows give")
     a = ap.parse_args(argv)
-    res = table(a.csv, a.fit_eff_c)
-    print(f"{'set':30} {'regime':7} {'rows':>4} {'median err':>10} {'median |err|':>12} {'max |err|':>9}")
-    for s in res["summary"]:
+    res = table(a.csv)
+    print(f"{'set':30} {'regime':7} {'rows':>4} {'median err':>10} {'median |err|':>12} {'max |err|':>9} "
+          f"{'(no fit: median |err|)':>22}")
+    for s, b in zip(res["summary"], res["summary_without_fit"]):
         print(f"{s['set']:30} {s['regime']:7} {s['rows']:4d} {s['median_error']:+10.3f} {s['median_abs_error']:12.3f} "
-              f"{s['max_abs_error']:9.3f}")
-    if "what_if" in res:
-        w = res["what_if"]
-        print(f"what-if: eff_c {w['eff_c']:.3f} fitted on {w['fit_set']} ({w['hardware']}); held out:")
-        for s in w["held_out"]:
-            print(f"  {s['set']:28} {s['regime']:7} {s['rows']:4d} {s['median_abs_error']:12.3f}")
+              f"{s['max_abs_error']:9.3f} {b['median_abs_error']:22.3f}")
+    for fmt, f in res["fits"].items():
+        v = ("not fitted (no prefill-sized rows)" if f["fitted"] is None else f"{f['value']:.4f}" if f["value"] is not None
+             else f"{f['fitted']:.4f}, not written: {f['not_written']}")
+        print(f"{f['field']} ({fmt}): {v}")
+        for h in f["held_out"]:
+            print(f"  held out {h['set']:30} fitted without it {h['fitted_without_it']:.4f}: "
+                  f"median |error| {h['median_abs_error']:.3f} over {h['rows']} rows")
+    if res["held_out_median_abs_error"] is not None:
+        print(f"held-out sets, median of their median |error|: {res['held_out_median_abs_error']:.3f}")
+    bad = []
+    for p in PRESETS:
+        path = PRESET_DIR / "hardware" / f"{p}.yaml"
+        text = path.read_text()
+        new = render(p, text, res["fits"])
+        if a.check and new != text:
+            bad.append(str(path))
+        if a.write:
+            atomic_write_text(path, new)
+            print(f"wrote {path}")
+    if a.check and OUT.exists():
+        # the fitted values (rounded, so the same on any CPU), not the last bits of the held-out errors
+        pick = {f: (v.get("fitted"), v.get("value")) for f, v in json.loads(OUT.read_text()).get("fits", {}).items()}
+        if pick != {f: (v["fitted"], v["value"]) for f, v in res["fits"].items()}:
+            bad.append(str(OUT))
     if a.write:
         _write_json(res, OUT)
+        print(f"wrote {OUT}")
+    if bad:
+        print(f"differs from the fit (run python -m calibrate.moe_kernels --write): {', '.join(bad)}", file=sys.stderr)
+        return 1
     return 0
 
 

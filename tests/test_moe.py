@@ -500,3 +500,61 @@ def _bench_q(args):
                     "256", "--output-len", "64", "--num-prompts", "16", "--output-json", str(out), *args], cwd=ROOT,
                    check=True, capture_output=True, text=True)
     return json.loads(out.read_text())
+
+
+def test_routed_experts_run_at_their_own_fitted_fraction():
+    """The fused-MoE grouped GEMMs' compute fraction per weight format (sim.cost.gemm.expert_rate): a fraction
+    equal to the dense products' gives the same floats as none (one formula, only the rate differs); a lower one
+    slows a prefill-sized MoE iteration where compute binds, leaves a one-token decode (the weight stream) and a
+    dense model alone, and moves only the routed products (every other product of the layer keeps its rate)."""
+    from sim.cost.gemm import expert_rate
+    from sim.cost.roofline import linear_rates
+    base = dataclasses.replace(H100, eff_c_moe=None, eff_c_moe_fp8=None, eff_c_moe_mxfp4=None)
+    rc, rc8 = linear_rates(base)
+    mo, dense = load_model("qwen3-30b-a3b"), load_model("qwen3-4b")
+    fp8, mx = mo.with_precision("fp8"), load_model("gpt-oss-20b").with_precision("mxfp4")
+    assert (expert_rate(base, mo, rc, rc), expert_rate(base, fp8, rc, rc8), expert_rate(base, mx, rc, rc)) == \
+        (rc, rc8, rc)
+    slow = dataclasses.replace(base, eff_c_moe=0.4, eff_c_moe_fp8=0.3, eff_c_moe_mxfp4=0.4)
+    assert expert_rate(slow, mo, rc, rc) == base.peak_flops * 0.4
+    assert expert_rate(slow, fp8, rc, rc8) == base.peak_flops_fp8 * 0.3
+    assert expert_rate(slow, mx, rc, rc) == base.peak_flops * 0.4
+    # FP8 weights dequantised into 16-bit GEMMs (Ampere's w8a16) keep the dense FP8 path's rate
+    a100 = dataclasses.replace(load_hardware("a100-80gb"), eff_c_moe_fp8=0.1)
+    assert expert_rate(a100, fp8, *linear_rates(a100)) == linear_rates(a100)[1]
+    prefill, decode = [(4096.0, 0.0, None, 0.0, 1.0, 0.0)], [(1.0, 500.0, None, 0.0, 1.0, 0.0)]
+    same = dataclasses.replace(base, eff_c_moe=base.eff_c, eff_c_moe_fp8=base.eff_c_fp8)
+    for m in (mo, fp8):
+        for it in (prefill, decode):
+            assert C.ScalarCost(m, same).seconds(it) == C.ScalarCost(m, base).seconds(it)
+    for m in (mo, fp8, mx):
+        assert C.ScalarCost(m, slow).seconds(prefill) > 1.1 * C.ScalarCost(m, base).seconds(prefill)
+    for m in (mo, fp8):   # (4-bit experts stream so few bytes that a whole wave of tiles binds even at one row)
+        assert C.ScalarCost(m, slow).seconds(decode) == C.ScalarCost(m, base).seconds(decode)
+    for it in (prefill, decode):
+        assert C.ScalarCost(dense, slow).seconds(it) == C.ScalarCost(dense, base).seconds(it)
+    # only the routed products moved: the layer's time grows by the experts' compute at the new rate alone
+    from calibrate.moe_kernels import expert_seconds
+    grow = C.ScalarCost(mo, slow).seconds(prefill) - C.ScalarCost(mo, base).seconds(prefill)
+    want = mo.n_moe_layers * (expert_seconds(mo, slow, 4096) - expert_seconds(mo, base, 4096))
+    assert grow == pytest.approx(want, rel=1e-9)
+
+
+def test_the_shipped_moe_fractions_are_the_fit():
+    """calibrate/moe_kernels.py's fit is what h100-sxm and h200 ship (--check), the bf16 fraction is fitted on
+    prefill-sized rows only and recovers a fraction from rows it generated itself; FP8 is fitted but not taken."""
+    from calibrate import moe_kernels as mk
+    assert mk.main(["--check"]) == 0
+    shipped = json.loads(mk.OUT.read_text())["fits"]
+    assert H100.eff_c_moe == shipped["bf16"]["value"] == load_hardware("h200").eff_c_moe
+    assert H100.eff_c_moe_fp8 is None and shipped["fp8"]["fitted"] is not None and shipped["fp8"]["not_written"]
+    assert H100.eff_c_moe_mxfp4 is None and shipped["mxfp4"]["fitted"] is None
+    # synthetic rows priced at a known fraction: the fit gives that fraction back
+    rows = [r for r in mk.load_rows() if r["set"] == "mixtral-tp2-bf16-h100"]
+    truth = mk.predict_rows(rows, {"bf16": 0.3})
+    fake = [{**r, "kernel_us": p["predicted_us"]} for r, p in zip(rows, truth)]
+    assert mk.fit_format(fake, "bf16") == pytest.approx(0.3)
+    assert mk.fit_format([r for r in fake if r["batch_size"] <= 256], "bf16") is None
+    tampered = mk.render("h100-sxm", (ROOT / "sim/presets/hardware/h100-sxm.yaml").read_text().replace(
+        "eff_c_moe: 0.", "eff_c_moe: 0.9"), mk.fit(mk.load_rows()))
+    assert load_hardware("h100-sxm").eff_c_moe == float(tampered.split("eff_c_moe: ")[1].split()[0])

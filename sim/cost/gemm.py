@@ -93,14 +93,38 @@ def variant_gemms(m, rows, ops=None):
     return out
 
 
-def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head, ops=None, rc_lin=None):
+def expert_rate(hw, m, rc: float, rc_lin: float):
+    """The compute rate of an MoE layer's routed-expert products (vLLM's fused-MoE grouped GEMMs), by the experts'
+    weight format; each ``None`` coefficient falls back to the dense products' rate (``rc``, or ``rc_lin`` for FP8
+    weights), the rate before these coefficients existed::
+
+        fp8 on FP8 tensor cores (fp8_weights: w8a8):  peak_flops_fp8 eff_c_moe_fp8
+        mxfp4 (weight-only, 16-bit math):              peak_flops eff_c_moe_mxfp4
+        16-bit:                                        peak_flops eff_c_moe
+
+    (fitted by ``calibrate/moe_kernels.py`` on per-operator fused-MoE kernel timings: the Triton grouped GEMM runs
+    far below a dense GEMM's fraction at prefill sizes, docs/calibration.md "Fused-MoE kernels").
+    """
+    q = m.quantization
+    if q == "fp8" and hw.fp8_weights == "w8a8":
+        return rc_lin if hw.eff_c_moe_fp8 is None else hw.peak_flops_fp8 * hw.eff_c_moe_fp8
+    if q == "fp8":
+        return rc_lin     # dequantised into 16-bit GEMMs (w8a16): the dense products' rate
+    if q == "mxfp4":
+        return rc if hw.eff_c_moe_mxfp4 is None else hw.peak_flops * hw.eff_c_moe_mxfp4
+    return rc if hw.eff_c_moe is None else hw.peak_flops * hw.eff_c_moe
+
+
+def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head, ops=None, rc_lin=None,
+                     rc_moe=None):
     """Linear layers' and LM head's time under wave quantisation (``sim.cost.hardware.HardwareProfile.sm_count``).
 
     ``rows`` token rows through ``layers`` layers (every running item's rows through the deepest
     item's layers), ``head_rows = f_head / (2 d V)`` LM-head / probe rows as one ``d x V``
     product; ``mem_lin`` / ``mem_head`` their weight-stream seconds, split over the products by
     weight share (the norm weights' ``2 d`` streamed alone); ``rc_lin`` (None: ``rc``) is the linear
-    layers' rate where it differs from the LM head's (FP8 weights on FP8 tensor cores)::
+    layers' rate where it differs from the LM head's (FP8 weights on FP8 tensor cores), ``rc_moe`` (None:
+    ``rc_lin``) the routed experts' (:func:`expert_rate`; the last two products of :func:`variant_gemms`)::
 
         t = sum_j max(layers F_q(rows, K_j, N_j) / rc, mem_lin K_j N_j / P) + mem_lin 2 d / P
             + max(F_q(head_rows, d, V) / rc, mem_head)
@@ -115,9 +139,12 @@ def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head
         for g in gs:
             tot = tot + g[5]
         t = mem_lin * (2.0 * m.hidden_size / tot)
-        for K, N, share, groups, grows, params in gs:
+        lin = rc if rc_lin is None else rc_lin
+        routed = len(gs) - 2 if m.n_moe_layers else len(gs)   # variant_gemms puts the routed experts last
+        for j, (K, N, share, groups, grows, params) in enumerate(gs):
             fq = grouped_wave_flops(groups, grows, K, N, sms, o)
-            t = t + mx(share * layers * fq / (rc if rc_lin is None else rc_lin), mem_lin * (params / tot))
+            r = rc_moe if j >= routed and rc_moe is not None else lin
+            t = t + mx(share * layers * fq / r, mem_lin * (params / tot))
         return t + mx(gemm_wave_flops(head_rows, m.hidden_size, m.vocab_size, sms, ops) / rc, mem_head)
     P = float(m.params_per_layer)
     t = mem_lin * (2.0 * m.hidden_size / P)

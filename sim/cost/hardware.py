@@ -149,6 +149,12 @@ class HardwareProfile:
     host_step: HostStepCost | None = None
     frontend: FrontendCost | None = None
     mxfp4_moe: str | None = None    # MXFP4_MOE: vLLM's MXFP4 MoE kernel here (None: --quantization mxfp4 refused)
+    # the routed experts' grouped GEMMs (vLLM's fused-MoE kernels) at their own compute fraction, per weight format
+    # (sim.cost.gemm.expert_rate; fitted by calibrate/moe_kernels.py on per-operator kernel timings); None: the
+    # dense products' rate (eff_c, or eff_c_fp8 for FP8 weights on FP8 tensor cores)
+    eff_c_moe: float | None = None        # 16-bit experts (Triton fused_moe), fraction of peak_flops
+    eff_c_moe_fp8: float | None = None    # FP8 w8a8 experts (Triton fused_moe), fraction of peak_flops_fp8
+    eff_c_moe_mxfp4: float | None = None  # MXFP4 experts (mxfp4_moe's kernel, weight-only), fraction of peak_flops
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -169,7 +175,8 @@ class HardwareProfile:
         label = f"hardware preset {self.source or self.name}: field"
         for rule, names in (("positive", ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m")),
                             ("positive or null", ("eff_elem", "eff_mv", "eff_att", "eff_kv", "eff_kv_shared",
-                                                  "peak_flops_fp8", "eff_c_fp8")),
+                                                  "peak_flops_fp8", "eff_c_fp8", "eff_c_moe", "eff_c_moe_fp8",
+                                                  "eff_c_moe_mxfp4")),
                             ("count or null", ("gemm_row_block", "gemm_small_m_max", "sm_count")),
                             ("nonneg", ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s",
                                         "eager_launch_s")),

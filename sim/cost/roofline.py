@@ -23,7 +23,8 @@ with ``rc8 = peak_flops_fp8 eff_c_fp8`` (``fp8_weights: w8a8``; else ``rc``: FP8
 path (``2 <= rows <= gemm_small_m_max``), ``b_lin + b_head`` read ``mult = ceil(rows / gemm_row_block)``
 times; ``lin = max(f_lin / rc, m_lin)``, ``head = max(f_head / rc, m_head)`` with the weight-stream
 seconds ``m = (b - b_mv) / rm + mult b_mv / rmv``, or under wave quantisation (``sm_count``)
-:func:`sim.cost.gemm.wave_linear_head`. Every term is defined in :mod:`sim.cost.terms`'s docstring and every
+:func:`sim.cost.gemm.wave_linear_head` (an MoE layer's routed experts there at their own rate,
+:func:`sim.cost.gemm.expert_rate`: ``eff_c_moe``, ``eff_c_moe_fp8``, ``eff_c_moe_mxfp4``). Every term is defined in :mod:`sim.cost.terms`'s docstring and every
 field in :class:`sim.cost.hardware.HardwareProfile`'s.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from sim.cost.gemm import wave_linear_head
+from sim.cost.gemm import expert_rate, wave_linear_head
 
 ROOFLINES = ("iteration", "operator")
 
@@ -44,6 +45,14 @@ FLOAT = SimpleNamespace(maximum=lambda a, b: a if a > b else b, where=lambda c, 
                         ceil=math.ceil, any_positive=lambda x: x > 0)
 
 
+def linear_rates(hw) -> tuple:
+    """``(rc, rc8)``: the matrix products' compute rate and that of FP8 linear layers (module docstring)."""
+    rc = hw.peak_flops * hw.eff_c
+    # FP8 linear layers: at the FP8 tensor-core rate (w8a8), else dequantised into 16-bit GEMMs (w8a16)
+    rc8 = rc if hw.fp8_weights != "w8a8" else hw.peak_flops_fp8 * (hw.eff_c if hw.eff_c_fp8 is None else hw.eff_c_fp8)
+    return rc, rc8
+
+
 def seconds(hw, terms, ops=NUMPY, roofline: str | None = None, model=None):
     """Seconds of ``terms`` (an :class:`sim.cost.terms.OpTerms`) on ``hw`` (a :class:`sim.cost.hardware.HardwareProfile`).
 
@@ -51,14 +60,12 @@ def seconds(hw, terms, ops=NUMPY, roofline: str | None = None, model=None):
     float); ``roofline`` overrides the profile's; ``model`` (the terms' shape) is needed where
     ``sm_count`` quantises matrix products. Formula in the module docstring.
     """
-    rc = hw.peak_flops * hw.eff_c
+    rc, rc8 = linear_rates(hw)
     rm = hw.mem_bw * hw.eff_m
     rmv = hw.mem_bw * (hw.eff_m if hw.eff_mv is None else hw.eff_mv)
     ra = hw.peak_flops * (hw.eff_c if hw.eff_att is None else hw.eff_att)
     rkv = hw.mem_bw * (hw.eff_m if hw.eff_kv is None else hw.eff_kv)
     rks = rkv if hw.eff_kv_shared is None else hw.mem_bw * hw.eff_kv_shared
-    # FP8 linear layers: at the FP8 tensor-core rate (w8a8), else dequantised into 16-bit GEMMs (w8a16)
-    rc8 = rc if hw.fp8_weights != "w8a8" else hw.peak_flops_fp8 * (hw.eff_c if hw.eff_c_fp8 is None else hw.eff_c_fp8)
     f8 = terms.f_lin_fp8
     mode = roofline or hw.roofline
     blm, bhm = terms.b_lin_mv, terms.b_head_mv
@@ -88,9 +95,11 @@ def seconds(hw, terms, ops=NUMPY, roofline: str | None = None, model=None):
             if model is None:
                 raise ValueError(f"hardware {hw.name}: sm_count quantises matrix products; "
                                  "time() needs the terms' model shape (model=)")
+            rc_lin = rc8 if ops.any_positive(f8) else rc
+            rc_moe = expert_rate(hw, model, rc, rc_lin) if model.n_moe_layers else None
             lin = wave_linear_head(model, hw.sm_count, terms.rows, terms.layers,
                                    fh / (2.0 * model.hidden_size * model.vocab_size), rc, ml, mh,
-                                   None if ops is NUMPY else ops, rc8 if ops.any_positive(f8) else rc)
+                                   None if ops is NUMPY else ops, rc_lin, rc_moe)
             head = 0.0
         else:
             lin, head = ops.maximum(c_lin, ml), ops.maximum(fh / rc, mh)
