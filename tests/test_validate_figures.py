@@ -45,9 +45,11 @@ def test_the_file_holds_the_checks_the_issue_asks_for(figs):
         k = f["metric"].split("_")[1] if f["metric"].endswith("_ms") else "throughput"
         fam[{"itl": "tpot"}.get(k, k)] = fam.get({"itl": "tpot"}.get(k, k), 0) + 1
     assert all(fam.get(k, 0) >= 8 for k in ("ttft", "tpot", "e2el", "throughput")), fam
-    # online rates (not only maximum load): so far one published run states its trace and send times
+    # online rates (not only maximum load): three published runs (LLMServingSim's SD, SM and MD scenarios, 10 req/s)
+    # state their trace and send times; MD's two replicas are refused by name (dp 2), so six are priced
     online = [f for f in figs if str(f["workload"].get("request_rate", "inf")) != "inf"]
-    assert len(online) >= 3 and all("arrival_times_ns" in f["workload"] or "seed" in f["workload"] for f in online)
+    assert len(online) >= 9 and all("arrival_times_ns" in f["workload"] or "seed" in f["workload"] for f in online)
+    assert sum((f.get("parallelism") or {}).get("dp", 1) == 1 for f in online) >= 6
     for f in figs:
         assert f.get("engine") and f["source"].get("where"), f["id"]
         u = f["source"]["url"]
@@ -141,8 +143,10 @@ def test_a_poisson_rate_is_vllms_seeded_draw(tmp_path):
 
 def test_mixture_of_experts_figures_are_priced_within_30_percent(figs):
     """rksim issue 33 item 6: published end-to-end MoE figures (Mixtral-8x7B at TP 2 on two GPUs, two publishers)
-    are checks in the file; each priced one within 30% (the issue's bound), the H200 row too (on dgx-h200)."""
-    moe = [f for f in figs if f["model"] == "mixtral-8x7b"]
+    are checks in the file; each priced one within 30% (the issue's bound), the H200 row too (on dgx-h200).
+    The bound is the issue's, for those TP 2 figures; LLMServingSim's Mixtral run at TP 4 (10 req/s) is a later
+    check with no bound here: rksim prices it about 2x too fast (docs/validation/ratios.md states each ratio)."""
+    moe = [f for f in figs if f["model"] == "mixtral-8x7b" and (f.get("parallelism") or {}).get("tp", 1) == 2]
     assert len(moe) >= 5 and {_publisher(f["source"]["url"]) for f in moe} >= {"LambdaLabsML/vllm-benchmark",
                                                                                    "buildkite.com"}
     t = run_figures(moe)
