@@ -352,12 +352,6 @@ class Scheduler:
             return 0
         return thr
 
-    def _chunk(self, req: Request, budget: int, thr: int = 0) -> int:
-        n = min(req.pending, budget)
-        if thr and n > 1:
-            n = min(n, thr)
-        return n
-
     def _preempt(self, victim: Request, preempted: list) -> None:
         idle = victim.hold and victim.pending == 0  # held, waiting for an extension: park it until then
         self.kv.free(victim)
@@ -375,15 +369,19 @@ class Scheduler:
         """Schedule running requests in order (``only``: a filter on requests); returns the budget left."""
         i = 0
         busy = self._busy
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            if req.pending == 0 or (only is not None and not only(req)) or (busy and req.req_id in busy):
+        running, kv = self.running, self.kv
+        one = kv.allocate_one
+        while i < len(running) and budget > 0:
+            req = running[i]
+            pend = req.pending
+            if pend == 0 or (only is not None and not only(req)) or (busy and req.req_id in busy):
                 i += 1
                 continue
-            n = self._chunk(req, budget, thr)
+            n = min(pend, budget)   # a running request's chunk: what it has pending, within the budget and thr
+            if thr and n > 1:
+                n = min(n, thr)
             ok = True
-            alloc = self.kv.allocate_one if n == 1 else None
-            while not (alloc(req) if alloc is not None else self.kv.allocate(req, n)):
+            while not (one(req) if n == 1 else kv.allocate(req, n)):
                 victim = self._victim()   # newest first
                 self._preempt(victim, preempted)
                 if victim is req:
@@ -495,15 +493,19 @@ class Scheduler:
             req = it.req
             if req.status != RUNNING:
                 continue  # preempted later in the same step (cannot happen in one schedule) -- skip
-            req.num_computed_tokens += it.num_new
-            self.recompute_tokens += it.recompute
-            req.recompute_tokens += it.recompute
-            if req.num_computed_tokens > req.high_water:
-                req.high_water = req.num_computed_tokens
-            if req.num_computed_tokens == req.num_tokens and not req.done_sampling:
+            c = req.num_computed_tokens + it.num_new
+            req.num_computed_tokens = c
+            if it.recompute:
+                self.recompute_tokens += it.recompute
+                req.recompute_tokens += it.recompute
+            if c > req.high_water:
+                req.high_water = c
+            sampled_all = req.num_output_tokens >= req.max_output_tokens   # done_sampling, read once
+            if c == req.num_tokens and not sampled_all:
                 req.num_tokens += 1
                 req.num_output_tokens += 1
-            if req.req_id in stop or (req.done_sampling and req.pending == 0 and not req.hold):   # rarest first
+                sampled_all = req.num_output_tokens >= req.max_output_tokens
+            if (stop and req.req_id in stop) or (sampled_all and req.pending == 0 and not req.hold):   # rarest first
                 self._finish(req)
                 done.append(req)
         return done
