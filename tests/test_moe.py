@@ -558,3 +558,14 @@ def test_the_shipped_moe_fractions_are_the_fit():
     tampered = mk.render("h100-sxm", (ROOT / "sim/presets/hardware/h100-sxm.yaml").read_text().replace(
         "eff_c_moe: 0.", "eff_c_moe: 0.9"), mk.fit(mk.load_rows()))
     assert load_hardware("h100-sxm").eff_c_moe == float(tampered.split("eff_c_moe: ")[1].split()[0])
+
+
+def test_a_run_says_what_rate_its_experts_are_priced_at():
+    """An MoE target's provenance names the experts' rate (the fitted fused-MoE fraction, or the dense rate where
+    its weight format has none); a dense target's does not carry the key."""
+    a = _bench_q(["--model-preset", "qwen3-30b-a3b"])["rksim"]
+    assert a["moe_experts"] == f"routed experts at eff_c_moe {H100.eff_c_moe:g} of the 16-bit peak (fitted on " \
+                               "vLLM's fused-MoE kernel timings)"
+    b = _bench_q(["--model-preset", "gpt-oss-20b", "--quantization", "mxfp4"])["rksim"]
+    assert "eff_c_moe_mxfp4 not fitted" in b["moe_experts"]
+    assert "moe_experts" not in _bench_q(["--model-preset", "qwen3-4b"])["rksim"]

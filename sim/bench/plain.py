@@ -353,6 +353,9 @@ def _info(model, hw, sv, sched, graphs, cap, bs, blocks, token_policy, results, 
             info["enable_expert_parallel"] = True
         if model.num_experts:
             info["moe_routing"] = moe_routing
+            if hw.sm_count and hw.roofline == "operator":   # where the products are priced one by one
+                from sim.cost.gemm import expert_rate_words
+                info["moe_experts"] = expert_rate_words(hw, model)
     return info
 
 

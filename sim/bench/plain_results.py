@@ -199,6 +199,7 @@ def provenance(info: dict, run_stats: bool = True) -> str:
             f"{s['max_num_batched_tokens']}, KV capacity {info['kv_capacity_blocks']} blocks of "
             f"{info['block_size']} tokens ({info['kv_capacity_bytes'] / 1e9:.2f} GB), prefix caching "
             f"{'on' if info['prefix_caching'] else 'off'}" + (f", token policy {pol}" if pol else "")
+            + (f"; {info['moe_experts']}" if info.get("moe_experts") else "")
             + (f"; {info['data_parallel_size']} replicas behind {info['router']}, each with that capacity"
                if "data_parallel_size" in info and "dp_attention" not in info else "")
             + (f"; {info['dp_attention']['note']}, behind {info['router']}, each rank with that capacity"

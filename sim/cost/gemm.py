@@ -115,6 +115,22 @@ def expert_rate(hw, m, rc: float, rc_lin: float):
     return rc if hw.eff_c_moe is None else hw.peak_flops * hw.eff_c_moe
 
 
+def expert_rate_words(hw, m) -> str:
+    """In words, the rate an MoE model's routed experts are priced at on ``hw`` (:func:`expert_rate`), for a run's
+    provenance: the fitted fused-MoE fraction of the experts' format, or the dense products' rate."""
+    q = m.quantization
+    if q == "fp8" and hw.fp8_weights == "w8a8":
+        field, peak = "eff_c_moe_fp8", "the FP8 peak"
+    elif q == "fp8":
+        return "routed experts at the dense FP8 (w8a16) rate"
+    else:
+        field, peak = ("eff_c_moe_mxfp4" if q == "mxfp4" else "eff_c_moe"), "the 16-bit peak"
+    v = getattr(hw, field)
+    if v is None:
+        return f"routed experts at the dense products' rate ({field} not fitted: no fused-MoE kernel timing)"
+    return f"routed experts at {field} {v:g} of {peak} (fitted on vLLM's fused-MoE kernel timings)"
+
+
 def wave_linear_head(m, sms: int, rows, layers, head_rows, rc, mem_lin, mem_head, ops=None, rc_lin=None,
                      rc_moe=None):
     """Linear layers' and LM head's time under wave quantisation (``sim.cost.hardware.HardwareProfile.sm_count``).
