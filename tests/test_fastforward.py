@@ -233,3 +233,30 @@ def test_an_iteration_observer_sees_every_iteration_and_keeps_the_engine_steppin
     assert len(seen) == res.iterations
     assert all(b.t0 >= a.t0 + a.dt - 1e-12 for a, b in zip(seen, seen[1:]))
     assert sum(len(r.finished) for r in seen) == len(wl.input_lens)   # every request finishes in one of them
+
+
+def test_a_short_stretch_priced_in_floats_equals_the_numpy_pass():
+    """decode_batch_seconds prices a few iterations one by one in plain floats (roofline FLOAT) and more in one
+    numpy pass: the same operations, so equal floats, across hardware, CUDA-graph padding (batch sizes on and
+    between capture sizes, and above the largest), FP8 and graph replay."""
+    import numpy as np
+    from sim.cost.graphs import CudaGraphs
+    from sim.cost.profiles import load_hardware, load_model
+    from sim.cost.roofline import NUMPY, seconds
+    from sim.cost.scalar import SCALAR_STEPS, ScalarCost
+    rng = np.random.default_rng(7)
+    for name, q in (("llama-3-8b", ""), ("llama-3-70b", "fp8"), ("qwen2.5-7b", "")):
+        m = load_model(name)
+        m = m.with_precision(q) if q else m
+        for hw in ("h100-sxm", "a100-80gb", "l4"):
+            for graphs in (None, CudaGraphs.vllm(256)):
+                for cuda_graph in (False, True):
+                    c = ScalarCost(m, load_hardware(hw), graphs=graphs, cuda_graph=cuda_graph)
+                    B = np.concatenate([[1, 2, 3, 4, 8, 9, 16, 17, 512, 513], rng.integers(1, 900, 30)])
+                    for k in range(0, len(B), SCALAR_STEPS):
+                        b = B[k:k + SCALAR_STEPS]
+                        S = b * rng.integers(1, 4000, len(b))
+                        cm = S // b + rng.integers(0, 300, len(b))
+                        want = np.broadcast_to(seconds(c.hw, c.decode_batch_terms(b, S, cm), NUMPY, model=c.m),
+                                               b.shape)
+                        assert np.array_equal(c.decode_batch_seconds(b, S, cm), want), (name, hw, graphs, b)

@@ -116,12 +116,15 @@ class HostStepCost:
         requests that sample a token; ``admitted`` / ``admitted_tokens`` the requests (prompt
         tokens) taken in before the step. Scalars or numpy arrays (broadcast); a float or an array.
         """
+        if all(type(x) in (int, float) for x in (running, scheduled_tokens, admitted, admitted_tokens)) and \
+                (sampled is None or type(sampled) in (int, float)):
+            return self._scalar_seconds(running, scheduled_tokens, sampled, admitted, admitted_tokens)
         r = np.asarray(running, dtype=float)
         t = np.asarray(scheduled_tokens, dtype=float)
         s = r if sampled is None else np.asarray(sampled, dtype=float)
         a = np.asarray(admitted, dtype=float)
         at = np.asarray(admitted_tokens, dtype=float)
-        if np.any(r < 0) or np.any(t < 0) or np.any(s < 0) or np.any(a < 0) or np.any(at < 0):
+        if any(x.size and x.min() < 0 for x in (r, t, s, a, at)):
             raise ValueError("host_step: running, scheduled_tokens, sampled, admitted and admitted_tokens must be >= 0")
         if self.max_running is not None and r.size and float(r.max()) > self.max_running:
             raise ValueError(f"host_step: {int(r.max())} running requests, more than the {self.max_running} "
@@ -132,6 +135,29 @@ class HostStepCost:
         out = (self.base_s + self.per_running_s * r + self.per_token_s * t + self.per_output_s * s
                + self.per_admit_s * a + self.per_admit_token_s * at) / self.host_speed
         return float(out) if out.ndim == 0 else out
+
+    def _scalar_seconds(self, running, scheduled_tokens, sampled, admitted, admitted_tokens) -> float:
+        """:meth:`seconds` of one step given as Python numbers: the same checks and the same floating-point
+        operations in the same order (so the same float), without numpy's per-call cost (the engine prices
+        every stepped iteration this way)."""
+        r, t, a, at = float(running), float(scheduled_tokens), float(admitted), float(admitted_tokens)
+        s = r if sampled is None else float(sampled)
+        if r < 0 or t < 0 or s < 0 or a < 0 or at < 0:
+            raise ValueError("host_step: running, scheduled_tokens, sampled, admitted and admitted_tokens must be >= 0")
+        if self.max_running is not None and r > self.max_running:
+            raise ValueError(f"host_step: {int(r)} running requests, more than the {self.max_running} "
+                             f"the coefficients were measured at ({self.source or 'no source'})")
+        if self.max_tokens is not None and t > self.max_tokens:
+            raise ValueError(f"host_step: {int(t)} scheduled tokens, more than the {self.max_tokens} "
+                             f"the coefficients were measured at ({self.source or 'no source'})")
+        return (self.base_s + self.per_running_s * r + self.per_token_s * t + self.per_output_s * s
+                + self.per_admit_s * a + self.per_admit_token_s * at) / self.host_speed
+
+    def seconds_and_serial(self, running, scheduled_tokens, sampled=None, admitted=0, admitted_tokens=0):
+        """``(seconds(...), serial_seconds(...))`` with the host seconds computed once (the same floats)."""
+        h = self.seconds(running, scheduled_tokens, sampled, admitted, admitted_tokens)
+        out = self.serial_fraction * np.asarray(h)
+        return h, (float(out) if out.ndim == 0 else out)
 
     def serial_seconds(self, running, scheduled_tokens, sampled=None, admitted=0, admitted_tokens=0):
         """The part of :meth:`seconds` that stays on the GPU's critical path under async scheduling."""
@@ -181,6 +207,17 @@ def step_seconds(gpu_s, host_s, async_scheduling: bool, host_serial_s=0.0):
 
     so async is never slower. Scalars or numpy arrays (broadcast).
     """
+    if type(gpu_s) in (int, float) and type(host_s) in (int, float) and type(host_serial_s) in (int, float):
+        # one step in Python numbers (the engine's stepped iterations): the same checks and floats, no numpy
+        g, h, s = float(gpu_s), float(host_s), float(host_serial_s)
+        if g < 0 or h < 0 or s < 0:
+            raise ValueError("step_seconds: gpu_s, host_s and host_serial_s must be >= 0")
+        if s > h * (1 + 1e-12) + 1e-300:
+            raise ValueError("step_seconds: host_serial_s cannot exceed host_s (the serial part is part of the host "
+                             "time)")
+        if async_scheduling:
+            return g + s if g + s >= h else h
+        return g + h
     g = np.asarray(gpu_s, dtype=float)
     h = np.asarray(host_s, dtype=float)
     s = np.asarray(host_serial_s, dtype=float)

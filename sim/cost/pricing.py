@@ -59,6 +59,7 @@ class StepPricer:
         self.host_seconds = 0.0       # host seconds priced over the run (sync: all on the critical path)
         self.host_extrapolated = 0    # steps beyond the sizes host_step was measured at (priced linearly, counted)
         self.extra_dt = 0.0           # eviction-scoring seconds the batch priced last adds
+        self._open = (None, None)     # (host_step, the same without its measured-range bounds), made once
         self._alone_memo: dict = {}
 
     def item(self, it):
@@ -120,6 +121,14 @@ class StepPricer:
             priced = self.shared(items, priced)
         return priced, [t for ts, _ in priced for t in ts]
 
+    @property
+    def _host_open(self):
+        """``host_step`` without its measured-range bounds (steps past them are priced on the same lines and
+        counted), made once per ``host_step``."""
+        if self._open[0] is not self.host_step:
+            self._open = (self.host_step, dataclasses.replace(self.host_step, max_running=None, max_tokens=None))
+        return self._open[1]
+
     def host_of(self, items) -> tuple:
         """``(host_s, host_serial_s)`` of the step scheduling ``items`` (:class:`sim.cost.overheads.HostStepCost`).
 
@@ -136,9 +145,9 @@ class StepPricer:
         new = [it.req for it in items if it.new_admission and it.req.num_preemptions == 0]
         a, at = len(new), sum(q.prompt_tokens for q in new)
         if (hs.max_running is not None and r > hs.max_running) or (hs.max_tokens is not None and t > hs.max_tokens):
-            hs = dataclasses.replace(hs, max_running=None, max_tokens=None)
+            hs = self._host_open
             self.host_extrapolated += 1
-        return hs.seconds(r, t, smp, a, at), hs.serial_seconds(r, t, smp, a, at)
+        return hs.seconds_and_serial(r, t, smp, a, at)
 
     def stepped(self, gpu_s: float) -> float:
         """The step's first (or only) stage with its host time: ``step_seconds(gpu_s, host_s,
@@ -166,9 +175,8 @@ class StepPricer:
         samples one token, none is admitted -- :meth:`host_of` of such a step, element by element (the same
         floating-point operations, so the same floats). Sizes past the measured range are priced on the same
         lines (counted by the window's close: ``host_extrapolated``)."""
-        hs = dataclasses.replace(self.host_step, max_running=None, max_tokens=None)
         B = np.asarray(B)
-        return hs.seconds(B, B, B, 0, 0), hs.serial_seconds(B, B, B, 0, 0)
+        return self._host_open.seconds_and_serial(B, B, B, 0, 0)
 
     def alone(self, ts) -> float:
         """``cost.seconds(ts)``, memoised: a pure function of the item's cost tuples, priced for every item of

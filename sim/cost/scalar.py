@@ -6,11 +6,16 @@ would dominate; :class:`ScalarCost` sums the same terms as :func:`sim.cost.terms
 """
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from sim.cost.opterms import K_FWD, K_LAYER, K_PROBE, OpTerms, elem_bytes_per_token_layer, variant, window_keys
 from sim.cost.model_shape import ModelShape
 from sim.cost.roofline import FLOAT, NUMPY, seconds
+
+# fast-forward stretches of at most this many iterations are priced one by one in plain floats (same floats)
+SCALAR_STEPS = 8
 
 
 def _fmax(a, b):
@@ -166,10 +171,11 @@ class ScalarCost:
         return all(float(x).is_integer() for x in (self.L, self.P, self.att, self.dV, self.V, self.d, self.s,
                                                     self.sk, self.wl, self.kvt, self.elem))
 
-    def decode_batch_terms(self, B, S, cmax) -> OpTerms:
+    def decode_batch_terms(self, B, S, cmax, ops=NUMPY) -> OpTerms:
         """:meth:`terms` of uniform decode iterations in closed form, vectorised: ``B`` requests decoding one token
         each (the items ``(1, c_i, None, 0, 1, 0)`` the engine prices) over ``S = sum_i c_i`` cached tokens, the
-        longest ``cmax``; arrays broadcast (one entry per iteration). With ``L`` layers::
+        longest ``cmax``; arrays broadcast (one entry per iteration; ``ops``: :data:`~sim.cost.roofline.FLOAT` for
+        one iteration in plain floats, the same operations). With ``L`` layers::
 
             f_lin = 2 P L (B + pad),  f_att = 4 H Dh L (S + B),  f_head = 2 d V B,  b_att = s_kv 2 Hkv Dh L (S + B)
             b_lin = L w_layer,  b_head = s d V,  emb = 2 d B,  rows = B,  gap = L (B cmax - S)
@@ -178,18 +184,27 @@ class ScalarCost:
         and the kernels of one forward, replayed from the full graph when padded. Equal to :meth:`terms` bit for bit
         while every term is an integer below 2^53 (:meth:`exact_integers`; ``tests/test_fastforward.py``).
         """
-        B = np.asarray(B, np.float64)
-        S = np.asarray(S, np.float64)
-        cmax = np.asarray(cmax, np.float64)
+        one = ops is FLOAT
+        if one:
+            B, S, cmax = float(B), float(S), float(cmax)
+        else:
+            B = np.asarray(B, np.float64)
+            S = np.asarray(S, np.float64)
+            cmax = np.asarray(cmax, np.float64)
         L = self.L
         kern = K_LAYER * L + K_FWD
         if self.graphs is not None:
-            sizes = np.asarray(self.graphs.capture_sizes, np.float64)
-            pos = np.searchsorted(sizes, B, side="left")
-            graphed = (B > 0) & (B <= sizes[-1])
-            tp = np.where(graphed, sizes[np.minimum(pos, len(sizes) - 1)], B)
+            sizes = self.graphs.capture_sizes
+            if one:
+                graphed = 0 < B <= sizes[-1]
+                tp = float(sizes[bisect.bisect_left(sizes, B)]) if graphed else B
+            else:
+                sizes = np.asarray(sizes, np.float64)
+                pos = np.searchsorted(sizes, B, side="left")
+                graphed = (B > 0) & (B <= sizes[-1])
+                tp = np.where(graphed, sizes[np.minimum(pos, len(sizes) - 1)], B)
         else:
-            graphed = np.zeros(B.shape, bool)
+            graphed = False if one else np.zeros(B.shape, bool)
             tp = B
         pad = tp - B
         f_lin = 2.0 * self.P * L * B + 2.0 * self.P * pad * L
@@ -203,7 +218,7 @@ class ScalarCost:
         if self.cuda_graph:
             kernels, gk = 0.0 * B, kern + 0.0 * B
         else:
-            kernels, gk = np.where(graphed, 0.0, kern), np.where(graphed, kern, 0.0)
+            kernels, gk = ops.where(graphed, 0.0, kern), ops.where(graphed, kern, 0.0)
         mv = (B == 1.0) * 1.0
         gap = cmax * (B * L) - L * S
         nl = B * L + pad * L
@@ -214,9 +229,16 @@ class ScalarCost:
                        f_lin if self.fp8 else zero)
 
     def decode_batch_seconds(self, B, S, cmax) -> np.ndarray:
-        """Seconds of the iterations of :meth:`decode_batch_terms`: one numpy pass of :func:`sim.cost.roofline.seconds`."""
+        """Seconds of the iterations of :meth:`decode_batch_terms`: one numpy pass of :func:`sim.cost.roofline.seconds`,
+        or, for a few iterations, each in plain floats (:data:`~sim.cost.roofline.FLOAT`: the same operations, so
+        the same floats, without numpy's per-call cost, which dominates a short fast-forward stretch)."""
+        shape = np.shape(B)
+        if len(shape) == 1 and shape[0] <= SCALAR_STEPS and np.ndim(S) == 1 and np.ndim(cmax) == 1:
+            return np.array([seconds(self.hw, self.decode_batch_terms(b, x, c, FLOAT), FLOAT, model=self.m)
+                             for b, x, c in zip(np.asarray(B).tolist(), np.asarray(S).tolist(),
+                                                np.asarray(cmax).tolist())], np.float64)
         t = self.decode_batch_terms(B, S, cmax)
-        return np.broadcast_to(np.asarray(seconds(self.hw, t, NUMPY, model=self.m), np.float64), np.shape(B)).copy()
+        return np.broadcast_to(np.asarray(seconds(self.hw, t, NUMPY, model=self.m), np.float64), shape).copy()
 
 
 def with_shared(item: tuple, h: float) -> tuple:
