@@ -275,3 +275,28 @@ def test_driver_times_vllm_scheduler_and_output_processor(tmp_path):
     for k in ("schedule_cpu_ms", "update_cpu_ms", "output_cpu_ms", "ipc_cpu_ms", "sse_cpu_ms"):
         assert d1[k] > 0 and d64[k] > d1[k], k
     assert m["prefill"][0]["tokens"] == 512 and m["prefill"][0]["admit_core_cpu_ms"] > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(r=st.integers(0, 600), t=st.integers(0, 9000), a=st.integers(0, 8), at=st.integers(0, 9000),
+       g=finite, asy=st.booleans())
+def test_one_step_in_python_numbers_equals_the_array_path(r, t, a, at, g, asy):
+    """A step priced from Python numbers (the engine's stepped iterations) gives the float the numpy path gives,
+    and both refuse the same inputs."""
+    hs = HostStepCost(base_s=5.842e-4, per_running_s=2.397e-05, per_token_s=1.672e-07, per_admit_s=2.087e-05,
+                      per_admit_token_s=1.38e-07, serial_fraction=0.25, host_speed=1.3)
+    h, sr = hs.seconds_and_serial(r, t, r, a, at)
+    H, SR = hs.seconds_and_serial(np.array([r]), np.array([t]), np.array([r]), np.array([a]), np.array([at]))
+    assert (h, sr) == (float(H[0]), float(SR[0]))
+    assert step_seconds(g, h, asy, sr) == float(step_seconds(np.array([g]), H, asy, SR)[0])
+    for bad in ((-1, t), (r, -1)):
+        for args in (bad, tuple(np.array([x]) for x in bad)):
+            with pytest.raises(ValueError, match="must be >= 0"):
+                hs.seconds(*args)
+    capped = HostStepCost(base_s=1e-4, max_running=4, max_tokens=100)
+    for args in ((5, 1), (1, 101), (np.array([5]), np.array([1])), (np.array([1]), np.array([101]))):
+        with pytest.raises(ValueError, match="measured at"):
+            capped.seconds(*args)
+    for x in (g, np.array([g])):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            step_seconds(-1.0 if x is g else np.array([-1.0]), 0.1, asy)

@@ -115,43 +115,40 @@ class HostStepCost:
         ``sampled`` (default: ``running``, every request samples: a decode step) counts the
         requests that sample a token; ``admitted`` / ``admitted_tokens`` the requests (prompt
         tokens) taken in before the step. Scalars or numpy arrays (broadcast); a float or an array.
+        One step given as Python numbers is priced without numpy (the engine prices every stepped
+        iteration so): the same checks and the same floating-point operations, so the same float.
         """
         if all(type(x) in (int, float) for x in (running, scheduled_tokens, admitted, admitted_tokens)) and \
                 (sampled is None or type(sampled) in (int, float)):
-            return self._scalar_seconds(running, scheduled_tokens, sampled, admitted, admitted_tokens)
+            r, t, a, at = float(running), float(scheduled_tokens), float(admitted), float(admitted_tokens)
+            s = r if sampled is None else float(sampled)
+            self._check(min(r, t, s, a, at), r, t)
+            return self._line(r, t, s, a, at)
         r = np.asarray(running, dtype=float)
         t = np.asarray(scheduled_tokens, dtype=float)
         s = r if sampled is None else np.asarray(sampled, dtype=float)
         a = np.asarray(admitted, dtype=float)
         at = np.asarray(admitted_tokens, dtype=float)
-        if any(x.size and x.min() < 0 for x in (r, t, s, a, at)):
-            raise ValueError("host_step: running, scheduled_tokens, sampled, admitted and admitted_tokens must be >= 0")
-        if self.max_running is not None and r.size and float(r.max()) > self.max_running:
-            raise ValueError(f"host_step: {int(r.max())} running requests, more than the {self.max_running} "
-                             f"the coefficients were measured at ({self.source or 'no source'})")
-        if self.max_tokens is not None and t.size and float(t.max()) > self.max_tokens:
-            raise ValueError(f"host_step: {int(t.max())} scheduled tokens, more than the {self.max_tokens} "
-                             f"the coefficients were measured at ({self.source or 'no source'})")
-        out = (self.base_s + self.per_running_s * r + self.per_token_s * t + self.per_output_s * s
-               + self.per_admit_s * a + self.per_admit_token_s * at) / self.host_speed
+        self._check(min((float(x.min()) for x in (r, t, s, a, at) if x.size), default=0.0),
+                    float(r.max()) if r.size else 0.0, float(t.max()) if t.size else 0.0)
+        out = self._line(r, t, s, a, at)
         return float(out) if out.ndim == 0 else out
 
-    def _scalar_seconds(self, running, scheduled_tokens, sampled, admitted, admitted_tokens) -> float:
-        """:meth:`seconds` of one step given as Python numbers: the same checks and the same floating-point
-        operations in the same order (so the same float), without numpy's per-call cost (the engine prices
-        every stepped iteration this way)."""
-        r, t, a, at = float(running), float(scheduled_tokens), float(admitted), float(admitted_tokens)
-        s = r if sampled is None else float(sampled)
-        if r < 0 or t < 0 or s < 0 or a < 0 or at < 0:
-            raise ValueError("host_step: running, scheduled_tokens, sampled, admitted and admitted_tokens must be >= 0")
-        if self.max_running is not None and r > self.max_running:
-            raise ValueError(f"host_step: {int(r)} running requests, more than the {self.max_running} "
-                             f"the coefficients were measured at ({self.source or 'no source'})")
-        if self.max_tokens is not None and t > self.max_tokens:
-            raise ValueError(f"host_step: {int(t)} scheduled tokens, more than the {self.max_tokens} "
-                             f"the coefficients were measured at ({self.source or 'no source'})")
+    def _line(self, r, t, s, a, at):
+        """The formula of the class docstring (floats or arrays)."""
         return (self.base_s + self.per_running_s * r + self.per_token_s * t + self.per_output_s * s
                 + self.per_admit_s * a + self.per_admit_token_s * at) / self.host_speed
+
+    def _check(self, low: float, r_max: float, t_max: float) -> None:
+        """Counts must be >= 0 and within the measured range (``max_running``, ``max_tokens``)."""
+        if low < 0:
+            raise ValueError("host_step: running, scheduled_tokens, sampled, admitted and admitted_tokens must be >= 0")
+        if self.max_running is not None and r_max > self.max_running:
+            raise ValueError(f"host_step: {int(r_max)} running requests, more than the {self.max_running} "
+                             f"the coefficients were measured at ({self.source or 'no source'})")
+        if self.max_tokens is not None and t_max > self.max_tokens:
+            raise ValueError(f"host_step: {int(t_max)} scheduled tokens, more than the {self.max_tokens} "
+                             f"the coefficients were measured at ({self.source or 'no source'})")
 
     def seconds_and_serial(self, running, scheduled_tokens, sampled=None, admitted=0, admitted_tokens=0):
         """``(seconds(...), serial_seconds(...))`` with the host seconds computed once (the same floats)."""
@@ -210,23 +207,24 @@ def step_seconds(gpu_s, host_s, async_scheduling: bool, host_serial_s=0.0):
     if type(gpu_s) in (int, float) and type(host_s) in (int, float) and type(host_serial_s) in (int, float):
         # one step in Python numbers (the engine's stepped iterations): the same checks and floats, no numpy
         g, h, s = float(gpu_s), float(host_s), float(host_serial_s)
-        if g < 0 or h < 0 or s < 0:
-            raise ValueError("step_seconds: gpu_s, host_s and host_serial_s must be >= 0")
-        if s > h * (1 + 1e-12) + 1e-300:
-            raise ValueError("step_seconds: host_serial_s cannot exceed host_s (the serial part is part of the host "
-                             "time)")
+        _check_step(min(g, h, s), s > h * (1 + 1e-12) + 1e-300)
         if async_scheduling:
             return g + s if g + s >= h else h
         return g + h
     g = np.asarray(gpu_s, dtype=float)
     h = np.asarray(host_s, dtype=float)
     s = np.asarray(host_serial_s, dtype=float)
-    if np.any(g < 0) or np.any(h < 0) or np.any(s < 0):
-        raise ValueError("step_seconds: gpu_s, host_s and host_serial_s must be >= 0")
-    if np.any(s > h * (1 + 1e-12) + 1e-300):
-        raise ValueError("step_seconds: host_serial_s cannot exceed host_s (the serial part is part of the host time)")
+    _check_step(min((float(x.min()) for x in (g, h, s) if x.size), default=0.0),
+                bool(np.any(s > h * (1 + 1e-12) + 1e-300)))
     out = np.maximum(g + s, h) if async_scheduling else g + h
     return float(out) if out.ndim == 0 else out
+
+
+def _check_step(low: float, serial_over_host: bool) -> None:
+    if low < 0:
+        raise ValueError("step_seconds: gpu_s, host_s and host_serial_s must be >= 0")
+    if serial_over_host:
+        raise ValueError("step_seconds: host_serial_s cannot exceed host_s (the serial part is part of the host time)")
 
 
 # ---------------------------------------------------------------------------------- front-end
