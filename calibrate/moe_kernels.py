@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.cost.gemm import EXPERT_FIELDS
+
 DATA = Path(__file__).resolve().parent / "data" / "moe"
 CSV = DATA / "vllm-benchmark-moe.csv"
 OUT = DATA / "comparison.json"
@@ -105,7 +107,8 @@ def _shape(r):
 
 
 # the experts' weight format of a row (its ``quantization`` column) and the preset field that prices it
-FORMAT_FIELD = {"bf16": "eff_c_moe", "fp8": "eff_c_moe_fp8", "mxfp4": "eff_c_moe_mxfp4"}
+FORMATS = {"": "bf16", "fp8": "fp8", "mxfp4": "mxfp4"}
+FORMAT_FIELD = {FORMATS[q]: f for q, f in EXPERT_FIELDS.items()}   # sim.cost.gemm's one table
 # the presets the fit is written to: the H100 SXM and the H200 are one die (GH100, 132 SMs), so a kernel's fraction
 # of peak carries from one to the other as calibrate/fp8_gemm.py carries DeepGEMM's
 PRESETS = ("h100-sxm", "h200")
@@ -117,7 +120,7 @@ NOT_WRITTEN = {
 
 
 def fmt_of(quantization: str) -> str:
-    return {"": "bf16", "fp8": "fp8", "mxfp4": "mxfp4"}[quantization]
+    return FORMATS[quantization]
 
 
 def predict_rows(rows, eff: dict | None = None) -> list[dict]:

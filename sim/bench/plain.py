@@ -353,9 +353,10 @@ def _info(model, hw, sv, sched, graphs, cap, bs, blocks, token_policy, results, 
             info["enable_expert_parallel"] = True
         if model.num_experts:
             info["moe_routing"] = moe_routing
-            if hw.sm_count and hw.roofline == "operator":   # where the products are priced one by one
-                from sim.cost.gemm import expert_rate_words
-                info["moe_experts"] = expert_rate_words(hw, model)
+            from sim.cost.gemm import expert_rate_words
+            words = expert_rate_words(hw, model)
+            if words:
+                info["moe_experts"] = words
     return info
 
 

@@ -93,6 +93,18 @@ def variant_gemms(m, rows, ops=None):
     return out
 
 
+# the profile field that holds the routed experts' compute fraction, by the model's weight format (quantization)
+EXPERT_FIELDS = {"": "eff_c_moe", "fp8": "eff_c_moe_fp8", "mxfp4": "eff_c_moe_mxfp4"}
+
+
+def _expert_fraction(hw, m) -> tuple:
+    """``(field, peak)`` of the experts' format on ``hw``; ``(None, None)`` for FP8 weights dequantised into 16-bit
+    GEMMs (w8a16), which run at the dense FP8 path's rate."""
+    if m.quantization == "fp8":
+        return ("eff_c_moe_fp8", hw.peak_flops_fp8) if hw.fp8_weights == "w8a8" else (None, None)
+    return EXPERT_FIELDS[m.quantization], hw.peak_flops
+
+
 def expert_rate(hw, m, rc: float, rc_lin: float):
     """The compute rate of an MoE layer's routed-expert products (vLLM's fused-MoE grouped GEMMs), by the experts'
     weight format; each ``None`` coefficient falls back to the dense products' rate (``rc``, or ``rc_lin`` for FP8
@@ -105,29 +117,26 @@ def expert_rate(hw, m, rc: float, rc_lin: float):
     (fitted by ``calibrate/moe_kernels.py`` on per-operator fused-MoE kernel timings: the Triton grouped GEMM runs
     far below a dense GEMM's fraction at prefill sizes, docs/calibration.md "Fused-MoE kernels").
     """
-    q = m.quantization
-    if q == "fp8" and hw.fp8_weights == "w8a8":
-        return rc_lin if hw.eff_c_moe_fp8 is None else hw.peak_flops_fp8 * hw.eff_c_moe_fp8
-    if q == "fp8":
-        return rc_lin     # dequantised into 16-bit GEMMs (w8a16): the dense products' rate
-    if q == "mxfp4":
-        return rc if hw.eff_c_moe_mxfp4 is None else hw.peak_flops * hw.eff_c_moe_mxfp4
-    return rc if hw.eff_c_moe is None else hw.peak_flops * hw.eff_c_moe
+    field, peak = _expert_fraction(hw, m)
+    v = None if field is None else getattr(hw, field)
+    if v is None:
+        return rc_lin if m.quantization == "fp8" else rc
+    return peak * v
 
 
-def expert_rate_words(hw, m) -> str:
+def expert_rate_words(hw, m) -> str | None:
     """In words, the rate an MoE model's routed experts are priced at on ``hw`` (:func:`expert_rate`), for a run's
-    provenance: the fitted fused-MoE fraction of the experts' format, or the dense products' rate."""
-    q = m.quantization
-    if q == "fp8" and hw.fp8_weights == "w8a8":
-        field, peak = "eff_c_moe_fp8", "the FP8 peak"
-    elif q == "fp8":
+    provenance; None where the profile does not price the products one by one (no ``sm_count`` or not the
+    per-operator roofline: :func:`sim.cost.roofline.seconds` then has no routed products to rate)."""
+    if not (hw.sm_count and hw.roofline == "operator"):
+        return None
+    field, _ = _expert_fraction(hw, m)
+    if field is None:
         return "routed experts at the dense FP8 (w8a16) rate"
-    else:
-        field, peak = ("eff_c_moe_mxfp4" if q == "mxfp4" else "eff_c_moe"), "the 16-bit peak"
     v = getattr(hw, field)
     if v is None:
         return f"routed experts at the dense products' rate ({field} not fitted: no fused-MoE kernel timing)"
+    peak = "the FP8 peak" if field == "eff_c_moe_fp8" else "the 16-bit peak"
     return f"routed experts at {field} {v:g} of {peak} (fitted on vLLM's fused-MoE kernel timings)"
 
 
