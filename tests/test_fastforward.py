@@ -237,7 +237,8 @@ def test_an_iteration_observer_sees_every_iteration_and_keeps_the_engine_steppin
 
 def test_a_short_stretch_priced_in_floats_equals_the_numpy_pass():
     """decode_batch_seconds prices a few iterations one by one in plain floats (roofline FLOAT) and more in one
-    numpy pass: the same operations, so equal floats, across hardware, CUDA-graph padding (batch sizes on and
+    numpy pass (of one batch size: its batch-size-only terms in floats, roofline MIXED): the same operations, so
+    equal floats, across hardware, CUDA-graph padding (batch sizes on and
     between capture sizes, and above the largest), FP8 and graph replay."""
     import numpy as np
     from sim.cost.graphs import CudaGraphs
@@ -260,3 +261,9 @@ def test_a_short_stretch_priced_in_floats_equals_the_numpy_pass():
                         want = np.broadcast_to(seconds(c.hw, c.decode_batch_terms(b, S, cm), NUMPY, model=c.m),
                                                b.shape)
                         assert np.array_equal(c.decode_batch_seconds(b, S, cm), want), (name, hw, graphs, b)
+                        # one batch size as a number (a window's stretch): batch-size-only terms in floats (MIXED)
+                        for n in (1, 3, len(b)):
+                            one = np.full(n, b[0])
+                            want = np.broadcast_to(seconds(c.hw, c.decode_batch_terms(one, S[:n], cm[:n]), NUMPY,
+                                                           model=c.m), one.shape)
+                            assert np.array_equal(c.decode_batch_seconds(int(b[0]), S[:n], cm[:n]), want), (name, hw, b)

@@ -160,7 +160,8 @@ class StepPricer:
 
     def window_seconds(self, B, S, cmax):
         """Seconds of decode iterations of a fast-forward window (:mod:`sim.serving.fastforward`), one per entry:
-        ``B`` requests decoding one token each over ``S`` cached tokens in all, the longest ``cmax`` (arrays).
+        ``B`` requests decoding one token each over ``S`` cached tokens in all, the longest ``cmax`` (arrays; ``B``
+        may be one number, the batch of every entry).
         The cost's per-step vector (:meth:`sim.cost.terms.ScalarCost.decode_batch_seconds`); a per-step host
         term, a function of the same running requests and scheduled tokens (both ``B``), joins here element by
         element."""
@@ -174,8 +175,8 @@ class StepPricer:
         """``(host_s, host_serial_s)`` of decode steps of ``B`` requests (arrays): every request computes and
         samples one token, none is admitted -- :meth:`host_of` of such a step, element by element (the same
         floating-point operations, so the same floats). Sizes past the measured range are priced on the same
-        lines (counted by the window's close: ``host_extrapolated``)."""
-        B = np.asarray(B)
+        lines (counted by the window's close: ``host_extrapolated``). One batch size as a number: Python floats."""
+        B = int(B) if np.ndim(B) == 0 else np.asarray(B)
         return self._host_open.seconds_and_serial(B, B, B, 0, 0)
 
     def alone(self, ts) -> float:

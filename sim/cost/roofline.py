@@ -1,7 +1,8 @@
 """The one cost formula: seconds of an operation's terms on a hardware profile.
 
 Written once against a small namespace of element-wise operations (:data:`NUMPY` for the
-vectorised path, :data:`FLOAT` for the engine's per-iteration path in plain Python floats), so
+vectorised path, :data:`FLOAT` for the engine's per-iteration path in plain Python floats, :data:`MIXED` for
+terms some of which are floats and some arrays), so
 ``HardwareProfile.time`` (arrays of terms: the fits, the fast path, the token replays) and
 ``sim.cost.terms.ScalarCost`` (one iteration at a time inside the simpy engine, where numpy's per-call
 overhead would dominate) evaluate the same expression. The formula, with the rates
@@ -45,6 +46,20 @@ FLOAT = SimpleNamespace(maximum=lambda a, b: a if a > b else b, where=lambda c, 
                         ceil=math.ceil, any_positive=lambda x: x > 0)
 
 
+def _is_array(x) -> bool:
+    return type(x) is np.ndarray
+
+
+# MIXED: plain floats where no operand is an array, numpy where one is (the same operations, so the same floats
+# element by element): a run of iterations whose batch size is one number prices its batch-size-only terms
+# (the matrix products, the LM head) once, in floats, and only the context-dependent ones per iteration
+MIXED = SimpleNamespace(
+    maximum=lambda a, b: np.maximum(a, b) if _is_array(a) or _is_array(b) else (a if a > b else b),
+    where=lambda c, a, b: np.where(c, a, b) if _is_array(c) or _is_array(a) or _is_array(b) else (a if c else b),
+    ceil=lambda x: np.ceil(x) if _is_array(x) else math.ceil(x),
+    any_positive=lambda x: NUMPY.any_positive(x) if _is_array(x) else x > 0)
+
+
 def linear_rates(hw) -> tuple:
     """``(rc, rc8)``: the matrix products' compute rate and that of FP8 linear layers (module docstring)."""
     rc = hw.peak_flops * hw.eff_c
@@ -56,9 +71,10 @@ def linear_rates(hw) -> tuple:
 def seconds(hw, terms, ops=NUMPY, roofline: str | None = None, model=None):
     """Seconds of ``terms`` (an :class:`sim.cost.terms.OpTerms`) on ``hw`` (a :class:`sim.cost.hardware.HardwareProfile`).
 
-    ``ops`` is :data:`NUMPY` (fields may be arrays; they broadcast) or :data:`FLOAT` (every field a
-    float); ``roofline`` overrides the profile's; ``model`` (the terms' shape) is needed where
-    ``sm_count`` quantises matrix products. Formula in the module docstring.
+    ``ops`` is :data:`NUMPY` (fields may be arrays; they broadcast), :data:`FLOAT` (every field a
+    float) or :data:`MIXED` (``rows`` and ``layers`` floats, other fields either); ``roofline`` overrides the
+    profile's; ``model`` (the terms' shape) is needed where ``sm_count`` quantises matrix products. Formula in
+    the module docstring.
     """
     rc, rc8 = linear_rates(hw)
     rm = hw.mem_bw * hw.eff_m

@@ -12,10 +12,12 @@ import numpy as np
 
 from sim.cost.opterms import K_FWD, K_LAYER, K_PROBE, OpTerms, elem_bytes_per_token_layer, variant, window_keys
 from sim.cost.model_shape import ModelShape
-from sim.cost.roofline import FLOAT, NUMPY, seconds
+from sim.cost.roofline import FLOAT, MIXED, NUMPY, seconds
 
-# fast-forward stretches of at most this many iterations are priced one by one in plain floats (same floats)
+# fast-forward stretches of at most this many iterations are priced one by one in plain floats (same floats);
+# of one batch size, MIXED prices its batch-size-only terms once, cheaper from 3 iterations (measured)
 SCALAR_STEPS = 8
+SCALAR_STEPS_ONE_B = 2
 
 
 def _fmax(a, b):
@@ -175,7 +177,8 @@ class ScalarCost:
         """:meth:`terms` of uniform decode iterations in closed form, vectorised: ``B`` requests decoding one token
         each (the items ``(1, c_i, None, 0, 1, 0)`` the engine prices) over ``S = sum_i c_i`` cached tokens, the
         longest ``cmax``; arrays broadcast (one entry per iteration; ``ops``: :data:`~sim.cost.roofline.FLOAT` for
-        one iteration in plain floats, the same operations). With ``L`` layers::
+        one iteration in plain floats, :data:`~sim.cost.roofline.MIXED` for one batch size ``B`` over arrays ``S``,
+        ``cmax``, the batch-size-only terms in floats: the same operations). With ``L`` layers::
 
             f_lin = 2 P L (B + pad),  f_att = 4 H Dh L (S + B),  f_head = 2 d V B,  b_att = s_kv 2 Hkv Dh L (S + B)
             b_lin = L w_layer,  b_head = s d V,  emb = 2 d B,  rows = B,  gap = L (B cmax - S)
@@ -184,9 +187,13 @@ class ScalarCost:
         and the kernels of one forward, replayed from the full graph when padded. Equal to :meth:`terms` bit for bit
         while every term is an integer below 2^53 (:meth:`exact_integers`; ``tests/test_fastforward.py``).
         """
-        one = ops is FLOAT
-        if one:
+        one = ops is not NUMPY   # B one number (FLOAT: S and cmax too; MIXED: arrays)
+        if ops is FLOAT:
             B, S, cmax = float(B), float(S), float(cmax)
+        elif one:
+            B = float(B)
+            S = np.asarray(S, np.float64)
+            cmax = np.asarray(cmax, np.float64)
         else:
             B = np.asarray(B, np.float64)
             S = np.asarray(S, np.float64)
@@ -231,14 +238,17 @@ class ScalarCost:
     def decode_batch_seconds(self, B, S, cmax) -> np.ndarray:
         """Seconds of the iterations of :meth:`decode_batch_terms`: one numpy pass of :func:`sim.cost.roofline.seconds`,
         or, for a few iterations, each in plain floats (:data:`~sim.cost.roofline.FLOAT`: the same operations, so
-        the same floats, without numpy's per-call cost, which dominates a short fast-forward stretch)."""
-        shape = np.shape(B)
-        if len(shape) == 1 and shape[0] <= SCALAR_STEPS and np.ndim(S) == 1 and np.ndim(cmax) == 1:
+        the same floats, without numpy's per-call cost, which dominates a short fast-forward stretch). A batch size
+        given as one number (a stretch of steps of one batch) prices its batch-size-only terms once, in floats
+        (:data:`~sim.cost.roofline.MIXED`)."""
+        shape = np.broadcast_shapes(np.shape(B), np.shape(S), np.shape(cmax))
+        if len(shape) == 1 and shape[0] <= (SCALAR_STEPS_ONE_B if np.ndim(B) == 0 else SCALAR_STEPS):
+            B, S, cmax = (np.broadcast_to(x, shape).tolist() for x in (B, S, cmax))
             return np.array([seconds(self.hw, self.decode_batch_terms(b, x, c, FLOAT), FLOAT, model=self.m)
-                             for b, x, c in zip(np.asarray(B).tolist(), np.asarray(S).tolist(),
-                                                np.asarray(cmax).tolist())], np.float64)
-        t = self.decode_batch_terms(B, S, cmax)
-        return np.broadcast_to(np.asarray(seconds(self.hw, t, NUMPY, model=self.m), np.float64), shape).copy()
+                             for b, x, c in zip(B, S, cmax)], np.float64)
+        ops = MIXED if np.ndim(B) == 0 else NUMPY
+        t = self.decode_batch_terms(B, S, cmax, ops)
+        return np.broadcast_to(np.asarray(seconds(self.hw, t, ops, model=self.m), np.float64), shape).copy()
 
 
 def with_shared(item: tuple, h: float) -> tuple:

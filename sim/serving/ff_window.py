@@ -80,7 +80,7 @@ class Window:
         """Per-step seconds of steps a..b with the alive set ``mask``."""
         ctx = self.c0[mask]
         j = np.arange(a, b + 1, dtype=np.int64) - 1
-        return self.eng._window_seconds(np.full(len(j), Bs), int(ctx.sum()) + Bs * j, int(ctx.max()) + j)
+        return self.eng._window_seconds(Bs, int(ctx.sum()) + Bs * j, int(ctx.max()) + j)
 
     def _new_head(self) -> bool:
         """The waiting head's admission after a step that freed blocks; False: it fits (the window ends)."""
