@@ -267,3 +267,20 @@ def test_a_short_stretch_priced_in_floats_equals_the_numpy_pass():
                             want = np.broadcast_to(seconds(c.hw, c.decode_batch_terms(one, S[:n], cm[:n]), NUMPY,
                                                            model=c.m), one.shape)
                             assert np.array_equal(c.decode_batch_seconds(int(b[0]), S[:n], cm[:n]), want), (name, hw, b)
+
+
+def test_a_window_adds_each_step_share_in_turn():
+    """close() adds the per-step decode shares to each problem's phase one step at a time, left to right as the
+    stepped path does (column cumsums, chunked), not summed first: equal to a step-by-step loop."""
+    from sim.serving.ff_window import _add_in_turn
+    rng = np.random.default_rng(3)
+    for n, B, cells in ((1, 5, 1 << 20), (7, 1, 1 << 20), (300, 9, 64), (50, 40, 1)):
+        ph0 = rng.random(B) * 10.0 ** rng.integers(-3, 3, B)
+        mask = rng.random(B) < 0.7
+        xs = rng.random(n) * 1e-2
+        want = ph0.copy()
+        for x in xs.tolist():
+            np.add(want, x, out=want, where=mask)
+        got = ph0.copy()
+        _add_in_turn(got, mask, xs, cells)
+        assert np.array_equal(got, want), (n, B, cells)

@@ -388,8 +388,7 @@ class Window:
         eng.tokens[2] += float(nB)        # integer-valued: the stepped sum of 1.0s is exact
         ph = np.array([p.phase["decode"] for p in probs])
         for d, b, mask in segs:
-            for x in (d / b).tolist():
-                np.add(ph, x, out=ph, where=mask)
+            _add_in_turn(ph, mask, d / b)
         ub = self._kv_used(k) * eng.block_bytes
         top = np.maximum.accumulate(ub)
         ends = t[1:]
@@ -414,15 +413,29 @@ class Window:
     def _kv_used(self, k: int):
         """KV blocks in use after each of steps 1..k's schedule (forward-filled from the steps that changed it)."""
         used = self.used
-        u = np.empty(k + 1, np.int64)
-        u[0] = used[0][1] if used else self.kv.num_used
-        marks = np.zeros(k + 1, np.int64) - 1
+        marks = np.full(k + 1, -1, np.int64)
+        marks[0] = used[0][1] if used else self.kv.num_used
         for st, v in used:
             if 1 <= st <= k:
                 marks[st] = v
-        cur = int(u[0]) if marks[1] < 0 else int(marks[1])
-        for st in range(1, k + 1):
-            if marks[st] >= 0:
-                cur = int(marks[st])
-            u[st] = cur
-        return u[1:]
+        # each step takes the latest mark at or before it
+        at = np.where(marks >= 0, np.arange(k + 1), 0)
+        return marks[np.maximum.accumulate(at)][1:]
+
+
+def _add_in_turn(ph, mask, xs, cells: int = 1 << 20) -> None:
+    """``ph[i] += xs[0]``, then ``xs[1]``, ... where ``mask``: left to right, the stepped path's float sums (a step's
+    share at a time), as sequential ``numpy.cumsum`` runs down the columns of ``[ph[mask]; xs; xs; ...]`` (at most
+    ``cells`` entries at once) rather than one numpy call per step."""
+    if len(xs) == 1:
+        np.add(ph, xs[0], out=ph, where=mask)
+        return
+    sub = ph[mask]
+    rows = max(1, cells // max(1, len(sub)))
+    for a in range(0, len(xs), rows):
+        x = xs[a:a + rows]
+        acc = np.empty((len(x) + 1, len(sub)))
+        acc[0] = sub
+        acc[1:] = x[:, None]
+        sub = np.cumsum(acc, axis=0)[-1]
+    ph[mask] = sub
