@@ -151,6 +151,9 @@ class FastForward:
         self._keys: dict = {}     # id(waiting head) -> (head, {chain key: position})
         self._static: dict = {}   # id(request) -> (request, problem, prompt tokens) of requests found eligible
         self.guarded = 0          # windows whose first step was also priced the stepped way
+        # (end, next event, scheduler iterations) of a window that ended blocked (Window.blocked): a window
+        # starting there, nothing changed, would stop before its first step, so the engine steps at once
+        self._blocked = None
 
     def forget(self, req) -> None:
         """An answered request leaves the memos (they hold what is read while a request runs or waits)."""
@@ -226,6 +229,10 @@ class FastForward:
             return None
         eng = self.eng
         sched, kv = eng.sched, eng.kv
+        if self._blocked is not None:
+            blocked, self._blocked = self._blocked, None
+            if blocked == (eng.env.now, eng.env.peek(), sched.iterations):
+                return None
         R = list(sched.running)
         B0 = len(R)
         cfg = sched.cfg
@@ -295,4 +302,8 @@ class FastForward:
             self.guarded += 1
         w = Window(self, R, probs, c0, f, g, fin, kcap, hd)
         res = w.run()
-        return None if res is None else exact_delays(w.now, *res)
+        if res is None:
+            return None
+        if w.blocked:
+            self._blocked = (w.t_end, w.t_next, sched.iterations)
+        return exact_delays(w.now, *res)

@@ -54,6 +54,7 @@ class Window:
         self.reg = [kv.caching and r.cacheable for r in R]
         self.rids = [r.req_id for r in R]
         self.index = {id(r): i for i, r in enumerate(R)}
+        self.blocked = False                   # it ended where its next step cannot end before the next event
 
     # ------------------------------------------------------------------ helpers of the steps
     def ensure(self, upto: int) -> None:
@@ -303,6 +304,7 @@ class Window:
         if e >= s:
             return self._decode(s, e, nf, self.n_alive, mask)
         if pre is None or self.clean_only:
+            self.blocked = pre is not None
             return False
         return self._preempting(pre, free)
 
@@ -314,6 +316,7 @@ class Window:
         tt = np.cumsum(np.concatenate(([self.t_end], dt)))
         ok = int(np.searchsorted(tt[1:], self.t_next, side="left"))   # steps ending before the next event
         if ok < e - s + 1:
+            self.blocked = True
             if ok:
                 self.process(s, s + ok - 1)
                 self.segs.append((dt[:ok], Bs, mask))
@@ -338,6 +341,7 @@ class Window:
         self.ensure(s)
         plan = self.preempt_prices(s, free)
         if plan is None:
+            self.blocked = True
             return False
         r1, dtc = plan
         self.preempt_step(s)
