@@ -229,10 +229,9 @@ class FastForward:
             return None
         eng = self.eng
         sched, kv = eng.sched, eng.kv
-        if self._blocked is not None:
-            blocked, self._blocked = self._blocked, None
-            if blocked == (eng.env.now, eng.env.peek(), sched.iterations):
-                return None
+        blocked, self._blocked = self._blocked, None
+        if blocked is not None and blocked == (eng.env.now, eng.env.peek(), sched.iterations):
+            return None
         R = list(sched.running)
         B0 = len(R)
         cfg = sched.cfg
@@ -300,10 +299,14 @@ class FastForward:
                 self.off = True
                 return None
             self.guarded += 1
-        w = Window(self, R, probs, c0, f, g, fin, kcap, hd)
+        return self._apply(Window(self, R, probs, c0, f, g, fin, kcap, hd))
+
+    def _apply(self, w):
+        """Run the window ``w``: the delays to its end (:func:`exact_delays`), or None (no step). One that ended
+        blocked (``Window.blocked``) is remembered where it ends (``_blocked``)."""
         res = w.run()
         if res is None:
             return None
         if w.blocked:
-            self._blocked = (w.t_end, w.t_next, sched.iterations)
+            self._blocked = (w.t_end, w.t_next, self.eng.sched.iterations)
         return exact_delays(w.now, *res)
