@@ -55,6 +55,7 @@ that differs is ``EngineResult.events`` (simpy events processed, fewer here).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -137,6 +138,24 @@ def exact_delays(now: float, t, dt) -> list:
     return [float(x) for x in dt]   # pragma: no cover - t[1] = now + dt[0] is always reached
 
 
+@dataclass(frozen=True)
+class Admission:
+    """The plan of a window's first step that admits waiting requests (:meth:`FastForward.admission`): their
+    scheduled items, in order, with their ``(cost tuples, kind)`` and the token budget each is admitted with, the
+    long-prefill threshold, ``tries`` (the scheduler's admission attempts: one more than the items where the
+    next request did not fit), the step's seconds, its host seconds ``(host_s, host_serial_s)`` (None: not
+    priced) and whether those are past the measured range."""
+
+    items: list
+    priced: list
+    budgets: list
+    thr: int
+    tries: int
+    dt: float
+    host: tuple | None
+    extrapolated: int
+
+
 class FastForward:
     """The window of one :class:`sim.serving.engine.Engine` (module docstring): :meth:`advance` applies it."""
 
@@ -151,6 +170,7 @@ class FastForward:
         self._keys: dict = {}     # id(waiting head) -> (head, {chain key: position})
         self._static: dict = {}   # id(request) -> (request, problem, prompt tokens) of requests found eligible
         self.guarded = 0          # windows whose first step was also priced the stepped way
+        self.admissions = 0       # windows whose first step admitted the waiting head
 
     def forget(self, req) -> None:
         """An answered request leaves the memos (they hold what is read while a request runs or waits)."""
@@ -167,8 +187,12 @@ class FastForward:
         # counter) before windows can replace its steps: until then such an engine steps
         if getattr(eng, "host_step", None) is not None and not getattr(eng, "windows_price_host", False):
             return False
+        # the closed form prices dense layers only (an MoE / MLA / sliding-window shape steps: the first-step guard
+        # below turned such windows off at their first step, and an idle engine's admitting window has no decode
+        # to guard)
         return (eng.pp_stages == 1 and eng.settle is None and not eng.per_problem and not eng.prices_shared
-                and eng.score_at == "generation" and hasattr(c, "decode_batch_seconds") and c.exact_integers())
+                and eng.score_at == "generation" and hasattr(c, "decode_batch_seconds") and c.exact_integers()
+                and c.m.is_plain)
 
     # ------------------------------------------------------------------ admissions
     def head(self):
@@ -218,6 +242,130 @@ class FastForward:
             return None
         return (keys, len(out), nblk, chunk or dups)
 
+    # ------------------------------------------------------------------ an admission in the first step
+    def may_admit(self) -> bool:
+        """Whether the admissible waiting head may be admitted in a window's first step (:meth:`admission`): vLLM
+        V1's mixed step (``vllm-v1``), one KV-cache group, and a head :meth:`plain_fresh`."""
+        sched = self.eng.sched
+        return (sched.cfg.policy == "vllm-v1" and self.eng.kv.kv_groups is None
+                and self.plain_fresh(sched.waiting[0]))
+
+    @staticmethod
+    def plain_fresh(req) -> bool:
+        """A fresh one-branch plain request: never computed or preempted, no verification, no token-eviction cache,
+        no zero-copy fork, at least two tokens to sample (so that it decodes in the steps after its admission)."""
+        if (req.num_preemptions or req.num_computed_tokens or req.high_water or req.hold or req.kv_cap is not None
+                or req.allow_full_hit or req.max_output_tokens < 2 or req.num_tokens != req.prompt_tokens):
+            return False
+        p, kind, b = req.data
+        j = p.job
+        return (kind == 1 and j.B == 1 and not j.verify_on and j.long is None and not p.ext[b]
+                and p.first[b] != p.first[b])
+
+    def admission(self, R, cl, f):
+        """The first step's plan when it admits waiting requests (:meth:`may_admit`), made without changing
+        anything, or None (the step is stepped).
+
+        ``Scheduler._schedule_v1`` runs the running requests first (here every one decodes, ``f == 1`` opening a
+        block), then admits waiting requests in order while the token budget and ``max_num_seqs`` allow, until one
+        does not fit the free blocks. The window takes that step only where its outcome is known now: the
+        decodes' takes fit the free pool (no preemption) and cannot evict the first head's cached chain (no hit, or
+        clean blocks enough); every admitted request is :meth:`plain_fresh` and gets the whole rest of its prompt
+        (its first token is sampled in the step: it decodes from step 2); a later one hits nothing, not even the
+        blocks an earlier one keys in the same step; the batch is within the fitted range; and the step, priced as
+        the stepped path prices it (its items' cost tuples, :meth:`~sim.cost.pricing.StepPricer.host_counts`,
+        ``step_seconds``), does not end exactly at the next event. The window ends after the step where the next
+        event falls in it or a request left waiting could be admitted in the next.
+        """
+        eng = self.eng
+        sched, kv, pricer = eng.sched, eng.kv, eng.pricer
+        cfg = sched.cfg
+        B0 = len(R)
+        takes = int(np.count_nonzero(f == 1))
+        free = kv.num_free - takes
+        if free < 0:
+            return None
+        budget = int(cfg.max_num_batched_tokens) - B0
+        thr = sched._threshold()
+        items, priced, budgets, keyed = [], [], [], set()
+        tries = 0
+        for head in sched.waiting:
+            if budget <= 0 or B0 + len(items) >= cfg.max_num_seqs:
+                break
+            tries += 1
+            blocks, hit = kv.find_cached(head, count=False)
+            if items:
+                if hit or (kv.caching and head.cacheable and head.num_tokens >= kv.block_size
+                           and kv.keys_upto(head, 1)[0] in keyed):
+                    return None   # a hit that earlier admissions of the step could change
+            elif hit and takes > kv.n_clean:
+                return None       # a decode's take could evict the head's cached chain
+            rest = head.num_tokens - hit
+            n = min(rest, budget)
+            if thr and n > 1:
+                n = min(n, thr)
+            need = kv.blocks_needed(head, n, blocks, hit)
+            if n == rest and need > free:
+                break             # it does not fit (the scheduler tries it, counts its lookup, stops there)
+            if n != rest or n < 1 or not self.plain_fresh(head):
+                return None       # a chunk, or a request that would not decode next
+            item = sched._item(head, n, True, hit, c=hit)
+            items.append(item)
+            priced.append(pricer.item(item))
+            budgets.append(budget)
+            budget -= n
+            free -= need
+            if kv.caching and head.cacheable:
+                keyed.update(kv.keys_upto(head, head.num_tokens // kv.block_size)[:head.num_tokens // kv.block_size])
+        if not items or (eng.max_batch is not None and B0 + len(items) > eng.max_batch):
+            return None
+        tup = [(1.0, float(c), None, 0.0, 1.0, 0.0) for c in cl]
+        for ts, _ in priced:
+            tup += ts
+        dt = eng.cost.seconds(tup) + 0.0   # + the eviction-scoring seconds, none for these items
+        host, extrapolated = None, 0
+        if eng.host_step is not None:
+            from sim.cost.overheads import step_seconds
+            m = len(items)
+            host, extrapolated = pricer.host_counts(
+                B0 + m, B0 + sum(it.num_new for it in items), B0 + sum(1 for it in items if it.samples), m,
+                sum(it.req.prompt_tokens for it in items))
+            dt = step_seconds(dt, host[0], eng.async_scheduling, host[1])
+        if not dt > 0 or eng.env.now + dt == eng.env.peek():   # a tie with the next event: stepped
+            return None
+        return Admission(items, priced, budgets, thr, tries, float(dt), host, extrapolated)
+
+    def _admitting(self, R, probs, c0, f, g, fin, kcap: int, plan: "Admission"):
+        """The window whose first step admits ``plan``'s requests: each joins as a newer member, decoding from step
+        2 as if it had ``num_tokens - 1`` tokens before step 1 (its blocks and their keys come from the admission
+        itself, so its first block events are after step 1)."""
+        bs = self.eng.kv.block_size
+        R, probs = list(R), list(probs)
+        add = {"c0": [], "f": [], "g": [], "fin": []}
+        for it in plan.items:
+            head = it.req
+            c = head.num_tokens - 1
+            nb = -(-head.num_tokens // bs)            # its blocks once the whole prompt is in
+            gh = (-c) % bs or bs
+            R.append(head)
+            probs.append(head.data[0])
+            add["c0"].append(c)
+            add["f"].append(nb * bs - c + 1)           # >= 2
+            add["g"].append(gh + bs if gh == 1 else gh)   # the admission keyed the block its prompt fills
+            add["fin"].append(head.max_output_tokens)  # it samples a token at steps 1..r, its last at step r
+            if head.data[0].user_done is not None and head.max_output_tokens - 1 < kcap:
+                kcap = head.max_output_tokens - 1      # its answer wakes a waiting user: stepped
+        if kcap < self.min_steps:
+            return None
+        c0, f, g, fin = (np.concatenate([a, np.array(add[k], np.int64)])
+                         for a, k in ((c0, "c0"), (f, "f"), (g, "g"), (fin, "fin")))
+        w = Window(self, R, probs, c0, f, g, fin, kcap, (None, 0, 0, False), plan)
+        res = w.run()
+        if res is None:   # pragma: no cover - the admission step is always applied
+            raise RuntimeError("fast-forward: an admitting window took no step")
+        self.admissions += 1
+        return exact_delays(w.now, *res)
+
     # ------------------------------------------------------------------ the window
     def advance(self):
         """Apply the decode window that starts now; the delays to its end (:func:`exact_delays`), or None (the
@@ -229,16 +377,16 @@ class FastForward:
         R = list(sched.running)
         B0 = len(R)
         cfg = sched.cfg
-        if B0 == 0 or sched.parked or B0 > cfg.max_num_batched_tokens or (
-                eng.max_batch is not None and B0 > eng.max_batch):
+        if sched.parked or B0 > cfg.max_num_batched_tokens or (eng.max_batch is not None and B0 > eng.max_batch):
             return None
-        last = R[-1]   # the newest request is the likeliest not to decode (a prefill chunk): look at it first
-        if last.num_tokens - last.num_computed_tokens != 1 or last.num_computed_tokens < last.high_water:
-            return None
-        # an admissible waiting head ends the window before it starts: checked before the O(batch) pass below
-        # (the commonest exit under steady arrivals; both read the state and only fill memos)
+        if B0:
+            last = R[-1]   # the newest request is the likeliest not to decode (a prefill chunk): look at it first
+            if last.num_tokens - last.num_computed_tokens != 1 or last.num_computed_tokens < last.high_water:
+                return None
+        # an admissible waiting head is admitted in the first step, where that step's outcome is known (checked
+        # before the O(batch) pass below: both read the state and only fill memos); an idle engine only admits
         hd = self.head()
-        if hd is None:
+        if (hd is None and not self.may_admit()) or (B0 == 0 and hd is not None):
             return None
         kcap = self.max_steps
         probs, cl, nbl, finl = [], [], [], []
@@ -281,7 +429,7 @@ class FastForward:
         g = (-c0) % bs
         g = np.where(g == 0, bs, g)          # first step at which it fills one
         # the stepped pricing of the first step (the guard of the closed form)
-        if self.guarded < GUARDED:
+        if self.guarded < GUARDED and B0:
             S0, m0 = int(c0.sum()), int(c0.max())
             first = eng._window_seconds(np.array([B0]), np.array([S0]), np.array([m0]))
             ref = eng.cost.seconds([(1.0, float(x), None, 0.0, 1.0, 0.0) for x in cl]) + 0.0
@@ -293,6 +441,10 @@ class FastForward:
                 self.off = True
                 return None
             self.guarded += 1
+        if hd is None:
+            # waiting requests are admitted now, beside the decodes: the window's first step is that mixed step
+            plan = self.admission(R, cl, f)
+            return None if plan is None else self._admitting(R, probs, c0, f, g, fin, kcap, plan)
         w = Window(self, R, probs, c0, f, g, fin, kcap, hd)
         res = w.run()
         return None if res is None else exact_delays(w.now, *res)
