@@ -3,7 +3,8 @@
 Between two *events* -- an arrival (anything else on the simpy clock), an admission (a prefill chunk)
 -- an iteration of :class:`sim.serving.engine.Engine` is a decode of every running request, one token each.
 :meth:`FastForward.advance` finds the steps up to the next event and applies them in one go, with every
-state change the stepped iterations would have made. It processes *block events and batch changes*,
+state change the stepped iterations would have made; the step that admits waiting requests may be its
+first, and the step the next event falls in its last. It processes *block events and batch changes*,
 not tokens:
 
 * **Eligible.** Every running request decodes (``pending == 1``, past its prompt and its high-water
@@ -22,7 +23,16 @@ not tokens:
   step's end), unless a waiting client's slot (``max_concurrency``) waits on the answer: that step is
   stepped.
 
-* **No admission inside.** A waiting head is admitted (vLLM V1 with ``scheduler_reserve_full_isl``, and
+* **Admission in the first step** (vLLM V1, :meth:`FastForward.admission`). Where the waiting head is
+  admissible now, the window's first step is the stepped path's mixed step: the decodes allocate, then the
+  scheduler's own ``_admit`` takes the waiting requests in order, each a fresh one-branch request whose whole
+  prompt fits the step's budget (it samples its first token there and decodes from step 2, as a member whose
+  ``c0`` is ``num_tokens - 1``); the step is priced from its items' cost tuples as the stepped path prices it
+  and each item gets its share by its stand-alone seconds. Its outcome is planned before anything changes
+  (no preemption, no hit that the decodes' takes or an earlier admission of the step could change, the
+  batch within the fitted range); otherwise the step is stepped. An idle engine's admission is such a window.
+
+* **No admission after the first step.** A waiting head is admitted (vLLM V1 with ``scheduler_reserve_full_isl``, and
   prefill-first) iff ``ceil(num_tokens / bs) - (its cached chain blocks that a running request holds)
   <= free``. While no block is freed the left side never falls (new blocks are the running requests'
   own generated blocks, whose contents are unique, and an eviction only shortens the head's chain) and
@@ -37,8 +47,10 @@ not tokens:
   ``cmax`` only: :meth:`sim.cost.terms.ScalarCost.decode_batch_seconds` (integer-valued closed-form terms, so
   bit for bit :meth:`~sim.cost.terms.ScalarCost.terms`; one numpy pass of :func:`sim.cost.roofline.seconds` per
   stretch of constant ``B``) through ``Engine._window_seconds``, where a per-step host term (affine in
-  running requests and scheduled tokens, both ``B``) joins as one more vector function. Steps must
-  end strictly before the next event on the clock; a preempting step is priced for every batch size its
+  running requests and scheduled tokens, both ``B``) joins as one more vector function. The steps end
+  before the next event on the clock, but the last may be the step the event falls in (it must end strictly
+  after it: a tie is stepped): the event's callbacks (an arrival, a client's slot, the API server) only queue
+  work that the next step's schedule reads, so they see nothing the window changed; a preempting step is priced for every batch size its
   preemptions can leave before it is applied. End times ``t_j = t_{j-1} + dt_j`` are ``numpy.cumsum``
   of ``[now, dt_1..dt_k]``, which adds left to right as simpy's clock does (equal floats); so are
   ``busy``, ``run_time`` and each problem's decode phase (``dt_j / B_j`` a step); the clock lands on the
@@ -60,56 +72,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.serving.ff_window import Window
+from sim.serving.token_times import TokenTimes, token_times  # noqa: F401  (read here by the engine and tests)
 from sim.serving.scheduler import RUNNING
 
 MAX_STEPS = 4096      # longest window (bounds the per-window arrays)
 MIN_STEPS = 2         # shorter windows are stepped (nothing to gain)
 GUARDED = 16          # windows whose first step is also priced item by item, as stepped (a check, O(batch))
-
-
-class TokenTimes:
-    """One branch's token times: plain floats (stepped) and shared window arrays (fast-forwarded).
-
-    Behaves as the stepped path's list where it is read: ``numpy.asarray``, ``len``, iteration,
-    indexing, ``tolist``. Nothing is flattened until asked.
-    """
-
-    __slots__ = ("parts", "n")
-
-    def __init__(self, parts):
-        self.parts = parts
-        self.n = sum(len(p) if isinstance(p, np.ndarray) else 1 for p in parts)
-
-    def __array__(self, dtype=None, copy=None):
-        out = np.empty(self.n, np.float64)
-        i = 0
-        for p in self.parts:
-            if isinstance(p, np.ndarray):
-                out[i:i + len(p)] = p
-                i += len(p)
-            else:
-                out[i] = p
-                i += 1
-        return out if dtype is None else out.astype(dtype)
-
-    def tolist(self) -> list:
-        return np.asarray(self).tolist()
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        return iter(self.tolist())
-
-    def __getitem__(self, i):
-        return np.asarray(self)[i].tolist()
-
-
-def token_times(parts: list):
-    """The stepped path's list when ``parts`` holds no window arrays, else a :class:`TokenTimes`."""
-    if any(isinstance(p, np.ndarray) for p in parts):
-        return TokenTimes(parts)
-    return parts
 
 
 def _reach(now: float, end: float):
@@ -319,10 +287,8 @@ class FastForward:
                 keyed.update(kv.keys_upto(head, head.num_tokens // kv.block_size)[:head.num_tokens // kv.block_size])
         if not items or (eng.max_batch is not None and B0 + len(items) > eng.max_batch):
             return None
-        tup = [(1.0, float(c), None, 0.0, 1.0, 0.0) for c in cl]
-        for ts, _ in priced:
-            tup += ts
-        dt = eng.cost.seconds(tup) + 0.0   # + the eviction-scoring seconds, none for these items
+        # the decodes' sums in closed form, then the admitted items' (+ the eviction-scoring seconds: none here)
+        dt = eng.cost.mixed_seconds(B0, sum(cl), max(cl) if cl else 0, [t for ts, _ in priced for t in ts]) + 0.0
         host, extrapolated = None, 0
         if eng.host_step is not None:
             from sim.cost.overheads import step_seconds
@@ -383,8 +349,8 @@ class FastForward:
             last = R[-1]   # the newest request is the likeliest not to decode (a prefill chunk): look at it first
             if last.num_tokens - last.num_computed_tokens != 1 or last.num_computed_tokens < last.high_water:
                 return None
-        # an admissible waiting head is admitted in the first step, where that step's outcome is known (checked
-        # before the O(batch) pass below: both read the state and only fill memos); an idle engine only admits
+        # an admissible head is admitted in the first step where its outcome is known (checked before the O(batch)
+        # pass below: both read the state and only fill memos); an idle engine only admits
         hd = self.head()
         if (hd is None and not self.may_admit()) or (B0 == 0 and hd is not None):
             return None
@@ -441,8 +407,7 @@ class FastForward:
                 self.off = True
                 return None
             self.guarded += 1
-        if hd is None:
-            # waiting requests are admitted now, beside the decodes: the window's first step is that mixed step
+        if hd is None:   # waiting requests are admitted beside the decodes: the first step is that mixed step
             plan = self.admission(R, cl, f)
             return None if plan is None else self._admitting(R, probs, c0, f, g, fin, kcap, plan)
         w = Window(self, R, probs, c0, f, g, fin, kcap, hd)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.serving.token_times import TokenTimes
 from sim.workload.job import KIND_NAMES
+
+TOKEN_PARTS = 32   # a branch's token-time parts are joined into one array past this many (TokenTimes)
 
 
 class Window:
@@ -319,22 +322,30 @@ class Window:
         self.used.append((1, kv.num_used))
         eng._admitted(items, self.now)
         dt = plan.dt
-        alone = eng.pricer.alone
-        a = [alone([(1.0, float(c), None, 0.0, 1.0, 0.0)]) for c in self.c0[old].tolist()]
-        a += [alone(ts) for ts, _ in plan.priced]
-        tot = sum(a)
-        shares = [dt * x / tot for x in a] if tot > 0 else [dt / len(a)] * len(a)
+        # each decode's stand-alone seconds in one pass (the closed form of its one tuple), then the admitted
+        # items'; their total summed left to right, as Engine._attribute sums them
+        c = self.c0[old]
+        a_dec = eng.cost.decode_batch_seconds(np.ones(len(c), np.int64), c, c) if len(c) else np.zeros(0)
+        a_adm = [eng.pricer.alone(ts) for ts, _ in plan.priced]
+        tot = float(np.cumsum(a_dec)[-1]) if len(c) else 0
+        for x in a_adm:
+            tot += x
+        n_items = len(c) + m
+        if tot > 0:
+            dec_sh, adm_sh = dt * a_dec / tot, [dt * x / tot for x in a_adm]
+        else:
+            dec_sh, adm_sh = np.full(len(c), dt / n_items), [dt / n_items] * m
         self.t_end = float(self.now + dt)
         for k, (ts, kind) in enumerate(plan.priced):
             req = items[k].req
             p, b = self.probs[i0 + k], req.data[2]
-            p.phase[KIND_NAMES[kind]] += shares[len(shares) - m + k]
+            p.phase[KIND_NAMES[kind]] += adm_sh[k]
             eng.tokens[kind] += ts[0][0] if len(ts) == 1 else sum(t[0] for t in ts)
             p.first[b] = self.t_end - p.arrival    # its prompt is in: its first token is out
             p.src_ready[b] = True
             eng._try_start(p)                      # nothing to start (one branch): as the stepped step calls it
         dec = np.zeros(len(self.R))
-        dec[old] = shares[:len(shares) - m]
+        dec[old] = dec_sh
         self.segs.append((np.array([dt]), int(old.sum()), old, dec))   # decode shares, not dt / B (close)
         self.s = 2
         if np.any(self.fin[old] == 1):
@@ -474,7 +485,10 @@ class Window:
                 if pk > p.peak:
                     p.peak = pk
                 if rec:
-                    p.tok[R[i].data[2]].append(ends if n == k else ends[:n])
+                    parts = p.tok[R[i].data[2]]
+                    parts.append(ends if n == k else ends[:n])
+                    if len(parts) > TOKEN_PARTS:   # short windows: one array, not a view per window (memory)
+                        parts[:] = [np.asarray(TokenTimes(parts))]
         eng.timeline_t.extend(ends.tolist())
         eng.timeline_b.extend(ub.tolist())
         eng.timeline_run.extend(run.tolist())
