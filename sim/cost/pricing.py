@@ -138,16 +138,21 @@ class StepPricer:
         request between steps; it is charged to the step that first schedules it (the same total). Sizes
         beyond the measured range are priced on the same lines and counted (``host_extrapolated``).
         """
-        hs = self.host_step
-        r = len(items)
         t = sum(it.num_new for it in items)
         smp = sum(1 for it in items if it.samples)
         new = [it.req for it in items if it.new_admission and it.req.num_preemptions == 0]
-        a, at = len(new), sum(q.prompt_tokens for q in new)
+        out, extrapolated = self.host_counts(len(items), t, smp, len(new), sum(q.prompt_tokens for q in new))
+        self.host_extrapolated += extrapolated
+        return out
+
+    def host_counts(self, r: int, t: int, smp: int, a: int, at: int) -> tuple:
+        """``((host_s, host_serial_s), extrapolated)`` of a step of ``r`` requests, ``t`` scheduled tokens, ``smp``
+        sampled, ``a`` admitted with ``at`` prompt tokens (:meth:`host_of`'s counts); ``extrapolated``: 1 where a
+        size is past the measured range (priced on the same lines), else 0. Changes nothing."""
+        hs = self.host_step
         if (hs.max_running is not None and r > hs.max_running) or (hs.max_tokens is not None and t > hs.max_tokens):
-            hs = self._host_open
-            self.host_extrapolated += 1
-        return hs.seconds_and_serial(r, t, smp, a, at)
+            return self._host_open.seconds_and_serial(r, t, smp, a, at), 1
+        return hs.seconds_and_serial(r, t, smp, a, at), 0
 
     def stepped(self, gpu_s: float) -> float:
         """The step's first (or only) stage with its host time: ``step_seconds(gpu_s, host_s,

@@ -129,8 +129,44 @@ class ScalarCost:
         Without the 7th field an item with an LM-head row and new tokens samples one row; the 8th is
         ``h_i`` of "Shared KV reads" (default 0).
         """
+        return self._terms(self._item_sums(items))
+
+    def mixed_seconds(self, B: int, S: int, cmax: int, items) -> float:
+        """:meth:`seconds` of ``B`` one-token decodes ``(1, c_i, None, 0, 1, 0)`` (``S = sum_i c_i``, the longest
+        ``cmax``) followed by ``items``, the decodes' sums in closed form (a dense shape)::
+
+            f_lin += 2 P L B,  f_att += 4 H Dh L (S + B),  f_head += 2 d V B,  kv += L 2 Hkv Dh (S + B),
+            d_ell += L B,  d_ellc += L S,  emb += 2 d B,  nl += L B,  rows += B,  rows_n += B,
+            d_cmax, lmax, gmax: at least cmax, L, 1
+
+        Equal to :meth:`seconds` of the items one by one while every sum is an integer below 2^53 (each term of a
+        dense decode is one: :meth:`exact_integers`), whatever the order the items are summed in."""
+        if self.v is not None:
+            raise ValueError("mixed_seconds: the closed form prices dense layers only")
         (f_lin, f_att, f_head, kv, kvs, d_ell, d_ellc, d_cmax, emb, cp, nl, rows, rows_n, lmax, pmax, gmax, cp_any,
          uniform) = self._item_sums(items)
+        if B:
+            L, B, S, cmax = self.L, float(B), float(S), float(cmax)
+            f_lin += 2.0 * self.P * L * B
+            f_att += self.att * L * (S + B)
+            f_head += 2.0 * self.dV * B
+            kv += L * self.kvt * (S + B)
+            d_ell += L * B
+            d_ellc += L * S
+            d_cmax = _fmax(d_cmax, cmax)
+            emb += 2.0 * self.d * B
+            nl += B * L
+            rows += B
+            rows_n += B
+            lmax = _fmax(lmax, L)
+            gmax = _fmax(gmax, 1.0)
+        return seconds(self.hw, self._terms((f_lin, f_att, f_head, kv, kvs, d_ell, d_ellc, d_cmax, emb, cp, nl, rows,
+                                             rows_n, lmax, pmax, gmax, cp_any, uniform)), FLOAT, model=self.m)
+
+    def _terms(self, sums) -> OpTerms:
+        """The :class:`OpTerms` of an iteration from :meth:`_item_sums`' sums."""
+        (f_lin, f_att, f_head, kv, kvs, d_ell, d_ellc, d_cmax, emb, cp, nl, rows, rows_n, lmax, pmax, gmax, cp_any,
+         uniform) = sums
         L = self.L
         v = self.v
         s, sk = self.s, self.sk

@@ -3,7 +3,8 @@
 Between two *events* -- an arrival (anything else on the simpy clock), an admission (a prefill chunk)
 -- an iteration of :class:`sim.serving.engine.Engine` is a decode of every running request, one token each.
 :meth:`FastForward.advance` finds the steps up to the next event and applies them in one go, with every
-state change the stepped iterations would have made. It processes *block events and batch changes*,
+state change the stepped iterations would have made; the step that admits waiting requests may be its
+first, and the step the next event falls in its last. It processes *block events and batch changes*,
 not tokens:
 
 * **Eligible.** Every running request decodes (``pending == 1``, past its prompt and its high-water
@@ -22,7 +23,16 @@ not tokens:
   step's end), unless a waiting client's slot (``max_concurrency``) waits on the answer: that step is
   stepped.
 
-* **No admission inside.** A waiting head is admitted (vLLM V1 with ``scheduler_reserve_full_isl``, and
+* **Admission in the first step** (vLLM V1, :meth:`FastForward.admission`). Where the waiting head is
+  admissible now, the window's first step is the stepped path's mixed step: the decodes allocate, then the
+  scheduler's own ``_admit`` takes the waiting requests in order, each a fresh one-branch request whose whole
+  prompt fits the step's budget (it samples its first token there and decodes from step 2, as a member whose
+  ``c0`` is ``num_tokens - 1``); the step is priced from its items' cost tuples as the stepped path prices it
+  and each item gets its share by its stand-alone seconds. Its outcome is planned before anything changes
+  (no preemption, no hit that the decodes' takes or an earlier admission of the step could change, the
+  batch within the fitted range); otherwise the step is stepped. An idle engine's admission is such a window.
+
+* **No admission after the first step.** A waiting head is admitted (vLLM V1 with ``scheduler_reserve_full_isl``, and
   prefill-first) iff ``ceil(num_tokens / bs) - (its cached chain blocks that a running request holds)
   <= free``. While no block is freed the left side never falls (new blocks are the running requests'
   own generated blocks, whose contents are unique, and an eviction only shortens the head's chain) and
@@ -37,8 +47,10 @@ not tokens:
   ``cmax`` only: :meth:`sim.cost.terms.ScalarCost.decode_batch_seconds` (integer-valued closed-form terms, so
   bit for bit :meth:`~sim.cost.terms.ScalarCost.terms`; one numpy pass of :func:`sim.cost.roofline.seconds` per
   stretch of constant ``B``) through ``Engine._window_seconds``, where a per-step host term (affine in
-  running requests and scheduled tokens, both ``B``) joins as one more vector function. Steps must
-  end strictly before the next event on the clock; a preempting step is priced for every batch size its
+  running requests and scheduled tokens, both ``B``) joins as one more vector function. The steps end
+  before the next event on the clock, but the last may be the step the event falls in (it must end strictly
+  after it: a tie is stepped): the event's callbacks (an arrival, a client's slot, the API server) only queue
+  work that the next step's schedule reads, so they see nothing the window changed; a preempting step is priced for every batch size its
   preemptions can leave before it is applied. End times ``t_j = t_{j-1} + dt_j`` are ``numpy.cumsum``
   of ``[now, dt_1..dt_k]``, which adds left to right as simpy's clock does (equal floats); so are
   ``busy``, ``run_time`` and each problem's decode phase (``dt_j / B_j`` a step); the clock lands on the
@@ -55,60 +67,17 @@ that differs is ``EngineResult.events`` (simpy events processed, fewer here).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from sim.serving.ff_window import Window
+from sim.serving.token_times import TokenTimes, token_times  # noqa: F401  (read here by the engine and tests)
 from sim.serving.scheduler import RUNNING
 
 MAX_STEPS = 4096      # longest window (bounds the per-window arrays)
 MIN_STEPS = 2         # shorter windows are stepped (nothing to gain)
 GUARDED = 16          # windows whose first step is also priced item by item, as stepped (a check, O(batch))
-
-
-class TokenTimes:
-    """One branch's token times: plain floats (stepped) and shared window arrays (fast-forwarded).
-
-    Behaves as the stepped path's list where it is read: ``numpy.asarray``, ``len``, iteration,
-    indexing, ``tolist``. Nothing is flattened until asked.
-    """
-
-    __slots__ = ("parts", "n")
-
-    def __init__(self, parts):
-        self.parts = parts
-        self.n = sum(len(p) if isinstance(p, np.ndarray) else 1 for p in parts)
-
-    def __array__(self, dtype=None, copy=None):
-        out = np.empty(self.n, np.float64)
-        i = 0
-        for p in self.parts:
-            if isinstance(p, np.ndarray):
-                out[i:i + len(p)] = p
-                i += len(p)
-            else:
-                out[i] = p
-                i += 1
-        return out if dtype is None else out.astype(dtype)
-
-    def tolist(self) -> list:
-        return np.asarray(self).tolist()
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __iter__(self):
-        return iter(self.tolist())
-
-    def __getitem__(self, i):
-        return np.asarray(self)[i].tolist()
-
-
-def token_times(parts: list):
-    """The stepped path's list when ``parts`` holds no window arrays, else a :class:`TokenTimes`."""
-    if any(isinstance(p, np.ndarray) for p in parts):
-        return TokenTimes(parts)
-    return parts
 
 
 def _reach(now: float, end: float):
@@ -137,6 +106,24 @@ def exact_delays(now: float, t, dt) -> list:
     return [float(x) for x in dt]   # pragma: no cover - t[1] = now + dt[0] is always reached
 
 
+@dataclass(frozen=True)
+class Admission:
+    """The plan of a window's first step that admits waiting requests (:meth:`FastForward.admission`): their
+    scheduled items, in order, with their ``(cost tuples, kind)`` and the token budget each is admitted with, the
+    long-prefill threshold, ``tries`` (the scheduler's admission attempts: one more than the items where the
+    next request did not fit), the step's seconds, its host seconds ``(host_s, host_serial_s)`` (None: not
+    priced) and whether those are past the measured range."""
+
+    items: list
+    priced: list
+    budgets: list
+    thr: int
+    tries: int
+    dt: float
+    host: tuple | None
+    extrapolated: int
+
+
 class FastForward:
     """The window of one :class:`sim.serving.engine.Engine` (module docstring): :meth:`advance` applies it."""
 
@@ -154,6 +141,7 @@ class FastForward:
         # (end, next event, scheduler iterations) of a window that ended blocked (Window.blocked): a window
         # starting there, nothing changed, would stop before its first step, so the engine steps at once
         self._blocked = None
+        self.admissions = 0       # windows whose first step admitted waiting requests
 
     def forget(self, req) -> None:
         """An answered request leaves the memos (they hold what is read while a request runs or waits)."""
@@ -170,8 +158,12 @@ class FastForward:
         # counter) before windows can replace its steps: until then such an engine steps
         if getattr(eng, "host_step", None) is not None and not getattr(eng, "windows_price_host", False):
             return False
+        # the closed form prices dense layers only (an MoE / MLA / sliding-window shape steps: the first-step guard
+        # below turned such windows off at their first step, and an idle engine's admitting window has no decode
+        # to guard)
         return (eng.pp_stages == 1 and eng.settle is None and not eng.per_problem and not eng.prices_shared
-                and eng.score_at == "generation" and hasattr(c, "decode_batch_seconds") and c.exact_integers())
+                and eng.score_at == "generation" and hasattr(c, "decode_batch_seconds") and c.exact_integers()
+                and c.m.is_plain)
 
     # ------------------------------------------------------------------ admissions
     def head(self):
@@ -221,30 +213,150 @@ class FastForward:
             return None
         return (keys, len(out), nblk, chunk or dups)
 
+    # ------------------------------------------------------------------ an admission in the first step
+    def may_admit(self) -> bool:
+        """Whether the admissible waiting head may be admitted in a window's first step (:meth:`admission`): vLLM
+        V1's mixed step (``vllm-v1``), one KV-cache group, and a head :meth:`plain_fresh`."""
+        sched = self.eng.sched
+        return (sched.cfg.policy == "vllm-v1" and self.eng.kv.kv_groups is None
+                and self.plain_fresh(sched.waiting[0]))
+
+    @staticmethod
+    def plain_fresh(req) -> bool:
+        """A fresh one-branch plain request: never computed or preempted, no verification, no token-eviction cache,
+        no zero-copy fork, at least two tokens to sample (so that it decodes in the steps after its admission)."""
+        if (req.num_preemptions or req.num_computed_tokens or req.high_water or req.hold or req.kv_cap is not None
+                or req.allow_full_hit or req.max_output_tokens < 2 or req.num_tokens != req.prompt_tokens):
+            return False
+        p, kind, b = req.data
+        j = p.job
+        return (kind == 1 and j.B == 1 and not j.verify_on and j.long is None and not p.ext[b]
+                and p.first[b] != p.first[b])
+
+    def admission(self, R, cl, f):
+        """The first step's plan when it admits waiting requests (:meth:`may_admit`), made without changing
+        anything, or None (the step is stepped).
+
+        ``Scheduler._schedule_v1`` runs the running requests first (here every one decodes, ``f == 1`` opening a
+        block), then admits waiting requests in order while the token budget and ``max_num_seqs`` allow, until one
+        does not fit the free blocks. The window takes that step only where its outcome is known now: the
+        decodes' takes fit the free pool (no preemption) and cannot evict the first head's cached chain (no hit, or
+        clean blocks enough); every admitted request is :meth:`plain_fresh` and gets the whole rest of its prompt
+        (its first token is sampled in the step: it decodes from step 2); a later one hits nothing, not even the
+        blocks an earlier one keys in the same step; the batch is within the fitted range; and the step, priced as
+        the stepped path prices it (its items' cost tuples, :meth:`~sim.cost.pricing.StepPricer.host_counts`,
+        ``step_seconds``), does not end exactly at the next event. The window ends after the step where the next
+        event falls in it or a request left waiting could be admitted in the next.
+        """
+        eng = self.eng
+        sched, kv, pricer = eng.sched, eng.kv, eng.pricer
+        cfg = sched.cfg
+        B0 = len(R)
+        takes = int(np.count_nonzero(f == 1))
+        free = kv.num_free - takes
+        if free < 0:
+            return None
+        budget = int(cfg.max_num_batched_tokens) - B0
+        thr = sched._threshold()
+        items, priced, budgets, keyed = [], [], [], set()
+        tries = 0
+        for head in sched.waiting:
+            if budget <= 0 or B0 + len(items) >= cfg.max_num_seqs:
+                break
+            tries += 1
+            blocks, hit = kv.find_cached(head, count=False)
+            if items:
+                if hit or (kv.caching and head.cacheable and head.num_tokens >= kv.block_size
+                           and kv.keys_upto(head, 1)[0] in keyed):
+                    return None   # a hit that earlier admissions of the step could change
+            elif hit and takes > kv.n_clean:
+                return None       # a decode's take could evict the head's cached chain
+            rest = head.num_tokens - hit
+            n = min(rest, budget)
+            if thr and n > 1:
+                n = min(n, thr)
+            need = kv.blocks_needed(head, n, blocks, hit)
+            if n == rest and need > free:
+                break             # it does not fit (the scheduler tries it, counts its lookup, stops there)
+            if n != rest or n < 1 or not self.plain_fresh(head):
+                return None       # a chunk, or a request that would not decode next
+            item = sched._item(head, n, True, hit, c=hit)
+            items.append(item)
+            priced.append(pricer.item(item))
+            budgets.append(budget)
+            budget -= n
+            free -= need
+            if kv.caching and head.cacheable:
+                keyed.update(kv.keys_upto(head, head.num_tokens // kv.block_size)[:head.num_tokens // kv.block_size])
+        if not items or (eng.max_batch is not None and B0 + len(items) > eng.max_batch):
+            return None
+        # the decodes' sums in closed form, then the admitted items' (+ the eviction-scoring seconds: none here)
+        dt = eng.cost.mixed_seconds(B0, sum(cl), max(cl) if cl else 0, [t for ts, _ in priced for t in ts]) + 0.0
+        host, extrapolated = None, 0
+        if eng.host_step is not None:
+            from sim.cost.overheads import step_seconds
+            m = len(items)
+            host, extrapolated = pricer.host_counts(
+                B0 + m, B0 + sum(it.num_new for it in items), B0 + sum(1 for it in items if it.samples), m,
+                sum(it.req.prompt_tokens for it in items))
+            dt = step_seconds(dt, host[0], eng.async_scheduling, host[1])
+        if not dt > 0 or eng.env.now + dt == eng.env.peek():   # a tie with the next event: stepped
+            return None
+        return Admission(items, priced, budgets, thr, tries, float(dt), host, extrapolated)
+
+    def _admitting(self, R, probs, c0, f, g, fin, kcap: int, plan: "Admission"):
+        """The window whose first step admits ``plan``'s requests: each joins as a newer member, decoding from step
+        2 as if it had ``num_tokens - 1`` tokens before step 1 (its blocks and their keys come from the admission
+        itself, so its first block events are after step 1)."""
+        bs = self.eng.kv.block_size
+        R, probs = list(R), list(probs)
+        add = {"c0": [], "f": [], "g": [], "fin": []}
+        for it in plan.items:
+            head = it.req
+            c = head.num_tokens - 1
+            nb = -(-head.num_tokens // bs)            # its blocks once the whole prompt is in
+            gh = (-c) % bs or bs
+            R.append(head)
+            probs.append(head.data[0])
+            add["c0"].append(c)
+            add["f"].append(nb * bs - c + 1)           # >= 2
+            add["g"].append(gh + bs if gh == 1 else gh)   # the admission keyed the block its prompt fills
+            add["fin"].append(head.max_output_tokens)  # it samples a token at steps 1..r, its last at step r
+            if head.data[0].user_done is not None and head.max_output_tokens - 1 < kcap:
+                kcap = head.max_output_tokens - 1      # its answer wakes a waiting user: stepped
+        if kcap < self.min_steps:
+            return None
+        c0, f, g, fin = (np.concatenate([a, np.array(add[k], np.int64)])
+                         for a, k in ((c0, "c0"), (f, "f"), (g, "g"), (fin, "fin")))
+        out = self._apply(Window(self, R, probs, c0, f, g, fin, kcap, (None, 0, 0, False), plan))
+        if out is None:   # pragma: no cover - the admission step is always applied
+            raise RuntimeError("fast-forward: an admitting window took no step")
+        self.admissions += 1
+        return out
+
     # ------------------------------------------------------------------ the window
     def advance(self):
         """Apply the decode window that starts now; the delays to its end (:func:`exact_delays`), or None (the
         engine steps)."""
         if self.off:
             return None
-        eng = self.eng
-        sched, kv = eng.sched, eng.kv
+        eng, sched, kv = self.eng, self.eng.sched, self.eng.kv
         blocked, self._blocked = self._blocked, None
         if blocked is not None and blocked == (eng.env.now, eng.env.peek(), sched.iterations):
             return None
         R = list(sched.running)
         B0 = len(R)
         cfg = sched.cfg
-        if B0 == 0 or sched.parked or B0 > cfg.max_num_batched_tokens or (
-                eng.max_batch is not None and B0 > eng.max_batch):
+        if sched.parked or B0 > cfg.max_num_batched_tokens or (eng.max_batch is not None and B0 > eng.max_batch):
             return None
-        last = R[-1]   # the newest request is the likeliest not to decode (a prefill chunk): look at it first
-        if last.num_tokens - last.num_computed_tokens != 1 or last.num_computed_tokens < last.high_water:
-            return None
-        # an admissible waiting head ends the window before it starts: checked before the O(batch) pass below
-        # (the commonest exit under steady arrivals; both read the state and only fill memos)
+        if B0:
+            last = R[-1]   # the newest request is the likeliest not to decode (a prefill chunk): look at it first
+            if last.num_tokens - last.num_computed_tokens != 1 or last.num_computed_tokens < last.high_water:
+                return None
+        # an admissible head is admitted in the first step where its outcome is known (checked before the O(batch)
+        # pass below: both read the state and only fill memos); an idle engine only admits
         hd = self.head()
-        if hd is None:
+        if (hd is None and not self.may_admit()) or (B0 == 0 and hd is not None):
             return None
         kcap = self.max_steps
         probs, cl, nbl, finl = [], [], [], []
@@ -287,7 +399,7 @@ class FastForward:
         g = (-c0) % bs
         g = np.where(g == 0, bs, g)          # first step at which it fills one
         # the stepped pricing of the first step (the guard of the closed form)
-        if self.guarded < GUARDED:
+        if self.guarded < GUARDED and B0:
             S0, m0 = int(c0.sum()), int(c0.max())
             first = eng._window_seconds(np.array([B0]), np.array([S0]), np.array([m0]))
             ref = eng.cost.seconds([(1.0, float(x), None, 0.0, 1.0, 0.0) for x in cl]) + 0.0
@@ -299,6 +411,9 @@ class FastForward:
                 self.off = True
                 return None
             self.guarded += 1
+        if hd is None:   # waiting requests are admitted beside the decodes: the first step is that mixed step
+            plan = self.admission(R, cl, f)
+            return None if plan is None else self._admitting(R, probs, c0, f, g, fin, kcap, plan)
         return self._apply(Window(self, R, probs, c0, f, g, fin, kcap, hd))
 
     def _apply(self, w):

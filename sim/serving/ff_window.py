@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.serving.token_times import TokenTimes
+from sim.workload.job import KIND_NAMES
+
+TOKEN_PARTS = 32   # a branch's token-time parts are joined into one array past this many (TokenTimes)
+
 
 class Window:
     """The decode window starting now of ``ff``'s engine over the running requests ``R``.
@@ -25,7 +30,7 @@ class Window:
     hd : the waiting head's admission (``FastForward.head``): ``(keys, L, nblk, clean_only)``
     """
 
-    def __init__(self, ff, R, probs, c0, f, g, fin, kcap: int, hd):
+    def __init__(self, ff, R, probs, c0, f, g, fin, kcap: int, hd, admit=None):
         eng = self.eng = ff.eng
         self.ff = ff
         self.sched, self.kv = eng.sched, eng.kv
@@ -50,7 +55,8 @@ class Window:
         self.pf = self.sched.cfg.policy == "prefill-first"
         self.cl = c0.tolist()
         self.al = [True] * B0                  # alive, as a list (read per event)
-        self.blist = [kv.req_blocks[r.req_id] for r in R]
+        self.admit = admit                     # the first step's admission (FastForward.admission), or None
+        self.blist = [kv.req_blocks.get(r.req_id) for r in R]   # the admitted head's: once admitted
         self.reg = [kv.caching and r.cacheable for r in R]
         self.rids = [r.req_id for r in R]
         self.index = {id(r): i for i, r in enumerate(R)}
@@ -278,7 +284,8 @@ class Window:
     # ------------------------------------------------------------------ the window
     def run(self):
         """Apply the window's steps; ``(t, dt)`` (step end times from now, per-step seconds), or None (no step)."""
-        while self.s <= self.kcap and self._next():
+        go = self._admit_step() if self.admit is not None else True
+        while go and self.s <= self.kcap and self._next():
             pass
         k = self.s - 1
         if k < 1:
@@ -289,6 +296,63 @@ class Window:
         if float(t[-1]) != self.t_end:   # pragma: no cover - one sum, two ways
             raise RuntimeError("fast-forward: the window's end time disagrees with its steps")
         return t, dt
+
+    def _admit_step(self) -> bool:
+        """Step 1 admits waiting requests (the newest members) beside the decodes, as ``Scheduler._schedule_v1``
+        and ``Engine._accelerator`` / ``_complete`` make that step: the decodes' block events, the scheduler's own
+        admissions (and its one failed attempt, where planned), the planned price, each item's share of it by its
+        stand-alone seconds (``Engine._attribute``), the admitted requests' prefill tokens and first tokens; False:
+        the window ends after it."""
+        plan, eng, sched, kv = self.admit, self.eng, self.sched, self.kv
+        m = len(plan.items)
+        i0 = len(self.R) - m
+        old = self.alive.copy()
+        old[i0:] = False
+        self.process(1, 1)               # the decodes' block events (the admitted have none in step 1)
+        items = []
+        for k, it in enumerate(plan.items):
+            item = sched._admit(it.req, plan.budgets[k], whole=False, thr=plan.thr)
+            if item is None:             # pragma: no cover - planned within the pool
+                raise RuntimeError("fast-forward: a planned admission failed")
+            sched._take_waiting()
+            self.blist[i0 + k] = kv.req_blocks[it.req.req_id]
+            items.append(item)
+        if plan.tries > m and sched._admit(sched.waiting[0], plan.budgets[-1] - items[-1].num_new, whole=False,
+                                           thr=plan.thr) is not None:   # pragma: no cover - planned not to fit
+            raise RuntimeError("fast-forward: a request planned not to fit was admitted")
+        self.used.append((1, kv.num_used))
+        eng._admitted(items, self.now)
+        dt = plan.dt
+        # each decode's stand-alone seconds in one pass (the closed form of its one tuple), then the admitted
+        # items'; their total summed left to right, as Engine._attribute sums them
+        c = self.c0[old]
+        a_dec = eng.cost.decode_batch_seconds(1, c, c) if len(c) else np.zeros(0)
+        a_adm = [eng.pricer.alone(ts) for ts, _ in plan.priced]
+        tot = float(np.cumsum(a_dec)[-1]) if len(c) else 0
+        for x in a_adm:
+            tot += x
+        n_items = len(c) + m
+        if tot > 0:
+            dec_sh, adm_sh = dt * a_dec / tot, [dt * x / tot for x in a_adm]
+        else:
+            dec_sh, adm_sh = np.full(len(c), dt / n_items), [dt / n_items] * m
+        self.t_end = float(self.now + dt)
+        for k, (ts, kind) in enumerate(plan.priced):
+            req = items[k].req
+            p, b = self.probs[i0 + k], req.data[2]
+            p.phase[KIND_NAMES[kind]] += adm_sh[k]
+            eng.tokens[kind] += ts[0][0] if len(ts) == 1 else sum(t[0] for t in ts)
+            p.first[b] = self.t_end - p.arrival    # its prompt is in: its first token is out
+            p.src_ready[b] = True
+            eng._try_start(p)                      # nothing to start (one branch): as the stepped step calls it
+        dec = np.zeros(len(self.R))
+        dec[old] = dec_sh
+        self.segs.append((np.array([dt]), int(old.sum()), old, dec))   # decode shares, not dt / B (close)
+        self.s = 2
+        if np.any(self.fin[old] == 1):
+            self.finish(1)
+        self.n_alive = int(self.alive.sum())
+        return self.n_alive != 0 and self._new_head() and self.t_end < self.t_next
 
     def _next(self) -> bool:
         """Apply the next stretch: steps up to the soonest finish, preemption or the window's cap; False: the
@@ -314,9 +378,13 @@ class Window:
         if dt is None or not np.all(dt > 0):
             return False
         tt = np.cumsum(np.concatenate(([self.t_end], dt)))
+        m = e - s + 1
         ok = int(np.searchsorted(tt[1:], self.t_next, side="left"))   # steps ending before the next event
-        if ok < e - s + 1:
-            self.blocked = True
+        cross = ok < m and tt[ok + 1] > self.t_next
+        if cross:
+            ok += 1    # and the step the next event falls in, the window's last (crosses)
+        if ok < m:
+            self.blocked = not cross   # the next step would end exactly at the next event (a tie: stepped)
             if ok:
                 self.process(s, s + ok - 1)
                 self.segs.append((dt[:ok], Bs, mask))
@@ -327,11 +395,12 @@ class Window:
         self.segs.append((dt, Bs, mask))
         self.t_end = float(tt[-1])
         self.s = e + 1
-        if e != nf:
-            return True
-        self.finish(e)
-        self.n_alive = int(self.alive.sum())
-        return self.n_alive != 0 and self._new_head()
+        if e == nf:
+            self.finish(e)
+            self.n_alive = int(self.alive.sum())
+            if self.n_alive == 0 or not self._new_head():
+                return False
+        return not cross
 
     def _preempting(self, s: int, free: int) -> bool:
         """Step ``s`` preempts: its batch is the alive requests before some rank, priced for every outcome
@@ -368,8 +437,9 @@ class Window:
         for i in np.flatnonzero(self.alive).tolist():
             self.settle(i, k)
             last[i] = k
-        dt = np.concatenate([d for d, _, _ in segs])
-        Bj = np.concatenate([np.full(len(d), b, np.int64) for d, b, _ in segs])
+        dt = np.concatenate([sg[0] for sg in segs])
+        Bj = np.concatenate([np.full(len(sg[0]), sg[1], np.int64) for sg in segs])   # the decodes of each step
+        adm = self.admit
         if len(dt) != k:   # pragma: no cover
             raise RuntimeError(f"fast-forward: {len(dt)} priced steps for a window of {k}")
         t = np.cumsum(np.concatenate(([self.now], dt)))
@@ -379,20 +449,34 @@ class Window:
             sched.max_running = B0
         eng.iterations += k
         nB = int(Bj.sum())
-        eng.items_scheduled += nB
+        run = Bj
+        if adm is not None:   # step 1 also ran the admitted requests (their items, the host time: planned)
+            run = Bj.copy()
+            run[0] += len(adm.items)
+        eng.items_scheduled += int(run.sum())
         eng.busy = float(np.cumsum(np.concatenate(([eng.busy], dt)))[-1])
         if eng.host_step is not None:
             # the host seconds the stepped path adds one step at a time (Engine._stepped), left to right
             h, _ = eng.window_host(Bj)
+            d0 = 0
+            if adm is not None:
+                h = np.array(h, np.float64)
+                h[0] = adm.host[0]
+                d0 = 1
+                eng.host_extrapolated += adm.extrapolated
             eng.host_seconds = float(np.cumsum(np.concatenate(([eng.host_seconds], h)))[-1])
-            hs = eng.host_step
-            eng.host_extrapolated += int(np.sum(((hs.max_running is not None) & (Bj > (hs.max_running or 0)))
-                                                | ((hs.max_tokens is not None) & (Bj > (hs.max_tokens or 0)))))
-        eng.run_time = float(np.cumsum(np.concatenate(([eng.run_time], dt * Bj)))[-1])
+            hs, Bd = eng.host_step, Bj[d0:]
+            eng.host_extrapolated += int(np.sum(((hs.max_running is not None) & (Bd > (hs.max_running or 0)))
+                                                | ((hs.max_tokens is not None) & (Bd > (hs.max_tokens or 0)))))
+        eng.run_time = float(np.cumsum(np.concatenate(([eng.run_time], dt * run)))[-1])
         eng.tokens[2] += float(nB)        # integer-valued: the stepped sum of 1.0s is exact
         ph = np.array([p.phase["decode"] for p in probs])
-        for d, b, mask in segs:
-            _add_in_turn(ph, mask, d / b)
+        for sg in segs:
+            d, b, mask = sg[:3]
+            if len(sg) > 3:   # the admitting step: each request's own share of it (Window._admit_step)
+                np.add(ph, sg[3], out=ph, where=mask)
+            else:             # a decode step adds dt / B to each request
+                _add_in_turn(ph, mask, d / b)
         ub = self._kv_used(k) * eng.block_bytes
         top = np.maximum.accumulate(ub)
         ends = t[1:]
@@ -406,10 +490,13 @@ class Window:
                 if pk > p.peak:
                     p.peak = pk
                 if rec:
-                    p.tok[R[i].data[2]].append(ends if n == k else ends[:n])
+                    parts = p.tok[R[i].data[2]]
+                    parts.append(ends if n == k else ends[:n])
+                    if len(parts) > TOKEN_PARTS:   # short windows: one array, not a view per window (memory)
+                        parts[:] = [np.asarray(TokenTimes(parts))]
         eng.timeline_t.extend(ends.tolist())
         eng.timeline_b.extend(ub.tolist())
-        eng.timeline_run.extend(Bj.tolist())
+        eng.timeline_run.extend(run.tolist())
         self.ff.windows += 1
         self.ff.steps += k
         return t, dt

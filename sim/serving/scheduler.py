@@ -337,8 +337,11 @@ class Scheduler:
                 return True
         return False
 
-    def _item(self, req: Request, n: int, new: bool, hit: int = 0) -> Scheduled:
-        c = req.num_computed_tokens
+    def _item(self, req: Request, n: int, new: bool, hit: int = 0, c: int | None = None) -> Scheduled:
+        """The item of ``n`` tokens of ``req`` over its ``c`` computed tokens (default: its own count; a caller
+        planning an admission passes the cache hit it will start from)."""
+        if c is None:
+            c = req.num_computed_tokens
         if c >= req.prompt_like and c >= req.high_water:   # a decode (the common item): nothing given, nothing redone
             return Scheduled(req, n, c, 0, 0, c + n == req.num_tokens and not req.done_sampling, new, hit)
         pl = max(0, min(c + n, req.prompt_like) - c)
