@@ -43,7 +43,6 @@ class Window:
         self.keys, self.L, self.nblk, self.clean_only = hd
         self.alive = np.ones(B0, bool)
         self.last = np.zeros(B0, np.int64)     # last step each request was in the batch (0: none)
-        self.out_at = np.zeros(B0, np.int64)   # the step its lengths were settled at (0: at the window's end)
         self.segs = []                         # (dt, B, alive mask) of consecutive steps
         self.used = []                         # (step, num_used after its schedule)
         self.t_end = self.now
@@ -59,7 +58,7 @@ class Window:
         self.blist = [kv.req_blocks.get(r.req_id) for r in R]   # the admitted head's: once admitted
         self.reg = [kv.caching and r.cacheable for r in R]
         self.rids = [r.req_id for r in R]
-        self.index = {id(r): i for i, r in enumerate(R)}
+        self._index = None                     # id(request) -> member, made when a preemption asks
         self.blocked = False                   # it ended where its next step cannot end before the next event
 
     # ------------------------------------------------------------------ helpers of the steps
@@ -81,7 +80,6 @@ class Window:
         req.num_tokens = c + 1
         req.num_output_tokens = req.max_output_tokens - int(self.fin[i]) + steps_done
         req.high_water = c
-        self.out_at[i] = steps_done
 
     def price(self, Bs: int, a: int, b: int, mask):
         """Per-step seconds of steps a..b with the alive set ``mask``."""
@@ -217,7 +215,9 @@ class Window:
             req.num_computed_tokens = self.cl[i] + st - 1
             while not kv.allocate_one(req):
                 victim = sched._victim()
-                vi = self.index[id(victim)]
+                if self._index is None:
+                    self._index = {id(r): i for i, r in enumerate(self.R)}
+                vi = self._index[id(victim)]
                 self.settle(vi, st - 1)
                 self.alive[vi] = False
                 self.al[vi] = False
@@ -434,9 +434,15 @@ class Window:
         :mod:`sim.serving.fastforward`); ``(t, dt)``."""
         eng, R, probs, segs, last = self.eng, self.R, self.probs, self.segs, self.last
         sched = eng.sched
-        for i in np.flatnonzero(self.alive).tolist():
-            self.settle(i, k)
-            last[i] = k
+        idx = np.flatnonzero(self.alive)
+        last[idx] = k
+        # settle's lengths for every request alive at the end, in one pass
+        for i, c, f in zip(idx.tolist(), (self.c0[idx] + k).tolist(), self.fin[idx].tolist()):
+            req = R[i]
+            req.num_computed_tokens = c
+            req.num_tokens = c + 1
+            req.num_output_tokens = req.max_output_tokens - f + k
+            req.high_water = c
         dt = np.concatenate([sg[0] for sg in segs])
         Bj = np.concatenate([np.full(len(sg[0]), sg[1], np.int64) for sg in segs])   # the decodes of each step
         adm = self.admit
@@ -481,12 +487,12 @@ class Window:
         top = np.maximum.accumulate(ub)
         ends = t[1:]
         rec = eng.record_tokens
-        for i, p in enumerate(probs):
-            p.phase["decode"] = float(ph[i])
-            n = int(last[i])
+        top_l = top.tolist()
+        for i, (p, x, n) in enumerate(zip(probs, ph.tolist(), last.tolist())):
+            p.phase["decode"] = x
             if n:
                 p.iterations += n
-                pk = float(top[n - 1])
+                pk = top_l[n - 1]
                 if pk > p.peak:
                     p.peak = pk
                 if rec:
