@@ -602,6 +602,8 @@ class BlockManager:
 
     def set_scores(self, keys, score: float) -> None:
         """:meth:`set_score` of each of ``keys`` (a branch's chain), skipping the keys it would leave alone."""
+        if not score > 0.0:    # scores start at 0 and only rise: nothing to raise (a plain benchmark's 0)
+            return
         cached = self.cached
         for key in keys:
             b = cached.get(key)
