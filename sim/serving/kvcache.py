@@ -452,7 +452,7 @@ class BlockManager:
         """``n`` blocks in the order ``n`` calls of :meth:`_take` hand them out (the clean ones at once)."""
         c = min(n, self.n_clean)
         if c <= 0:
-            return self._evict_n(n)
+            return [self._evict() for _ in range(n)]
         self.n_clean -= c
         spare = self._spare_ids
         if not spare:
@@ -469,33 +469,7 @@ class BlockManager:
             ids = [pop(spare) for _ in range(c)]
         out = [Block(bid, None, 1) for bid in ids]
         if n > c:
-            out += self._evict_n(n - c)
-        return out
-
-    def _evict_n(self, n: int) -> list:
-        """``n`` calls of :meth:`_evict`, in one loop when the victims are the oldest releases."""
-        evictable = self._evictable
-        if n <= 0:
-            return []
-        if not self._ordered or len(evictable) < n:
-            return [self._evict() for _ in range(n)]
-        pop, cached, dups = evictable.popitem, self.cached, self._dups
-        log = self.evicted_log.append if self.log_evictions else None
-        out = []
-        for _ in range(n):
-            b = pop(last=False)[1]
-            key = b.key
-            if log is not None:
-                log(key)
-            if dups:
-                self._uncache(b)
-            else:          # no duplicate anywhere: b is the key's only copy
-                del cached[key]
-            b.key, b.ref, b.score, b.depth = None, 1, 0.0, 0
-            b.version += 1
-            out.append(b)
-        self.evictions += n
-        self.last_evicted = key
+            out += [self._evict() for _ in range(n - c)]
         return out
 
     def _evict(self) -> Block:
