@@ -164,3 +164,61 @@ def test_release_ordered_lru_evicts_as_the_heap_does(ops, num_blocks):
         logs[i].append(sorted(m.cached))
     assert managers[0].evicted_log == managers[1].evicted_log
     assert logs[0] == logs[1]
+
+
+class _OneByOne(BlockManager):
+    """Takes an allocation's blocks one by one (the reference for :meth:`BlockManager._take_n`)."""
+
+    def _take_n(self, n):
+        return [self._take() for _ in range(n)]
+
+
+@pytest.mark.parametrize("policy,groups", [(LRU, False), (FIFO, False), (LRU, True)])
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30), st.integers(0, 2)), min_size=1, max_size=30),
+       num_blocks=st.integers(6, 24))
+def test_taking_an_allocations_blocks_at_once_hands_out_the_same_blocks(policy, groups, ops, num_blocks):
+    """Spare ids lowest first, then new ids, then the policy's victims in order: the same block tables, evictions
+    and pool as one take per block (prompts of shared prefixes: hits, duplicates, evictions)."""
+    managers = [BlockManager(num_blocks, 4, policy=policy()), _OneByOne(num_blocks, 4, policy=policy())]
+    seen = [[], []]
+    for i, m in enumerate(managers):
+        if groups:
+            m.set_kv_groups(2, 1, 8)
+        live = []
+        for n, (prefix, length, release) in enumerate(ops):
+            toks = [prefix * 100 + j for j in range(length)]
+            r = _req(f"r{n}", toks)
+            blocks, hit = m.find_cached(r)
+            if m.allocate(r, r.num_tokens - hit, blocks, hit):
+                r.num_computed_tokens = r.num_tokens
+                live.append(r)
+                seen[i].append((m.blocks_of(r.req_id), [b.block_id for b in m._extra.get(r.req_id, ())]))
+            for _ in range(release):
+                if live:
+                    m.free(live.pop(0))
+            m.check()
+        seen[i].append((m.evicted_log, m.evictions, m.n_clean, sorted(m._spare_ids), m._next_id, list(m._evictable),
+                        sorted(m.cached), m.peak_used))
+    assert seen[0] == seen[1]
+
+
+def test_set_scores_is_set_score_of_each_key():
+    """A branch's scores at once: the same scores on every copy as one set_score per key; 0 changes nothing."""
+    toks = list(range(12))
+    out = []
+    for bulk in (False, True):
+        bm = BlockManager(16, 4, policy=RSBCM())
+        a, b = _req("a", toks + [1]), _req("b", toks)    # b recomputes its last block: a duplicate
+        _run_prompt(bm, a)
+        _run_prompt(bm, b)
+        keys = chain_keys(toks, 4)
+        for s in (0.0, 0.5, 0.25, 0.75):
+            if bulk:
+                bm.set_scores(keys[1:], s)
+            else:
+                for k in keys[1:]:
+                    bm.set_score(k, s)
+        out.append([(x.block_id, x.score) for x in bm.req_blocks["a"] + bm.req_blocks["b"]])
+    assert out[0] == out[1]
+    assert [s for _, s in out[1]] == [0.0, 0.75, 0.75, 0.0, 0.0, 0.75, 0.75]

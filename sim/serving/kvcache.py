@@ -97,7 +97,7 @@ def chain_keys(tokens, block_size: int, parent: int = ROOT_KEY) -> list[int]:
     return out
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)   # slots: a block is made per take, its fields read in every loop
 class Block:
     """One KV block: id (0..num_blocks-1), key (None = not cached), refs and the policy's fields."""
 
@@ -246,12 +246,17 @@ class BlockManager:
         if hit is None:
             hit = self._chain[id(req)] = (req, [])  # the request is held so its id stays its own
         keys = hit[1]
-        if len(keys) < n:
+        m = len(keys)
+        if m < n:
             content = req.block_content
-            parent = keys[-1] if keys else ROOT_KEY
-            for k in range(len(keys), n):
-                parent = block_key(parent, content(k))
-                keys.append(parent)
+            parent = keys[-1] if m else ROOT_KEY
+            if n == m + 1:          # a decode step filled a block: one key, no loop
+                keys.append(hash((parent, content(m))))   # block_key, inlined
+                return keys
+            append = keys.append
+            for k in range(m, n):
+                parent = hash((parent, content(k)))
+                append(parent)
         return keys
 
     def forget(self, req) -> None:
@@ -354,13 +359,13 @@ class BlockManager:
         if computed:
             self._n_keyed[rid] = len(blks)
         total = self._total_blocks(req, n_new, computed, hit_tokens)
-        while len(blks) < total:
-            blks.append(self._take())
+        if total > len(blks):
+            blks += self._take_n(total - len(blks))
         if self.kv_groups is not None:
             want = self._extra_blocks(req, n_new, computed, hit_tokens)
             ext = self._extra.setdefault(rid, [])
-            while len(ext) < want:
-                ext.append(self._take())
+            if want > len(ext):
+                ext += self._take_n(want - len(ext))
             while len(ext) > want:     # sliding blocks wholly before the window go back to the pool
                 self._release(ext.pop(0))
         used = self.num_used
@@ -379,48 +384,60 @@ class BlockManager:
             cap = req.kv_cap
             if cap is not None and tokens > cap:
                 tokens = cap
-            if tokens <= len(blks) * self.block_size:
-                if tokens % self.block_size == 0 and self.caching and req.cacheable:
-                    self._register(req, blks, tokens // self.block_size)
+            bs = self.block_size
+            room = len(blks) * bs
+            if tokens <= room:
+                if tokens % bs == 0 and self.caching and req.cacheable:
+                    self._register(req, blks, tokens // bs)
                 return True
-            if cap is None and tokens == len(blks) * self.block_size + 1:
+            if cap is None and tokens == room + 1:
                 # one block more: allocate(req, 1)'s steps without its general bookkeeping (uncapped: allocate
                 # registers the full blocks of the uncapped length)
-                if self.n_clean + len(self._evictable) < 1:
+                free = self.n_clean + len(self._evictable)
+                if free < 1:
                     return False
                 blks.append(self._take())
-                used = self.num_used
+                used = self.num_blocks - free + 1     # num_used after the take
                 if used > self.peak_used:
                     self.peak_used = used
                 if self.caching and req.cacheable:
-                    self._register(req, blks, tokens // self.block_size)
+                    self._register(req, blks, tokens // bs)
                 return True
         return self.allocate(req, 1)
 
     def _register(self, req, blks: list, full: int) -> None:
+        """Key the full blocks ``[n_keyed, full)`` of ``req`` (``blks`` its block table)."""
         rid = req.req_id
-        k0 = self._n_keyed.get(rid, 0)
-        hi = min(full, len(blks))
-        keys = self.keys_upto(req, hi) if hi > k0 else ()
+        n_keyed = self._n_keyed
+        k0 = n_keyed.get(rid, 0)
+        hi = full if full < len(blks) else len(blks)
+        if hi <= k0:
+            n_keyed[rid] = k0
+            return
+        keys = self.keys_upto(req, hi)
+        cached, depth_of, tick = self.cached, req.block_depth, self.tick
         for k in range(k0, hi):
             b = blks[k]
             if b.key is None:
                 key = keys[k]
                 b.key = key
-                b.depth = int(req.block_depth(k))
-                self.tick += 1.0
-                b.inserted = self.tick
-                first = self.cached.get(key)
+                b.depth = int(depth_of(k))
+                tick += 1.0
+                b.inserted = tick
+                first = cached.get(key)
                 if first is None:
-                    self.cached[key] = b
+                    cached[key] = b
                 else:
                     # a duplicate (computed while the first copy existed) is cached too, as vLLM's
                     # BlockPool does; lookups return the earliest surviving copy
                     b.score = first.score   # every copy of a key has the same score (set_score)
                     self._dups.setdefault(key, {})[b.block_id] = b
-        self._n_keyed[rid] = max(k0, min(full, len(blks)))
+        self.tick = tick
+        n_keyed[rid] = hi
 
     def _take(self) -> Block:
+        """One block for a request (``ref`` 1): a clean one (lowest spare id, else a never-used id), else the
+        policy's victim."""
         if self.n_clean > 0:
             self.n_clean -= 1
             if self._spare_ids:
@@ -428,13 +445,45 @@ class BlockManager:
             else:
                 bid = self._next_id
                 self._next_id += 1
-            return Block(bid, ref=1)
-        b = self._pop_victim()
+            return Block(bid, None, 1)
+        return self._evict()
+
+    def _take_n(self, n: int) -> list:
+        """``n`` blocks in the order ``n`` calls of :meth:`_take` hand them out (the clean ones at once)."""
+        c = min(n, self.n_clean)
+        if c <= 0:
+            return [self._evict() for _ in range(n)]
+        self.n_clean -= c
+        spare = self._spare_ids
+        if not spare:
+            ids = range(self._next_id, self._next_id + c)
+            self._next_id += c
+        elif c >= len(spare):      # every spare id, lowest first, then never-used ids
+            ids = sorted(spare)
+            spare.clear()
+            m = c - len(ids)
+            ids += range(self._next_id, self._next_id + m)
+            self._next_id += m
+        else:
+            pop = heapq.heappop
+            ids = [pop(spare) for _ in range(c)]
+        out = [Block(bid, None, 1) for bid in ids]
+        if n > c:
+            out += [self._evict() for _ in range(n - c)]
+        return out
+
+    def _evict(self) -> Block:
+        """The policy's victim, uncached and handed to a request (``ref`` 1)."""
+        b = self._evictable.popitem(last=False)[1] if self._ordered and self._evictable else self._pop_victim()
         self.evictions += 1
-        self.last_evicted = b.key
+        key = b.key
+        self.last_evicted = key
         if self.log_evictions:
-            self.evicted_log.append(b.key)
-        self._uncache(b)
+            self.evicted_log.append(key)
+        if self._dups:
+            self._uncache(b)
+        else:              # no duplicate anywhere: b is the key's only copy
+            del self.cached[key]
         b.key, b.ref, b.score, b.depth = None, 1, 0.0, 0
         b.version += 1
         return b
@@ -485,21 +534,27 @@ class BlockManager:
         self._n_keyed.pop(rid, None)
         for b in reversed(self._extra.pop(rid, [])):
             self._release(b)
+        caching, ordered, evictable, tick = self.caching, self._ordered, self._evictable, self.tick
         for b in reversed(blks):
-            b.ref -= 1
-            if b.ref > 0:
+            ref = b.ref - 1
+            b.ref = ref
+            if ref > 0:
                 continue
-            if b.key is not None and self.caching:
-                self.tick += 1.0
-                b.last_used = self.tick
-                self._evictable[b.block_id] = b
-                self._push(b)
+            if b.key is not None and caching:
+                tick += 1.0
+                b.last_used = tick
+                evictable[b.block_id] = b
+                if ordered:
+                    b.version += 1     # _push's whole work when the release order is the rank
+                else:
+                    self._push(b)
             else:
                 if b.key is not None:
                     self._uncache(b)
                     b.key = None
                 self.n_clean += 1
                 heapq.heappush(self._spare_ids, b.block_id)
+        self.tick = tick
 
     def _release(self, b: Block) -> None:
         """An anonymous block of another KV-cache group back to the free pool."""
@@ -518,6 +573,16 @@ class BlockManager:
             x.score = float(score)
             if x.ref == 0 and x.block_id in self._evictable:
                 self._push(x)
+
+    def set_scores(self, keys, score: float) -> None:
+        """:meth:`set_score` of each of ``keys`` (a branch's chain), skipping the keys it would leave alone."""
+        if not score > 0.0:    # scores start at 0 and only rise: nothing to raise (a plain benchmark's 0)
+            return
+        cached = self.cached
+        for key in keys:
+            b = cached.get(key)
+            if b is not None and score > b.score:
+                self.set_score(key, score)
 
     def blocks_of(self, req_id) -> list:
         """Block ids of a request, in sequence order (a real runner's block table)."""

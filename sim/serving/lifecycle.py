@@ -167,8 +167,7 @@ class ProblemLifecycle:
         if req is None:
             return
         s = float(p.job.score[b]) if p.job.score is not None else 0.0
-        for key in self.kv.chain_keys(req):
-            self.kv.set_score(key, s)
+        self.kv.set_scores(self.kv.chain_keys(req), s)
 
     def _verify_done(self, p: _Prob, b: int) -> None:
         if self.score_at == "verification":
