@@ -28,6 +28,8 @@ class Window:
     fin : the window step at which each samples its last token
     kcap : the longest window allowed
     hd : the waiting head's admission (``FastForward.head``): ``(keys, L, nblk, clean_only)``
+    admit : the first step's admission of waiting requests (``FastForward.admission``; they are the last members
+        of ``R``), or None
     """
 
     def __init__(self, ff, R, probs, c0, f, g, fin, kcap: int, hd, admit=None):
@@ -312,8 +314,8 @@ class Window:
         items = []
         for k, it in enumerate(plan.items):
             item = sched._admit(it.req, plan.budgets[k], whole=False, thr=plan.thr)
-            if item is None:             # pragma: no cover - planned within the pool
-                raise RuntimeError("fast-forward: a planned admission failed")
+            if item is None or item.num_new != it.num_new:   # pragma: no cover - planned within the pool
+                raise RuntimeError("fast-forward: a planned admission failed or differs from its plan")
             sched._take_waiting()
             self.blist[i0 + k] = kv.req_blocks[it.req.req_id]
             items.append(item)
