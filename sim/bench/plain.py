@@ -383,6 +383,7 @@ def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, it
         res = results[0 if where is None else int(where[i])]
         tl_t, tl_run = res.timeline_t, res.timeline_running
         tt = np.asarray(r["token_times"][0], np.float64)
+        r["token_times"] = None   # read once: its times go as its gaps land (a day's are never held twice)
         gaps = np.diff(tt)
         if gaps.size and tl_t.size:
             k = np.clip(np.searchsorted(tl_t, tt[1:]), 0, tl_t.size - 1)
