@@ -111,7 +111,9 @@ def _kv_bytes(blocks: int, bs: int) -> float:
     return float(blocks * bs * MODEL.kv_bytes_per_token)
 
 
-@settings(max_examples=int(os.environ.get("FF_EXAMPLES", "40")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# FF_EXAMPLES=400 runs ten times the examples (a change to the windows is checked that way before it lands)
+@settings(max_examples=int(os.environ.get("FF_EXAMPLES", "40")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(1, 30), il=st.integers(20, 200), ol=st.integers(1, 160), rr=st.sampled_from([0.0, 0.5, 0.9]),
        prefix=st.sampled_from([0, 0, 20, 64]), seed=st.integers(0, 50),
        blocks=st.sampled_from([None, 40, 80, 160, 400]), bs=st.sampled_from([16, 16, 4, 1]),
