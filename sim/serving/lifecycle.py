@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 from sim.serving.scheduler import Request
-from sim.serving.token_times import token_times
 from sim.workload.job import KIND_NAMES, Job
 
 
@@ -194,8 +193,6 @@ class ProblemLifecycle:
             if ff is not None:
                 ff.forget(req)
         p.reqs = {}
-        if p.tok is not None:   # its token times as one array a branch: 8 bytes a token, not a float or a view each
-            p.tok = [[np.asarray(token_times(x), np.float64)] if x else x for x in p.tok]
 
     def _prob(self, pseq: int, pos=None, job=None) -> _Prob:
         """The problem ``pseq`` (of ``self.jobs`` unless ``pos``/``job`` are given), with its token-time lists."""
