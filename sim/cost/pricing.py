@@ -22,6 +22,16 @@ from sim.cost.overheads import step_seconds
 from sim.base.errors import OutOfCalibrationError
 
 
+def attribution(dt: float, alone) -> np.ndarray:
+    """Each item's share of a step's ``dt`` seconds by its stand-alone seconds ``alone`` (item order)::
+
+        share_i = dt a_i / sum_j a_j      (the sum left to right; dt / n each where every a_i is 0)
+    """
+    a = np.asarray(alone, np.float64)
+    tot = float(np.cumsum(a)[-1]) if a.size else 0.0
+    return dt * a / tot if tot > 0 else np.full(a.size, dt / max(a.size, 1))
+
+
 class _Sub:
     """A sub-range of a scheduled item (pricing the part of a chunk before a verification prompt)."""
 

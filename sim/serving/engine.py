@@ -41,7 +41,7 @@ import simpy
 
 from sim.serving import arrivals
 from sim.serving.capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
-from sim.cost.pricing import StepPricer
+from sim.cost.pricing import StepPricer, attribution
 from sim.cost.terms import ScalarCost, with_shared
 from sim.serving.fastforward import token_times
 from sim.serving.kvcache import UNLIMITED, BlockManager
@@ -428,10 +428,9 @@ class Engine(ProblemLifecycle):
             for it in live:
                 it.req.data[0].phase["decode"] += share
             return
-        alone = [self._alone(ts) if ts else 0.0 for ts, _ in priced]
-        tot = sum(alone)
-        for it, (ts, kind), a in zip(items, priced, alone):
-            it.req.data[0].phase[KIND_NAMES[kind]] += dt * a / tot if tot > 0 else dt / len(items)
+        shares = attribution(dt, [self._alone(ts) if ts else 0.0 for ts, _ in priced]).tolist()
+        for it, (_, kind), x in zip(items, priced, shares):
+            it.req.data[0].phase[KIND_NAMES[kind]] += x
 
     # ------------------------------------------------------------------ arrivals
     def _no_fit(self, head, kv) -> CapacityError:

@@ -73,7 +73,7 @@ import numpy as np
 
 from sim.serving.ff_window import Window
 from sim.serving.token_times import TokenTimes, token_times  # noqa: F401  (read here by the engine and tests)
-from sim.serving.scheduler import RUNNING
+from sim.serving.scheduler import RUNNING, chunk
 
 MAX_STEPS = 4096      # longest window (bounds the per-window arrays)
 MIN_STEPS = 2         # shorter windows are stepped (nothing to gain)
@@ -104,6 +104,15 @@ def exact_delays(now: float, t, dt) -> list:
         if d is not None:
             return [d] + [float(x) for x in dt[j:]]
     return [float(x) for x in dt]   # pragma: no cover - t[1] = now + dt[0] is always reached
+
+
+def plain_branch(req) -> bool:
+    """A request a window can advance: the one branch of a plain problem (kind 1), no verification (planned or
+    extended), no token-eviction cache, not held."""
+    p, kind, b = req.data
+    j = p.job
+    return (kind == 1 and j.B == 1 and not j.verify_on and j.long is None and not req.hold and req.kv_cap is None
+            and not p.ext[b])
 
 
 @dataclass(frozen=True)
@@ -203,15 +212,12 @@ class FastForward:
         keep = max(0, min(len(out) * bs, limit)) // bs
         blocks, hit = out[:keep], keep * bs
         m = n - hit
-        chunk = cfg.policy == "vllm-v1-chunk-admit"
-        if chunk:
-            m = min(m, int(cfg.max_num_batched_tokens) - B)
-            thr = cfg.long_prefill_token_threshold if B + len(sched.waiting) > 1 else 0
-            if thr and m > 1:
-                m = min(m, thr)
+        chunked = cfg.policy == "vllm-v1-chunk-admit"
+        if chunked:
+            m = chunk(m, int(cfg.max_num_batched_tokens) - B, sched._threshold())
         if kv.blocks_needed(head, m, blocks, hit) <= kv.num_free:
             return None
-        return (keys, len(out), nblk, chunk or dups)
+        return (keys, len(out), nblk, chunked or dups)
 
     # ------------------------------------------------------------------ an admission in the first step
     def may_admit(self) -> bool:
@@ -223,15 +229,13 @@ class FastForward:
 
     @staticmethod
     def plain_fresh(req) -> bool:
-        """A fresh one-branch plain request: never computed or preempted, no verification, no token-eviction cache,
-        no zero-copy fork, at least two tokens to sample (so that it decodes in the steps after its admission)."""
-        if (req.num_preemptions or req.num_computed_tokens or req.high_water or req.hold or req.kv_cap is not None
-                or req.allow_full_hit or req.max_output_tokens < 2 or req.num_tokens != req.prompt_tokens):
+        """A fresh :func:`plain_branch` request: never computed or preempted, no first token yet, no zero-copy
+        fork, at least two tokens to sample (so that it decodes in the steps after its admission)."""
+        if (req.num_preemptions or req.num_computed_tokens or req.high_water or req.allow_full_hit
+                or req.max_output_tokens < 2 or req.num_tokens != req.prompt_tokens or not plain_branch(req)):
             return False
-        p, kind, b = req.data
-        j = p.job
-        return (kind == 1 and j.B == 1 and not j.verify_on and j.long is None and not p.ext[b]
-                and p.first[b] != p.first[b])
+        p, _, b = req.data
+        return p.first[b] != p.first[b]
 
     def admission(self, R, cl, f):
         """The first step's plan when it admits waiting requests (:meth:`may_admit`), made without changing
@@ -261,7 +265,7 @@ class FastForward:
         items, priced, budgets, keyed = [], [], [], set()
         tries = 0
         for head in sched.waiting:
-            if budget <= 0 or B0 + len(items) >= cfg.max_num_seqs:
+            if not sched._room(budget, B0 + len(items)):
                 break
             tries += 1
             blocks, hit = kv.find_cached(head, count=False)
@@ -272,9 +276,7 @@ class FastForward:
             elif hit and takes > kv.n_clean:
                 return None       # a decode's take could evict the head's cached chain
             rest = head.num_tokens - hit
-            n = min(rest, budget)
-            if thr and n > 1:
-                n = min(n, thr)
+            n = chunk(rest, budget, thr)
             need = kv.blocks_needed(head, n, blocks, hit)
             if n == rest and need > free:
                 break             # it does not fit (the scheduler tries it, counts its lookup, stops there)
@@ -367,14 +369,12 @@ class FastForward:
             if e is None or e[0] is not req:
                 # what does not change while the request lives: a one-branch plain request past its prompt's
                 # first token, no verification, no token-eviction cache (else: step)
-                p, kind, b = req.data
-                j = p.job
-                if (kind != 1 or j.B != 1 or j.verify_on or j.long is not None or req.hold or req.kv_cap is not None
-                        or p.ext[b] or p.first[b] != p.first[b]):
+                p, _, b = req.data
+                if not plain_branch(req) or p.first[b] != p.first[b]:
                     return None
                 if len(static) > 4 * cfg.max_num_seqs + 1024:   # only running requests are read: bound it
                     static.clear()
-                e = static[id(req)] = (req, p, int(j.ctx[b]))
+                e = static[id(req)] = (req, p, int(p.job.ctx[b]))
             c = req.num_computed_tokens
             if (req.status != RUNNING or req.num_tokens - c != 1 or req.num_output_tokens >= req.max_output_tokens
                     or c < req.high_water or c < e[2]):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.cost.pricing import attribution
 from sim.serving.token_times import TokenTimes
 from sim.workload.job import KIND_NAMES
 
@@ -326,18 +327,11 @@ class Window:
         eng._admitted(items, self.now)
         dt = plan.dt
         # each decode's stand-alone seconds in one pass (the closed form of its one tuple), then the admitted
-        # items'; their total summed left to right, as Engine._attribute sums them
+        # items': Engine._attribute's shares
         c = self.c0[old]
         a_dec = eng.cost.decode_batch_seconds(1, c, c) if len(c) else np.zeros(0)
-        a_adm = [eng.pricer.alone(ts) for ts, _ in plan.priced]
-        tot = float(np.cumsum(a_dec)[-1]) if len(c) else 0
-        for x in a_adm:
-            tot += x
-        n_items = len(c) + m
-        if tot > 0:
-            dec_sh, adm_sh = dt * a_dec / tot, [dt * x / tot for x in a_adm]
-        else:
-            dec_sh, adm_sh = np.full(len(c), dt / n_items), [dt / n_items] * m
+        shares = attribution(dt, np.concatenate([a_dec, [eng.pricer.alone(ts) for ts, _ in plan.priced]]))
+        dec_sh, adm_sh = shares[:len(c)], shares[len(c):].tolist()
         self.t_end = float(self.now + dt)
         for k, (ts, kind) in enumerate(plan.priced):
             req = items[k].req

@@ -251,11 +251,11 @@ class BlockManager:
             content = req.block_content
             parent = keys[-1] if m else ROOT_KEY
             if n == m + 1:          # a decode step filled a block: one key, no loop
-                keys.append(hash((parent, content(m))))   # block_key, inlined
+                keys.append(block_key(parent, content(m)))
                 return keys
             append = keys.append
             for k in range(m, n):
-                parent = hash((parent, content(k)))
+                parent = block_key(parent, content(k))
                 append(parent)
         return keys
 
@@ -474,7 +474,7 @@ class BlockManager:
 
     def _evict(self) -> Block:
         """The policy's victim, uncached and handed to a request (``ref`` 1)."""
-        b = self._evictable.popitem(last=False)[1] if self._ordered and self._evictable else self._pop_victim()
+        b = self._pop_victim()
         self.evictions += 1
         key = b.key
         self.last_evicted = key

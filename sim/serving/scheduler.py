@@ -217,6 +217,16 @@ class Request:
         return self.num_output_tokens >= self.max_output_tokens
 
 
+def chunk(n: int, budget: int, thr: int = 0) -> int:
+    """The tokens a request computes in a step of ``n`` it has pending: within the step's token ``budget`` and,
+    above one token, ``long_prefill_token_threshold`` (``thr``; 0: none) -- vLLM 0.33's rule for running and waiting
+    requests alike."""
+    n = min(n, budget)
+    if thr and n > 1:
+        n = min(n, thr)
+    return n
+
+
 class Scheduled:
     """One request's share of an iteration: ``num_new`` tokens over ``num_cached`` already computed.
 
@@ -380,9 +390,7 @@ class Scheduler:
             if pend == 0 or (only is not None and not only(req)) or (busy and req.req_id in busy):
                 i += 1
                 continue
-            n = min(pend, budget)   # a running request's chunk: what it has pending, within the budget and thr
-            if thr and n > 1:
-                n = min(n, thr)
+            n = chunk(pend, budget, thr)
             ok = True
             while not (one(req) if n == 1 else kv.allocate(req, n)):
                 victim = self._victim()   # newest first
@@ -419,9 +427,7 @@ class Scheduler:
         if whole:
             n = n_total
         else:
-            n = min(n_total, budget)
-            if thr and n > 1:
-                n = min(n, thr)
+            n = chunk(n_total, budget, thr)
             if (n < n_total and self.cfg.reserve_full_prompt
                     and not self.kv.can_allocate(req, n_total, blocks, hit)):
                 return None
@@ -430,6 +436,10 @@ class Scheduler:
         req.num_computed_tokens = hit
         req.cached_tokens = hit
         return self._item(req, n, True, hit)
+
+    def _room(self, budget: int, running: int) -> bool:
+        """Whether a step with ``budget`` tokens left and ``running`` requests tries to admit another (vLLM V1)."""
+        return budget > 0 and running < self.cfg.max_num_seqs
 
     def _take_waiting(self) -> Request:
         req = self.waiting.popleft()
@@ -443,7 +453,7 @@ class Scheduler:
         thr = self._threshold()   # fixed for the step, as vLLM counts requests once per step
         budget = self._run_running(budget, items, preempted, thr=thr)
         if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            while self.waiting and self._room(budget, len(self.running)):
                 item = self._admit(self.waiting[0], budget, whole=False, thr=thr)
                 if item is None:
                     break
@@ -503,12 +513,10 @@ class Scheduler:
                 req.recompute_tokens += it.recompute
             if c > req.high_water:
                 req.high_water = c
-            sampled_all = req.num_output_tokens >= req.max_output_tokens   # done_sampling, read once
-            if c == req.num_tokens and not sampled_all:
+            if c == req.num_tokens and not req.done_sampling:
                 req.num_tokens += 1
                 req.num_output_tokens += 1
-                sampled_all = req.num_output_tokens >= req.max_output_tokens
-            if (stop and req.req_id in stop) or (sampled_all and req.pending == 0 and not req.hold):   # rarest first
+            if (stop and req.req_id in stop) or (req.done_sampling and req.pending == 0 and not req.hold):
                 self._finish(req)
                 done.append(req)
         return done
