@@ -498,6 +498,8 @@ class Engine(ProblemLifecycle):
 
     def result(self, n_expected: int | None = None) -> "EngineResult":
         """The run's result once the environment is exhausted (raises if a problem is unfinished)."""
+        if self._ff is not None:
+            self._ff.flush()   # the last window's members, written onto their objects
         stuck = [p.pos for p in self.probs if not p.end == p.end]
         if stuck or len(self.probs) < (len(self.jobs) if n_expected is None else n_expected):
             raise RuntimeError(f"engine: the run stopped with problems {stuck[:5]} unfinished "

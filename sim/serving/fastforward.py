@@ -71,6 +71,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.serving.ff_members import Members, StepTimes
 from sim.serving.ff_window import Window
 from sim.serving.token_times import TokenTimes, token_times  # noqa: F401  (read here by the engine and tests)
 from sim.serving.scheduler import RUNNING, chunk
@@ -151,6 +152,29 @@ class FastForward:
         # starting there, nothing changed, would stop before its first step, so the engine steps at once
         self._blocked = None
         self.admissions = 0       # windows whose first step admitted waiting requests
+        self.times = StepTimes()  # every window step's end time (the members' token times are views of it)
+        self._carry = None        # the members at the last window's end, carried to the next (ff_members)
+        self._alone = np.zeros(0)  # a decode's stand-alone seconds by its context (alone_decodes; NaN: not yet)
+
+    def alone_decodes(self, c):
+        """Each decode's stand-alone seconds (``decode_batch_seconds(1, c, c)``: the price of a step of that decode
+        alone, ``Engine._attribute``'s weight), remembered by context (a function of it alone) in an array that
+        grows to the longest context seen."""
+        c = np.asarray(c, np.int64)
+        if not len(c):
+            return np.zeros(0)
+        memo = self._alone
+        hi = int(c.max()) + 1
+        if hi > len(memo):
+            memo = np.concatenate([memo, np.full(max(hi, 2 * len(memo)) - len(memo), np.nan)])
+            self._alone = memo
+        v = memo[c]
+        miss = np.isnan(v)
+        if miss.any():
+            u = np.unique(c[miss])
+            memo[u] = self.eng.cost.decode_batch_seconds(1, u, u)
+            v = memo[c]
+        return v
 
     def forget(self, req) -> None:
         """An answered request leaves the memos (they hold what is read while a request runs or waits)."""
@@ -237,7 +261,7 @@ class FastForward:
         p, _, b = req.data
         return p.first[b] != p.first[b]
 
-    def admission(self, R, cl, f):
+    def admission(self, m: Members, f):
         """The first step's plan when it admits waiting requests (:meth:`may_admit`), made without changing
         anything, or None (the step is stepped).
 
@@ -255,7 +279,7 @@ class FastForward:
         eng = self.eng
         sched, kv, pricer = eng.sched, eng.kv, eng.pricer
         cfg = sched.cfg
-        B0 = len(R)
+        B0 = len(m.R)
         takes = int(np.count_nonzero(f == 1))
         free = kv.num_free - takes
         if free < 0:
@@ -293,7 +317,8 @@ class FastForward:
         if not items or (eng.max_batch is not None and B0 + len(items) > eng.max_batch):
             return None
         # the decodes' sums in closed form, then the admitted items' (+ the eviction-scoring seconds: none here)
-        dt = eng.cost.mixed_seconds(B0, sum(cl), max(cl) if cl else 0, [t for ts, _ in priced for t in ts]) + 0.0
+        dt = eng.cost.mixed_seconds(B0, int(m.c0.sum()), int(m.c0.max()) if B0 else 0,
+                                    [t for ts, _ in priced for t in ts]) + 0.0
         host, extrapolated = None, 0
         if eng.host_step is not None:
             from sim.cost.overheads import step_seconds
@@ -306,31 +331,27 @@ class FastForward:
             return None
         return Admission(items, priced, budgets, thr, tries, float(dt), host, extrapolated)
 
-    def _admitting(self, R, probs, c0, f, g, fin, kcap: int, plan: "Admission"):
+    def _admitting(self, m: Members, f, g, kcap: int, plan: "Admission"):
         """The window whose first step admits ``plan``'s requests: each joins as a newer member, decoding from step
         2 as if it had ``num_tokens - 1`` tokens before step 1 (its blocks and their keys come from the admission
         itself, so its first block events are after step 1)."""
         bs = self.eng.kv.block_size
-        R, probs = list(R), list(probs)
-        add = {"c0": [], "f": [], "g": [], "fin": []}
-        for it in plan.items:
-            head = it.req
-            c = head.num_tokens - 1
-            nb = -(-head.num_tokens // bs)            # its blocks once the whole prompt is in
-            gh = (-c) % bs or bs
-            R.append(head)
-            probs.append(head.data[0])
-            add["c0"].append(c)
-            add["f"].append(nb * bs - c + 1)           # >= 2
-            add["g"].append(gh + bs if gh == 1 else gh)   # the admission keyed the block its prompt fills
-            add["fin"].append(head.max_output_tokens)  # it samples a token at steps 1..r, its last at step r
-            if head.data[0].user_done is not None and head.max_output_tokens - 1 < kcap:
-                kcap = head.max_output_tokens - 1      # its answer wakes a waiting user: stepped
+        reqs = [it.req for it in plan.items]
+        n = np.array([r.num_tokens for r in reqs], np.int64)
+        c = n - 1
+        nb = -(-n // bs)                                # its blocks once the whole prompt is in
+        fin = np.array([r.max_output_tokens for r in reqs], np.int64)   # it samples at steps 1..r, its last at r
+        m = m.join(self.eng.kv, reqs, c, nb, fin)
+        ud = m.ud[-len(reqs):]
+        if ud.any():                                    # its answer wakes a waiting user: stepped
+            kcap = min(kcap, int(fin[ud].min()) - 1)
         if kcap < self.min_steps:
             return None
-        c0, f, g, fin = (np.concatenate([a, np.array(add[k], np.int64)])
-                         for a, k in ((c0, "c0"), (f, "f"), (g, "g"), (fin, "fin")))
-        out = self._apply(Window(self, R, probs, c0, f, g, fin, kcap, (None, 0, 0, False), plan))
+        gh = (-c) % bs
+        gh = np.where(gh == 0, bs, gh)
+        f = np.concatenate([f, nb * bs - c + 1])        # >= 2
+        g = np.concatenate([g, np.where(gh == 1, gh + bs, gh)])   # the admission keyed the block its prompt fills
+        out = self._apply(Window(self, m, f, g, kcap, (None, 0, 0, False), plan))
         if out is None:   # pragma: no cover - the admission step is always applied
             raise RuntimeError("fast-forward: an admitting window took no step")
         self.admissions += 1
@@ -339,20 +360,34 @@ class FastForward:
     # ------------------------------------------------------------------ the window
     def advance(self):
         """Apply the decode window that starts now; the delays to its end (:func:`exact_delays`), or None (the
-        engine steps)."""
-        if self.off:
-            return None
+        engine steps). The last window's members are carried into it where nothing ran in between; where no window
+        runs, their objects are written first (:meth:`flush`)."""
+        carry, self._carry = self._carry, None
+        if carry is not None and not carry.valid(self.eng):
+            carry.flush(self.eng, self.times)
+            carry = None
+        out = None if self.off else self._advance(carry)
+        if out is None and carry is not None:
+            carry.flush(self.eng, self.times)
+        return out
+
+    def flush(self) -> None:
+        """Write the carried members' lengths and figures onto their objects (before anything else reads them)."""
+        carry, self._carry = self._carry, None
+        if carry is not None:
+            carry.flush(self.eng, self.times)
+
+    def _advance(self, carry):
         eng, sched, kv = self.eng, self.eng.sched, self.eng.kv
         blocked, self._blocked = self._blocked, None
         if blocked is not None and blocked == (eng.env.now, eng.env.peek(), sched.iterations):
             return None
-        R = list(sched.running)
-        B0 = len(R)
+        B0 = len(sched.running)
         cfg = sched.cfg
         if sched.parked or B0 > cfg.max_num_batched_tokens or (eng.max_batch is not None and B0 > eng.max_batch):
             return None
-        if B0:
-            last = R[-1]   # the newest request is the likeliest not to decode (a prefill chunk): look at it first
+        if B0 and carry is None:
+            last = sched.running[-1]   # the newest request is the likeliest not to decode (a prefill chunk): first
             if last.num_tokens - last.num_computed_tokens != 1 or last.num_computed_tokens < last.high_water:
                 return None
         # an admissible head is admitted in the first step where its outcome is known (checked before the O(batch)
@@ -360,8 +395,32 @@ class FastForward:
         hd = self.head()
         if (hd is None and not self.may_admit()) or (B0 == 0 and hd is not None):
             return None
+        m = carry if carry is not None else self._members(list(sched.running))
+        if m is None:
+            return None
         kcap = self.max_steps
-        probs, cl, nbl, finl = [], [], [], []
+        if m.ud.any():                        # an answer that wakes a waiting user: stepped
+            kcap = min(kcap, int(m.fin[m.ud].min()) - 1)
+        if kcap < self.min_steps:
+            return None
+        c0, bs = m.c0, kv.block_size
+        f = m.nb * bs - c0 + 1                # first step at which request i opens a block
+        if np.any(f < 1):                     # pragma: no cover - a request's blocks hold its computed tokens
+            return None
+        g = (-c0) % bs
+        g = np.where(g == 0, bs, g)           # first step at which it fills one
+        if self.guarded < GUARDED and B0 and not self._guard(c0):
+            return None
+        if hd is None:   # waiting requests are admitted beside the decodes: the first step is that mixed step
+            plan = self.admission(m, f)
+            return None if plan is None else self._admitting(m, f, g, kcap, plan)
+        return self._apply(Window(self, m, f, g, kcap, hd))
+
+    def _members(self, R):
+        """The running requests ``R`` as a window's members, read from their objects, or None (one does not decode
+        plainly: the engine steps)."""
+        cfg, kv = self.eng.sched.cfg, self.eng.kv
+        probs, cl, nbl, finl, udl = [], [], [], [], []
         static = self._static
         rb = kv.req_blocks
         for req in R:
@@ -383,45 +442,37 @@ class FastForward:
             probs.append(p)
             cl.append(c)
             nbl.append(len(rb.get(req.req_id, ())))
-            r = req.max_output_tokens - req.num_output_tokens
-            finl.append(r)
-            if p.user_done is not None and r - 1 < kcap:   # its answer wakes a waiting user: stepped
-                kcap = r - 1
-        c0 = np.array(cl, np.int64)
-        nb = np.array(nbl, np.int64)
-        fin = np.array(finl, np.int64)      # the window step at which each request samples its last token
-        if kcap < self.min_steps:
-            return None
-        bs = kv.block_size
-        f = nb * bs - c0 + 1                 # first step at which request i opens a block
-        if np.any(f < 1):                    # pragma: no cover - a request's blocks hold its computed tokens
-            return None
-        g = (-c0) % bs
-        g = np.where(g == 0, bs, g)          # first step at which it fills one
-        # the stepped pricing of the first step (the guard of the closed form)
-        if self.guarded < GUARDED and B0:
-            S0, m0 = int(c0.sum()), int(c0.max())
-            first = eng._window_seconds(np.array([B0]), np.array([S0]), np.array([m0]))
-            ref = eng.cost.seconds([(1.0, float(x), None, 0.0, 1.0, 0.0) for x in cl]) + 0.0
-            if eng.host_step is not None:   # the stepped price with its host time (Engine._stepped)
-                from sim.cost.overheads import step_seconds
-                h, sr = eng.window_host(np.array([B0]))
-                ref = float(step_seconds(ref, float(h[0]), eng.async_scheduling, float(sr[0])))
-            if first is None or float(first[0]) != ref:   # never expected (tests/test_fastforward.py): step
-                self.off = True
-                return None
-            self.guarded += 1
-        if hd is None:   # waiting requests are admitted beside the decodes: the first step is that mixed step
-            plan = self.admission(R, cl, f)
-            return None if plan is None else self._admitting(R, probs, c0, f, g, fin, kcap, plan)
-        return self._apply(Window(self, R, probs, c0, f, g, fin, kcap, hd))
+            finl.append(req.max_output_tokens - req.num_output_tokens)   # the step of its last sample
+            udl.append(p.user_done is not None)
+        i64 = np.int64
+        return Members.of(kv, R, probs, np.array(cl, i64), np.array(nbl, i64), np.array(finl, i64),
+                          np.array(udl, bool))
+
+    def _guard(self, c0) -> bool:
+        """The first step priced the stepped way equals the closed form (never expected otherwise:
+        ``tests/test_fastforward.py``); False turns windows off."""
+        eng = self.eng
+        B0 = len(c0)
+        first = eng._window_seconds(np.array([B0]), np.array([int(c0.sum())]), np.array([int(c0.max())]))
+        ref = eng.cost.seconds([(1.0, float(x), None, 0.0, 1.0, 0.0) for x in c0.tolist()]) + 0.0
+        if eng.host_step is not None:   # the stepped price with its host time (Engine._stepped)
+            from sim.cost.overheads import step_seconds
+            h, sr = eng.window_host(np.array([B0]))
+            ref = float(step_seconds(ref, float(h[0]), eng.async_scheduling, float(sr[0])))
+        if first is None or float(first[0]) != ref:
+            self.off = True
+            return False
+        self.guarded += 1
+        return True
 
     def _apply(self, w):
         """Run the window ``w``: the delays to its end (:func:`exact_delays`), or None (no step). One that ended
-        blocked (``Window.blocked``) is remembered where it ends (``_blocked``)."""
+        blocked (``Window.blocked``) is remembered where it ends (``_blocked``); its members alive at the end are
+        carried (``_carry``)."""
         res = w.run()
         if res is None:
             return None
         if w.blocked:
             self._blocked = (w.t_end, w.t_next, self.eng.sched.iterations)
+        self._carry = w.carry
         return exact_delays(w.now, *res)

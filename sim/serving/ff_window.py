@@ -11,34 +11,34 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cost.pricing import attribution
-from sim.serving.token_times import TokenTimes
+from sim.serving.ff_members import carried, write_record
 from sim.workload.job import KIND_NAMES
-
-TOKEN_PARTS = 32   # a branch's token-time parts are joined into one array past this many (TokenTimes)
 
 
 class Window:
-    """The decode window starting now of ``ff``'s engine over the running requests ``R``.
+    """The decode window starting now of ``ff``'s engine over the running requests (its members).
 
     Parameters
     ----------
     ff : the :class:`sim.serving.fastforward.FastForward` (the waiting head's admission, counters)
-    R, probs : the running requests and their problems, in running order
-    c0 : computed tokens of each at the window's start
+    m : the members (:class:`sim.serving.ff_members.Members`): requests ``R`` and problems in running order,
+        computed tokens ``c0`` of each at the window's start, the window step ``fin`` at which each samples its
+        last token, and the figures of the members carried from the last window
     f, g : first window step at which each opens / fills a block
-    fin : the window step at which each samples its last token
     kcap : the longest window allowed
     hd : the waiting head's admission (``FastForward.head``): ``(keys, L, nblk, clean_only)``
     admit : the first step's admission of waiting requests (``FastForward.admission``; they are the last members
         of ``R``), or None
     """
 
-    def __init__(self, ff, R, probs, c0, f, g, fin, kcap: int, hd, admit=None):
+    def __init__(self, ff, m, f, g, kcap: int, hd, admit=None):
         eng = self.eng = ff.eng
         self.ff = ff
         self.sched, self.kv = eng.sched, eng.kv
         kv = self.kv
-        self.R, self.probs, self.c0, self.f, self.g, self.fin, self.kcap = R, probs, c0, f, g, fin, kcap
+        self.m = m
+        R, c0 = m.R, m.c0
+        self.R, self.probs, self.c0, self.f, self.g, self.fin, self.kcap = R, m.probs, c0, f, g, m.fin, kcap
         B0 = len(R)
         self.bs = kv.block_size
         self.now = eng.env.now
@@ -58,18 +58,19 @@ class Window:
         self.cl = c0.tolist()
         self.al = [True] * B0                  # alive, as a list (read per event)
         self.admit = admit                     # the first step's admission (FastForward.admission), or None
-        self.blist = [kv.req_blocks.get(r.req_id) for r in R]   # the admitted head's: once admitted
-        self.reg = [kv.caching and r.cacheable for r in R]
-        self.rids = [r.req_id for r in R]
+        self.blist, self.reg, self.rids = m.blist, m.reg, m.rids   # an admitted head's table: once admitted
         self._index = None                     # id(request) -> member, made when a preemption asks
         self.blocked = False                   # it ended where its next step cannot end before the next event
+        self.carry = None                      # the members alive at its end (close), carried to the next window
 
     # ------------------------------------------------------------------ helpers of the steps
     def ensure(self, upto: int) -> None:
-        """Block events generated through step ``upto`` (32 steps, then doubling, up to ``ff.chunk``)."""
+        """Block events generated through step ``upto``: at least twice as many steps as so far (a window under
+        arrivals is a step or two: generating more would be wasted), at most ``ff.chunk`` steps at a time."""
+        chunk = self.ff.chunk
         while self.gen_to < upto:
             gen_to = self.gen_to
-            a, b = gen_to + 1, min(gen_to + max(32, min(gen_to, self.ff.chunk)), self.kcap)
+            a, b = gen_to + 1, min(max(upto, gen_to + max(2, gen_to)), gen_to + chunk, self.kcap)
             e, w = self.events(a, b)
             ep = self.ep
             self.evs, self.who, self.ep = self.evs[ep:] + e, self.who[ep:] + w, 0
@@ -329,7 +330,7 @@ class Window:
         # each decode's stand-alone seconds in one pass (the closed form of its one tuple), then the admitted
         # items': Engine._attribute's shares
         c = self.c0[old]
-        a_dec = eng.cost.decode_batch_seconds(1, c, c) if len(c) else np.zeros(0)
+        a_dec = self.ff.alone_decodes(c)
         shares = attribution(dt, np.concatenate([a_dec, [eng.pricer.alone(ts) for ts, _ in plan.priced]]))
         dec_sh, adm_sh = shares[:len(c)], shares[len(c):].tolist()
         self.t_end = float(self.now + dt)
@@ -431,14 +432,7 @@ class Window:
         eng, R, probs, segs, last = self.eng, self.R, self.probs, self.segs, self.last
         sched = eng.sched
         idx = np.flatnonzero(self.alive)
-        last[idx] = k
-        # settle's lengths for every request alive at the end, in one pass
-        for i, c, f in zip(idx.tolist(), (self.c0[idx] + k).tolist(), self.fin[idx].tolist()):
-            req = R[i]
-            req.num_computed_tokens = c
-            req.num_tokens = c + 1
-            req.num_output_tokens = req.max_output_tokens - f + k
-            req.high_water = c
+        last[idx] = k   # the requests alive at the end are carried on: their lengths are written later (Members)
         dt = np.concatenate([sg[0] for sg in segs])
         Bj = np.concatenate([np.full(len(sg[0]), sg[1], np.int64) for sg in segs])   # the decodes of each step
         adm = self.admit
@@ -472,7 +466,11 @@ class Window:
                                                 | ((hs.max_tokens is not None) & (Bd > (hs.max_tokens or 0)))))
         eng.run_time = float(np.cumsum(np.concatenate(([eng.run_time], dt * run)))[-1])
         eng.tokens[2] += float(nB)        # integer-valued: the stepped sum of 1.0s is exact
-        ph = np.array([p.phase["decode"] for p in probs])
+        m = self.m
+        nc = m.nc
+        ph = np.empty(B0)   # decode phases: the carried members', then the others' from their problems
+        ph[:nc] = m.ph
+        ph[nc:] = [p.phase["decode"] for p in probs[nc:]]
         for sg in segs:
             d, b, mask = sg[:3]
             if len(sg) > 3:   # the admitting step: each request's own share of it (Window._admit_step)
@@ -482,20 +480,23 @@ class Window:
         ub = self._kv_used(k) * eng.block_bytes
         top = np.maximum.accumulate(ub)
         ends = t[1:]
-        rec = eng.record_tokens
-        top_l = top.tolist()
-        for i, (p, x, n) in enumerate(zip(probs, ph.tolist(), last.tolist())):
-            p.phase["decode"] = x
-            if n:
-                p.iterations += n
-                pk = top_l[n - 1]
-                if pk > p.peak:
-                    p.peak = pk
-                if rec:
-                    parts = p.tok[R[i].data[2]]
-                    parts.append(ends if n == k else ends[:n])
-                    if len(parts) > TOKEN_PARTS:   # short windows: one array, not a view per window (memory)
-                        parts[:] = [np.asarray(TokenTimes(parts))]
+        # the members' figures, added to the carried ones: written where a member left, else carried on (Members)
+        iters = np.zeros(B0, np.int64)
+        iters[:nc] = m.iters
+        iters += last
+        peak = np.full(B0, -np.inf)
+        peak[:nc] = m.peak
+        np.maximum(peak, np.where(last > 0, top[np.maximum(last, 1) - 1], -np.inf), out=peak)
+        rec, times = eng.record_tokens, self.ff.times
+        ws = times.extend(ends) if rec else 0
+        t0 = np.full(B0, ws, np.int64)
+        t0[:nc] = m.t0
+        for i in np.flatnonzero(~self.alive).tolist():
+            write_record(probs[i], R[i], float(ph[i]), int(iters[i]), float(peak[i]),
+                         times.views(int(t0[i]), ws + int(last[i])) if rec else (), rec)
+        self.carry = carried(m, self.alive, k, self.bs, ph, iters, peak, t0) if len(idx) else None
+        if self.carry is not None:
+            self.carry.t_end, self.carry.iterations = self.t_end, sched.iterations
         eng.timeline_t.extend(ends.tolist())
         eng.timeline_b.extend(ub.tolist())
         eng.timeline_run.extend(run.tolist())
