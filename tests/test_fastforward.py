@@ -182,6 +182,23 @@ def test_admissions_inside_windows(rate, prefix, blocks):
     assert ff.admissions > 30 and ff.steps > 0.8 * xa.iterations
 
 
+@pytest.mark.parametrize("chain", [True, False])
+def test_members_carried_between_windows_are_written_where_they_leave_or_the_chain_ends(chain, monkeypatch):
+    """Consecutive windows carry their members as arrays and write their objects only where one leaves or the chain
+    ends (``FastForward.flush``: before the engine steps, or the result is read); a chain ended before every window
+    (every member read and written afresh, as a window that cannot carry does) gives the same figures."""
+    from sim.serving.ff_members import Members
+    if not chain:
+        monkeypatch.setattr(Members, "valid", lambda self, eng: False)
+    wl = plain.random_workload(150, 200, 150, 0.5, 0, 6)
+    pair = _both(wl, HW["h100-sxm"], request_rate=40.0, seed=6, serving=ServingConfig(kv_capacity_bytes=_kv_bytes(
+        700, 16)))
+    ff = _check(pair)
+    (_, _, xa, _), _ = pair
+    assert xa.stats["preemptions"] > 0 and ff.steps > 0.8 * xa.iterations
+    assert (ff.carried > 0.5 * ff.windows) if chain else ff.carried == 0
+
+
 def test_an_admission_hitting_blocks_keyed_in_the_same_step_is_stepped():
     """Requests sharing a prefix, all waiting at once: the second hits the blocks the first keys in the same step,
     which a plan made before the step cannot see, so that step is stepped (and every figure agrees)."""

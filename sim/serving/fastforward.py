@@ -56,9 +56,14 @@ not tokens:
   ``busy``, ``run_time`` and each problem's decode phase (``dt_j / B_j`` a step); the clock lands on the
   window's end exactly (:func:`exact_delays`).
 
-* **Tokens.** The window's step end times are stored once and each request refers to the part it was
-  in (:class:`TokenTimes`), so memory grows with events, not tokens, until a caller asks for per-token
-  times (``numpy.asarray``).
+* **Tokens.** Window step end times are stored once (:class:`sim.serving.ff_members.StepTimes`) and each
+  request refers to the part it was in (:class:`TokenTimes`), so memory grows with events, not tokens, until a
+  caller asks for per-token times (``numpy.asarray``).
+
+* **Members carried.** Where the next window starts where the last ended, with nothing run in between, it starts
+  from the last one's members as arrays (:mod:`sim.serving.ff_members`): their objects and records are written
+  where a member leaves (a finish, a preemption) or the chain ends (:meth:`FastForward.flush`: before the engine
+  steps, or a result is read), so a window under arrivals costs O(batch) in numpy, not in Python.
 
 Every record, every metric and the scheduler's and block manager's state after a window are those of
 the stepped path (``tests/test_fastforward.py`` compares them over random workloads); the one count
@@ -154,6 +159,7 @@ class FastForward:
         self.admissions = 0       # windows whose first step admitted waiting requests
         self.times = StepTimes()  # every window step's end time (the members' token times are views of it)
         self._carry = None        # the members at the last window's end, carried to the next (ff_members)
+        self.carried = 0          # windows that started from the last one's members
         self._alone = np.zeros(0)  # a decode's stand-alone seconds by its context (alone_decodes; NaN: not yet)
 
     def alone_decodes(self, c):
@@ -395,6 +401,8 @@ class FastForward:
         hd = self.head()
         if (hd is None and not self.may_admit()) or (B0 == 0 and hd is not None):
             return None
+        if carry is not None:
+            self.carried += 1
         m = carry if carry is not None else self._members(list(sched.running))
         if m is None:
             return None
