@@ -182,6 +182,18 @@ def test_admissions_inside_windows(rate, prefix, blocks):
     assert ff.admissions > 30 and ff.steps > 0.8 * xa.iterations
 
 
+def test_preempted_requests_resume_inside_windows():
+    """Offline under KV pressure: a preempted request is admitted again in a window's first step, its hit cut where
+    the decodes' takes evict its own freed blocks (the pool's LRU front, tail first), its tokens recomputed; nearly
+    every step is a window step, and every figure equals the stepped run's."""
+    wl = plain.random_workload(80, 64, 400, 0.5, 0, 7)
+    pair = _both(wl, HW["h100-sxm"], serving=ServingConfig(kv_capacity_bytes=_kv_bytes(900, 16)), offline=True)
+    ff = _check(pair)
+    (_, _, xa, _), _ = pair
+    assert xa.stats["preemptions"] > 30 and ff.resumed > 0.8 * xa.stats["preemptions"]
+    assert ff.steps > 0.97 * xa.iterations
+
+
 @pytest.mark.parametrize("chain", [True, False])
 def test_members_carried_between_windows_are_written_where_they_leave_or_the_chain_ends(chain, monkeypatch):
     """Consecutive windows carry their members as arrays and write their objects only where one leaves or the chain

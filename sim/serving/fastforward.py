@@ -139,6 +139,38 @@ class Admission:
     extrapolated: int
 
 
+class _Victims:
+    """The pool's eviction order from its front (vLLM's free-block queue: LRU), read as far as asked: whether the
+    takes before an admission leave its hit blocks alone."""
+
+    def __init__(self, kv):
+        self.kv = kv
+        self.it = iter(kv._evictable.values()) if kv._ordered else None
+        self.seen: list = []
+
+    def cut(self, blocks, n_evict: int, held):
+        """How many of ``blocks`` (a request's cached chain, in order) the first ``n_evict`` victims leave it: the
+        chain stops at the first evicted one (the blocks in ``held``, hit by earlier admissions, leave the order
+        before those evictions); None where the order is not a queue."""
+        if n_evict <= 0 or not blocks:
+            return len(blocks)
+        if self.it is None:
+            return None      # a scored policy (a heap): not planned
+        live = [b for b in self.seen if b not in held]
+        while len(live) < n_evict:
+            b = next(self.it, None)
+            if b is None:
+                break
+            self.seen.append(b)
+            if b not in held:
+                live.append(b)
+        victims = set(live[:n_evict])
+        for k, b in enumerate(blocks):
+            if b in victims:
+                return k
+        return len(blocks)
+
+
 class FastForward:
     """The window of one :class:`sim.serving.engine.Engine` (module docstring): :meth:`advance` applies it."""
 
@@ -160,6 +192,7 @@ class FastForward:
         self.times = StepTimes()  # every window step's end time (the members' token times are views of it)
         self._carry = None        # the members at the last window's end, carried to the next (ff_members)
         self.carried = 0          # windows that started from the last one's members
+        self.resumed = 0          # preempted requests admitted again in a window's first step
         self._alone = np.zeros(0)  # a decode's stand-alone seconds by its context (alone_decodes; NaN: not yet)
 
     def alone_decodes(self, c):
@@ -252,20 +285,23 @@ class FastForward:
     # ------------------------------------------------------------------ an admission in the first step
     def may_admit(self) -> bool:
         """Whether the admissible waiting head may be admitted in a window's first step (:meth:`admission`): vLLM
-        V1's mixed step (``vllm-v1``), one KV-cache group, and a head :meth:`plain_fresh`."""
+        V1's mixed step (``vllm-v1``), one KV-cache group, and a head :meth:`plain_waiting`."""
         sched = self.eng.sched
         return (sched.cfg.policy == "vllm-v1" and self.eng.kv.kv_groups is None
-                and self.plain_fresh(sched.waiting[0]))
+                and self.plain_waiting(sched.waiting[0]))
 
     @staticmethod
-    def plain_fresh(req) -> bool:
-        """A fresh :func:`plain_branch` request: never computed or preempted, no first token yet, no zero-copy
-        fork, at least two tokens to sample (so that it decodes in the steps after its admission)."""
-        if (req.num_preemptions or req.num_computed_tokens or req.high_water or req.allow_full_hit
-                or req.max_output_tokens < 2 or req.num_tokens != req.prompt_tokens or not plain_branch(req)):
+    def plain_waiting(req) -> bool:
+        """A waiting :func:`plain_branch` request whose admission samples a token and leaves it decoding: fresh
+        (never computed or preempted, no first token yet) or resumed after preemptions (its first token out, its
+        tokens to recompute); no zero-copy fork, no extension, at least two tokens left to sample."""
+        if (req.num_computed_tokens or req.allow_full_hit or req.max_output_tokens - req.num_output_tokens < 2
+                or req.num_tokens != req.prompt_tokens + req.num_output_tokens or not plain_branch(req)):
             return False
         p, _, b = req.data
-        return p.first[b] != p.first[b]
+        if p.first[b] != p.first[b]:    # no first token yet: fresh
+            return not (req.num_preemptions or req.high_water or req.num_output_tokens)
+        return req.num_preemptions > 0
 
     def admission(self, m: Members, f):
         """The first step's plan when it admits waiting requests (:meth:`may_admit`), made without changing
@@ -274,13 +310,14 @@ class FastForward:
         ``Scheduler._schedule_v1`` runs the running requests first (here every one decodes, ``f == 1`` opening a
         block), then admits waiting requests in order while the token budget and ``max_num_seqs`` allow, until one
         does not fit the free blocks. The window takes that step only where its outcome is known now: the
-        decodes' takes fit the free pool (no preemption) and cannot evict the first head's cached chain (no hit, or
-        clean blocks enough); every admitted request is :meth:`plain_fresh` and gets the whole rest of its prompt
-        (its first token is sampled in the step: it decodes from step 2); a later one hits nothing, not even the
-        blocks an earlier one keys in the same step; the batch is within the fitted range; and the step, priced as
-        the stepped path prices it (its items' cost tuples, :meth:`~sim.cost.pricing.StepPricer.host_counts`,
-        ``step_seconds``), does not end exactly at the next event. The window ends after the step where the next
-        event falls in it or a request left waiting could be admitted in the next.
+        decodes' takes fit the free pool (no preemption); each admitted request is :meth:`plain_waiting` and gets
+        the whole rest of its prompt (it samples a token in the step and decodes from step 2); no request's prefix
+        hit is known at its turn -- its cached chain up to the first of the pool's LRU victims of the takes before
+        it (:meth:`_Victims.cut`), no other admitted request of the step hitting its blocks or keying the block
+        after them; the batch is within the fitted range; and the step, priced as the stepped path prices
+        it (its items' cost tuples, :meth:`~sim.cost.pricing.StepPricer.host_counts`, ``step_seconds``), does not
+        end exactly at the next event. The window ends after the step where the next event falls in it or a
+        request left waiting could be admitted in the next.
         """
         eng = self.eng
         sched, kv, pricer = eng.sched, eng.kv, eng.pricer
@@ -292,25 +329,33 @@ class FastForward:
             return None
         budget = int(cfg.max_num_batched_tokens) - B0
         thr = sched._threshold()
-        items, priced, budgets, keyed = [], [], [], set()
+        items, priced, budgets, keyed, held = [], [], [], set(), set()
+        lru = _Victims(kv)
         tries = 0
+        bs = kv.block_size
         for head in sched.waiting:
             if not sched._room(budget, B0 + len(items)):
                 break
             tries += 1
             blocks, hit = kv.find_cached(head, count=False)
-            if items:
-                if hit or (kv.caching and head.cacheable and head.num_tokens >= kv.block_size
-                           and kv.keys_upto(head, 1)[0] in keyed):
-                    return None   # a hit that earlier admissions of the step could change
-            elif hit and takes > kv.n_clean:
-                return None       # a decode's take could evict the head's cached chain
+            if hit:
+                # the takes before its turn evict the pool's LRU front: its chain stops at the first they take (a
+                # preempted request's own blocks are often there, tail first)
+                k = lru.cut(blocks, takes - kv.n_clean, held)
+                if k is None or (k < len(blocks) and kv._dups):
+                    return None   # not a queue, or an evicted key another copy may serve
+                blocks, hit = blocks[:k], k * bs
+                if held.intersection(blocks):
+                    return None   # an earlier admission of the step holds one of its hit blocks
+            if items and kv.caching and head.cacheable and hit // bs < head.num_tokens // bs:
+                if kv.keys_upto(head, hit // bs + 1)[hit // bs] in keyed:
+                    return None   # an earlier admission of the step keys the block after its hit
             rest = head.num_tokens - hit
             n = chunk(rest, budget, thr)
             need = kv.blocks_needed(head, n, blocks, hit)
             if n == rest and need > free:
                 break             # it does not fit (the scheduler tries it, counts its lookup, stops there)
-            if n != rest or n < 1 or not self.plain_fresh(head):
+            if n != rest or n < 1 or not self.plain_waiting(head):
                 return None       # a chunk, or a request that would not decode next
             item = sched._item(head, n, True, hit, c=hit)
             items.append(item)
@@ -318,8 +363,10 @@ class FastForward:
             budgets.append(budget)
             budget -= n
             free -= need
+            held.update(blocks)
+            takes += need - sum(1 for b in blocks if b.ref == 0)   # its new blocks (its evictable hits are not takes)
             if kv.caching and head.cacheable:
-                keyed.update(kv.keys_upto(head, head.num_tokens // kv.block_size)[:head.num_tokens // kv.block_size])
+                keyed.update(kv.keys_upto(head, head.num_tokens // bs)[:head.num_tokens // bs])
         if not items or (eng.max_batch is not None and B0 + len(items) > eng.max_batch):
             return None
         # the decodes' sums in closed form, then the admitted items' (+ the eviction-scoring seconds: none here)
@@ -328,10 +375,10 @@ class FastForward:
         host, extrapolated = None, 0
         if eng.host_step is not None:
             from sim.cost.overheads import step_seconds
-            m = len(items)
+            new = [it.req for it in items if it.req.num_preemptions == 0]   # StepPricer.host's admitted requests
             host, extrapolated = pricer.host_counts(
-                B0 + m, B0 + sum(it.num_new for it in items), B0 + sum(1 for it in items if it.samples), m,
-                sum(it.req.prompt_tokens for it in items))
+                B0 + len(items), B0 + sum(it.num_new for it in items), B0 + sum(1 for it in items if it.samples),
+                len(new), sum(q.prompt_tokens for q in new))
             dt = step_seconds(dt, host[0], eng.async_scheduling, host[1])
         if not dt > 0 or eng.env.now + dt == eng.env.peek():   # a tie with the next event: stepped
             return None
@@ -346,7 +393,8 @@ class FastForward:
         n = np.array([r.num_tokens for r in reqs], np.int64)
         c = n - 1
         nb = -(-n // bs)                                # its blocks once the whole prompt is in
-        fin = np.array([r.max_output_tokens for r in reqs], np.int64)   # it samples at steps 1..r, its last at r
+        # it samples at steps 1..r (r: the tokens it has left to sample), its last at r
+        fin = np.array([r.max_output_tokens - r.num_output_tokens for r in reqs], np.int64)
         m = m.join(self.eng.kv, reqs, c, nb, fin)
         ud = m.ud[-len(reqs):]
         if ud.any():                                    # its answer wakes a waiting user: stepped
@@ -357,10 +405,12 @@ class FastForward:
         gh = np.where(gh == 0, bs, gh)
         f = np.concatenate([f, nb * bs - c + 1])        # >= 2
         g = np.concatenate([g, np.where(gh == 1, gh + bs, gh)])   # the admission keyed the block its prompt fills
+        resumed = sum(1 for r in reqs if r.num_preemptions)   # counted now: the window may preempt them again
         out = self._apply(Window(self, m, f, g, kcap, (None, 0, 0, False), plan))
         if out is None:   # pragma: no cover - the admission step is always applied
             raise RuntimeError("fast-forward: an admitting window took no step")
         self.admissions += 1
+        self.resumed += resumed
         return out
 
     # ------------------------------------------------------------------ the window

@@ -330,18 +330,27 @@ class Window:
         # each decode's stand-alone seconds in one pass (the closed form of its one tuple), then the admitted
         # items': Engine._attribute's shares
         c = self.c0[old]
-        a_dec = self.ff.alone_decodes(c)
-        shares = attribution(dt, np.concatenate([a_dec, [eng.pricer.alone(ts) for ts, _ in plan.priced]]))
+        if all(kind == 2 for _, kind in plan.priced):   # every item of the decode kind (a resumed request's hit
+            shares = np.full(len(c) + m, dt / (len(c) + m))   # past its prompt): dt / n each, as Engine._attribute
+        else:
+            a_dec = self.ff.alone_decodes(c)
+            shares = attribution(dt, np.concatenate([a_dec, [eng.pricer.alone(ts) for ts, _ in plan.priced]]))
         dec_sh, adm_sh = shares[:len(c)], shares[len(c):].tolist()
         self.t_end = float(self.now + dt)
         for k, (ts, kind) in enumerate(plan.priced):
-            req = items[k].req
+            it = items[k]
+            req = it.req
             p, b = self.probs[i0 + k], req.data[2]
             p.phase[KIND_NAMES[kind]] += adm_sh[k]
             eng.tokens[kind] += ts[0][0] if len(ts) == 1 else sum(t[0] for t in ts)
-            p.first[b] = self.t_end - p.arrival    # its prompt is in: its first token is out
-            p.src_ready[b] = True
-            eng._try_start(p)                      # nothing to start (one branch): as the stepped step calls it
+            if it.recompute:                       # a resumed request's tokens computed again (Scheduler.update)
+                sched.recompute_tokens += it.recompute
+                req.recompute_tokens += it.recompute
+                p.recompute += it.recompute
+            if p.first[b] != p.first[b]:           # fresh: its prompt is in, its first token is out
+                p.first[b] = self.t_end - p.arrival
+                p.src_ready[b] = True
+                eng._try_start(p)                  # nothing to start (one branch): as the stepped step calls it
         dec = np.zeros(len(self.R))
         dec[old] = dec_sh
         self.segs.append((np.array([dt]), int(old.sum()), old, dec))   # decode shares, not dt / B (close)
