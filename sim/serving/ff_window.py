@@ -233,8 +233,9 @@ class Window:
 
     def preempt_prices(self, s: int, free: int):
         """Step ``s`` preempts: ``(r1, dtc)``, the alive requests before the first take the pool cannot give and
-        the step's seconds for every batch size ``r1..`` its preemptions can leave, or None where none is
-        planned or some outcome could end at or past the next event (the window ends before ``s``)."""
+        the step's seconds for every batch size ``r1..`` its preemptions can leave (None where nothing is on the
+        clock: no outcome can pass an event), or None where none is planned or some outcome could end at or past
+        the next event (the window ends before ``s``)."""
         alive, evs, who, f = self.alive, self.evs, self.who, self.f
         bs = self.bs
         order = np.flatnonzero(alive)
@@ -253,6 +254,8 @@ class Window:
         r1 = 0 if i1 is None else int(alive[:i1].sum())   # alive requests before the first that cannot take
         if r1 == 0:
             return None
+        if self.t_next == np.inf:   # nothing on the clock (offline): the outcome is priced once it is known
+            return r1, None
         ctx = self.c0[order] + (s - 1)
         cand = np.arange(r1, len(order), dtype=np.int64)   # the batch sizes the preemptions can leave
         sums, mx = np.cumsum(ctx), np.maximum.accumulate(ctx)
@@ -424,7 +427,13 @@ class Window:
         mask = alive.copy()
         if n_alive < r1:   # pragma: no cover - victims are the newest, the first r1 stay
             raise RuntimeError("fast-forward: a preemption left fewer requests than planned")
-        dt = dtc[n_alive - r1: n_alive - r1 + 1]   # the alive requests are the first n_alive: priced above
+        if dtc is None:
+            ctx = self.c0[alive] + (s - 1)
+            dt = self.eng._window_seconds(np.array([n_alive]), np.array([int(ctx.sum())]), np.array([int(ctx.max())]))
+            if dt is None or not dt[0] > 0:   # pragma: no cover - a decode step takes time
+                raise RuntimeError("fast-forward: a preempting step priced no time")
+        else:
+            dt = dtc[n_alive - r1: n_alive - r1 + 1]   # the alive requests are the first n_alive: priced above
         self.segs.append((dt, n_alive, mask))
         self.t_end = float(self.t_end + float(dt[0]))
         done = n_alive > 0 and int(self.fin[alive].min()) == s

@@ -254,8 +254,9 @@ class BlockManager:
                 keys.append(block_key(parent, content(m)))
                 return keys
             append = keys.append
-            for k in range(m, n):
-                parent = block_key(parent, content(k))
+            bulk = getattr(req, "block_contents", None)
+            for c in (bulk(m, n) if bulk is not None else map(content, range(m, n))):
+                parent = hash((parent, c))   # block_key, inline: a prompt's keys in one pass
                 append(parent)
         return keys
 

@@ -70,15 +70,29 @@ def _plan_ids(pos: int, job: Job) -> list:
     return out
 
 
-def _content_fn(pos, b, ids, bs, tag):
-    """Block ``k``'s content: its token ids inside the prompt, else the branch's generated block ``k``."""
-    n_full = len(ids) // bs
+class _Content:
+    """Block ``k``'s content (``content(k)``): its token ids inside the prompt, else the branch's generated block
+    ``k``; :meth:`range` gives blocks ``m..n-1`` at once (a prompt's keys are made in one pass)."""
 
-    def content(k, ids=ids):
-        if k < n_full:
-            return tuple(ids[k * bs:(k + 1) * bs].tolist())
-        return ("gen", pos, tag, k)
-    return content
+    __slots__ = ("pos", "tag", "ids", "bs", "n_full")
+
+    def __init__(self, pos, b, ids, bs, tag):
+        self.pos, self.tag, self.ids, self.bs = pos, tag, ids, bs
+        self.n_full = len(ids) // bs
+
+    def __call__(self, k):
+        if k < self.n_full:
+            bs = self.bs
+            return tuple(self.ids[k * bs:(k + 1) * bs].tolist())
+        return ("gen", self.pos, self.tag, k)
+
+    def range(self, m: int, n: int) -> list:
+        bs, hi = self.bs, min(n, self.n_full)
+        out = list(map(tuple, self.ids[m * bs:hi * bs].reshape(-1, bs).tolist())) if hi > m else []
+        pos, tag = self.pos, self.tag
+        out += [("gen", pos, tag, k) for k in range(max(m, hi), n)]
+        return out
+
 
 
 class ProblemLifecycle:
@@ -100,7 +114,7 @@ class ProblemLifecycle:
         tag = ("s" if share else "o", b)
         hold = bool(j.verify_on and j.v_reuse)
         req = Request((p.pseq, "b", b), int(j.ctx[b]), int(j.gen[b]),
-                      content=_content_fn(p.pos, b, ids, self.bs, tag), cacheable=self.caching,
+                      content=_Content(p.pos, b, ids, self.bs, tag), cacheable=self.caching,
                       allow_full_hit=share, hold=hold, depth=0, gen_depth=1, data=(p, 1, b))
         long = j.long
         if long is not None:

@@ -201,6 +201,13 @@ class Request:
             return ("req", self.req_id, k)
         return self.content(k)
 
+    def block_contents(self, m: int, n: int) -> list:
+        """``block_content(k)`` for ``k`` in ``m..n-1`` (at once where the content callable has a ``range``)."""
+        bulk = getattr(self.content, "range", None)
+        if bulk is not None:
+            return bulk(m, n)
+        return [self.block_content(k) for k in range(m, n)]
+
     def block_depth(self, k: int) -> int:
         """Tree depth RSBCM reads for block ``k``: ``depth`` inside the prompt, else ``gen_depth``."""
         return self.depth if k < self.prompt_tokens // self.block_size else self.gen_depth
