@@ -457,12 +457,12 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
 
 
 def _long_decode(model, hw, pol, P: int, T: int):
-    """The :class:`sim.serving.engine.LongDecode` of one request under a token policy: the cache each decode
+    """The :class:`sim.serving.long_decode.LongDecode` of one request under a token policy: the cache each decode
     step attends over and the eviction scoring seconds (the same schedule as the reasoning workload's
     long decodes)."""
     from sim.replay.mode_token import eviction_schedule
     from sim.cost.terms import eviction_scoring_terms
-    from sim.serving.engine import LongDecode
+    from sim.serving.long_decode import LongDecode
     sizes, events, cands = eviction_schedule(pol, P, P + T)
     window = max(getattr(pol, "window", 0) or pol.buffer, 1)
     ev = {t: float(hw.time(eviction_scoring_terms(model, c, window))) for t, c in zip(events, cands)}

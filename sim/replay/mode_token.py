@@ -209,7 +209,8 @@ def _long_job(P: int, T: int, L: int, bs: int):
 
 def _serve_longs(config, target, longs: dict, sched_cfg, cap, token: bool) -> dict:
     """Serve the long decodes (``n_requests`` of them, cycling) under the token policy (``token``) or full cache."""
-    from sim.serving.engine import Engine, LongDecode
+    from sim.serving.engine import Engine
+    from sim.serving.long_decode import LongDecode
     cfg, model, hw = config.sim, target.model, target.hardware
     bs = int(cfg.workload.block_size)
     jobs = []

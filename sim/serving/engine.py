@@ -518,27 +518,6 @@ class Engine(ProblemLifecycle):
         return self.result()
 
 
-class LongDecode:
-    """A long decode under token eviction: the cache its steps attend over and the eviction costs.
-
-    ``sizes[i]``: keys the query at position ``prompt_len + i`` attends over (itself included);
-    ``evict_s[t]``: seconds of scoring the candidates at the eviction of position ``t``;
-    ``cap``: the most tokens of KV the sequence ever holds (its block reservation).
-    """
-
-    def __init__(self, prompt_len: int, sizes, evict_s: dict):
-        self.P = int(prompt_len)
-        self.sizes = np.asarray(sizes, np.int64)
-        self.evict_s = dict(evict_s)
-        self.cap = int(max(int(self.sizes.max()) if self.sizes.size else 0, self.P))
-
-    def context(self, c: int) -> int:
-        i = c - self.P
-        if 0 <= i < self.sizes.size:
-            return int(self.sizes[i]) - 1
-        return c
-
-
 class EngineResult:
     """Per-problem records, the global KV and running-sequence timelines, scheduler counters."""
 
@@ -572,15 +551,27 @@ class EngineResult:
         a long run's records are then small; each full record lives only while it is cut)."""
         if fields is None:
             return [self._record(p) for p in self.problems]
+        if set(fields) <= set(self.PLAIN_FIELDS):   # only those: made alone (a day's records, cheaply)
+            return [{k: v for k, v in self._plain(p).items() if k in fields} for p in self.problems]
         return [{k: v for k, v in self._record(p).items() if k in fields} for p in self.problems]
 
     @staticmethod
-    def _record(p) -> dict:
+    def _plain(p) -> dict:
+        """A record's :data:`PLAIN_FIELDS` (``token_times`` where token times were recorded)."""
+        out = {"pseq": p.pseq, "arrival_s": p.arrival, "latency_s": p.end - p.arrival, "first_token_times": p.first,
+               "prefix_hit_tokens": int(p.hit_tokens)}
+        if p.tok is not None:
+            out["token_times"] = [token_times(x) for x in p.tok]
+        return out
+
+    @classmethod
+    def _record(cls, p) -> dict:
         adm = p.admitted if p.admitted is not None else p.arrival
         first = p.first
+        pl = cls._plain(p)
         return {
             "pseq": p.pseq, "pos": p.pos, "arrival_s": p.arrival, "admitted_s": adm, "end_s": p.end,
-            "latency_s": p.end - p.arrival, "service_s": p.end - adm,
+            "latency_s": pl["latency_s"], "service_s": p.end - adm,
             # waiting for the scheduler (memory, sequence or token caps): the problem's first admission
             # after arrival plus its branches' mean wait between ready and first scheduled
             "queue_s": (adm - p.arrival) + (p.qsum / p.qn if p.qn else 0.0),
@@ -589,6 +580,6 @@ class EngineResult:
             "first_token_times": first, "peak_kv_bytes": p.peak, "iterations": p.iterations,
             "kv_times": np.asarray(p.times), "kv_bytes": np.asarray(p.mem),
             "recompute_tokens": int(p.recompute), "evictions": 0,
-            "prefix_hit_tokens": int(p.hit_tokens), "prompt_tokens_admitted": int(p.prompt_tokens),
-            **({"token_times": [token_times(x) for x in p.tok]} if p.tok is not None else {}),
+            "prefix_hit_tokens": pl["prefix_hit_tokens"], "prompt_tokens_admitted": int(p.prompt_tokens),
+            **({"token_times": pl["token_times"]} if "token_times" in pl else {}),
         }

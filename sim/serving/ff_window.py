@@ -134,6 +134,15 @@ class Window:
         """Block events of steps ``a..b`` in (step, running order): ``(steps, request indices)``."""
         f, g, bs = self.f, self.g, self.bs
         B0 = len(f)
+        if b - a < bs:   # fewer steps than a block: each request opens (fills) at most one block in them
+            keys = []
+            for st in ((f, g) if self.kv.caching else (f,)):
+                s0 = st + np.maximum(-(-(a - st) // bs), 0) * bs    # first event step >= a
+                sel = s0 <= b
+                keys.append(s0[sel] * B0 + np.flatnonzero(sel))
+            key = np.concatenate(keys) if len(keys) > 1 else keys[0]
+            key = np.unique(key) if bs == 1 else np.sort(key)
+            return (key // B0).tolist(), (key % B0).tolist()
         M = (b - a) // bs + 2
         m = np.arange(M, dtype=np.int64)[None, :] * bs
         idx = np.arange(B0, dtype=np.int64)[:, None]
@@ -383,11 +392,11 @@ class Window:
 
     def _decode(self, s: int, e: int, nf: int, Bs: int, mask) -> bool:
         """Steps ``s..e`` take within the pool: priced, applied up to the next event on the clock."""
-        dt = self.price(Bs, s, e, mask)
-        if dt is None or not np.all(dt > 0):
+        dt, tt = self._priced(Bs, s, e, mask)
+        if dt is None:
             return False
-        tt = np.cumsum(np.concatenate(([self.t_end], dt)))
-        m = e - s + 1
+        m = len(dt)   # steps priced: through e, or fewer where the next event falls in them
+        e = s + m - 1
         ok = int(np.searchsorted(tt[1:], self.t_next, side="left"))   # steps ending before the next event
         cross = ok < m and tt[ok + 1] > self.t_next
         if cross:
@@ -410,6 +419,26 @@ class Window:
             if self.n_alive == 0 or not self._new_head():
                 return False
         return not cross
+
+    def _priced(self, Bs: int, s: int, e: int, mask):
+        """Steps ``s..e``'s seconds and end times ``(dt, [t_end, t_s, ...])``, priced from 2 steps on, doubling, until
+        the next event falls in them (a window under arrivals takes a step or two: its longer stretch would be
+        priced for nothing) or through ``e``; the end times are one ``cumsum`` carried from piece to piece (the same
+        floats as one pass). ``(None, None)`` where a priced step takes no time."""
+        t_next, dts, tts = self.t_next, [], [np.array([self.t_end])]
+        a, k = s, (e - s + 1 if t_next == np.inf else 2)
+        while a <= e:
+            b = min(e, a + k - 1)
+            dt = self.price(Bs, a, b, mask)
+            if dt is None or not np.all(dt > 0):
+                return None, None
+            tt = np.cumsum(np.concatenate((tts[-1][-1:], dt)))
+            dts.append(dt)
+            tts.append(tt[1:])
+            if tt[-1] >= t_next:
+                break
+            a, k = b + 1, 2 * k
+        return (dts[0] if len(dts) == 1 else np.concatenate(dts)), np.concatenate(tts)
 
     def _preempting(self, s: int, free: int) -> bool:
         """Step ``s`` preempts: its batch is the alive requests before some rank, priced for every outcome

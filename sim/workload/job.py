@@ -67,7 +67,7 @@ class Job:
     v_reuse: bool = False         # verification reads the branch's generation KV
     has_prefill: np.ndarray = field(default=None)
     score: np.ndarray = field(default=None)   # branch score for the block pool (RSBCM omega)
-    # A token policy's long decode (sim.serving.engine.LongDecode): the per-step KV cap and eviction costs
+    # A token policy's long decode (sim.serving.long_decode.LongDecode): the per-step KV cap and eviction costs
     # the engine charges (None: an ordinary problem).
     long: object = field(default=None, repr=False, compare=False)
     # Memos of derived values (the job's arrays are not changed once built):
