@@ -191,6 +191,7 @@ class FastForward:
         self.admissions = 0       # windows whose first step admitted waiting requests
         self.times = StepTimes()  # every window step's end time (the members' token times are views of it)
         self._carry = None        # the members at the last window's end, carried to the next (ff_members)
+        self.step_s = None        # the last window step's seconds (Window._priced's first guess)
         self.carried = 0          # windows that started from the last one's members
         self.resumed = 0          # preempted requests admitted again in a window's first step
         self._alone = np.zeros(0)  # a decode's stand-alone seconds by its context (alone_decodes; NaN: not yet)

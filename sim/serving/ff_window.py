@@ -421,12 +421,15 @@ class Window:
         return not cross
 
     def _priced(self, Bs: int, s: int, e: int, mask):
-        """Steps ``s..e``'s seconds and end times ``(dt, [t_end, t_s, ...])``, priced from 2 steps on, doubling, until
-        the next event falls in them (a window under arrivals takes a step or two: its longer stretch would be
-        priced for nothing) or through ``e``; the end times are one ``cumsum`` carried from piece to piece (the same
-        floats as one pass). ``(None, None)`` where a priced step takes no time."""
+        """Steps ``s..e``'s seconds and end times ``(dt, [t_end, t_s, ...])``, priced in pieces of as many steps as
+        the time left to the next event holds at the last window step's price (2 without one; at least doubling),
+        until the next event falls in them or through ``e``: a window under arrivals takes a step or two, and its
+        longer stretch would be priced for nothing. The end times are one ``cumsum`` carried from piece to piece
+        (the same floats as one pass). ``(None, None)`` where a priced step takes no time."""
         t_next, dts, tts = self.t_next, [], [np.array([self.t_end])]
-        a, k = s, (e - s + 1 if t_next == np.inf else 2)
+        est = self.ff.step_s   # the last window step's seconds: how many steps the time left holds, a first guess
+        a, k = s, (e - s + 1 if t_next == np.inf else 2 if est is None
+                   else max(2, int((t_next - self.t_end) / est * 1.05) + 2))
         while a <= e:
             b = min(e, a + k - 1)
             dt = self.price(Bs, a, b, mask)
@@ -435,9 +438,11 @@ class Window:
             tt = np.cumsum(np.concatenate((tts[-1][-1:], dt)))
             dts.append(dt)
             tts.append(tt[1:])
-            if tt[-1] >= t_next:
+            if tt[-1] >= t_next or b >= e:
                 break
-            a, k = b + 1, 2 * k
+            # next: the steps the time left to the next event holds at the last step's price (a step's price grows
+            # with its context: a little more), at least twice as many as so far
+            a, k = b + 1, max(2 * k, int((t_next - tt[-1]) / dt[-1] * 1.05) + 2)
         return (dts[0] if len(dts) == 1 else np.concatenate(dts)), np.concatenate(tts)
 
     def _preempting(self, s: int, free: int) -> bool:
@@ -549,6 +554,7 @@ class Window:
         eng.timeline_run.extend(run.tolist())
         self.ff.windows += 1
         self.ff.steps += k
+        self.ff.step_s = float(dt[-1])
         return t, dt
 
     def _kv_used(self, k: int):
