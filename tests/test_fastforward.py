@@ -218,11 +218,28 @@ def test_an_admission_hitting_blocks_keyed_in_the_same_step_is_stepped():
     _check(_both(wl, HW["h100-sxm"], offline=True, serving=ServingConfig(max_num_seqs=4, max_num_batched_tokens=4096)))
 
 
-def test_a_mixture_of_experts_target_steps():
-    """The closed form prices dense layers only: an MoE target steps, even where an idle engine's admitting window
-    would have no decode step to guard it."""
+@pytest.mark.parametrize("model,routing,hw", [("qwen3-30b-a3b", "expected", "h100-sxm"),
+                                              ("deepseek-v2-lite*", "sampled", "h100-sxm"),
+                                              ("qwen3-30b-a3b", "sampled", "a100-80gb")])
+def test_mixture_of_experts_and_mla_targets_take_windows(model, routing, hw):
+    """An MoE / MLA target's decode batch has a closed form (the experts it reads depend on its rows alone): its
+    windows give the stepped figures, under KV pressure and arrivals."""
+    wl = plain.random_workload(60, 200, 120, 0.5, 0, 2)
+    m = _shape(model)
+    pair = _both(wl, HW[hw], model=m, request_rate=20.0, seed=2, moe_routing=routing,
+                 serving=ServingConfig(kv_capacity_bytes=float(300 * 16 * m.kv_bytes_per_token)))
+    ff = _check(pair)
+    (_, _, xa, _), _ = pair
+    assert xa.stats["preemptions"] > 0 and ff.steps > 0.8 * xa.iterations
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-20b", "deepseek-v2-lite"])
+def test_a_sliding_window_or_inexact_target_steps(model):
+    """gpt-oss's sliding-window layers have no closed form, and DeepSeek's mean parameters per layer (dense first
+    layers) are not integers, so a closed-form sum would round otherwise: such a target steps, even where an idle
+    engine's admitting window would have no decode step to guard it."""
     wl = plain.random_workload(20, 200, 60, 0.5, 0, 2)
-    pair = _both(wl, HW["h100-sxm"], model=load_model("qwen3-30b-a3b"), request_rate=4.0, seed=2)
+    pair = _both(wl, HW["h100-sxm"], model=load_model(model), request_rate=4.0, seed=2)
     assert _check(pair) is None
 
 
@@ -237,24 +254,53 @@ def test_step_by_step_flag_and_replicas_step():
     assert got[0][0]._ff is not None and got[0][0]._ff.steps > 0
 
 
+def _shape(name: str):
+    """A preset's shape; ``NAME*``: with every layer a mixture of experts (DeepSeek's MLA presets keep dense first
+    layers, so their mean parameters per layer are not integers and their windows step: this is their MLA with
+    integer terms)."""
+    import dataclasses
+    if name.endswith("*"):
+        return dataclasses.replace(load_model(name[:-1]), first_k_dense=0)
+    return load_model(name)
+
+
 @settings(max_examples=60, deadline=None)
 @given(B=st.sampled_from([1, 2, 3, 4, 5, 8, 9, 100, 255, 256, 257, 511, 512, 513, 1000]), seed=st.integers(0, 10 ** 6),
        hw=st.sampled_from(["h100-sxm", "a100-80gb", "l4", "h200", "local-cpu"]),
-       model=st.sampled_from(["llama-3-8b", "qwen2.5-7b", "smollm2-135m", "falcon3-10b"]),
-       eager=st.booleans(), seqs=st.sampled_from([8, 256, 1024]))
-def test_decode_batch_terms_equal_the_stepped_terms(B, seed, hw, model, eager, seqs):
-    """The closed form of a uniform decode batch equals :meth:`ScalarCost.terms` / ``seconds`` bit for bit."""
-    m, h = load_model(model), load_hardware(hw)
-    c = ScalarCost(m, h, graphs=engine_graphs(h, seqs, eager))
-    assert c.exact_integers()
+       model=st.sampled_from(["llama-3-8b", "qwen2.5-7b", "smollm2-135m", "falcon3-10b", "qwen3-30b-a3b",
+                              "mixtral-8x7b", "deepseek-v2-lite*", "deepseek-v3*", "qwen3-235b-a22b"]),
+       eager=st.booleans(), seqs=st.sampled_from([8, 256, 1024]), sampled=st.booleans())
+def test_decode_batch_terms_equal_the_stepped_terms(B, seed, hw, model, eager, seqs, sampled):
+    """The closed form of a uniform decode batch equals :meth:`ScalarCost.terms` / ``seconds`` bit for bit: dense,
+    MoE (expected or seeded sampled routing: the experts a batch reads depend on its rows alone) and MLA shapes, a
+    batch size given per step (numpy) or as one number (floats where it is)."""
+    from sim.cost.routing import SampledRouting
+    m, h = _shape(model), load_hardware(hw)
+    c = ScalarCost(m, h, graphs=engine_graphs(h, seqs, eager), routing=SampledRouting(seed % 7) if sampled else None)
+    assert c.exact_integers() and c.closed_form()
     ctx = np.random.default_rng(seed).integers(0, 40000, B)
     items = [(1.0, float(x), None, 0.0, 1.0, 0.0) for x in ctx]
     ts = c.terms(items)
-    tv = c.decode_batch_terms(np.array([B]), np.array([ctx.sum()]), np.array([ctx.max()]))
+    tv = c.decode_batch_terms(np.array([B, B]), np.array([ctx.sum()] * 2), np.array([ctx.max()] * 2))
     for f in TERM_NAMES:
-        assert float(getattr(ts, f)) == float(np.broadcast_to(getattr(tv, f), (1,))[0]), f
-    assert c.seconds(items) == float(c.decode_batch_seconds(np.array([B]), np.array([ctx.sum()]),
-                                                            np.array([ctx.max()]))[0])
+        assert float(getattr(ts, f)) == float(np.broadcast_to(getattr(tv, f), (2,))[1]), f
+    ref = c.seconds(items)
+    assert ref == float(c.decode_batch_seconds(np.array([B]), np.array([ctx.sum()]), np.array([ctx.max()]))[0])
+    # one batch size over a stretch of steps (MIXED: the batch-size-only terms in floats), long enough for numpy
+    got = c.decode_batch_seconds(B, np.full(40, ctx.sum()), np.full(40, ctx.max()))
+    assert np.all(got == ref)
+    # an admitting step: the decodes in closed form and a prompt's items one by one, as the stepped sum of all
+    pre = [(float(B + 7), 0.0, None, 0.0, 1.0, 0.0)]
+    assert c.mixed_seconds(B, int(ctx.sum()), int(ctx.max()), pre) == c.seconds(items + pre)
+
+
+def test_a_sliding_window_shape_has_no_closed_form():
+    """Sliding-window layers attend over ``min(c_i, W)`` keys per request, not a function of the batch's total
+    context: such a shape (gpt-oss) has no closed form, and ``mixed_seconds`` refuses it."""
+    c = ScalarCost(load_model("gpt-oss-20b"), load_hardware("h100-sxm"))
+    assert not c.closed_form()
+    with pytest.raises(ValueError, match="dense, MoE and MLA"):
+        c.mixed_seconds(2, 10, 6, [])
 
 
 def test_exact_delays():

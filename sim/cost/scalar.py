@@ -141,16 +141,17 @@ class ScalarCost:
 
         Equal to :meth:`seconds` of the items one by one while every sum is an integer below 2^53 (each term of a
         dense decode is one: :meth:`exact_integers`), whatever the order the items are summed in."""
-        if self.v is not None:
-            raise ValueError("mixed_seconds: the closed form prices dense layers only")
+        if not self.closed_form():
+            raise ValueError("mixed_seconds: the closed form prices dense, MoE and MLA layers only")
         (f_lin, f_att, f_head, kv, kvs, d_ell, d_ellc, d_cmax, emb, cp, nl, rows, rows_n, lmax, pmax, gmax, cp_any,
          uniform) = self._item_sums(items)
         if B:
             L, B, S, cmax = self.L, float(B), float(S), float(cmax)
+            att, kvt = (self.att, self.kvt) if self.v is None else (self.v.a_dec, self.v.kvt)
             f_lin += 2.0 * self.P * L * B
-            f_att += self.att * L * (S + B)
+            f_att += att * L * (S + B)
             f_head += 2.0 * self.dV * B
-            kv += L * self.kvt * (S + B)
+            kv += L * kvt * (S + B)
             d_ell += L * B
             d_ellc += L * S
             d_cmax = _fmax(d_cmax, cmax)
@@ -206,8 +207,22 @@ class ScalarCost:
 
     def exact_integers(self) -> bool:
         """Every constant of :meth:`terms` is an integer (so are a decode batch's terms: their float sums are exact)."""
+        v = () if self.v is None else (self.v.a_dec, self.v.kvt)
         return all(float(x).is_integer() for x in (self.L, self.P, self.att, self.dV, self.V, self.d, self.s,
-                                                    self.sk, self.wl, self.kvt, self.elem))
+                                                    self.sk, self.wl, self.kvt, self.elem, *v))
+
+    def closed_form(self) -> bool:
+        """Whether a uniform decode batch's terms are a function of ``(B, S, cmax)`` (:meth:`decode_batch_terms`):
+        dense, MoE and MLA layers (the experts a batch reads depend on its rows alone); not sliding-window layers
+        (their keys are ``min(c_i, W)`` per request, not a function of ``S``)."""
+        return self.v is None or not self.v.f_sw
+
+    def _lin_bytes(self, B, one: bool):
+        """``v.lin_bytes`` of ``B`` rows (:meth:`_terms`' ``b_lin / lmax``), in Python floats per distinct ``B``."""
+        if one:
+            return self.v.lin_bytes(self.m, B, self.routing)
+        u, inv = np.unique(B, return_inverse=True)
+        return np.array([self.v.lin_bytes(self.m, float(x), self.routing) for x in u], np.float64)[inv]
 
     def decode_batch_terms(self, B, S, cmax, ops=NUMPY) -> OpTerms:
         """:meth:`terms` of uniform decode iterations in closed form, vectorised: ``B`` requests decoding one token
@@ -220,7 +235,10 @@ class ScalarCost:
             b_lin = L w_layer,  b_head = s d V,  emb = 2 d B,  rows = B,  gap = L (B cmax - S)
             pad = graphs.padded(B) - B (0 without graphs or above the largest capture size)
 
-        and the kernels of one forward, replayed from the full graph when padded. Equal to :meth:`terms` bit for bit
+        and the kernels of one forward, replayed from the full graph when padded. An MoE / MLA shape
+        (:meth:`closed_form`) takes its variant's constants: ``f_att = a_dec L (S + B)``, ``b_att = s_kv kvt L (S +
+        B)`` (MLA: the absorbed decode attention, the latent KV) and ``b_lin = L (W_fixed + (Lm/L) E_hit(B) B_e)``,
+        the experts ``B`` rows read, in Python floats per batch size as :meth:`terms` computes them. Equal to :meth:`terms` bit for bit
         while every term is an integer below 2^53 (:meth:`exact_integers`; ``tests/test_fastforward.py``).
         """
         one = ops is not NUMPY   # B one number (FLOAT: S and cmax too; MIXED: arrays)
@@ -251,11 +269,17 @@ class ScalarCost:
             tp = B
         pad = tp - B
         f_lin = 2.0 * self.P * L * B + 2.0 * self.P * pad * L
-        f_att = self.att * L * (S + B)
+        v = self.v
+        if v is None:
+            att, kvt = self.att, self.kvt
+            b_lin = L * self.wl + 0.0 * B
+        else:   # MoE / MLA (closed_form): the variant's attention and KV constants, the experts B rows read
+            att, kvt = v.a_dec, v.kvt
+            b_lin = L * self._lin_bytes(B, one) + 0.0 * B
+        f_att = att * L * (S + B)
         f_head = 2.0 * self.dV * B
-        kv = L * self.kvt * (S + B)
+        kv = L * kvt * (S + B)
         s, sk = self.s, self.sk
-        b_lin = L * self.wl + 0.0 * B
         b_head = s * self.dV + 0.0 * B
         b_att = sk * kv
         if self.cuda_graph:
@@ -268,7 +292,7 @@ class ScalarCost:
         zero = 0.0 * B
         return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * (2.0 * self.d * B), kernels, L + zero,
                        B * self.V, 1.0 + zero, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, nl * self.elem,
-                       mv * b_lin, mv * b_head, tp + zero, zero, self.att * gap, sk * self.kvt * gap,
+                       mv * b_lin, mv * b_head, tp + zero, zero, att * gap, sk * kvt * gap,
                        f_lin if self.fp8 else zero)
 
     def decode_batch_seconds(self, B, S, cmax) -> np.ndarray:

@@ -231,12 +231,11 @@ class FastForward:
         # counter) before windows can replace its steps: until then such an engine steps
         if getattr(eng, "host_step", None) is not None and not getattr(eng, "windows_price_host", False):
             return False
-        # the closed form prices dense layers only (an MoE / MLA / sliding-window shape steps: the first-step guard
-        # below turned such windows off at their first step, and an idle engine's admitting window has no decode
-        # to guard)
+        # the closed form prices dense, MoE and MLA layers (ScalarCost.closed_form); a sliding-window shape steps
+        # (an idle engine's admitting window has no decode for the first-step guard to check)
         return (eng.pp_stages == 1 and eng.settle is None and not eng.per_problem and not eng.prices_shared
                 and eng.score_at == "generation" and hasattr(c, "decode_batch_seconds") and c.exact_integers()
-                and c.m.is_plain)
+                and c.closed_form())
 
     # ------------------------------------------------------------------ admissions
     def head(self):
