@@ -224,7 +224,8 @@ def test_an_admission_hitting_blocks_keyed_in_the_same_step_is_stepped():
 
 
 @pytest.mark.parametrize("model,routing,hw", [("qwen3-30b-a3b", "expected", "h100-sxm"),
-                                              ("deepseek-v2-lite*", "sampled", "h100-sxm"),
+                                              ("deepseek-v2-lite", "sampled", "h100-sxm"),
+                                              ("deepseek-v2-lite*", "expected", "h100-sxm"),
                                               ("qwen3-30b-a3b", "sampled", "a100-80gb")])
 def test_mixture_of_experts_and_mla_targets_take_windows(model, routing, hw):
     """An MoE / MLA target's decode batch has a closed form (the experts it reads depend on its rows alone): its
@@ -238,13 +239,11 @@ def test_mixture_of_experts_and_mla_targets_take_windows(model, routing, hw):
     assert xa.stats["preemptions"] > 0 and ff.steps > 0.8 * xa.iterations
 
 
-@pytest.mark.parametrize("model", ["gpt-oss-20b", "deepseek-v2-lite"])
-def test_a_sliding_window_or_inexact_target_steps(model):
-    """gpt-oss's sliding-window layers have no closed form, and DeepSeek's mean parameters per layer (dense first
-    layers) are not integers, so a closed-form sum would round otherwise: such a target steps, even where an idle
-    engine's admitting window would have no decode step to guard it."""
+def test_a_sliding_window_target_steps():
+    """gpt-oss's sliding-window layers have no closed form: the target steps, even where an idle engine's admitting
+    window would have no decode step to guard it."""
     wl = plain.random_workload(20, 200, 60, 0.5, 0, 2)
-    pair = _both(wl, HW["h100-sxm"], model=load_model(model), request_rate=4.0, seed=2)
+    pair = _both(wl, HW["h100-sxm"], model=load_model("gpt-oss-20b"), request_rate=4.0, seed=2)
     assert _check(pair) is None
 
 
@@ -260,9 +259,9 @@ def test_step_by_step_flag_and_replicas_step():
 
 
 def _shape(name: str):
-    """A preset's shape; ``NAME*``: with every layer a mixture of experts (DeepSeek's MLA presets keep dense first
-    layers, so their mean parameters per layer are not integers and their windows step: this is their MLA with
-    integer terms)."""
+    """A preset's shape; ``NAME*``: with every layer a mixture of experts (DeepSeek's presets keep dense first
+    layers, so their mean parameters per layer are not integers: the linear flops are then summed one decode at a
+    time; ``*`` is the same MLA with integer terms)."""
     import dataclasses
     if name.endswith("*"):
         return dataclasses.replace(load_model(name[:-1]), first_k_dense=0)
@@ -273,12 +272,14 @@ def _shape(name: str):
 @given(B=st.sampled_from([1, 2, 3, 4, 5, 8, 9, 100, 255, 256, 257, 511, 512, 513, 1000]), seed=st.integers(0, 10 ** 6),
        hw=st.sampled_from(["h100-sxm", "a100-80gb", "l4", "h200", "local-cpu"]),
        model=st.sampled_from(["llama-3-8b", "qwen2.5-7b", "smollm2-135m", "falcon3-10b", "qwen3-30b-a3b",
-                              "mixtral-8x7b", "deepseek-v2-lite*", "deepseek-v3*", "qwen3-235b-a22b"]),
+                              "mixtral-8x7b", "deepseek-v2-lite", "deepseek-v3", "deepseek-v2-lite*",
+                              "qwen3-235b-a22b"]),
        eager=st.booleans(), seqs=st.sampled_from([8, 256, 1024]), sampled=st.booleans())
 def test_decode_batch_terms_equal_the_stepped_terms(B, seed, hw, model, eager, seqs, sampled):
     """The closed form of a uniform decode batch equals :meth:`ScalarCost.terms` / ``seconds`` bit for bit: dense,
-    MoE (expected or seeded sampled routing: the experts a batch reads depend on its rows alone) and MLA shapes, a
-    batch size given per step (numpy) or as one number (floats where it is)."""
+    MoE (expected or seeded sampled routing: the experts a batch reads depend on its rows alone) and MLA shapes,
+    DeepSeek's non-integer mean parameters per layer included, a batch size given per step (numpy) or as one
+    number (floats where it is)."""
     from sim.cost.routing import SampledRouting
     m, h = _shape(model), load_hardware(hw)
     c = ScalarCost(m, h, graphs=engine_graphs(h, seqs, eager), routing=SampledRouting(seed % 7) if sampled else None)

@@ -148,7 +148,13 @@ class ScalarCost:
         if B:
             L, B, S, cmax = self.L, float(B), float(S), float(cmax)
             att, kvt = (self.att, self.kvt) if self.v is None else (self.v.a_dec, self.v.kvt)
-            f_lin += 2.0 * self.P * L * B
+            if float(self.P).is_integer():   # every item's linear flops an integer: any order
+                f_lin += 2.0 * self.P * L * B
+            else:   # a prompt's 2 P n L may round: the decodes' sum first, then the items' in turn (the stepped order)
+                f_lin = 2.0 * self.P * L * B
+                for it in items:
+                    if it[0] > 0:
+                        f_lin += 2.0 * self.P * it[0] * (self.L if it[2] is None else it[2])
             f_att += att * L * (S + B)
             f_head += 2.0 * self.dV * B
             kv += L * kvt * (S + B)
@@ -206,10 +212,12 @@ class ScalarCost:
         return seconds(self.hw, self.terms(items), FLOAT, model=self.m)
 
     def exact_integers(self) -> bool:
-        """Every constant of :meth:`terms` is an integer (so are a decode batch's terms: their float sums are exact)."""
+        """Every constant a decode batch's sums add is an integer (their float sums are then exact, in any order):
+        one decode's linear flops ``2 P L`` included, though the mean parameters per layer ``P`` need not be one (a
+        shape with dense first layers: DeepSeek); ``w_layer`` and ``elem`` enter one product each."""
         v = () if self.v is None else (self.v.a_dec, self.v.kvt)
-        return all(float(x).is_integer() for x in (self.L, self.P, self.att, self.dV, self.V, self.d, self.s,
-                                                    self.sk, self.wl, self.kvt, self.elem, *v))
+        return all(float(x).is_integer() for x in (self.L, 2.0 * self.P * 1.0 * self.L, self.att, self.dV, self.V,
+                                                    self.d, self.s, self.sk, self.kvt, *v))
 
     def closed_form(self) -> bool:
         """Whether a uniform decode batch's terms are a function of ``(B, S, cmax)`` (:meth:`decode_batch_terms`):
