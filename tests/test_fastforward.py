@@ -111,7 +111,8 @@ def _kv_bytes(blocks: int, bs: int, model=MODEL) -> float:
     return float(blocks * bs * model.kv_bytes_per_token)
 
 
-MOE = load_model("qwen3-30b-a3b")   # a mixture of experts: its windows price the experts its rows read
+# mixtures of experts (DeepSeek's with MLA and dense first layers): their windows price the experts their rows read
+MOE = {name: load_model(name) for name in ("qwen3-30b-a3b", "deepseek-v2-lite")}
 
 
 # FF_EXAMPLES=400 runs ten times the examples (a change to the windows is checked that way before it lands)
@@ -123,18 +124,19 @@ MOE = load_model("qwen3-30b-a3b")   # a mixture of experts: its windows price th
        rate=st.sampled_from([math.inf, math.inf, 2.0, 20.0, 200.0]), conc=st.sampled_from([None, None, 3]),
        policy=st.sampled_from(["vllm-v1", "vllm-v1", "prefill-first", "vllm-v1-chunk-admit"]),
        seqs=st.sampled_from([None, 4, 16]), tokens=st.sampled_from([None, 64, 512]),
-       caching=st.booleans(), hw=st.sampled_from(sorted(HW)), eager=st.booleans(), moe=st.booleans())
+       caching=st.booleans(), hw=st.sampled_from(sorted(HW)), eager=st.booleans(),
+       moe=st.sampled_from([None, None, "qwen3-30b-a3b", "deepseek-v2-lite"]))
 def test_fast_forward_equals_step_by_step(n, il, ol, rr, prefix, seed, blocks, bs, rate, conc, policy, seqs, tokens,
                                           caching, hw, eager, moe):
     wl = plain.random_workload(n, il, ol, rr, prefix, seed)
-    model = MOE if moe and hw != "l4" else MODEL    # (qwen3-30b-a3b's weights do not fit an L4)
+    model = MOE[moe] if moe and hw != "l4" else MODEL    # (their weights do not fit an L4)
     need = int(((wl.input_lens + wl.output_lens).max() + bs - 1) // bs)
     kvb = None if blocks is None else _kv_bytes(max(blocks, need), bs, model)
     sv = ServingConfig(scheduler=policy, max_num_seqs=seqs, max_num_batched_tokens=tokens, prefix_caching=caching,
                        kv_capacity_bytes=kvb, enforce_eager=eager)
     offline = math.isinf(rate) and conc is None and seed % 2 == 0
     kw = dict(serving=sv, block_size=bs, seed=seed, offline=offline, model=model,
-              moe_routing="sampled" if model is MOE and seed % 3 == 0 else "expected")
+              moe_routing="sampled" if model is not MODEL and seed % 3 == 0 else "expected")
     if not offline:
         kw.update(request_rate=rate, max_concurrency=conc)
     _check(_both(wl, HW[hw], **kw))
