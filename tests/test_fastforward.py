@@ -401,3 +401,43 @@ def test_a_window_adds_each_step_share_in_turn():
         got = ph0.copy()
         _add_in_turn(got, mask, xs, cells)
         assert np.array_equal(got, want), (n, B, cells)
+
+
+@pytest.mark.parametrize("decode_takes,hits", [(0, [2, 2]), (1, [2, 2]), (2, [1, 1]), (3, [0, 0])])
+def test_the_planned_hits_are_the_hits_the_block_manager_then_finds(decode_takes, hits):
+    """``_Victims`` plans a step's admissions against the LRU queue: two preempted requests' freed blocks at its
+    front (tail first), ``decode_takes`` blocks taken by the decodes, then each admission's hits held and its new
+    blocks taken. The hit it plans for each is the hit ``find_cached`` finds when the block manager does the
+    same takes (wrong if an admission's evictable hits were counted as takes, or the held blocks were not
+    skipped)."""
+    from sim.serving.fastforward import _Victims
+    from sim.serving.kvcache import BlockManager
+    from sim.serving.scheduler import Request
+
+    def pool():
+        bm = BlockManager(6, 4)
+        reqs = [Request(name, 12, 4) for name in ("a", "b")]
+        for r in reqs:                       # 3 full blocks each: the pool is full, every block keyed
+            assert bm.allocate(r, 12)
+            r.num_computed_tokens = 12
+        for r in reqs:                       # preempted: queue a2 a1 a0 b2 b1 b0
+            bm.free(r)
+            r.num_computed_tokens = 0
+        return bm, reqs
+
+    bm, reqs = pool()
+    lru, planned = _Victims(bm, decode_takes), []
+    for r in reqs:
+        blocks, hit = bm.find_cached(r, count=False)
+        k = lru.cut(blocks)
+        planned.append(k)
+        lru.admit(r, r.num_tokens - k * 4, blocks[:k], k * 4)
+    bm, reqs = pool()
+    bm._take_n(decode_takes)                 # the decodes' takes, then each admission as the scheduler makes it
+    found = []
+    for r in reqs:
+        blocks, hit = bm.find_cached(r, count=False)
+        found.append(len(blocks))
+        if r is reqs[0]:                     # (the pool of 6 has no room for the second: its hit is the point)
+            assert bm.allocate(r, r.num_tokens - hit, blocks, hit)
+    assert planned == found == hits

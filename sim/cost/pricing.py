@@ -32,6 +32,22 @@ def attribution(dt: float, alone) -> np.ndarray:
     return dt * a / tot if tot > 0 else np.full(a.size, dt / max(a.size, 1))
 
 
+def step_counts(items, decodes: int = 0) -> tuple:
+    """``(running, scheduled_tokens, sampled, admitted, admitted_tokens)`` of a step of ``items`` and ``decodes``
+    more one-token decodes (:meth:`StepPricer.host_of`'s counts: admitted = scheduled for the first time, not
+    after a preemption)."""
+    new = [it.req for it in items if it.new_admission and it.req.num_preemptions == 0]
+    return (decodes + len(items), decodes + sum(it.num_new for it in items),
+            decodes + sum(1 for it in items if it.samples), len(new), sum(q.prompt_tokens for q in new))
+
+
+def equal_shares(priced) -> bool:
+    """Whether a step's ``priced`` items ``(cost tuples, kind)`` share its seconds equally (``Engine._attribute``):
+    every one with work is of the decode kind; else each gets its share by its stand-alone seconds
+    (:func:`attribution`)."""
+    return all(kind == 2 or not ts for ts, kind in priced)
+
+
 class _Sub:
     """A sub-range of a scheduled item (pricing the part of a chunk before a verification prompt)."""
 
@@ -148,10 +164,7 @@ class StepPricer:
         request between steps; it is charged to the step that first schedules it (the same total). Sizes
         beyond the measured range are priced on the same lines and counted (``host_extrapolated``).
         """
-        t = sum(it.num_new for it in items)
-        smp = sum(1 for it in items if it.samples)
-        new = [it.req for it in items if it.new_admission and it.req.num_preemptions == 0]
-        out, extrapolated = self.host_counts(len(items), t, smp, len(new), sum(q.prompt_tokens for q in new))
+        out, extrapolated = self.host_counts(*step_counts(items))
         self.host_extrapolated += extrapolated
         return out
 

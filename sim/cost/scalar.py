@@ -61,20 +61,25 @@ class ScalarCost:
         self.v = None if m.is_plain else variant(m)
         self.routing = routing   # MoE: None (expected distinct experts) or a SampledRouting
 
-    def _item_sums(self, items):
-        """:meth:`terms`'s per-item sums over ``items`` (plain floats, accumulated in item order).
+    def _item_sums(self, items, start=None):
+        """:meth:`terms`'s per-item sums over ``items`` (plain floats, accumulated in item order), from ``start``
+        (the same tuple: the sums of items before these) or zero.
 
         Returns ``(f_lin, f_att, f_head, kv, kvs, d_ell, d_ellc, d_cmax, emb, cp, nl, rows, rows_n, lmax, pmax,
         gmax, cp_any, uniform)``:
         the flops and KV elements of each operator group, the one-token rows' ``sum l_i``, ``sum l_i c_i`` and
         ``max c_i`` (padded attention), the maxima over items, and whether every running item decodes one token.
         """
-        f_lin = f_att = f_head = 0.0
-        kv = kvs = 0.0
-        d_ell = d_ellc = d_cmax = 0.0   # one-token rows: sum l_i, sum l_i c_i, max c_i (padded attention)
-        emb = cp = nl = rows = rows_n = 0.0
-        lmax = pmax = gmax = cp_any = 0.0
-        uniform = True    # every running item decodes one token (vLLM's uniform decode batch)
+        if start is None:
+            f_lin = f_att = f_head = 0.0
+            kv = kvs = 0.0
+            d_ell = d_ellc = d_cmax = 0.0   # one-token rows: sum l_i, sum l_i c_i, max c_i (padded attention)
+            emb = cp = nl = rows = rows_n = 0.0
+            lmax = pmax = gmax = cp_any = 0.0
+            uniform = True    # every running item decodes one token (vLLM's uniform decode batch)
+        else:
+            (f_lin, f_att, f_head, kv, kvs, d_ell, d_ellc, d_cmax, emb, cp, nl, rows, rows_n, lmax, pmax, gmax, cp_any,
+             uniform) = start
         L = self.L
         v = self.v
         for it in items:
@@ -133,42 +138,25 @@ class ScalarCost:
 
     def mixed_seconds(self, B: int, S: int, cmax: int, items) -> float:
         """:meth:`seconds` of ``B`` one-token decodes ``(1, c_i, None, 0, 1, 0)`` (``S = sum_i c_i``, the longest
-        ``cmax``) followed by ``items``, the decodes' sums in closed form (a dense shape)::
+        ``cmax``) followed by ``items``: the decodes' sums in closed form (:meth:`closed_form`), then the items'
+        added to them in turn, as :meth:`_item_sums` adds the stepped batch's::
 
-            f_lin += 2 P L B,  f_att += 4 H Dh L (S + B),  f_head += 2 d V B,  kv += L 2 Hkv Dh (S + B),
-            d_ell += L B,  d_ellc += L S,  emb += 2 d B,  nl += L B,  rows += B,  rows_n += B,
-            d_cmax, lmax, gmax: at least cmax, L, 1
+            f_lin = 2 P L B,  f_att = a L (S + B),  f_head = 2 d V B,  kv = L kvt (S + B),
+            d_ell = L B,  d_ellc = L S,  emb = 2 d B,  nl = L B,  rows = rows_n = B,
+            d_cmax = cmax,  lmax = L,  gmax = 1
 
-        Equal to :meth:`seconds` of the items one by one while every sum is an integer below 2^53 (each term of a
-        dense decode is one: :meth:`exact_integers`), whatever the order the items are summed in."""
+        (``a``, ``kvt``: the dense or the variant's attention and KV constants). Equal to :meth:`seconds` of the
+        decodes and items one by one while each decode's terms are integers below 2^53 (:meth:`exact_integers`):
+        the decodes' sums are then exact, and the items come after them, as in the stepped order."""
         if not self.closed_form():
             raise ValueError("mixed_seconds: the closed form prices dense, MoE and MLA layers only")
-        (f_lin, f_att, f_head, kv, kvs, d_ell, d_ellc, d_cmax, emb, cp, nl, rows, rows_n, lmax, pmax, gmax, cp_any,
-         uniform) = self._item_sums(items)
+        start = None
         if B:
             L, B, S, cmax = self.L, float(B), float(S), float(cmax)
             att, kvt = (self.att, self.kvt) if self.v is None else (self.v.a_dec, self.v.kvt)
-            if float(self.P).is_integer():   # every item's linear flops an integer: any order
-                f_lin += 2.0 * self.P * L * B
-            else:   # a prompt's 2 P n L may round: the decodes' sum first, then the items' in turn (the stepped order)
-                f_lin = 2.0 * self.P * L * B
-                for it in items:
-                    if it[0] > 0:
-                        f_lin += 2.0 * self.P * it[0] * (self.L if it[2] is None else it[2])
-            f_att += att * L * (S + B)
-            f_head += 2.0 * self.dV * B
-            kv += L * kvt * (S + B)
-            d_ell += L * B
-            d_ellc += L * S
-            d_cmax = _fmax(d_cmax, cmax)
-            emb += 2.0 * self.d * B
-            nl += B * L
-            rows += B
-            rows_n += B
-            lmax = _fmax(lmax, L)
-            gmax = _fmax(gmax, 1.0)
-        return seconds(self.hw, self._terms((f_lin, f_att, f_head, kv, kvs, d_ell, d_ellc, d_cmax, emb, cp, nl, rows,
-                                             rows_n, lmax, pmax, gmax, cp_any, uniform)), FLOAT, model=self.m)
+            start = (2.0 * self.P * L * B, att * L * (S + B), 2.0 * self.dV * B, L * kvt * (S + B), 0.0, L * B, L * S,
+                     cmax, 2.0 * self.d * B, 0.0, B * L, B, B, L, 0.0, 1.0, 0.0, True)
+        return seconds(self.hw, self._terms(self._item_sums(items, start)), FLOAT, model=self.m)
 
     def _terms(self, sums) -> OpTerms:
         """The :class:`OpTerms` of an iteration from :meth:`_item_sums`' sums."""

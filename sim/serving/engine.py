@@ -41,7 +41,7 @@ import simpy
 
 from sim.serving import arrivals
 from sim.serving.capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
-from sim.cost.pricing import StepPricer, attribution
+from sim.cost.pricing import StepPricer, attribution, equal_shares
 from sim.cost.terms import ScalarCost, with_shared
 from sim.serving.fastforward import token_times
 from sim.serving.kvcache import UNLIMITED, BlockManager
@@ -422,7 +422,7 @@ class Engine(ProblemLifecycle):
     def _attribute(self, items, priced, dt, worked) -> None:
         if not worked or dt <= 0:
             return
-        if all(kind == 2 or not ts for ts, kind in priced):
+        if equal_shares(priced):
             live = [it for it, (ts, _) in zip(items, priced) if ts]
             share = dt / len(live)
             for it in live:

@@ -25,12 +25,14 @@ not tokens:
 
 * **Admission in the first step** (vLLM V1, :meth:`FastForward.admission`). Where the waiting head is
   admissible now, the window's first step is the stepped path's mixed step: the decodes allocate, then the
-  scheduler's own ``_admit`` takes the waiting requests in order, each a fresh one-branch request whose whole
-  prompt fits the step's budget (it samples its first token there and decodes from step 2, as a member whose
-  ``c0`` is ``num_tokens - 1``); the step is priced from its items' cost tuples as the stepped path prices it
-  and each item gets its share by its stand-alone seconds. Its outcome is planned before anything changes
-  (no preemption, no hit that the decodes' takes or an earlier admission of the step could change, the
-  batch within the fitted range); otherwise the step is stepped. An idle engine's admission is such a window.
+  scheduler's own ``_admit`` takes the waiting requests in order, each a one-branch request -- fresh, or resumed
+  after a preemption -- whose whole rest fits the step's budget (it samples a token there and decodes from step
+  2, as a member whose ``c0`` is ``num_tokens - 1``); the step is priced from its items' cost tuples as the
+  stepped path prices it and each item gets its share as ``Engine._attribute`` gives it. Its outcome is
+  planned before anything changes: no preemption; each request's hit as its turn will find it, its cached chain
+  cut at the first block the takes before it evict from the pool's LRU queue (:class:`_Victims`); no hit another
+  admission of the step could change; the batch within the fitted range. Otherwise the step is stepped. An idle
+  engine's admission is such a window.
 
 * **No admission after the first step.** A waiting head is admitted (vLLM V1 with ``scheduler_reserve_full_isl``, and
   prefill-first) iff ``ceil(num_tokens / bs) - (its cached chain blocks that a running request holds)
@@ -76,6 +78,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.cost.pricing import step_counts
 from sim.serving.ff_members import Members, StepTimes
 from sim.serving.ff_window import Window
 from sim.serving.token_times import TokenTimes, token_times  # noqa: F401  (read here by the engine and tests)
@@ -140,22 +143,26 @@ class Admission:
 
 
 class _Victims:
-    """The pool's eviction order from its front (vLLM's free-block queue: LRU), read as far as asked: whether the
-    takes before an admission leave its hit blocks alone."""
+    """One step's takes against the pool's eviction order (vLLM's free-block queue: LRU), planned before the step:
+    ``takes`` blocks taken so far (the decodes'), then each admission's (:meth:`admit`). The blocks an admission
+    hits leave the queue (``held``) before its own takes; the queue is read only as far as asked."""
 
-    def __init__(self, kv):
-        self.kv = kv
-        self.it = iter(kv._evictable.values()) if kv._ordered else None
+    def __init__(self, kv, takes: int):
+        self.kv, self.takes = kv, int(takes)
+        self.held: set = set()
+        self.it = kv.eviction_queue()
         self.seen: list = []
 
-    def cut(self, blocks, n_evict: int, held):
-        """How many of ``blocks`` (a request's cached chain, in order) the first ``n_evict`` victims leave it: the
-        chain stops at the first evicted one (the blocks in ``held``, hit by earlier admissions, leave the order
-        before those evictions); None where the order is not a queue."""
+    def cut(self, blocks):
+        """How many of ``blocks`` (a request's cached chain, in order) the takes so far leave it: the chain stops at
+        the first they evict (takes beyond the clean blocks evict the queue's front, the held blocks skipped); None
+        where the order is not a queue."""
+        n_evict = self.takes - self.kv.n_clean
         if n_evict <= 0 or not blocks:
             return len(blocks)
         if self.it is None:
             return None      # a scored policy (a heap): not planned
+        held = self.held
         live = [b for b in self.seen if b not in held]
         while len(live) < n_evict:
             b = next(self.it, None)
@@ -169,6 +176,12 @@ class _Victims:
             if b in victims:
                 return k
         return len(blocks)
+
+    def admit(self, req, n: int, blocks, hit: int) -> None:
+        """``req`` admitted with ``n`` new tokens over its hit ``blocks`` (``hit`` tokens): they leave the queue,
+        and its new blocks are taken (``BlockManager.new_blocks``)."""
+        self.held.update(blocks)
+        self.takes += self.kv.new_blocks(req, n, blocks, hit)
 
 
 class FastForward:
@@ -311,10 +324,10 @@ class FastForward:
         block), then admits waiting requests in order while the token budget and ``max_num_seqs`` allow, until one
         does not fit the free blocks. The window takes that step only where its outcome is known now: the
         decodes' takes fit the free pool (no preemption); each admitted request is :meth:`plain_waiting` and gets
-        the whole rest of its prompt (it samples a token in the step and decodes from step 2); no request's prefix
+        the whole rest of its prompt (it samples a token in the step and decodes from step 2); each request's prefix
         hit is known at its turn -- its cached chain up to the first of the pool's LRU victims of the takes before
-        it (:meth:`_Victims.cut`), no other admitted request of the step hitting its blocks or keying the block
-        after them; the batch is within the fitted range; and the step, priced as the stepped path prices
+        it (:meth:`_Victims.cut`), with no other admitted request of the step hitting its blocks or keying the
+        block after them; the batch is within the fitted range; and the step, priced as the stepped path prices
         it (its items' cost tuples, :meth:`~sim.cost.pricing.StepPricer.host_counts`, ``step_seconds``), does not
         end exactly at the next event. The window ends after the step where the next event falls in it or a
         request left waiting could be admitted in the next.
@@ -329,8 +342,8 @@ class FastForward:
             return None
         budget = int(cfg.max_num_batched_tokens) - B0
         thr = sched._threshold()
-        items, priced, budgets, keyed, held = [], [], [], set(), set()
-        lru = _Victims(kv)
+        items, priced, budgets, keyed = [], [], [], set()
+        lru = _Victims(kv, takes)
         tries = 0
         bs = kv.block_size
         for head in sched.waiting:
@@ -341,11 +354,11 @@ class FastForward:
             if hit:
                 # the takes before its turn evict the pool's LRU front: its chain stops at the first they take (a
                 # preempted request's own blocks are often there, tail first)
-                k = lru.cut(blocks, takes - kv.n_clean, held)
+                k = lru.cut(blocks)
                 if k is None or (k < len(blocks) and kv._dups):
                     return None   # not a queue, or an evicted key another copy may serve
                 blocks, hit = blocks[:k], k * bs
-                if held.intersection(blocks):
+                if lru.held.intersection(blocks):
                     return None   # an earlier admission of the step holds one of its hit blocks
             if items and kv.caching and head.cacheable and hit // bs < head.num_tokens // bs:
                 if kv.keys_upto(head, hit // bs + 1)[hit // bs] in keyed:
@@ -363,8 +376,7 @@ class FastForward:
             budgets.append(budget)
             budget -= n
             free -= need
-            held.update(blocks)
-            takes += need - sum(1 for b in blocks if b.ref == 0)   # its new blocks (its evictable hits are not takes)
+            lru.admit(head, n, blocks, hit)
             if kv.caching and head.cacheable:
                 keyed.update(kv.keys_upto(head, head.num_tokens // bs)[:head.num_tokens // bs])
         if not items or (eng.max_batch is not None and B0 + len(items) > eng.max_batch):
@@ -375,10 +387,7 @@ class FastForward:
         host, extrapolated = None, 0
         if eng.host_step is not None:
             from sim.cost.overheads import step_seconds
-            new = [it.req for it in items if it.req.num_preemptions == 0]   # StepPricer.host's admitted requests
-            host, extrapolated = pricer.host_counts(
-                B0 + len(items), B0 + sum(it.num_new for it in items), B0 + sum(1 for it in items if it.samples),
-                len(new), sum(q.prompt_tokens for q in new))
+            host, extrapolated = pricer.host_counts(*step_counts(items, B0))
             dt = step_seconds(dt, host[0], eng.async_scheduling, host[1])
         if not dt > 0 or eng.env.now + dt == eng.env.peek():   # a tie with the next event: stepped
             return None

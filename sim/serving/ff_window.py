@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.cost.pricing import attribution
+from sim.cost.pricing import attribution, equal_shares
 from sim.serving.ff_members import carried, write_record
 from sim.workload.job import KIND_NAMES
 
@@ -342,7 +342,7 @@ class Window:
         # each decode's stand-alone seconds in one pass (the closed form of its one tuple), then the admitted
         # items': Engine._attribute's shares
         c = self.c0[old]
-        if all(kind == 2 for _, kind in plan.priced):   # every item of the decode kind (a resumed request's hit
+        if equal_shares(plan.priced):   # with the decodes, every item of the decode kind (a resumed request's hit
             shares = np.full(len(c) + m, dt / (len(c) + m))   # past its prompt): dt / n each, as Engine._attribute
         else:
             a_dec = self.ff.alone_decodes(c)
@@ -355,10 +355,8 @@ class Window:
             p, b = self.probs[i0 + k], req.data[2]
             p.phase[KIND_NAMES[kind]] += adm_sh[k]
             eng.tokens[kind] += ts[0][0] if len(ts) == 1 else sum(t[0] for t in ts)
-            if it.recompute:                       # a resumed request's tokens computed again (Scheduler.update)
-                sched.recompute_tokens += it.recompute
-                req.recompute_tokens += it.recompute
-                p.recompute += it.recompute
+            sched._recomputed(it)                  # a resumed request's tokens computed again (Scheduler.update)
+            p.recompute += it.recompute
             if p.first[b] != p.first[b]:           # fresh: its prompt is in, its first token is out
                 p.first[b] = self.t_end - p.arrival
                 p.src_ready[b] = True

@@ -254,8 +254,7 @@ class BlockManager:
                 keys.append(block_key(parent, content(m)))
                 return keys
             append = keys.append
-            bulk = getattr(req, "block_contents", None)
-            for c in (bulk(m, n) if bulk is not None else map(content, range(m, n))):
+            for c in (req.block_contents(m, n) if hasattr(req, "block_contents") else map(content, range(m, n))):
                 parent = hash((parent, c))   # block_key, inline: a prompt's keys in one pass
                 append(parent)
         return keys
@@ -307,15 +306,16 @@ class BlockManager:
 
     # ------------------------------------------------------------------ allocation
     def blocks_needed(self, req, n_new: int, computed: list = (), hit_tokens: int | None = None) -> int:
-        """New blocks an :meth:`allocate` of ``n_new`` tokens would take from the free pool."""
+        """Blocks an :meth:`allocate` of ``n_new`` tokens would take from the free pool: its :meth:`new_blocks`, its
+        cache hits nobody holds (evictable), and its other KV-cache groups' new blocks."""
+        extra = 0 if self.kv_groups is None else max(
+            self._extra_blocks(req, n_new, computed, hit_tokens) - len(self._extra.get(req.req_id, ())), 0)
+        return self.new_blocks(req, n_new, computed, hit_tokens) + sum(1 for b in computed if b.ref == 0) + extra
+
+    def new_blocks(self, req, n_new: int, computed: list = (), hit_tokens: int | None = None) -> int:
+        """Blocks an :meth:`allocate` of ``n_new`` tokens takes (:meth:`_take_n`: clean ones first, else victims)."""
         have = len(self.req_blocks.get(req.req_id, ())) + len(computed)
-        total = self._total_blocks(req, n_new, computed, hit_tokens)
-        n_evictable_hits = sum(1 for b in computed if b.ref == 0)
-        extra = 0
-        if self.kv_groups is not None:
-            extra = max(self._extra_blocks(req, n_new, computed, hit_tokens)
-                        - len(self._extra.get(req.req_id, ())), 0)
-        return max(total - have, 0) + n_evictable_hits + extra
+        return max(self._total_blocks(req, n_new, computed, hit_tokens) - have, 0)
 
     def _extra_blocks(self, req, n_new: int, computed, hit_tokens=None) -> int:
         """Blocks of the request's other KV-cache groups once ``n_new`` more tokens are in (:meth:`set_kv_groups`)."""
@@ -502,6 +502,10 @@ class BlockManager:
             dups.pop(b.block_id, None)
         if dups is not None and not dups:
             del self._dups[key]
+
+    def eviction_queue(self):
+        """The evictable blocks in eviction order (the LRU queue's front first; read only); None for a heap order."""
+        return iter(self._evictable.values()) if self._ordered else None
 
     def _pop_victim(self) -> Block:
         if self._ordered:

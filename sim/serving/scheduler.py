@@ -515,9 +515,7 @@ class Scheduler:
                 continue  # preempted later in the same step (cannot happen in one schedule) -- skip
             c = req.num_computed_tokens + it.num_new
             req.num_computed_tokens = c
-            if it.recompute:
-                self.recompute_tokens += it.recompute
-                req.recompute_tokens += it.recompute
+            self._recomputed(it)
             if c > req.high_water:
                 req.high_water = c
             if c == req.num_tokens and not req.done_sampling:
@@ -527,6 +525,12 @@ class Scheduler:
                 self._finish(req)
                 done.append(req)
         return done
+
+    def _recomputed(self, it: Scheduled) -> None:
+        """Count an item's tokens computed again (after a preemption)."""
+        if it.recompute:
+            self.recompute_tokens += it.recompute
+            it.req.recompute_tokens += it.recompute
 
     def _finish(self, req: Request) -> None:
         req.status = FINISHED
