@@ -40,7 +40,8 @@ same reachability):
   with the release order (``policy.release_ordered``: LRU, whose key leads
   with ``last_used``, a fresh tick at every release) needs no heap: the
   evictable blocks are kept in release order and the oldest goes first, as
-  vLLM's ``FreeKVCacheBlockQueue`` does, with the same victims.
+  vLLM's ``FreeKVCacheBlockQueue`` does, with the same victims (and no block
+  keeps the rank fields nobody reads then: ticks, depth, heap versions).
 * **RSBCM score.** A block's score is only what is known when it is ranked:
   0 until :meth:`BlockManager.set_score` raises it (the caller calls it when
   the branch's score becomes known); a block shared by several branches keeps
@@ -66,66 +67,9 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from dataclasses import dataclass
 
-ROOT_KEY = 0x9E3779B97F4A7C15  # parent key of a sequence's first block
-UNLIMITED = 1 << 62            # "no capacity limit" in blocks (nothing is allocated per block)
-
-
-class KVCacheError(ValueError):
-    """A bad block-manager parameter (message names it)."""
-
-
-def block_key(parent: int, content) -> int:
-    """Key of a full block: ``hash((parent_key, content))``.
-
-    Python's hash of a tuple of ints (and of tuples of them) does not depend on
-    ``PYTHONHASHSEED``, so keys are the same in every run; like vLLM's builtin
-    hash option it is 64-bit and not collision-proof (a collision merges two
-    blocks; at 2^-64 per pair it is ignored, as vLLM's default does).
-    """
-    return hash((parent, content))
-
-
-def chain_keys(tokens, block_size: int, parent: int = ROOT_KEY) -> list[int]:
-    """Keys of the full blocks of ``tokens`` (a sequence of ints), chained from ``parent``."""
-    out = []
-    t = list(map(int, tokens))
-    for k in range(len(t) // block_size):
-        parent = block_key(parent, tuple(t[k * block_size:(k + 1) * block_size]))
-        out.append(parent)
-    return out
-
-
-@dataclass(eq=False, slots=True)   # slots: a block is made per take, its fields read in every loop
-class Block:
-    """One KV block: id (0..num_blocks-1), key (None = not cached), refs and the policy's fields."""
-
-    block_id: int
-    key: int | None = None
-    ref: int = 0
-    score: float = 0.0
-    depth: int = 0
-    last_used: float = 0.0
-    inserted: float = 0.0
-    version: int = 0       # bumped whenever its heap entry goes stale
-
-
-def check_size(name: str, value, lo: int = 1, hi: int | None = None, allow_none: bool = False) -> int | None:
-    """An integer size parameter in ``[lo, hi]``, else :class:`KVCacheError` naming ``name``."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) and not (
-            hasattr(value, "__index__") and not isinstance(value, float)):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise KVCacheError(f"{name}: must be an integer >= {lo}, got {value!r}")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise KVCacheError(f"{name}: must be an integer {rng}, got {value!r}")
-    return value
+from sim.serving.kvblock import (  # noqa: F401 - the block manager's units, imported from here too
+    ROOT_KEY, UNLIMITED, Block, KVCacheError, block_key, chain_keys, check_size)
 
 
 class BlockManager:
@@ -416,7 +360,22 @@ class BlockManager:
             n_keyed[rid] = k0
             return
         keys = self.keys_upto(req, hi)
-        cached, depth_of, tick = self.cached, req.block_depth, self.tick
+        cached = self.cached
+        if self._ordered:
+            # the queue's order is the rank: depth and insertion tick are read by no one (a key and its entry)
+            for k in range(k0, hi):
+                b = blks[k]
+                if b.key is None:
+                    key = b.key = keys[k]
+                    first = cached.get(key)
+                    if first is None:
+                        cached[key] = b
+                    else:
+                        b.score = first.score
+                        self._dups.setdefault(key, {})[b.block_id] = b
+            n_keyed[rid] = hi
+            return
+        depth_of, tick = req.block_depth, self.tick
         for k in range(k0, hi):
             b = blks[k]
             if b.key is None:
@@ -486,7 +445,8 @@ class BlockManager:
         else:              # no duplicate anywhere: b is the key's only copy
             del self.cached[key]
         b.key, b.ref, b.score, b.depth = None, 1, 0.0, 0
-        b.version += 1
+        if not self._ordered:    # a heap entry's staleness (an ordered queue keeps none)
+            b.version += 1
         return b
 
     def _uncache(self, b: Block) -> None:
@@ -546,12 +506,10 @@ class BlockManager:
             if ref > 0:
                 continue
             if b.key is not None and caching:
-                tick += 1.0
-                b.last_used = tick
-                evictable[b.block_id] = b
-                if ordered:
-                    b.version += 1     # _push's whole work when the release order is the rank
-                else:
+                evictable[b.block_id] = b   # the queue's tail: the release order is the rank (ordered policies)
+                if not ordered:
+                    tick += 1.0
+                    b.last_used = tick
                     self._push(b)
             else:
                 if b.key is not None:
