@@ -139,6 +139,24 @@ def test_token_pace_is_bounded_by_the_frontend():
     assert on.e2el == pytest.approx(on.ttft + np.array([sum(x) for x in on.itls]), rel=1e-12)
 
 
+def test_frontend_gaps_in_chunks_equal_one_pass(monkeypatch):
+    """The client's gaps are made a chunk of requests at a time (``plain.FRONTEND_CHUNK``): chunks of 3 requests over
+    two replicas give the same ITLs and E2E as one chunk, the front end sets the pace of some tokens, and each E2E
+    is its TTFT plus its own gaps."""
+    m = load_model("smollm2-135m")
+    fe = FrontendCost(per_output_s=2e-3, step_base_s=1e-3)
+    wl = plain.random_workload(17, 32, 12, range_ratio=0.5, seed=5)
+    kw = dict(request_rate=200.0, seed=5, data_parallel_size=2)
+    base = plain.run(m, _hw(), wl, **kw)
+    one = plain.run(m, _hw(fe=fe), wl, **kw)
+    monkeypatch.setattr(plain, "FRONTEND_CHUNK", 3)
+    small = plain.run(m, _hw(fe=fe), wl, **kw)
+    np.testing.assert_array_equal(small.e2el, one.e2el)
+    np.testing.assert_array_equal(small.itls.flat(), one.itls.flat())
+    assert any(sum(o) > sum(b) for o, b in zip(small.itls, base.itls))   # the front end binds somewhere
+    np.testing.assert_allclose(small.e2el, small.ttft + np.array([sum(x) for x in small.itls]), rtol=1e-12)
+
+
 def test_pipeline_parallel_puts_host_time_on_stage_zero():
     m = load_model("llama-3-8b")
     wl = plain.PlainWorkload(np.array([64]), np.array([5]))
