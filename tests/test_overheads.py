@@ -51,6 +51,27 @@ def test_host_step_is_vectorised_over_steps():
     assert many.sum() == pytest.approx(sum(HS.seconds(int(a), int(b)) for a, b in zip(r, t)), rel=1e-12)
 
 
+def test_window_host_remembers_each_batch_size_for_its_host_step():
+    """The window's decode host floats: a few steps read each batch size's remembered floats, a long window one
+    numpy pass, the same floats as a step priced alone; a new host_step is priced afresh."""
+    import dataclasses
+
+    from sim.cost import pricing
+
+    p = pricing.StepPricer(None, host_step=dataclasses.replace(HS, max_running=64))
+    B = np.array([1, 7, 6, 7, 200, 3], np.int64)         # 200: past the measured range, on the same lines
+    long = np.resize(B, pricing.HOST_MEMO_STEPS + 1)
+    h, s = p.window_host(B)
+    hl, sl = p.window_host(long)
+    np.testing.assert_array_equal(h, hl[:6])
+    np.testing.assert_array_equal(s, sl[:6])
+    assert [p.window_host(int(b)) for b in B] == list(zip(h.tolist(), s.tolist()))
+    assert h.tolist() == [HS.seconds(b, b, b) for b in B.tolist()]
+    p.host_step = dataclasses.replace(HS, base_s=2e-3)
+    assert p.window_host(7)[0] == pytest.approx(h[1] + 1e-3, rel=1e-12)
+    np.testing.assert_allclose(p.window_host(B)[0], h + 1e-3, rtol=1e-12)
+
+
 def test_host_step_refuses_more_than_it_was_measured_at():
     hs = HostStepCost(base_s=1e-4, per_running_s=1e-5, max_running=512, max_tokens=8192, source="measured x")
     hs.seconds(512, 8192)

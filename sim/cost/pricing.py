@@ -22,6 +22,9 @@ from sim.cost.overheads import step_seconds
 from sim.base.errors import OutOfCalibrationError
 
 
+HOST_MEMO_STEPS = 16   # window_host: up to this many steps read each batch size's remembered floats
+
+
 def attribution(dt: float, alone) -> np.ndarray:
     """Each item's share of a step's ``dt`` seconds by its stand-alone seconds ``alone`` (item order)::
 
@@ -87,6 +90,7 @@ class StepPricer:
         self.extra_dt = 0.0           # eviction-scoring seconds the batch priced last adds
         self._open = (None, None)     # (host_step, the same without its measured-range bounds), made once
         self._alone_memo: dict = {}
+        self._host_memo = (None, {})  # (host_step, batch size -> a decode step's host floats): _decode_host
 
     def item(self, it):
         """Cost tuples ``(n, c, layers, probes, logits, copy)`` and the phase kind of one scheduled item."""
@@ -204,8 +208,27 @@ class StepPricer:
         samples one token, none is admitted -- :meth:`host_of` of such a step, element by element (the same
         floating-point operations, so the same floats). Sizes past the measured range are priced on the same
         lines (counted by the window's close: ``host_extrapolated``). One batch size as a number: Python floats."""
-        B = int(B) if np.ndim(B) == 0 else np.asarray(B)
-        return self._host_open.seconds_and_serial(B, B, B, 0, 0)
+        if np.ndim(B) == 0:
+            return self._decode_host(int(B))
+        B = np.asarray(B)
+        if len(B) > HOST_MEMO_STEPS:
+            return self._host_open.seconds_and_serial(B, B, B, 0, 0)
+        # a window of a few steps: each batch size's floats once (they repeat from window to window)
+        hs = [self._decode_host(b) for b in B.tolist()]
+        return np.array([h for h, _ in hs], np.float64), np.array([s for _, s in hs], np.float64)
+
+    def _decode_host(self, b: int) -> tuple:
+        """``(host_s, host_serial_s)`` of a decode step of ``b`` requests, in Python floats, remembered per ``b``
+        (a pure function of ``b`` and the host coefficients)."""
+        memo = self._host_memo
+        if memo[0] is not self.host_step:
+            memo = self._host_memo = (self.host_step, {})
+        v = memo[1].get(b)
+        if v is None:
+            if len(memo[1]) > 1 << 16:
+                memo[1].clear()
+            v = memo[1][b] = self._host_open.seconds_and_serial(b, b, b, 0, 0)
+        return v
 
     def alone(self, ts) -> float:
         """``cost.seconds(ts)``, memoised: a pure function of the item's cost tuples, priced for every item of
