@@ -155,6 +155,23 @@ def test_windows_cover_preemptions_and_finishes():
     assert xa.iterations - ff.steps < xa.stats["preemptions"]
 
 
+@pytest.mark.parametrize("rate", [math.inf, 400.0])
+@pytest.mark.parametrize("running,tokens", [(6, 1000), (1000, 6)])
+def test_host_steps_past_the_measured_sizes_are_counted_in_windows(rate, running, tokens):
+    """A host_step measured up to ``running`` requests and ``tokens`` tokens: the windows' steps past either
+    (long windows offline, a step or two under arrivals) count as the stepped path counts them, priced the same."""
+    import dataclasses
+    hw = HW["h100-sxm"]
+    hw = dataclasses.replace(hw, host_step=dataclasses.replace(hw.host_step, max_running=running, max_tokens=tokens))
+    wl = plain.random_workload(24, 40, 60, 0.5, 0, 4)
+    kw = dict(offline=True) if math.isinf(rate) else dict(request_rate=rate, seed=4)
+    pair = _both(wl, hw, **kw)
+    ff = _check(pair)
+    (ra, _, xa, _), _ = pair
+    beyond = ra.info["overheads"]["host_step"]["steps_beyond_measured"]
+    assert 0 < beyond < xa.iterations and ff.steps > 0.5 * xa.iterations
+
+
 @pytest.mark.parametrize("policy", ["prefill-first", "vllm-v1-chunk-admit"])
 def test_other_schedulers_under_pressure(policy):
     """Prefill-first looks the waiting head up before the decodes allocate (and in a preempting step), chunk
@@ -389,7 +406,7 @@ def test_a_short_stretch_priced_in_floats_equals_the_numpy_pass():
 def test_a_window_adds_each_step_share_in_turn():
     """close() adds the per-step decode shares to each problem's phase one step at a time, left to right as the
     stepped path does (column cumsums, chunked), not summed first: equal to a step-by-step loop."""
-    from sim.serving.ff_window import _add_in_turn
+    from sim.serving.ff_sums import add_in_turn
     rng = np.random.default_rng(3)
     for n, B, cells in ((1, 5, 1 << 20), (7, 1, 1 << 20), (300, 9, 64), (50, 40, 1)):
         ph0 = rng.random(B) * 10.0 ** rng.integers(-3, 3, B)
@@ -399,8 +416,24 @@ def test_a_window_adds_each_step_share_in_turn():
         for x in xs.tolist():
             np.add(want, x, out=want, where=mask)
         got = ph0.copy()
-        _add_in_turn(got, mask, xs, cells)
+        add_in_turn(got, mask, xs, cells)
         assert np.array_equal(got, want), (n, B, cells)
+
+
+def test_a_window_folds_its_counters_left_to_right():
+    """close() adds a window's per-step seconds to the run's counters left to right: as Python floats for a few
+    steps, one cumsum for more, the same floats as the stepped loop either way (not numpy's pairwise sum)."""
+    from sim.serving.ff_sums import fold
+    rng = np.random.default_rng(5)
+    for n in (1, 3, 8, 9, 200):
+        x0 = float(rng.random() * 1e3)
+        xs = rng.random(n) * 10.0 ** rng.integers(-6, 0, n)
+        want = x0
+        for x in xs.tolist():
+            want += x
+        assert fold(x0, xs.tolist()) == want and fold(x0, xs) == want, n
+    xs = np.full(1000, 0.1)
+    assert fold(0.0, xs) != float(np.sum(xs))   # the pairwise sum rounds differently: the order is the point
 
 
 @pytest.mark.parametrize("decode_takes,hits", [(0, [2, 2]), (1, [2, 2]), (2, [1, 1]), (3, [0, 0])])

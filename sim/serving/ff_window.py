@@ -12,6 +12,7 @@ import numpy as np
 
 from sim.cost.pricing import attribution, equal_shares
 from sim.serving.ff_members import carried, write_record
+from sim.serving.ff_sums import FOLD_STEPS, add_in_turn, fold
 from sim.workload.job import KIND_NAMES
 
 
@@ -483,9 +484,8 @@ class Window:
         sched = eng.sched
         idx = np.flatnonzero(self.alive)
         last[idx] = k   # the requests alive at the end are carried on: their lengths are written later (Members)
-        dt = np.concatenate([sg[0] for sg in segs])
+        dt = np.concatenate([sg[0] for sg in segs]) if len(segs) > 1 else segs[0][0]
         Bj = np.concatenate([np.full(len(sg[0]), sg[1], np.int64) for sg in segs])   # the decodes of each step
-        adm = self.admit
         if len(dt) != k:   # pragma: no cover
             raise RuntimeError(f"fast-forward: {len(dt)} priced steps for a window of {k}")
         t = np.cumsum(np.concatenate(([self.now], dt)))
@@ -494,27 +494,7 @@ class Window:
         if B0 > sched.max_running:
             sched.max_running = B0
         eng.iterations += k
-        nB = int(Bj.sum())
-        run = Bj
-        if adm is not None:   # step 1 also ran the admitted requests (their items, the host time: planned)
-            run = Bj.copy()
-            run[0] += len(adm.items)
-        eng.items_scheduled += int(run.sum())
-        eng.busy = float(np.cumsum(np.concatenate(([eng.busy], dt)))[-1])
-        if eng.host_step is not None:
-            # the host seconds the stepped path adds one step at a time (Engine._stepped), left to right
-            h, _ = eng.window_host(Bj)
-            d0 = 0
-            if adm is not None:
-                h = np.array(h, np.float64)
-                h[0] = adm.host[0]
-                d0 = 1
-                eng.host_extrapolated += adm.extrapolated
-            eng.host_seconds = float(np.cumsum(np.concatenate(([eng.host_seconds], h)))[-1])
-            hs, Bd = eng.host_step, Bj[d0:]
-            eng.host_extrapolated += int(np.sum(((hs.max_running is not None) & (Bd > (hs.max_running or 0)))
-                                                | ((hs.max_tokens is not None) & (Bd > (hs.max_tokens or 0)))))
-        eng.run_time = float(np.cumsum(np.concatenate(([eng.run_time], dt * run)))[-1])
+        nB, run = self._counters(k, dt, Bj)
         eng.tokens[2] += float(nB)        # integer-valued: the stepped sum of 1.0s is exact
         m = self.m
         nc = m.nc
@@ -526,7 +506,7 @@ class Window:
             if len(sg) > 3:   # the admitting step: each request's own share of it (Window._admit_step)
                 np.add(ph, sg[3], out=ph, where=mask)
             else:             # a decode step adds dt / B to each request
-                _add_in_turn(ph, mask, d / b)
+                add_in_turn(ph, mask, d / b)
         ub = self._kv_used(k) * eng.block_bytes
         top = np.maximum.accumulate(ub)
         ends = t[1:]
@@ -549,15 +529,54 @@ class Window:
             self.carry.t_end, self.carry.iterations = self.t_end, sched.iterations
         eng.timeline_t.extend(ends.tolist())
         eng.timeline_b.extend(ub.tolist())
-        eng.timeline_run.extend(run.tolist())
+        eng.timeline_run.extend(run if isinstance(run, list) else run.tolist())
         self.ff.windows += 1
         self.ff.steps += k
         self.ff.step_s = float(dt[-1])
         return t, dt
 
+    def _counters(self, k: int, dt, Bj):
+        """The engine's run counters after the window's ``k`` steps of seconds ``dt`` and decodes ``Bj``, added in the
+        stepped path's order: ``(decodes in all, items run at each step)``."""
+        eng, adm = self.eng, self.admit
+        # the per-step counters, as lists for a window of a few steps (numpy's per-call cost dominates them)
+        dts, Bs = (dt.tolist(), Bj.tolist()) if k <= FOLD_STEPS else (dt, Bj)
+        nB = int(sum(Bs)) if k <= FOLD_STEPS else int(Bj.sum())
+        run = Bs
+        if adm is not None:   # step 1 also ran the admitted requests (their items, the host time: planned)
+            run = list(Bs) if k <= FOLD_STEPS else Bj.copy()
+            run[0] += len(adm.items)
+        eng.items_scheduled += int(sum(run)) if k <= FOLD_STEPS else int(run.sum())
+        eng.busy = fold(eng.busy, dts)
+        if eng.host_step is not None:
+            # the host seconds the stepped path adds one step at a time (Engine._stepped), left to right
+            h, _ = eng.window_host(Bj)
+            h = h.tolist() if k <= FOLD_STEPS else np.array(h, np.float64)
+            d0 = 0
+            if adm is not None:
+                h[0] = adm.host[0]
+                d0 = 1
+                eng.host_extrapolated += adm.extrapolated
+            eng.host_seconds = fold(eng.host_seconds, h)
+            mr, mt = eng.host_step.max_running, eng.host_step.max_tokens
+            if mr is not None or mt is not None:   # steps past the measured sizes (priced on the same lines)
+                Bd = Bj[d0:]
+                eng.host_extrapolated += int(np.sum((Bd > (mr if mr is not None else np.inf))
+                                                    | (Bd > (mt if mt is not None else np.inf))))
+        eng.run_time = fold(eng.run_time, [x * b for x, b in zip(dts, run)] if k <= FOLD_STEPS else dt * run)
+        return nB, run
+
     def _kv_used(self, k: int):
         """KV blocks in use after each of steps 1..k's schedule (forward-filled from the steps that changed it)."""
         used = self.used
+        if k <= FOLD_STEPS:   # a few steps: forward-filled in Python
+            marks = {st: v for st, v in used if 1 <= st <= k}
+            cur = used[0][1] if used else self.kv.num_used
+            out = []
+            for st in range(1, k + 1):
+                cur = marks.get(st, cur)
+                out.append(cur)
+            return np.array(out, np.int64)
         marks = np.full(k + 1, -1, np.int64)
         marks[0] = used[0][1] if used else self.kv.num_used
         for st, v in used:
@@ -566,21 +585,3 @@ class Window:
         # each step takes the latest mark at or before it
         at = np.where(marks >= 0, np.arange(k + 1), 0)
         return marks[np.maximum.accumulate(at)][1:]
-
-
-def _add_in_turn(ph, mask, xs, cells: int = 1 << 20) -> None:
-    """``ph[i] += xs[0]``, then ``xs[1]``, ... where ``mask``: left to right, the stepped path's float sums (a step's
-    share at a time), as sequential ``numpy.cumsum`` runs down the columns of ``[ph[mask]; xs; xs; ...]`` (at most
-    ``cells`` entries at once) rather than one numpy call per step."""
-    if len(xs) == 1:
-        np.add(ph, xs[0], out=ph, where=mask)
-        return
-    sub = ph[mask]
-    rows = max(1, cells // max(1, len(sub)))
-    for a in range(0, len(xs), rows):
-        x = xs[a:a + rows]
-        acc = np.empty((len(x) + 1, len(sub)))
-        acc[0] = sub
-        acc[1:] = x[:, None]
-        sub = np.cumsum(acc, axis=0)[-1]
-    ph[mask] = sub

@@ -195,7 +195,7 @@ class BlockManager:
             content = req.block_content
             parent = keys[-1] if m else ROOT_KEY
             if n == m + 1:          # a decode step filled a block: one key, no loop
-                keys.append(block_key(parent, content(m)))
+                keys.append(hash((parent, content(m))))   # block_key, inline (once per block a decode fills)
                 return keys
             append = keys.append
             for c in (req.block_contents(m, n) if hasattr(req, "block_contents") else map(content, range(m, n))):
@@ -434,7 +434,10 @@ class BlockManager:
 
     def _evict(self) -> Block:
         """The policy's victim, uncached and handed to a request (``ref`` 1)."""
-        b = self._pop_victim()
+        if self._ordered and self._evictable:   # the LRU queue's front (_pop_victim's first lane, inline)
+            b = self._evictable.popitem(last=False)[1]
+        else:
+            b = self._pop_victim()
         self.evictions += 1
         key = b.key
         self.last_evicted = key

@@ -1,0 +1,35 @@
+"""Float sums in the stepped path's order, for a fast-forward window (:mod:`sim.serving.ff_window`): a counter's
+running sum over the window's steps, and each request's share of every step added in turn."""
+from __future__ import annotations
+
+import numpy as np
+
+FOLD_STEPS = 8   # a window of up to this many steps sums its per-step counters in Python floats
+
+
+def fold(x0: float, xs) -> float:
+    """``x0 + xs[0] + xs[1] + ...``, left to right: the stepped path's running sums (a list: Python floats, the
+    same IEEE additions as ``numpy.cumsum``'s without its per-call cost; an array: one ``cumsum``)."""
+    if isinstance(xs, list):
+        for x in xs:
+            x0 += x
+        return float(x0)
+    return float(np.cumsum(np.concatenate(([x0], xs)))[-1])
+
+
+def add_in_turn(ph, mask, xs, cells: int = 1 << 20) -> None:
+    """``ph[i] += xs[0]``, then ``xs[1]``, ... where ``mask``: left to right, the stepped path's float sums (a step's
+    share at a time), as sequential ``numpy.cumsum`` runs down the columns of ``[ph[mask]; xs; xs; ...]`` (at most
+    ``cells`` entries at once) rather than one numpy call per step."""
+    if len(xs) == 1:
+        np.add(ph, xs[0], out=ph, where=mask)
+        return
+    sub = ph[mask]
+    rows = max(1, cells // max(1, len(sub)))
+    for a in range(0, len(xs), rows):
+        x = xs[a:a + rows]
+        acc = np.empty((len(x) + 1, len(sub)))
+        acc[0] = sub
+        acc[1:] = x[:, None]
+        sub = np.cumsum(acc, axis=0)[-1]
+    ph[mask] = sub
