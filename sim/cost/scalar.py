@@ -7,6 +7,7 @@ would dominate; :class:`ScalarCost` sums the same terms as :func:`sim.cost.terms
 from __future__ import annotations
 
 import bisect
+import itertools
 
 import numpy as np
 
@@ -297,14 +298,19 @@ class ScalarCost:
         the same floats, without numpy's per-call cost, which dominates a short fast-forward stretch). A batch size
         given as one number (a stretch of steps of one batch) prices its batch-size-only terms once, in floats
         (:data:`~sim.cost.roofline.MIXED`)."""
-        shape = np.broadcast_shapes(np.shape(B), np.shape(S), np.shape(cmax))
-        if len(shape) == 1 and shape[0] <= (SCALAR_STEPS_ONE_B if np.ndim(B) == 0 else SCALAR_STEPS):
-            B, S, cmax = (np.broadcast_to(x, shape).tolist() for x in (B, S, cmax))
-            return np.array([seconds(self.hw, self.decode_batch_terms(b, x, c, FLOAT), FLOAT, model=self.m)
-                             for b, x, c in zip(B, S, cmax)], np.float64)
-        ops = MIXED if np.ndim(B) == 0 else NUMPY
-        t = self.decode_batch_terms(B, S, cmax, ops)
-        return np.broadcast_to(np.asarray(seconds(self.hw, t, ops, model=self.m), np.float64), shape).copy()
+        if (np.ndim(B) == 0 and type(S) is np.ndarray and type(cmax) is np.ndarray and S.ndim == 1
+                and S.shape == cmax.shape and len(S) <= SCALAR_STEPS_ONE_B):
+            # a window's stretch of one batch size (its common call): floats, without broadcasting
+            steps = zip(itertools.repeat(B.item() if isinstance(B, np.generic) else B), S.tolist(), cmax.tolist())
+        else:
+            shape = np.broadcast_shapes(np.shape(B), np.shape(S), np.shape(cmax))
+            if not (len(shape) == 1 and shape[0] <= (SCALAR_STEPS_ONE_B if np.ndim(B) == 0 else SCALAR_STEPS)):
+                ops = MIXED if np.ndim(B) == 0 else NUMPY
+                t = self.decode_batch_terms(B, S, cmax, ops)
+                return np.broadcast_to(np.asarray(seconds(self.hw, t, ops, model=self.m), np.float64), shape).copy()
+            steps = zip(*(np.broadcast_to(x, shape).tolist() for x in (B, S, cmax)))
+        return np.array([seconds(self.hw, self.decode_batch_terms(b, x, c, FLOAT), FLOAT, model=self.m)
+                         for b, x, c in steps], np.float64)
 
 
 def with_shared(item: tuple, h: float) -> tuple:
