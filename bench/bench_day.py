@@ -14,7 +14,8 @@ requests sent at once (``bench serve --request-rate inf``, the same target): nea
 latency-rate curve, below the rate at which queues grow without bound.
 
 Then, in child processes (``bench/bench_fastforward.py``'s ``run_child``: CPU time of the command itself,
-imports excluded; wall time; peak resident memory):
+imports excluded, Python's bytecode cache on (the saturation probe, run first, warms it); wall time; peak
+resident memory):
 
 * ``day``: ``rksim bench serve`` on all ``--num-prompts`` requests (the default fast path);
 * ``side_by_side``: the first ``--side-by-side`` requests, fast vs ``--step-by-step`` (their printed
@@ -78,7 +79,8 @@ def main(argv=None) -> int:
     sat_rps = json.loads((work / f"day-{probe}-inf.json").read_text())["request_throughput"]
     rate = round(a.load * sat_rps, 1)
     res = {"what": "rksim bench serve, llama-3-8b on h100-sxm (vLLM serve defaults), ShareGPT-like lengths, "
-           "Poisson arrivals; CPU time of the command (imports excluded)", "lengths": lengths,
+           "Poisson arrivals; CPU time of the command (imports excluded; bytecode cache on, warmed by the probe)",
+           "lengths": lengths,
            "saturated_rps": sat_rps, "saturation_probe_cpu_s": sat["cpu_s"], "load": a.load, "request_rate": rate,
            "goal_cpu_s": GOAL_CPU_S, "goal_maxrss_mb": GOAL_RSS_MB}
     day = _serve(csv, rate, a.num_prompts)
