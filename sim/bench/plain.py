@@ -384,7 +384,7 @@ def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, it
     return s0, ttft, out_e2el, Gaps(values, off)
 
 
-FRONTEND_CHUNK = 4096   # requests whose token times are joined at once (bounded memory, few numpy calls)
+FRONTEND_CHUNK = 1024   # requests whose token times are joined at once (bounded memory, few numpy calls)
 
 
 def _frontend_gaps(fe, recs, results, where, a: int, b: int, off, values, out_e2el) -> None:
