@@ -379,6 +379,7 @@ def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, it
     off = np.zeros(len(recs) + 1, np.int64)
     np.cumsum([max(len(r["token_times"][0]) - 1, 0) for r in recs], out=off[1:])
     values = np.empty(int(off[-1]), np.float64)
+    where = None if where is None else np.asarray(where, np.int64)   # each request's replica
     for a in range(0, len(recs), FRONTEND_CHUNK):
         _frontend_gaps(fe, recs, results, where, a, min(a + FRONTEND_CHUNK, len(recs)), off, values, out_e2el)
     return s0, ttft, out_e2el, Gaps(values, off)
@@ -407,12 +408,12 @@ def _frontend_gaps(fe, recs, results, where, a: int, b: int, off, values, out_e2
     gaps = ends - tt[pos - 1]
     g2 = gaps.copy()
     owner = np.repeat(np.arange(a, b), np.maximum(n - 1, 0))   # the request of each gap
-    for w in ([None] if where is None else np.unique(np.asarray(where[a:b], np.int64)).tolist()):
+    for w in ([None] if where is None else np.unique(where[a:b]).tolist()):
         res = results[0 if w is None else w]
         tl_t, tl_run = res.timeline_t, res.timeline_running
         if not tl_t.size:
             continue
-        sel = slice(None) if w is None else np.asarray(where, np.int64)[owner] == w
+        sel = slice(None) if w is None else where[owner] == w
         k = np.clip(np.searchsorted(tl_t, ends[sel]), 0, tl_t.size - 1)
         g2[sel] = np.asarray(fe.itl_s(gaps[sel], tl_run[k]), np.float64).reshape(-1)
     values[off[a]:off[b]] = g2

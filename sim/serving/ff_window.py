@@ -567,21 +567,13 @@ class Window:
         return nB, run
 
     def _kv_used(self, k: int):
-        """KV blocks in use after each of steps 1..k's schedule (forward-filled from the steps that changed it)."""
+        """KV blocks in use after each of steps 1..k's schedule: the latest mark at or before each step (``used``:
+        ``(step, blocks)`` where a step changed them), the window's start before any."""
         used = self.used
-        if k <= FOLD_STEPS:   # a few steps: forward-filled in Python
-            marks = {st: v for st, v in used if 1 <= st <= k}
-            cur = used[0][1] if used else self.kv.num_used
-            out = []
-            for st in range(1, k + 1):
-                cur = marks.get(st, cur)
-                out.append(cur)
-            return np.array(out, np.int64)
-        marks = np.full(k + 1, -1, np.int64)
-        marks[0] = used[0][1] if used else self.kv.num_used
-        for st, v in used:
-            if 1 <= st <= k:
-                marks[st] = v
-        # each step takes the latest mark at or before it
-        at = np.where(marks >= 0, np.arange(k + 1), 0)
-        return marks[np.maximum.accumulate(at)][1:]
+        marks = {st: v for st, v in used if 1 <= st <= k}
+        cur = used[0][1] if used else self.kv.num_used
+        out = []
+        for st in range(1, k + 1):
+            cur = marks.get(st, cur)
+            out.append(cur)
+        return np.array(out, np.int64)

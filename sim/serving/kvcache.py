@@ -360,30 +360,15 @@ class BlockManager:
             n_keyed[rid] = k0
             return
         keys = self.keys_upto(req, hi)
-        cached = self.cached
-        if self._ordered:
-            # the queue's order is the rank: depth and insertion tick are read by no one (a key and its entry)
-            for k in range(k0, hi):
-                b = blks[k]
-                if b.key is None:
-                    key = b.key = keys[k]
-                    first = cached.get(key)
-                    if first is None:
-                        cached[key] = b
-                    else:
-                        b.score = first.score
-                        self._dups.setdefault(key, {})[b.block_id] = b
-            n_keyed[rid] = hi
-            return
-        depth_of, tick = req.block_depth, self.tick
+        cached, ordered, depth_of, tick = self.cached, self._ordered, req.block_depth, self.tick
         for k in range(k0, hi):
             b = blks[k]
             if b.key is None:
-                key = keys[k]
-                b.key = key
-                b.depth = int(depth_of(k))
-                tick += 1.0
-                b.inserted = tick
+                key = b.key = keys[k]
+                if not ordered:   # a heap ranks by depth and insertion; an ordered queue's order is its rank
+                    b.depth = int(depth_of(k))
+                    tick += 1.0
+                    b.inserted = tick
                 first = cached.get(key)
                 if first is None:
                     cached[key] = b
@@ -434,7 +419,7 @@ class BlockManager:
 
     def _evict(self) -> Block:
         """The policy's victim, uncached and handed to a request (``ref`` 1)."""
-        if self._ordered and self._evictable:   # the LRU queue's front (_pop_victim's first lane, inline)
+        if self._ordered and self._evictable:   # the LRU queue's front: its order is the rank
             b = self._evictable.popitem(last=False)[1]
         else:
             b = self._pop_victim()
@@ -471,12 +456,9 @@ class BlockManager:
         return iter(self._evictable.values()) if self._ordered else None
 
     def _pop_victim(self) -> Block:
-        if self._ordered:
-            if self._evictable:
-                return self._evictable.popitem(last=False)[1]
-            raise RuntimeError("block manager: no evictable block (can_allocate should have refused)")  # pragma: no cover
+        """The heap's victim (a scored policy; :meth:`_evict` takes an ordered queue's front itself)."""
         heap = self._heap
-        while heap:
+        while heap:   # (an ordered queue keeps no heap: empty)
             _, _, version, bid = heapq.heappop(heap)
             b = self._evictable.get(bid)
             if b is not None and b.version == version:
