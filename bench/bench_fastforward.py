@@ -19,7 +19,9 @@ prompts):
 * ``throughput_128x2048``: 128 prompt / 2,048 output tokens (decode-bound, under KV pressure: preemptions);
 * ``throughput_1024x128``: 1,024 / 128 (prefill-heavy: few decode steps between events);
 * ``moe_throughput_128x2048``: the first case on qwen3-30b-a3b (a mixture of experts: the experts a decode batch
-  reads depend on its rows alone, so its windows have the dense closed form's shape).
+  reads depend on its rows alone, so its windows have the dense closed form's shape);
+* ``tp4_throughput_128x2048``: the first case on llama-3-70b over 4 GPUs of a dgx-h100, tensor parallel (a decode
+  step's collectives depend on its batch size alone: one rank's closed form plus them).
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ CASES = {
     "throughput_128x2048": ["--input-len", "128", "--output-len", "2048"],
     "throughput_1024x128": ["--input-len", "1024", "--output-len", "128"],
     "moe_throughput_128x2048": ["--model-preset", "qwen3-30b-a3b", "--input-len", "128", "--output-len", "2048"],
+    "tp4_throughput_128x2048": ["--model-preset", "llama-3-70b", "--tensor-parallel-size", "4", "--input-len", "128",
+                                "--output-len", "2048"],
 }
 GOAL_RATIO = 10.0   # issue 32: the 128 / 2,048 case at least 10x faster than step by step
 CHILD = """

@@ -258,6 +258,74 @@ def test_mixture_of_experts_and_mla_targets_take_windows(model, routing, hw):
     assert xa.stats["preemptions"] > 0 and ff.steps > 0.8 * xa.iterations
 
 
+@settings(max_examples=30, deadline=None)
+@given(B=st.sampled_from([1, 2, 3, 8, 100, 256, 257, 600]), seed=st.integers(0, 10 ** 6), tp=st.sampled_from([2, 4, 8]),
+       hw=st.sampled_from(["h100-sxm", "a100-80gb", "h200"]),
+       model=st.sampled_from(["llama-3-70b", "llama-3-8b", "qwen3-30b-a3b", "deepseek-v2-lite*", "mixtral-8x7b"]),
+       eager=st.booleans(), custom=st.booleans(), ep=st.booleans())
+def test_a_tensor_parallel_decode_batch_has_the_stepped_price(B, seed, tp, hw, model, eager, custom, ep):
+    """One tensor-parallel stage: a uniform decode batch's closed form (the rank's, then the collectives of its size,
+    added in :meth:`ParallelCost.stage_seconds`' order) equals ``seconds`` of its items bit for bit, for one batch
+    size or one per step; so does an admitting step (the decodes in closed form, then a prompt's items)."""
+    from sim.cost.parallel import ParallelConfig, ParallelCost
+    from sim.cost.node import load_node
+    m, h = _shape(model), load_hardware(hw)
+    try:
+        par = ParallelConfig(tensor_parallel_size=tp, enable_expert_parallel=ep, disable_custom_all_reduce=not custom)
+        c = ParallelCost(m, h, load_node({"h100-sxm": "dgx-h100", "a100-80gb": "dgx-a100", "h200": "dgx-h200"}[hw]),
+                         par, graphs=engine_graphs(h, 512, eager))
+    except ValueError:   # a layout the model cannot take (TP does not divide its heads or experts)
+        return
+    assert c.exact_integers() and c.closed_form()
+    ctx = np.random.default_rng(seed).integers(0, 40000, B)
+    items = [(1.0, float(x), None, 0.0, 1.0, 0.0) for x in ctx]
+    ref, ref1 = c.seconds(items), c.seconds(items[:1])
+    assert ref > c.stages[0].seconds(items)       # the collectives are in it
+    got = c.decode_batch_seconds(B, np.full(40, ctx.sum()), np.full(40, ctx.max()))
+    assert np.all(got == ref)
+    assert c.decode_batch_seconds(B, np.array([ctx.sum()]), np.array([ctx.max()]))[0] == ref
+    two = c.decode_batch_seconds(np.array([B, 1, B]), np.array([ctx.sum(), ctx[0], ctx.sum()]),
+                                 np.array([ctx.max(), ctx[0], ctx.max()]))
+    assert two.tolist() == [ref, ref1, ref]
+    pre = [(float(B + 7), 0.0, None, 0.0, 1.0, 0.0), (40.0, 16.0, None, 0.0, 0.0, 0.0)]
+    assert c.mixed_seconds(B, int(ctx.sum()), int(ctx.max()), pre) == c.seconds(items + pre)
+
+
+def test_pipeline_stages_and_dp_attention_have_no_closed_form():
+    """More than one pipeline stage (a batch's stages overlap other batches) or DP attention (ranks gather each
+    other's tokens) is not one rank's closed form: such a cost says so, and refuses the closed form by name."""
+    from sim.cost.parallel import ParallelConfig, ParallelCost
+    from sim.cost.node import load_node
+    node = load_node("dgx-h100")
+    pp = ParallelCost(MODEL, HW["h100-sxm"], node, ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=2))
+    dpa = ParallelCost(MOE["qwen3-30b-a3b"], HW["h100-sxm"], node,
+                       ParallelConfig(tensor_parallel_size=2, data_parallel_size=2, enable_expert_parallel=True))
+    for c in (pp, dpa):
+        assert not c.exact_integers() and not c.closed_form()
+        with pytest.raises(ValueError, match="one pipeline stage without DP attention"):
+            c.decode_batch_seconds(2, np.array([10]), np.array([6]))
+        with pytest.raises(ValueError, match="one pipeline stage without DP attention"):
+            c.mixed_seconds(2, 10, 6, [])
+
+
+@pytest.mark.parametrize("model,tp,extra", [("llama-3-8b", 2, {}), ("llama-3-70b", 4, {}),
+                                            ("llama-3-8b", 4, {"disable_custom_all_reduce": True}),
+                                            ("qwen3-30b-a3b", 2, {"enable_expert_parallel": True}),
+                                            ("deepseek-v2-lite", 2, {})])
+def test_tensor_parallel_targets_take_windows(model, tp, extra):
+    """A tensor-parallel replica (one stage) takes windows with every figure the stepped run's, under KV pressure,
+    arrivals and admissions, eager or with CUDA graphs (the all-reduces' launch cost differs)."""
+    wl = plain.random_workload(60, 200, 120, 0.5, 0, 2)
+    m = load_model(model)
+    for eager in (False, True):
+        pair = _both(wl, HW["h100-sxm"], model=m, request_rate=20.0, seed=2, tensor_parallel_size=tp, **extra,
+                     serving=ServingConfig(kv_capacity_bytes=float(300 * 16 * m.kv_bytes_per_token),
+                                           enforce_eager=eager))
+        ff = _check(pair)
+        (_, _, xa, _), _ = pair
+        assert xa.stats["preemptions"] > 0 and ff.steps > 0.8 * xa.iterations and ff.admissions > 0
+
+
 def test_a_sliding_window_target_steps():
     """gpt-oss's sliding-window layers have no closed form: the target steps, even where an idle engine's admitting
     window would have no decode step to guard it."""

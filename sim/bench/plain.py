@@ -126,7 +126,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     ``moe_routing``: ``expected`` distinct experts per iteration, or ``sampled`` (seeded by ``seed``;
     :class:`sim.cost.terms.SampledRouting`).
     ``step_by_step``: price and schedule every iteration one at a time (the reference); default: quiet decode
-    windows are advanced at once (:mod:`sim.serving.fastforward`; one replica on one GPU), with identical results.
+    windows are advanced at once (:mod:`sim.serving.fastforward`; one replica of one pipeline stage), with identical results.
 
     Beyond the kernels: host time per step and the API server's front-end time, :func:`_engine_kw`.
     """

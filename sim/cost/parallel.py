@@ -48,6 +48,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
+
 from sim.cost.terms import ScalarCost
 from sim.cost.model_shape import ModelShape
 from sim.cost.node import NodeProfile, load_node  # noqa: F401  (re-exported: sim.cost.parallel.NodeProfile)
@@ -336,9 +338,7 @@ class ParallelCost:
         node, tp = self.node, self.tp
         out = []
         last = len(self.bounds) - 1
-        graphed = self.cuda_graph or (self.graphs is not None and
-                                      self.graphs.padded(sum(float(it[0]) for it in items if it[0] > 0)) is not None)
-        ar = dict(cuda_graph=graphed, custom=self.custom_ar, launch_s=0.0 if graphed else self.per_kernel_s)
+        graphed = self._graphed(sum(float(it[0]) for it in items if it[0] > 0))
         for k, ((a, b), sc) in enumerate(zip(self.bounds, self.stages)):
             sub = []
             runs = []        # (layers run here, tokens) of items with work here
@@ -362,18 +362,10 @@ class ParallelCost:
                     runs.append((here, float(n)))
             t = sc.seconds(sub) if sub else 0.0
             if tp > 1 and runs:
-                # two all-reduces per layer over the tokens still running that layer
-                depth = sorted({h for h, _ in runs})
-                prev = 0
-                for h in depth:
-                    tok = sum(nn for hh, nn in runs if hh >= h)
-                    t += 2.0 * (h - prev) * node.allreduce_seconds(tok * self.act, tp, **ar)
-                    prev = h
-                if k == 0:
-                    t += node.allreduce_seconds(sum(nn for _, nn in runs) * self.act, tp, **ar)
-                if rows > 0:
-                    # tensor_model_parallel_gather: NCCL, not the custom all-reduce
-                    t += 0.5 * node.allreduce_seconds(rows * self.logit_row, tp, custom=False)
+                # tokens still running each depth of the stage's layers
+                levels = [(h, sum(nn for hh, nn in runs if hh >= h)) for h in sorted({h for h, _ in runs})]
+                for x in self._tp_terms(k == 0, levels, rows, graphed):
+                    t += x
             if self.dpa and runs:
                 # DP attention + EP: all_gatherv dispatch and reduce_scatterv combine over the DP group, per MoE
                 # layer (sim.cost.alltoall), the other DP ranks padded to this rank's token count (DPMetadata)
@@ -395,11 +387,96 @@ class ParallelCost:
             out.append(t)
         return out
 
+    def _graphed(self, tokens: float) -> bool:
+        """Whether an iteration of ``tokens`` runs its all-reduces inside a CUDA graph."""
+        return self.cuda_graph or (self.graphs is not None and self.graphs.padded(tokens) is not None)
+
+    def _tp_terms(self, first: bool, levels, rows: float, graphed: bool) -> list:
+        """The seconds a stage's tensor-parallel collectives add, in the order :meth:`stage_seconds` adds them:
+        two all-reduces per layer over the tokens still running that layer (``levels``: ``(depth, tokens running
+        at least that deep)``, depths ascending), the embedding's all-reduce on the first stage (every token:
+        ``levels[0]``'s), and the gather of the ``rows`` LM-head rows' logits::
+
+            2 (h_j - h_{j-1}) allreduce(t_j d s, TP) ...,  [first] allreduce(t_1 d s, TP),  allreduce_nccl(r V s, TP) / 2
+        """
+        node, tp = self.node, self.tp
+        ar = dict(cuda_graph=graphed, custom=self.custom_ar, launch_s=0.0 if graphed else self.per_kernel_s)
+        out, prev = [], 0
+        for h, tok in levels:
+            out.append(2.0 * (h - prev) * node.allreduce_seconds(tok * self.act, tp, **ar))
+            prev = h
+        if first:
+            out.append(node.allreduce_seconds(levels[0][1] * self.act, tp, **ar))
+        if rows > 0:
+            # tensor_model_parallel_gather: NCCL, not the custom all-reduce
+            out.append(0.5 * node.allreduce_seconds(rows * self.logit_row, tp, custom=False))
+        return out
+
     def seconds(self, items) -> float:
         """One batch through every stage (bit-for-bit :class:`ScalarCost` at TP = PP = 1)."""
         if self.single:
             return self._one.seconds(items)
         return float(sum(self.stage_seconds(items)))
+
+    # ------------------------------------------------------------------ the closed form (sim.serving.fastforward)
+    def _one_stage(self) -> bool:
+        """Tensor parallelism alone (one stage, no DP attention): a uniform decode batch's seconds are the rank's
+        closed form plus collectives that depend on its size alone."""
+        return self.single or (self.pp == 1 and not self.dpa)
+
+    def exact_integers(self) -> bool:
+        """The rank's :meth:`ScalarCost.exact_integers` (one stage only: False otherwise)."""
+        return self._one_stage() and (self._one if self.single else self.stages[0]).exact_integers()
+
+    def closed_form(self) -> bool:
+        """The rank's :meth:`ScalarCost.closed_form` (one stage only: False otherwise)."""
+        return self._one_stage() and (self._one if self.single else self.stages[0]).closed_form()
+
+    def _decode_tp(self, B: int) -> list:
+        """:meth:`_tp_terms` of a decode step of ``B`` one-token requests (each samples one row)."""
+        b = float(B)
+        return self._tp_terms(True, [(self.m.n_layers, b)], b, self._graphed(b))
+
+    def decode_batch_seconds(self, B, S, cmax):
+        """:meth:`seconds` of uniform decode iterations (:meth:`ScalarCost.decode_batch_seconds`'s arguments): the
+        rank's closed form, then each collective's seconds added in :meth:`stage_seconds`' order (the same floats:
+        the stepped ``t += x``, element by element)."""
+        if self.single:
+            return self._one.decode_batch_seconds(B, S, cmax)
+        if not self._one_stage():
+            raise ValueError("decode_batch_seconds: one pipeline stage without DP attention only")
+        t = self.stages[0].decode_batch_seconds(B, S, cmax)
+        if np.ndim(B) == 0:
+            for x in self._decode_tp(int(B)):
+                t += x
+            return t
+        Bb = np.broadcast_to(np.asarray(B, np.int64), t.shape)
+        u, inv = np.unique(Bb, return_inverse=True)
+        cols = np.array([self._decode_tp(int(b)) for b in u.tolist()], np.float64)   # (distinct B, terms)
+        for j in range(cols.shape[1]):
+            t += cols[inv.reshape(t.shape), j]
+        return t
+
+    def mixed_seconds(self, B: int, S: int, cmax: int, items) -> float:
+        """:meth:`seconds` of ``B`` one-token decodes (:meth:`ScalarCost.mixed_seconds`'s arguments) followed by
+        ``items`` (each running every layer: one stage): the rank's closed form, then the collectives over the
+        step's tokens and LM-head rows, in :meth:`stage_seconds`' order."""
+        if self.single:
+            return self._one.mixed_seconds(B, S, cmax, items)
+        if not self._one_stage():
+            raise ValueError("mixed_seconds: one pipeline stage without DP attention only")
+        if any(it[2] is not None and it[2] != self.m.n_layers for it in items):
+            raise ValueError("mixed_seconds: items that run every layer only")
+        t = self.stages[0].mixed_seconds(B, S, cmax, items)
+        tok, rows = float(B), float(B)
+        for it in items:
+            if it[0] > 0:
+                tok += float(it[0])
+                rows += it[4]
+        if tok > 0:
+            for x in self._tp_terms(True, [(self.m.n_layers, tok)], rows, self._graphed(tok)):
+                t += x
+        return t
 
 
 def pipeline_schedule(stage_times, in_flight: int | None = None, release=None) -> dict:

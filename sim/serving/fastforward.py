@@ -237,8 +237,9 @@ class FastForward:
     @staticmethod
     def supports(eng) -> bool:
         """Engines whose iterations a window can replace: one stage, one accelerator on its own clock, a cost
-        with a per-step vector form and exact integer terms on a dense shape, no per-problem KV timeline, no
-        shared-KV pricing, block scores at generation (the plain workload)."""
+        with a per-step vector form and exact integer terms on a dense, MoE or MLA shape (one GPU, or one
+        tensor-parallel stage: ``ParallelCost.decode_batch_seconds``), no per-problem KV timeline, no shared-KV
+        pricing, block scores at generation (the plain workload)."""
         c = eng.cost
         # a per-step host term (Engine.host_step) must enter Engine._window_seconds (and its host-seconds
         # counter) before windows can replace its steps: until then such an engine steps
