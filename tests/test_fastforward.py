@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sim.serving import engine as engine_mod
@@ -326,6 +326,107 @@ def test_tensor_parallel_targets_take_windows(model, tp, extra):
         assert xa.stats["preemptions"] > 0 and ff.steps > 0.8 * xa.iterations and ff.admissions > 0
 
 
+@contextlib.contextmanager
+def captured_replicas():
+    """The engines of a replicated :func:`sim.bench.plain.run` (each one's ``result``), in replica order."""
+    got = []
+    orig = engine_mod.Engine.result
+
+    def result(self, *a, **k):
+        res = orig(self, *a, **k)
+        got.append((self, res))
+        return res
+    engine_mod.Engine.result = result
+    try:
+        yield got
+    finally:
+        engine_mod.Engine.result = orig
+
+
+def _check_fleet(wl, hw, **kw):
+    """A replicated run fast and step by step: what the router saw at every arrival (each replica's requests in
+    flight and running), every per-request figure, the routing, and each replica's records, counters, timelines and
+    block manager equal; the replicas' fast-forward objects."""
+    from sim.serving import router as router_mod
+    out, seen = [], []
+    orig = router_mod.choose
+    for sbs in (False, True):
+        saw = []
+
+        def choose(rt, arrival, outstanding, engines):
+            saw.append((arrival.problem, tuple(outstanding), tuple(len(e.sched.running) for e in engines)))
+            return orig(rt, arrival, outstanding, engines)
+        router_mod.choose = choose
+        try:
+            with captured_replicas() as got:
+                r = plain.run(MODEL, hw, wl, step_by_step=sbs, **kw)
+        finally:
+            router_mod.choose = orig
+        out.append((r, got))
+        seen.append(saw)
+    assert seen[0] == seen[1] and len(seen[0]) == wl.n
+    (ra, ga), (rb, gb) = out
+    assert len(ga) == len(gb) == kw["data_parallel_size"]
+    for f in ("scheduled", "start", "ttft", "e2el", "replica"):
+        _same(getattr(ra, f), getattr(rb, f), f)
+    assert ra.duration == rb.duration
+    _same(list(ra.itls), list(rb.itls), "itls")
+    _same(ra.info, rb.info, "info")
+    for (ea, xa), (eb, xb) in zip(ga, gb):
+        _same(xa.records(), xb.records(), "records")
+        for f in ("timeline_t", "timeline_b", "timeline_running", "iterations", "makespan", "busy", "mean_running",
+                  "tokens", "stats", "gen_tokens"):
+            _same(getattr(xa, f), getattr(xb, f), f)
+        assert ea.items_scheduled == eb.items_scheduled and ea.run_time == eb.run_time
+        for f in ("n_clean", "evictions", "hits", "queries", "peak_used", "_next_id"):
+            _same(getattr(ea.kv, f), getattr(eb.kv, f), f"kv.{f}")
+        assert eb._ff is None
+    pct = dict(percentiles=(50.0, 99.0), metrics=("ttft", "tpot", "itl", "e2el"))
+    _same(plain.serve_result(ra, **pct), plain.serve_result(rb, **pct), "serve_result")
+    return [e._ff for e, _ in ga]
+
+
+@settings(max_examples=int(os.environ.get("FF_EXAMPLES", "25")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(2, 40), il=st.integers(20, 200), ol=st.integers(2, 160), prefix=st.sampled_from([0, 0, 64]),
+       seed=st.integers(0, 50), dp=st.sampled_from([2, 3]),
+       router=st.sampled_from(["round-robin", "least-outstanding", "prefix-affinity", "vllm-dp"]),
+       rate=st.sampled_from([math.inf, 2.0, 20.0, 200.0]), blocks=st.sampled_from([None, 60, 200]),
+       frontend=st.booleans(), policy=st.sampled_from(["vllm-v1", "vllm-v1", "prefill-first"]))
+# an admitting first step that answers a request and crosses the next arrival (its answer comes after that arrival)
+@example(n=7, il=20, ol=2, prefix=0, seed=0, dp=2, router="round-robin", rate=200.0, blocks=None, frontend=False,
+         policy="vllm-v1")
+def test_replicas_take_windows_with_the_stepped_figures(n, il, ol, prefix, seed, dp, router, rate, blocks, frontend,
+                                                        policy):
+    """Replicas behind a router share one clock: each takes windows up to the next event no engine made (an
+    arrival's), its answers lowering the router's counts before that event, never in the step it falls in; every
+    figure equals the stepped run's, under KV pressure, with and without the API server in front."""
+    wl = plain.random_workload(n, il, ol, 0.5, prefix, seed)
+    need = int(((wl.input_lens + wl.output_lens).max() + 15) // 16)
+    kvb = None if blocks is None else _kv_bytes(max(blocks, need), 16)
+    ffs = _check_fleet(wl, HW["h100-sxm"], request_rate=rate, seed=seed, data_parallel_size=dp, router=router,
+                       frontend=frontend, serving=ServingConfig(scheduler=policy, kv_capacity_bytes=kvb))
+    assert all(ff is not None for ff in ffs)
+
+
+def test_replicas_answer_inside_windows_and_preempt():
+    """Under load and KV pressure the replicas' windows cover most iterations, answer requests and preempt."""
+    wl = plain.random_workload(90, 200, 120, 0.5, 0, 3)
+    ffs = _check_fleet(wl, HW["h100-sxm"], request_rate=12.0, seed=3, data_parallel_size=3, router="least-outstanding",
+                       serving=ServingConfig(kv_capacity_bytes=_kv_bytes(50, 16)))
+    assert sum(ff.steps for ff in ffs) > 0.7 * sum(ff.eng.iterations for ff in ffs)
+    assert sum(ff.eng.sched.preemptions for ff in ffs) > 0
+
+
+def test_replicas_with_client_slots_step():
+    """With ``max_concurrency`` an answer on one replica sends the next request, maybe to another: every replica
+    steps (a plain clock), with the same figures."""
+    wl = plain.random_workload(20, 100, 60, 0.0, 0, 1)
+    with captured_replicas() as got:
+        plain.run(MODEL, HW["h100-sxm"], wl, request_rate=50.0, max_concurrency=3, data_parallel_size=2)
+    assert [e._ff for e, _ in got] == [None, None]
+
+
 def test_a_sliding_window_target_steps():
     """gpt-oss's sliding-window layers have no closed form: the target steps, even where an idle engine's admitting
     window would have no decode step to guard it."""
@@ -335,7 +436,7 @@ def test_a_sliding_window_target_steps():
 
 
 def test_step_by_step_flag_and_replicas_step():
-    """``step_by_step`` turns the windows off; replicas (one clock, several engines) always step."""
+    """``step_by_step`` turns the windows off (replicas: ``test_replicas_with_client_slots_step`` and above)."""
     wl = plain.random_workload(8, 32, 64, 0.0, 0, 0)
     with captured() as got:
         plain.run(MODEL, HW["h100-sxm"], wl, offline=True, step_by_step=True)

@@ -165,7 +165,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         keys = [pre if wl.prefix_len else x[0] for x in ids]   # what prefix-affinity hashes: the shared prefix
         results, recs, where, makespan = _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency,
                                                      par.data_parallel_size, router, kw, delays,
-                                                     fe.api_servers if fe is not None else 1, sent)
+                                                     fe.api_servers if fe is not None else 1, sent, step_by_step)
     makespan = float(res.makespan) if where is None else makespan
     start, ttft, e2el, itls = _timings(recs)
     if fe is not None:
@@ -443,21 +443,28 @@ def _overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, 
 
 
 def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, router: str, kw: dict,
-                delays=None, api_servers: int = 1, sent: dict | None = None):
+                delays=None, api_servers: int = 1, sent: dict | None = None, step_by_step: bool = False):
     """``n`` replica engines under one clock behind ``router``: each request, when due (and, with
     ``max_concurrency``, when it holds one of the client's slots, FIFO, as the single engine's driver), is
     routed on arrival (``outstanding`` = requests in flight per replica, :mod:`sim.serving.router`) and submitted to
     that replica's engine. Returns ``(engine results, records in request order, replica per request,
-    makespan)``."""
+    makespan)``.
+
+    Without ``max_concurrency`` an answer only lowers the router's count (no client waits on it to send the
+    next request), so the replicas take decode windows (unless ``step_by_step``): the clock is a
+    :class:`sim.serving.fleet_clock.FleetClock` and each engine a fleet's (``Engine.fleet``). With client
+    slots an answer on one replica can send a request to another: every replica steps."""
     import simpy
 
     from sim.serving import arrivals
     from sim.serving.engine import Engine
+    from sim.serving.fleet_clock import FleetClock
     from sim.serving.router import Arrival, choose, make_router
 
-    env = simpy.Environment()
+    fleet = not step_by_step and max_concurrency is None
+    env = FleetClock() if fleet else simpy.Environment()
     # several accelerators must not wait on each other's zero-time steps: one settle step each (sim.serving.replicas)
-    engines = [Engine(model, hw, [], env=env, settle=1, **kw) for _ in range(n)]
+    engines = [Engine(model, hw, [], env=env, settle=1, fast_forward=fleet, fleet=fleet, **kw) for _ in range(n)]
     accs = [e.start() for e in engines]
     rt = make_router(router, n)
     outstanding = [0] * n

@@ -43,6 +43,7 @@ from sim.serving import arrivals
 from sim.serving.capacity import CapacityError  # noqa: F401  (raised here: one request alone exceeds the capacity)
 from sim.cost.pricing import StepPricer, attribution, equal_shares
 from sim.cost.terms import ScalarCost, with_shared
+from sim.serving.fleet_clock import StepTimeout
 from sim.serving.fastforward import token_times
 from sim.serving.kvcache import UNLIMITED, BlockManager
 from sim.serving.kvshare import shared_tokens
@@ -108,6 +109,10 @@ class Engine(ProblemLifecycle):
     log_evictions : bool
         Keep every evicted block's key in order (``kv.evicted_log``); off, the block manager keeps only the
         last, so memory does not grow with a long run's evictions.
+    fleet : bool
+        One of several replicas on a :class:`sim.serving.fleet_clock.FleetClock`, whose answers (``user_done``)
+        only lower its router's counts (no user waits on them): its windows run to the next event no engine made
+        and may answer requests (:mod:`sim.serving.fastforward`). Needs ``settle`` 1 and that clock.
     """
 
     def __init__(self, model, hw, jobs, *, concurrency: int = 1, arrival_rate: float | None = None, seed: int = 0,
@@ -118,7 +123,7 @@ class Engine(ProblemLifecycle):
                  cost=None, env: simpy.Environment | None = None, settle: int | None = None,
                  block_size: int | None = None, record_pipeline: bool = False, host_step=None,
                  async_scheduling: bool = False, client_delays=None, api_servers: int = 1,
-                 fast_forward: bool = False, on_step=None, log_evictions: bool = False):
+                 fast_forward: bool = False, on_step=None, log_evictions: bool = False, fleet: bool = False):
         self.m, self.hw = model, hw
         # the API server in front (arrival_times only; None: none): per job (before_s, after_s), the seconds
         # from send to the engine (HTTP, tokenisation; api_servers requests at a time, FIFO) and from the
@@ -134,6 +139,10 @@ class Engine(ProblemLifecycle):
                                  hw_name=hw_name or getattr(hw, "name", ""), shared=self._with_shared)
         # env: a shared environment (several replicas' engines under one clock, sim.serving.replicas)
         self.env = simpy.Environment() if env is None else env
+        self.fleet = bool(fleet) and hasattr(self.env, "peek_foreign")
+        # the next event that can change what a step schedules: on one engine's clock the next one (the engine's
+        # own step has no pending event while it plans); on a fleet's, the next one no engine made
+        self.peek_next = self.env.peek_foreign if self.fleet else self.env.peek
         # settle: before forming a batch, yield zero-time steps while events are due now (None: until none are;
         # k: at most k, which several accelerators sharing one clock need so they do not wait on each other)
         self.settle = settle
@@ -237,12 +246,12 @@ class Engine(ProblemLifecycle):
         env = self.env
         if self.settle is None:
             while env.peek() == env.now:
-                yield env.timeout(0)
+                yield StepTimeout(env, 0)
         else:
             for _ in range(self.settle):
                 if env.peek() != env.now:
                     break
-                yield env.timeout(0)
+                yield StepTimeout(env, 0)
 
     def _accelerator(self):
         env, sched, kv, cost = self.env, self.sched, self.kv, self.cost
@@ -256,7 +265,7 @@ class Engine(ProblemLifecycle):
                 ds = self._ff.advance()   # a quiet decode window, applied; its end is the next step's start
                 if ds is not None:
                     for d in ds:
-                        yield env.timeout(d)
+                        yield StepTimeout(env, d)
                     continue
             out = sched.schedule()
             items = out.items
@@ -282,7 +291,7 @@ class Engine(ProblemLifecycle):
                 dt = self._stepped(cost.seconds(tup) + self.pricer.extra_dt)
             self._admitted(items, env.now)
             if dt > 0:
-                yield env.timeout(dt)
+                yield StepTimeout(env, dt)
             self.busy += dt
             self.run_time += dt * nrun
             self._complete(out, items, priced, tup, dt, nrun)

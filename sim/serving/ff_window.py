@@ -43,7 +43,7 @@ class Window:
         B0 = len(R)
         self.bs = kv.block_size
         self.now = eng.env.now
-        self.t_next = eng.env.peek()
+        self.t_next = eng.peek_next()
         self.keys, self.L, self.nblk, self.clean_only = hd
         self.alive = np.ones(B0, bool)
         self.last = np.zeros(B0, np.int64)     # last step each request was in the batch (0: none)
@@ -296,7 +296,9 @@ class Window:
             p.end = self.t_end
             if p.admitted is None:   # pragma: no cover - a decoding request was admitted
                 p.admitted = p.arrival
-            eng._release(p)   # as Engine._finish_problem (no user waits on it: such a step is stepped)
+            eng._release(p)   # as Engine._finish_problem
+            if p.user_done is not None:   # a fleet's (Engine.fleet): its router's count drops before the next event
+                p.user_done.succeed()
 
     # ------------------------------------------------------------------ the window
     def run(self):
@@ -407,6 +409,15 @@ class Window:
                 self.segs.append((dt[:ok], Bs, mask))
                 self.t_end = float(tt[ok])
                 self.s += ok
+            return False
+        if cross and e == nf and self.eng.fleet and np.any(self.alive & (self.fin == e) & self.m.ud):
+            # a fleet's answer after the next event (which may route a request by the counts): stepped
+            self.blocked = True
+            if m > 1:
+                self.process(s, e - 1)
+                self.segs.append((dt[:-1], Bs, mask))
+                self.t_end = float(tt[-2])
+                self.s = e
             return False
         self.process(s, e)
         self.segs.append((dt, Bs, mask))
