@@ -259,23 +259,27 @@ def test_mixture_of_experts_and_mla_targets_take_windows(model, routing, hw):
 
 
 @settings(max_examples=30, deadline=None)
-@given(B=st.sampled_from([1, 2, 3, 8, 100, 256, 257, 600]), seed=st.integers(0, 10 ** 6), tp=st.sampled_from([2, 4, 8]),
+@given(B=st.sampled_from([1, 2, 3, 8, 100, 256, 257, 600]), seed=st.integers(0, 10 ** 6), tp=st.sampled_from([1, 2, 4, 8]),
        hw=st.sampled_from(["h100-sxm", "a100-80gb", "h200"]),
        model=st.sampled_from(["llama-3-70b", "llama-3-8b", "qwen3-30b-a3b", "deepseek-v2-lite*", "mixtral-8x7b"]),
-       eager=st.booleans(), custom=st.booleans(), ep=st.booleans())
-def test_a_tensor_parallel_decode_batch_has_the_stepped_price(B, seed, tp, hw, model, eager, custom, ep):
-    """One tensor-parallel stage: a uniform decode batch's closed form (the rank's, then the collectives of its size,
-    added in :meth:`ParallelCost.stage_seconds`' order) equals ``seconds`` of its items bit for bit, for one batch
-    size or one per step; so does an admitting step (the decodes in closed form, then a prompt's items)."""
+       eager=st.booleans(), custom=st.booleans(), ep=st.booleans(), dp=st.sampled_from([1, 1, 2, 4]))
+def test_a_parallel_decode_batch_has_the_stepped_price(B, seed, tp, hw, model, eager, custom, ep, dp):
+    """One pipeline stage, tensor parallel and / or DP attention + EP (an MoE model, ``dp`` ranks): a uniform decode
+    batch's closed form (the rank's, then the collectives of its size, added in :meth:`ParallelCost.stage_seconds`'
+    order) equals ``seconds`` of its items bit for bit, for one batch size or one per step; so does an admitting
+    step (the decodes in closed form, then a prompt's items)."""
     from sim.cost.parallel import ParallelConfig, ParallelCost
     from sim.cost.node import load_node
     m, h = _shape(model), load_hardware(hw)
     try:
-        par = ParallelConfig(tensor_parallel_size=tp, enable_expert_parallel=ep, disable_custom_all_reduce=not custom)
+        par = ParallelConfig(tensor_parallel_size=tp, enable_expert_parallel=ep or dp > 1, data_parallel_size=dp,
+                             disable_custom_all_reduce=not custom)
         c = ParallelCost(m, h, load_node({"h100-sxm": "dgx-h100", "a100-80gb": "dgx-a100", "h200": "dgx-h200"}[hw]),
                          par, graphs=engine_graphs(h, 512, eager))
     except ValueError:   # a layout the model cannot take (TP does not divide its heads or experts)
         return
+    if c.single:
+        return           # one GPU: ScalarCost's own closed form (test_decode_batch_terms_equal_the_stepped_terms)
     assert c.exact_integers() and c.closed_form()
     ctx = np.random.default_rng(seed).integers(0, 40000, B)
     items = [(1.0, float(x), None, 0.0, 1.0, 0.0) for x in ctx]
@@ -291,21 +295,18 @@ def test_a_tensor_parallel_decode_batch_has_the_stepped_price(B, seed, tp, hw, m
     assert c.mixed_seconds(B, int(ctx.sum()), int(ctx.max()), pre) == c.seconds(items + pre)
 
 
-def test_pipeline_stages_and_dp_attention_have_no_closed_form():
-    """More than one pipeline stage (a batch's stages overlap other batches) or DP attention (ranks gather each
-    other's tokens) is not one rank's closed form: such a cost says so, and refuses the closed form by name."""
+def test_pipeline_stages_have_no_closed_form():
+    """More than one pipeline stage (a batch's stages overlap other batches) is not one rank's closed form: such a
+    cost says so, and refuses the closed form by name."""
     from sim.cost.parallel import ParallelConfig, ParallelCost
     from sim.cost.node import load_node
-    node = load_node("dgx-h100")
-    pp = ParallelCost(MODEL, HW["h100-sxm"], node, ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=2))
-    dpa = ParallelCost(MOE["qwen3-30b-a3b"], HW["h100-sxm"], node,
-                       ParallelConfig(tensor_parallel_size=2, data_parallel_size=2, enable_expert_parallel=True))
-    for c in (pp, dpa):
-        assert not c.exact_integers() and not c.closed_form()
-        with pytest.raises(ValueError, match="one pipeline stage without DP attention"):
-            c.decode_batch_seconds(2, np.array([10]), np.array([6]))
-        with pytest.raises(ValueError, match="one pipeline stage without DP attention"):
-            c.mixed_seconds(2, 10, 6, [])
+    c = ParallelCost(MODEL, HW["h100-sxm"], load_node("dgx-h100"),
+                     ParallelConfig(tensor_parallel_size=2, pipeline_parallel_size=2))
+    assert not c.exact_integers() and not c.closed_form()
+    with pytest.raises(ValueError, match="one pipeline stage only"):
+        c.decode_batch_seconds(2, np.array([10]), np.array([6]))
+    with pytest.raises(ValueError, match="one pipeline stage only"):
+        c.mixed_seconds(2, 10, 6, [])
 
 
 @pytest.mark.parametrize("model,tp,extra", [("llama-3-8b", 2, {}), ("llama-3-70b", 4, {}),
@@ -343,7 +344,7 @@ def captured_replicas():
         engine_mod.Engine.result = orig
 
 
-def _check_fleet(wl, hw, **kw):
+def _check_fleet(wl, hw, model=MODEL, **kw):
     """A replicated run fast and step by step: what the router saw at every arrival (each replica's requests in
     flight and running), every per-request figure, the routing, and each replica's records, counters, timelines and
     block manager equal; the replicas' fast-forward objects."""
@@ -359,7 +360,7 @@ def _check_fleet(wl, hw, **kw):
         router_mod.choose = choose
         try:
             with captured_replicas() as got:
-                r = plain.run(MODEL, hw, wl, step_by_step=sbs, **kw)
+                r = plain.run(model, hw, wl, step_by_step=sbs, **kw)
         finally:
             router_mod.choose = orig
         out.append((r, got))
@@ -416,6 +417,19 @@ def test_replicas_answer_inside_windows_and_preempt():
                        serving=ServingConfig(kv_capacity_bytes=_kv_bytes(50, 16)))
     assert sum(ff.steps for ff in ffs) > 0.7 * sum(ff.eng.iterations for ff in ffs)
     assert sum(ff.eng.sched.preemptions for ff in ffs) > 0
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_dp_attention_ranks_take_windows(tp):
+    """vLLM's DP attention + EP (an MoE model, ``--data-parallel-size 2 --enable-expert-parallel``): each DP rank is a
+    replica whose decode steps add the experts' dispatch and combine of its own batch size; its windows give the
+    stepped figures, under KV pressure."""
+    wl = plain.random_workload(60, 200, 120, 0.5, 0, 4)
+    m = MOE["qwen3-30b-a3b"]
+    ffs = _check_fleet(wl, HW["h100-sxm"], model=m, request_rate=4.0, seed=4, data_parallel_size=2,
+                       tensor_parallel_size=tp, enable_expert_parallel=True,
+                       serving=ServingConfig(kv_capacity_bytes=float(120 * 16 * m.kv_bytes_per_token)))
+    assert ffs[0].eng.cost.dpa and sum(ff.steps for ff in ffs) > 0.5 * sum(ff.eng.iterations for ff in ffs)
 
 
 def test_replicas_with_client_slots_step():

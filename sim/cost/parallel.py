@@ -361,25 +361,11 @@ class ParallelCost:
                 if n > 0 and here > 0:
                     runs.append((here, float(n)))
             t = sc.seconds(sub) if sub else 0.0
-            if tp > 1 and runs:
+            if runs:
                 # tokens still running each depth of the stage's layers
                 levels = [(h, sum(nn for hh, nn in runs if hh >= h)) for h in sorted({h for h, _ in runs})]
-                for x in self._tp_terms(k == 0, levels, rows, graphed):
+                for x in self._collective_terms(k == 0, a, levels, rows, graphed):
                     t += x
-            if self.dpa and runs:
-                # DP attention + EP: all_gatherv dispatch and reduce_scatterv combine over the DP group, per MoE
-                # layer (sim.cost.alltoall), the other DP ranks padded to this rank's token count (DPMetadata)
-                from sim.cost.alltoall import dispatch_combine_seconds
-                fk = self.m.first_k_dense
-                prev = 0
-                for h in sorted({hh for hh, _ in runs}):
-                    tok = sum(nn for hh, nn in runs if hh >= h)     # tokens still running layers a+prev .. a+h
-                    moe_layers = max(0, (a + h) - max(a + prev, fk))
-                    if moe_layers:
-                        t += moe_layers * dispatch_combine_seconds(node, tok, self.m.hidden_size, self.m.dtype_bytes,
-                                                                   self.par.data_parallel_size,
-                                                                   self.m.experts_per_token)
-                    prev = h
             if k < last:
                 tok_next = sum(float(it[0]) for it in items if it[0] > 0 and (L if it[2] is None else it[2]) > b)
                 if tok_next > 0:
@@ -391,25 +377,46 @@ class ParallelCost:
         """Whether an iteration of ``tokens`` runs its all-reduces inside a CUDA graph."""
         return self.cuda_graph or (self.graphs is not None and self.graphs.padded(tokens) is not None)
 
-    def _tp_terms(self, first: bool, levels, rows: float, graphed: bool) -> list:
-        """The seconds a stage's tensor-parallel collectives add, in the order :meth:`stage_seconds` adds them:
-        two all-reduces per layer over the tokens still running that layer (``levels``: ``(depth, tokens running
-        at least that deep)``, depths ascending), the embedding's all-reduce on the first stage (every token:
-        ``levels[0]``'s), and the gather of the ``rows`` LM-head rows' logits::
+    def _collective_terms(self, first: bool, a: int, levels, rows: float, graphed: bool) -> list:
+        """The seconds a stage's collectives add, in the order :meth:`stage_seconds` adds them (``a``: its first
+        layer; ``levels``: ``(depth, tokens running at least that deep)``, depths ascending).
+
+        Tensor parallel (TP > 1): two all-reduces per layer over the tokens still running that layer, the
+        embedding's all-reduce on the first stage (every token: ``levels[0]``'s) and the gather of the ``rows``
+        LM-head rows' logits::
 
             2 (h_j - h_{j-1}) allreduce(t_j d s, TP) ...,  [first] allreduce(t_1 d s, TP),  allreduce_nccl(r V s, TP) / 2
+
+        DP attention + EP: all_gatherv dispatch and reduce_scatterv combine over the DP group, per MoE layer
+        (:func:`sim.cost.alltoall.dispatch_combine_seconds`), the other DP ranks padded to this rank's token count
+        (vLLM's ``DPMetadata``)::
+
+            m_j dispatch_combine(t_j),  m_j = the MoE layers among a + h_{j-1} .. a + h_j
         """
         node, tp = self.node, self.tp
-        ar = dict(cuda_graph=graphed, custom=self.custom_ar, launch_s=0.0 if graphed else self.per_kernel_s)
-        out, prev = [], 0
-        for h, tok in levels:
-            out.append(2.0 * (h - prev) * node.allreduce_seconds(tok * self.act, tp, **ar))
-            prev = h
-        if first:
-            out.append(node.allreduce_seconds(levels[0][1] * self.act, tp, **ar))
-        if rows > 0:
-            # tensor_model_parallel_gather: NCCL, not the custom all-reduce
-            out.append(0.5 * node.allreduce_seconds(rows * self.logit_row, tp, custom=False))
+        out = []
+        if tp > 1:
+            ar = dict(cuda_graph=graphed, custom=self.custom_ar, launch_s=0.0 if graphed else self.per_kernel_s)
+            prev = 0
+            for h, tok in levels:
+                out.append(2.0 * (h - prev) * node.allreduce_seconds(tok * self.act, tp, **ar))
+                prev = h
+            if first:
+                out.append(node.allreduce_seconds(levels[0][1] * self.act, tp, **ar))
+            if rows > 0:
+                # tensor_model_parallel_gather: NCCL, not the custom all-reduce
+                out.append(0.5 * node.allreduce_seconds(rows * self.logit_row, tp, custom=False))
+        if self.dpa:
+            from sim.cost.alltoall import dispatch_combine_seconds
+            fk = self.m.first_k_dense
+            prev = 0
+            for h, tok in levels:
+                moe_layers = max(0, (a + h) - max(a + prev, fk))
+                if moe_layers:
+                    out.append(moe_layers * dispatch_combine_seconds(node, tok, self.m.hidden_size, self.m.dtype_bytes,
+                                                                     self.par.data_parallel_size,
+                                                                     self.m.experts_per_token))
+                prev = h
         return out
 
     def seconds(self, items) -> float:
@@ -420,9 +427,9 @@ class ParallelCost:
 
     # ------------------------------------------------------------------ the closed form (sim.serving.fastforward)
     def _one_stage(self) -> bool:
-        """Tensor parallelism alone (one stage, no DP attention): a uniform decode batch's seconds are the rank's
-        closed form plus collectives that depend on its size alone."""
-        return self.single or (self.pp == 1 and not self.dpa)
+        """One pipeline stage (tensor parallel, DP attention or both): a uniform decode batch's seconds are the
+        rank's closed form plus collectives that depend on its size alone."""
+        return self.single or self.pp == 1
 
     def exact_integers(self) -> bool:
         """The rank's :meth:`ScalarCost.exact_integers` (one stage only: False otherwise)."""
@@ -432,10 +439,10 @@ class ParallelCost:
         """The rank's :meth:`ScalarCost.closed_form` (one stage only: False otherwise)."""
         return self._one_stage() and (self._one if self.single else self.stages[0]).closed_form()
 
-    def _decode_tp(self, B: int) -> list:
-        """:meth:`_tp_terms` of a decode step of ``B`` one-token requests (each samples one row)."""
+    def _decode_comm(self, B: int) -> list:
+        """:meth:`_collective_terms` of a decode step of ``B`` one-token requests (each samples one row)."""
         b = float(B)
-        return self._tp_terms(True, [(self.m.n_layers, b)], b, self._graphed(b))
+        return self._collective_terms(True, 0, [(self.m.n_layers, b)], b, self._graphed(b))
 
     def decode_batch_seconds(self, B, S, cmax):
         """:meth:`seconds` of uniform decode iterations (:meth:`ScalarCost.decode_batch_seconds`'s arguments): the
@@ -444,15 +451,15 @@ class ParallelCost:
         if self.single:
             return self._one.decode_batch_seconds(B, S, cmax)
         if not self._one_stage():
-            raise ValueError("decode_batch_seconds: one pipeline stage without DP attention only")
+            raise ValueError("decode_batch_seconds: one pipeline stage only")
         t = self.stages[0].decode_batch_seconds(B, S, cmax)
         if np.ndim(B) == 0:
-            for x in self._decode_tp(int(B)):
+            for x in self._decode_comm(int(B)):
                 t += x
             return t
         Bb = np.broadcast_to(np.asarray(B, np.int64), t.shape)
         u, inv = np.unique(Bb, return_inverse=True)
-        cols = np.array([self._decode_tp(int(b)) for b in u.tolist()], np.float64)   # (distinct B, terms)
+        cols = np.array([self._decode_comm(int(b)) for b in u.tolist()], np.float64)   # (distinct B, terms)
         for j in range(cols.shape[1]):
             t += cols[inv.reshape(t.shape), j]
         return t
@@ -464,7 +471,7 @@ class ParallelCost:
         if self.single:
             return self._one.mixed_seconds(B, S, cmax, items)
         if not self._one_stage():
-            raise ValueError("mixed_seconds: one pipeline stage without DP attention only")
+            raise ValueError("mixed_seconds: one pipeline stage only")
         if any(it[2] is not None and it[2] != self.m.n_layers for it in items):
             raise ValueError("mixed_seconds: items that run every layer only")
         t = self.stages[0].mixed_seconds(B, S, cmax, items)
@@ -474,7 +481,7 @@ class ParallelCost:
                 tok += float(it[0])
                 rows += it[4]
         if tok > 0:
-            for x in self._tp_terms(True, [(self.m.n_layers, tok)], rows, self._graphed(tok)):
+            for x in self._collective_terms(True, 0, [(self.m.n_layers, tok)], rows, self._graphed(tok)):
                 t += x
         return t
 
