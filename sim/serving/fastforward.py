@@ -14,7 +14,10 @@ not tokens:
 * **Blocks.** Request ``i`` with ``c_i`` computed tokens over ``nb_i`` blocks opens a block at steps
   ``f_i + m bs`` (``f_i = nb_i bs - c_i + 1``) and fills one at ``g_i + m bs``; those calls -- a take
   (clean first, else the block policy's victim) and a key registration -- are made in (step, running
-  order), the only ``allocate_one`` calls of the stepped path that change anything. The step where the
+  order), the only ``allocate_one`` calls of the stepped path that change anything. Under a release-ordered
+  policy (LRU) a filled block's key is registered where its request leaves the window instead (finish,
+  preemption, the chain's end: ``Window.lazy``), all of its filled blocks in one call: nothing reads when it was
+  keyed, nor a running request's own decode keys, before it frees them. The step where the
   takes exceed the free pool preempts as ``Scheduler._run_running`` does: the scheduler's own
   ``_victim`` / ``_preempt`` (newest first) until the take fits or the taker itself goes.
 

@@ -117,15 +117,21 @@ class Members:
                 and len(sched.running) == len(self.R) and sched.running == self.R)
 
     def flush(self, eng, times: StepTimes) -> None:
-        """Write every member's lengths and figures onto its objects (the chain ends)."""
+        """Write every member's lengths and figures onto its objects, and key its full blocks not keyed yet (a
+        window keys a decode's filled blocks where it leaves: ``Window.lazy``), as the chain ends."""
         rec, end = eng.record_tokens, times.n
-        for req, p, c, fn, x, n, pk, a in zip(self.R, self.probs, self.c0.tolist(), self.fin.tolist(),
-                                               self.ph.tolist(), self.iters.tolist(), self.peak.tolist(),
-                                               self.t0.tolist()):
+        kv = eng.kv
+        key = kv._register if kv.caching and kv._ordered else None
+        bs = kv.block_size
+        for req, p, c, fn, x, n, pk, a, blks, reg in zip(self.R, self.probs, self.c0.tolist(), self.fin.tolist(),
+                                                         self.ph.tolist(), self.iters.tolist(), self.peak.tolist(),
+                                                         self.t0.tolist(), self.blist, self.reg):
             req.num_computed_tokens = c
             req.num_tokens = c + 1
             req.num_output_tokens = req.max_output_tokens - fn
             req.high_water = c
+            if key is not None and reg:
+                key(req, blks, c // bs)
             write_record(p, req, x, n, pk, times.views(a, end) if rec else (), rec)
         self.R = []
 

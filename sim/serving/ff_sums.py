@@ -1,5 +1,6 @@
 """Float sums in the stepped path's order, for a fast-forward window (:mod:`sim.serving.ff_window`): a counter's
-running sum over the window's steps, and each request's share of every step added in turn."""
+running sum over the window's steps, each request's share of every step added in turn, and a per-step count
+filled forward from the steps that changed it."""
 from __future__ import annotations
 
 import numpy as np
@@ -33,3 +34,15 @@ def add_in_turn(ph, mask, xs, cells: int = 1 << 20) -> None:
         acc[1:] = x[:, None]
         sub = np.cumsum(acc, axis=0)[-1]
     ph[mask] = sub
+
+
+def forward_fill(marks, k: int, start: int) -> np.ndarray:
+    """A count after each of steps ``1..k``: the latest of ``marks`` (``(step, count)`` where a step changed it, in
+    step order) at or before each step; before any, the first mark's count (``start`` without one)."""
+    at = {st: v for st, v in marks if 1 <= st <= k}
+    cur = marks[0][1] if marks else start
+    out = []
+    for st in range(1, k + 1):
+        cur = at.get(st, cur)
+        out.append(cur)
+    return np.array(out, np.int64)

@@ -12,7 +12,7 @@ import numpy as np
 
 from sim.cost.pricing import attribution, equal_shares
 from sim.serving.ff_members import carried, write_record
-from sim.serving.ff_sums import FOLD_STEPS, add_in_turn, fold
+from sim.serving.ff_sums import FOLD_STEPS, add_in_turn, fold, forward_fill
 from sim.workload.job import KIND_NAMES
 
 
@@ -62,6 +62,8 @@ class Window:
         self.blist, self.reg, self.rids = m.blist, m.reg, m.rids   # an admitted head's table: once admitted
         self._index = None                     # id(request) -> member, made when a preemption asks
         self.blocked = False                   # it ended where its next step cannot end before the next event
+        # blocks a decode fills keyed where its request leaves (LRU: module docstring), else as each fills
+        self.lazy, self.eager = kv.caching and kv._ordered, kv.caching and not kv._ordered
         self.carry = None                      # the members alive at its end (close), carried to the next window
 
     # ------------------------------------------------------------------ helpers of the steps
@@ -85,6 +87,10 @@ class Window:
         req.num_tokens = c + 1
         req.num_output_tokens = req.max_output_tokens - int(self.fin[i]) + steps_done
         req.high_water = c
+
+    def key_filled(self, i: int) -> None:   # member i's filled blocks keyed (lengths settled) before it frees them
+        if self.lazy and self.reg[i]:
+            self.kv._register(self.R[i], self.blist[i], self.R[i].num_computed_tokens // self.bs)
 
     def price(self, Bs: int, a: int, b: int, mask):
         """Per-step seconds of steps a..b with the alive set ``mask``."""
@@ -135,9 +141,10 @@ class Window:
         """Block events of steps ``a..b`` in (step, running order): ``(steps, request indices)``."""
         f, g, bs = self.f, self.g, self.bs
         B0 = len(f)
+        kinds = (f, g) if self.eager else (f,)   # fills are keyed where a member leaves when lazy (Window.lazy)
         if b - a < bs:   # fewer steps than a block: each request opens (fills) at most one block in them
             keys = []
-            for st in ((f, g) if self.kv.caching else (f,)):
+            for st in kinds:
                 s0 = st + np.maximum(-(-(a - st) // bs), 0) * bs    # first event step >= a
                 sel = s0 <= b
                 keys.append(s0[sel] * B0 + np.flatnonzero(sel))
@@ -148,7 +155,7 @@ class Window:
         m = np.arange(M, dtype=np.int64)[None, :] * bs
         idx = np.arange(B0, dtype=np.int64)[:, None]
         keys = []
-        for st in ((f, g) if self.kv.caching else (f,)):
+        for st in kinds:
             s0 = st + np.maximum(-(-(a - st) // bs), 0) * bs    # first event step >= a
             e = s0[:, None] + m
             keys.append(np.where(e <= b, e * B0 + idx, -1).ravel())
@@ -171,7 +178,7 @@ class Window:
         n = len(evs)
         if self.pf and keys is not None:
             hits += L            # prefill-first looks the head up before the step's decodes allocate
-        take, register = kv._take, kv._register
+        take, register, eager = kv._take, kv._register, self.eager
         while ep < n and evs[ep] <= b:
             st, i = evs[ep], who[ep]
             ep += 1
@@ -191,7 +198,7 @@ class Window:
                 u = kv.num_used
                 if u > kv.peak_used:
                     kv.peak_used = u
-                if reg[i] and nkeyed.get(rids[i], 0) < tokens // bs:   # else _register is a no-op
+                if eager and reg[i] and nkeyed.get(rids[i], 0) < tokens // bs:   # else _register is a no-op
                     register(R[i], blks, tokens // bs)
                 if keys is not None and kv.evictions != ev0:   # the take evicted (one block at most)
                     pos = keys.get(kv.last_evicted)
@@ -233,6 +240,7 @@ class Window:
                     self._index = {id(r): i for i, r in enumerate(self.R)}
                 vi = self._index[id(victim)]
                 self.settle(vi, st - 1)
+                self.key_filled(vi)
                 self.alive[vi] = False
                 self.al[vi] = False
                 self.last[vi] = st - 1
@@ -282,6 +290,7 @@ class Window:
         done = [i for i in np.flatnonzero(alive & (self.fin == st)).tolist()]
         for i in done:
             self.settle(i, st)
+            self.key_filled(i)
             alive[i] = False
             self.al[i] = False
             self.last[i] = st
@@ -578,13 +587,6 @@ class Window:
         return nB, run
 
     def _kv_used(self, k: int):
-        """KV blocks in use after each of steps 1..k's schedule: the latest mark at or before each step (``used``:
-        ``(step, blocks)`` where a step changed them), the window's start before any."""
-        used = self.used
-        marks = {st: v for st, v in used if 1 <= st <= k}
-        cur = used[0][1] if used else self.kv.num_used
-        out = []
-        for st in range(1, k + 1):
-            cur = marks.get(st, cur)
-            out.append(cur)
-        return np.array(out, np.int64)
+        """KV blocks in use after each of steps 1..k's schedule (:func:`sim.serving.ff_sums.forward_fill` of the
+        window's marks ``used``, the window's start before any)."""
+        return forward_fill(self.used, k, self.kv.num_used)
