@@ -22,6 +22,11 @@ prompts):
   reads depend on its rows alone, so its windows have the dense closed form's shape);
 * ``tp4_throughput_128x2048``: the first case on llama-3-70b over 4 GPUs of a dgx-h100, tensor parallel (a decode
   step's collectives depend on its batch size alone: one rank's closed form plus them).
+
+And ``rksim bench serve`` cases (vLLM's serve defaults for the device, 3,000 random 1,024/128 prompts, Poisson):
+
+* ``dp3_serve_3rps`` / ``dp3_serve_20rps``: 3 replicas behind the default router (prefix-affinity) at 3 and 20
+  req/s (a fleet's windows run to the next arrival; ``sim/serving/fleet_clock.py``).
 """
 from __future__ import annotations
 
@@ -44,6 +49,11 @@ CASES = {
     "moe_throughput_128x2048": ["--model-preset", "qwen3-30b-a3b", "--input-len", "128", "--output-len", "2048"],
     "tp4_throughput_128x2048": ["--model-preset", "llama-3-70b", "--tensor-parallel-size", "4", "--input-len", "128",
                                 "--output-len", "2048"],
+}
+SERVE = ["bench", "serve", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm", "--num-prompts", "3000"]
+SERVE_CASES = {
+    "dp3_serve_3rps": ["--data-parallel-size", "3", "--request-rate", "3"],
+    "dp3_serve_20rps": ["--data-parallel-size", "3", "--request-rate", "20"],
 }
 GOAL_RATIO = 10.0   # issue 32: the 128 / 2,048 case at least 10x faster than step by step
 CHILD = """
@@ -92,16 +102,18 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--repeats", type=int, default=1)
     a = ap.parse_args(argv)
-    res = {"goal_ratio": GOAL_RATIO, "what": "rksim bench throughput, fast-forward vs --step-by-step, CPU time of the "
+    res = {"goal_ratio": GOAL_RATIO, "what": "rksim bench throughput / serve, fast-forward vs --step-by-step, CPU time of the "
            "command (imports excluded; bytecode cache on, warmed), median of the repeats", "cases": {}}
     ok = True
     warm_up(BASE[:-1] + ["20"] + CASES["throughput_128x2048"])
-    for name, extra in CASES.items():
+    cases = [(name, BASE + extra) for name, extra in CASES.items()]
+    cases += [(name, SERVE + extra) for name, extra in SERVE_CASES.items()]
+    for name, cmd in cases:
         runs = {"fast": [], "step": []}
         outs = {}
         for _ in range(max(1, a.repeats)):
             for mode, flag in (("fast", []), ("step", ["--step-by-step"])):
-                r = run_child(BASE + extra + flag)
+                r = run_child(cmd + flag)
                 runs[mode].append(r)
                 outs[mode] = r["out"]
         same = outs["fast"] == outs["step"]
@@ -110,7 +122,7 @@ def main(argv=None) -> int:
         rss = {m: max(x["maxrss_mb"] for x in v) for m, v in runs.items()}
         ratio = cpu["step"] / cpu["fast"]
         res["cases"][name] = {
-            "command": "rksim " + " ".join(BASE + extra), "fast_cpu_s": cpu["fast"], "step_cpu_s": cpu["step"],
+            "command": "rksim " + " ".join(cmd), "fast_cpu_s": cpu["fast"], "step_cpu_s": cpu["step"],
             "ratio_cpu": ratio, "fast_wall_s": wall["fast"], "step_wall_s": wall["step"],
             "ratio_wall": wall["step"] / wall["fast"], "fast_maxrss_mb": rss["fast"], "step_maxrss_mb": rss["step"],
             "identical_output": same, "result": outs["fast"].splitlines()[0] if outs["fast"] else None,
