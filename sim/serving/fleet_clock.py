@@ -37,7 +37,7 @@ class FleetClock(simpy.Environment):
     def schedule(self, event, priority=simpy.events.NORMAL, delay=0) -> None:
         super().schedule(event, priority, delay)
         if type(event) is not StepTimeout:
-            heapq.heappush(self._foreign, (self._now + delay, next(self._fid), event))
+            heapq.heappush(self._foreign, (self.now + delay, next(self._fid), event))
 
     def peek_foreign(self) -> float:
         """The time of the earliest unprocessed event that is not an engine's :class:`StepTimeout` (inf: none)."""
