@@ -255,8 +255,8 @@ class FastForward:
     def supports(eng) -> bool:
         """Engines whose iterations a window can replace: one stage, one accelerator on its own clock, a cost
         with a per-step vector form and exact integer terms on a dense, MoE or MLA shape (one GPU, or one
-        tensor-parallel stage: ``ParallelCost.decode_batch_seconds``), no per-problem KV timeline, no shared-KV
-        pricing, block scores at generation (the plain workload)."""
+        pipeline stage over several: ``ParallelCost.decode_batch_seconds``), no per-problem KV timeline, no
+        shared-KV pricing, block scores at generation (the plain workload)."""
         c = eng.cost
         # a per-step host term (Engine.host_step) must enter Engine._window_seconds (and its host-seconds
         # counter) before windows can replace its steps: until then such an engine steps
@@ -265,9 +265,9 @@ class FastForward:
         # the closed form prices dense, MoE and MLA layers (ScalarCost.closed_form); a sliding-window shape steps
         # (an idle engine's admitting window has no decode for the first-step guard to check); a replica shares its
         # clock with others: only as a fleet's (Engine.fleet: the next event none of the engines made)
-        return (eng.pp_stages == 1 and (eng.settle is None or eng.fleet) and not eng.per_problem and not eng.prices_shared
-                and eng.score_at == "generation" and hasattr(c, "decode_batch_seconds") and c.exact_integers()
-                and c.closed_form())
+        return (eng.pp_stages == 1 and (eng.settle is None or eng.fleet) and not eng.per_problem
+                and not eng.prices_shared and eng.score_at == "generation" and hasattr(c, "decode_batch_seconds")
+                and c.exact_integers() and c.closed_form())
 
     # ------------------------------------------------------------------ admissions
     def head(self):
