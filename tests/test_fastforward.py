@@ -29,21 +29,26 @@ HW = {h: load_hardware(h) for h in ("h100-sxm", "a100-80gb", "l4")}
 
 
 @contextlib.contextmanager
-def captured():
-    """The engines :func:`sim.bench.plain.run` builds, with their results."""
+def _kept(method: str, keep):
+    """``keep(engine, result)`` of every call of ``Engine.<method>`` inside the block, in call order."""
     got = []
-    orig = engine_mod.Engine.run
+    orig = getattr(engine_mod.Engine, method)
 
-    def run(self):
-        res = orig(self)
-        # every record, taken now: plain.run keeps only the fields it reads and lets the problems go
-        got.append((self, res, res.records()))
+    def wrapper(self, *a, **k):
+        res = orig(self, *a, **k)
+        got.append(keep(self, res))
         return res
-    engine_mod.Engine.run = run
+    setattr(engine_mod.Engine, method, wrapper)
     try:
         yield got
     finally:
-        engine_mod.Engine.run = orig
+        setattr(engine_mod.Engine, method, orig)
+
+
+def captured():
+    """The engines :func:`sim.bench.plain.run` builds, with their results and every record, taken when the run
+    ends (plain.run keeps only the fields it reads and lets the problems go)."""
+    return _kept("run", lambda eng, res: (eng, res, res.records()))
 
 
 def _both(wl, hw, model=MODEL, **kw):
@@ -269,13 +274,12 @@ def test_a_parallel_decode_batch_has_the_stepped_price(B, seed, tp, hw, model, e
     order) equals ``seconds`` of its items bit for bit, for one batch size or one per step; so does an admitting
     step (the decodes in closed form, then a prompt's items)."""
     from sim.cost.parallel import ParallelConfig, ParallelCost
-    from sim.cost.node import load_node
+    from sim.replay.target import node_for
     m, h = _shape(model), load_hardware(hw)
     try:
         par = ParallelConfig(tensor_parallel_size=tp, enable_expert_parallel=ep or dp > 1, data_parallel_size=dp,
                              disable_custom_all_reduce=not custom)
-        c = ParallelCost(m, h, load_node({"h100-sxm": "dgx-h100", "a100-80gb": "dgx-a100", "h200": "dgx-h200"}[hw]),
-                         par, graphs=engine_graphs(h, 512, eager))
+        c = ParallelCost(m, h, node_for(hw), par, graphs=engine_graphs(h, 512, eager))   # the GPU's shipped node
     except ValueError:   # a layout the model cannot take (TP does not divide its heads or experts)
         return
     if c.single:
@@ -327,21 +331,9 @@ def test_tensor_parallel_targets_take_windows(model, tp, extra):
         assert xa.stats["preemptions"] > 0 and ff.steps > 0.8 * xa.iterations and ff.admissions > 0
 
 
-@contextlib.contextmanager
 def captured_replicas():
     """The engines of a replicated :func:`sim.bench.plain.run` (each one's ``result``), in replica order."""
-    got = []
-    orig = engine_mod.Engine.result
-
-    def result(self, *a, **k):
-        res = orig(self, *a, **k)
-        got.append((self, res))
-        return res
-    engine_mod.Engine.result = result
-    try:
-        yield got
-    finally:
-        engine_mod.Engine.result = orig
+    return _kept("result", lambda eng, res: (eng, res))
 
 
 def _check_fleet(wl, hw, model=MODEL, **kw):

@@ -8,13 +8,14 @@ import simpy
 from sim.serving.fleet_clock import FleetClock, StepTimeout
 
 
-def test_peek_foreign_skips_the_engines_own_delays_and_processed_events():
-    env = FleetClock()
+def _fleet(env, delay):
+    """Two engines (``delay(env, d)``: their own step delays) and an arrival process on ``env``; the
+    ``(who, time)`` of every event they see, filled as ``env`` runs."""
     seen = []
 
     def engine(name, delays):
         for d in delays:
-            yield StepTimeout(env, d)
+            yield delay(env, d)
             seen.append((name, env.now))
 
     def arrivals(times):
@@ -25,6 +26,12 @@ def test_peek_foreign_skips_the_engines_own_delays_and_processed_events():
     env.process(engine("a", [0.5, 0.5, 0.5]))
     env.process(engine("b", [0.3, 2.0]))
     env.process(arrivals([1.2, 2.5]))
+    return seen
+
+
+def test_peek_foreign_skips_the_engines_own_delays_and_processed_events():
+    env = FleetClock()
+    seen = _fleet(env, StepTimeout)
     # the processes' start events are the first foreign events (time 0)
     assert env.peek_foreign() == 0.0
     for _ in range(3):
@@ -37,19 +44,21 @@ def test_peek_foreign_skips_the_engines_own_delays_and_processed_events():
     env.run()
     assert env.peek_foreign() == math.inf and not env._foreign
     # the queue's order is simpy's own: the same run on a plain clock sees the same events at the same times
-    plain, seen2 = simpy.Environment(), []
-
-    def engine2(name, delays):
-        for d in delays:
-            yield simpy.Timeout(plain, d)
-            seen2.append((name, plain.now))
-
-    def arrivals2(times):
-        for t in times:
-            yield plain.timeout(t - plain.now)
-            seen2.append(("arrival", plain.now))
-    plain.process(engine2("a", [0.5, 0.5, 0.5]))
-    plain.process(engine2("b", [0.3, 2.0]))
-    plain.process(arrivals2([1.2, 2.5]))
+    plain = simpy.Environment()
+    seen2 = _fleet(plain, simpy.Timeout)
     plain.run()
     assert seen2 == seen
+
+
+def test_a_fleet_engine_needs_the_fleet_clock():
+    """An engine told it is a fleet's replica on a plain simpy clock is refused by name (its windows would read
+    the other replicas' steps as events)."""
+    import pytest
+
+    from sim.cost.profiles import load_hardware, load_model
+    from sim.serving.engine import Engine
+    with pytest.raises(ValueError, match="fleet=True needs env to be a sim.serving.fleet_clock.FleetClock"):
+        Engine(load_model("llama-3-8b"), load_hardware("h100-sxm"), [], env=simpy.Environment(), settle=1,
+               fleet=True)
+    eng = Engine(load_model("llama-3-8b"), load_hardware("h100-sxm"), [], env=FleetClock(), settle=1, fleet=True)
+    assert eng.peek_next == eng.env.peek_foreign

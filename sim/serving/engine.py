@@ -110,9 +110,8 @@ class Engine(ProblemLifecycle):
         Keep every evicted block's key in order (``kv.evicted_log``); off, the block manager keeps only the
         last, so memory does not grow with a long run's evictions.
     fleet : bool
-        One of several replicas on a :class:`sim.serving.fleet_clock.FleetClock`, whose answers (``user_done``)
-        only lower its router's counts (no user waits on them): its windows run to the next event no engine made
-        and may answer requests (:mod:`sim.serving.fastforward`). Needs ``settle`` 1 and that clock.
+        A replica on a :class:`sim.serving.fleet_clock.FleetClock` whose answers only lower its router's counts: its
+        windows run to the next event no engine made and answer requests (:mod:`sim.serving.fastforward`).
     """
 
     def __init__(self, model, hw, jobs, *, concurrency: int = 1, arrival_rate: float | None = None, seed: int = 0,
@@ -139,10 +138,8 @@ class Engine(ProblemLifecycle):
                                  hw_name=hw_name or getattr(hw, "name", ""), shared=self._with_shared)
         # env: a shared environment (several replicas' engines under one clock, sim.serving.replicas)
         self.env = simpy.Environment() if env is None else env
-        self.fleet = bool(fleet) and hasattr(self.env, "peek_foreign")
-        # the next event that can change what a step schedules: on one engine's clock the next one (the engine's
-        # own step has no pending event while it plans); on a fleet's, the next one no engine made
-        self.peek_next = self.env.peek_foreign if self.fleet else self.env.peek
+        self.fleet = bool(fleet)
+        self.peek_next = self._next_event()
         # settle: before forming a batch, yield zero-time steps while events are due now (None: until none are;
         # k: at most k, which several accelerators sharing one clock need so they do not wait on each other)
         self.settle = settle
@@ -195,6 +192,15 @@ class Engine(ProblemLifecycle):
         self.on_step = on_step
         self._ff = (FastForward(self) if fast_forward and on_step is None and FastForward.supports(self)
                     else None)
+
+    def _next_event(self):
+        """The reader of the next event a step's schedule can see: the clock's next (one engine: its own step has no
+        pending event while it plans), or on a fleet's clock the next one no engine made."""
+        if not self.fleet:
+            return self.env.peek
+        if not hasattr(self.env, "peek_foreign"):
+            raise ValueError("engine: fleet=True needs env to be a sim.serving.fleet_clock.FleetClock")
+        return self.env.peek_foreign
 
     # the pricing state, on the engine (sim.serving.fastforward and callers read and add to these)
     cost = property(lambda self: self.pricer.cost)

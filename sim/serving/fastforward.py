@@ -100,8 +100,9 @@ MAX_STEPS = 4096      # longest window (bounds the per-window arrays)
 MIN_STEPS = 2         # shorter windows are stepped (nothing to gain)
 # a replica of a fleet (Engine.fleet) steps where the next arrival leaves fewer steps than this at the last window
 # step's seconds: every replica's windows end at every arrival, and a short one over a small batch costs more than
-# its steps stepped (3 replicas, 3,000 x 1,024/128, CPU s at 6 / 20 / 60 req/s: every window 5.4 / 5.3 / 4.0, from 2
-# steps 4.9 / 4.5 / 3.5, from 8 steps 4.7 / 4.4 / 3.3, stepped 7.8 / 4.6 / 3.2); either way the figures are the same
+# its steps stepped (3 replicas of llama-3-8b / h100-sxm, serve defaults, 3,000 x 1,024/128, CPU s at 6 / 20 / 60
+# req/s: every window 5.4 / 5.3 / 4.0, from 2 steps 4.9 / 4.5 / 3.5, from 8 steps 4.7 / 4.4 / 3.3, stepped 7.8 / 4.6
+# / 3.2); either way the figures are the same
 FLEET_MIN_STEPS = 8
 GUARDED = 16          # windows whose first step is also priced item by item, as stepped (a check, O(batch))
 

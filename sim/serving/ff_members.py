@@ -57,6 +57,14 @@ class StepTimes:
         return out
 
 
+def lazy_keys(kv) -> bool:
+    """Whether a window keys the blocks its decodes fill where their request leaves it (a finish, a preemption, the
+    carried chain's end), all in one call, instead of as each fills: under prefix caching with a release-ordered
+    policy (LRU) no rank reads when a block was keyed, and nothing reads a running request's decode keys (its own
+    output, unique) before it frees them; a scored policy ranks by insertion, so each is keyed as it fills."""
+    return kv.caching and kv._ordered
+
+
 def write_record(p, req, phase: float, iters: int, peak: float, times: list, record: bool) -> None:
     """A member's deferred figures onto its problem: decode phase, iterations, peak KV, token times."""
     p.phase["decode"] = phase
@@ -121,7 +129,7 @@ class Members:
         window keys a decode's filled blocks where it leaves: ``Window.lazy``), as the chain ends."""
         rec, end = eng.record_tokens, times.n
         kv = eng.kv
-        key = kv._register if kv.caching and kv._ordered else None
+        key = kv._register if lazy_keys(kv) else None
         bs = kv.block_size
         for req, p, c, fn, x, n, pk, a, blks, reg in zip(self.R, self.probs, self.c0.tolist(), self.fin.tolist(),
                                                          self.ph.tolist(), self.iters.tolist(), self.peak.tolist(),

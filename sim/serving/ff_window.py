@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cost.pricing import attribution, equal_shares
-from sim.serving.ff_members import carried, write_record
+from sim.serving.ff_members import carried, lazy_keys, write_record
 from sim.serving.ff_sums import FOLD_STEPS, add_in_turn, fold, forward_fill
 from sim.workload.job import KIND_NAMES
 
@@ -62,8 +62,8 @@ class Window:
         self.blist, self.reg, self.rids = m.blist, m.reg, m.rids   # an admitted head's table: once admitted
         self._index = None                     # id(request) -> member, made when a preemption asks
         self.blocked = False                   # it ended where its next step cannot end before the next event
-        # blocks a decode fills keyed where its request leaves (LRU: module docstring), else as each fills
-        self.lazy, self.eager = kv.caching and kv._ordered, kv.caching and not kv._ordered
+        self.lazy = lazy_keys(kv)              # blocks a decode fills keyed where its request leaves
+        self.eager = kv.caching and not self.lazy
         self.carry = None                      # the members alive at its end (close), carried to the next window
 
     # ------------------------------------------------------------------ helpers of the steps
