@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cost.pricing import attribution, equal_shares
+from sim.serving.ff_blocks import block_events, first_short
 from sim.serving.ff_members import carried, lazy_keys, write_record
 from sim.serving.ff_sums import FOLD_STEPS, add_in_turn, fold, forward_fill
 from sim.workload.job import KIND_NAMES
@@ -74,7 +75,7 @@ class Window:
         while self.gen_to < upto:
             gen_to = self.gen_to
             a, b = gen_to + 1, min(max(upto, gen_to + max(2, gen_to)), gen_to + chunk, self.kcap)
-            e, w = self.events(a, b)
+            e, w = block_events(self.f, self.g if self.eager else None, self.bs, a, b)
             ep = self.ep
             self.evs, self.who, self.ep = self.evs[ep:] + e, self.who[ep:] + w, 0
             self.gen_to = b
@@ -105,65 +106,6 @@ class Window:
             return False
         self.keys, self.L, self.nblk, self.clean_only = hd
         return True
-
-    # ------------------------------------------------------------------ block arithmetic
-    def takes(self, alive, a: int, b: int) -> int:
-        """Blocks the alive requests open at steps ``a..b``."""
-        fa = self.f[alive]
-        bs = self.bs
-        hi = np.maximum((b - fa) // bs + 1, 0)
-        lo = np.maximum((a - 1 - fa) // bs + 1, 0)
-        return int((hi - lo).sum())
-
-    def short(self, alive, s: int, e: int, free: int):
-        """The first step of ``s..e`` whose takes exceed the ``free`` blocks (it preempts), or None."""
-        bs = self.bs
-        fa = self.f[alive]
-        nt = fa + np.maximum(-(-(s - fa) // bs), 0) * bs      # each alive request's next take, >= s
-        if free < len(nt):
-            # every request takes at most once in bs steps: the (free + 1)-th take is the
-            # (free + 1)-th smallest next take if that falls within them
-            q = int(np.partition(nt, free)[free])
-            if q < s + bs and q <= e:
-                return q
-        if self.takes(alive, s, e) <= free:
-            return None
-        lo, hi = s - 1, e          # takes(s..lo) <= free < takes(s..hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.takes(alive, s, mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return hi                  # the step whose takes exceed the pool
-
-    def events(self, a: int, b: int):
-        """Block events of steps ``a..b`` in (step, running order): ``(steps, request indices)``."""
-        f, g, bs = self.f, self.g, self.bs
-        B0 = len(f)
-        kinds = (f, g) if self.eager else (f,)   # fills are keyed where a member leaves when lazy (Window.lazy)
-        if b - a < bs:   # fewer steps than a block: each request opens (fills) at most one block in them
-            keys = []
-            for st in kinds:
-                s0 = st + np.maximum(-(-(a - st) // bs), 0) * bs    # first event step >= a
-                sel = s0 <= b
-                keys.append(s0[sel] * B0 + np.flatnonzero(sel))
-            key = np.concatenate(keys) if len(keys) > 1 else keys[0]
-            key = np.unique(key) if bs == 1 else np.sort(key)
-            return (key // B0).tolist(), (key % B0).tolist()
-        M = (b - a) // bs + 2
-        m = np.arange(M, dtype=np.int64)[None, :] * bs
-        idx = np.arange(B0, dtype=np.int64)[:, None]
-        keys = []
-        for st in kinds:
-            s0 = st + np.maximum(-(-(a - st) // bs), 0) * bs    # first event step >= a
-            e = s0[:, None] + m
-            keys.append(np.where(e <= b, e * B0 + idx, -1).ravel())
-        key = np.concatenate(keys)
-        key = key[key >= 0]
-        # distinct but for block size 1 (a step both opens and fills the request's block: one call)
-        key = np.unique(key) if bs == 1 else np.sort(key)
-        return (key // B0).tolist(), (key % B0).tolist()
 
     # ------------------------------------------------------------------ the steps
     def process(self, a: int, b: int) -> None:
@@ -226,7 +168,7 @@ class Window:
         if self.pf and self.keys is not None:   # prefill-first tried the head before the decodes preempted
             kv.queries += self.nblk
             kv.hits += self.L
-        evs, who = self.evs, self.who
+        evs, who, lazy = self.evs, self.who, self.lazy
         while self.ep < len(evs) and evs[self.ep] <= st:
             i = who[self.ep]
             self.ep += 1
@@ -234,7 +176,9 @@ class Window:
                 continue
             req = self.R[i]
             req.num_computed_tokens = self.cl[i] + st - 1
-            while not kv.allocate_one(req):
+            # lazy: every event opens a block (fills are keyed where the request leaves): allocate_one's second
+            # lane without its keying
+            while not (self._open(i) if lazy else kv.allocate_one(req)):
                 victim = sched._victim()
                 if self._index is None:
                     self._index = {id(r): i for i, r in enumerate(self.R)}
@@ -248,6 +192,18 @@ class Window:
                 if victim is req:
                     break
         self.used.append((st, kv.num_used))
+
+    def _open(self, i: int) -> bool:
+        """Member i opens a block (``allocate_one``'s second lane, its keys left to :meth:`key_filled`); False, taking
+        nothing, where the pool is empty."""
+        kv = self.kv
+        if kv.n_clean + len(kv._evictable) < 1:
+            return False
+        self.blist[i].append(kv._take())
+        u = kv.num_used
+        if u > kv.peak_used:
+            kv.peak_used = u
+        return True
 
     def preempt_prices(self, s: int, free: int):
         """Step ``s`` preempts: ``(r1, dtc)``, the alive requests before the first take the pool cannot give and
@@ -390,7 +346,7 @@ class Window:
         nf = int(self.fin[alive].min())
         free = kv.n_clean if self.clean_only else kv.num_free
         e = min(nf, self.kcap)
-        pre = self.short(alive, s, e, free)
+        pre = first_short(self.f[alive], self.bs, s, e, free)
         if pre is not None:
             e = pre - 1
         if e >= s:
