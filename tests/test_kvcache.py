@@ -173,14 +173,17 @@ class _OneByOne(BlockManager):
         return [self._take() for _ in range(n)]
 
 
-@pytest.mark.parametrize("policy,groups", [(LRU, False), (FIFO, False), (LRU, True)])
+@pytest.mark.parametrize("policy,groups,log", [(LRU, False, True), (FIFO, False, True), (LRU, True, True),
+                                               (LRU, False, False), (FIFO, False, False)])
 @settings(max_examples=60, deadline=None)
 @given(ops=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30), st.integers(0, 2)), min_size=1, max_size=30),
        num_blocks=st.integers(6, 24))
-def test_taking_an_allocations_blocks_at_once_hands_out_the_same_blocks(policy, groups, ops, num_blocks):
+def test_taking_an_allocations_blocks_at_once_hands_out_the_same_blocks(policy, groups, log, ops, num_blocks):
     """Spare ids lowest first, then new ids, then the policy's victims in order: the same block tables, evictions
-    and pool as one take per block (prompts of shared prefixes: hits, duplicates, evictions)."""
-    managers = [BlockManager(num_blocks, 4, policy=policy()), _OneByOne(num_blocks, 4, policy=policy())]
+    and pool as one take per block (prompts of shared prefixes: hits, duplicates, evictions). Without an eviction
+    log an ordered queue's victims are taken in one loop (``_evict_n``)."""
+    managers = [BlockManager(num_blocks, 4, policy=policy(), log_evictions=log),
+                _OneByOne(num_blocks, 4, policy=policy(), log_evictions=log)]
     seen = [[], []]
     for i, m in enumerate(managers):
         if groups:
@@ -198,7 +201,7 @@ def test_taking_an_allocations_blocks_at_once_hands_out_the_same_blocks(policy, 
                 if live:
                     m.free(live.pop(0))
             m.check()
-        seen[i].append((m.evicted_log, m.evictions, m.n_clean, sorted(m._spare_ids), m._next_id, list(m._evictable),
+        seen[i].append((m.evicted_log, m.evictions, m.last_evicted, m.n_clean, sorted(m._spare_ids), m._next_id, list(m._evictable),
                         sorted(m.cached), m.peak_used))
     assert seen[0] == seen[1]
 

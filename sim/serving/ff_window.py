@@ -120,7 +120,7 @@ class Window:
         n = len(evs)
         if self.pf and keys is not None:
             hits += L            # prefill-first looks the head up before the step's decodes allocate
-        take, register, eager = kv._take, kv._register, self.eager
+        take, register, eager, nblocks = kv._take, kv._register, self.eager, kv.num_blocks
         while ep < n and evs[ep] <= b:
             st, i = evs[ep], who[ep]
             ep += 1
@@ -134,10 +134,11 @@ class Window:
             blks = blist[i]
             tokens = cl[i] + st                 # the token this step computes, 1-based
             if tokens > len(blks) * bs:         # it opens a block (allocate_one's second lane)
-                if kv.n_clean + len(kv._evictable) < 1:   # pragma: no cover - planned within the pool
+                free = kv.n_clean + len(kv._evictable)
+                if free < 1:   # pragma: no cover - planned within the pool
                     raise RuntimeError("fast-forward: a planned block allocation failed")
                 blks.append(take())
-                u = kv.num_used
+                u = nblocks - free + 1          # num_used after the take
                 if u > kv.peak_used:
                     kv.peak_used = u
                 if eager and reg[i] and nkeyed.get(rids[i], 0) < tokens // bs:   # else _register is a no-op
@@ -197,10 +198,11 @@ class Window:
         """Member i opens a block (``allocate_one``'s second lane, its keys left to :meth:`key_filled`); False, taking
         nothing, where the pool is empty."""
         kv = self.kv
-        if kv.n_clean + len(kv._evictable) < 1:
+        free = kv.n_clean + len(kv._evictable)
+        if free < 1:
             return False
-        self.blist[i].append(kv._take())
-        u = kv.num_used
+        self.blist[i].append(kv._take() if kv.n_clean else kv._evict())
+        u = kv.num_blocks - free + 1     # num_used after the take
         if u > kv.peak_used:
             kv.peak_used = u
         return True

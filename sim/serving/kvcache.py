@@ -397,7 +397,7 @@ class BlockManager:
         """``n`` blocks in the order ``n`` calls of :meth:`_take` hand them out (the clean ones at once)."""
         c = min(n, self.n_clean)
         if c <= 0:
-            return [self._evict() for _ in range(n)]
+            return self._evict_n(n)
         self.n_clean -= c
         spare = self._spare_ids
         if not spare:
@@ -414,7 +414,26 @@ class BlockManager:
             ids = [pop(spare) for _ in range(c)]
         out = [Block(bid, None, 1) for bid in ids]
         if n > c:
-            out += [self._evict() for _ in range(n - c)]
+            out += self._evict_n(n - c)
+        return out
+
+    def _evict_n(self, n: int) -> list:
+        """``n`` victims in the order ``n`` calls of :meth:`_evict` hand them out; in one loop where the LRU queue's
+        front gives them and no key has a duplicate (none can appear while blocks are only evicted)."""
+        evictable = self._evictable
+        if not self._ordered or self._dups or self.log_evictions or len(evictable) < n:
+            return [self._evict() for _ in range(n)]
+        pop, cached, out = evictable.popitem, self.cached, []
+        key = None
+        for _ in range(n):
+            b = pop(last=False)[1]
+            key = b.key
+            del cached[key]    # b is the key's only copy
+            b.key, b.ref, b.score, b.depth = None, 1, 0.0, 0
+            out.append(b)
+        if n:
+            self.evictions += n
+            self.last_evicted = key
         return out
 
     def _evict(self) -> Block:
