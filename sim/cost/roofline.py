@@ -68,12 +68,15 @@ def linear_rates(hw) -> tuple:
     return rc, rc8
 
 
-def seconds(hw, terms, ops=NUMPY, roofline: str | None = None, model=None):
+def seconds(hw, terms, ops=NUMPY, roofline: str | None = None, model=None,
+            memo: dict | None = None):
     """Seconds of ``terms`` (an :class:`sim.cost.terms.OpTerms`) on ``hw`` (a :class:`sim.cost.hardware.HardwareProfile`).
 
     ``ops`` is :data:`NUMPY` (fields may be arrays; they broadcast), :data:`FLOAT` (every field a
     float) or :data:`MIXED` (``rows`` and ``layers`` floats, other fields either); ``roofline`` overrides the
-    profile's; ``model`` (the terms' shape) is needed where ``sm_count`` quantises matrix products. Formula in
+    profile's; ``model`` (the terms' shape) is needed where ``sm_count`` quantises matrix products. ``memo``
+    (a dict the caller owns, for one ``hw`` and ``model``): the wave-quantised matrix products' seconds
+    remembered by their float inputs (a decode batch's are the same at every step of its size). Formula in
     the module docstring.
     """
     rc, rc8 = linear_rates(hw)
@@ -112,10 +115,20 @@ def seconds(hw, terms, ops=NUMPY, roofline: str | None = None, model=None):
                 raise ValueError(f"hardware {hw.name}: sm_count quantises matrix products; "
                                  "time() needs the terms' model shape (model=)")
             rc_lin = rc8 if ops.any_positive(f8) else rc
-            rc_moe = expert_rate(hw, model, rc, rc_lin) if model.n_moe_layers else None
-            lin = wave_linear_head(model, hw.sm_count, terms.rows, terms.layers,
-                                   fh / (2.0 * model.hidden_size * model.vocab_size), rc, ml, mh,
-                                   None if ops is NUMPY else ops, rc_lin, rc_moe)
+            key = (terms.rows, terms.layers, fh, ml, mh, rc, rc_lin) if memo is not None else None
+            if key is not None and all(type(x) is float for x in key):   # plain floats: one pure function of them
+                lin = memo.get(key)
+            else:
+                key = lin = None
+            if lin is None:
+                rc_moe = expert_rate(hw, model, rc, rc_lin) if model.n_moe_layers else None
+                lin = wave_linear_head(model, hw.sm_count, terms.rows, terms.layers,
+                                       fh / (2.0 * model.hidden_size * model.vocab_size), rc, ml, mh,
+                                       None if ops is NUMPY else ops, rc_lin, rc_moe)
+                if key is not None:
+                    if len(memo) > 1 << 16:
+                        memo.clear()
+                    memo[key] = lin
             head = 0.0
         else:
             lin, head = ops.maximum(c_lin, ml), ops.maximum(fh / rc, mh)

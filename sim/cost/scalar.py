@@ -61,6 +61,7 @@ class ScalarCost:
         # MoE / MLA / sliding-window shapes: the per-item sums with their coefficients (module docstring)
         self.v = None if m.is_plain else variant(m)
         self.routing = routing   # MoE: None (expected distinct experts) or a SampledRouting
+        self._waves: dict = {}   # roofline.seconds' memo of the wave-quantised matrix products (this hw and shape)
 
     def _item_sums(self, items, start=None):
         """:meth:`terms`'s per-item sums over ``items`` (plain floats, accumulated in item order), from ``start``
@@ -157,7 +158,7 @@ class ScalarCost:
             att, kvt = (self.att, self.kvt) if self.v is None else (self.v.a_dec, self.v.kvt)
             start = (2.0 * self.P * L * B, att * L * (S + B), 2.0 * self.dV * B, L * kvt * (S + B), 0.0, L * B, L * S,
                      cmax, 2.0 * self.d * B, 0.0, B * L, B, B, L, 0.0, 1.0, 0.0, True)
-        return seconds(self.hw, self._terms(self._item_sums(items, start)), FLOAT, model=self.m)
+        return seconds(self.hw, self._terms(self._item_sums(items, start)), FLOAT, model=self.m, memo=self._waves)
 
     def _terms(self, sums) -> OpTerms:
         """The :class:`OpTerms` of an iteration from :meth:`_item_sums`' sums."""
@@ -198,7 +199,7 @@ class ScalarCost:
 
     def seconds(self, items) -> float:
         """Seconds of one iteration of ``items`` (see :meth:`terms`): :func:`sim.cost.roofline.seconds`."""
-        return seconds(self.hw, self.terms(items), FLOAT, model=self.m)
+        return seconds(self.hw, self.terms(items), FLOAT, model=self.m, memo=self._waves)
 
     def exact_integers(self) -> bool:
         """Every constant a decode batch's sums add is an integer (their float sums are then exact, in any order):
@@ -307,9 +308,11 @@ class ScalarCost:
             if not (len(shape) == 1 and shape[0] <= (SCALAR_STEPS_ONE_B if np.ndim(B) == 0 else SCALAR_STEPS)):
                 ops = MIXED if np.ndim(B) == 0 else NUMPY
                 t = self.decode_batch_terms(B, S, cmax, ops)
-                return np.broadcast_to(np.asarray(seconds(self.hw, t, ops, model=self.m), np.float64), shape).copy()
+                return np.broadcast_to(np.asarray(seconds(self.hw, t, ops, model=self.m, memo=self._waves), np.float64),
+                                       shape).copy()
             steps = zip(*(np.broadcast_to(x, shape).tolist() for x in (B, S, cmax)))
-        return np.array([seconds(self.hw, self.decode_batch_terms(b, x, c, FLOAT), FLOAT, model=self.m)
+        hw, m, waves = self.hw, self.m, self._waves
+        return np.array([seconds(hw, self.decode_batch_terms(b, x, c, FLOAT), FLOAT, model=m, memo=waves)
                          for b, x, c in steps], np.float64)
 
 
