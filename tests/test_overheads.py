@@ -110,6 +110,20 @@ def test_step_seconds_sync_and_async_known_values():
 finite = st.floats(min_value=0.0, max_value=10.0, allow_nan=False, allow_infinity=False)
 
 
+@settings(max_examples=100, deadline=None)
+@given(g=st.lists(finite, min_size=0, max_size=20), h=finite, frac=st.floats(0.0, 1.0), sync=st.booleans())
+def test_a_windows_steps_of_one_batch_are_each_steps_seconds(g, h, frac, sync):
+    """An array of GPU seconds with the host floats of one batch size (a fast-forward window's stretch): each
+    element the one-step float, and the same refusals."""
+    s = frac * h
+    got = step_seconds(np.array(g, np.float64), h, not sync, host_serial_s=s)
+    assert got.tolist() == [step_seconds(x, h, not sync, host_serial_s=s) for x in g]
+    with pytest.raises(ValueError, match="cannot exceed"):
+        step_seconds(np.array(g + [1.0]), h, True, host_serial_s=h + 1.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        step_seconds(np.array(g + [-1.0]), h, True, host_serial_s=s)
+
+
 @settings(max_examples=300, deadline=None)
 @given(g=finite, h=finite, frac=st.floats(min_value=0.0, max_value=1.0))
 def test_async_is_never_slower_than_sync(g, h, frac):

@@ -211,6 +211,12 @@ def step_seconds(gpu_s, host_s, async_scheduling: bool, host_serial_s=0.0):
         if async_scheduling:
             return g + s if g + s >= h else h
         return g + h
+    if type(gpu_s) is np.ndarray and gpu_s.ndim == 1 and gpu_s.dtype == np.float64 and type(host_s) is float \
+            and type(host_serial_s) is float:
+        # a window's steps of one batch size: its host floats checked once (the same floats as broadcasting)
+        h, s = host_s, host_serial_s
+        _check_step(min(float(gpu_s.min()) if gpu_s.size else 0.0, h, s), s > h * (1 + 1e-12) + 1e-300)
+        return np.maximum(gpu_s + s, h) if async_scheduling else gpu_s + h
     g = np.asarray(gpu_s, dtype=float)
     h = np.asarray(host_s, dtype=float)
     s = np.asarray(host_serial_s, dtype=float)

@@ -463,7 +463,6 @@ class Window:
         idx = np.flatnonzero(self.alive)
         last[idx] = k   # the requests alive at the end are carried on: their lengths are written later (Members)
         dt = np.concatenate([sg[0] for sg in segs]) if len(segs) > 1 else segs[0][0]
-        Bj = np.concatenate([np.full(len(sg[0]), sg[1], np.int64) for sg in segs])   # the decodes of each step
         if len(dt) != k:   # pragma: no cover
             raise RuntimeError(f"fast-forward: {len(dt)} priced steps for a window of {k}")
         t = np.cumsum(np.concatenate(([self.now], dt)))
@@ -472,7 +471,7 @@ class Window:
         if B0 > sched.max_running:
             sched.max_running = B0
         eng.iterations += k
-        nB, run = self._counters(k, dt, Bj)
+        nB, run = self._counters(k, dt)
         eng.tokens[2] += float(nB)        # integer-valued: the stepped sum of 1.0s is exact
         m = self.m
         nc = m.nc
@@ -513,23 +512,28 @@ class Window:
         self.ff.step_s = float(dt[-1])
         return t, dt
 
-    def _counters(self, k: int, dt, Bj):
-        """The engine's run counters after the window's ``k`` steps of seconds ``dt`` and decodes ``Bj``, added in the
-        stepped path's order: ``(decodes in all, items run at each step)``."""
+    def _counters(self, k: int, dt):
+        """The engine's run counters after the window's ``k`` steps of seconds ``dt`` (its segments' decodes), added
+        in the stepped path's order: ``(decodes in all, items run at each step)``."""
         eng, adm = self.eng, self.admit
+        lens, Bseg = [len(sg[0]) for sg in self.segs], [sg[1] for sg in self.segs]   # each segment: one batch
+        few = k <= FOLD_STEPS
         # the per-step counters, as lists for a window of a few steps (numpy's per-call cost dominates them)
-        dts, Bs = (dt.tolist(), Bj.tolist()) if k <= FOLD_STEPS else (dt, Bj)
-        nB = int(sum(Bs)) if k <= FOLD_STEPS else int(Bj.sum())
-        run = Bs
+        if few:
+            dts, run = dt.tolist(), [b for n, b in zip(lens, Bseg) for _ in range(n)]
+            nB = sum(run)
+        else:
+            dts, run = dt, np.repeat(np.array(Bseg, np.int64), lens)
+            nB = int(run.sum())
         if adm is not None:   # step 1 also ran the admitted requests (their items, the host time: planned)
-            run = list(Bs) if k <= FOLD_STEPS else Bj.copy()
             run[0] += len(adm.items)
-        eng.items_scheduled += int(sum(run)) if k <= FOLD_STEPS else int(run.sum())
+        eng.items_scheduled += int(sum(run)) if few else int(run.sum())
         eng.busy = fold(eng.busy, dts)
         if eng.host_step is not None:
-            # the host seconds the stepped path adds one step at a time (Engine._stepped), left to right
-            h, _ = eng.window_host(Bj)
-            h = h.tolist() if k <= FOLD_STEPS else np.array(h, np.float64)
+            # the host seconds the stepped path adds one step at a time (Engine._stepped), left to right: each
+            # segment's batch priced once (a decode step's host floats are a function of its batch size)
+            hs = [eng.window_host(b)[0] for b in Bseg]
+            h = [x for n, x in zip(lens, hs) for _ in range(n)] if few else np.repeat(np.array(hs, np.float64), lens)
             d0 = 0
             if adm is not None:
                 h[0] = adm.host[0]
@@ -538,10 +542,9 @@ class Window:
             eng.host_seconds = fold(eng.host_seconds, h)
             mr, mt = eng.host_step.max_running, eng.host_step.max_tokens
             if mr is not None or mt is not None:   # steps past the measured sizes (priced on the same lines)
-                Bd = Bj[d0:]
-                eng.host_extrapolated += int(np.sum((Bd > (mr if mr is not None else np.inf))
-                                                    | (Bd > (mt if mt is not None else np.inf))))
-        eng.run_time = fold(eng.run_time, [x * b for x, b in zip(dts, run)] if k <= FOLD_STEPS else dt * run)
+                over = [(mr is not None and b > mr) or (mt is not None and b > mt) for b in Bseg]
+                eng.host_extrapolated += sum(n for n, o in zip(lens, over) if o) - (d0 if over[0] else 0)
+        eng.run_time = fold(eng.run_time, [x * b for x, b in zip(dts, run)] if few else dt * run)
         return nB, run
 
     def _kv_used(self, k: int):
