@@ -361,6 +361,7 @@ class BlockManager:
             return
         keys = self.keys_upto(req, hi)
         cached, ordered, depth_of, tick = self.cached, self._ordered, req.block_depth, self.tick
+        put = cached.setdefault
         for k in range(k0, hi):
             b = blks[k]
             if b.key is None:
@@ -369,10 +370,8 @@ class BlockManager:
                     b.depth = int(depth_of(k))
                     tick += 1.0
                     b.inserted = tick
-                first = cached.get(key)
-                if first is None:
-                    cached[key] = b
-                else:
+                first = put(key, b)   # b is not cached yet (no key): first is b where the key was new
+                if first is not b:
                     # a duplicate (computed while the first copy existed) is cached too, as vLLM's
                     # BlockPool does; lookups return the earliest surviving copy
                     b.score = first.score   # every copy of a key has the same score (set_score)
@@ -504,6 +503,18 @@ class BlockManager:
         for b in reversed(self._extra.pop(rid, [])):
             self._release(b)
         caching, ordered, evictable, tick = self.caching, self._ordered, self._evictable, self.tick
+        if caching and ordered:   # the LRU queue (the common case): a keyed block goes to its tail, no tick
+            for b in reversed(blks):
+                ref = b.ref - 1
+                b.ref = ref
+                if ref > 0:
+                    continue
+                if b.key is not None:
+                    evictable[b.block_id] = b
+                else:
+                    self.n_clean += 1
+                    heapq.heappush(self._spare_ids, b.block_id)
+            return
         for b in reversed(blks):
             ref = b.ref - 1
             b.ref = ref
