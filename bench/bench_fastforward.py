@@ -49,6 +49,7 @@ CASES = {
     "moe_throughput_128x2048": ["--model-preset", "qwen3-30b-a3b", "--input-len", "128", "--output-len", "2048"],
     "tp4_throughput_128x2048": ["--model-preset", "llama-3-70b", "--tensor-parallel-size", "4", "--input-len", "128",
                                 "--output-len", "2048"],
+    "sliding_throughput_128x2048": ["--model-preset", "gpt-oss-20b", "--input-len", "128", "--output-len", "2048"],
 }
 SERVE = ["bench", "serve", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm", "--num-prompts", "3000"]
 SERVE_CASES = {

@@ -433,12 +433,43 @@ def test_replicas_with_client_slots_step():
     assert [e._ff for e, _ in got] == [None, None]
 
 
-def test_a_sliding_window_target_steps():
-    """gpt-oss's sliding-window layers have no closed form: the target steps, even where an idle engine's admitting
-    window would have no decode step to guard it."""
+def test_a_sliding_window_target_takes_decode_windows():
+    """gpt-oss (sliding-window layers, a hybrid KV cache): its decode steps take windows, priced with their per-step
+    window key sums; its admitting steps step (no closed form for the prompts beside the decodes)."""
     wl = plain.random_workload(20, 200, 60, 0.5, 0, 2)
     pair = _both(wl, HW["h100-sxm"], model=load_model("gpt-oss-20b"), request_rate=4.0, seed=2)
-    assert _check(pair) is None
+    ff = _check(pair)
+    (_, _, xa, _), _ = pair
+    assert ff is not None and ff.admissions == 0 and ff.steps > 0.8 * xa.iterations
+
+
+SLIDING = {name: load_model(name) for name in ("gpt-oss-20b", "gpt-oss-120b")}
+
+
+@settings(max_examples=int(os.environ.get("FF_EXAMPLES", "30")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 40), il=st.integers(20, 400), ol=st.integers(1, 300), rr=st.sampled_from([0.0, 0.5, 0.9]),
+       prefix=st.sampled_from([0, 0, 64, 160]), seed=st.integers(0, 50), blocks=st.sampled_from([None, 120, 300, 800]),
+       bs=st.sampled_from([16, 16, 8]), rate=st.sampled_from([math.inf, 4.0, 20.0, 80.0]),
+       policy=st.sampled_from(["vllm-v1", "vllm-v1", "prefill-first"]), caching=st.booleans(),
+       model=st.sampled_from(sorted(SLIDING)), tp=st.sampled_from([1, 1, 2]))
+def test_sliding_window_targets_take_windows_with_the_stepped_figures(n, il, ol, rr, prefix, seed, blocks, bs, rate,
+                                                                       policy, caching, model, tp):
+    """A hybrid KV cache's windows (``group_events``): each open and each release of blocks before the sliding
+    window is the block manager's own allocation; a step that might run the pool short, or let the waiting head
+    fit by the blocks releases free (``Window._head_fits``), ends the window. Prefix hits, KV pressure, arrivals,
+    both schedulers, tensor parallelism: every figure equal to the stepped run's."""
+    m = SLIDING[model]
+    tp = 4 if model == "gpt-oss-120b" else tp   # its 16-bit weights fit 4 H100s
+    wl = plain.random_workload(n, il, ol, rr, prefix, seed)
+    need = 2 * int(((wl.input_lens + wl.output_lens).max() + bs - 1) // bs)   # a request's blocks of both groups
+    kvb = None if blocks is None else _kv_bytes(max(blocks, need), bs, m)
+    sv = ServingConfig(scheduler=policy, prefix_caching=caching, kv_capacity_bytes=kvb)
+    offline = math.isinf(rate)
+    kw = dict(serving=sv, block_size=bs, seed=seed, offline=offline, model=m, tensor_parallel_size=tp)
+    if not offline:
+        kw.update(request_rate=rate)
+    _check(_both(wl, HW["h100-sxm"], **kw))
 
 
 def test_step_by_step_flag_and_replicas_step():
@@ -494,13 +525,30 @@ def test_decode_batch_terms_equal_the_stepped_terms(B, seed, hw, model, eager, s
     assert c.mixed_seconds(B, int(ctx.sum()), int(ctx.max()), pre) == c.seconds(items + pre)
 
 
-def test_a_sliding_window_shape_has_no_closed_form():
-    """Sliding-window layers attend over ``min(c_i, W)`` keys per request, not a function of the batch's total
-    context: such a shape (gpt-oss) has no closed form, and ``mixed_seconds`` refuses it."""
-    c = ScalarCost(load_model("gpt-oss-20b"), load_hardware("h100-sxm"))
-    assert not c.closed_form()
+def test_a_sliding_window_shape_prices_decodes_with_their_window_sums():
+    """Sliding-window layers attend over ``min(c_i + 1, W)`` keys per request, not a function of the batch's total
+    context: a sliding shape (gpt-oss) has no closed form in ``(B, S, cmax)``, and ``mixed_seconds`` refuses it;
+    given each step's ``Ssw = sum_i min(c_i + 1, W)`` its decode batch has one (``sliding_window``), equal to the
+    stepped price bit for bit; a share of sliding layers whose sums depend on their order (5 in 6) has none."""
+    import dataclasses
+    m, h = load_model("gpt-oss-20b"), load_hardware("h100-sxm")
+    c = ScalarCost(m, h)
+    assert not c.closed_form() and c.sliding_window() == 128
     with pytest.raises(ValueError, match="dense, MoE and MLA"):
         c.mixed_seconds(2, 10, 6, [])
+    with pytest.raises(ValueError, match="Ssw"):
+        c.decode_batch_seconds(3, np.array([30]), np.array([20]))
+    rng = np.random.default_rng(0)
+    for B in (1, 2, 3, 9, 64, 300):
+        for hi in (100, 128, 129, 600, 40000):   # below, at and past the window
+            ctx = rng.integers(0, hi, B)
+            ref = c.seconds([(1.0, float(x), None, 0.0, 1.0, 0.0) for x in ctx])
+            S, cm, sw = int(ctx.sum()), int(ctx.max()), int(np.minimum(ctx + 1, 128).sum())
+            assert c.decode_batch_seconds(B, np.array([S]), np.array([cm]), np.array([sw]))[0] == ref
+            assert np.all(c.decode_batch_seconds(B, np.full(9, S), np.full(9, cm), np.full(9, sw)) == ref)
+    kinds = ["sliding_attention"] * 5 + ["full_attention"]
+    five = dataclasses.replace(m, layer_types=tuple(kinds * (m.n_layers // 6)))
+    assert ScalarCost(five, h).sliding_window() is None
 
 
 def test_exact_delays():

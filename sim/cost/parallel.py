@@ -439,20 +439,24 @@ class ParallelCost:
         """The rank's :meth:`ScalarCost.closed_form` (one stage only: False otherwise)."""
         return self._one_stage() and (self._one if self.single else self.stages[0]).closed_form()
 
+    def sliding_window(self):
+        """The rank's :meth:`ScalarCost.sliding_window` (one stage only: None otherwise)."""
+        return (self._one if self.single else self.stages[0]).sliding_window() if self._one_stage() else None
+
     def _decode_comm(self, B: int) -> list:
         """:meth:`_collective_terms` of a decode step of ``B`` one-token requests (each samples one row)."""
         b = float(B)
         return self._collective_terms(True, 0, [(self.m.n_layers, b)], b, self._graphed(b))
 
-    def decode_batch_seconds(self, B, S, cmax):
+    def decode_batch_seconds(self, B, S, cmax, Ssw=None):
         """:meth:`seconds` of uniform decode iterations (:meth:`ScalarCost.decode_batch_seconds`'s arguments): the
         rank's closed form, then each collective's seconds added in :meth:`stage_seconds`' order (the same floats:
         the stepped ``t += x``, element by element)."""
         if self.single:
-            return self._one.decode_batch_seconds(B, S, cmax)
+            return self._one.decode_batch_seconds(B, S, cmax, Ssw)
         if not self._one_stage():
             raise ValueError("decode_batch_seconds: one pipeline stage only")
-        t = self.stages[0].decode_batch_seconds(B, S, cmax)
+        t = self.stages[0].decode_batch_seconds(B, S, cmax, Ssw)
         if np.ndim(B) == 0:
             for x in self._decode_comm(int(B)):
                 t += x

@@ -190,14 +190,15 @@ class StepPricer:
         self.host_seconds += h
         return step_seconds(gpu_s, h, self.async_scheduling, s)
 
-    def window_seconds(self, B, S, cmax):
+    def window_seconds(self, B, S, cmax, Ssw=None):
         """Seconds of decode iterations of a fast-forward window (:mod:`sim.serving.fastforward`), one per entry:
         ``B`` requests decoding one token each over ``S`` cached tokens in all, the longest ``cmax`` (arrays; ``B``
         may be one number, the batch of every entry).
         The cost's per-step vector (:meth:`sim.cost.terms.ScalarCost.decode_batch_seconds`); a per-step host
         term, a function of the same running requests and scheduled tokens (both ``B``), joins here element by
-        element."""
-        gpu = self.cost.decode_batch_seconds(B, S, cmax)
+        element. ``Ssw``: each entry's sliding-window key sum (a sliding-window shape's closed form)."""
+        gpu = (self.cost.decode_batch_seconds(B, S, cmax) if Ssw is None
+               else self.cost.decode_batch_seconds(B, S, cmax, Ssw))
         if self.host_step is None or gpu is None:
             return gpu
         h, sr = self.window_host(B)

@@ -215,6 +215,17 @@ class ScalarCost:
         (their keys are ``min(c_i, W)`` per request, not a function of ``S``)."""
         return self.v is None or not self.v.f_sw
 
+    def sliding_window(self):
+        """The window ``W`` of a shape's sliding-window layers where a uniform decode batch's terms have a closed form
+        given the per-step sum ``Ssw = sum_i min(c_i + 1, W)`` (:meth:`decode_batch_terms`): their share ``f_sw`` of
+        the layers a multiple of 1/4 (gpt-oss: 1/2), so each decode's keys ``(1 - f_sw)(c_i + 1) + f_sw min(c_i + 1,
+        W)`` are multiples of 1/4 and their float sums exact in any order; else None (no sliding layers, or a share
+        such as Gemma 3's 5/6 whose sums depend on their order: such a shape steps)."""
+        v = self.v
+        if v is None or not v.f_sw or not (v.f_sw * 4.0).is_integer():
+            return None
+        return int(v.window)
+
     def _lin_bytes(self, B, one: bool):
         """``v.lin_bytes`` of ``B`` rows (:meth:`_terms`' ``b_lin / lmax``), in Python floats per distinct ``B``."""
         if one:
@@ -222,7 +233,7 @@ class ScalarCost:
         u, inv = np.unique(B, return_inverse=True)
         return np.array([self.v.lin_bytes(self.m, float(x), self.routing) for x in u], np.float64)[inv]
 
-    def decode_batch_terms(self, B, S, cmax, ops=NUMPY) -> OpTerms:
+    def decode_batch_terms(self, B, S, cmax, ops=NUMPY, Ssw=None) -> OpTerms:
         """:meth:`terms` of uniform decode iterations in closed form, vectorised: ``B`` requests decoding one token
         each (the items ``(1, c_i, None, 0, 1, 0)`` the engine prices) over ``S = sum_i c_i`` cached tokens, the
         longest ``cmax``; arrays broadcast (one entry per iteration; ``ops``: :data:`~sim.cost.roofline.FLOAT` for
@@ -236,8 +247,11 @@ class ScalarCost:
         and the kernels of one forward, replayed from the full graph when padded. An MoE / MLA shape
         (:meth:`closed_form`) takes its variant's constants: ``f_att = a_dec L (S + B)``, ``b_att = s_kv kvt L (S +
         B)`` (MLA: the absorbed decode attention, the latent KV) and ``b_lin = L (W_fixed + (Lm/L) E_hit(B) B_e)``,
-        the experts ``B`` rows read, in Python floats per batch size as :meth:`terms` computes them. Equal to :meth:`terms` bit for bit
-        while every term is an integer below 2^53 (:meth:`exact_integers`; ``tests/test_fastforward.py``).
+        the experts ``B`` rows read, in Python floats per batch size as :meth:`terms` computes them. A shape with
+        sliding-window layers (:meth:`sliding_window`) takes ``Ssw = sum_i min(c_i + 1, W)`` per iteration and reads
+        ``X = (1 - f_sw)(S + B) + f_sw Ssw`` for ``S + B`` in ``f_att`` and ``b_att``, its gap terms scaled by
+        ``1 - f_sw``. Equal to :meth:`terms` bit for bit while every term is an integer (a multiple of 1/4 with
+        sliding layers) below 2^53 (:meth:`exact_integers`; ``tests/test_fastforward.py``).
         """
         one = ops is not NUMPY   # B one number (FLOAT: S and cmax too; MIXED: arrays)
         if ops is FLOAT:
@@ -274,9 +288,10 @@ class ScalarCost:
         else:   # MoE / MLA (closed_form): the variant's attention and KV constants, the experts B rows read
             att, kvt = v.a_dec, v.kvt
             b_lin = L * self._lin_bytes(B, one) + 0.0 * B
-        f_att = att * L * (S + B)
+        X, full = self._decode_keys(B, S, Ssw, ops)
+        f_att = att * L * X
         f_head = 2.0 * self.dV * B
-        kv = L * kvt * (S + B)
+        kv = L * kvt * X
         s, sk = self.s, self.sk
         b_head = s * self.dV + 0.0 * B
         b_att = sk * kv
@@ -290,30 +305,44 @@ class ScalarCost:
         zero = 0.0 * B
         return OpTerms(f_lin + f_att + f_head, b_lin + b_head + b_att + s * (2.0 * self.d * B), kernels, L + zero,
                        B * self.V, 1.0 + zero, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, nl * self.elem,
-                       mv * b_lin, mv * b_head, tp + zero, zero, att * gap, sk * kvt * gap,
-                       f_lin if self.fp8 else zero)
+                       mv * b_lin, mv * b_head, tp + zero, zero, att * gap if full == 1.0 else att * full * gap,
+                       sk * kvt * gap if full == 1.0 else sk * kvt * full * gap, f_lin if self.fp8 else zero)
 
-    def decode_batch_seconds(self, B, S, cmax) -> np.ndarray:
+    def _decode_keys(self, B, S, Ssw, ops):
+        """``(X, 1 - f_sw)``: the keys a uniform decode batch's attention reads per layer, ``S + B``, or with
+        sliding-window layers ``(1 - f_sw)(S + B) + f_sw Ssw`` (:meth:`decode_batch_terms`)."""
+        v = self.v
+        if v is None or not v.f_sw:
+            return S + B, 1.0
+        if Ssw is None:
+            raise ValueError("decode_batch_terms: a sliding-window shape needs Ssw = sum_i min(c_i + 1, W)")
+        full = 1.0 - v.f_sw
+        return full * (S + B) + v.f_sw * (float(Ssw) if ops is FLOAT else np.asarray(Ssw, np.float64)), full
+
+    def decode_batch_seconds(self, B, S, cmax, Ssw=None) -> np.ndarray:
         """Seconds of the iterations of :meth:`decode_batch_terms`: one numpy pass of :func:`sim.cost.roofline.seconds`,
         or, for a few iterations, each in plain floats (:data:`~sim.cost.roofline.FLOAT`: the same operations, so
         the same floats, without numpy's per-call cost, which dominates a short fast-forward stretch). A batch size
         given as one number (a stretch of steps of one batch) prices its batch-size-only terms once, in floats
-        (:data:`~sim.cost.roofline.MIXED`)."""
+        (:data:`~sim.cost.roofline.MIXED`). ``Ssw``: each iteration's sliding-window key sum (:meth:`sliding_window`;
+        None without sliding layers)."""
+        sw = Ssw if Ssw is not None else 0
         if (np.ndim(B) == 0 and type(S) is np.ndarray and type(cmax) is np.ndarray and S.ndim == 1
                 and S.shape == cmax.shape and len(S) <= SCALAR_STEPS_ONE_B):
             # a window's stretch of one batch size (its common call): floats, without broadcasting
-            steps = zip(itertools.repeat(B.item() if isinstance(B, np.generic) else B), S.tolist(), cmax.tolist())
+            steps = zip(itertools.repeat(B.item() if isinstance(B, np.generic) else B), S.tolist(), cmax.tolist(),
+                        np.broadcast_to(sw, S.shape).tolist())
         else:
-            shape = np.broadcast_shapes(np.shape(B), np.shape(S), np.shape(cmax))
+            shape = np.broadcast_shapes(np.shape(B), np.shape(S), np.shape(cmax), np.shape(sw))
             if not (len(shape) == 1 and shape[0] <= (SCALAR_STEPS_ONE_B if np.ndim(B) == 0 else SCALAR_STEPS)):
                 ops = MIXED if np.ndim(B) == 0 else NUMPY
-                t = self.decode_batch_terms(B, S, cmax, ops)
+                t = self.decode_batch_terms(B, S, cmax, ops, Ssw)
                 return np.broadcast_to(np.asarray(seconds(self.hw, t, ops, model=self.m, memo=self._waves), np.float64),
                                        shape).copy()
-            steps = zip(*(np.broadcast_to(x, shape).tolist() for x in (B, S, cmax)))
+            steps = zip(*(np.broadcast_to(x, shape).tolist() for x in (B, S, cmax, sw)))
         hw, m, waves = self.hw, self.m, self._waves
-        return np.array([seconds(hw, self.decode_batch_terms(b, x, c, FLOAT), FLOAT, model=m, memo=waves)
-                         for b, x, c in steps], np.float64)
+        return np.array([seconds(hw, self.decode_batch_terms(b, x, c, FLOAT, None if Ssw is None else w), FLOAT,
+                                 model=m, memo=waves) for b, x, c, w in steps], np.float64)
 
 
 def with_shared(item: tuple, h: float) -> tuple:

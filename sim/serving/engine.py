@@ -236,8 +236,8 @@ class Engine(ProblemLifecycle):
     def _stepped(self, gpu_s: float) -> float:
         return self.pricer.stepped(gpu_s)
 
-    def _window_seconds(self, B, S, cmax):
-        return self.pricer.window_seconds(B, S, cmax)
+    def _window_seconds(self, B, S, cmax, Ssw=None):
+        return self.pricer.window_seconds(B, S, cmax, Ssw)
 
     def window_host(self, B):
         return self.pricer.window_host(B)

@@ -92,6 +92,7 @@ import numpy as np
 
 from sim.cost.pricing import step_counts
 from sim.serving.ff_members import Members, StepTimes
+from sim.serving.ff_blocks import group_events
 from sim.serving.ff_window import Window
 from sim.serving.token_times import TokenTimes, token_times  # noqa: F401  (read here by the engine and tests)
 from sim.serving.scheduler import RUNNING, chunk
@@ -216,6 +217,9 @@ class FastForward:
         self._keys: dict = {}     # id(waiting head) -> (head, {chain key: position})
         self._static: dict = {}   # id(request) -> (request, problem, prompt tokens) of requests found eligible
         self.guarded = 0          # windows whose first step was also priced the stepped way
+        self.head_need = None     # the blocks the waiting head needs where only they keep it waiting (head)
+        sw = getattr(eng.cost, "sliding_window", None)
+        self.window = sw() if sw is not None else None   # a sliding-window shape's W (its closed form), or None
         # (end, next event, scheduler iterations) of a window that ended blocked (Window.blocked): a window
         # starting there, nothing changed, would stop before its first step, so the engine steps at once
         self._blocked = None
@@ -255,7 +259,7 @@ class FastForward:
     @staticmethod
     def supports(eng) -> bool:
         """Engines whose iterations a window can replace: one stage, one accelerator on its own clock, a cost
-        with a per-step vector form and exact integer terms on a dense, MoE or MLA shape (one GPU, or one
+        with a per-step vector form and exact integer terms on a dense, MoE, MLA or sliding-window shape (one GPU, or one
         pipeline stage over several: ``ParallelCost.decode_batch_seconds``), no per-problem KV timeline, no
         shared-KV pricing, block scores at generation (the plain workload)."""
         c = eng.cost
@@ -263,12 +267,13 @@ class FastForward:
         # counter) before windows can replace its steps: until then such an engine steps
         if getattr(eng, "host_step", None) is not None and not getattr(eng, "windows_price_host", False):
             return False
-        # the closed form prices dense, MoE and MLA layers (ScalarCost.closed_form); a sliding-window shape steps
-        # (an idle engine's admitting window has no decode for the first-step guard to check); a replica shares its
-        # clock with others: only as a fleet's (Engine.fleet: the next event none of the engines made)
+        # the closed form prices dense, MoE and MLA layers (ScalarCost.closed_form), and a sliding-window shape's
+        # decodes given each step's window key sum (ScalarCost.sliding_window; its admitting steps step: may_admit);
+        # a replica shares its clock with others: only as a fleet's (Engine.fleet: the next event none made)
+        sliding = getattr(c, "sliding_window", None)
         return (eng.pp_stages == 1 and (eng.settle is None or eng.fleet) and not eng.per_problem
                 and not eng.prices_shared and eng.score_at == "generation" and hasattr(c, "decode_batch_seconds")
-                and c.exact_integers() and c.closed_form())
+                and c.exact_integers() and (c.closed_form() or (sliding is not None and sliding() is not None)))
 
     # ------------------------------------------------------------------ admissions
     def head(self):
@@ -278,6 +283,7 @@ class FastForward:
         sched, kv = self.eng.sched, self.eng.kv
         cfg = sched.cfg
         B = len(sched.running)
+        self.head_need = None
         if not sched.waiting or B >= cfg.max_num_seqs or (cfg.policy != "prefill-first"
                                                           and cfg.max_num_batched_tokens - B <= 0):
             return (None, 0, 0, False)
@@ -311,8 +317,10 @@ class FastForward:
         chunked = cfg.policy == "vllm-v1-chunk-admit"
         if chunked:
             m = chunk(m, int(cfg.max_num_batched_tokens) - B, sched._threshold())
-        if kv.blocks_needed(head, m, blocks, hit) <= kv.num_free:
+        need = kv.blocks_needed(head, m, blocks, hit)
+        if need <= kv.num_free:
             return None
+        self.head_need = need   # what only blocks keep from it (a hybrid cache's releases: Window._head_fits)
         return (keys, len(out), nblk, chunked or dups)
 
     # ------------------------------------------------------------------ an admission in the first step
@@ -320,7 +328,7 @@ class FastForward:
         """Whether the admissible waiting head may be admitted in a window's first step (:meth:`admission`): vLLM
         V1's mixed step (``vllm-v1``), one KV-cache group, and a head :meth:`plain_waiting`."""
         sched = self.eng.sched
-        return (sched.cfg.policy == "vllm-v1" and self.eng.kv.kv_groups is None
+        return (sched.cfg.policy == "vllm-v1" and self.eng.kv.kv_groups is None and self.eng.cost.closed_form()
                 and self.plain_waiting(sched.waiting[0]))
 
     @staticmethod
@@ -506,7 +514,12 @@ class FastForward:
         if hd is None:   # waiting requests are admitted beside the decodes: the first step is that mixed step
             plan = self.admission(m, f)
             return None if plan is None else self._admitting(m, f, g, kcap, plan)
-        return self._apply(Window(self, m, f, g, kcap, hd))
+        groups = None
+        if kv.kv_groups is not None:   # a hybrid cache: its releases and syncs (None: a member would take more)
+            groups = group_events(kv, c0, m.R)
+            if groups is None:
+                return None
+        return self._apply(Window(self, m, f, g, kcap, hd, groups=groups))
 
     def _members(self, R):
         """The running requests ``R`` as a window's members, read from their objects, or None (one does not decode
@@ -545,7 +558,8 @@ class FastForward:
         ``tests/test_fastforward.py``); False turns windows off."""
         eng = self.eng
         B0 = len(c0)
-        first = eng._window_seconds(np.array([B0]), np.array([int(c0.sum())]), np.array([int(c0.max())]))
+        sw = None if self.window is None else np.array([int(np.minimum(c0 + 1, self.window).sum())])
+        first = eng._window_seconds(np.array([B0]), np.array([int(c0.sum())]), np.array([int(c0.max())]), sw)
         ref = eng.cost.seconds([(1.0, float(x), None, 0.0, 1.0, 0.0) for x in c0.tolist()]) + 0.0
         if eng.host_step is not None:   # the stepped price with its host time (Engine._stepped)
             from sim.cost.overheads import step_seconds

@@ -41,11 +41,37 @@ def first_short(fa, bs: int, s: int, e: int, free: int):
     return hi                  # the step whose takes exceed the pool
 
 
-def block_events(f, g, bs: int, a: int, b: int):
-    """Block events of steps ``a..b`` in (step, running order): ``(steps, request indices)``; the opens of ``f``, and
-    the fills of ``g`` unless it is None (fills keyed where a member leaves: ``Window.lazy``)."""
-    B0 = len(f)
-    kinds = (f,) if g is None else (f, g)
+NEVER = 1 << 40   # a first event step no window reaches (a member without that kind of event)
+
+
+def group_events(kv, c0, R):
+    """A hybrid KV cache's (``kv.kv_groups``) block events besides the opens, for members with ``c0`` computed tokens:
+    ``(releases, syncs, excess)``: first window steps repeating every block, and the blocks the syncs shed. A sliding group's blocks wholly before the
+    window fall out where ``c0 + j - W`` is a positive multiple of the block size (``skipped = floor(max(0, c - W +
+    1) / B)`` of ``c = c0 + j - 1`` computed tokens grows: ``BlockManager._extra_blocks``); a member holding more
+    of its other groups' blocks than its last decode step left (its prefill's whole chunk) sheds them at step 1.
+    None where a member holds fewer (its next allocation would take more than an open's blocks: the engine steps)."""
+    full, sliding, window = kv.kv_groups
+    bs = kv.block_size
+    nb0 = -(-c0 // bs)
+    want0 = (full - 1) * nb0 + sliding * (nb0 - np.minimum(np.maximum(c0 - window, 0) // bs, nb0))
+    ext = np.array([len(kv._extra.get(r.req_id, ())) for r in R], np.int64)
+    if np.any(ext < want0):
+        return None
+    never = np.full(len(c0), NEVER, np.int64)
+    syncs = np.where(ext > want0, 1, never)
+    excess = int((ext - want0).sum())
+    if not sliding:
+        return never, syncs, excess
+    r0 = window - c0 + bs
+    return np.where(r0 >= 1, r0, r0 + (-(-(1 - r0) // bs)) * bs), syncs, excess
+
+
+def block_events(kinds, bs: int, a: int, b: int, unique: bool = False):
+    """Block events of steps ``a..b`` in (step, running order): ``(steps, request indices)``; each of ``kinds`` the
+    members' first event steps, repeating every ``bs`` steps (the opens; the fills unless keyed where a member
+    leaves, ``Window.lazy``; a hybrid cache's releases). ``unique``: kinds whose events may coincide (one call)."""
+    B0 = len(kinds[0])
     if b - a < bs:   # fewer steps than a block: each request opens (fills) at most one block in them
         keys = []
         for st in kinds:
@@ -53,7 +79,7 @@ def block_events(f, g, bs: int, a: int, b: int):
             sel = s0 <= b
             keys.append(s0[sel] * B0 + np.flatnonzero(sel))
         key = np.concatenate(keys) if len(keys) > 1 else keys[0]
-        key = np.unique(key) if bs == 1 else np.sort(key)
+        key = np.unique(key) if bs == 1 or unique else np.sort(key)
         return (key // B0).tolist(), (key % B0).tolist()
     M = (b - a) // bs + 2
     m = np.arange(M, dtype=np.int64)[None, :] * bs
@@ -66,5 +92,26 @@ def block_events(f, g, bs: int, a: int, b: int):
     key = np.concatenate(keys)
     key = key[key >= 0]
     # distinct but for block size 1 (a step both opens and fills the request's block: one call)
-    key = np.unique(key) if bs == 1 else np.sort(key)
+    key = np.unique(key) if bs == 1 or unique else np.sort(key)
     return (key // B0).tolist(), (key % B0).tolist()
+
+
+def window_key_sums(ctx, W: int, steps):
+    """``Ssw(j) = sum_i min(c_i + j, W)`` for each window step ``j`` of ``steps``: the keys a sliding-window layer
+    reads at step ``j`` over members of ``c_i`` tokens at the window's start (the ``n`` below ``W - j`` add ``c_i +
+    j``, the others ``W``; one ``searchsorted`` over the sorted lengths)."""
+    cs = np.sort(ctx)
+    pre = np.concatenate(([0], np.cumsum(cs)))
+    n = np.searchsorted(cs, W - steps, side="left")
+    return pre[n] + n * steps + (len(cs) - n) * W
+
+
+def cached_prefix(keys: dict, cached: dict, L: int) -> int:
+    """The waiting head's cached chain after evictions: its first ``L`` blocks up to the first no longer in
+    ``cached`` (``keys``: its chain keys by position, in position order)."""
+    for key, pos in keys.items():
+        if pos >= L:
+            break
+        if key not in cached:
+            return pos
+    return L

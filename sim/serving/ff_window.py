@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cost.pricing import attribution, equal_shares
-from sim.serving.ff_blocks import block_events, first_short
+from sim.serving.ff_blocks import block_events, cached_prefix, first_short, window_key_sums
 from sim.serving.ff_members import carried, lazy_keys, write_record
 from sim.serving.ff_sums import FOLD_STEPS, add_in_turn, fold, forward_fill
 from sim.workload.job import KIND_NAMES
@@ -31,9 +31,10 @@ class Window:
     hd : the waiting head's admission (``FastForward.head``): ``(keys, L, nblk, clean_only)``
     admit : the first step's admission of waiting requests (``FastForward.admission``; they are the last members
         of ``R``), or None
+    groups : a hybrid KV cache's other block events (:func:`sim.serving.ff_blocks.group_events`), or None
     """
 
-    def __init__(self, ff, m, f, g, kcap: int, hd, admit=None):
+    def __init__(self, ff, m, f, g, kcap: int, hd, admit=None, groups=None):
         eng = self.eng = ff.eng
         self.ff = ff
         self.sched, self.kv = eng.sched, eng.kv
@@ -66,6 +67,11 @@ class Window:
         self.lazy = lazy_keys(kv)              # blocks a decode fills keyed where its request leaves
         self.eager = kv.caching and not self.lazy
         self.carry = None                      # the members alive at its end (close), carried to the next window
+        # a hybrid KV cache (kv.kv_groups): each event is the block manager's own allocate(req, 1), and a step that
+        # might run short of blocks (an open taking one block of every group, releases not counted) ends the window
+        self.groups = groups
+        self.per_open = 1 if groups is None else kv.kv_groups[0] + kv.kv_groups[1]
+        self.W = ff.window                     # a sliding-window shape's window (its closed form), or None
 
     # ------------------------------------------------------------------ helpers of the steps
     def ensure(self, upto: int) -> None:
@@ -75,7 +81,10 @@ class Window:
         while self.gen_to < upto:
             gen_to = self.gen_to
             a, b = gen_to + 1, min(max(upto, gen_to + max(2, gen_to)), gen_to + chunk, self.kcap)
-            e, w = block_events(self.f, self.g if self.eager else None, self.bs, a, b)
+            kinds = (self.f, self.g) if self.eager else (self.f,)
+            if self.groups is not None:
+                kinds += self.groups[:2]
+            e, w = block_events(kinds, self.bs, a, b, unique=self.groups is not None)
             ep = self.ep
             self.evs, self.who, self.ep = self.evs[ep:] + e, self.who[ep:] + w, 0
             self.gen_to = b
@@ -94,10 +103,12 @@ class Window:
             self.kv._register(self.R[i], self.blist[i], self.R[i].num_computed_tokens // self.bs)
 
     def price(self, Bs: int, a: int, b: int, mask):
-        """Per-step seconds of steps a..b with the alive set ``mask``."""
+        """Per-step seconds of steps a..b with the alive set ``mask`` (a sliding-window shape's with their window key
+        sums: :func:`sim.serving.ff_blocks.window_key_sums`)."""
         ctx = self.c0[mask]
         j = np.arange(a, b + 1, dtype=np.int64) - 1
-        return self.eng._window_seconds(Bs, int(ctx.sum()) + Bs * j, int(ctx.max()) + j)
+        sw = None if self.W is None else window_key_sums(ctx, self.W, j + 1)
+        return self.eng._window_seconds(Bs, int(ctx.sum()) + Bs * j, int(ctx.max()) + j, sw)
 
     def _new_head(self) -> bool:
         """The waiting head's admission after a step that freed blocks; False: it fits (the window ends)."""
@@ -121,6 +132,7 @@ class Window:
         if self.pf and keys is not None:
             hits += L            # prefill-first looks the head up before the step's decodes allocate
         take, register, eager, nblocks = kv._take, kv._register, self.eager, kv.num_blocks
+        groups = self.groups is not None
         while ep < n and evs[ep] <= b:
             st, i = evs[ep], who[ep]
             ep += 1
@@ -131,6 +143,14 @@ class Window:
                     hits += L * (st - cur)
                 used.append((cur, kv.num_used))
                 cur = st
+            if groups:   # a hybrid cache: the stepped allocation itself (its groups' takes and releases, in order)
+                R[i].num_computed_tokens = cl[i] + st - 1
+                if not kv.allocate(R[i], 1):   # pragma: no cover - planned within the pool
+                    raise RuntimeError("fast-forward: a planned block allocation failed")
+                if keys is not None and kv.evictions != ev0:   # its takes may evict several blocks
+                    L = cached_prefix(keys, kv.cached, L)
+                    ev0 = kv.evictions
+                continue
             blks = blist[i]
             tokens = cl[i] + st                 # the token this step computes, 1-based
             if tokens > len(blks) * bs:         # it opens a block (allocate_one's second lane)
@@ -159,6 +179,18 @@ class Window:
         if cur < b:
             used.append((b, kv.num_used))
         self.ep, self.L, self.hits = ep, L, hits
+
+    def _head_fits(self, alive, s: int, e: int):
+        """A hybrid cache's releases free blocks inside the window: the first step of ``s..e`` at which the waiting
+        head's blocks (``FastForward.head_need``, which only grows as its cached chain is evicted) might be free --
+        the free pool now plus every release up to it, the takes not counted -- or None."""
+        _, full_sliding, _ = self.kv.kv_groups
+        short = self.ff.head_need - self.kv.num_free - (self.groups[2] if s <= 1 else 0)
+        if short <= 0:
+            return s
+        if not full_sliding:
+            return None
+        return first_short(self.groups[0][alive], self.bs, s, e, -(-short // full_sliding) - 1)
 
     def preempt_step(self, st: int) -> None:
         """Step ``st``, whose takes exceed the pool: the scheduler's own preemptions (newest first) as
@@ -348,12 +380,16 @@ class Window:
         nf = int(self.fin[alive].min())
         free = kv.n_clean if self.clean_only else kv.num_free
         e = min(nf, self.kcap)
-        pre = first_short(self.f[alive], self.bs, s, e, free)
+        pre = first_short(self.f[alive], self.bs, s, e, free // self.per_open)
         if pre is not None:
             e = pre - 1
+        if self.groups is not None and self.ff.head_need is not None:
+            fit = self._head_fits(alive, s, e)
+            if fit is not None:   # the waiting head may fit there (releases freed blocks): the window ends before
+                e, pre = fit - 1, fit
         if e >= s:
             return self._decode(s, e, nf, self.n_alive, mask)
-        if pre is None or self.clean_only:
+        if pre is None or self.clean_only or self.groups is not None:
             self.blocked = pre is not None
             return False
         return self._preempting(pre, free)
