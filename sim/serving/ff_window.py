@@ -120,7 +120,8 @@ class Window:
 
     # ------------------------------------------------------------------ the steps
     def process(self, a: int, b: int) -> None:
-        """Block events of steps a..b (no take fails), as ``allocate_one`` makes them; the head's lookups."""
+        """Block events of steps a..b (no take fails), as ``allocate_one`` makes them (a hybrid cache's: ``allocate``
+        itself); the head's lookups."""
         self.ensure(b)
         kv, keys, used, bs = self.kv, self.keys, self.used, self.bs
         evs, who, ep, L, hits = self.evs, self.who, self.ep, self.L, self.hits
