@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.serving.kvcache import group_blocks
+
 
 def takes(fa, bs: int, a: int, b: int) -> int:
     """Blocks the requests with first opens ``fa`` open at steps ``a..b``.
@@ -48,13 +50,13 @@ def group_events(kv, c0, R):
     """A hybrid KV cache's (``kv.kv_groups``) block events besides the opens, for members with ``c0`` computed tokens:
     ``(releases, syncs, excess)``: first window steps repeating every block, and the blocks the syncs shed. A sliding group's blocks wholly before the
     window fall out where ``c0 + j - W`` is a positive multiple of the block size (``skipped = floor(max(0, c - W +
-    1) / B)`` of ``c = c0 + j - 1`` computed tokens grows: ``BlockManager._extra_blocks``); a member holding more
+    1) / B)`` of ``c = c0 + j - 1`` computed tokens grows: ``sim.serving.kvcache.group_blocks``); a member holding more
     of its other groups' blocks than its last decode step left (its prefill's whole chunk) sheds them at step 1.
     None where a member holds fewer (its next allocation would take more than an open's blocks: the engine steps)."""
-    full, sliding, window = kv.kv_groups
+    _, sliding, window = kv.kv_groups
     bs = kv.block_size
-    nb0 = -(-c0 // bs)
-    want0 = (full - 1) * nb0 + sliding * (nb0 - np.minimum(np.maximum(c0 - window, 0) // bs, nb0))
+    # what its last decode step's allocation left: c0 tokens, c0 - 1 of them computed before it
+    want0 = group_blocks(kv.kv_groups, bs, -(-c0 // bs), c0 - 1, np.maximum, np.minimum)
     ext = np.array([len(kv._extra.get(r.req_id, ())) for r in R], np.int64)
     if np.any(ext < want0):
         return None

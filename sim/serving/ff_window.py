@@ -185,13 +185,13 @@ class Window:
         """A hybrid cache's releases free blocks inside the window: the first step of ``s..e`` at which the waiting
         head's blocks (``FastForward.head_need``, which only grows as its cached chain is evicted) might be free --
         the free pool now plus every release up to it, the takes not counted -- or None."""
-        _, full_sliding, _ = self.kv.kv_groups
+        _, sliding, _ = self.kv.kv_groups   # the blocks each release frees
         short = self.ff.head_need - self.kv.num_free - (self.groups[2] if s <= 1 else 0)
         if short <= 0:
             return s
-        if not full_sliding:
+        if not sliding:
             return None
-        return first_short(self.groups[0][alive], self.bs, s, e, -(-short // full_sliding) - 1)
+        return first_short(self.groups[0][alive], self.bs, s, e, -(-short // sliding) - 1)
 
     def preempt_step(self, st: int) -> None:
         """Step ``st``, whose takes exceed the pool: the scheduler's own preemptions (newest first) as
@@ -210,9 +210,8 @@ class Window:
                 continue
             req = self.R[i]
             req.num_computed_tokens = self.cl[i] + st - 1
-            # lazy: every event opens a block (fills are keyed where the request leaves): allocate_one's second
-            # lane without its keying
-            while not (self._open(i) if lazy else kv.allocate_one(req)):
+            # lazy: every event opens a block, its filled blocks keyed where the request leaves (key_filled)
+            while not kv.allocate_one(req, key=not lazy):
                 victim = sched._victim()
                 if self._index is None:
                     self._index = {id(r): i for i, r in enumerate(self.R)}
@@ -226,19 +225,6 @@ class Window:
                 if victim is req:
                     break
         self.used.append((st, kv.num_used))
-
-    def _open(self, i: int) -> bool:
-        """Member i opens a block (``allocate_one``'s second lane, its keys left to :meth:`key_filled`); False, taking
-        nothing, where the pool is empty."""
-        kv = self.kv
-        free = kv.n_clean + len(kv._evictable)
-        if free < 1:
-            return False
-        self.blist[i].append(kv._take() if kv.n_clean else kv._evict())
-        u = kv.num_blocks - free + 1     # num_used after the take
-        if u > kv.peak_used:
-            kv.peak_used = u
-        return True
 
     def preempt_prices(self, s: int, free: int):
         """Step ``s`` preempts: ``(r1, dtc)``, the alive requests before the first take the pool cannot give and

@@ -72,6 +72,19 @@ from sim.serving.kvblock import (  # noqa: F401 - the block manager's units, imp
     ROOT_KEY, UNLIMITED, Block, KVCacheError, block_key, chain_keys, check_size)
 
 
+
+def group_blocks(kv_groups, bs: int, nb, computed, lo=max, hi=min):
+    """Blocks a request holds in its other KV-cache groups (``kv_groups = (full, sliding, W)``,
+    :meth:`BlockManager.set_kv_groups`) with ``nb`` blocks of tokens, ``computed`` of them computed::
+
+        (full - 1) nb + sliding max(nb - min(skipped, nb), 0),   skipped = floor(max(0, computed - W + 1) / bs)
+
+    (the sliding blocks wholly before the window freed: vLLM's ``remove_skipped_blocks``). Integers, or arrays with
+    ``lo``, ``hi`` = ``numpy.maximum``, ``numpy.minimum``."""
+    full, sliding, window = kv_groups
+    skipped = lo(computed - window + 1, 0) // bs
+    return (full - 1) * nb + sliding * lo(nb - hi(skipped, nb), 0)
+
 class BlockManager:
     """KV blocks of one server under a block policy (module docstring).
 
@@ -263,11 +276,9 @@ class BlockManager:
 
     def _extra_blocks(self, req, n_new: int, computed, hit_tokens=None) -> int:
         """Blocks of the request's other KV-cache groups once ``n_new`` more tokens are in (:meth:`set_kv_groups`)."""
-        full, sliding, window = self.kv_groups
         nb = self._total_blocks(req, n_new, computed, hit_tokens)
         hit = len(computed) * self.block_size if hit_tokens is None else int(hit_tokens)
-        skipped = max(0, int(req.num_computed_tokens) + hit - window + 1) // self.block_size
-        return (full - 1) * nb + sliding * max(nb - min(skipped, nb), 0)
+        return group_blocks(self.kv_groups, self.block_size, nb, int(req.num_computed_tokens) + hit)
 
     def _total_blocks(self, req, n_new: int, computed, hit_tokens=None) -> int:
         """Blocks the request holds once ``n_new`` more tokens are in; a request with ``kv_cap`` (token
@@ -321,8 +332,10 @@ class BlockManager:
             self._register(req, blks, full)
         return True
 
-    def allocate_one(self, req) -> bool:
-        """:meth:`allocate` of one token (a decode step), with a fast lane when its block has room."""
+    def allocate_one(self, req, key: bool = True) -> bool:
+        """:meth:`allocate` of one token (a decode step), with a fast lane when its block has room. ``key=False``
+        (a fast-forward window under LRU, whose member's filled blocks are keyed where it leaves): the block-opening
+        lane without keying (the caller makes sure the token opens a block)."""
         blks = self.req_blocks.get(req.req_id)
         if blks is not None and self.kv_groups is None:   # hybrid groups: the window moves every step
             tokens = req.num_computed_tokens + 1
@@ -332,7 +345,7 @@ class BlockManager:
             bs = self.block_size
             room = len(blks) * bs
             if tokens <= room:
-                if tokens % bs == 0 and self.caching and req.cacheable:
+                if key and tokens % bs == 0 and self.caching and req.cacheable:
                     self._register(req, blks, tokens // bs)
                 return True
             if cap is None and tokens == room + 1:
@@ -345,7 +358,7 @@ class BlockManager:
                 used = self.num_blocks - free + 1     # num_used after the take
                 if used > self.peak_used:
                     self.peak_used = used
-                if self.caching and req.cacheable:
+                if key and self.caching and req.cacheable:
                     self._register(req, blks, tokens // bs)
                 return True
         return self.allocate(req, 1)
@@ -503,18 +516,6 @@ class BlockManager:
         for b in reversed(self._extra.pop(rid, [])):
             self._release(b)
         caching, ordered, evictable, tick = self.caching, self._ordered, self._evictable, self.tick
-        if caching and ordered:   # the LRU queue (the common case): a keyed block goes to its tail, no tick
-            for b in reversed(blks):
-                ref = b.ref - 1
-                b.ref = ref
-                if ref > 0:
-                    continue
-                if b.key is not None:
-                    evictable[b.block_id] = b
-                else:
-                    self.n_clean += 1
-                    heapq.heappush(self._spare_ids, b.block_id)
-            return
         for b in reversed(blks):
             ref = b.ref - 1
             b.ref = ref
