@@ -101,11 +101,13 @@ def summary(df) -> list[dict]:
 def load_figures(path) -> list[dict]:
     """Read and check a figure file; returns its entries."""
     import yaml
+
+    from sim.base.yamlio import safe_load
     p = Path(path)
     if not p.is_file():
         raise FigureError(f"{p}: no such file")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = safe_load(p.read_text())
     except yaml.YAMLError as exc:
         raise FigureError(f"{p}: not valid YAML: {str(exc).splitlines()[0]}") from None
     figs = data.get("figures") if isinstance(data, dict) else None

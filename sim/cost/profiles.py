@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 from sim.base.errors import PresetError
+from sim.base.yamlio import safe_load
 from sim.cost.hardware import HardwareProfile
 from sim.cost.model_shape import CANON_DTYPE, DTYPE_BYTES, VARIANT_INT_FIELDS, ModelShape
 from sim.cost.overheads import frontend_from_preset, host_step_from_preset
@@ -86,8 +87,7 @@ def read_preset_file(path: Path) -> dict:
         if str(path).endswith(".json"):
             data = json.loads(text)
         else:
-            import yaml
-            data = yaml.safe_load(text)
+            data = safe_load(text)
     except Exception as exc:  # yaml/json syntax errors: name the file
         raise PresetError(f"{path}: not valid {'JSON' if str(path).endswith('.json') else 'YAML'}: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
