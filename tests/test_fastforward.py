@@ -211,6 +211,23 @@ def test_admissions_inside_windows(rate, prefix, blocks):
     assert ff.admissions > 30 and ff.steps > 0.8 * xa.iterations
 
 
+@pytest.mark.parametrize("tokens,prefix,blocks,caching", [(512, 0, None, True), (300, 48, None, True),
+                                                            (700, 0, 400, True), (512, 64, None, False)])
+def test_chunked_prefills_past_the_knee_take_windows(tokens, prefix, blocks, caching):
+    """Past the knee (vLLM V1, chunked prefill) nearly every step runs the running tail's next prompt chunk and
+    admits up to a last chunk: each such mixed step is a window's first step (the tail's chunk, whole prompts, the
+    last a chunk that leaves its request mid-prompt and ends the window), and every figure equals the stepped run's
+    (a shared prefix the tail keys in the step, KV pressure, no prefix caching)."""
+    wl = plain.random_workload(160, 260, 40, 0.5, prefix, 7)
+    sv = ServingConfig(max_num_batched_tokens=tokens, prefix_caching=caching,
+                       kv_capacity_bytes=None if blocks is None else _kv_bytes(blocks, 16))
+    pair = _both(wl, HW["h100-sxm"], request_rate=400.0, seed=7, serving=sv)
+    ff = _check(pair)
+    (_, _, xa, _), _ = pair
+    assert ff.tails > 10 and ff.open_ends > 10 and ff.steps > 0.8 * xa.iterations, (ff.tails, ff.open_ends,
+                                                                                     ff.steps, xa.iterations)
+
+
 def test_preempted_requests_resume_inside_windows():
     """Offline under KV pressure: a preempted request is admitted again in a window's first step, its hit cut where
     the decodes' takes evict its own freed blocks (the pool's LRU front, tail first), its tokens recomputed; nearly
@@ -245,6 +262,17 @@ def test_an_admission_hitting_blocks_keyed_in_the_same_step_is_stepped():
     which a plan made before the step cannot see, so that step is stepped (and every figure agrees)."""
     wl = plain.random_workload(16, 100, 40, 0.0, 64, 5)
     _check(_both(wl, HW["h100-sxm"], offline=True, serving=ServingConfig(max_num_seqs=4, max_num_batched_tokens=4096)))
+
+
+@pytest.mark.parametrize("budget,il,prefix", [(40, 0, 64), (40, 0, 100), (48, 10, 64)])
+def test_an_admission_hitting_blocks_the_tail_keys_in_the_same_step_is_stepped(budget, il, prefix):
+    """Identical (or nearly) prompts, all waiting at once, a budget short of one prompt: the running tail's chunk keys
+    the blocks the next admission of the same step would then hit, which its plan cannot see (so that step is
+    stepped); the other mixed steps take windows, and every figure agrees."""
+    wl = plain.random_workload(12, il, 30, 0.0, prefix, 5)
+    ff = _check(_both(wl, HW["h100-sxm"], offline=True,
+                      serving=ServingConfig(max_num_seqs=8, max_num_batched_tokens=budget)))
+    assert ff.open_ends > 0
 
 
 @pytest.mark.parametrize("model,routing,hw", [("qwen3-30b-a3b", "expected", "h100-sxm"),
@@ -666,7 +694,7 @@ def test_the_planned_hits_are_the_hits_the_block_manager_then_finds(decode_takes
     blocks taken. The hit it plans for each is the hit ``find_cached`` finds when the block manager does the
     same takes (wrong if an admission's evictable hits were counted as takes, or the held blocks were not
     skipped)."""
-    from sim.serving.fastforward import _Victims
+    from sim.serving.ff_admission import _Victims
     from sim.serving.kvcache import BlockManager
     from sim.serving.scheduler import Request
 

@@ -26,16 +26,20 @@ not tokens:
   step's end), unless a waiting client's slot (``max_concurrency``) waits on the answer: that step is
   stepped.
 
-* **Admission in the first step** (vLLM V1, :meth:`FastForward.admission`). Where the waiting head is
-  admissible now, the window's first step is the stepped path's mixed step: the decodes allocate, then the
-  scheduler's own ``_admit`` takes the waiting requests in order, each a one-branch request -- fresh, or resumed
-  after a preemption -- whose whole rest fits the step's budget (it samples a token there and decodes from step
-  2, as a member whose ``c0`` is ``num_tokens - 1``); the step is priced from its items' cost tuples as the
-  stepped path prices it and each item gets its share as ``Engine._attribute`` gives it. Its outcome is
-  planned before anything changes: no preemption; each request's hit as its turn will find it, its cached chain
-  cut at the first block the takes before it evict from the pool's LRU queue (:class:`_Victims`); no hit another
-  admission of the step could change; the batch within the fitted range. Otherwise the step is stepped. An idle
-  engine's admission is such a window.
+* **The mixed step first** (vLLM V1, :func:`sim.serving.ff_admission.plan`). Where the waiting head is
+  admissible now, or the newest running request is mid-prompt (a chunked prefill past the knee, where every step
+  has one), the window's first step is the stepped path's mixed step: the decodes allocate, the running tail takes
+  its next chunk (its own allocation), then the scheduler's own ``_admit`` takes the waiting requests in order,
+  each a one-branch request -- fresh, or resumed after a preemption -- whose whole rest fits the step's budget (it
+  samples a token there and decodes from step 2, as a member whose ``c0`` is ``num_tokens - 1``), the last possibly
+  a chunk that ends the budget; a tail whose chunk ends its prompt joins the members the same way. The step is
+  priced from its items' cost tuples as the stepped path prices it and each item gets its share as
+  ``Engine._attribute`` gives it. Its outcome is planned before anything changes: no preemption; each request's hit
+  as its turn will find it, its cached chain cut at the first block the takes before it evict from the pool's LRU
+  queue (:class:`sim.serving.ff_admission._Victims`); no hit another request of the step could change; the batch
+  within the fitted range. Otherwise the step is stepped. A step that leaves a request mid-prompt (it is no member:
+  ``Scheduler.update`` advances it there) ends its window; the next window takes its next chunk, from the same
+  members. An idle engine's admission is such a window.
 
 * **No admission after the first step.** A waiting head is admitted (vLLM V1 with ``scheduler_reserve_full_isl``, and
   prefill-first) iff ``ceil(num_tokens / bs) - (its cached chain blocks that a running request holds)
@@ -86,11 +90,10 @@ that differs is ``EngineResult.events`` (simpy events processed, fewer here).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-from sim.cost.pricing import step_counts
+from sim.serving.ff_admission import Admission, continues, may_admit, plain_branch, plan
 from sim.serving.ff_members import Members, StepTimes
 from sim.serving.ff_blocks import group_events
 from sim.serving.ff_window import Window
@@ -134,75 +137,6 @@ def exact_delays(now: float, t, dt) -> list:
     return [float(x) for x in dt]   # pragma: no cover - t[1] = now + dt[0] is always reached
 
 
-def plain_branch(req) -> bool:
-    """A request a window can advance: the one branch of a plain problem (kind 1), no verification (planned or
-    extended), no token-eviction cache, not held."""
-    p, kind, b = req.data
-    j = p.job
-    return (kind == 1 and j.B == 1 and not j.verify_on and j.long is None and not req.hold and req.kv_cap is None
-            and not p.ext[b])
-
-
-@dataclass(frozen=True)
-class Admission:
-    """The plan of a window's first step that admits waiting requests (:meth:`FastForward.admission`): their
-    scheduled items, in order, with their ``(cost tuples, kind)`` and the token budget each is admitted with, the
-    long-prefill threshold, ``tries`` (the scheduler's admission attempts: one more than the items where the
-    next request did not fit), the step's seconds, its host seconds ``(host_s, host_serial_s)`` (None: not
-    priced) and whether those are past the measured range."""
-
-    items: list
-    priced: list
-    budgets: list
-    thr: int
-    tries: int
-    dt: float
-    host: tuple | None
-    extrapolated: int
-
-
-class _Victims:
-    """One step's takes against the pool's eviction order (vLLM's free-block queue: LRU), planned before the step:
-    ``takes`` blocks taken so far (the decodes'), then each admission's (:meth:`admit`). The blocks an admission
-    hits leave the queue (``held``) before its own takes; the queue is read only as far as asked."""
-
-    def __init__(self, kv, takes: int):
-        self.kv, self.takes = kv, int(takes)
-        self.held: set = set()
-        self.it = kv.eviction_queue()
-        self.seen: list = []
-
-    def cut(self, blocks):
-        """How many of ``blocks`` (a request's cached chain, in order) the takes so far leave it: the chain stops at
-        the first they evict (takes beyond the clean blocks evict the queue's front, the held blocks skipped); None
-        where the order is not a queue."""
-        n_evict = self.takes - self.kv.n_clean
-        if n_evict <= 0 or not blocks:
-            return len(blocks)
-        if self.it is None:
-            return None      # a scored policy (a heap): not planned
-        held = self.held
-        live = [b for b in self.seen if b not in held]
-        while len(live) < n_evict:
-            b = next(self.it, None)
-            if b is None:
-                break
-            self.seen.append(b)
-            if b not in held:
-                live.append(b)
-        victims = set(live[:n_evict])
-        for k, b in enumerate(blocks):
-            if b in victims:
-                return k
-        return len(blocks)
-
-    def admit(self, req, n: int, blocks, hit: int) -> None:
-        """``req`` admitted with ``n`` new tokens over its hit ``blocks`` (``hit`` tokens): they leave the queue,
-        and its new blocks are taken (``BlockManager.new_blocks``)."""
-        self.held.update(blocks)
-        self.takes += self.kv.new_blocks(req, n, blocks, hit)
-
-
 class FastForward:
     """The window of one :class:`sim.serving.engine.Engine` (module docstring): :meth:`advance` applies it."""
 
@@ -229,6 +163,8 @@ class FastForward:
         self.step_s = None        # the last window step's seconds (Window._priced's first guess)
         self.carried = 0          # windows that started from the last one's members
         self.resumed = 0          # preempted requests admitted again in a window's first step
+        self.tails = 0            # windows whose first step took the running tail's next prompt chunk
+        self.open_ends = 0        # windows of one mixed step that left a request mid-prompt (a chunk)
         self._alone = np.zeros(0)  # a decode's stand-alone seconds by its context (alone_decodes; NaN: not yet)
 
     def alone_decodes(self, c):
@@ -324,119 +260,22 @@ class FastForward:
         return (keys, len(out), nblk, chunked or dups)
 
     # ------------------------------------------------------------------ an admission in the first step
-    def may_admit(self) -> bool:
-        """Whether the admissible waiting head may be admitted in a window's first step (:meth:`admission`): vLLM
-        V1's mixed step (``vllm-v1``), one KV-cache group, and a head :meth:`plain_waiting`."""
-        sched = self.eng.sched
-        return (sched.cfg.policy == "vllm-v1" and self.eng.kv.kv_groups is None and self.eng.cost.closed_form()
-                and self.plain_waiting(sched.waiting[0]))
-
-    @staticmethod
-    def plain_waiting(req) -> bool:
-        """A waiting :func:`plain_branch` request whose admission samples a token and leaves it decoding: fresh
-        (never computed or preempted, no first token yet) or resumed after preemptions (its first token out, its
-        tokens to recompute); no zero-copy fork, no extension, at least two tokens left to sample."""
-        if (req.num_computed_tokens or req.allow_full_hit or req.max_output_tokens - req.num_output_tokens < 2
-                or req.num_tokens != req.prompt_tokens + req.num_output_tokens or not plain_branch(req)):
-            return False
-        p, _, b = req.data
-        if p.first[b] != p.first[b]:    # no first token yet: fresh
-            return not (req.num_preemptions or req.high_water or req.num_output_tokens)
-        return req.num_preemptions > 0
-
-    def admission(self, m: Members, f):
-        """The first step's plan when it admits waiting requests (:meth:`may_admit`), made without changing
-        anything, or None (the step is stepped).
-
-        ``Scheduler._schedule_v1`` runs the running requests first (here every one decodes, ``f == 1`` opening a
-        block), then admits waiting requests in order while the token budget and ``max_num_seqs`` allow, until one
-        does not fit the free blocks. The window takes that step only where its outcome is known now: the
-        decodes' takes fit the free pool (no preemption); each admitted request is :meth:`plain_waiting` and gets
-        the whole rest of its prompt (it samples a token in the step and decodes from step 2); each request's prefix
-        hit is known at its turn -- its cached chain up to the first of the pool's LRU victims of the takes before
-        it (:meth:`_Victims.cut`), with no other admitted request of the step hitting its blocks or keying the
-        block after them; the batch is within the fitted range; and the step, priced as the stepped path prices
-        it (its items' cost tuples, :meth:`~sim.cost.pricing.StepPricer.host_counts`, ``step_seconds``), does not
-        end exactly at the next event. The window ends after the step where the next event falls in it or a
-        request left waiting could be admitted in the next.
-        """
-        eng = self.eng
-        sched, kv, pricer = eng.sched, eng.kv, eng.pricer
-        cfg = sched.cfg
-        B0 = len(m.R)
-        takes = int(np.count_nonzero(f == 1))
-        free = kv.num_free - takes
-        if free < 0:
-            return None
-        budget = int(cfg.max_num_batched_tokens) - B0
-        thr = sched._threshold()
-        items, priced, budgets, keyed = [], [], [], set()
-        lru = _Victims(kv, takes)
-        tries = 0
-        bs = kv.block_size
-        for head in sched.waiting:
-            if not sched._room(budget, B0 + len(items)):
-                break
-            tries += 1
-            blocks, hit = kv.find_cached(head, count=False)
-            if hit:
-                # the takes before its turn evict the pool's LRU front: its chain stops at the first they take (a
-                # preempted request's own blocks are often there, tail first)
-                k = lru.cut(blocks)
-                if k is None or (k < len(blocks) and kv._dups):
-                    return None   # not a queue, or an evicted key another copy may serve
-                blocks, hit = blocks[:k], k * bs
-                if lru.held.intersection(blocks):
-                    return None   # an earlier admission of the step holds one of its hit blocks
-            if items and kv.caching and head.cacheable and hit // bs < head.num_tokens // bs:
-                if kv.keys_upto(head, hit // bs + 1)[hit // bs] in keyed:
-                    return None   # an earlier admission of the step keys the block after its hit
-            rest = head.num_tokens - hit
-            n = chunk(rest, budget, thr)
-            need = kv.blocks_needed(head, n, blocks, hit)
-            if n == rest and need > free:
-                break             # it does not fit (the scheduler tries it, counts its lookup, stops there)
-            if n != rest or n < 1 or not self.plain_waiting(head):
-                return None       # a chunk, or a request that would not decode next
-            item = sched._item(head, n, True, hit, c=hit)
-            items.append(item)
-            priced.append(pricer.item(item))
-            budgets.append(budget)
-            budget -= n
-            free -= need
-            lru.admit(head, n, blocks, hit)
-            if kv.caching and head.cacheable:
-                keyed.update(kv.keys_upto(head, head.num_tokens // bs)[:head.num_tokens // bs])
-        if not items or (eng.max_batch is not None and B0 + len(items) > eng.max_batch):
-            return None
-        # the decodes' sums in closed form, then the admitted items' (+ the eviction-scoring seconds: none here)
-        dt = eng.cost.mixed_seconds(B0, int(m.c0.sum()), int(m.c0.max()) if B0 else 0,
-                                    [t for ts, _ in priced for t in ts]) + 0.0
-        host, extrapolated = None, 0
-        if eng.host_step is not None:
-            from sim.cost.overheads import step_seconds
-            host, extrapolated = pricer.host_counts(*step_counts(items, B0))
-            dt = step_seconds(dt, host[0], eng.async_scheduling, host[1])
-        t_next = eng.peek_next()
-        if not dt > 0 or eng.env.now + dt == t_next:   # a tie with the next event: stepped
-            return None
-        if eng.fleet and eng.env.now + dt > t_next and np.any((m.fin == 1) & m.ud):
-            return None   # a fleet's answer in the step the next event falls in: after that event (stepped)
-        return Admission(items, priced, budgets, thr, tries, float(dt), host, extrapolated)
-
-    def _admitting(self, m: Members, f, g, kcap: int, plan: "Admission"):
+    def _admitting(self, m: Members, f, g, kcap: int, plan: Admission):
         """The window whose first step admits ``plan``'s requests: each joins as a newer member, decoding from step
         2 as if it had ``num_tokens - 1`` tokens before step 1 (its blocks and their keys come from the admission
         itself, so its first block events are after step 1)."""
         bs = self.eng.kv.block_size
-        reqs = [it.req for it in plan.items]
+        # the members joining: the tail where its chunk ends its prompt, the admitted but a last chunk (in running
+        # order); a request left mid-prompt is none (the window ends after step 1)
+        reqs = [it.req for it in ([plan.tail] if plan.tail is not None else []) + plan.items
+                if it.req is not plan.open_req]
         n = np.array([r.num_tokens for r in reqs], np.int64)
         c = n - 1
         nb = -(-n // bs)                                # its blocks once the whole prompt is in
         # it samples at steps 1..r (r: the tokens it has left to sample), its last at r
         fin = np.array([r.max_output_tokens - r.num_output_tokens for r in reqs], np.int64)
         m = m.join(self.eng.kv, reqs, c, nb, fin)
-        ud = m.ud[-len(reqs):]
+        ud = m.ud[len(m.R) - len(reqs):]
         if ud.any() and not self.eng.fleet:             # its answer wakes a waiting user: stepped
             kcap = min(kcap, int(fin[ud].min()) - 1)
         if kcap < self.min_steps:
@@ -445,12 +284,14 @@ class FastForward:
         gh = np.where(gh == 0, bs, gh)
         f = np.concatenate([f, nb * bs - c + 1])        # >= 2
         g = np.concatenate([g, np.where(gh == 1, gh + bs, gh)])   # the admission keyed the block its prompt fills
-        resumed = sum(1 for r in reqs if r.num_preemptions)   # counted now: the window may preempt them again
+        resumed = sum(1 for it in plan.items if it.req.num_preemptions)   # counted now: it may be preempted again
         out = self._apply(Window(self, m, f, g, kcap, (None, 0, 0, False), plan))
         if out is None:   # pragma: no cover - the admission step is always applied
             raise RuntimeError("fast-forward: an admitting window took no step")
         self.admissions += 1
         self.resumed += resumed
+        self.tails += plan.tail is not None
+        self.open_ends += plan.open_req is not None
         return out
 
     # ------------------------------------------------------------------ the window
@@ -482,20 +323,28 @@ class FastForward:
         cfg = sched.cfg
         if sched.parked or B0 > cfg.max_num_batched_tokens or (eng.max_batch is not None and B0 > eng.max_batch):
             return None
-        if B0 and carry is None:
+        tail = None   # the newest request mid-prompt: its next chunk is the first step's, before any admission
+        if carry is not None:
+            tail = carry.tail
+        elif B0:
             last = sched.running[-1]   # the newest request is the likeliest not to decode (a prefill chunk): first
             if last.num_tokens - last.num_computed_tokens != 1 or last.num_computed_tokens < last.high_water:
-                return None
+                if not continues(last):
+                    return None
+                tail = last
         # an admissible head is admitted in the first step where its outcome is known (checked before the O(batch)
         # pass below: both read the state and only fill memos); an idle engine only admits
         if eng.fleet and self.step_s is not None and eng.peek_next() - eng.env.now < self.step_s * FLEET_MIN_STEPS:
             return None   # a short fleet window (FLEET_MIN_STEPS)
         hd = self.head()
-        if (hd is None and not self.may_admit()) or (B0 == 0 and hd is not None):
+        if tail is not None:
+            if not may_admit(eng, hd is None):
+                return None
+        elif (hd is None and not may_admit(eng)) or (B0 == 0 and hd is not None):
             return None
         if carry is not None:
             self.carried += 1
-        m = carry if carry is not None else self._members(list(sched.running))
+        m = carry if carry is not None else self._members(list(sched.running if tail is None else sched.running[:-1]))
         if m is None:
             return None
         kcap = self.max_steps
@@ -509,11 +358,11 @@ class FastForward:
             return None
         g = (-c0) % bs
         g = np.where(g == 0, bs, g)           # first step at which it fills one
-        if self.guarded < GUARDED and B0 and not self._guard(c0):
+        if self.guarded < GUARDED and len(c0) and not self._guard(c0):
             return None
-        if hd is None:   # waiting requests are admitted beside the decodes: the first step is that mixed step
-            plan = self.admission(m, f)
-            return None if plan is None else self._admitting(m, f, g, kcap, plan)
+        if hd is None or tail is not None:   # the first step is the mixed step: the tail's chunk, admissions
+            adm = plan(eng, m, f, tail)
+            return None if adm is None else self._admitting(m, f, g, kcap, adm)
         groups = None
         if kv.kv_groups is not None:   # a hybrid cache: its releases and syncs (None: a member would take more)
             groups = group_events(kv, c0, m.R)

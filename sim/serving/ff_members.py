@@ -4,7 +4,7 @@ Under arrivals a window is short (an arrival every step or two at a day's rates)
 a window costs is what it does per running request. A window's members and their figures are therefore kept as
 arrays (:class:`Members`) from one window to the next while nothing else runs in between: the next window
 starts where the last ended (``env.now``), no iteration was stepped since (``Scheduler.iterations``) and the
-running list is the members, in order. Their request objects and problem records are written only where a
+running list is the members, in order (then the request the last window's mixed step left mid-prompt, if any). Their request objects and problem records are written only where a
 member leaves (it finishes or is preempted: :meth:`sim.serving.ff_window.Window.close`) or the chain ends
 (:meth:`Members.flush`, before anything else reads them: the engine steps, or a window starts afresh). What is
 written is what each window would have written: lengths are a function of the steps taken, a decode phase is
@@ -87,7 +87,7 @@ class Members:
     unwritten token times ``t0`` (:class:`StepTimes` index). The others' figures are on their problems."""
 
     __slots__ = ("R", "probs", "blist", "reg", "rids", "c0", "nb", "fin", "ud", "nc", "ph", "iters", "peak", "t0",
-                 "t_end", "iterations")
+                 "t_end", "iterations", "tail")
 
     def __init__(self, R, probs, blist, reg, rids, c0, nb, fin, ud, nc=0, ph=None, iters=None, peak=None, t0=None):
         self.R, self.probs, self.blist, self.reg, self.rids = R, probs, blist, reg, rids
@@ -100,6 +100,7 @@ class Members:
         self.t0 = np.zeros(0, np.int64) if t0 is None else t0
         self.t_end = None          # set when carried: the window's end and the scheduler's iterations there
         self.iterations = None
+        self.tail = None           # set when carried: the request running after them, mid-prompt (no member)
 
     @classmethod
     def of(cls, kv, R, probs, c0, nb, fin, ud):
@@ -119,10 +120,15 @@ class Members:
                        self.nc, self.ph, self.iters, self.peak, self.t0)
 
     def valid(self, eng) -> bool:
-        """Whether the next window may start from these members: nothing ran since the last one ended."""
+        """Whether the next window may start from these members: nothing ran since the last one ended (the running
+        list is the members, in order, then the request the last window left mid-prompt, ``tail``, if any)."""
         sched = eng.sched
-        return (eng.env.now == self.t_end and sched.iterations == self.iterations
-                and len(sched.running) == len(self.R) and sched.running == self.R)
+        running, R, tail = sched.running, self.R, self.tail
+        if not (eng.env.now == self.t_end and sched.iterations == self.iterations):
+            return False
+        if tail is None:
+            return len(running) == len(R) and running == R
+        return len(running) == len(R) + 1 and running[-1] is tail and running[:-1] == R
 
     def flush(self, eng, times: StepTimes) -> None:
         """Write every member's lengths and figures onto its objects, and key its full blocks not keyed yet (a

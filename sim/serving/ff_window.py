@@ -13,6 +13,7 @@ import numpy as np
 from sim.cost.pricing import attribution, equal_shares
 from sim.serving.ff_blocks import block_events, cached_prefix, first_short, window_key_sums
 from sim.serving.ff_members import carried, lazy_keys, write_record
+from sim.serving.scheduler import SchedulerOutput
 from sim.serving.ff_sums import FOLD_STEPS, add_in_turn, fold, forward_fill
 from sim.workload.job import KIND_NAMES
 
@@ -29,8 +30,8 @@ class Window:
     f, g : first window step at which each opens / fills a block
     kcap : the longest window allowed
     hd : the waiting head's admission (``FastForward.head``): ``(keys, L, nblk, clean_only)``
-    admit : the first step's admission of waiting requests (``FastForward.admission``; they are the last members
-        of ``R``), or None
+    admit : the first step's plan, vLLM V1's mixed step (:func:`sim.serving.ff_admission.plan`; the requests that
+        join in it are the last members of ``R``), or None
     groups : a hybrid KV cache's other block events (:func:`sim.serving.ff_blocks.group_events`), or None
     """
 
@@ -60,7 +61,7 @@ class Window:
         self.pf = self.sched.cfg.policy == "prefill-first"
         self.cl = c0.tolist()
         self.al = [True] * B0                  # alive, as a list (read per event)
-        self.admit = admit                     # the first step's admission (FastForward.admission), or None
+        self.admit = admit                     # the first step's plan (ff_admission.plan), or None
         self.blist, self.reg, self.rids = m.blist, m.reg, m.rids   # an admitted head's table: once admitted
         self._index = None                     # id(request) -> member, made when a preemption asks
         self.blocked = False                   # it ended where its next step cannot end before the next event
@@ -303,51 +304,71 @@ class Window:
         return t, dt
 
     def _admit_step(self) -> bool:
-        """Step 1 admits waiting requests (the newest members) beside the decodes, as ``Scheduler._schedule_v1``
-        and ``Engine._accelerator`` / ``_complete`` make that step: the decodes' block events, the scheduler's own
-        admissions (and its one failed attempt, where planned), the planned price, each item's share of it by its
-        stand-alone seconds (``Engine._attribute``), the admitted requests' prefill tokens and first tokens; False:
-        the window ends after it."""
+        """Step 1 is the mixed step, as ``Scheduler._schedule_v1`` and ``Engine._accelerator`` / ``_complete`` make it:
+        the decodes' block events, the running tail's chunk (its own allocation), the scheduler's own admissions (and
+        its one failed attempt, where planned), the planned price, each item's share of it by its stand-alone seconds
+        (``Engine._attribute``), the prefill tokens and first tokens; a request left mid-prompt advances as
+        ``Scheduler.update`` advances it (it is no member). False: the window ends after it."""
         plan, eng, sched, kv = self.admit, self.eng, self.sched, self.kv
+        tail, open_req = plan.tail, plan.open_req
         m = len(plan.items)
-        i0 = len(self.R) - m
+        joined = m + (tail is not None) - (open_req is not None)
+        i0 = len(self.R) - joined
         old = self.alive.copy()
         old[i0:] = False
-        self.process(1, 1)               # the decodes' block events (the admitted have none in step 1)
+        self.process(1, 1)               # the decodes' block events (the joining have none in step 1)
         items = []
+        if tail is not None:             # after the decodes, in running order (Scheduler._run_running)
+            if not kv.allocate(tail.req, tail.num_new):   # pragma: no cover - planned within the pool
+                raise RuntimeError("fast-forward: the tail's planned chunk did not fit")
+            items.append(sched._item(tail.req, tail.num_new, False))
+            if open_req is not tail.req:
+                self.blist[i0] = kv.req_blocks[tail.req.req_id]
+        j0 = i0 + (tail is not None and open_req is not tail.req)   # the admitted's first member
         for k, it in enumerate(plan.items):
             item = sched._admit(it.req, plan.budgets[k], whole=False, thr=plan.thr)
             if item is None or item.num_new != it.num_new:   # pragma: no cover - planned within the pool
                 raise RuntimeError("fast-forward: a planned admission failed or differs from its plan")
             sched._take_waiting()
-            self.blist[i0 + k] = kv.req_blocks[it.req.req_id]
+            if it.req is not open_req:
+                self.blist[j0 + k] = kv.req_blocks[it.req.req_id]
             items.append(item)
-        if plan.tries > m and sched._admit(sched.waiting[0], plan.budgets[-1] - items[-1].num_new, whole=False,
+        if plan.tries > m and sched._admit(sched.waiting[0], plan.budgets[m], whole=False,
                                            thr=plan.thr) is not None:   # pragma: no cover - planned not to fit
             raise RuntimeError("fast-forward: a request planned not to fit was admitted")
-        self.used.append((1, kv.num_used))
+        if len(sched.running) > sched.max_running:   # a request mid-prompt runs and is no member
+            sched.max_running = len(sched.running)
+        used = kv.num_used
+        self.used.append((1, used))
         eng._admitted(items, self.now)
         dt = plan.dt
-        # each decode's stand-alone seconds in one pass (the closed form of its one tuple), then the admitted
-        # items': Engine._attribute's shares
+        priced = plan.priced if tail is None else [plan.tail_priced] + plan.priced
+        # each decode's stand-alone seconds in one pass (the closed form of its one tuple), then the other items':
+        # Engine._attribute's shares
         c = self.c0[old]
-        if equal_shares(plan.priced):   # with the decodes, every item of the decode kind (a resumed request's hit
-            shares = np.full(len(c) + m, dt / (len(c) + m))   # past its prompt): dt / n each, as Engine._attribute
+        n = len(c) + len(items)
+        if equal_shares(priced):   # with the decodes, every item of the decode kind (a resumed request's hit past
+            shares = np.full(n, dt / n)   # its prompt): dt / n each, as Engine._attribute
         else:
             a_dec = self.ff.alone_decodes(c)
-            shares = attribution(dt, np.concatenate([a_dec, [eng.pricer.alone(ts) for ts, _ in plan.priced]]))
-        dec_sh, adm_sh = shares[:len(c)], shares[len(c):].tolist()
+            shares = attribution(dt, np.concatenate([a_dec, [eng.pricer.alone(ts) for ts, _ in priced]]))
+        dec_sh, own_sh = shares[:len(c)], shares[len(c):].tolist()
         self.t_end = float(self.now + dt)
-        for k, (ts, kind) in enumerate(plan.priced):
-            it = items[k]
+        for it, (ts, kind), x in zip(items, priced, own_sh):
             req = it.req
-            p, b = self.probs[i0 + k], req.data[2]
-            p.phase[KIND_NAMES[kind]] += adm_sh[k]
+            p, b = req.data[0], req.data[2]
+            p.phase[KIND_NAMES[kind]] += x
             eng.tokens[kind] += ts[0][0] if len(ts) == 1 else sum(t[0] for t in ts)
-            sched._recomputed(it)                  # a resumed request's tokens computed again (Scheduler.update)
+            if req is open_req:   # mid-prompt: its lengths and figures now (Scheduler.update, Engine._complete)
+                sched.update(SchedulerOutput([it], [], it.num_new, "mixed"))
+                p.iterations += 1
+                if used * eng.block_bytes > p.peak:
+                    p.peak = used * eng.block_bytes
+            else:
+                sched._recomputed(it)              # a resumed request's tokens computed again (Scheduler.update)
             p.recompute += it.recompute
-            if p.first[b] != p.first[b]:           # fresh: its prompt is in, its first token is out
-                p.first[b] = self.t_end - p.arrival
+            if p.first[b] != p.first[b] and it.num_cached + it.num_new >= int(p.job.ctx[b]):
+                p.first[b] = self.t_end - p.arrival   # fresh: its prompt is in, its first token is out
                 p.src_ready[b] = True
                 eng._try_start(p)                  # nothing to start (one branch): as the stepped step calls it
         dec = np.zeros(len(self.R))
@@ -357,7 +378,7 @@ class Window:
         if np.any(self.fin[old] == 1):
             self.finish(1)
         self.n_alive = int(self.alive.sum())
-        return self.n_alive != 0 and self._new_head() and self.t_end < self.t_next
+        return (open_req is None and self.n_alive != 0 and self._new_head() and self.t_end < self.t_next)
 
     def _next(self) -> bool:
         """Apply the next stretch: steps up to the soonest finish, preemption or the window's cap; False: the
@@ -527,6 +548,7 @@ class Window:
         self.carry = carried(m, self.alive, k, self.bs, ph, iters, peak, t0) if len(idx) else None
         if self.carry is not None:
             self.carry.t_end, self.carry.iterations = self.t_end, sched.iterations
+            self.carry.tail = None if self.admit is None else self.admit.open_req   # running after them, mid-prompt
         eng.timeline_t.extend(ends.tolist())
         eng.timeline_b.extend(ub.tolist())
         eng.timeline_run.extend(run if isinstance(run, list) else run.tolist())
@@ -548,8 +570,8 @@ class Window:
         else:
             dts, run = dt, np.repeat(np.array(Bseg, np.int64), lens)
             nB = int(run.sum())
-        if adm is not None:   # step 1 also ran the admitted requests (their items, the host time: planned)
-            run[0] += len(adm.items)
+        if adm is not None:   # step 1 also ran the tail and the admitted requests (their items, the host time: planned)
+            run[0] += len(adm.items) + (adm.tail is not None)
         eng.items_scheduled += int(sum(run)) if few else int(run.sum())
         eng.busy = fold(eng.busy, dts)
         if eng.host_step is not None:

@@ -1,0 +1,261 @@
+"""The first step of a fast-forward window when it is vLLM V1's mixed step: its plan, made before anything changes.
+
+:func:`plan` plans the step (:class:`Admission`): the decodes, then the running tail's next prompt chunk, then the
+waiting requests the scheduler admits, the last possibly a chunk; :class:`sim.serving.ff_window.Window` applies it
+(``Window._admit_step``). :func:`plain_branch`, :func:`plain_waiting` and :func:`continues` say which requests a
+window can take. Module docstring of :mod:`sim.serving.fastforward`: "Admission in the first step".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.cost.pricing import step_counts
+from sim.serving.scheduler import RUNNING, chunk
+
+
+def plain_branch(req) -> bool:
+    """A request a window can advance: the one branch of a plain problem (kind 1), no verification (planned or
+    extended), no token-eviction cache, not held."""
+    p, kind, b = req.data
+    j = p.job
+    return (kind == 1 and j.B == 1 and not j.verify_on and j.long is None and not req.hold and req.kv_cap is None
+            and not p.ext[b])
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The plan of a window's first step, vLLM V1's mixed step (:func:`plan`): the admitted requests' scheduled
+    items, in order, with their ``(cost tuples, kind)`` and the token budget each is admitted with (one more entry:
+    the budget a failed try is given), the long-prefill threshold, ``tries`` (the scheduler's admission attempts: one
+    more than the items where the next request did not fit), the step's seconds, its host seconds ``(host_s,
+    host_serial_s)`` (None: not priced) and whether those are past the measured range; the running tail's item and
+    its ``(cost tuples, kind)`` (None: every running request decodes); the request the step leaves mid-prompt (the
+    tail's chunk short of its prompt's end, or the last admission a chunk; None: every item samples)."""
+
+    items: list
+    priced: list
+    budgets: list
+    thr: int
+    tries: int
+    dt: float
+    host: tuple | None
+    extrapolated: int
+    tail: object = None
+    tail_priced: tuple = None
+    open_req: object = None
+
+
+class _Victims:
+    """One step's takes against the pool's eviction order (vLLM's free-block queue: LRU), planned before the step:
+    ``takes`` blocks taken so far (the decodes'), then each admission's (:meth:`admit`). The blocks an admission
+    hits leave the queue (``held``) before its own takes; the queue is read only as far as asked."""
+
+    def __init__(self, kv, takes: int):
+        self.kv, self.takes = kv, int(takes)
+        self.held: set = set()
+        self.it = kv.eviction_queue()
+        self.seen: list = []
+
+    def cut(self, blocks):
+        """How many of ``blocks`` (a request's cached chain, in order) the takes so far leave it: the chain stops at
+        the first they evict (takes beyond the clean blocks evict the queue's front, the held blocks skipped); None
+        where the order is not a queue."""
+        n_evict = self.takes - self.kv.n_clean
+        if n_evict <= 0 or not blocks:
+            return len(blocks)
+        if self.it is None:
+            return None      # a scored policy (a heap): not planned
+        held = self.held
+        live = [b for b in self.seen if b not in held]
+        while len(live) < n_evict:
+            b = next(self.it, None)
+            if b is None:
+                break
+            self.seen.append(b)
+            if b not in held:
+                live.append(b)
+        victims = set(live[:n_evict])
+        for k, b in enumerate(blocks):
+            if b in victims:
+                return k
+        return len(blocks)
+
+    def admit(self, req, n: int, blocks, hit: int) -> None:
+        """``req`` admitted with ``n`` new tokens over its hit ``blocks`` (``hit`` tokens): they leave the queue,
+        and its new blocks are taken (``BlockManager.new_blocks``)."""
+        self.held.update(blocks)
+        self.takes += self.kv.new_blocks(req, n, blocks, hit)
+
+
+def may_admit(eng, head: bool = True) -> bool:
+    """Whether a window's first step may be vLLM V1's mixed step (``vllm-v1``; :func:`plan`) on one
+    KV-cache group, with a closed form; ``head``: admitting the admissible waiting head, :func:`plain_waiting`."""
+    sched = eng.sched
+    return (sched.cfg.policy == "vllm-v1" and eng.kv.kv_groups is None and eng.cost.closed_form()
+            and (not head or plain_waiting(sched.waiting[0])))
+
+
+def continues(req) -> bool:
+    """Whether the newest running request ``req``, mid-prompt, may take its next chunk in a window's first step:
+    a :func:`plain_branch` request fresh (its first chunks computed, nothing sampled) or resumed after
+    preemptions (recomputing), whose prompt's end samples a token and leaves it decoding (as
+    :func:`plain_waiting`'s)."""
+    if (req.status != RUNNING or req.allow_full_hit or req.max_output_tokens - req.num_output_tokens < 2
+            or req.num_tokens != req.prompt_tokens + req.num_output_tokens
+            or req.num_tokens - req.num_computed_tokens < 2 or not plain_branch(req)):
+        return False
+    p, _, b = req.data
+    if p.first[b] != p.first[b]:    # no first token yet: fresh
+        return not (req.num_preemptions or req.num_output_tokens) and req.high_water == req.num_computed_tokens
+    return req.num_preemptions > 0
+
+
+def plain_waiting(req) -> bool:
+    """A waiting :func:`plain_branch` request whose admission samples a token and leaves it decoding: fresh
+    (never computed or preempted, no first token yet) or resumed after preemptions (its first token out, its
+    tokens to recompute); no zero-copy fork, no extension, at least two tokens left to sample."""
+    if (req.num_computed_tokens or req.allow_full_hit or req.max_output_tokens - req.num_output_tokens < 2
+            or req.num_tokens != req.prompt_tokens + req.num_output_tokens or not plain_branch(req)):
+        return False
+    p, _, b = req.data
+    if p.first[b] != p.first[b]:    # no first token yet: fresh
+        return not (req.num_preemptions or req.high_water or req.num_output_tokens)
+    return req.num_preemptions > 0
+
+
+def plan(eng, m, f, tail=None):
+    """The plan of a window's first step (:class:`Admission`) where it is vLLM V1's mixed step (:func:`may_admit`),
+    made without changing anything, or None (stepped). ``m``: the members (running, decoding), ``f``: the step each
+    opens a block at, ``tail``: the newest running request, mid-prompt (:func:`continues`), or None.
+
+    ``Scheduler._schedule_v1`` runs the running requests first (each member decodes, ``f == 1`` opening a block; the
+    tail takes its next chunk within the budget left), then admits waiting requests in order while the token budget
+    and ``max_num_seqs`` allow, until one does not fit. The window takes that step only where its outcome is known
+    now: the decodes' and the tail's takes fit the free pool (no preemption); each admitted request is
+    :func:`plain_waiting` and gets the whole rest of its prompt (it samples a token and decodes from step 2), or the
+    last a chunk that ends the budget (its whole rest free: the scheduler's reserve); each request's prefix hit is
+    known at its turn (:func:`_hit_at_turn`); the batch is within the fitted range; the step, priced as stepped
+    (:func:`_price`), does not end exactly at the next event. The window ends after the step where a request is left
+    mid-prompt (``open_req``), the next event falls in it or a waiting request could be admitted in the next.
+    """
+    sched, kv, pricer = eng.sched, eng.kv, eng.pricer
+    cfg = sched.cfg
+    B0 = len(m.R)
+    takes = int(np.count_nonzero(f == 1))
+    free = kv.num_free - takes
+    if free < 0:
+        return None
+    budget = int(cfg.max_num_batched_tokens) - B0
+    thr = sched._threshold()
+    items, priced, budgets, keyed = [], [], [], set()
+    lru = _Victims(kv, takes)
+    tries = 0
+    bs = kv.block_size
+    t_item = t_priced = open_req = None
+    if tail is not None:
+        got = _tail_chunk(sched, kv, tail, budget, thr, free, B0)
+        if got is None:
+            return None
+        t_item, need, open_req = got
+        t_priced = pricer.item(t_item)
+        free -= need
+        lru.takes += need
+        budget -= t_item.num_new
+        if kv.caching and tail.cacheable:   # the blocks its allocation keys: no admission may hit them
+            full = (tail.num_computed_tokens + t_item.num_new) // bs
+            keyed.update(kv.keys_upto(tail, full)[:full])
+    running = B0 + (tail is not None)
+    for head in sched.waiting:
+        if open_req is not None or not sched._room(budget, running + len(items)):
+            break
+        tries += 1
+        got = _hit_at_turn(kv, head, lru, keyed)
+        if got is None:
+            return None
+        blocks, hit = got
+        rest = head.num_tokens - hit
+        n = chunk(rest, budget, thr)
+        need = kv.blocks_needed(head, n, blocks, hit)
+        if n < rest and cfg.reserve_full_prompt and kv.blocks_needed(head, rest, blocks, hit) > free:
+            break             # its whole rest is not free (Scheduler._admit's reserve): tried, not admitted
+        if need > free:
+            break             # it does not fit (the scheduler tries it, counts its lookup, stops there)
+        if n < 1 or not plain_waiting(head) or (n < rest and n != budget):
+            return None       # a request that would not decode next, or a chunk with budget left after it
+        if n < rest:
+            open_req = head   # a chunk: the step's last admission, mid-prompt after it
+        item = sched._item(head, n, True, hit, c=hit)
+        items.append(item)
+        priced.append(pricer.item(item))
+        budgets.append(budget)
+        budget -= n
+        free -= need
+        lru.admit(head, n, blocks, hit)
+        if kv.caching and head.cacheable:
+            keyed.update(kv.keys_upto(head, (hit + n) // bs)[:(hit + n) // bs])
+    budgets.append(budget)   # what a failed try was given (tries > len(items))
+    if (not items and tail is None) or (eng.max_batch is not None and running + len(items) > eng.max_batch):
+        return None
+    price = _price(eng, m, priced if tail is None else [t_priced] + priced, items if tail is None else [t_item] + items)
+    if price is None:
+        return None
+    dt, host, extrapolated = price
+    return Admission(items, priced, budgets, thr, tries, float(dt), host, extrapolated, t_item, t_priced, open_req)
+
+
+def _hit_at_turn(kv, head, lru, keyed):
+    """``head``'s prefix hit at its turn in the step, ``(blocks, hit tokens)``: its cached chain up to the first of
+    the pool's LRU victims of the takes before it (:meth:`_Victims.cut`); None where that is not known now (not a
+    queue, an evicted key another copy may serve, a hit block an earlier admission holds, or the block after its hit
+    keyed by the tail or an earlier admission of the step)."""
+    bs = kv.block_size
+    blocks, hit = kv.find_cached(head, count=False)
+    if hit:
+        # the takes before its turn evict the pool's LRU front: its chain stops at the first they take (a
+        # preempted request's own blocks are often there, tail first)
+        k = lru.cut(blocks)
+        if k is None or (k < len(blocks) and kv._dups):
+            return None   # not a queue, or an evicted key another copy may serve
+        blocks, hit = blocks[:k], k * bs
+        if lru.held.intersection(blocks):
+            return None   # an earlier admission of the step holds one of its hit blocks
+    if keyed and kv.caching and head.cacheable and hit // bs < head.num_tokens // bs:
+        if kv.keys_upto(head, hit // bs + 1)[hit // bs] in keyed:
+            return None   # the tail or an earlier admission of the step keys the block after its hit
+    return blocks, hit
+
+
+def _tail_chunk(sched, kv, tail, budget: int, thr: int, free: int, B0: int):
+    """The running tail's next chunk, scheduled after the ``B0`` decodes (``Scheduler._run_running``): ``(item,
+    blocks it takes, tail or None)`` -- the tail where the chunk leaves it mid-prompt -- or None where its blocks
+    do not fit (it would preempt), or a long-prefill threshold cuts it with budget left an admission would take."""
+    pend = tail.num_tokens - tail.num_computed_tokens
+    nt = chunk(pend, budget, thr)
+    need = kv.blocks_needed(tail, nt)
+    if budget <= 0 or nt < 1 or need > free:
+        return None
+    if nt < pend and budget - nt > 0 and sched.waiting and sched._room(budget - nt, B0 + 1):
+        return None
+    return sched._item(tail, nt, False), need, (tail if nt < pend else None)
+
+
+def _price(eng, m, priced, items):
+    """The mixed step's ``(seconds, host seconds, extrapolated)`` as the stepped path prices it -- the decodes' sums
+    in closed form, then ``items``' cost tuples ``priced`` in turn (+ the eviction-scoring seconds: none here), its
+    host time from the same counts -- or None where it takes no time, ends exactly at the next event (a tie:
+    stepped), or a fleet's answer falls in the step the next event falls in (after that event: stepped)."""
+    dt = eng.cost.mixed_seconds(len(m.R), int(m.c0.sum()), int(m.c0.max()) if len(m.R) else 0,
+                                [t for ts, _ in priced for t in ts]) + 0.0
+    host, extrapolated = None, 0
+    if eng.host_step is not None:
+        from sim.cost.overheads import step_seconds
+        host, extrapolated = eng.pricer.host_counts(*step_counts(items, len(m.R)))
+        dt = step_seconds(dt, host[0], eng.async_scheduling, host[1])
+    t_next = eng.peek_next()
+    if not dt > 0 or eng.env.now + dt == t_next:
+        return None
+    if eng.fleet and eng.env.now + dt > t_next and np.any((m.fin == 1) & m.ud):
+        return None
+    return dt, host, extrapolated
