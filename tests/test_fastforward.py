@@ -687,6 +687,26 @@ def test_a_window_folds_its_counters_left_to_right():
     assert fold(0.0, xs) != float(np.sum(xs))   # the pairwise sum rounds differently: the order is the point
 
 
+@settings(max_examples=200, deadline=None)
+@given(k=st.integers(1, 60), start=st.integers(0, 99), raw=st.lists(st.tuples(st.integers(0, 70), st.integers(0, 99)),
+                                                                    max_size=12))
+@example(k=20, start=0, raw=[(0, 5), (0, 7), (30, 1)])
+def test_kv_in_use_is_filled_forward_from_the_steps_that_changed_it(k, start, raw):
+    """forward_fill (a window's KV blocks in use after each step): the latest mark at or before each step, the
+    last of a step's marks winning, the first mark's count before any (marks in step order, some outside 1..k);
+    the per-step loop for a few steps, one searchsorted for more: the same counts."""
+    from sim.serving.ff_sums import forward_fill
+    marks = sorted(raw, key=lambda m: m[0])
+    cur, want = (marks[0][1] if marks else start), []
+    for step in range(1, k + 1):
+        for s_, v in marks:
+            if s_ == step:
+                cur = v
+        want.append(cur)
+    got = forward_fill(marks, k, start)
+    assert got.dtype == np.int64 and got.tolist() == want
+
+
 @pytest.mark.parametrize("decode_takes,hits", [(0, [2, 2]), (1, [2, 2]), (2, [1, 1]), (3, [0, 0])])
 def test_the_planned_hits_are_the_hits_the_block_manager_then_finds(decode_takes, hits):
     """``_Victims`` plans a step's admissions against the LRU queue: two preempted requests' freed blocks at its

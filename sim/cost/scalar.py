@@ -328,8 +328,14 @@ class ScalarCost:
         None without sliding layers)."""
         sw = Ssw if Ssw is not None else 0
         if (np.ndim(B) == 0 and type(S) is np.ndarray and type(cmax) is np.ndarray and S.ndim == 1
-                and S.shape == cmax.shape and len(S) <= SCALAR_STEPS_ONE_B):
-            # a window's stretch of one batch size (its common call): floats, without broadcasting
+                and S.shape == cmax.shape and (Ssw is None or np.shape(Ssw) == S.shape)):
+            # a window's stretch of one batch size (its common call): without broadcasting, in floats for a few steps
+            if len(S) > SCALAR_STEPS_ONE_B:
+                t = self.decode_batch_terms(B, S, cmax, MIXED, Ssw)
+                r = seconds(self.hw, t, MIXED, model=self.m, memo=self._waves)
+                if type(r) is np.ndarray and r.shape == S.shape and r.dtype == np.float64:
+                    return r   # a new array (the formula's own result), one entry per iteration
+                return np.broadcast_to(np.asarray(r, np.float64), S.shape).copy()   # pragma: no cover
             steps = zip(itertools.repeat(B.item() if isinstance(B, np.generic) else B), S.tolist(), cmax.tolist(),
                         np.broadcast_to(sw, S.shape).tolist())
         else:

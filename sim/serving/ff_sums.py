@@ -39,8 +39,15 @@ def add_in_turn(ph, mask, xs, cells: int = 1 << 20) -> None:
 def forward_fill(marks, k: int, start: int) -> np.ndarray:
     """A count after each of steps ``1..k``: the latest of ``marks`` (``(step, count)`` where a step changed it, in
     step order) at or before each step; before any, the first mark's count (``start`` without one)."""
-    at = {st: v for st, v in marks if 1 <= st <= k}
     cur = marks[0][1] if marks else start
+    if k > FOLD_STEPS and marks:
+        # the marks are in step order: each step's count is the last mark at or before it (one searchsorted)
+        st = np.fromiter((m[0] for m in marks), np.int64, len(marks))
+        keep = (st >= 1) & (st <= k)
+        st, v = st[keep], np.fromiter((m[1] for m in marks), np.int64, len(marks))[keep]
+        i = np.searchsorted(st, np.arange(1, k + 1, dtype=np.int64), side="right") - 1
+        return np.where(i >= 0, v[np.maximum(i, 0)] if len(v) else cur, cur).astype(np.int64)
+    at = {st: v for st, v in marks if 1 <= st <= k}
     out = []
     for st in range(1, k + 1):
         cur = at.get(st, cur)
