@@ -228,6 +228,18 @@ def test_chunked_prefills_past_the_knee_take_windows(tokens, prefix, blocks, cac
                                                                                      ff.steps, xa.iterations)
 
 
+def test_a_preempting_step_sets_the_peak_with_the_takes_the_pool_gives():
+    """Three requests opening blocks in the same decode step, the pool one short for the first time there: the
+    takes the pool gives (in one call) fill it, the newest request's preemption frees more than the next take
+    needs, so the step's own takes are where KV in use peaks (every figure as stepped)."""
+    wl = plain.random_workload(3, 20, 60, 0.0, 0, 1)
+    pair = _both(wl, HW["h100-sxm"], offline=True, block_size=16,
+                 serving=ServingConfig(kv_capacity_bytes=_kv_bytes(11, 16)))
+    ff = _check(pair)
+    (_, eng, res, _), _ = pair
+    assert ff.windows > 0 and res.stats["preemptions"] > 0 and eng.kv.peak_used == 11
+
+
 def test_preempted_requests_resume_inside_windows():
     """Offline under KV pressure: a preempted request is admitted again in a window's first step, its hit cut where
     the decodes' takes evict its own freed blocks (the pool's LRU front, tail first), its tokens recomputed; nearly

@@ -1,6 +1,6 @@
 """Float sums in the stepped path's order, for a fast-forward window (:mod:`sim.serving.ff_window`): a counter's
-running sum over the window's steps, each request's share of every step added in turn, and a per-step count
-filled forward from the steps that changed it."""
+running sum over the window's steps, each request's share of every step added in turn, a per-step count filled
+forward from the steps that changed it, and the engine's run counters after a window (:func:`window_counters`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -53,3 +53,39 @@ def forward_fill(marks, k: int, start: int) -> np.ndarray:
         cur = at.get(st, cur)
         out.append(cur)
     return np.array(out, np.int64)
+
+
+def window_counters(eng, adm, segs, k: int, dt):
+    """The engine ``eng``'s run counters after a window's ``k`` steps of seconds ``dt`` (its segments ``segs``' decodes;
+    ``adm``: its first step's plan, or None), added in the stepped path's order: ``(decodes in all, items run at each
+    step)``."""
+    lens, Bseg = [len(sg[0]) for sg in segs], [sg[1] for sg in segs]   # each segment: one batch
+    few = k <= FOLD_STEPS
+    # the per-step counters, as lists for a window of a few steps (numpy's per-call cost dominates them)
+    if few:
+        dts, run = dt.tolist(), [b for n, b in zip(lens, Bseg) for _ in range(n)]
+        nB = sum(run)
+    else:
+        dts, run = dt, np.repeat(np.array(Bseg, np.int64), lens)
+        nB = int(run.sum())
+    if adm is not None:   # step 1 also ran the tail and the admitted requests (their items, the host time: planned)
+        run[0] += len(adm.items) + (adm.tail is not None)
+    eng.items_scheduled += int(sum(run)) if few else int(run.sum())
+    eng.busy = fold(eng.busy, dts)
+    if eng.host_step is not None:
+        # the host seconds the stepped path adds one step at a time (Engine._stepped), left to right: each
+        # segment's batch priced once (a decode step's host floats are a function of its batch size)
+        hs = [eng.window_host(b)[0] for b in Bseg]
+        h = [x for n, x in zip(lens, hs) for _ in range(n)] if few else np.repeat(np.array(hs, np.float64), lens)
+        d0 = 0
+        if adm is not None:
+            h[0] = adm.host[0]
+            d0 = 1
+            eng.host_extrapolated += adm.extrapolated
+        eng.host_seconds = fold(eng.host_seconds, h)
+        mr, mt = eng.host_step.max_running, eng.host_step.max_tokens
+        if mr is not None or mt is not None:   # steps past the measured sizes (priced on the same lines)
+            over = [(mr is not None and b > mr) or (mt is not None and b > mt) for b in Bseg]
+            eng.host_extrapolated += sum(n for n, o in zip(lens, over) if o) - (d0 if over[0] else 0)
+    eng.run_time = fold(eng.run_time, [x * b for x, b in zip(dts, run)] if few else dt * run)
+    return nB, run

@@ -14,7 +14,7 @@ from sim.cost.pricing import attribution, equal_shares
 from sim.serving.ff_blocks import block_events, cached_prefix, first_short, window_key_sums
 from sim.serving.ff_members import carried, lazy_keys, write_record
 from sim.serving.scheduler import SchedulerOutput
-from sim.serving.ff_sums import FOLD_STEPS, add_in_turn, fold, forward_fill
+from sim.serving.ff_sums import add_in_turn, forward_fill, window_counters
 from sim.workload.job import KIND_NAMES
 
 
@@ -204,10 +204,27 @@ class Window:
             kv.queries += self.nblk
             kv.hits += self.L
         evs, who, lazy = self.evs, self.who, self.lazy
+        bulk, al = lazy and self.groups is None, self.al
         while self.ep < len(evs) and evs[self.ep] <= st:
+            if bulk:
+                # the opens the pool can give, in running order: allocate_one's second lane each, in one _take_n
+                free, q, takers = kv.n_clean + len(kv._evictable), self.ep, []
+                while q < len(evs) and evs[q] <= st and len(takers) < free:
+                    if al[who[q]]:
+                        takers.append(who[q])
+                    q += 1
+                if takers:
+                    for i, b in zip(takers, kv._take_n(len(takers))):
+                        self.blist[i].append(b)
+                    u = kv.num_blocks - free + len(takers)   # num_used after the takes
+                    if u > kv.peak_used:
+                        kv.peak_used = u
+                self.ep = q
+                if not (q < len(evs) and evs[q] <= st):
+                    break
             i = who[self.ep]
             self.ep += 1
-            if not self.al[i]:
+            if not al[i]:
                 continue
             req = self.R[i]
             req.num_computed_tokens = self.cl[i] + st - 1
@@ -220,7 +237,7 @@ class Window:
                 self.settle(vi, st - 1)
                 self.key_filled(vi)
                 self.alive[vi] = False
-                self.al[vi] = False
+                al[vi] = False
                 self.last[vi] = st - 1
                 sched._preempt(victim, pre_l)
                 if victim is req:
@@ -484,7 +501,7 @@ class Window:
             raise RuntimeError("fast-forward: a preemption left fewer requests than planned")
         if dtc is None:
             ctx = self.c0[alive] + (s - 1)
-            dt = self.eng._window_seconds(np.array([n_alive]), np.array([int(ctx.sum())]), np.array([int(ctx.max())]))
+            dt = self.eng._window_seconds(n_alive, np.array([int(ctx.sum())]), np.array([int(ctx.max())]))
             if dt is None or not dt[0] > 0:   # pragma: no cover - a decode step takes time
                 raise RuntimeError("fast-forward: a preempting step priced no time")
         else:
@@ -515,7 +532,7 @@ class Window:
         if B0 > sched.max_running:
             sched.max_running = B0
         eng.iterations += k
-        nB, run = self._counters(k, dt)
+        nB, run = window_counters(self.eng, self.admit, self.segs, k, dt)
         eng.tokens[2] += float(nB)        # integer-valued: the stepped sum of 1.0s is exact
         m = self.m
         nc = m.nc
@@ -556,41 +573,6 @@ class Window:
         self.ff.steps += k
         self.ff.step_s = float(dt[-1])
         return t, dt
-
-    def _counters(self, k: int, dt):
-        """The engine's run counters after the window's ``k`` steps of seconds ``dt`` (its segments' decodes), added
-        in the stepped path's order: ``(decodes in all, items run at each step)``."""
-        eng, adm = self.eng, self.admit
-        lens, Bseg = [len(sg[0]) for sg in self.segs], [sg[1] for sg in self.segs]   # each segment: one batch
-        few = k <= FOLD_STEPS
-        # the per-step counters, as lists for a window of a few steps (numpy's per-call cost dominates them)
-        if few:
-            dts, run = dt.tolist(), [b for n, b in zip(lens, Bseg) for _ in range(n)]
-            nB = sum(run)
-        else:
-            dts, run = dt, np.repeat(np.array(Bseg, np.int64), lens)
-            nB = int(run.sum())
-        if adm is not None:   # step 1 also ran the tail and the admitted requests (their items, the host time: planned)
-            run[0] += len(adm.items) + (adm.tail is not None)
-        eng.items_scheduled += int(sum(run)) if few else int(run.sum())
-        eng.busy = fold(eng.busy, dts)
-        if eng.host_step is not None:
-            # the host seconds the stepped path adds one step at a time (Engine._stepped), left to right: each
-            # segment's batch priced once (a decode step's host floats are a function of its batch size)
-            hs = [eng.window_host(b)[0] for b in Bseg]
-            h = [x for n, x in zip(lens, hs) for _ in range(n)] if few else np.repeat(np.array(hs, np.float64), lens)
-            d0 = 0
-            if adm is not None:
-                h[0] = adm.host[0]
-                d0 = 1
-                eng.host_extrapolated += adm.extrapolated
-            eng.host_seconds = fold(eng.host_seconds, h)
-            mr, mt = eng.host_step.max_running, eng.host_step.max_tokens
-            if mr is not None or mt is not None:   # steps past the measured sizes (priced on the same lines)
-                over = [(mr is not None and b > mr) or (mt is not None and b > mt) for b in Bseg]
-                eng.host_extrapolated += sum(n for n, o in zip(lens, over) if o) - (d0 if over[0] else 0)
-        eng.run_time = fold(eng.run_time, [x * b for x, b in zip(dts, run)] if few else dt * run)
-        return nB, run
 
     def _kv_used(self, k: int):
         """KV blocks in use after each of steps 1..k's schedule (:func:`sim.serving.ff_sums.forward_fill` of the
