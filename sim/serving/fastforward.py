@@ -326,6 +326,8 @@ class FastForward:
         tail = None   # the newest request mid-prompt: its next chunk is the first step's, before any admission
         if carry is not None:
             tail = carry.tail
+            if tail is not None and not continues(tail):
+                return None
         elif B0:
             last = sched.running[-1]   # the newest request is the likeliest not to decode (a prefill chunk): first
             if last.num_tokens - last.num_computed_tokens != 1 or last.num_computed_tokens < last.high_water:

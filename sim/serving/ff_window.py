@@ -336,9 +336,10 @@ class Window:
         self.process(1, 1)               # the decodes' block events (the joining have none in step 1)
         items = []
         if tail is not None:             # after the decodes, in running order (Scheduler._run_running)
-            if not kv.allocate(tail.req, tail.num_new):   # pragma: no cover - planned within the pool
+            nt = tail.num_new   # one token: the scheduler's allocate_one, as for a decode
+            if not (kv.allocate_one(tail.req) if nt == 1 else kv.allocate(tail.req, nt)):   # pragma: no cover - planned
                 raise RuntimeError("fast-forward: the tail's planned chunk did not fit")
-            items.append(sched._item(tail.req, tail.num_new, False))
+            items.append(sched._item(tail.req, nt, False))
             if open_req is not tail.req:
                 self.blist[i0] = kv.req_blocks[tail.req.req_id]
         j0 = i0 + (tail is not None and open_req is not tail.req)   # the admitted's first member
