@@ -3,13 +3,14 @@
 Between two *events* -- an arrival (anything else on the simpy clock), an admission (a prefill chunk)
 -- an iteration of :class:`sim.serving.engine.Engine` is a decode of every running request, one token each.
 :meth:`FastForward.advance` finds the steps up to the next event and applies them in one go, with every
-state change the stepped iterations would have made; the step that admits waiting requests may be its
-first, and the step the next event falls in its last. It processes *block events and batch changes*,
-not tokens:
+state change the stepped iterations would have made; the step that admits waiting requests (or runs the newest
+request's next prompt chunk) may be its first, and the step the next event falls in its last. It processes *block
+events and batch changes*, not tokens:
 
 * **Eligible.** Every running request decodes (``pending == 1``, past its prompt and its high-water
-  mark), is a one-branch request without verification or token-eviction cache, and all are scheduled
-  (``len(running) <= max_num_batched_tokens``, within the fitted batch).
+  mark) but the newest, which may be mid-prompt (its next chunk is the first step's), is a one-branch request
+  without verification or token-eviction cache, and all are scheduled (``len(running) <= max_num_batched_tokens``,
+  within the fitted batch).
 
 * **Blocks.** Request ``i`` with ``c_i`` computed tokens over ``nb_i`` blocks opens a block at steps
   ``f_i + m bs`` (``f_i = nb_i bs - c_i + 1``) and fills one at ``g_i + m bs``; those calls -- a take
