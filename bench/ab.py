@@ -4,45 +4,23 @@ Usage::
 
     .venv/bin/python bench/ab.py BASE_DIR NEW_DIR ROUNDS -- bench throughput --model-preset llama-3-8b ...
 
-Each round runs the command once in ``BASE_DIR`` and once in ``NEW_DIR`` (each checkout's root is the child's
-working directory and first on its path), so the machine's drift falls on both alike. A child imports
-``app.cli`` first and times ``main`` with ``time.process_time``: imports at the top of ``app.cli`` are excluded,
-lazy imports inside ``main`` are not (a user's command pays them). The children run with a fixed hash seed and
-Python's bytecode cache on, under ``runs/pycache`` of each checkout, after one untimed warm-up run each. The
-benchmark entries in ``docs/benchmarks/fastforward.md`` use it for their before/after tables.
+Each round runs the command once in ``BASE_DIR`` and once in ``NEW_DIR``, so the machine's drift falls on both
+alike. Each run is ``bench/bench_fastforward.py``'s ``run_child`` with that checkout as its root (working directory,
+first on the path, its own bytecode cache): ``app.cli``'s imports excluded, lazy imports inside ``main`` included
+(a user's command pays them), after one untimed warm-up per checkout. The before/after tables in
+``docs/benchmarks/fastforward.md`` come from it.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-CHILD = """
-import contextlib, io, json, sys, time
-from app.cli import main
-buf = io.StringIO()
-c0 = time.process_time()
-with contextlib.redirect_stdout(buf):
-    rc = main(sys.argv[1:])
-print(json.dumps({"rc": rc, "cpu_s": time.process_time() - c0, "out": buf.getvalue()[-2000:]}))
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import argparse  # noqa: E402
+import statistics  # noqa: E402
 
-def run(root: Path, args: list[str]) -> float:
-    """The command's CPU seconds in a child process run in checkout ``root``."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env.update(PYTHONHASHSEED="0", PYTHONPATH=str(root), PYTHONPYCACHEPREFIX=str(root / "runs" / "pycache"))
-    p = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=root, env=env, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise SystemExit(f"{root}: rksim {' '.join(args)} failed: {p.stderr.strip()[-2000:]}")
-    r = json.loads(p.stdout.strip().splitlines()[-1])
-    if r["rc"] != 0:
-        raise SystemExit(f"{root}: rksim {' '.join(args)} exited {r['rc']}: {(r['out'] + p.stderr).strip()[-2000:]}")
-    return float(r["cpu_s"])
+from bench_fastforward import run_child  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -60,11 +38,11 @@ def main(argv=None) -> int:
     for root in roots:
         if not (root / "app" / "cli.py").is_file():
             raise SystemExit(f"{root}: not an rksim checkout (no app/cli.py)")
-        run(root, args)   # warm-up: the bytecode cache, untimed
+        run_child(args, root)   # warm-up: the bytecode cache, untimed
     times = {root: [] for root in roots}
     for _ in range(max(1, a.rounds)):
         for root in roots:
-            times[root].append(run(root, args))
+            times[root].append(run_child(args, root)["cpu_s"])
     med = [statistics.median(times[r]) for r in roots]
     for root, m in zip(roots, med):
         print(f"{root}: {', '.join(f'{x:.2f}' for x in times[root])} s CPU, median {m:.3f} s")

@@ -70,16 +70,13 @@ print(json.dumps({"rc": rc, "cpu_s": c1 - c0, "wall_s": w1 - w0,
 """
 
 
-PYCACHE = ROOT / "runs" / "pycache"   # the children's bytecode cache (git-ignored)
-
-
-def child_env() -> dict:
-    """The children's environment: fixed hash seed, this checkout first, and Python's bytecode cache on (kept under
-    ``runs/pycache``) even where the shell turns it off (``PYTHONDONTWRITEBYTECODE``, as on the machine this was
-    measured on): otherwise every command compiles the ~90 modules it imports lazily, about 0.1-0.2 s of CPU that
-    is the interpreter's, not the simulator's, and a user's installed Python caches."""
+def child_env(root: Path = ROOT) -> dict:
+    """The children's environment: fixed hash seed, checkout ``root`` first, and Python's bytecode cache on (kept
+    under ``root/runs/pycache``, git-ignored) even where the shell turns it off (``PYTHONDONTWRITEBYTECODE``, as on
+    the machine this was measured on): otherwise every command compiles the ~90 modules it imports lazily, about
+    0.1-0.2 s of CPU that is the interpreter's, not the simulator's, and a user's installed Python caches."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    return {**env, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT), "PYTHONPYCACHEPREFIX": str(PYCACHE)}
+    return {**env, "PYTHONHASHSEED": "0", "PYTHONPATH": str(root), "PYTHONPYCACHEPREFIX": str(root / "runs" / "pycache")}
 
 
 def warm_up(args: list[str]) -> None:
@@ -87,14 +84,17 @@ def warm_up(args: list[str]) -> None:
     run_child(args)
 
 
-def run_child(args: list[str]) -> dict:
-    p = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=ROOT, capture_output=True, text=True,
-                       env=child_env())
+def run_child(args: list[str], root: Path = ROOT) -> dict:
+    """``rksim args`` in a child process run in checkout ``root``: its exit code, CPU and wall seconds (``app.cli``'s
+    own imports excluded, lazy imports inside ``main`` included), peak RSS and printed output."""
+    p = subprocess.run([sys.executable, "-c", CHILD, *args], cwd=root, capture_output=True, text=True,
+                       env=child_env(root))
     if p.returncode != 0:
-        raise RuntimeError(f"rksim {' '.join(args)} failed: {p.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"{root}: rksim {' '.join(args)} failed: {p.stderr.strip()[-2000:]}")
     r = json.loads(p.stdout.strip().splitlines()[-1])
     if r["rc"] != 0:
-        raise RuntimeError(f"rksim {' '.join(args)} exited {r['rc']}")
+        raise RuntimeError(f"{root}: rksim {' '.join(args)} exited {r['rc']}: "
+                           f"{(r['out'] + p.stderr).strip()[-2000:]}")
     return r
 
 

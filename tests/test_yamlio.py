@@ -30,8 +30,14 @@ def same(a, b) -> bool:
     return a == b
 
 
-def test_libyaml_is_used_where_installed():
-    assert yaml.__with_libyaml__, "PyYAML without libyaml: presets are read by the pure-Python parser"
+def test_libyaml_is_used_where_installed_and_the_python_parser_otherwise(monkeypatch):
+    used = []
+    real = yaml.load
+    monkeypatch.setattr(yaml, "load", lambda text, Loader: used.append(Loader) or real(text, Loader=Loader))
+    assert safe_load("a: 1.5") == {"a": 1.5}
+    assert used[-1] is getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    monkeypatch.delattr(yaml, "CSafeLoader", raising=False)   # a PyYAML built without libyaml
+    assert safe_load("a: 1.5") == {"a": 1.5} and used[-1] is yaml.SafeLoader
 
 
 @pytest.mark.parametrize("rel", SHIPPED)

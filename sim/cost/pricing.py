@@ -197,8 +197,7 @@ class StepPricer:
         The cost's per-step vector (:meth:`sim.cost.terms.ScalarCost.decode_batch_seconds`); a per-step host
         term, a function of the same running requests and scheduled tokens (both ``B``), joins here element by
         element. ``Ssw``: each entry's sliding-window key sum (a sliding-window shape's closed form)."""
-        gpu = (self.cost.decode_batch_seconds(B, S, cmax) if Ssw is None
-               else self.cost.decode_batch_seconds(B, S, cmax, Ssw))
+        gpu = self.cost.decode_batch_seconds(B, S, cmax, Ssw)
         if self.host_step is None or gpu is None:
             return gpu
         h, sr = self.window_host(B)

@@ -332,10 +332,8 @@ class ScalarCost:
             # a window's stretch of one batch size (its common call): without broadcasting, in floats for a few steps
             if len(S) > SCALAR_STEPS_ONE_B:
                 t = self.decode_batch_terms(B, S, cmax, MIXED, Ssw)
-                r = seconds(self.hw, t, MIXED, model=self.m, memo=self._waves)
-                if type(r) is np.ndarray and r.shape == S.shape and r.dtype == np.float64:
-                    return r   # a new array (the formula's own result), one entry per iteration
-                return np.broadcast_to(np.asarray(r, np.float64), S.shape).copy()   # pragma: no cover
+                # a new float64 array of S's shape (S enters every attention term): one entry per iteration
+                return seconds(self.hw, t, MIXED, model=self.m, memo=self._waves)
             steps = zip(itertools.repeat(B.item() if isinstance(B, np.generic) else B), S.tolist(), cmax.tolist(),
                         np.broadcast_to(sw, S.shape).tolist())
         else:

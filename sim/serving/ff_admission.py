@@ -97,32 +97,31 @@ def may_admit(eng, head: bool = True) -> bool:
             and (not head or plain_waiting(sched.waiting[0])))
 
 
-def continues(req) -> bool:
-    """Whether the newest running request ``req``, mid-prompt, may take its next chunk in a window's first step:
-    a :func:`plain_branch` request fresh (its first chunks computed, nothing sampled) or resumed after
-    preemptions (recomputing), whose prompt's end samples a token and leaves it decoding (as
-    :func:`plain_waiting`'s)."""
-    if (req.status != RUNNING or req.allow_full_hit or req.max_output_tokens - req.num_output_tokens < 2
-            or req.num_tokens != req.prompt_tokens + req.num_output_tokens
-            or req.num_tokens - req.num_computed_tokens < 2 or not plain_branch(req)):
-        return False
-    p, _, b = req.data
-    if p.first[b] != p.first[b]:    # no first token yet: fresh
-        return not (req.num_preemptions or req.num_output_tokens) and req.high_water == req.num_computed_tokens
-    return req.num_preemptions > 0
-
-
-def plain_waiting(req) -> bool:
-    """A waiting :func:`plain_branch` request whose admission samples a token and leaves it decoding: fresh
-    (never computed or preempted, no first token yet) or resumed after preemptions (its first token out, its
-    tokens to recompute); no zero-copy fork, no extension, at least two tokens left to sample."""
-    if (req.num_computed_tokens or req.allow_full_hit or req.max_output_tokens - req.num_output_tokens < 2
+def _decodes_after_prompt(req, computed: int) -> bool:
+    """Whether the end of ``req``'s prompt samples a token and leaves it decoding: a :func:`plain_branch` request,
+    no zero-copy fork, no extension, at least two tokens left to sample; fresh (no first token yet, never
+    preempted, its high-water mark ``computed``: what it computed so far) or resumed after preemptions (its first
+    token out, its tokens to recompute)."""
+    if (req.allow_full_hit or req.max_output_tokens - req.num_output_tokens < 2
             or req.num_tokens != req.prompt_tokens + req.num_output_tokens or not plain_branch(req)):
         return False
     p, _, b = req.data
     if p.first[b] != p.first[b]:    # no first token yet: fresh
-        return not (req.num_preemptions or req.high_water or req.num_output_tokens)
+        return not (req.num_preemptions or req.num_output_tokens) and req.high_water == computed
     return req.num_preemptions > 0
+
+
+def continues(req) -> bool:
+    """Whether the newest running request ``req``, mid-prompt (two tokens or more to compute), may take its next
+    chunk in a window's first step (:func:`_decodes_after_prompt`)."""
+    c = req.num_computed_tokens
+    return req.status == RUNNING and req.num_tokens - c >= 2 and _decodes_after_prompt(req, c)
+
+
+def plain_waiting(req) -> bool:
+    """Whether the waiting request ``req``, nothing computed, may be admitted in a window's first step
+    (:func:`_decodes_after_prompt`)."""
+    return not req.num_computed_tokens and _decodes_after_prompt(req, 0)
 
 
 def plan(eng, m, f, tail=None):

@@ -72,7 +72,6 @@ from sim.serving.kvblock import (  # noqa: F401 - the block manager's units, imp
     ROOT_KEY, UNLIMITED, Block, KVCacheError, block_key, chain_keys, check_size)
 
 
-
 def group_blocks(kv_groups, bs: int, nb, computed, lo=max, hi=min):
     """Blocks a request holds in its other KV-cache groups (``kv_groups = (full, sliding, W)``,
     :meth:`BlockManager.set_kv_groups`) with ``nb`` blocks of tokens, ``computed`` of them computed::
@@ -84,6 +83,7 @@ def group_blocks(kv_groups, bs: int, nb, computed, lo=max, hi=min):
     full, sliding, window = kv_groups
     skipped = lo(computed - window + 1, 0) // bs
     return (full - 1) * nb + sliding * lo(nb - hi(skipped, nb), 0)
+
 
 class BlockManager:
     """KV blocks of one server under a block policy (module docstring).
