@@ -206,6 +206,51 @@ def test_taking_an_allocations_blocks_at_once_hands_out_the_same_blocks(policy, 
     assert seen[0] == seen[1]
 
 
+class _GeneralDecode(BlockManager):
+    """Every decode step through :meth:`BlockManager.allocate` (the reference for ``allocate_one``'s lanes)."""
+
+    def allocate_one(self, req, key=True):
+        return self.allocate(req, 1)
+
+
+@settings(max_examples=80, deadline=None)
+@given(groups=st.sampled_from([(2, 1, 8), (1, 1, 5), (1, 2, 12), (2, 0, 0), (1, 3, 4)]),
+       ops=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 14), st.integers(0, 9), st.booleans(),
+                              st.integers(0, 2)), min_size=1, max_size=25),
+       num_blocks=st.integers(6, 40))
+def test_a_hybrid_caches_decode_step_allocates_as_allocate_does(groups, ops, num_blocks):
+    """``allocate_one`` on a hybrid cache (full and sliding-window groups in one pool): the same answers, block
+    tables, other groups' blocks, releases, keys, victims and peak as ``allocate(req, 1)``, under pool pressure (a
+    step that does not fit changes nothing), with ``key=False`` too (a hybrid cache keys what fills)."""
+    managers = [BlockManager(num_blocks, 4, log_evictions=True), _GeneralDecode(num_blocks, 4, log_evictions=True)]
+    seen = [[], []]
+    for i, m in enumerate(managers):
+        m.set_kv_groups(*groups)
+        live = []
+        for n, (prefix, length, steps, key, release) in enumerate(ops):
+            toks = [prefix * 100 + j for j in range(length)]
+            r = _req(f"r{n}", toks, out=steps + 1)
+            blocks, hit = m.find_cached(r)
+            if m.allocate(r, r.num_tokens - hit, blocks, hit):
+                r.num_computed_tokens = r.num_tokens
+                live.append(r)
+            for r in live[-3:]:
+                for _ in range(steps):
+                    ok = m.allocate_one(r, key=key)
+                    seen[i].append((r.req_id, ok, m.blocks_of(r.req_id), [b.block_id for b in m._extra[r.req_id]]))
+                    if not ok:
+                        break
+                    r.num_computed_tokens += 1
+                    r.num_tokens += 1
+            for _ in range(release):
+                if live:
+                    m.free(live.pop(0))
+            m.check()
+        seen[i].append((m.evicted_log, m.n_clean, sorted(m._spare_ids), list(m._evictable), sorted(m.cached),
+                        m.peak_used, {k: v for k, v in m._n_keyed.items() if v}))
+    assert seen[0] == seen[1]
+
+
 def test_set_scores_is_set_score_of_each_key():
     """A branch's scores at once: the same scores on every copy as one set_score per key; 0 changes nothing."""
     toks = list(range(12))

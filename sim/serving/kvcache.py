@@ -361,7 +361,33 @@ class BlockManager:
                 if key and self.caching and req.cacheable:
                     self._register(req, blks, tokens // bs)
                 return True
+        elif blks is not None and req.kv_cap is None:
+            return self._allocate_one_groups(req, blks)
         return self.allocate(req, 1)
+
+    def _allocate_one_groups(self, req, blks: list) -> bool:
+        """:meth:`allocate` of one token of a hybrid cache's request holding blocks (no hit, no cap): its checks,
+        takes, releases and keys (whatever ``key`` says) without its general bookkeeping."""
+        bs, c = self.block_size, int(req.num_computed_tokens)
+        nb = -(-(c + 1) // bs)
+        rid = req.req_id
+        ext = self._extra.setdefault(rid, [])
+        want = group_blocks(self.kv_groups, bs, nb, c)
+        new = nb - len(blks) if nb > len(blks) else 0
+        if new + (want - len(ext) if want > len(ext) else 0) > self.n_clean + len(self._evictable):
+            return False
+        if new:
+            blks += self._take_n(new)
+        if want > len(ext):
+            ext += self._take_n(want - len(ext))
+        while len(ext) > want:     # sliding blocks wholly before the window go back to the pool
+            self._release(ext.pop(0))
+        used = self.num_used
+        if used > self.peak_used:
+            self.peak_used = used
+        if self.caching and req.cacheable and (c + 1) // bs > self._n_keyed.get(rid, 0):
+            self._register(req, blks, (c + 1) // bs)
+        return True
 
     def _register(self, req, blks: list, full: int) -> None:
         """Key the full blocks ``[n_keyed, full)`` of ``req`` (``blks`` its block table)."""
