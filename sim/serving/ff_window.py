@@ -147,7 +147,7 @@ class Window:
                 cur = st
             if groups:   # a hybrid cache: the stepped allocation itself (its groups' takes and releases, in order)
                 R[i].num_computed_tokens = cl[i] + st - 1
-                if not kv.allocate(R[i], 1):   # pragma: no cover - planned within the pool
+                if not kv.allocate_one(R[i]):   # pragma: no cover - planned within the pool (allocate(req, 1)'s lane)
                     raise RuntimeError("fast-forward: a planned block allocation failed")
                 if keys is not None and kv.evictions != ev0:   # its takes may evict several blocks
                     L = cached_prefix(keys, kv.cached, L)
