@@ -475,12 +475,13 @@ def test_replicas_with_client_slots_step():
 
 def test_a_sliding_window_target_takes_decode_windows():
     """gpt-oss (sliding-window layers, a hybrid KV cache): its decode steps take windows, priced with their per-step
-    window key sums; its admitting steps step (no closed form for the prompts beside the decodes)."""
+    window key sums, and so do its admitting steps (the decodes' window key sum, then the prompts' items: each such
+    window is its mixed step)."""
     wl = plain.random_workload(20, 200, 60, 0.5, 0, 2)
     pair = _both(wl, HW["h100-sxm"], model=load_model("gpt-oss-20b"), request_rate=4.0, seed=2)
     ff = _check(pair)
     (_, _, xa, _), _ = pair
-    assert ff is not None and ff.admissions == 0 and ff.steps > 0.8 * xa.iterations
+    assert ff is not None and ff.admissions == 20 and ff.steps > 0.9 * xa.iterations
 
 
 SLIDING = {name: load_model(name) for name in ("gpt-oss-20b", "gpt-oss-120b")}
@@ -567,9 +568,10 @@ def test_decode_batch_terms_equal_the_stepped_terms(B, seed, hw, model, eager, s
 
 def test_a_sliding_window_shape_prices_decodes_with_their_window_sums():
     """Sliding-window layers attend over ``min(c_i + 1, W)`` keys per request, not a function of the batch's total
-    context: a sliding shape (gpt-oss) has no closed form in ``(B, S, cmax)``, and ``mixed_seconds`` refuses it;
-    given each step's ``Ssw = sum_i min(c_i + 1, W)`` its decode batch has one (``sliding_window``), equal to the
-    stepped price bit for bit; a share of sliding layers whose sums depend on their order (5 in 6) has none."""
+    context: a sliding shape (gpt-oss) has no closed form in ``(B, S, cmax)``, and ``mixed_seconds`` refuses it without
+    more; given each step's ``Ssw = sum_i min(c_i + 1, W)`` its decode batch has one (``sliding_window``), and so has
+    an admitting step's (the decodes in closed form, then the prompts' items), equal to the stepped price bit for
+    bit; a share of sliding layers whose sums depend on their order (5 in 6) has none."""
     import dataclasses
     m, h = load_model("gpt-oss-20b"), load_hardware("h100-sxm")
     c = ScalarCost(m, h)
@@ -586,6 +588,10 @@ def test_a_sliding_window_shape_prices_decodes_with_their_window_sums():
             S, cm, sw = int(ctx.sum()), int(ctx.max()), int(np.minimum(ctx + 1, 128).sum())
             assert c.decode_batch_seconds(B, np.array([S]), np.array([cm]), np.array([sw]))[0] == ref
             assert np.all(c.decode_batch_seconds(B, np.full(9, S), np.full(9, cm), np.full(9, sw)) == ref)
+            items = [(1.0, float(x), None, 0.0, 1.0, 0.0) for x in ctx]
+            for pre in ([(float(B + 7), 0.0, None, 0.0, 1.0, 0.0)], [(200.0, 96.0, None, 0.0, 0.0, 0.0),
+                                                                     (31.0, 0.0, None, 0.0, 1.0, 0.0)]):
+                assert c.mixed_seconds(B, S, cm, pre, sw) == c.seconds(items + pre)
     kinds = ["sliding_attention"] * 5 + ["full_attention"]
     five = dataclasses.replace(m, layer_types=tuple(kinds * (m.n_layers // 6)))
     assert ScalarCost(five, h).sliding_window() is None
@@ -719,6 +725,87 @@ def test_kv_in_use_is_filled_forward_from_the_steps_that_changed_it(k, start, ra
     assert got.dtype == np.int64 and got.tolist() == want
 
 
+@settings(max_examples=60, deadline=None)
+@given(groups=st.sampled_from([(1, 1, 8), (2, 1, 12), (1, 2, 5), (2, 0, 0)]),
+       lens=st.lists(st.integers(1, 40), min_size=1, max_size=8), cached=st.integers(0, 6), spare=st.integers(0, 4))
+def test_a_hybrid_caches_decode_takes_are_planned_as_the_block_manager_takes_them(groups, lens, cached, spare):
+    """``_decode_takes`` on a hybrid cache (full and sliding-window groups in one pool): each running request's decode
+    takes blocks of every group and releases the sliding ones wholly before the window, in running order. The free
+    blocks, clean blocks and queue-front evictions it plans are the block manager's after the same ``allocate_one``
+    calls, or None where one of them fails (a clean pool refilled by releases, evictions of cached blocks)."""
+    from types import SimpleNamespace
+    from sim.serving.ff_admission import _decode_takes
+    from sim.serving.kvcache import BlockManager
+    from sim.serving.scheduler import Request
+
+    bs = 4
+    need = sum((groups[0] + groups[1]) * -(-n // bs) for n in lens)   # the prompts' blocks: a few spare
+    bm = BlockManager(need + cached + spare, bs, log_evictions=False)
+    bm.set_kv_groups(*groups)
+    old = Request("old", max(cached, 1) * bs, 1, content=lambda k: ("old", k))
+    if cached and bm.allocate(old, cached * bs):     # cached blocks at the queue's front
+        old.num_computed_tokens = cached * bs
+        bm.free(old)
+    run = []
+    for i, n in enumerate(lens):                       # each has computed n tokens and decodes its next
+        r = Request(f"r{i}", n, 2, content=lambda k, i=i: (i, k))
+        if not bm.allocate(r, n):
+            break
+        r.num_computed_tokens = n
+        r.num_tokens = n + 1
+        run.append(r)
+    c0 = np.array([r.num_computed_tokens for r in run], np.int64)
+    nb = np.array([len(bm.req_blocks[r.req_id]) for r in run], np.int64)
+    m = SimpleNamespace(c0=c0, nb=nb, rids=[r.req_id for r in run])
+    plan = _decode_takes(bm, m, nb * bs - c0 + 1)
+    ev0 = bm.evictions
+    for r in run:
+        if not bm.allocate_one(r):
+            assert plan is None
+            return
+    assert plan == (bm.num_free, bm.n_clean, bm.evictions - ev0)
+
+
+@pytest.mark.parametrize("groups", [(1, 1, 8), (2, 1, 4), (1, 2, 12)])
+@pytest.mark.parametrize("decode_takes", range(0, 9))
+def test_a_hybrid_caches_planned_hits_count_every_groups_takes(groups, decode_takes):
+    """On a hybrid cache an admission also takes its other groups' blocks (the clean ones its preemption released
+    first, then the LRU queue's front): ``_Victims`` counts them, so the hit it plans for the next admission is the
+    hit ``find_cached`` then finds (wrong if only the full group's takes were counted)."""
+    from sim.serving.ff_admission import _Victims
+    from sim.serving.kvcache import BlockManager
+    from sim.serving.scheduler import Request
+
+    def pool():
+        bm = BlockManager(9 * sum(groups[:2]), 4)
+        bm.set_kv_groups(*groups)
+        reqs = [Request(name, 12, 4, content=lambda k, name=name: (name, k)) for name in ("a", "b", "c")]
+        for r in reqs:                       # 3 full blocks of each group each: the pool is full
+            assert bm.allocate(r, 12)
+            r.num_computed_tokens = 12
+        for r in reqs:                       # preempted: the full group's keyed blocks queue, the others are clean
+            bm.free(r)
+            r.num_computed_tokens = 0
+        bm._take_n(decode_takes)             # the decodes' takes
+        return bm, reqs
+
+    bm, reqs = pool()
+    lru, planned = _Victims(bm, bm.n_clean, 0), []
+    for r in reqs:
+        blocks, hit = bm.find_cached(r, count=False)
+        k = lru.cut(blocks)
+        planned.append(k)
+        lru.admit(r, r.num_tokens - k * 4, blocks[:k], k * 4)
+    bm, reqs = pool()
+    found = []
+    for r in reqs:
+        blocks, hit = bm.find_cached(r, count=False)
+        found.append(len(blocks))
+        if not bm.allocate(r, r.num_tokens - hit, blocks, hit):
+            break
+    assert planned[:len(found)] == found
+
+
 @pytest.mark.parametrize("decode_takes,hits", [(0, [2, 2]), (1, [2, 2]), (2, [1, 1]), (3, [0, 0])])
 def test_the_planned_hits_are_the_hits_the_block_manager_then_finds(decode_takes, hits):
     """``_Victims`` plans a step's admissions against the LRU queue: two preempted requests' freed blocks at its
@@ -742,7 +829,8 @@ def test_the_planned_hits_are_the_hits_the_block_manager_then_finds(decode_takes
         return bm, reqs
 
     bm, reqs = pool()
-    lru, planned = _Victims(bm, decode_takes), []
+    lru, planned = _Victims(bm, bm.n_clean, 0), []
+    lru.take(decode_takes)
     for r in reqs:
         blocks, hit = bm.find_cached(r, count=False)
         k = lru.cut(blocks)

@@ -468,17 +468,17 @@ class ParallelCost:
             t += cols[inv.reshape(t.shape), j]
         return t
 
-    def mixed_seconds(self, B: int, S: int, cmax: int, items) -> float:
+    def mixed_seconds(self, B: int, S: int, cmax: int, items, Ssw=None) -> float:
         """:meth:`seconds` of ``B`` one-token decodes (:meth:`ScalarCost.mixed_seconds`'s arguments) followed by
         ``items`` (each running every layer: one stage): the rank's closed form, then the collectives over the
         step's tokens and LM-head rows, in :meth:`stage_seconds`' order."""
         if self.single:
-            return self._one.mixed_seconds(B, S, cmax, items)
+            return self._one.mixed_seconds(B, S, cmax, items, Ssw)
         if not self._one_stage():
             raise ValueError("mixed_seconds: one pipeline stage only")
         if any(it[2] is not None and it[2] != self.m.n_layers for it in items):
             raise ValueError("mixed_seconds: items that run every layer only")
-        t = self.stages[0].mixed_seconds(B, S, cmax, items)
+        t = self.stages[0].mixed_seconds(B, S, cmax, items, Ssw)
         tok, rows = float(B), float(B)
         for it in items:
             if it[0] > 0:

@@ -138,7 +138,7 @@ class ScalarCost:
         """
         return self._terms(self._item_sums(items))
 
-    def mixed_seconds(self, B: int, S: int, cmax: int, items) -> float:
+    def mixed_seconds(self, B: int, S: int, cmax: int, items, Ssw=None) -> float:
         """:meth:`seconds` of ``B`` one-token decodes ``(1, c_i, None, 0, 1, 0)`` (``S = sum_i c_i``, the longest
         ``cmax``) followed by ``items``: the decodes' sums in closed form (:meth:`closed_form`), then the items'
         added to them in turn, as :meth:`_item_sums` adds the stepped batch's::
@@ -147,16 +147,21 @@ class ScalarCost:
             d_ell = L B,  d_ellc = L S,  emb = 2 d B,  nl = L B,  rows = rows_n = B,
             d_cmax = cmax,  lmax = L,  gmax = 1
 
-        (``a``, ``kvt``: the dense or the variant's attention and KV constants). Equal to :meth:`seconds` of the
-        decodes and items one by one while each decode's terms are integers below 2^53 (:meth:`exact_integers`):
-        the decodes' sums are then exact, and the items come after them, as in the stepped order."""
-        if not self.closed_form():
-            raise ValueError("mixed_seconds: the closed form prices dense, MoE and MLA layers only")
+        (``a``, ``kvt``: the dense or the variant's attention and KV constants). A sliding-window shape
+        (:meth:`sliding_window`) reads ``X = (1 - f_sw)(S + B) + f_sw Ssw`` keys for ``S + B`` in ``f_att`` and ``kv``,
+        given ``Ssw = sum_i min(c_i + 1, W)`` (each decode's ``window_keys(1, c_i, W)``). Equal to :meth:`seconds` of
+        the decodes and items one by one while each decode's terms are integers below 2^53 (multiples of 1/4 with
+        sliding layers; :meth:`exact_integers`): the decodes' sums are then exact, and the items come after them,
+        as in the stepped order."""
+        if not self.closed_form() and (Ssw is None or self.sliding_window() is None):
+            raise ValueError("mixed_seconds: the closed form prices dense, MoE and MLA layers, and sliding-window "
+                             "layers given Ssw")
         start = None
         if B:
             L, B, S, cmax = self.L, float(B), float(S), float(cmax)
             att, kvt = (self.att, self.kvt) if self.v is None else (self.v.a_dec, self.v.kvt)
-            start = (2.0 * self.P * L * B, att * L * (S + B), 2.0 * self.dV * B, L * kvt * (S + B), 0.0, L * B, L * S,
+            X = self._decode_keys(B, S, Ssw, FLOAT)[0]
+            start = (2.0 * self.P * L * B, att * L * X, 2.0 * self.dV * B, L * kvt * X, 0.0, L * B, L * S,
                      cmax, 2.0 * self.d * B, 0.0, B * L, B, B, L, 0.0, 1.0, 0.0, True)
         return seconds(self.hw, self._terms(self._item_sums(items, start)), FLOAT, model=self.m, memo=self._waves)
 

@@ -96,7 +96,7 @@ import numpy as np
 
 from sim.serving.ff_admission import Admission, continues, may_admit, plain_branch, plan
 from sim.serving.ff_members import Members, StepTimes
-from sim.serving.ff_blocks import group_events
+from sim.serving.ff_blocks import NEVER, group_events
 from sim.serving.ff_window import Window
 from sim.serving.token_times import TokenTimes, token_times  # noqa: F401  (read here by the engine and tests)
 from sim.serving.scheduler import RUNNING, chunk
@@ -169,9 +169,9 @@ class FastForward:
         self._alone = np.zeros(0)  # a decode's stand-alone seconds by its context (alone_decodes; NaN: not yet)
 
     def alone_decodes(self, c):
-        """Each decode's stand-alone seconds (``decode_batch_seconds(1, c, c)``: the price of a step of that decode
-        alone, ``Engine._attribute``'s weight), remembered by context (a function of it alone) in an array that
-        grows to the longest context seen."""
+        """Each decode's stand-alone seconds (``decode_batch_seconds(1, c, c)``, a sliding-window shape's with ``Ssw =
+        min(c + 1, W)``: the price of a step of that decode alone, ``Engine._attribute``'s weight), remembered by
+        context (a function of it alone) in an array that grows to the longest context seen."""
         c = np.asarray(c, np.int64)
         if not len(c):
             return np.zeros(0)
@@ -184,7 +184,8 @@ class FastForward:
         miss = np.isnan(v)
         if miss.any():
             u = np.unique(c[miss])
-            memo[u] = self.eng.cost.decode_batch_seconds(1, u, u)
+            memo[u] = self.eng.cost.decode_batch_seconds(1, u, u, None if self.window is None else np.minimum(u + 1,
+                                                                                                           self.window))
             v = memo[c]
         return v
 
@@ -261,10 +262,11 @@ class FastForward:
         return (keys, len(out), nblk, chunked or dups)
 
     # ------------------------------------------------------------------ an admission in the first step
-    def _admitting(self, m: Members, f, g, kcap: int, plan: Admission):
+    def _admitting(self, m: Members, f, g, kcap: int, plan: Admission, groups=None):
         """The window whose first step admits ``plan``'s requests: each joins as a newer member, decoding from step
         2 as if it had ``num_tokens - 1`` tokens before step 1 (its blocks and their keys come from the admission
-        itself, so its first block events are after step 1)."""
+        itself, so its first block events are after step 1). A hybrid cache's (``groups``: the members' releases and
+        syncs) ends after that step: the next window reads the joiners' other groups' blocks from the pool."""
         bs = self.eng.kv.block_size
         # the members joining: the tail where its chunk ends its prompt, the admitted but a last chunk (in running
         # order); a request left mid-prompt is none (the window ends after step 1)
@@ -285,8 +287,11 @@ class FastForward:
         gh = np.where(gh == 0, bs, gh)
         f = np.concatenate([f, nb * bs - c + 1])        # >= 2
         g = np.concatenate([g, np.where(gh == 1, gh + bs, gh)])   # the admission keyed the block its prompt fills
+        if groups is not None:   # the joiners' releases and syncs come after step 1, past the window's end
+            never = np.full(len(reqs), NEVER, np.int64)
+            groups = (np.concatenate([groups[0], never]), np.concatenate([groups[1], never]), groups[2])
         resumed = sum(1 for it in plan.items if it.req.num_preemptions)   # counted now: it may be preempted again
-        out = self._apply(Window(self, m, f, g, kcap, (None, 0, 0, False), plan))
+        out = self._apply(Window(self, m, f, g, kcap, (None, 0, 0, False), plan, groups))
         if out is None:   # pragma: no cover - the admission step is always applied
             raise RuntimeError("fast-forward: an admitting window took no step")
         self.admissions += 1
@@ -363,14 +368,14 @@ class FastForward:
         g = np.where(g == 0, bs, g)           # first step at which it fills one
         if self.guarded < GUARDED and len(c0) and not self._guard(c0):
             return None
-        if hd is None or tail is not None:   # the first step is the mixed step: the tail's chunk, admissions
-            adm = plan(eng, m, f, tail)
-            return None if adm is None else self._admitting(m, f, g, kcap, adm)
         groups = None
         if kv.kv_groups is not None:   # a hybrid cache: its releases and syncs (None: a member would take more)
             groups = group_events(kv, c0, m.R)
             if groups is None:
                 return None
+        if hd is None or tail is not None:   # the first step is the mixed step: the tail's chunk, admissions
+            adm = plan(eng, m, f, tail)
+            return None if adm is None else self._admitting(m, f, g, kcap, adm, groups)
         return self._apply(Window(self, m, f, g, kcap, hd, groups=groups))
 
     def _members(self, R):

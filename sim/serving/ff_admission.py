@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.cost.pricing import step_counts
+from sim.serving.kvcache import group_blocks
 from sim.serving.scheduler import RUNNING, chunk
 
 
@@ -49,20 +50,27 @@ class Admission:
 
 class _Victims:
     """One step's takes against the pool's eviction order (vLLM's free-block queue: LRU), planned before the step:
-    ``takes`` blocks taken so far (the decodes'), then each admission's (:meth:`admit`). The blocks an admission
-    hits leave the queue (``held``) before its own takes; the queue is read only as far as asked."""
+    the decodes' takes (:func:`_decode_takes`: ``clean`` blocks left, ``evict`` taken off the queue's front), then
+    each admission's (:meth:`admit`). The blocks an admission hits leave the queue (``held``) before its own takes;
+    the queue is read only as far as asked."""
 
-    def __init__(self, kv, takes: int):
-        self.kv, self.takes = kv, int(takes)
+    def __init__(self, kv, clean: int, evict: int):
+        self.kv, self.clean, self.evict = kv, int(clean), int(evict)
         self.held: set = set()
         self.it = kv.eviction_queue()
         self.seen: list = []
+
+    def take(self, n: int) -> None:
+        """``n`` blocks taken: clean ones first, then the queue's front."""
+        use = min(n, self.clean)
+        self.clean -= use
+        self.evict += n - use
 
     def cut(self, blocks):
         """How many of ``blocks`` (a request's cached chain, in order) the takes so far leave it: the chain stops at
         the first they evict (takes beyond the clean blocks evict the queue's front, the held blocks skipped); None
         where the order is not a queue."""
-        n_evict = self.takes - self.kv.n_clean
+        n_evict = self.evict
         if n_evict <= 0 or not blocks:
             return len(blocks)
         if self.it is None:
@@ -84,16 +92,46 @@ class _Victims:
 
     def admit(self, req, n: int, blocks, hit: int) -> None:
         """``req`` admitted with ``n`` new tokens over its hit ``blocks`` (``hit`` tokens): they leave the queue,
-        and its new blocks are taken (``BlockManager.new_blocks``)."""
+        and its new blocks are taken (``BlockManager.new_blocks``; a hybrid cache's other groups' too)."""
         self.held.update(blocks)
-        self.takes += self.kv.new_blocks(req, n, blocks, hit)
+        kv = self.kv
+        n_take = kv.new_blocks(req, n, blocks, hit)
+        if kv.kv_groups is not None:   # a fresh or resumed request holds no other groups' blocks yet
+            n_take += max(kv._extra_blocks(req, n, blocks, hit) - len(kv._extra.get(req.req_id, ())), 0)
+        self.take(n_take)
+
+
+def _decode_takes(kv, m, f):
+    """Step 1's decodes as the scheduler runs them, each member's ``allocate_one`` in running order (``f``: the step
+    each opens a block at): ``(free, clean, evict)`` -- the free blocks after them, the clean ones left and those
+    taken off the queue's front -- or None where one would not fit at its turn (it would preempt). A hybrid cache's
+    decode also takes its other groups' blocks and releases the sliding ones wholly before the window
+    (``BlockManager._allocate_one_groups``), so its clean blocks are followed member by member."""
+    opens = f == 1
+    if kv.kv_groups is None:
+        t = int(np.count_nonzero(opens))
+        return kv.num_free - t, max(kv.n_clean - t, 0), max(t - kv.n_clean, 0)
+    nb = m.nb + opens
+    want = group_blocks(kv.kv_groups, kv.block_size, nb, m.c0, np.maximum, np.minimum)
+    ext = np.fromiter((len(kv._extra.get(r, ())) for r in m.rids), np.int64, len(m.rids))
+    take, rel = opens + np.maximum(want - ext, 0), np.maximum(ext - want, 0)
+    free, clean, evict = kv.num_free, kv.n_clean, 0
+    for i in np.flatnonzero(take + rel).tolist():   # in running order: its takes, then its releases
+        t = int(take[i])
+        if t > free:
+            return None
+        use = min(t, clean)
+        clean, evict, free = clean - use + int(rel[i]), evict + t - use, free - t + int(rel[i])
+    return free, clean, evict
 
 
 def may_admit(eng, head: bool = True) -> bool:
-    """Whether a window's first step may be vLLM V1's mixed step (``vllm-v1``; :func:`plan`) on one
-    KV-cache group, with a closed form; ``head``: admitting the admissible waiting head, :func:`plain_waiting`."""
-    sched = eng.sched
-    return (sched.cfg.policy == "vllm-v1" and eng.kv.kv_groups is None and eng.cost.closed_form()
+    """Whether a window's first step may be vLLM V1's mixed step (``vllm-v1``; :func:`plan`) with a closed form (a
+    sliding-window shape's given its decodes' window key sum); ``head``: admitting the admissible waiting head,
+    :func:`plain_waiting`."""
+    sched, cost = eng.sched, eng.cost
+    sw = getattr(cost, "sliding_window", None)
+    return (sched.cfg.policy == "vllm-v1" and (cost.closed_form() or (sw is not None and sw() is not None))
             and (not head or plain_waiting(sched.waiting[0])))
 
 
@@ -142,14 +180,14 @@ def plan(eng, m, f, tail=None):
     sched, kv, pricer = eng.sched, eng.kv, eng.pricer
     cfg = sched.cfg
     B0 = len(m.R)
-    takes = int(np.count_nonzero(f == 1))
-    free = kv.num_free - takes
-    if free < 0:
-        return None
+    step1 = _decode_takes(kv, m, f)
+    if step1 is None or step1[0] < 0 or (tail is not None and kv.kv_groups is not None):
+        return None           # a decode preempts, or a hybrid cache's tail (its chunk's groups: not planned)
+    free = step1[0]
     budget = int(cfg.max_num_batched_tokens) - B0
     thr = sched._threshold()
     items, priced, budgets, keyed = [], [], [], set()
-    lru = _Victims(kv, takes)
+    lru = _Victims(kv, step1[1], step1[2])
     tries = 0
     bs = kv.block_size
     t_item = t_priced = open_req = None
@@ -160,7 +198,7 @@ def plan(eng, m, f, tail=None):
         t_item, need, open_req = got
         t_priced = pricer.item(t_item)
         free -= need
-        lru.takes += need
+        lru.take(need)
         budget -= t_item.num_new
         if kv.caching and tail.cacheable:   # the blocks its allocation keys: no admission may hit them
             full = (tail.num_computed_tokens + t_item.num_new) // bs
@@ -245,8 +283,10 @@ def _price(eng, m, priced, items):
     in closed form, then ``items``' cost tuples ``priced`` in turn (+ the eviction-scoring seconds: none here), its
     host time from the same counts -- or None where it takes no time, ends exactly at the next event (a tie:
     stepped), or a fleet's answer falls in the step the next event falls in (after that event: stepped)."""
+    W = eng._ff.window   # a sliding-window shape's: the decodes' window key sum
     dt = eng.cost.mixed_seconds(len(m.R), int(m.c0.sum()), int(m.c0.max()) if len(m.R) else 0,
-                                [t for ts, _ in priced for t in ts]) + 0.0
+                                [t for ts, _ in priced for t in ts],
+                                None if W is None else int(np.minimum(m.c0 + 1, W).sum())) + 0.0
     host, extrapolated = None, 0
     if eng.host_step is not None:
         from sim.cost.overheads import step_seconds

@@ -396,7 +396,9 @@ class Window:
         if np.any(self.fin[old] == 1):
             self.finish(1)
         self.n_alive = int(self.alive.sum())
-        return (open_req is None and self.n_alive != 0 and self._new_head() and self.t_end < self.t_next)
+        # a hybrid cache's window ends here too: its joiners' releases follow the blocks their prompt left (group_events)
+        return (open_req is None and self.groups is None and self.n_alive != 0 and self._new_head()
+                and self.t_end < self.t_next)
 
     def _next(self) -> bool:
         """Apply the next stretch: steps up to the soonest finish, preemption or the window's cap; False: the
