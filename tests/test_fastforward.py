@@ -160,6 +160,21 @@ def test_windows_cover_preemptions_and_finishes():
     assert xa.iterations - ff.steps < xa.stats["preemptions"]
 
 
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_hybrid_caches_windows_cover_preemptions_and_admissions(caching):
+    """gpt-oss under KV pressure, offline: its windows preempt inside (the decodes' takes and releases followed member
+    by member), start with a preemption where the head is admissible but the decodes preempt, and admit in their
+    first step; every figure equal to the stepped run's."""
+    m = load_model("gpt-oss-20b")
+    wl = plain.random_workload(60, 64, 300, 0.5, 0, 3)
+    sv = ServingConfig(kv_capacity_bytes=_kv_bytes(900, 16, m), prefix_caching=caching)
+    pair = _both(wl, HW["h100-sxm"], model=m, serving=sv, offline=True)
+    ff = _check(pair)
+    (_, _, xa, _), _ = pair
+    assert xa.stats["preemptions"] > 20 and ff.admissions > 20
+    assert xa.iterations - ff.steps < xa.stats["preemptions"] and ff.steps > 0.9 * xa.iterations
+
+
 @pytest.mark.parametrize("rate", [math.inf, 400.0])
 @pytest.mark.parametrize("running,tokens", [(6, 1000), (1000, 6)])
 def test_host_steps_past_the_measured_sizes_are_counted_in_windows(rate, running, tokens):

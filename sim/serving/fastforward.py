@@ -40,7 +40,9 @@ events and batch changes*, not tokens:
   queue (:class:`sim.serving.ff_admission._Victims`); no hit another request of the step could change; the batch
   within the fitted range. Otherwise the step is stepped. A step that leaves a request mid-prompt (it is no member:
   ``Scheduler.update`` advances it there) ends its window; the next window takes its next chunk, from the same
-  members. An idle engine's admission is such a window.
+  members. An idle engine's admission is such a window. On a hybrid KV cache (sliding-window layers) the plan follows
+  the decodes' takes and releases member by member and the window ends after its mixed step; where the head is
+  admissible but the decodes preempt, the scheduler admits nobody: the window starts with that preemption.
 
 * **No admission after the first step.** A waiting head is admitted (vLLM V1 with ``scheduler_reserve_full_isl``, and
   prefill-first) iff ``ceil(num_tokens / bs) - (its cached chain blocks that a running request holds)
@@ -94,7 +96,7 @@ import math
 
 import numpy as np
 
-from sim.serving.ff_admission import Admission, continues, may_admit, plain_branch, plan
+from sim.serving.ff_admission import Admission, continues, decodes_preempt, may_admit, plain_branch, plan
 from sim.serving.ff_members import Members, StepTimes
 from sim.serving.ff_blocks import NEVER, group_events
 from sim.serving.ff_window import Window
@@ -206,7 +208,7 @@ class FastForward:
         if getattr(eng, "host_step", None) is not None and not getattr(eng, "windows_price_host", False):
             return False
         # the closed form prices dense, MoE and MLA layers (ScalarCost.closed_form), and a sliding-window shape's
-        # decodes given each step's window key sum (ScalarCost.sliding_window; its admitting steps step: may_admit);
+        # decodes given each step's window key sum (ScalarCost.sliding_window; its admitting steps too: may_admit);
         # a replica shares its clock with others: only as a fleet's (Engine.fleet: the next event none made)
         sliding = getattr(c, "sliding_window", None)
         return (eng.pp_stages == 1 and (eng.settle is None or eng.fleet) and not eng.per_problem
@@ -214,10 +216,11 @@ class FastForward:
                 and c.exact_integers() and (c.closed_form() or (sliding is not None and sliding() is not None)))
 
     # ------------------------------------------------------------------ admissions
-    def head(self):
+    def head(self, lookup: bool = False):
         """The waiting head's admission now. ``None``: it could be admitted (or the rule is not covered): stop.
         Else ``(keys, L, nblk, clean_only)``: ``keys`` its chain keys by position (None: no lookup is counted),
-        ``L`` the length of its cached chain, ``clean_only``: takes must not evict (module docstring)."""
+        ``L`` the length of its cached chain, ``clean_only``: takes must not evict (module docstring). ``lookup``:
+        that tuple and its blocks (``head_need``) even where it fits (a step whose decodes preempt admits none)."""
         sched, kv = self.eng.sched, self.eng.kv
         cfg = sched.cfg
         B = len(sched.running)
@@ -256,7 +259,7 @@ class FastForward:
         if chunked:
             m = chunk(m, int(cfg.max_num_batched_tokens) - B, sched._threshold())
         need = kv.blocks_needed(head, m, blocks, hit)
-        if need <= kv.num_free:
+        if need <= kv.num_free and not lookup:
             return None
         self.head_need = need   # what only blocks keep from it (a hybrid cache's releases: Window._head_fits)
         return (keys, len(out), nblk, chunked or dups)
@@ -375,7 +378,14 @@ class FastForward:
                 return None
         if hd is None or tail is not None:   # the first step is the mixed step: the tail's chunk, admissions
             adm = plan(eng, m, f, tail)
-            return None if adm is None else self._admitting(m, f, g, kcap, adm, groups)
+            if adm is not None:
+                return self._admitting(m, f, g, kcap, adm, groups)
+            if tail is not None or hd is not None or not decodes_preempt(kv, m, f):
+                return None
+            # its decodes preempt, so it admits nobody: a window whose first step preempts (Window._preempting)
+            hd = self.head(lookup=True)
+            if hd is None or B0 == 0:
+                return None
         return self._apply(Window(self, m, f, g, kcap, hd, groups=groups))
 
     def _members(self, R):

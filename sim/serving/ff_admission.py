@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.cost.pricing import step_counts
-from sim.serving.kvcache import group_blocks
+from sim.serving.ff_blocks import hybrid_takes
 from sim.serving.scheduler import RUNNING, chunk
 
 
@@ -105,24 +105,19 @@ def _decode_takes(kv, m, f):
     """Step 1's decodes as the scheduler runs them, each member's ``allocate_one`` in running order (``f``: the step
     each opens a block at): ``(free, clean, evict)`` -- the free blocks after them, the clean ones left and those
     taken off the queue's front -- or None where one would not fit at its turn (it would preempt). A hybrid cache's
-    decode also takes its other groups' blocks and releases the sliding ones wholly before the window
-    (``BlockManager._allocate_one_groups``), so its clean blocks are followed member by member."""
+    are followed member by member (:func:`sim.serving.ff_blocks.hybrid_takes`)."""
     opens = f == 1
     if kv.kv_groups is None:
         t = int(np.count_nonzero(opens))
         return kv.num_free - t, max(kv.n_clean - t, 0), max(t - kv.n_clean, 0)
-    nb = m.nb + opens
-    want = group_blocks(kv.kv_groups, kv.block_size, nb, m.c0, np.maximum, np.minimum)
-    ext = np.fromiter((len(kv._extra.get(r, ())) for r in m.rids), np.int64, len(m.rids))
-    take, rel = opens + np.maximum(want - ext, 0), np.maximum(ext - want, 0)
-    free, clean, evict = kv.num_free, kv.n_clean, 0
-    for i in np.flatnonzero(take + rel).tolist():   # in running order: its takes, then its releases
-        t = int(take[i])
-        if t > free:
-            return None
-        use = min(t, clean)
-        clean, evict, free = clean - use + int(rel[i]), evict + t - use, free - t + int(rel[i])
-    return free, clean, evict
+    free, clean, evict, fail = hybrid_takes(kv, m.c0, m.nb, m.rids, opens)
+    return None if fail is not None else (free, clean, evict)
+
+
+def decodes_preempt(kv, m, f) -> bool:
+    """Whether step 1's decodes would preempt (:func:`_decode_takes`): the scheduler then admits nobody in it."""
+    step1 = _decode_takes(kv, m, f)
+    return step1 is None or step1[0] < 0
 
 
 def may_admit(eng, head: bool = True) -> bool:

@@ -69,6 +69,25 @@ def group_events(kv, c0, R):
     return np.where(r0 >= 1, r0, r0 + (-(-(1 - r0) // bs)) * bs), syncs, excess
 
 
+def hybrid_takes(kv, c, nb, rids, opens):
+    """A hybrid cache's (``kv.kv_groups``) decode step over requests in running order, ``c`` computed tokens each,
+    ``nb`` blocks, ``opens`` where the token opens a block: each ``allocate_one`` takes its blocks of every group,
+    then releases the sliding ones wholly before the window (``BlockManager._allocate_one_groups``). ``(free, clean,
+    evict, fail)``: the free blocks after them, the clean ones left, those taken off the eviction queue's front, and
+    the first request whose takes exceed the free pool at its turn (None where all fit; the figures stop there)."""
+    want = group_blocks(kv.kv_groups, kv.block_size, nb + opens, c, np.maximum, np.minimum)
+    ext = np.fromiter((len(kv._extra.get(r, ())) for r in rids), np.int64, len(rids))
+    take, rel = opens + np.maximum(want - ext, 0), np.maximum(ext - want, 0)
+    free, clean, evict = kv.num_free, kv.n_clean, 0
+    for i in np.flatnonzero(take + rel).tolist():   # in running order: its takes, then its releases
+        t, r = int(take[i]), int(rel[i])
+        if t > free:
+            return free, clean, evict, i
+        use = min(t, clean)
+        clean, evict, free = clean - use + r, evict + t - use, free - t + r
+    return free, clean, evict, None
+
+
 def block_events(kinds, bs: int, a: int, b: int, unique: bool = False):
     """Block events of steps ``a..b`` in (step, running order): ``(steps, request indices)``; each of ``kinds`` the
     members' first event steps, repeating every ``bs`` steps (the opens; the fills unless keyed where a member

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cost.pricing import attribution, equal_shares
-from sim.serving.ff_blocks import block_events, cached_prefix, first_short, window_key_sums
+from sim.serving.ff_blocks import block_events, cached_prefix, first_short, hybrid_takes, window_key_sums
 from sim.serving.ff_members import carried, lazy_keys, write_record
 from sim.serving.scheduler import SchedulerOutput
 from sim.serving.ff_sums import add_in_turn, forward_fill, window_counters
@@ -242,6 +242,10 @@ class Window:
                 sched._preempt(victim, pre_l)
                 if victim is req:
                     break
+        if not pre_l and not self.pf and self.keys is not None:   # none preempted (a hybrid cache's step): the
+            self.L = cached_prefix(self.keys, kv.cached, self.L)    # scheduler then looks the waiting head up
+            kv.queries += self.nblk
+            kv.hits += self.L
         self.used.append((st, kv.num_used))
 
     def preempt_prices(self, s: int, free: int):
@@ -253,26 +257,35 @@ class Window:
         bs = self.bs
         order = np.flatnonzero(alive)
         need, i1 = free, None
-        for q in range(self.ep, len(evs)):
-            if evs[q] != s:
-                if evs[q] > s:
-                    break
-                continue
-            i = who[q]
-            if alive[i] and (s - f[i]) % bs == 0 and s >= f[i]:
-                if need == 0:
-                    i1 = i
-                    break
-                need -= 1
-        r1 = 0 if i1 is None else int(alive[:i1].sum())   # alive requests before the first that cannot take
+        if self.groups is not None:   # a hybrid cache's takes and releases, member by member (None: none fails)
+            fo, hn = f[order], self.ff.head_need
+            left, _, _, i1 = hybrid_takes(self.kv, self.c0[order] + (s - 1), np.array([len(self.blist[i]) for i in order]),
+                                          [self.rids[i] for i in order], (s >= fo) & ((s - fo) % bs == 0))
+            if i1 is None and hn is not None and left >= hn:
+                return None   # no decode preempts, and the waiting head may be admitted after them
+            r1 = len(order) if i1 is None else i1
+        else:
+            for q in range(self.ep, len(evs)):
+                if evs[q] != s:
+                    if evs[q] > s:
+                        break
+                    continue
+                i = who[q]
+                if alive[i] and (s - f[i]) % bs == 0 and s >= f[i]:
+                    if need == 0:
+                        i1 = i
+                        break
+                    need -= 1
+            r1 = 0 if i1 is None else int(alive[:i1].sum())   # alive requests before the first that cannot take
         if r1 == 0:
             return None
         if self.t_next == np.inf:   # nothing on the clock (offline): the outcome is priced once it is known
             return r1, None
         ctx = self.c0[order] + (s - 1)
-        cand = np.arange(r1, len(order), dtype=np.int64)   # the batch sizes the preemptions can leave
+        cand = np.arange(r1, max(len(order), r1 + 1), dtype=np.int64)   # the batch sizes the preemptions can leave
         sums, mx = np.cumsum(ctx), np.maximum.accumulate(ctx)
-        dtc = self.eng._window_seconds(cand, sums[cand - 1], mx[cand - 1])
+        sw = None if self.W is None else np.cumsum(np.minimum(ctx + 1, self.W))[cand - 1]
+        dtc = self.eng._window_seconds(cand, sums[cand - 1], mx[cand - 1], sw)
         if dtc is None or not np.all(self.t_end + dtc < self.t_next) or not np.all(dtc > 0):
             return None
         return r1, dtc
@@ -417,7 +430,7 @@ class Window:
                 e, pre = fit - 1, fit
         if e >= s:
             return self._decode(s, e, nf, self.n_alive, mask)
-        if pre is None or self.clean_only or self.groups is not None:
+        if pre is None or self.clean_only:
             self.blocked = pre is not None
             return False
         return self._preempting(pre, free)
@@ -504,7 +517,8 @@ class Window:
             raise RuntimeError("fast-forward: a preemption left fewer requests than planned")
         if dtc is None:
             ctx = self.c0[alive] + (s - 1)
-            dt = self.eng._window_seconds(n_alive, np.array([int(ctx.sum())]), np.array([int(ctx.max())]))
+            sw = None if self.W is None else np.array([int(np.minimum(ctx + 1, self.W).sum())])
+            dt = self.eng._window_seconds(n_alive, np.array([int(ctx.sum())]), np.array([int(ctx.max())]), sw)
             if dt is None or not dt[0] > 0:   # pragma: no cover - a decode step takes time
                 raise RuntimeError("fast-forward: a preempting step priced no time")
         else:
