@@ -508,19 +508,20 @@ SLIDING = {name: load_model(name) for name in ("gpt-oss-20b", "gpt-oss-120b")}
        prefix=st.sampled_from([0, 0, 64, 160]), seed=st.integers(0, 50), blocks=st.sampled_from([None, 120, 300, 800]),
        bs=st.sampled_from([16, 16, 8]), rate=st.sampled_from([math.inf, 4.0, 20.0, 80.0]),
        policy=st.sampled_from(["vllm-v1", "vllm-v1", "prefill-first"]), caching=st.booleans(),
-       model=st.sampled_from(sorted(SLIDING)), tp=st.sampled_from([1, 1, 2]))
+       model=st.sampled_from(sorted(SLIDING)), tp=st.sampled_from([1, 1, 2]), tokens=st.sampled_from([None, 96, 512]))
 def test_sliding_window_targets_take_windows_with_the_stepped_figures(n, il, ol, rr, prefix, seed, blocks, bs, rate,
-                                                                       policy, caching, model, tp):
+                                                                       policy, caching, model, tp, tokens):
     """A hybrid KV cache's windows (``group_events``): each open and each release of blocks before the sliding
     window is the block manager's own allocation; a step that might run the pool short, or let the waiting head
     fit by the blocks releases free (``Window._head_fits``), ends the window. Prefix hits, KV pressure, arrivals,
-    both schedulers, tensor parallelism: every figure equal to the stepped run's."""
+    both schedulers, tensor parallelism, chunked prefills (a token budget below the prompts): every figure equal to
+    the stepped run's."""
     m = SLIDING[model]
     tp = 4 if model == "gpt-oss-120b" else tp   # its 16-bit weights fit 4 H100s
     wl = plain.random_workload(n, il, ol, rr, prefix, seed)
     need = 2 * int(((wl.input_lens + wl.output_lens).max() + bs - 1) // bs)   # a request's blocks of both groups
     kvb = None if blocks is None else _kv_bytes(max(blocks, need), bs, m)
-    sv = ServingConfig(scheduler=policy, prefix_caching=caching, kv_capacity_bytes=kvb)
+    sv = ServingConfig(scheduler=policy, prefix_caching=caching, kv_capacity_bytes=kvb, max_num_batched_tokens=tokens)
     offline = math.isinf(rate)
     kw = dict(serving=sv, block_size=bs, seed=seed, offline=offline, model=m, tensor_parallel_size=tp)
     if not offline:

@@ -176,8 +176,8 @@ def plan(eng, m, f, tail=None):
     cfg = sched.cfg
     B0 = len(m.R)
     step1 = _decode_takes(kv, m, f)
-    if step1 is None or step1[0] < 0 or (tail is not None and kv.kv_groups is not None):
-        return None           # a decode preempts, or a hybrid cache's tail (its chunk's groups: not planned)
+    if step1 is None or step1[0] < 0:
+        return None           # a decode preempts
     free = step1[0]
     budget = int(cfg.max_num_batched_tokens) - B0
     thr = sched._threshold()
@@ -194,6 +194,10 @@ def plan(eng, m, f, tail=None):
         t_priced = pricer.item(t_item)
         free -= need
         lru.take(need)
+        if kv.kv_groups is not None:   # then its sliding blocks wholly before the window go back to the clean pool
+            rel = max(len(kv._extra.get(tail.req_id, ())) - kv._extra_blocks(tail, t_item.num_new, ()), 0)
+            free += rel
+            lru.clean += rel
         budget -= t_item.num_new
         if kv.caching and tail.cacheable:   # the blocks its allocation keys: no admission may hit them
             full = (tail.num_computed_tokens + t_item.num_new) // bs
