@@ -190,14 +190,11 @@ def plan(eng, m, f, tail=None):
         got = _tail_chunk(sched, kv, tail, budget, thr, free, B0)
         if got is None:
             return None
-        t_item, need, open_req = got
+        t_item, need, rel, open_req = got
         t_priced = pricer.item(t_item)
-        free -= need
+        free += rel - need
         lru.take(need)
-        if kv.kv_groups is not None:   # then its sliding blocks wholly before the window go back to the clean pool
-            rel = max(len(kv._extra.get(tail.req_id, ())) - kv._extra_blocks(tail, t_item.num_new, ()), 0)
-            free += rel
-            lru.clean += rel
+        lru.clean += rel
         budget -= t_item.num_new
         if kv.caching and tail.cacheable:   # the blocks its allocation keys: no admission may hit them
             full = (tail.num_computed_tokens + t_item.num_new) // bs
@@ -265,8 +262,10 @@ def _hit_at_turn(kv, head, lru, keyed):
 
 def _tail_chunk(sched, kv, tail, budget: int, thr: int, free: int, B0: int):
     """The running tail's next chunk, scheduled after the ``B0`` decodes (``Scheduler._run_running``): ``(item,
-    blocks it takes, tail or None)`` -- the tail where the chunk leaves it mid-prompt -- or None where its blocks
-    do not fit (it would preempt), or a long-prefill threshold cuts it with budget left an admission would take."""
+    blocks it takes, blocks it releases, tail or None)`` -- a hybrid cache's sliding blocks wholly before the window
+    go back to the clean pool after its takes; the tail where the chunk leaves it mid-prompt -- or None where its
+    blocks do not fit (it would preempt), or a long-prefill threshold cuts it with budget left an admission would
+    take."""
     pend = tail.num_tokens - tail.num_computed_tokens
     nt = chunk(pend, budget, thr)
     need = kv.blocks_needed(tail, nt)
@@ -274,7 +273,8 @@ def _tail_chunk(sched, kv, tail, budget: int, thr: int, free: int, B0: int):
         return None
     if nt < pend and budget - nt > 0 and sched.waiting and sched._room(budget - nt, B0 + 1):
         return None
-    return sched._item(tail, nt, False), need, (tail if nt < pend else None)
+    rel = 0 if kv.kv_groups is None else max(len(kv._extra.get(tail.req_id, ())) - kv._extra_blocks(tail, nt, ()), 0)
+    return sched._item(tail, nt, False), need, rel, (tail if nt < pend else None)
 
 
 def _price(eng, m, priced, items):

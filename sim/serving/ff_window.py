@@ -69,7 +69,8 @@ class Window:
         self.eager = kv.caching and not self.lazy
         self.carry = None                      # the members alive at its end (close), carried to the next window
         # a hybrid KV cache (kv.kv_groups): each event is the block manager's own allocate(req, 1), and a step that
-        # might run short of blocks (an open taking one block of every group, releases not counted) ends the window
+        # might run short of blocks (an open taking one block of every group, releases not counted) is followed
+        # member by member (preempt_prices: ff_blocks.hybrid_takes)
         self.groups = groups
         self.per_open = 1 if groups is None else kv.kv_groups[0] + kv.kv_groups[1]
         self.W = ff.window                     # a sliding-window shape's window (its closed form), or None
