@@ -861,3 +861,51 @@ def test_the_planned_hits_are_the_hits_the_block_manager_then_finds(decode_takes
         if r is reqs[0]:                     # (the pool of 6 has no room for the second: its hit is the point)
             assert bm.allocate(r, r.num_tokens - hit, blocks, hit)
     assert planned == found == hits
+
+
+@settings(max_examples=300, deadline=None)
+@given(B0=st.integers(1, 12), bs=st.sampled_from([1, 4, 16]), a=st.integers(1, 60), span=st.integers(0, 90),
+       firsts=st.lists(st.lists(st.integers(-40, 70), min_size=12, max_size=12), min_size=1, max_size=3),
+       never=st.booleans(), unique=st.booleans())
+def test_block_events_are_each_members_first_step_repeating_every_block(B0, bs, a, span, firsts, never, unique):
+    """``block_events``: every ``(step, member)`` with ``step = f + j bs >= a`` (``j >= 0``) up to ``b``, in step
+    then running order (one per pair where kinds may coincide): the numpy lanes and the few-members Python lane
+    against the definition, one event at a time."""
+    from sim.serving import ff_blocks
+    b = a + span
+    kinds = tuple(np.array(f[:B0], np.int64) for f in firsts) + ((np.full(B0, ff_blocks.NEVER, np.int64),) if never
+                                                                  else ())
+    want = [(st, i) for kind in kinds for i, f in enumerate(kind.tolist()) for st in range(f, b + 1, bs) if st >= a]
+    want = sorted(set(want)) if unique or bs == 1 else sorted(want)
+    for small in (0, 8, 64):   # numpy only, the default, Python for every size here
+        old = ff_blocks.SMALL_BATCH
+        ff_blocks.SMALL_BATCH = small
+        try:
+            steps, who = ff_blocks.block_events(kinds, bs, a, b, unique)
+        finally:
+            ff_blocks.SMALL_BATCH = old
+        assert list(zip(steps, who)) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(fa=st.lists(st.integers(-40, 70), min_size=1, max_size=14), bs=st.sampled_from([1, 4, 16]),
+       s=st.integers(1, 60), span=st.integers(0, 90), free=st.integers(0, 30))
+def test_first_short_is_the_first_step_whose_takes_exceed_the_pool(fa, bs, s, span, free):
+    """``first_short``: the first step of ``s..e`` at which the opens so far (member i at ``f_i + j bs``, ``j >= 0``)
+    exceed ``free``, or None; the numpy lane and the few-members Python lane against the step-by-step count."""
+    from sim.serving import ff_blocks
+    e = s + span
+    want, n = None, 0
+    for stp in range(s, e + 1):
+        n += sum(1 for f in fa if stp >= f and (stp - f) % bs == 0)
+        if n > free:
+            want = stp
+            break
+    for small in (0, 64):
+        old = ff_blocks.SMALL_BATCH
+        ff_blocks.SMALL_BATCH = small
+        try:
+            got = ff_blocks.first_short(np.array(fa, np.int64), bs, s, e, free)
+        finally:
+            ff_blocks.SMALL_BATCH = old
+        assert got == want

@@ -9,6 +9,8 @@ import numpy as np
 
 from sim.serving.kvcache import group_blocks
 
+SMALL_BATCH = 8   # block events and takes of at most this many members in Python (numpy's per-call cost dominates)
+
 
 def takes(fa, bs: int, a: int, b: int) -> int:
     """Blocks the requests with first opens ``fa`` open at steps ``a..b``.
@@ -16,6 +18,8 @@ def takes(fa, bs: int, a: int, b: int) -> int:
     Request i opens at ``fa_i + j * bs`` (``j >= 0``), so it opens ``max((b - fa_i) // bs + 1, 0) -
     max((a - 1 - fa_i) // bs + 1, 0)`` blocks in ``a..b``.
     """
+    if isinstance(fa, list):   # a few members (first_short's Python lane)
+        return sum(max((b - f) // bs + 1, 0) - max((a - 1 - f) // bs + 1, 0) for f in fa)
     hi = np.maximum((b - fa) // bs + 1, 0)
     lo = np.maximum((a - 1 - fa) // bs + 1, 0)
     return int((hi - lo).sum())
@@ -24,11 +28,15 @@ def takes(fa, bs: int, a: int, b: int) -> int:
 def first_short(fa, bs: int, s: int, e: int, free: int):
     """The first step of ``s..e`` whose takes (by the requests with first opens ``fa``) exceed the ``free`` blocks
     (it preempts), or None."""
-    nt = fa + np.maximum(-(-(s - fa) // bs), 0) * bs      # each request's next take, >= s
+    if len(fa) <= SMALL_BATCH:   # a few members: in Python (the same integers)
+        fa = fa.tolist()
+        nt = [f + max(-(-(s - f) // bs), 0) * bs for f in fa]
+    else:
+        nt = fa + np.maximum(-(-(s - fa) // bs), 0) * bs      # each request's next take, >= s
     if free < len(nt):
         # every request takes at most once in bs steps: the (free + 1)-th take is the
         # (free + 1)-th smallest next take if that falls within them
-        q = int(np.partition(nt, free)[free])
+        q = int(sorted(nt)[free] if isinstance(nt, list) else np.partition(nt, free)[free])
         if q < s + bs and q <= e:
             return q
     if takes(fa, bs, s, e) <= free:
@@ -93,6 +101,12 @@ def block_events(kinds, bs: int, a: int, b: int, unique: bool = False):
     members' first event steps, repeating every ``bs`` steps (the opens; the fills unless keyed where a member
     leaves, ``Window.lazy``; a hybrid cache's releases). ``unique``: kinds whose events may coincide (one call)."""
     B0 = len(kinds[0])
+    if B0 <= SMALL_BATCH:   # a few members (a low rate's window): in Python, the same keys without numpy's per-call cost
+        key = sorted({st * B0 + i for kind in kinds for i, f in enumerate(kind.tolist())
+                      for st in range(f + max(-(-(a - f) // bs), 0) * bs, b + 1, bs)} if bs == 1 or unique else
+                     [st * B0 + i for kind in kinds for i, f in enumerate(kind.tolist())
+                      for st in range(f + max(-(-(a - f) // bs), 0) * bs, b + 1, bs)])
+        return [k // B0 for k in key], [k % B0 for k in key]
     if b - a < bs:   # fewer steps than a block: each request opens (fills) at most one block in them
         keys = []
         for st in kinds:
