@@ -41,8 +41,9 @@ events and batch changes*, not tokens:
   within the fitted range. Otherwise the step is stepped. A step that leaves a request mid-prompt (it is no member:
   ``Scheduler.update`` advances it there) ends its window; the next window takes its next chunk, from the same
   members. An idle engine's admission is such a window. On a hybrid KV cache (sliding-window layers) the plan follows
-  the decodes' takes and releases member by member and the window ends after its mixed step; where the head is
-  admissible but the decodes preempt, the scheduler admits nobody: the window starts with that preemption.
+  the decodes' takes and releases member by member, and past the mixed step the window reads its members'
+  releases from the pool (``ff_blocks.regroup``); where the head is admissible but the decodes preempt, the
+  scheduler admits nobody: the window starts with that preemption.
 
 * **No admission after the first step.** A waiting head is admitted (vLLM V1 with ``scheduler_reserve_full_isl``, and
   prefill-first) iff ``ceil(num_tokens / bs) - (its cached chain blocks that a running request holds)
@@ -261,7 +262,7 @@ class FastForward:
         need = kv.blocks_needed(head, m, blocks, hit)
         if need <= kv.num_free and not lookup:
             return None
-        self.head_need = need   # what only blocks keep from it (a hybrid cache's releases: Window._head_fits)
+        self.head_need = need   # what only blocks keep from it (a hybrid cache's releases: ff_blocks.head_fits)
         return (keys, len(out), nblk, chunked or dups)
 
     # ------------------------------------------------------------------ an admission in the first step
@@ -269,7 +270,7 @@ class FastForward:
         """The window whose first step admits ``plan``'s requests: each joins as a newer member, decoding from step
         2 as if it had ``num_tokens - 1`` tokens before step 1 (its blocks and their keys come from the admission
         itself, so its first block events are after step 1). A hybrid cache's (``groups``: the members' releases and
-        syncs) ends after that step: the next window reads the joiners' other groups' blocks from the pool."""
+        syncs) reads every member's from the pool after that step (``Window._regroup``)."""
         bs = self.eng.kv.block_size
         # the members joining: the tail where its chunk ends its prompt, the admitted but a last chunk (in running
         # order); a request left mid-prompt is none (the window ends after step 1)
@@ -290,7 +291,7 @@ class FastForward:
         gh = np.where(gh == 0, bs, gh)
         f = np.concatenate([f, nb * bs - c + 1])        # >= 2
         g = np.concatenate([g, np.where(gh == 1, gh + bs, gh)])   # the admission keyed the block its prompt fills
-        if groups is not None:   # the joiners' releases and syncs come after step 1, past the window's end
+        if groups is not None:   # the joiners' releases and syncs: none in step 1 (Window._regroup reads them after it)
             never = np.full(len(reqs), NEVER, np.int64)
             groups = (np.concatenate([groups[0], never]), np.concatenate([groups[1], never]), groups[2])
         resumed = sum(1 for it in plan.items if it.req.num_preemptions)   # counted now: it may be preempted again

@@ -77,6 +77,34 @@ def group_events(kv, c0, R):
     return np.where(r0 >= 1, r0, r0 + (-(-(1 - r0) // bs)) * bs), syncs, excess
 
 
+def head_fits(kv, groups, head_need: int, sync_step: int, alive, s: int, e: int):
+    """A hybrid cache's releases free blocks inside a window (``groups``: :func:`group_events`' arrays, their syncs
+    shedding their excess at ``sync_step``): the first step of ``s..e`` at which the waiting head's ``head_need``
+    blocks (``FastForward.head_need``, which only grows as its cached chain is evicted) might be free -- the free
+    pool now plus every release up to it, the takes not counted -- or None."""
+    _, sliding, _ = kv.kv_groups   # the blocks each release frees
+    short = head_need - kv.num_free - (groups[2] if s <= sync_step else 0)
+    if short <= 0:
+        return s
+    if not sliding:
+        return None
+    return first_short(groups[0][alive], kv.block_size, s, e, -(-short // sliding) - 1)
+
+
+def regroup(kv, c0, R, alive):
+    """A hybrid cache's window past its mixed step (members ``R`` with ``c0`` tokens computed before it, ``alive``):
+    each alive member's releases and syncs read from the pool as step 1 left it (:func:`group_events` of its tokens
+    then: a joiner sheds its prompt's extra blocks at its first decode), one window step later, the others NEVER;
+    None where one would take more than an open's blocks."""
+    live = np.flatnonzero(alive)
+    ge = group_events(kv, c0[live] + 1, [R[i] for i in live])
+    if ge is None:
+        return None
+    rel, syn = np.full(len(R), NEVER, np.int64), np.full(len(R), NEVER, np.int64)
+    rel[live], syn[live] = ge[0] + 1, ge[1] + 1
+    return rel, syn, ge[2]
+
+
 def hybrid_takes(kv, c, nb, rids, opens):
     """A hybrid cache's (``kv.kv_groups``) decode step over requests in running order, ``c`` computed tokens each,
     ``nb`` blocks, ``opens`` where the token opens a block: each ``allocate_one`` takes its blocks of every group,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cost.pricing import attribution, equal_shares
-from sim.serving.ff_blocks import block_events, cached_prefix, first_short, hybrid_takes, window_key_sums
+from sim.serving.ff_blocks import (block_events, cached_prefix, first_short, head_fits, hybrid_takes, regroup,
+                                   window_key_sums)
 from sim.serving.ff_members import carried, lazy_keys, write_record
 from sim.serving.scheduler import SchedulerOutput
 from sim.serving.ff_sums import add_in_turn, forward_fill, window_counters
@@ -73,6 +74,7 @@ class Window:
         # member by member (preempt_prices: ff_blocks.hybrid_takes)
         self.groups = groups
         self.per_open = 1 if groups is None else kv.kv_groups[0] + kv.kv_groups[1]
+        self.sync_step = 1                     # the step its syncs shed their extra blocks at (_regroup: 2)
         self.W = ff.window                     # a sliding-window shape's window (its closed form), or None
 
     # ------------------------------------------------------------------ helpers of the steps
@@ -182,18 +184,6 @@ class Window:
         if cur < b:
             used.append((b, kv.num_used))
         self.ep, self.L, self.hits = ep, L, hits
-
-    def _head_fits(self, alive, s: int, e: int):
-        """A hybrid cache's releases free blocks inside the window: the first step of ``s..e`` at which the waiting
-        head's blocks (``FastForward.head_need``, which only grows as its cached chain is evicted) might be free --
-        the free pool now plus every release up to it, the takes not counted -- or None."""
-        _, sliding, _ = self.kv.kv_groups   # the blocks each release frees
-        short = self.ff.head_need - self.kv.num_free - (self.groups[2] if s <= 1 else 0)
-        if short <= 0:
-            return s
-        if not sliding:
-            return None
-        return first_short(self.groups[0][alive], self.bs, s, e, -(-short // sliding) - 1)
 
     def preempt_step(self, st: int) -> None:
         """Step ``st``, whose takes exceed the pool: the scheduler's own preemptions (newest first) as
@@ -410,9 +400,17 @@ class Window:
         if np.any(self.fin[old] == 1):
             self.finish(1)
         self.n_alive = int(self.alive.sum())
-        # a hybrid cache's window ends here too: its joiners' releases follow the blocks their prompt left (group_events)
-        return (open_req is None and self.groups is None and self.n_alive != 0 and self._new_head()
+        return (open_req is None and self.n_alive != 0 and (self.groups is None or self._regroup()) and self._new_head()
                 and self.t_end < self.t_next)
+
+    def _regroup(self) -> bool:
+        """A hybrid cache's window past its mixed step takes its members' releases and syncs from the pool
+        (:func:`sim.serving.ff_blocks.regroup`); False: the window ends."""
+        got = regroup(self.kv, self.c0, self.R, self.alive)
+        if got is not None:
+            self.groups, self.sync_step = got, 2
+            self.evs, self.who, self.ep, self.gen_to = [], [], 0, 1   # step 2 on, from these
+        return got is not None
 
     def _next(self) -> bool:
         """Apply the next stretch: steps up to the soonest finish, preemption or the window's cap; False: the
@@ -426,7 +424,7 @@ class Window:
         if pre is not None:
             e = pre - 1
         if self.groups is not None and self.ff.head_need is not None:
-            fit = self._head_fits(alive, s, e)
+            fit = head_fits(self.kv, self.groups, self.ff.head_need, self.sync_step, alive, s, e)
             if fit is not None:   # the waiting head may fit there (releases freed blocks): the window ends before
                 e, pre = fit - 1, fit
         if e >= s:
