@@ -166,12 +166,12 @@ def test_a_hybrid_caches_windows_cover_preemptions_and_admissions(caching):
     by member), start with a preemption where the head is admissible but the decodes preempt, and admit in their
     first step; every figure equal to the stepped run's."""
     m = load_model("gpt-oss-20b")
-    wl = plain.random_workload(60, 64, 300, 0.5, 0, 3)
-    sv = ServingConfig(kv_capacity_bytes=_kv_bytes(900, 16, m), prefix_caching=caching)
+    wl = plain.random_workload(150, 16, 300, 0.0, 0, 3)   # short prompts: the head often fits where decodes preempt
+    sv = ServingConfig(kv_capacity_bytes=_kv_bytes(600, 16, m), prefix_caching=caching)
     pair = _both(wl, HW["h100-sxm"], model=m, serving=sv, offline=True)
     ff = _check(pair)
     (_, _, xa, _), _ = pair
-    assert xa.stats["preemptions"] > 20 and ff.admissions > 20
+    assert xa.stats["preemptions"] > 20 and ff.admissions > 20 and ff.preempt_first > 0
     assert xa.iterations - ff.steps < xa.stats["preemptions"] and ff.steps > 0.9 * xa.iterations
 
 
@@ -745,12 +745,12 @@ def test_kv_in_use_is_filled_forward_from_the_steps_that_changed_it(k, start, ra
 @given(groups=st.sampled_from([(1, 1, 8), (2, 1, 12), (1, 2, 5), (2, 0, 0)]),
        lens=st.lists(st.integers(1, 40), min_size=1, max_size=8), cached=st.integers(0, 6), spare=st.integers(0, 4))
 def test_a_hybrid_caches_decode_takes_are_planned_as_the_block_manager_takes_them(groups, lens, cached, spare):
-    """``_decode_takes`` on a hybrid cache (full and sliding-window groups in one pool): each running request's decode
+    """``decode_takes`` on a hybrid cache (full and sliding-window groups in one pool): each running request's decode
     takes blocks of every group and releases the sliding ones wholly before the window, in running order. The free
     blocks, clean blocks and queue-front evictions it plans are the block manager's after the same ``allocate_one``
     calls, or None where one of them fails (a clean pool refilled by releases, evictions of cached blocks)."""
     from types import SimpleNamespace
-    from sim.serving.ff_admission import _decode_takes
+    from sim.serving.ff_admission import decode_takes
     from sim.serving.kvcache import BlockManager
     from sim.serving.scheduler import Request
 
@@ -773,7 +773,7 @@ def test_a_hybrid_caches_decode_takes_are_planned_as_the_block_manager_takes_the
     c0 = np.array([r.num_computed_tokens for r in run], np.int64)
     nb = np.array([len(bm.req_blocks[r.req_id]) for r in run], np.int64)
     m = SimpleNamespace(c0=c0, nb=nb, rids=[r.req_id for r in run])
-    plan = _decode_takes(bm, m, nb * bs - c0 + 1)
+    plan = decode_takes(bm, m, nb * bs - c0 + 1)
     ev0 = bm.evictions
     for r in run:
         if not bm.allocate_one(r):
@@ -782,44 +782,56 @@ def test_a_hybrid_caches_decode_takes_are_planned_as_the_block_manager_takes_the
     assert plan == (bm.num_free, bm.n_clean, bm.evictions - ev0)
 
 
-@pytest.mark.parametrize("groups", [(1, 1, 8), (2, 1, 4), (1, 2, 12)])
-@pytest.mark.parametrize("decode_takes", range(0, 9))
-def test_a_hybrid_caches_planned_hits_count_every_groups_takes(groups, decode_takes):
-    """On a hybrid cache an admission also takes its other groups' blocks (the clean ones its preemption released
-    first, then the LRU queue's front): ``_Victims`` counts them, so the hit it plans for the next admission is the
-    hit ``find_cached`` then finds (wrong if only the full group's takes were counted)."""
-    from sim.serving.ff_admission import _Victims
+def _preempted_pool(names, blocks: int, groups=None):
+    """A full pool of ``blocks`` 4-token blocks whose requests ``names`` (12 tokens each: 3 full blocks of each group)
+    were all preempted: the full group's keyed blocks queue in LRU order (``a2 a1 a0 b2 ...``, tail first), a
+    hybrid cache's other groups' blocks are clean."""
     from sim.serving.kvcache import BlockManager
     from sim.serving.scheduler import Request
-
-    def pool():
-        bm = BlockManager(9 * sum(groups[:2]), 4)
+    bm = BlockManager(blocks, 4)
+    if groups is not None:
         bm.set_kv_groups(*groups)
-        reqs = [Request(name, 12, 4, content=lambda k, name=name: (name, k)) for name in ("a", "b", "c")]
-        for r in reqs:                       # 3 full blocks of each group each: the pool is full
-            assert bm.allocate(r, 12)
-            r.num_computed_tokens = 12
-        for r in reqs:                       # preempted: the full group's keyed blocks queue, the others are clean
-            bm.free(r)
-            r.num_computed_tokens = 0
-        bm._take_n(decode_takes)             # the decodes' takes
-        return bm, reqs
+    reqs = [Request(name, 12, 4, content=lambda k, name=name: (name, k)) for name in names]
+    for r in reqs:
+        assert bm.allocate(r, 12)
+        r.num_computed_tokens = 12
+    for r in reqs:
+        bm.free(r)
+        r.num_computed_tokens = 0
+    return bm, reqs
 
+
+def _planned_and_found_hits(pool, decode_takes: int):
+    """The hit (in blocks) ``_Victims`` plans for each request of ``pool()`` admitted in turn after ``decode_takes``
+    blocks taken by the decodes, and the hit ``find_cached`` finds when the block manager makes the same takes and
+    admissions, up to the first that does not fit."""
+    from sim.serving.ff_admission import _Victims
     bm, reqs = pool()
     lru, planned = _Victims(bm, bm.n_clean, 0), []
+    lru.take(decode_takes)
     for r in reqs:
-        blocks, hit = bm.find_cached(r, count=False)
-        k = lru.cut(blocks)
-        planned.append(k)
-        lru.admit(r, r.num_tokens - k * 4, blocks[:k], k * 4)
+        blocks, _ = bm.find_cached(r, count=False)
+        planned.append(lru.cut(blocks))
+        lru.admit(r, r.num_tokens - planned[-1] * 4, blocks[:planned[-1]], planned[-1] * 4)
     bm, reqs = pool()
+    bm._take_n(decode_takes)
     found = []
     for r in reqs:
         blocks, hit = bm.find_cached(r, count=False)
         found.append(len(blocks))
         if not bm.allocate(r, r.num_tokens - hit, blocks, hit):
             break
-    assert planned[:len(found)] == found
+    return planned[:len(found)], found
+
+
+@pytest.mark.parametrize("groups", [(1, 1, 8), (2, 1, 4), (1, 2, 12)])
+@pytest.mark.parametrize("decode_takes", range(0, 9))
+def test_a_hybrid_caches_planned_hits_count_every_groups_takes(groups, decode_takes):
+    """On a hybrid cache an admission also takes its other groups' blocks (the clean ones its preemption released
+    first, then the LRU queue's front): ``_Victims`` counts them, so the hit it plans for the next admission is the
+    hit ``find_cached`` then finds (wrong if only the full group's takes were counted)."""
+    planned, found = _planned_and_found_hits(lambda: _preempted_pool("abc", 9 * sum(groups[:2]), groups), decode_takes)
+    assert planned == found
 
 
 @pytest.mark.parametrize("decode_takes,hits", [(0, [2, 2]), (1, [2, 2]), (2, [1, 1]), (3, [0, 0])])
@@ -828,38 +840,8 @@ def test_the_planned_hits_are_the_hits_the_block_manager_then_finds(decode_takes
     front (tail first), ``decode_takes`` blocks taken by the decodes, then each admission's hits held and its new
     blocks taken. The hit it plans for each is the hit ``find_cached`` finds when the block manager does the
     same takes (wrong if an admission's evictable hits were counted as takes, or the held blocks were not
-    skipped)."""
-    from sim.serving.ff_admission import _Victims
-    from sim.serving.kvcache import BlockManager
-    from sim.serving.scheduler import Request
-
-    def pool():
-        bm = BlockManager(6, 4)
-        reqs = [Request(name, 12, 4) for name in ("a", "b")]
-        for r in reqs:                       # 3 full blocks each: the pool is full, every block keyed
-            assert bm.allocate(r, 12)
-            r.num_computed_tokens = 12
-        for r in reqs:                       # preempted: queue a2 a1 a0 b2 b1 b0
-            bm.free(r)
-            r.num_computed_tokens = 0
-        return bm, reqs
-
-    bm, reqs = pool()
-    lru, planned = _Victims(bm, bm.n_clean, 0), []
-    lru.take(decode_takes)
-    for r in reqs:
-        blocks, hit = bm.find_cached(r, count=False)
-        k = lru.cut(blocks)
-        planned.append(k)
-        lru.admit(r, r.num_tokens - k * 4, blocks[:k], k * 4)
-    bm, reqs = pool()
-    bm._take_n(decode_takes)                 # the decodes' takes, then each admission as the scheduler makes it
-    found = []
-    for r in reqs:
-        blocks, hit = bm.find_cached(r, count=False)
-        found.append(len(blocks))
-        if r is reqs[0]:                     # (the pool of 6 has no room for the second: its hit is the point)
-            assert bm.allocate(r, r.num_tokens - hit, blocks, hit)
+    skipped). The pool of 6 has no room for the second admission: its hit is the point."""
+    planned, found = _planned_and_found_hits(lambda: _preempted_pool("ab", 6), decode_takes)
     assert planned == found == hits
 
 

@@ -434,11 +434,14 @@ def test_hybrid_kv_groups_charge_each_request_its_sliding_blocks():
                           kv_cap=None, block_content=lambda k: ("r", k), block_depth=lambda k: k)
     assert bm.allocate(req, 1000)
     assert bm.num_used == 63 + 63                      # the prefill chunk: both groups hold all its blocks
-    held = []
+    held, taken = [], list(bm._extra["r"])              # every sliding block, in the order taken (a take is new)
     for c in range(1000, 1400):
         req.num_computed_tokens = c
         assert bm.allocate_one(req)
-        held.append(len(bm._extra["r"]))
+        ext = bm._extra["r"]
+        taken += [b for b in ext if all(b is not x for x in taken[-len(ext):])]
+        assert all(b is x for b, x in zip(ext, taken[-len(ext):]))   # the oldest leave first, as vLLM frees them
+        held.append(len(ext))
         want = -(-(c + 1) // 16) - max(0, c - 128 + 1) // 16
         assert held[-1] == want and bm.num_used == -(-(c + 1) // 16) + want
         bm.check()

@@ -97,7 +97,7 @@ import math
 
 import numpy as np
 
-from sim.serving.ff_admission import Admission, continues, decodes_preempt, may_admit, plain_branch, plan
+from sim.serving.ff_admission import Admission, continues, decode_takes, may_admit, plain_branch, plan
 from sim.serving.ff_members import Members, StepTimes
 from sim.serving.ff_blocks import NEVER, group_events
 from sim.serving.ff_window import Window
@@ -169,6 +169,7 @@ class FastForward:
         self.resumed = 0          # preempted requests admitted again in a window's first step
         self.tails = 0            # windows whose first step took the running tail's next prompt chunk
         self.open_ends = 0        # windows of one mixed step that left a request mid-prompt (a chunk)
+        self.preempt_first = 0    # windows whose first step preempts, the waiting head admissible (it admits none)
         self._alone = np.zeros(0)  # a decode's stand-alone seconds by its context (alone_decodes; NaN: not yet)
 
     def alone_decodes(self, c):
@@ -378,15 +379,17 @@ class FastForward:
             if groups is None:
                 return None
         if hd is None or tail is not None:   # the first step is the mixed step: the tail's chunk, admissions
-            adm = plan(eng, m, f, tail)
-            if adm is not None:
-                return self._admitting(m, f, g, kcap, adm, groups)
-            if tail is not None or hd is not None or not decodes_preempt(kv, m, f):
+            step1 = decode_takes(kv, m, f)
+            if step1 is not None:
+                adm = plan(eng, m, f, step1, tail)
+                return None if adm is None else self._admitting(m, f, g, kcap, adm, groups)
+            if tail is not None:
                 return None
             # its decodes preempt, so it admits nobody: a window whose first step preempts (Window._preempting)
             hd = self.head(lookup=True)
             if hd is None or B0 == 0:
                 return None
+            self.preempt_first += 1
         return self._apply(Window(self, m, f, g, kcap, hd, groups=groups))
 
     def _members(self, R):

@@ -50,7 +50,7 @@ class Admission:
 
 class _Victims:
     """One step's takes against the pool's eviction order (vLLM's free-block queue: LRU), planned before the step:
-    the decodes' takes (:func:`_decode_takes`: ``clean`` blocks left, ``evict`` taken off the queue's front), then
+    the decodes' takes (:func:`decode_takes`: ``clean`` blocks left, ``evict`` taken off the queue's front), then
     each admission's (:meth:`admit`). The blocks an admission hits leave the queue (``held``) before its own takes;
     the queue is read only as far as asked."""
 
@@ -101,23 +101,18 @@ class _Victims:
         self.take(n_take)
 
 
-def _decode_takes(kv, m, f):
+def decode_takes(kv, m, f):
     """Step 1's decodes as the scheduler runs them, each member's ``allocate_one`` in running order (``f``: the step
     each opens a block at): ``(free, clean, evict)`` -- the free blocks after them, the clean ones left and those
-    taken off the queue's front -- or None where one would not fit at its turn (it would preempt). A hybrid cache's
-    are followed member by member (:func:`sim.serving.ff_blocks.hybrid_takes`)."""
+    taken off the queue's front -- or None where one would not fit at its turn (it preempts, and the scheduler
+    then admits nobody in the step). A hybrid cache's are followed member by member
+    (:func:`sim.serving.ff_blocks.hybrid_takes`)."""
     opens = f == 1
     if kv.kv_groups is None:
         t = int(np.count_nonzero(opens))
-        return kv.num_free - t, max(kv.n_clean - t, 0), max(t - kv.n_clean, 0)
+        return None if t > kv.num_free else (kv.num_free - t, max(kv.n_clean - t, 0), max(t - kv.n_clean, 0))
     free, clean, evict, fail = hybrid_takes(kv, m.c0, m.nb, m.rids, opens)
     return None if fail is not None else (free, clean, evict)
-
-
-def decodes_preempt(kv, m, f) -> bool:
-    """Whether step 1's decodes would preempt (:func:`_decode_takes`): the scheduler then admits nobody in it."""
-    step1 = _decode_takes(kv, m, f)
-    return step1 is None or step1[0] < 0
 
 
 def may_admit(eng, head: bool = True) -> bool:
@@ -157,10 +152,11 @@ def plain_waiting(req) -> bool:
     return not req.num_computed_tokens and _decodes_after_prompt(req, 0)
 
 
-def plan(eng, m, f, tail=None):
+def plan(eng, m, f, step1, tail=None):
     """The plan of a window's first step (:class:`Admission`) where it is vLLM V1's mixed step (:func:`may_admit`),
     made without changing anything, or None (stepped). ``m``: the members (running, decoding), ``f``: the step each
-    opens a block at, ``tail``: the newest running request, mid-prompt (:func:`continues`), or None.
+    opens a block at, ``step1``: their decodes' takes in step 1 (:func:`decode_takes`: they fit), ``tail``: the
+    newest running request, mid-prompt (:func:`continues`), or None.
 
     ``Scheduler._schedule_v1`` runs the running requests first (each member decodes, ``f == 1`` opening a block; the
     tail takes its next chunk within the budget left), then admits waiting requests in order while the token budget
@@ -175,9 +171,6 @@ def plan(eng, m, f, tail=None):
     sched, kv, pricer = eng.sched, eng.kv, eng.pricer
     cfg = sched.cfg
     B0 = len(m.R)
-    step1 = _decode_takes(kv, m, f)
-    if step1 is None or step1[0] < 0:
-        return None           # a decode preempts
     free = step1[0]
     budget = int(cfg.max_num_batched_tokens) - B0
     thr = sched._threshold()

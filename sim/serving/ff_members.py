@@ -7,9 +7,9 @@ starts where the last ended (``env.now``), no iteration was stepped since (``Sch
 running list is the members, in order (then the request the last window's mixed step left mid-prompt, if any).
 Their request objects and problem records are written only where a member leaves (it finishes or is preempted:
 :meth:`sim.serving.ff_window.Window.close`) or the chain ends (:meth:`Members.flush`, before anything else reads
-them: the engine steps, or a window starts afresh). What is written is what each window would have written: lengths are a function of the steps taken, a decode phase is
-the same float sums in the same order, iteration counts add, peaks are maxima, and token times are the window
-steps' end times (:class:`StepTimes`).
+them: the engine steps, or a window starts afresh). What is written is what each window would have written:
+lengths are a function of the steps taken, a decode phase is the same float sums in the same order, iteration
+counts add, peaks are maxima, and token times are the window steps' end times (:class:`StepTimes`).
 """
 from __future__ import annotations
 

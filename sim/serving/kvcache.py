@@ -318,15 +318,8 @@ class BlockManager:
         if total > len(blks):
             blks += self._take_n(total - len(blks))
         if self.kv_groups is not None:
-            want = self._extra_blocks(req, n_new, computed, hit_tokens)
-            ext = self._extra.setdefault(rid, [])
-            if want > len(ext):
-                ext += self._take_n(want - len(ext))
-            while len(ext) > want:     # sliding blocks wholly before the window go back to the pool
-                self._release(ext.pop(0))
-        used = self.num_used
-        if used > self.peak_used:
-            self.peak_used = used
+            self._fit_groups(self._extra.setdefault(rid, []), self._extra_blocks(req, n_new, computed, hit_tokens))
+        self._mark_peak()
         if self.caching and req.cacheable:
             full = (int(req.num_computed_tokens) + hit + int(n_new)) // self.block_size
             self._register(req, blks, full)
@@ -378,16 +371,22 @@ class BlockManager:
             return False
         if new:
             blks += self._take_n(new)
-        if want > len(ext):
-            ext += self._take_n(want - len(ext))
-        while len(ext) > want:     # sliding blocks wholly before the window go back to the pool
-            self._release(ext.pop(0))
-        used = self.num_used
-        if used > self.peak_used:
-            self.peak_used = used
+        self._fit_groups(ext, want)
+        self._mark_peak()
         if self.caching and req.cacheable and (c + 1) // bs > self._n_keyed.get(rid, 0):
             self._register(req, blks, (c + 1) // bs)
         return True
+
+    def _fit_groups(self, ext: list, want: int) -> None:
+        """A request's other KV-cache groups' blocks ``ext`` brought to ``want``: taken, or the sliding blocks wholly
+        before the window back to the pool, oldest first."""
+        if want > len(ext):
+            ext += self._take_n(want - len(ext))
+        while len(ext) > want:
+            self._release(ext.pop(0))
+
+    def _mark_peak(self) -> None:
+        self.peak_used = max(self.peak_used, self.num_used)
 
     def _register(self, req, blks: list, full: int) -> None:
         """Key the full blocks ``[n_keyed, full)`` of ``req`` (``blks`` its block table)."""
