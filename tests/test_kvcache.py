@@ -7,13 +7,15 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from policies.blocks import FIFO, LRU, RSBCM
+from sim.serving.kvblock import token_blocks
 from sim.serving.kvcache import BlockManager, KVCacheError, chain_keys
 from sim.serving.scheduler import Request
 
 
 def _req(rid, tokens, out=1, **kw):
     bs = kw.pop("bs", 4)
-    r = Request(rid, len(tokens), out, content=lambda k: tuple(tokens[k * bs:(k + 1) * bs]), **kw)
+    full = token_blocks(tokens, bs)   # the prompt's blocks as the engine keys them; past them, a generated block k
+    r = Request(rid, len(tokens), out, content=lambda k: full[k] if k < len(full) else ("gen", k), **kw)
     r.__dict__["_bs"] = bs
     return r
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 ROOT_KEY = 0x9E3779B97F4A7C15  # parent key of a sequence's first block
 UNLIMITED = 1 << 62            # "no capacity limit" in blocks (nothing is allocated per block)
 
@@ -15,20 +17,27 @@ class KVCacheError(ValueError):
 def block_key(parent: int, content) -> int:
     """Key of a full block: ``hash((parent_key, content))``.
 
-    Python's hash of a tuple of ints (and of tuples of them) does not depend on
-    ``PYTHONHASHSEED``, so keys are the same in every run; like vLLM's builtin
-    hash option it is 64-bit and not collision-proof (a collision merges two
+    Python's hash of an int (and of tuples of ints) does not depend on ``PYTHONHASHSEED``, so keys are the same
+    in every run; like vLLM's builtin hash option it is 64-bit and not collision-proof (a collision merges two
     blocks; at 2^-64 per pair it is ignored, as vLLM's default does).
     """
     return hash((parent, content))
 
 
+def token_blocks(ids, block_size: int) -> list:
+    """The contents of the full blocks of token ids ``ids`` (an int64 array, or ints): each block's ids as int64,
+    read as one ``8 block_size``-byte number (``int.from_bytes``: a fixed width, so equal blocks give equal numbers
+    and different ones different numbers), made without a Python int per token."""
+    ids = np.ascontiguousarray(ids, np.int64)
+    n = len(ids) // block_size
+    return list(map(int.from_bytes, ids[:n * block_size].view(f"V{8 * block_size}").tolist()))
+
+
 def chain_keys(tokens, block_size: int, parent: int = ROOT_KEY) -> list[int]:
-    """Keys of the full blocks of ``tokens`` (a sequence of ints), chained from ``parent``."""
+    """Keys of the full blocks of ``tokens`` (token ids), chained from ``parent``."""
     out = []
-    t = list(map(int, tokens))
-    for k in range(len(t) // block_size):
-        parent = block_key(parent, tuple(t[k * block_size:(k + 1) * block_size]))
+    for c in token_blocks(tokens, block_size):
+        parent = block_key(parent, c)
         out.append(parent)
     return out
 

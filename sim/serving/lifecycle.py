@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.serving.kvblock import token_blocks
 from sim.serving.scheduler import Request
 from sim.workload.job import KIND_NAMES, Job
 
@@ -71,28 +72,29 @@ def _plan_ids(pos: int, job: Job) -> list:
 
 
 class _Content:
-    """Block ``k``'s content (``content(k)``): its token ids inside the prompt, else the branch's generated block
-    ``k``; :meth:`range` gives blocks ``m..n-1`` at once (a prompt's keys are made in one pass)."""
+    """Block ``k``'s content (``content(k)``): inside the prompt its token ids (:func:`sim.serving.kvblock.token_blocks`),
+    else the branch's generated block ``k``; :meth:`range` gives blocks ``m..n-1`` at once (a prompt's keys are made
+    in one pass)."""
 
     __slots__ = ("pos", "tag", "ids", "bs", "n_full")
 
     def __init__(self, pos, b, ids, bs, tag):
-        self.pos, self.tag, self.ids, self.bs = pos, tag, ids, bs
+        self.pos, self.tag, self.bs = pos, tag, bs
+        self.ids = np.ascontiguousarray(ids, np.int64)
         self.n_full = len(ids) // bs
 
     def __call__(self, k):
         if k < self.n_full:
             bs = self.bs
-            return tuple(self.ids[k * bs:(k + 1) * bs].tolist())
+            return token_blocks(self.ids[k * bs:(k + 1) * bs], bs)[0]
         return ("gen", self.pos, self.tag, k)
 
     def range(self, m: int, n: int) -> list:
         bs, hi = self.bs, min(n, self.n_full)
-        out = list(map(tuple, self.ids[m * bs:hi * bs].reshape(-1, bs).tolist())) if hi > m else []
+        out = token_blocks(self.ids[m * bs:hi * bs], bs) if hi > m else []
         pos, tag = self.pos, self.tag
         out += [("gen", pos, tag, k) for k in range(max(m, hi), n)]
         return out
-
 
 
 class ProblemLifecycle:
