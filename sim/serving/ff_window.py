@@ -242,8 +242,8 @@ class Window:
     def preempt_prices(self, s: int, free: int):
         """Step ``s`` preempts: ``(r1, dtc)``, the alive requests before the first take the pool cannot give and
         the step's seconds for every batch size ``r1..`` its preemptions can leave (None where nothing is on the
-        clock: no outcome can pass an event), or None where none is planned or some outcome could end at or past
-        the next event (the window ends before ``s``)."""
+        clock: no outcome can pass an event), or None where none is planned or some outcome could end on the next
+        event, or past it in a fleet (the window ends before ``s``)."""
         alive, evs, who, f = self.alive, self.evs, self.who, self.f
         bs = self.bs
         order = np.flatnonzero(alive)
@@ -277,7 +277,13 @@ class Window:
         sums, mx = np.cumsum(ctx), np.maximum.accumulate(ctx)
         sw = None if self.W is None else np.cumsum(np.minimum(ctx + 1, self.W))[cand - 1]
         dtc = self.eng._window_seconds(cand, sums[cand - 1], mx[cand - 1], sw)
-        if dtc is None or not np.all(self.t_end + dtc < self.t_next) or not np.all(dtc > 0):
+        if dtc is None or not np.all(dtc > 0):
+            return None
+        ends = self.t_end + dtc
+        # each outcome ends before the next event, or after it (then it is the window's last step, as a decode step
+        # the event falls in); never on it (a tie is stepped). A fleet's answers in that step would come after the
+        # event (Window._decode steps them): there every outcome ends before it
+        if not (np.all(ends < self.t_next) if self.eng.fleet else np.all(ends != self.t_next)):
             return None
         return r1, dtc
 
@@ -415,6 +421,8 @@ class Window:
     def _next(self) -> bool:
         """Apply the next stretch: steps up to the soonest finish, preemption or the window's cap; False: the
         window ends."""
+        if self.t_end > self.t_next:   # pragma: no cover - the step the next event fell in was the window's last
+            raise RuntimeError("fast-forward: a window step would start after the next event")
         alive, kv, s = self.alive, self.kv, self.s
         mask = alive.copy()
         nf = int(self.fin[alive].min())
@@ -500,7 +508,7 @@ class Window:
 
     def _preempting(self, s: int, free: int) -> bool:
         """Step ``s`` preempts: its batch is the alive requests before some rank, priced for every outcome
-        first, so that none can end past the next event."""
+        first, so that none can end on the next event; the one that ends past it ends the window."""
         alive = self.alive
         self.s = s
         self.ensure(s)
@@ -524,13 +532,14 @@ class Window:
             dt = dtc[n_alive - r1: n_alive - r1 + 1]   # the alive requests are the first n_alive: priced above
         self.segs.append((dt, n_alive, mask))
         self.t_end = float(self.t_end + float(dt[0]))
+        cross = self.t_end > self.t_next   # the next event falls in this step: the window's last
         done = n_alive > 0 and int(self.fin[alive].min()) == s
         self.s = s + 1
         if done:
             self.finish(s)
             n_alive = int(alive.sum())
         self.n_alive = n_alive
-        return n_alive != 0 and self._new_head()
+        return n_alive != 0 and self._new_head() and not cross
 
     def close(self, k: int):
         """Counters, records and timelines of the window's ``k`` steps (module docstring of
