@@ -175,6 +175,18 @@ def test_a_hybrid_caches_windows_cover_preemptions_and_admissions(caching):
     assert xa.iterations - ff.steps < xa.stats["preemptions"] and ff.steps > 0.9 * xa.iterations
 
 
+def test_windows_start_where_the_decodes_leave_the_admissible_head_short():
+    """Under arrivals and KV pressure, with a shared prefix (the head's lookups count): where the waiting head fits
+    before the step's decodes take their blocks but not after, vLLM V1 tries it and admits nobody; the window starts
+    there as a decode step with the head's lookup counted. Every figure equal to the stepped run's."""
+    wl = plain.random_workload(200, 64, 100, 0.5, 32, 5)
+    sv = ServingConfig(kv_capacity_bytes=_kv_bytes(300, 16))
+    pair = _both(wl, HW["h100-sxm"], serving=sv, request_rate=400.0, seed=5)
+    ff = _check(pair)
+    (_, _, xa, _), _ = pair
+    assert xa.stats["preemptions"] > 20 and ff.head_short > 0
+
+
 @pytest.mark.parametrize("rate", [math.inf, 400.0])
 @pytest.mark.parametrize("running,tokens", [(6, 1000), (1000, 6)])
 def test_host_steps_past_the_measured_sizes_are_counted_in_windows(rate, running, tokens):

@@ -43,7 +43,9 @@ events and batch changes*, not tokens:
   members. An idle engine's admission is such a window. On a hybrid KV cache (sliding-window layers) the plan follows
   the decodes' takes and releases member by member, and past the mixed step the window reads its members'
   releases from the pool (``ff_blocks.regroup``); where the head is admissible but the decodes preempt, the
-  scheduler admits nobody: the window starts with that preemption.
+  scheduler admits nobody: the window starts with that preemption. Where the head fits before the step's decodes
+  take their blocks but not after, the scheduler tries it and admits nobody: the window starts with a decode step,
+  the head's lookup counted (``FastForward.head_short``).
 
 * **No admission after the first step.** A waiting head is admitted (vLLM V1 with ``scheduler_reserve_full_isl``, and
   prefill-first) iff ``ceil(num_tokens / bs) - (its cached chain blocks that a running request holds)
@@ -64,7 +66,7 @@ events and batch changes*, not tokens:
   before the next event on the clock, but the last may be the step the event falls in (it must end strictly
   after it: a tie is stepped): the event's callbacks (an arrival, a client's slot, the API server) only queue
   work that the next step's schedule reads, so they see nothing the window changed; a preempting step is priced for every batch size its
-  preemptions can leave before it is applied. End times ``t_j = t_{j-1} + dt_j`` are ``numpy.cumsum``
+  preemptions can leave before it is applied (none may end on the event; the one past it is the window's last). End times ``t_j = t_{j-1} + dt_j`` are ``numpy.cumsum``
   of ``[now, dt_1..dt_k]``, which adds left to right as simpy's clock does (equal floats); so are
   ``busy``, ``run_time`` and each problem's decode phase (``dt_j / B_j`` a step); the clock lands on the
   window's end exactly (:func:`exact_delays`).
@@ -97,7 +99,7 @@ import math
 
 import numpy as np
 
-from sim.serving.ff_admission import Admission, continues, decode_takes, may_admit, plain_branch, plan
+from sim.serving.ff_admission import HEAD_SHORT, Admission, continues, decode_takes, may_admit, plain_branch, plan
 from sim.serving.ff_members import Members, StepTimes
 from sim.serving.ff_blocks import NEVER, group_events
 from sim.serving.ff_window import Window
@@ -170,6 +172,7 @@ class FastForward:
         self.tails = 0            # windows whose first step took the running tail's next prompt chunk
         self.open_ends = 0        # windows of one mixed step that left a request mid-prompt (a chunk)
         self.preempt_first = 0    # windows whose first step preempts, the waiting head admissible (it admits none)
+        self.head_short = 0       # windows whose first step leaves the admissible waiting head short (it admits none)
         self._alone = np.zeros(0)  # a decode's stand-alone seconds by its context (alone_decodes; NaN: not yet)
 
     def alone_decodes(self, c):
@@ -380,16 +383,20 @@ class FastForward:
                 return None
         if hd is None or tail is not None:   # the first step is the mixed step: the tail's chunk, admissions
             step1 = decode_takes(kv, m, f)
-            if step1 is not None:
-                adm = plan(eng, m, f, step1, tail)
-                return None if adm is None else self._admitting(m, f, g, kcap, adm, groups)
-            if tail is not None:
+            adm = None if step1 is None else plan(eng, m, f, step1, tail)
+            if adm is not None and adm is not HEAD_SHORT:
+                return self._admitting(m, f, g, kcap, adm, groups)
+            if tail is not None or (step1 is not None and adm is None):
                 return None
-            # its decodes preempt, so it admits nobody: a window whose first step preempts (Window._preempting)
+            # its decodes preempt, or leave the head short: it admits nobody, a window whose first step decodes (and
+            # preempts: Window._preempting) with the head's lookup counted
             hd = self.head(lookup=True)
             if hd is None or B0 == 0:
                 return None
-            self.preempt_first += 1
+            if step1 is None:
+                self.preempt_first += 1
+            else:
+                self.head_short += 1
         return self._apply(Window(self, m, f, g, kcap, hd, groups=groups))
 
     def _members(self, R):

@@ -152,6 +152,9 @@ def plain_waiting(req) -> bool:
     return not req.num_computed_tokens and _decodes_after_prompt(req, 0)
 
 
+HEAD_SHORT = "head short"   # plan's answer where the step's decodes leave the waiting head short: it admits nobody
+
+
 def plan(eng, m, f, step1, tail=None):
     """The plan of a window's first step (:class:`Admission`) where it is vLLM V1's mixed step (:func:`may_admit`),
     made without changing anything, or None (stepped). ``m``: the members (running, decoding), ``f``: the step each
@@ -167,6 +170,8 @@ def plan(eng, m, f, step1, tail=None):
     known at its turn (:func:`_hit_at_turn`); the batch is within the fitted range; the step, priced as stepped
     (:func:`_price`), does not end exactly at the next event. The window ends after the step where a request is left
     mid-prompt (``open_req``), the next event falls in it or a waiting request could be admitted in the next.
+    :data:`HEAD_SHORT` where no tail runs and the waiting head, tried after the decodes' takes, does not fit: the
+    step admits nobody (a plain decode step, the head's lookup counted).
     """
     sched, kv, pricer = eng.sched, eng.kv, eng.pricer
     cfg = sched.cfg
@@ -222,7 +227,10 @@ def plan(eng, m, f, step1, tail=None):
         if kv.caching and head.cacheable:
             keyed.update(kv.keys_upto(head, (hit + n) // bs)[:(hit + n) // bs])
     budgets.append(budget)   # what a failed try was given (tries > len(items))
-    if (not items and tail is None) or (eng.max_batch is not None and running + len(items) > eng.max_batch):
+    if not items and tail is None:
+        # the head, admissible before the decodes, is tried after their takes and does not fit: nobody is admitted
+        return HEAD_SHORT if tries else None
+    if eng.max_batch is not None and running + len(items) > eng.max_batch:
         return None
     price = _price(eng, m, priced if tail is None else [t_priced] + priced, items if tail is None else [t_item] + items)
     if price is None:
