@@ -120,7 +120,8 @@ def _timed(env, arr: Timed, pseq: int, slots, api, submit, sent):
 
 
 def run_until_empty(env: simpy.Environment, accelerators) -> int:
-    """Step ``env`` until no event is left; re-raise an accelerator process's failure at once.
+    """Step ``env`` until no event is left; re-raise an accelerator process's failure at once (simpy's ``step``
+    raises a copy of a failed process's exception where nothing waits on it: the original is raised instead).
     Returns the number of simpy events processed."""
     step = env.step
     n_ev = 0
@@ -128,12 +129,14 @@ def run_until_empty(env: simpy.Environment, accelerators) -> int:
         while True:
             step()
             n_ev += 1
-            for a in accelerators:
-                if a.triggered and not a.ok:
-                    raise a.value
     except simpy.core.EmptySchedule:
         pass
+    except BaseException:
+        for a in accelerators:
+            if a.triggered and not a.ok:
+                raise a.value from None
+        raise
     for a in accelerators:
-        if a.triggered and not a.ok:  # pragma: no cover - re-raised above
+        if a.triggered and not a.ok:  # pragma: no cover - a failure nothing waited on raised above
             raise a.value
     return n_ev
