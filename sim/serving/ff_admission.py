@@ -170,8 +170,7 @@ def plan(eng, m, f, step1, tail=None):
     known at its turn (:func:`_hit_at_turn`); the batch is within the fitted range; the step, priced as stepped
     (:func:`_price`), does not end exactly at the next event. The window ends after the step where a request is left
     mid-prompt (``open_req``), the next event falls in it or a waiting request could be admitted in the next.
-    :data:`HEAD_SHORT` where no tail runs and the waiting head, tried after the decodes' takes, does not fit: the
-    step admits nobody (a plain decode step, the head's lookup counted).
+    :data:`HEAD_SHORT`: no tail, and the head does not fit after the decodes' takes (a decode step: its lookup).
     """
     sched, kv, pricer = eng.sched, eng.kv, eng.pricer
     cfg = sched.cfg
@@ -227,8 +226,7 @@ def plan(eng, m, f, step1, tail=None):
         if kv.caching and head.cacheable:
             keyed.update(kv.keys_upto(head, (hit + n) // bs)[:(hit + n) // bs])
     budgets.append(budget)   # what a failed try was given (tries > len(items))
-    if not items and tail is None:
-        # the head, admissible before the decodes, is tried after their takes and does not fit: nobody is admitted
+    if not items and tail is None:   # the head, tried after the decodes' takes, does not fit: nobody is admitted
         return HEAD_SHORT if tries else None
     if eng.max_batch is not None and running + len(items) > eng.max_batch:
         return None

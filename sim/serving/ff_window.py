@@ -2,8 +2,8 @@
 
 :class:`Window` holds what the window's steps share -- the alive set, the block events generated so far, the
 head's cached chain, the priced segments, KV in use -- so each step is a method: :meth:`Window.process` (block
-events of steps that take within the pool), :meth:`Window.preempt_step` (the step whose takes exceed it),
-:meth:`Window.finish` (requests sampling their last token), :meth:`Window.close` (counters, records,
+events of steps that take within the pool) and :meth:`Window.preempt_step` (the step whose takes exceed it), both
+from :class:`sim.serving.ff_walk.BlockWalk`, :meth:`Window.finish` (requests sampling their last token), :meth:`Window.close` (counters, records,
 timelines). :class:`sim.serving.fastforward.FastForward` finds a window and runs one of these.
 """
 from __future__ import annotations
@@ -11,15 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cost.pricing import attribution, equal_shares
-from sim.serving.ff_blocks import (block_events, cached_prefix, first_short, head_fits, hybrid_takes, regroup,
+from sim.serving.ff_blocks import (block_events, first_short, head_fits, hybrid_takes, regroup,
                                    window_key_sums)
 from sim.serving.ff_members import carried, lazy_keys, write_record
+from sim.serving.ff_walk import BlockWalk
 from sim.serving.scheduler import SchedulerOutput
 from sim.serving.ff_sums import add_in_turn, forward_fill, window_counters
 from sim.workload.job import KIND_NAMES
 
 
-class Window:
+class Window(BlockWalk):
     """The decode window starting now of ``ff``'s engine over the running requests (its members).
 
     Parameters
@@ -123,122 +124,6 @@ class Window:
         return True
 
     # ------------------------------------------------------------------ the steps
-    def process(self, a: int, b: int) -> None:
-        """Block events of steps a..b (no take fails), as ``allocate_one`` makes them (a hybrid cache's: ``allocate``
-        itself); the head's lookups."""
-        self.ensure(b)
-        kv, keys, used, bs = self.kv, self.keys, self.used, self.bs
-        evs, who, ep, L, hits = self.evs, self.who, self.ep, self.L, self.hits
-        al, blist, cl, reg, rids, R = self.al, self.blist, self.cl, self.reg, self.rids, self.R
-        nkeyed = kv._n_keyed
-        cur = a
-        ev0 = kv.evictions
-        n = len(evs)
-        if self.pf and keys is not None:
-            hits += L            # prefill-first looks the head up before the step's decodes allocate
-        take, register, eager, nblocks = kv._take, kv._register, self.eager, kv.num_blocks
-        groups = self.groups is not None
-        while ep < n and evs[ep] <= b:
-            st, i = evs[ep], who[ep]
-            ep += 1
-            if not al[i]:
-                continue
-            if st != cur:
-                if keys is not None:
-                    hits += L * (st - cur)
-                used.append((cur, kv.num_used))
-                cur = st
-            if groups:   # a hybrid cache: the stepped allocation itself (its groups' takes and releases, in order)
-                R[i].num_computed_tokens = cl[i] + st - 1
-                if not kv.allocate_one(R[i]):   # pragma: no cover - planned within the pool (allocate(req, 1)'s lane)
-                    raise RuntimeError("fast-forward: a planned block allocation failed")
-                if keys is not None and kv.evictions != ev0:   # its takes may evict several blocks
-                    L = cached_prefix(keys, kv.cached, L)
-                    ev0 = kv.evictions
-                continue
-            blks = blist[i]
-            tokens = cl[i] + st                 # the token this step computes, 1-based
-            if tokens > len(blks) * bs:         # it opens a block (allocate_one's second lane)
-                free = kv.n_clean + len(kv._evictable)
-                if free < 1:   # pragma: no cover - planned within the pool
-                    raise RuntimeError("fast-forward: a planned block allocation failed")
-                blks.append(take())
-                u = nblocks - free + 1          # num_used after the take
-                if u > kv.peak_used:
-                    kv.peak_used = u
-                if eager and reg[i] and nkeyed.get(rids[i], 0) < tokens // bs:   # else _register is a no-op
-                    register(R[i], blks, tokens // bs)
-                if keys is not None and kv.evictions != ev0:   # the take evicted (one block at most)
-                    pos = keys.get(kv.last_evicted)
-                    if pos is not None and pos < L:
-                        L = pos
-                    ev0 = kv.evictions
-            elif reg[i] and tokens % bs == 0:   # it fills one: its key (the first lane)
-                register(R[i], blks, tokens // bs)
-        if keys is not None:
-            hits += L * (b - cur if self.pf else b + 1 - cur)
-            kv.queries += self.nblk * (b + 1 - a)
-            kv.hits += hits
-            hits = 0
-        used.append((cur, kv.num_used))
-        if cur < b:
-            used.append((b, kv.num_used))
-        self.ep, self.L, self.hits = ep, L, hits
-
-    def preempt_step(self, st: int) -> None:
-        """Step ``st``, whose takes exceed the pool: the scheduler's own preemptions (newest first) as
-        ``_run_running`` makes them; no admission in this step."""
-        self.ensure(st)
-        kv, sched = self.kv, self.sched
-        pre_l = []
-        if self.pf and self.keys is not None:   # prefill-first tried the head before the decodes preempted
-            kv.queries += self.nblk
-            kv.hits += self.L
-        evs, who, lazy = self.evs, self.who, self.lazy
-        bulk, al = lazy and self.groups is None, self.al
-        while self.ep < len(evs) and evs[self.ep] <= st:
-            if bulk:
-                # the opens the pool can give, in running order: allocate_one's second lane each, in one _take_n
-                free, q, takers = kv.n_clean + len(kv._evictable), self.ep, []
-                while q < len(evs) and evs[q] <= st and len(takers) < free:
-                    if al[who[q]]:
-                        takers.append(who[q])
-                    q += 1
-                if takers:
-                    for i, b in zip(takers, kv._take_n(len(takers))):
-                        self.blist[i].append(b)
-                    u = kv.num_blocks - free + len(takers)   # num_used after the takes
-                    if u > kv.peak_used:
-                        kv.peak_used = u
-                self.ep = q
-                if not (q < len(evs) and evs[q] <= st):
-                    break
-            i = who[self.ep]
-            self.ep += 1
-            if not al[i]:
-                continue
-            req = self.R[i]
-            req.num_computed_tokens = self.cl[i] + st - 1
-            # lazy: every event opens a block, its filled blocks keyed where the request leaves (key_filled)
-            while not kv.allocate_one(req, key=not lazy):
-                victim = sched._victim()
-                if self._index is None:
-                    self._index = {id(r): i for i, r in enumerate(self.R)}
-                vi = self._index[id(victim)]
-                self.settle(vi, st - 1)
-                self.key_filled(vi)
-                self.alive[vi] = False
-                al[vi] = False
-                self.last[vi] = st - 1
-                sched._preempt(victim, pre_l)
-                if victim is req:
-                    break
-        if not pre_l and not self.pf and self.keys is not None:   # none preempted (a hybrid cache's step): the
-            self.L = cached_prefix(self.keys, kv.cached, self.L)    # scheduler then looks the waiting head up
-            kv.queries += self.nblk
-            kv.hits += self.L
-        self.used.append((st, kv.num_used))
-
     def preempt_prices(self, s: int, free: int):
         """Step ``s`` preempts: ``(r1, dtc)``, the alive requests before the first take the pool cannot give and
         the step's seconds for every batch size ``r1..`` its preemptions can leave (None where nothing is on the
