@@ -99,7 +99,7 @@ class BlockWalk:
             free = kv.n_clean + len(kv._evictable)
             if free < len(takers):   # pragma: no cover - planned within the pool
                 raise RuntimeError("fast-forward: a planned block allocation failed")
-            for i, blk in zip(takers, kv._take_n(len(takers))):
+            for i, blk in zip(takers, [kv._take()] if len(takers) == 1 else kv._take_n(len(takers))):
                 blks = blist[i]
                 if cl[i] + st <= len(blks) * bs:   # pragma: no cover - f's steps are opens
                     raise RuntimeError("fast-forward: a block event that opens no block")
