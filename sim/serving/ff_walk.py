@@ -2,7 +2,7 @@
 docstring): :class:`BlockWalk`, a mixin of :class:`sim.serving.ff_window.Window` (which holds the state it reads)."""
 from __future__ import annotations
 
-from sim.serving.ff_blocks import cached_prefix
+from sim.serving.ff_blocks import SMALL_BATCH, cached_prefix
 
 
 class BlockWalk:
@@ -24,8 +24,10 @@ class BlockWalk:
             hits += L            # prefill-first looks the head up before the step's decodes allocate
         take, register, eager, nblocks = kv._take, kv._register, self.eager, kv.num_blocks
         groups = self.groups is not None
-        if not eager and not groups:   # every event opens a block and keys nothing: a step's opens in one _take_n
-            ep, cur, L, hits = self._opens(b, ep, cur, L, hits)   # (the loop below then has none left)
+        if not eager and not groups and len(R) > SMALL_BATCH:
+            # every event opens a block and keys nothing: a step's opens in one _take_n (a few members' events are
+            # cheaper one by one, below); the loop below then has none left
+            ep, cur, L, hits = self._opens(b, ep, cur, L, hits)
         while ep < n and evs[ep] <= b:
             st, i = evs[ep], who[ep]
             ep += 1
