@@ -66,7 +66,8 @@ events and batch changes*, not tokens:
   before the next event on the clock, but the last may be the step the event falls in (it must end strictly
   after it: a tie is stepped): the event's callbacks (an arrival, a client's slot, the API server) only queue
   work that the next step's schedule reads, so they see nothing the window changed; a preempting step is priced for every batch size its
-  preemptions can leave before it is applied (none may end on the event; the one past it is the window's last). End times ``t_j = t_{j-1} + dt_j`` are ``numpy.cumsum``
+  preemptions can leave before it is applied (none may end on the event; the one past it is the window's last).
+  End times ``t_j = t_{j-1} + dt_j`` are ``numpy.cumsum``
   of ``[now, dt_1..dt_k]``, which adds left to right as simpy's clock does (equal floats); so are
   ``busy``, ``run_time`` and each problem's decode phase (``dt_j / B_j`` a step); the clock lands on the
   window's end exactly (:func:`exact_delays`).

@@ -3,8 +3,9 @@
 :class:`Window` holds what the window's steps share -- the alive set, the block events generated so far, the
 head's cached chain, the priced segments, KV in use -- so each step is a method: :meth:`Window.process` (block
 events of steps that take within the pool) and :meth:`Window.preempt_step` (the step whose takes exceed it), both
-from :class:`sim.serving.ff_walk.BlockWalk`, :meth:`Window.finish` (requests sampling their last token), :meth:`Window.close` (counters, records,
-timelines). :class:`sim.serving.fastforward.FastForward` finds a window and runs one of these.
+from :class:`sim.serving.ff_walk.BlockWalk`, :meth:`Window.finish` (requests sampling their last token),
+:meth:`Window.close` (counters, records, timelines). :class:`sim.serving.fastforward.FastForward` finds a window
+and runs one of these.
 """
 from __future__ import annotations
 

@@ -72,9 +72,9 @@ def _plan_ids(pos: int, job: Job) -> list:
 
 
 class _Content:
-    """Block ``k``'s content (``content(k)``): inside the prompt its token ids (:func:`sim.serving.kvblock.token_blocks`),
-    else the branch's generated block ``k``; :meth:`range` gives blocks ``m..n-1`` at once (a prompt's keys are made
-    in one pass)."""
+    """Block ``k``'s content (``content(k)``): inside the prompt its token ids
+    (:func:`sim.serving.kvblock.token_blocks`), else the branch's generated block ``k``; :meth:`range` gives blocks
+    ``m..n-1`` at once (a prompt's keys are made in one pass)."""
 
     __slots__ = ("pos", "tag", "ids", "bs", "n_full")
 
