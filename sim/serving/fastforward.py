@@ -65,9 +65,9 @@ events and batch changes*, not tokens:
   running requests and scheduled tokens, both ``B``) joins as one more vector function. The steps end
   before the next event on the clock, but the last may be the step the event falls in (it must end strictly
   after it: a tie is stepped): the event's callbacks (an arrival, a client's slot, the API server) only queue
-  work that the next step's schedule reads, so they see nothing the window changed; a preempting step is priced for every batch size its
-  preemptions can leave before it is applied (none may end on the event; the one past it is the window's last).
-  End times ``t_j = t_{j-1} + dt_j`` are ``numpy.cumsum``
+  work that the next step's schedule reads, so they see nothing the window changed; a preempting step is priced
+  for every batch size its preemptions can leave before it is applied (none may end on the event; the one past it
+  is the window's last). End times ``t_j = t_{j-1} + dt_j`` are ``numpy.cumsum``
   of ``[now, dt_1..dt_k]``, which adds left to right as simpy's clock does (equal floats); so are
   ``busy``, ``run_time`` and each problem's decode phase (``dt_j / B_j`` a step); the clock lands on the
   window's end exactly (:func:`exact_delays`).
@@ -205,8 +205,8 @@ class FastForward:
     @staticmethod
     def supports(eng) -> bool:
         """Engines whose iterations a window can replace: one stage, one accelerator on its own clock, a cost
-        with a per-step vector form and exact integer terms on a dense, MoE, MLA or sliding-window shape (one GPU, or one
-        pipeline stage over several: ``ParallelCost.decode_batch_seconds``), no per-problem KV timeline, no
+        with a per-step vector form and exact integer terms on a dense, MoE, MLA or sliding-window shape (one GPU, or
+        one pipeline stage over several: ``ParallelCost.decode_batch_seconds``), no per-problem KV timeline, no
         shared-KV pricing, block scores at generation (the plain workload)."""
         c = eng.cost
         # a per-step host term (Engine.host_step) must enter Engine._window_seconds (and its host-seconds

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.cost.pricing import step_counts
-from sim.serving.ff_blocks import hybrid_takes
+from sim.serving.ff_blocks import clean_first, hybrid_takes
 from sim.serving.scheduler import RUNNING, chunk
 
 
@@ -62,9 +62,8 @@ class _Victims:
 
     def take(self, n: int) -> None:
         """``n`` blocks taken: clean ones first, then the queue's front."""
-        use = min(n, self.clean)
-        self.clean -= use
-        self.evict += n - use
+        self.clean, ev = clean_first(n, self.clean)
+        self.evict += ev
 
     def cut(self, blocks):
         """How many of ``blocks`` (a request's cached chain, in order) the takes so far leave it: the chain stops at
@@ -110,7 +109,7 @@ def decode_takes(kv, m, f):
     opens = f == 1
     if kv.kv_groups is None:
         t = int(np.count_nonzero(opens))
-        return None if t > kv.num_free else (kv.num_free - t, max(kv.n_clean - t, 0), max(t - kv.n_clean, 0))
+        return None if t > kv.num_free else (kv.num_free - t, *clean_first(t, kv.n_clean))
     free, clean, evict, fail = hybrid_takes(kv, m.c0, m.nb, m.rids, opens)
     return None if fail is not None else (free, clean, evict)
 

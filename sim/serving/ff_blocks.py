@@ -56,11 +56,11 @@ NEVER = 1 << 40   # a first event step no window reaches (a member without that 
 
 def group_events(kv, c0, R):
     """A hybrid KV cache's (``kv.kv_groups``) block events besides the opens, for members with ``c0`` computed tokens:
-    ``(releases, syncs, excess)``: first window steps repeating every block, and the blocks the syncs shed. A sliding group's blocks wholly before the
-    window fall out where ``c0 + j - W`` is a positive multiple of the block size (``skipped = floor(max(0, c - W +
-    1) / B)`` of ``c = c0 + j - 1`` computed tokens grows: ``sim.serving.kvcache.group_blocks``); a member holding more
-    of its other groups' blocks than its last decode step left (its prefill's whole chunk) sheds them at step 1.
-    None where a member holds fewer (its next allocation would take more than an open's blocks: the engine steps)."""
+    ``(releases, syncs, excess)``: first window steps repeating every block, and the blocks the syncs shed. A sliding
+    group's blocks wholly before the window fall out where ``c0 + j - W`` is a positive multiple of the block size
+    (``skipped = floor(max(0, c - W + 1) / B)`` of ``c = c0 + j - 1`` computed tokens grows:
+    ``sim.serving.kvcache.group_blocks``); a member holding more of its other groups' blocks than its last decode
+    step left (its prefill's whole chunk) sheds them at step 1. None where a member holds fewer (its next allocation would take more than an open's blocks: the engine steps)."""
     _, sliding, window = kv.kv_groups
     bs = kv.block_size
     # what its last decode step's allocation left: c0 tokens, c0 - 1 of them computed before it
@@ -105,6 +105,13 @@ def regroup(kv, c0, R, alive):
     return rel, syn, ge[2]
 
 
+def clean_first(n: int, clean: int) -> tuple:
+    """``n`` blocks taken from a pool of ``clean`` clean ones, then the eviction queue's front (``BlockManager._take``'s
+    order): ``(clean left, taken off the queue)``."""
+    use = min(n, clean)
+    return clean - use, n - use
+
+
 def hybrid_takes(kv, c, nb, rids, opens):
     """A hybrid cache's (``kv.kv_groups``) decode step over requests in running order, ``c`` computed tokens each,
     ``nb`` blocks, ``opens`` where the token opens a block: each ``allocate_one`` takes its blocks of every group,
@@ -119,8 +126,8 @@ def hybrid_takes(kv, c, nb, rids, opens):
         t, r = int(take[i]), int(rel[i])
         if t > free:
             return free, clean, evict, i
-        use = min(t, clean)
-        clean, evict, free = clean - use + r, evict + t - use, free - t + r
+        clean, ev = clean_first(t, clean)
+        clean, evict, free = clean + r, evict + ev, free - t + r
     return free, clean, evict, None
 
 
@@ -129,7 +136,7 @@ def block_events(kinds, bs: int, a: int, b: int, unique: bool = False):
     members' first event steps, repeating every ``bs`` steps (the opens; the fills unless keyed where a member
     leaves, ``Window.lazy``; a hybrid cache's releases). ``unique``: kinds whose events may coincide (one call)."""
     B0 = len(kinds[0])
-    if B0 <= SMALL_BATCH:   # a few members (a low rate's window): in Python, the same keys without numpy's per-call cost
+    if B0 <= SMALL_BATCH:   # a few members (a low rate's window): in Python, the same keys without numpy's call cost
         key = sorted({st * B0 + i for kind in kinds for i, f in enumerate(kind.tolist())
                       for st in range(f + max(-(-(a - f) // bs), 0) * bs, b + 1, bs)} if bs == 1 or unique else
                      [st * B0 + i for kind in kinds for i, f in enumerate(kind.tolist())

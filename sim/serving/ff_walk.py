@@ -80,8 +80,7 @@ class BlockWalk:
         group): each step's openers, in running order, take their blocks in one ``_take_n`` (the blocks ``allocate_one``
         hands them in turn); the head's cached chain is read after the step's takes, where its lookup comes.
         ``(ep, cur, L, hits)`` after them (the head's hits of the steps before ``cur`` counted)."""
-        kv, keys, used, bs, evs, who = self.kv, self.keys, self.used, self.bs, self.evs, self.who
-        al, blist, cl = self.al, self.blist, self.cl
+        kv, keys, used, evs, who, al = self.kv, self.keys, self.used, self.evs, self.who, self.al
         n, ev0 = len(evs), kv.evictions
         while ep < n and evs[ep] <= b:
             st = evs[ep]
@@ -101,18 +100,21 @@ class BlockWalk:
             free = kv.n_clean + len(kv._evictable)
             if free < len(takers):   # pragma: no cover - planned within the pool
                 raise RuntimeError("fast-forward: a planned block allocation failed")
-            for i, blk in zip(takers, [kv._take()] if len(takers) == 1 else kv._take_n(len(takers))):
-                blks = blist[i]
-                if cl[i] + st <= len(blks) * bs:   # pragma: no cover - f's steps are opens
-                    raise RuntimeError("fast-forward: a block event that opens no block")
-                blks.append(blk)
-            u = kv.num_blocks - free + len(takers)   # num_used after the takes
-            if u > kv.peak_used:
-                kv.peak_used = u
+            self._give(takers, free)
             if keys is not None and kv.evictions != ev0:   # the takes evicted: the head's chain up to the first gone
                 L = cached_prefix(keys, kv.cached, L)
                 ev0 = kv.evictions
         return ep, cur, L, hits
+
+    def _give(self, takers: list, free: int) -> None:
+        """Each of ``takers`` (members, in running order) opens a block: ``allocate_one``'s second lane each, the
+        blocks handed out in turn by one ``_take_n``; the peak after them (``free``: the free pool before)."""
+        kv, blist = self.kv, self.blist
+        for i, blk in zip(takers, kv._take_n(len(takers))):
+            blist[i].append(blk)
+        u = kv.num_blocks - free + len(takers)   # num_used after the takes
+        if u > kv.peak_used:
+            kv.peak_used = u
 
     def preempt_step(self, st: int) -> None:
         """Step ``st``, whose takes exceed the pool: the scheduler's own preemptions (newest first) as
@@ -134,11 +136,7 @@ class BlockWalk:
                         takers.append(who[q])
                     q += 1
                 if takers:
-                    for i, b in zip(takers, kv._take_n(len(takers))):
-                        self.blist[i].append(b)
-                    u = kv.num_blocks - free + len(takers)   # num_used after the takes
-                    if u > kv.peak_used:
-                        kv.peak_used = u
+                    self._give(takers, free)
                 self.ep = q
                 if not (q < len(evs) and evs[q] <= st):
                     break

@@ -136,8 +136,9 @@ class Window(BlockWalk):
         need, i1 = free, None
         if self.groups is not None:   # a hybrid cache's takes and releases, member by member (None: none fails)
             fo, hn = f[order], self.ff.head_need
-            left, _, _, i1 = hybrid_takes(self.kv, self.c0[order] + (s - 1), np.array([len(self.blist[i]) for i in order]),
-                                          [self.rids[i] for i in order], (s >= fo) & ((s - fo) % bs == 0))
+            nb = np.array([len(self.blist[i]) for i in order])
+            left, _, _, i1 = hybrid_takes(self.kv, self.c0[order] + (s - 1), nb, [self.rids[i] for i in order],
+                                          (s >= fo) & ((s - fo) % bs == 0))
             if i1 is None and hn is not None and left >= hn:
                 return None   # no decode preempts, and the waiting head may be admitted after them
             r1 = len(order) if i1 is None else i1
