@@ -60,7 +60,8 @@ def group_events(kv, c0, R):
     group's blocks wholly before the window fall out where ``c0 + j - W`` is a positive multiple of the block size
     (``skipped = floor(max(0, c - W + 1) / B)`` of ``c = c0 + j - 1`` computed tokens grows:
     ``sim.serving.kvcache.group_blocks``); a member holding more of its other groups' blocks than its last decode
-    step left (its prefill's whole chunk) sheds them at step 1. None where a member holds fewer (its next allocation would take more than an open's blocks: the engine steps)."""
+    step left (its prefill's whole chunk) sheds them at step 1. None where a member holds fewer (its next allocation
+    would take more than an open's blocks: the engine steps)."""
     _, sliding, window = kv.kv_groups
     bs = kv.block_size
     # what its last decode step's allocation left: c0 tokens, c0 - 1 of them computed before it
