@@ -365,7 +365,8 @@ def _serve_once(args, target, wl, name, rate, percentiles, metrics, slo):
     r = plain.run(model, hw, wl, request_rate=rate, burstiness=args.burstiness,
                   max_concurrency=args.max_concurrency, seed=args.seed, serving=sv, token_policy=pol,
                   block_size=args.block_size, data_parallel_size=args.data_parallel_size, router=args.router,
-                  step_by_step=getattr(args, "step_by_step", False), **_layout(args))
+                  step_by_step=getattr(args, "step_by_step", False),
+                  keep_gaps=getattr(args, "save_detailed", False), **_layout(args))
     res = plain.serve_result(r, percentiles=percentiles, metrics=metrics, request_rate=rate,
                              burstiness=args.burstiness, max_concurrency=args.max_concurrency,
                              model_id=model.name, num_prompts=wl.n, detailed=getattr(args, "save_detailed", False),

@@ -440,8 +440,9 @@ def test_validate_bad_file_one_line(tmp_path, capsys):
 
 
 def test_token_counts_a_chunk_of_requests_at_a_time_are_the_whole_runs(monkeypatch):
-    """The peak output tokens per second counted over requests a chunk at a time (bounded memory) is the count
-    over every token at once; the front end's gaps (8-byte arrays) read back as the lists they were."""
+    """The peak output tokens per second counted over requests a chunk at a time as the front end's gaps land
+    (bounded memory) is the count over every token at once; the front end's gaps (8-byte arrays) read back as the
+    lists they were."""
     import sim.bench.plain_results as pr
     r = _run(request_rate=40.0, seed=2)
     assert isinstance(r.itls, pr.Gaps) and isinstance(r.itls[0], list)
@@ -450,8 +451,8 @@ def test_token_counts_a_chunk_of_requests_at_a_time_are_the_whole_runs(monkeypat
                         for i, g in enumerate(whole["itls"])])
     t0 = min(whole["start_times"])
     assert whole["max_output_tokens_per_s"] == float(np.bincount((t - t0).astype(np.int64)).max())
-    monkeypatch.setattr(pr, "TOKEN_CHUNK", 3)   # 40 requests in 14 chunks, the last one short
-    assert json.dumps(plain.serve_result(r)) == json.dumps(whole)
+    monkeypatch.setattr(plain, "FRONTEND_CHUNK", 3)   # 40 requests in 14 chunks, the last one short
+    assert json.dumps(plain.serve_result(_run(request_rate=40.0, seed=2))) == json.dumps(whole)
 
 
 def test_a_run_holds_nothing_per_answered_request_but_its_figures():

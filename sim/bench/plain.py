@@ -51,7 +51,9 @@ from sim.cost.fingerprint import host_fields
 from sim.bench.plain_workload import MAX_LEN, MAX_PROMPTS, PlainError, PlainWorkload, int_arg, arrival_times, \
     file_workload, random_workload  # noqa: F401 (re-exported: the workload half of this module)
 from sim.workload.job import Job
-from sim.bench.plain_results import Gaps, ITLs, overheads_words, provenance, serve_result, throughput_result  # noqa: F401
+from sim.bench.gap_counts import GapCounts
+from sim.bench.plain_results import (Gaps, ITLs, overheads_words, provenance, serve_result, throughput_result,  # noqa: F401
+                                     token_seconds)
 
 # vLLM LLM-class (offline) defaults by device; source in the module docstring.
 OFFLINE_DEFAULTS = {
@@ -92,10 +94,12 @@ class PlainRun:
     start: np.ndarray         # when it was sent (got a concurrency slot)
     ttft: np.ndarray
     e2el: np.ndarray
-    itls: list                # per request, the gaps between consecutive tokens
+    itls: list | None         # per request, the gaps between consecutive tokens (None: not kept, keep_gaps)
     duration: float
     info: dict
     replica: np.ndarray | None = None   # with data_parallel_size > 1: the replica each request was routed to
+    itl_counts: GapCounts | None = None   # every gap, counted (the front end's pass; else made from itls)
+    token_counts: np.ndarray | None = None   # output tokens per whole second from start.min(), with itl_counts
 
 
 def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstiness: float = 1.0,
@@ -106,7 +110,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False,
         enable_expert_parallel: bool = False, moe_routing: str = "expected",
         async_scheduling: bool | None = None, frontend: bool | None = None, host_time: bool = True,
-        step_by_step: bool = False) -> PlainRun:
+        step_by_step: bool = False, keep_gaps: bool = True) -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.serving.engine.Engine` and return per-request timings.
 
     ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
@@ -129,6 +133,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     windows are advanced at once (:mod:`sim.serving.fastforward`; one replica of one pipeline stage), with identical results.
 
     Beyond the kernels: host time per step and the API server's front-end time, :func:`_engine_kw`.
+    ``keep_gaps``: keep each request's gaps (detailed results); else their counts only (``sim.bench.gap_counts``).
     """
     from sim.serving.engine import Engine
 
@@ -149,9 +154,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     jobs, ids, pre = _jobs(model, hw, wl, bs, token_policy)
     kw, async_on, fe_on, host, fe = _engine_kw(model, hw, sv, sched, graphs, blocks, token_policy, par, nd, routing,
                                                seed, pipeline_schedule, offline, async_scheduling, frontend, host_time)
-    where = None
+    where, sent = None, {}
     delays = _client_delays(fe, inp)
-    sent = {}
     if par.data_parallel_size == 1:
         eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency,
                      fast_forward=not step_by_step, **kw, **({} if delays is None else {"client_delays": delays, "api_servers": fe.api_servers}))
@@ -168,14 +172,16 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
                                                      fe.api_servers if fe is not None else 1, sent, step_by_step)
     makespan = float(res.makespan) if where is None else makespan
     start, ttft, e2el, itls = _timings(recs)
+    counts = (None, None)   # the gaps' counts and tokens per second, where the front end's pass makes them
     if fe is not None:
-        start, ttft, e2el, itls = _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, itls)
+        start, ttft, e2el, itls, counts = _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el,
+                                                         keep_gaps)
         makespan = max(makespan, float((start + e2el).max()))
     info = _info(model, hw, sv, sched, graphs, cap, bs, blocks, token_policy, results, recs, offline, par,
                  moe_routing)
     info["overheads"] = _overheads_info(hw, host, fe, async_on, fe_on, host_time, results)
     info.update(_layout_info(par, nd, router, blocks, where is not None, par.dp_attention(model)))
-    return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where)
+    return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where, *counts)
 
 
 def _timings(recs):
@@ -360,8 +366,10 @@ def _info(model, hw, sv, sched, graphs, cap, bs, blocks, token_policy, results, 
     return info
 
 
-def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, itls):
-    """Send times, TTFT, E2E and ITLs as a ``vllm bench serve`` client sees them through the API server.
+def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, keep_gaps: bool = True):
+    """Send times, TTFT, E2E and ITLs as a ``vllm bench serve`` client sees them through the API server, and
+    ``(gap counts, output tokens per second)`` (:class:`sim.bench.gap_counts.GapCounts`, counted as the gaps land;
+    the ITLs are None unless ``keep_gaps``).
 
     A request is sent at ``sent``, reaches the engine after its wait for the API server and its
     ``before`` seconds there (HTTP, tokenisation), and its first token reaches the client ``after``
@@ -375,21 +383,30 @@ def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, it
     lead = start - s0 + np.array([d[1] for d in delays], np.float64)
     ttft = ttft + lead
     out_e2el = np.array(e2el, np.float64) + lead
-    # every request's gaps in one array (Gaps), filled in place: a day's ITLs are never held twice
+    # every request's gaps in one array (Gaps), filled in place: a day's ITLs are never held twice; or only counted
     off = np.zeros(len(recs) + 1, np.int64)
     np.cumsum([max(len(r["token_times"][0]) - 1, 0) for r in recs], out=off[1:])
-    values = np.empty(int(off[-1]), np.float64)
+    values = np.empty(int(off[-1]), np.float64) if keep_gaps else None
     where = None if where is None else np.asarray(where, np.int64)   # each request's replica
+    counts, tok = GapCounts(), np.zeros(0, np.int64)
     for a in range(0, len(recs), FRONTEND_CHUNK):
-        _frontend_gaps(fe, recs, results, where, a, min(a + FRONTEND_CHUNK, len(recs)), off, values, out_e2el)
-    return s0, ttft, out_e2el, Gaps(values, off)
+        b = min(a + FRONTEND_CHUNK, len(recs))
+        g = _frontend_gaps(fe, recs, results, where, a, b, off, out_e2el)
+        counts.add(g)
+        if values is not None:
+            values[off[a]:off[b]] = g
+        t = token_seconds(s0[a:b], ttft[a:b], [g[off[i] - off[a]:off[i + 1] - off[a]] for i in range(a, b)],
+                          float(s0.min()))
+        tok = np.pad(tok, (0, max(0, len(t) - len(tok))))
+        tok[:len(t)] += t
+    return s0, ttft, out_e2el, (Gaps(values, off) if keep_gaps else None), (counts, tok)
 
 
 FRONTEND_CHUNK = 1024   # requests whose token times are joined at once (bounded memory, few numpy calls)
 
 
-def _frontend_gaps(fe, recs, results, where, a: int, b: int, off, values, out_e2el) -> None:
-    """Requests ``a..b-1``'s gaps through the front end (:func:`_with_frontend`) into ``values``, their E2E gains
+def _frontend_gaps(fe, recs, results, where, a: int, b: int, off, out_e2el) -> np.ndarray:
+    """Requests ``a..b-1``'s gaps through the front end (:func:`_with_frontend`), returned, their E2E gains
     into ``out_e2el``: their token times joined, each gap against the engine step that sampled it, in a few numpy
     passes (the same element-wise operations as request by request; a request's E2E gains ``sum(itl) -
     sum(gaps)``, each summed over its own gaps as before, where the front end slowed one of them)."""
@@ -398,7 +415,7 @@ def _frontend_gaps(fe, recs, results, where, a: int, b: int, off, values, out_e2
         tts.append(np.asarray(r["token_times"][0], np.float64))
         r["token_times"] = None   # read once: its times go as its gaps land (a day's are never held twice)
     if not tts or off[b] == off[a]:
-        return
+        return np.zeros(0, np.float64)
     tt = np.concatenate(tts)
     n = np.array([len(x) for x in tts], np.int64)
     later = np.ones(len(tt), bool)
@@ -416,10 +433,10 @@ def _frontend_gaps(fe, recs, results, where, a: int, b: int, off, values, out_e2
         sel = slice(None) if w is None else where[owner] == w
         k = np.clip(np.searchsorted(tl_t, ends[sel]), 0, tl_t.size - 1)
         g2[sel] = np.asarray(fe.itl_s(gaps[sel], tl_run[k]), np.float64).reshape(-1)
-    values[off[a]:off[b]] = g2
     for i in np.unique(owner[g2 != gaps]).tolist():   # the front end set the pace of some of its tokens
         lo, hi = off[i] - off[a], off[i + 1] - off[a]
         out_e2el[i] += float(g2[lo:hi].sum() - gaps[lo:hi].sum())
+    return g2
 
 
 def _overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, results) -> dict:

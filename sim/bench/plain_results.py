@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from sim.bench.gap_counts import GapCounts
 from sim.bench.plain_workload import PlainError
 from sim.serving.metrics import percentile_word
 
@@ -83,8 +84,31 @@ def overheads_words(info: dict) -> str:
     return f"; {hs}; {fs}"
 
 
+def token_seconds(start, ttft, gaps, t0: float) -> np.ndarray:
+    """Output tokens per whole second from ``t0`` of requests sent at ``start`` (their TTFTs ``ttft`` and gaps
+    ``gaps``, one array each): token ``j`` of request ``i`` at ``start_i + ttft_i + cumsum(gaps_i)[j - 1]``, as
+    ``calculate_metrics`` buckets them; counts by second, the last the latest token's."""
+    if not len(gaps):
+        return np.zeros(0, np.int64)
+    tt = [s + t + np.concatenate([[0.0], np.cumsum(g)]) for s, t, g in zip(start.tolist(), ttft.tolist(), gaps)]
+    return np.bincount(np.maximum((np.concatenate(tt) - t0).astype(np.int64), 0))
+
+
+def fold_seconds(counts, nsec: int) -> np.ndarray:
+    """``counts`` by second as ``nsec`` seconds: the ones past the last added to it (``calculate_metrics``'s clip)."""
+    out = np.zeros(nsec, np.int64)
+    k = min(len(counts), nsec)
+    out[:k] = counts[:k]
+    out[-1] += int(counts[nsec:].sum())
+    return out
+
+
 def _stats(x, percentiles) -> tuple:
-    a = np.asarray(x, np.float64) if len(x) else np.zeros(1)
+    """Mean, median, standard deviation and ``percentiles`` of ``x`` (an array, or a :class:`GapCounts`), in ms."""
+    if isinstance(x, GapCounts) and x.n:
+        return (x.mean() * 1000, x.median() * 1000, x.std() * 1000,
+                [(p, x.percentile(p) * 1000) for p in percentiles])
+    a = np.asarray(x, np.float64) if not isinstance(x, GapCounts) and len(x) else np.zeros(1)
     return (float(np.mean(a)) * 1000, float(np.median(a)) * 1000, float(np.std(a)) * 1000,
             [(p, float(np.percentile(a, p)) * 1000) for p in percentiles])
 
@@ -109,16 +133,24 @@ def serve_result(r, *, percentiles=(99.0,), metrics=("ttft", "tpot", "itl", "e2e
     out_lens = wl.output_lens.tolist()
     tot_in, tot_out = int(wl.input_lens.sum()), int(wl.output_lens.sum())
     tpots = [(e - t) / (o - 1) for e, t, o in zip(r.e2el, r.ttft, out_lens) if o > 1]
-    allitl = r.itls.flat() if isinstance(r.itls, ITLs) else [x for it in r.itls for x in it]
     queue = (r.start - r.scheduled).tolist()
     # peak output tokens per whole second and peak concurrency, as calculate_metrics buckets them
-    gap = r.itls.array if isinstance(r.itls, ITLs) else (lambda i: np.asarray(r.itls[i], np.float64))
     t0 = float(r.start.min())
     nsec = int(np.ceil(float((r.start + r.e2el).max()) - t0)) + 1
-    tok = np.zeros(nsec, np.int64)
-    for lo in range(0, n, TOKEN_CHUNK):   # counts add exactly: requests a chunk at a time bound the memory
-        tt = [r.start[i] + r.ttft[i] + np.concatenate([[0.0], np.cumsum(gap(i))]) for i in range(lo, min(n, lo + TOKEN_CHUNK))]
-        tok += np.bincount(np.clip((np.concatenate(tt) - t0).astype(np.int64), 0, nsec - 1), minlength=nsec)
+    if r.itl_counts is not None:   # the front end's pass counted both (sim.bench.plain._with_frontend)
+        allitl, tok = r.itl_counts, fold_seconds(r.token_counts, nsec)
+    else:
+        if r.itls is None:   # pragma: no cover - a run keeps its gaps or their counts
+            raise PlainError("serve_result: the run kept neither its gaps nor their counts")
+        gap = r.itls.array if isinstance(r.itls, ITLs) else (lambda i: np.asarray(r.itls[i], np.float64))
+        allitl, tok = GapCounts(), np.zeros(nsec, np.int64)
+        for lo in range(0, n, TOKEN_CHUNK):   # counts add exactly: requests a chunk at a time bound the memory
+            hi = min(n, lo + TOKEN_CHUNK)
+            gs = [gap(i) for i in range(lo, hi)]
+            allitl.add(np.concatenate(gs) if gs else np.zeros(0))
+            tok += fold_seconds(token_seconds(r.start[lo:hi], r.ttft[lo:hi], gs, t0), nsec)
+    if detailed and r.itls is None:
+        raise PlainError("serve_result: detailed results need the run's per-request gaps (plain.run(keep_gaps=True))")
     # to the nanosecond: a client slot freed at t and taken again at t (send = start + e2el, summed in floating
     # point in different orders) is one request after the other, not two at once
     ev = sorted([(round(float(s), 9), 1) for s in r.start] + [(round(float(s + e), 9), -1)

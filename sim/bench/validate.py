@@ -265,7 +265,8 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
         raise FigureError(f"figure {f['id']!r}: workload: arrival_times_ns has {arr.size} times for {wl.n} requests")
     r = plain.run(model, hw, wl, request_rate=rate, burstiness=burst, max_concurrency=conc,
                   seed=int(w.get("seed", 0)), serving=serving, block_size=bs, arrivals=arr,
-                  tensor_parallel_size=int(par.get("tp", 1)), pipeline_parallel_size=int(par.get("pp", 1)), **over)
+                  tensor_parallel_size=int(par.get("tp", 1)), pipeline_parallel_size=int(par.get("pp", 1)),
+                  keep_gaps=False, **over)
     pcts = [float(m.split("_")[0][1:]) for m in [f["metric"]] if m.split("_")[0].startswith("p")]
     return plain.serve_result(r, percentiles=pcts or (99.0,), request_rate=rate, burstiness=burst,
                               max_concurrency=conc, model_id=model.name, detailed=False)
