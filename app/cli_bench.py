@@ -6,6 +6,7 @@ capacity, policy) are rksim's. Nothing here imports torch.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -202,6 +203,7 @@ def _register_serve(bsub) -> None:
     p.add_argument("--result-dir", default=None, metavar="DIR", help="folder of the result file (default: .)")
     p.add_argument("--result-filename", default=None, metavar="FILE",
                    help="result file name (default rksim-{rate}qps[-concurrency{C}]-{model}-{hardware}.json)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help=PROGRESS_HELP)
     p.set_defaults(func=_cmd_serve)
 
 
@@ -253,6 +255,7 @@ def _register_throughput(bsub) -> None:
     _target_flags(p, offline=True)
     _dataset_flags(p, serve=False)
     p.add_argument("--output-json", default=None, metavar="FILE", help="write vLLM's throughput JSON (default: none)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help=PROGRESS_HELP)
     p.set_defaults(func=_cmd_throughput)
 
 
@@ -358,15 +361,31 @@ def _workload(args):
     return wl, name
 
 
-def _serve_once(args, target, wl, name, rate, percentiles, metrics, slo):
-    """One simulated ``vllm bench serve`` at ``rate``: ``(PlainRun, result dict)`` (bench serve and sweep)."""
+PROGRESS_HELP = "no bar of answered requests on stderr (shown where stderr is a terminal)"
+
+
+@contextlib.contextmanager
+def _progress(args, n: int):
+    """A bar of the requests answered so far on stderr, where stderr is a terminal: its ``update`` (called once per
+    answered request, ``plain.run(progress=...)``), or None (``--no-progress``, or no terminal)."""
+    if not getattr(args, "progress", True):
+        yield None
+        return
+    from tqdm.auto import tqdm
+    with tqdm(total=n, unit="req", desc="requests answered", disable=None, leave=False) as bar:
+        yield None if bar.disable else bar.update
+
+
+def _serve_once(args, target, wl, name, rate, percentiles, metrics, slo, progress=None):
+    """One simulated ``vllm bench serve`` at ``rate``: ``(PlainRun, result dict)`` (bench serve and sweep);
+    ``progress``: :func:`_progress`'s."""
     from sim.bench import plain
     model, hw, sv, pol = target
     r = plain.run(model, hw, wl, request_rate=rate, burstiness=args.burstiness,
                   max_concurrency=args.max_concurrency, seed=args.seed, serving=sv, token_policy=pol,
                   block_size=args.block_size, data_parallel_size=args.data_parallel_size, router=args.router,
                   step_by_step=getattr(args, "step_by_step", False),
-                  keep_gaps=getattr(args, "save_detailed", False), **_layout(args))
+                  keep_gaps=getattr(args, "save_detailed", False), progress=progress, **_layout(args))
     res = plain.serve_result(r, percentiles=percentiles, metrics=metrics, request_rate=rate,
                              burstiness=args.burstiness, max_concurrency=args.max_concurrency,
                              model_id=model.name, num_prompts=wl.n, detailed=getattr(args, "save_detailed", False),
@@ -406,7 +425,8 @@ def _cmd_serve(args) -> int:
         if m not in ("ttft", "tpot", "itl", "e2el"):
             raise ValueError(f"--percentile-metrics: {m!r} is not one of ttft, tpot, itl, e2el")
     slo = _slo(args)
-    _, res = _serve_once(args, target, wl, name, args.request_rate, args.metric_percentiles, metrics, slo)
+    with _progress(args, wl.n) as bar:
+        _, res = _serve_once(args, target, wl, name, args.request_rate, args.metric_percentiles, metrics, slo, bar)
     print(format_serve(res, metrics, args.metric_percentiles))
     if args.band:
         res["band"] = _band(res, hw, lambda p: _serve_once(args, (model, p, *target[2:]), wl, name, args.request_rate,
@@ -433,8 +453,9 @@ def _cmd_throughput(args) -> int:
             raise ValueError("--input-len: --input-len and --output-len are required without --dataset-path")
         wl = plain.random_workload(args.num_prompts or 1000, args.input_len, args.output_len,
                                    args.random_range_ratio, args.prefix_len, args.seed)
-    r = plain.run(model, hw, wl, seed=args.seed, serving=sv, offline=True, token_policy=pol,
-                  block_size=args.block_size, step_by_step=args.step_by_step, **_layout(args))
+    with _progress(args, wl.n) as bar:
+        r = plain.run(model, hw, wl, seed=args.seed, serving=sv, offline=True, token_policy=pol,
+                      block_size=args.block_size, step_by_step=args.step_by_step, progress=bar, **_layout(args))
     res = plain.throughput_result(r)
     print(format_throughput(res))
     if args.band:

@@ -110,7 +110,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False,
         enable_expert_parallel: bool = False, moe_routing: str = "expected",
         async_scheduling: bool | None = None, frontend: bool | None = None, host_time: bool = True,
-        step_by_step: bool = False, keep_gaps: bool = True) -> PlainRun:
+        step_by_step: bool = False, keep_gaps: bool = True, progress=None) -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.serving.engine.Engine` and return per-request timings.
 
     ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
@@ -134,6 +134,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
 
     Beyond the kernels: host time per step and the API server's front-end time, :func:`_engine_kw`.
     ``keep_gaps``: keep each request's gaps (detailed results); else their counts only (``sim.bench.gap_counts``).
+    ``progress``: called with no argument once per answered request (a progress bar's ``update``).
     """
     from sim.serving.engine import Engine
 
@@ -146,19 +147,17 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
                                disable_custom_all_reduce, enable_expert_parallel, moe_routing, seed, router, node)
     cap = kv_capacity(model, hw, sv_eff, par)   # one GPU (TP = PP = 1, no DP attention): as with None
     blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
-    inp, out = wl.input_lens, wl.output_lens
-    _check_range(model, hw, par, inp, out, sched)
-    sched_t = np.zeros(wl.n) if offline else (
-        np.asarray(arrivals, np.float64) if arrivals is not None else
-        arrival_times(wl.n, request_rate, burstiness, seed))
+    _check_range(model, hw, par, wl.input_lens, wl.output_lens, sched)
+    sched_t = _send_times(wl.n, offline, arrivals, request_rate, burstiness, seed)
     jobs, ids, pre = _jobs(model, hw, wl, bs, token_policy)
     kw, async_on, fe_on, host, fe = _engine_kw(model, hw, sv, sched, graphs, blocks, token_policy, par, nd, routing,
                                                seed, pipeline_schedule, offline, async_scheduling, frontend, host_time)
     where, sent = None, {}
-    delays = _client_delays(fe, inp)
+    delays = _client_delays(fe, wl.input_lens)
     if par.data_parallel_size == 1:
         eng = Engine(model, hw, jobs, prompt_ids=ids, arrival_times=sched_t, max_concurrency=max_concurrency,
                      fast_forward=not step_by_step, **kw, **({} if delays is None else {"client_delays": delays, "api_servers": fe.api_servers}))
+        eng.on_answered = progress
         res = eng.run()
         recs = res.records(res.PLAIN_FIELDS)
         # the records hold what the results read: the problems go now, not when the engine's cycles are collected
@@ -169,7 +168,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         keys = [pre if wl.prefix_len else x[0] for x in ids]   # what prefix-affinity hashes: the shared prefix
         results, recs, where, makespan = _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency,
                                                      par.data_parallel_size, router, kw, delays,
-                                                     fe.api_servers if fe is not None else 1, sent, step_by_step)
+                                                     fe.api_servers if fe is not None else 1, sent, step_by_step,
+                                                     progress)
     makespan = float(res.makespan) if where is None else makespan
     start, ttft, e2el, itls = _timings(recs)
     counts = (None, None)   # the gaps' counts and tokens per second, where the front end's pass makes them
@@ -182,6 +182,15 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     info["overheads"] = _overheads_info(hw, host, fe, async_on, fe_on, host_time, results)
     info.update(_layout_info(par, nd, router, blocks, where is not None, par.dp_attention(model)))
     return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where, *counts)
+
+
+def _send_times(n: int, offline: bool, arrivals, request_rate: float, burstiness: float, seed: int) -> np.ndarray:
+    """When each request is due: all at once offline, else the given schedule or ``vllm bench serve``'s draw."""
+    if offline:
+        return np.zeros(n)
+    if arrivals is not None:
+        return np.asarray(arrivals, np.float64)
+    return arrival_times(n, request_rate, burstiness, seed)
 
 
 def _timings(recs):
@@ -460,12 +469,13 @@ def _overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, 
 
 
 def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, router: str, kw: dict,
-                delays=None, api_servers: int = 1, sent: dict | None = None, step_by_step: bool = False):
+                delays=None, api_servers: int = 1, sent: dict | None = None, step_by_step: bool = False,
+                progress=None):
     """``n`` replica engines under one clock behind ``router``: each request, when due (and, with
     ``max_concurrency``, when it holds one of the client's slots, FIFO, as the single engine's driver), is
     routed on arrival (``outstanding`` = requests in flight per replica, :mod:`sim.serving.router`) and submitted to
     that replica's engine. Returns ``(engine results, records in request order, replica per request,
-    makespan)``.
+    makespan)``. ``progress``: :func:`run`'s, every replica's answers.
 
     Without ``max_concurrency`` an answer only lowers the router's count (no client waits on it to send the
     next request), so the replicas take decode windows (unless ``step_by_step``): the clock is a
@@ -482,6 +492,8 @@ def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, ro
     env = FleetClock() if fleet else simpy.Environment()
     # several accelerators must not wait on each other's zero-time steps: one settle step each (sim.serving.replicas)
     engines = [Engine(model, hw, [], env=env, settle=1, fast_forward=fleet, fleet=fleet, **kw) for _ in range(n)]
+    for e in engines:
+        e.on_answered = progress
     accs = [e.start() for e in engines]
     rt = make_router(router, n)
     outstanding = [0] * n

@@ -101,6 +101,10 @@ class ProblemLifecycle:
     """The problem lifecycle of :class:`sim.serving.engine.Engine` (module docstring; a mixin: the engine
     holds the state)."""
 
+    # called with no argument once per answered problem, whichever path answered it (a progress bar's update, set
+    # by the caller on the engine); it decides nothing
+    on_answered = None
+
     def _branch_ids(self, p: _Prob, b: int):
         j = p.job
         if self.prompt_ids is None:
@@ -209,6 +213,8 @@ class ProblemLifecycle:
             if ff is not None:
                 ff.forget(req)
         p.reqs = {}
+        if self.on_answered is not None:
+            self.on_answered()
 
     def _prob(self, pseq: int, pos=None, job=None) -> _Prob:
         """The problem ``pseq`` (of ``self.jobs`` unless ``pos``/``job`` are given), with its token-time lists."""
