@@ -368,12 +368,13 @@ PROGRESS_HELP = "no bar of answered requests on stderr (shown where stderr is a 
 def _progress(args, n: int):
     """A bar of the requests answered so far on stderr, where stderr is a terminal: its ``update`` (called once per
     answered request, ``plain.run(progress=...)``), or None (``--no-progress``, or no terminal)."""
-    if not getattr(args, "progress", True):
-        yield None
+    import sys
+    if not (getattr(args, "progress", True) and getattr(sys.stderr, "isatty", lambda: False)()):
+        yield None   # asked before tqdm is imported: its import is most of a short run's cost of a bar
         return
     from tqdm.auto import tqdm
-    with tqdm(total=n, unit="req", desc="requests answered", disable=None, leave=False) as bar:
-        yield None if bar.disable else bar.update
+    with tqdm(total=n, unit="req", desc="requests answered", leave=False, file=sys.stderr) as bar:
+        yield bar.update
 
 
 def _serve_once(args, target, wl, name, rate, percentiles, metrics, slo, progress=None):
