@@ -34,12 +34,6 @@ class GapCounts:
         self._counts = np.zeros(0, np.int64)
         self._pend, self._n_pend = [], 0
 
-    @classmethod
-    def of(cls, gaps) -> "GapCounts":
-        g = cls()
-        g.add(gaps)
-        return g
-
     @property
     def values(self) -> np.ndarray:
         self._merge()
