@@ -6,11 +6,11 @@ capacity, policy) are rksim's. Nothing here imports torch.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
 
 from .params import number, parse_sets
+from .progress import PROGRESS_HELP
 
 # sharing / token policies that apply to one plain request; the others are the reasoning workload's
 _NO_POLICY = ("none", "full")
@@ -361,20 +361,11 @@ def _workload(args):
     return wl, name
 
 
-PROGRESS_HELP = "no bar of answered requests on stderr (shown where stderr is a terminal)"
-
-
-@contextlib.contextmanager
 def _progress(args, n: int):
-    """A bar of the requests answered so far on stderr, where stderr is a terminal: its ``update`` (called once per
-    answered request, ``plain.run(progress=...)``), or None (``--no-progress``, or no terminal)."""
-    import sys
-    if not (getattr(args, "progress", True) and getattr(sys.stderr, "isatty", lambda: False)()):
-        yield None   # asked before tqdm is imported: its import is most of a short run's cost of a bar
-        return
-    from tqdm.auto import tqdm
-    with tqdm(total=n, unit="req", desc="requests answered", leave=False, file=sys.stderr) as bar:
-        yield bar.update
+    """A bar of the requests answered so far (:func:`app.progress.bar`): its ``update``, called once per answered
+    request (``plain.run(progress=...)``), or None."""
+    from app.progress import bar
+    return bar(getattr(args, "progress", True), n, "requests answered", "req")
 
 
 def _serve_once(args, target, wl, name, rate, percentiles, metrics, slo, progress=None):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.cli_bench import write_json
+from app.progress import PROGRESS_HELP
 
 
 def register(sub) -> None:
@@ -20,15 +21,18 @@ def register(sub) -> None:
                    help="every figure priced without host time per engine step (default: as each figure's run)")
     p.add_argument("--no-frontend", dest="frontend", action="store_false",
                    help="every figure priced without API server time (default: as each figure's run)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help=PROGRESS_HELP)
     p.set_defaults(func=_cmd_validate)
 
 
 def _cmd_validate(args) -> int:
     from app.validate_table import format_table, markdown_table
     from sim.bench import validate
+    from app.progress import bar
     figs = validate.load_figures(args.file)
-    df = validate.run_figures(figs, hardware=args.hardware, band=args.band, host_time=args.host_time,
-                              frontend=args.frontend)
+    with bar(args.progress, len(figs), "figures priced", "fig") as update:
+        df = validate.run_figures(figs, hardware=args.hardware, band=args.band, host_time=args.host_time,
+                                  frontend=args.frontend, progress=update)
     print(format_table(df))
     if args.out:
         write_json(Path(args.out), {"file": str(args.file), "rows": df.to_dict(orient="records")})

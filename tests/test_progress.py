@@ -1,5 +1,6 @@
-"""A bar of answered requests: ``plain.run(progress=...)`` hears every answer once, and ``bench serve`` /
-``bench throughput`` draw it where stderr is a terminal."""
+"""Progress bars (``app.progress``): ``plain.run(progress=...)`` hears every answer once and
+``validate.run_figures(progress=...)`` every figure; ``bench serve``, ``bench throughput`` and ``validate`` draw
+a bar where stderr is a terminal, none with ``--no-progress`` or into a pipe or file."""
 from __future__ import annotations
 
 import json
@@ -62,3 +63,34 @@ def test_bench_shows_a_bar_of_answered_requests_on_a_terminal_only(monkeypatch, 
     tty.text.clear()
     assert main(args + ["--no-progress"]) == 0
     assert "requests answered" not in "".join(tty.text)
+
+
+def test_validate_shows_a_bar_of_priced_figures_on_a_terminal_only(monkeypatch, capsys, tmp_path):
+    """``rksim validate`` draws a bar of the figures priced so far (refused ones count) where stderr is a terminal;
+    ``run_figures`` calls ``progress`` once per figure; stdout is the same with or without the bar."""
+    import sys
+
+    import yaml
+
+    from app.cli import main
+    from sim.bench.validate import load_figures, run_figures
+    fig = {"id": "t", "model": "llama-3-8b", "hardware": "h100-sxm", "dtype": "bfloat16", "parallelism": {"tp": 1},
+           "workload": {"input_lens": [200] * 4, "output_lens": [20] * 4}, "metric": "mean_ttft_ms", "value": 1.0,
+           "source": {"url": "x", "where": "y"}}
+    refused = {**fig, "id": "r", "parallelism": {"tp": 1, "dp": 2}}
+    f = tmp_path / "f.yaml"
+    f.write_text(yaml.safe_dump({"figures": [fig, refused]}))
+    calls = []
+    run_figures(load_figures(f), progress=lambda: calls.append(1))
+    assert len(calls) == 2
+    assert main(["validate", str(f)]) == 0
+    plain_out = capsys.readouterr()
+    assert "figures priced" not in plain_out.err
+    tty = _Terminal()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert main(["validate", str(f)]) == 0
+    assert "figures priced" in "".join(tty.text) and "/2 " in "".join(tty.text)
+    assert capsys.readouterr().out == plain_out.out
+    tty.text.clear()
+    assert main(["validate", str(f), "--no-progress"]) == 0
+    assert "figures priced" not in "".join(tty.text)

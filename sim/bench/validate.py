@@ -273,13 +273,14 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
 
 
 def run_figures(figs: list, hardware: str | None = None, band: bool = False, host_time: bool = True,
-                frontend: bool = True, custom_all_reduce: bool = True):
+                frontend: bool = True, custom_all_reduce: bool = True, progress=None):
     """One row per figure: published value, prediction, ratio (prediction / published), or why refused.
 
     ``band``: each priced figure is priced again with every public fit of its device
     (:func:`sim.cost.bands.band_profiles`); ``predicted_lo`` / ``predicted_hi`` is ``[min, max]`` over
     those and the central prediction, and ``in_band`` says whether the published value lies inside.
-    ``host_time`` / ``frontend`` / ``custom_all_reduce``: :func:`predict`.
+    ``host_time`` / ``frontend`` / ``custom_all_reduce``: :func:`predict`. ``progress``: called with no argument once
+    per figure, priced or refused (a progress bar's ``update``).
     """
     import pandas as pd
     from sim.bench import plain
@@ -318,4 +319,6 @@ def run_figures(figs: list, hardware: str | None = None, band: bool = False, hos
         if why is not None:
             row["status"] = "refused: " + why
         rows.append(row)
+        if progress is not None:
+            progress()
     return pd.DataFrame(rows)
