@@ -48,10 +48,10 @@ def test_a_run_without_its_gaps_gives_the_same_result_from_their_counts():
     kept, lean = _run(), _run(keep_gaps=False)
     assert lean.itls is None and isinstance(kept.itls, plain.Gaps)
     tokens = int(sum(len(x) for x in kept.itls))
-    assert lean.itl_counts.n == tokens
-    assert lean.itl_counts.values.size < tokens / 4            # gaps repeat: one per step the requests share
-    np.testing.assert_array_equal(lean.itl_counts.counts, kept.itl_counts.counts)
-    np.testing.assert_array_equal(lean.token_counts, kept.token_counts)
+    assert lean.tally.gaps.n == tokens
+    assert lean.tally.gaps.values.size < tokens / 4            # gaps repeat: one per step the requests share
+    np.testing.assert_array_equal(lean.tally.gaps.counts, kept.tally.gaps.counts)
+    np.testing.assert_array_equal(lean.tally.tok, kept.tally.tok)
     a, b = plain.serve_result(kept, detailed=False), plain.serve_result(lean, detailed=False)
     assert json.dumps(a) == json.dumps(b)
     flat = np.concatenate([np.asarray(x) for x in kept.itls])
@@ -66,7 +66,7 @@ def test_without_a_front_end_the_counts_are_made_from_the_token_times(monkeypatc
     chunk gives the one-pass statistics and peak tokens per second."""
     import sim.bench.plain_results as pr
     r = _run(frontend=False)
-    assert r.itl_counts is None
+    assert r.tally is None
     whole = plain.serve_result(r)
     flat = np.concatenate([np.asarray(x) for x in whole["itls"]])
     assert whole["p99_itl_ms"] == float(np.percentile(flat, 99)) * 1000

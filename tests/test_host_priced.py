@@ -153,8 +153,8 @@ def test_frontend_gaps_in_chunks_equal_one_pass(monkeypatch):
     small = plain.run(m, _hw(fe=fe), wl, **kw)
     np.testing.assert_array_equal(small.e2el, one.e2el)
     np.testing.assert_array_equal(small.itls.flat(), one.itls.flat())
-    np.testing.assert_array_equal(small.itl_counts.counts, one.itl_counts.counts)   # counted as they land
-    np.testing.assert_array_equal(small.token_counts, one.token_counts)
+    np.testing.assert_array_equal(small.tally.gaps.counts, one.tally.gaps.counts)   # counted as they land
+    np.testing.assert_array_equal(small.tally.tok, one.tally.tok)
     assert any(sum(o) > sum(b) for o, b in zip(small.itls, base.itls))   # the front end binds somewhere
     np.testing.assert_allclose(small.e2el, small.ttft + np.array([sum(x) for x in small.itls]), rtol=1e-12)
 

@@ -51,9 +51,8 @@ from sim.cost.fingerprint import host_fields
 from sim.bench.plain_workload import MAX_LEN, MAX_PROMPTS, PlainError, PlainWorkload, int_arg, arrival_times, \
     file_workload, random_workload  # noqa: F401 (re-exported: the workload half of this module)
 from sim.workload.job import Job
-from sim.bench.gap_counts import GapCounts
-from sim.bench.plain_results import (Gaps, ITLs, overheads_words, provenance, serve_result, throughput_result,  # noqa: F401
-                                     token_seconds)
+from sim.bench.plain_results import (Gaps, ITLs, Tally, overheads_words, provenance, serve_result,  # noqa: F401
+                                     throughput_result)
 
 # vLLM LLM-class (offline) defaults by device; source in the module docstring.
 OFFLINE_DEFAULTS = {
@@ -98,8 +97,7 @@ class PlainRun:
     duration: float
     info: dict
     replica: np.ndarray | None = None   # with data_parallel_size > 1: the replica each request was routed to
-    itl_counts: GapCounts | None = None   # every gap, counted (the front end's pass; else made from itls)
-    token_counts: np.ndarray | None = None   # output tokens per whole second from start.min(), with itl_counts
+    tally: Tally | None = None   # the gaps counted and tokens per second (the front end's pass; else from itls)
 
 
 def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstiness: float = 1.0,
@@ -172,16 +170,16 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
                                                      progress)
     makespan = float(res.makespan) if where is None else makespan
     start, ttft, e2el, itls = _timings(recs)
-    counts = (None, None)   # the gaps' counts and tokens per second, where the front end's pass makes them
+    tally = None   # the gaps counted and tokens per second, where the front end's pass makes them
     if fe is not None:
-        start, ttft, e2el, itls, counts = _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el,
+        start, ttft, e2el, itls, tally = _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el,
                                                          keep_gaps)
         makespan = max(makespan, float((start + e2el).max()))
     info = _info(model, hw, sv, sched, graphs, cap, bs, blocks, token_policy, results, recs, offline, par,
                  moe_routing)
     info["overheads"] = _overheads_info(hw, host, fe, async_on, fe_on, host_time, results)
     info.update(_layout_info(par, nd, router, blocks, where is not None, par.dp_attention(model)))
-    return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where, *counts)
+    return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where, tally)
 
 
 def _send_times(n: int, offline: bool, arrivals, request_rate: float, burstiness: float, seed: int) -> np.ndarray:
@@ -376,9 +374,8 @@ def _info(model, hw, sv, sched, graphs, cap, bs, blocks, token_policy, results, 
 
 
 def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, keep_gaps: bool = True):
-    """Send times, TTFT, E2E and ITLs as a ``vllm bench serve`` client sees them through the API server, and
-    ``(gap counts, output tokens per second)`` (:class:`sim.bench.gap_counts.GapCounts`, counted as the gaps land;
-    the ITLs are None unless ``keep_gaps``).
+    """Send times, TTFT, E2E and ITLs as a ``vllm bench serve`` client sees them through the API server, and their
+    :class:`sim.bench.plain_results.Tally`, made as the gaps land (the ITLs are None unless ``keep_gaps``).
 
     A request is sent at ``sent``, reaches the engine after its wait for the API server and its
     ``before`` seconds there (HTTP, tokenisation), and its first token reaches the client ``after``
@@ -397,18 +394,14 @@ def _with_frontend(fe, recs, results, where, sent, delays, start, ttft, e2el, ke
     np.cumsum([max(len(r["token_times"][0]) - 1, 0) for r in recs], out=off[1:])
     values = np.empty(int(off[-1]), np.float64) if keep_gaps else None
     where = None if where is None else np.asarray(where, np.int64)   # each request's replica
-    counts, tok = GapCounts(), np.zeros(0, np.int64)
+    tally = Tally(float(s0.min()))
     for a in range(0, len(recs), FRONTEND_CHUNK):
         b = min(a + FRONTEND_CHUNK, len(recs))
         g = _frontend_gaps(fe, recs, results, where, a, b, off, out_e2el)
-        counts.add(g)
         if values is not None:
             values[off[a]:off[b]] = g
-        t = token_seconds(s0[a:b], ttft[a:b], [g[off[i] - off[a]:off[i + 1] - off[a]] for i in range(a, b)],
-                          float(s0.min()))
-        tok = np.pad(tok, (0, max(0, len(t) - len(tok))))
-        tok[:len(t)] += t
-    return s0, ttft, out_e2el, (Gaps(values, off) if keep_gaps else None), (counts, tok)
+        tally.add(s0[a:b], ttft[a:b], [g[off[i] - off[a]:off[i + 1] - off[a]] for i in range(a, b)], flat=g)
+    return s0, ttft, out_e2el, (Gaps(values, off) if keep_gaps else None), tally
 
 
 FRONTEND_CHUNK = 1024   # requests whose token times are joined at once (bounded memory, few numpy calls)

@@ -103,12 +103,37 @@ def fold_seconds(counts, nsec: int) -> np.ndarray:
     return out
 
 
+class Tally:
+    """What a result reads of every request's gaps, added a chunk of requests at a time: the gaps counted
+    (:class:`GapCounts`) and the output tokens per whole second from ``t0`` (:func:`token_seconds`, not yet
+    clipped to the run's seconds: :meth:`per_second`)."""
+
+    def __init__(self, t0: float):
+        self.t0 = float(t0)
+        self.gaps = GapCounts()
+        self.tok = np.zeros(0, np.int64)
+
+    def add(self, start, ttft, gaps: list, flat=None) -> None:
+        """Requests sent at ``start`` with TTFTs ``ttft`` and gaps ``gaps`` (one array each; ``flat``: them joined,
+        where the caller has it)."""
+        self.gaps.add(flat if flat is not None else (np.concatenate(gaps) if gaps else np.zeros(0)))
+        t = token_seconds(start, ttft, gaps, self.t0)
+        if len(t) > len(self.tok):
+            self.tok = np.pad(self.tok, (0, len(t) - len(self.tok)))
+        self.tok[:len(t)] += t
+
+    def per_second(self, nsec: int) -> np.ndarray:
+        return fold_seconds(self.tok, nsec)
+
+
 def _stats(x, percentiles) -> tuple:
     """Mean, median, standard deviation and ``percentiles`` of ``x`` (an array, or a :class:`GapCounts`), in ms."""
-    if isinstance(x, GapCounts) and x.n:
-        return (x.mean() * 1000, x.median() * 1000, x.std() * 1000,
-                [(p, x.percentile(p) * 1000) for p in percentiles])
-    a = np.asarray(x, np.float64) if not isinstance(x, GapCounts) and len(x) else np.zeros(1)
+    if isinstance(x, GapCounts):
+        if x.n:
+            return (x.mean() * 1000, x.median() * 1000, x.std() * 1000,
+                    [(p, x.percentile(p) * 1000) for p in percentiles])
+        x = ()
+    a = np.asarray(x, np.float64) if len(x) else np.zeros(1)
     return (float(np.mean(a)) * 1000, float(np.median(a)) * 1000, float(np.std(a)) * 1000,
             [(p, float(np.percentile(a, p)) * 1000) for p in percentiles])
 
@@ -137,18 +162,16 @@ def serve_result(r, *, percentiles=(99.0,), metrics=("ttft", "tpot", "itl", "e2e
     # peak output tokens per whole second and peak concurrency, as calculate_metrics buckets them
     t0 = float(r.start.min())
     nsec = int(np.ceil(float((r.start + r.e2el).max()) - t0)) + 1
-    if r.itl_counts is not None:   # the front end's pass counted both (sim.bench.plain._with_frontend)
-        allitl, tok = r.itl_counts, fold_seconds(r.token_counts, nsec)
-    else:
-        if r.itls is None:   # pragma: no cover - a run keeps its gaps or their counts
-            raise PlainError("serve_result: the run kept neither its gaps nor their counts")
+    tally = r.tally   # the front end's pass made it as the gaps landed (sim.bench.plain._with_frontend)
+    if tally is None:
+        if r.itls is None:   # pragma: no cover - a run keeps its gaps or their tally
+            raise PlainError("serve_result: the run kept neither its gaps nor their tally")
         gap = r.itls.array if isinstance(r.itls, ITLs) else (lambda i: np.asarray(r.itls[i], np.float64))
-        allitl, tok = GapCounts(), np.zeros(nsec, np.int64)
+        tally = Tally(t0)
         for lo in range(0, n, TOKEN_CHUNK):   # counts add exactly: requests a chunk at a time bound the memory
             hi = min(n, lo + TOKEN_CHUNK)
-            gs = [gap(i) for i in range(lo, hi)]
-            allitl.add(np.concatenate(gs) if gs else np.zeros(0))
-            tok += fold_seconds(token_seconds(r.start[lo:hi], r.ttft[lo:hi], gs, t0), nsec)
+            tally.add(r.start[lo:hi], r.ttft[lo:hi], [gap(i) for i in range(lo, hi)])
+    allitl, tok = tally.gaps, tally.per_second(nsec)
     if detailed and r.itls is None:
         raise PlainError("serve_result: detailed results need the run's per-request gaps (plain.run(keep_gaps=True))")
     # to the nanosecond: a client slot freed at t and taken again at t (send = start + e2el, summed in floating
