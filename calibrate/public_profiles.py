@@ -109,8 +109,9 @@ def predict(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, sms: int | Non
     e_elem = k.eff_m if k.eff_elem is None else k.eff_elem
     e_att = k.eff_c if k.eff_att is None else k.eff_att
     e_kv = k.eff_m if k.eff_kv is None else k.eff_kv
-    rc = np.where(kind == "attn", peak * e_att, peak * k.eff_c)
-    rb = np.select([kind == "gemm", kind == "attn"], [bw * k.eff_m, bw * e_kv], bw * e_elem)
+    att = np.char.startswith(kind.astype(str), "attn")     # attn, and attn_mixed (held out, reported)
+    rc = np.where(att, peak * e_att, peak * k.eff_c)
+    rb = np.select([kind == "gemm", att], [bw * k.eff_m, bw * e_kv], bw * e_elem)
     host = rows["host_timed"].to_numpy(dtype=bool) * (k.host_call_s or 0.0)
     return np.maximum(F / rc, B / rb) + k.per_kernel_s * rows["kernels"].to_numpy() + host
 
@@ -206,6 +207,13 @@ def evaluate(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, max_tokens: i
     rel = p / rows["seconds"].to_numpy() - 1.0
     fams = {f: _stats(rel[(rows["family"] == f).to_numpy()]) for f in FAMILY_ORDER if (rows["family"] == f).any()}
     out = {"tokens": [int(rows["n"].min()), int(rows["n"].max())], "by_family": fams}
+    ops = rows["op"].to_numpy()
+    regimes = [o for o in ("attention_decode", "attention_prefill", "attention_mixed") if (ops == o).any()]
+    if regimes:   # vLLM-profile attention by batch kind, and where kernels run over 100 us (the intercept aside)
+        big = rows["seconds"].to_numpy() > 1e-4
+        out["attention_by_regime"] = {o: {"all": _stats(rel[ops == o]),
+                                          "over_100us": _stats(rel[(ops == o) & big]) if ((ops == o) & big).any()
+                                          else None} for o in regimes}
     if rows["in_layer"].any():
         groups = {"layer": None, "layer_gemm_attention": ("qkv", "o", "gate_up", "down", "attention"),
                   "layer_gemm": ("qkv", "o", "gate_up", "down")}
@@ -213,6 +221,8 @@ def evaluate(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, max_tokens: i
             groups["layer_shared"] = tuple(f for f in LAYER_FAMILIES if f in shared)
         for name, fam in groups.items():
             ls = layer_sums(rows, p, fam)
+            if ls.empty:    # a profile of attention alone has no GEMM sums
+                continue
             r = (ls["p"] / ls["y"] - 1.0).to_numpy()
             n = ls.index.to_numpy()
             out[name] = {**_stats(r), "decode_like_n_le_128": _stats(r[n <= 128]),
@@ -232,6 +242,13 @@ PRESETS = {
                  "NVIDIA H100 (Vidur's 'h100'; LLMServingSim's 'H100')", False),
     "a100-80gb": (("vidur-a100-llama-2-7b", "vidur-a100-llama-3-8b", "llmcompass-a100"), ("elem_unfused",),
                   "NVIDIA A100 (Vidur's 'a100'; LLMCompass's real A100 80GB)", True),
+    # vLLM 0.19's own kernels, one decoder layer per model (calibrate.llmservingsim_perf); batches mixing a prefill
+    # chunk with decodes are held out and reported (attn_mixed)
+    "rtx-pro-6000": (tuple(f"llmservingsim-rtxpro6000-{m}{p}" for m in ("llama-3.1-8b", "qwen3-32b", "qwen3-30b-a3b")
+                           for p in ("", "-attention")), ("attn_mixed",),
+                     "NVIDIA RTX PRO 6000 Blackwell Server Edition (LLMServingSim's 'RTXPRO6000')", True),
+    "rtx-4090": (("llmservingsim-rtx4090-llama-3.1-8b", "llmservingsim-rtx4090-llama-3.1-8b-attention"),
+                 ("attn_mixed",), "NVIDIA GeForce RTX 4090 (LLMServingSim's 'RTX4090')", True),
 }
 CROSS = {  # table -> ((fit profile, held-out profile), ...)
     # across sources, every element-wise row priced as vLLM's fused kernel (LLMServingSim's held out of its fit)
@@ -248,7 +265,13 @@ CROSS = {  # table -> ((fit profile, held-out profile), ...)
                         ("vidur-h100-llama-2-7b", "vidur-h100-internlm-20b"),
                         ("vidur-h100-internlm-20b", "vidur-h100-llama-2-7b")),
 }
-CROSS_PRESET = {"h100": "h100-sxm", "a100": "a100-80gb", "h100-by-stack": "h100-sxm", "h100-same-stack": "h100-sxm"}
+_RTX = {m: f"llmservingsim-rtxpro6000-{m}+llmservingsim-rtxpro6000-{m}-attention"
+        for m in ("llama-3.1-8b", "qwen3-32b", "qwen3-30b-a3b")}
+CROSS["rtxpro6000-same-stack"] = (   # one profiler, vLLM's kernels, one device, another model ("+": profiles joined)
+    (_RTX["llama-3.1-8b"], _RTX["qwen3-32b"]), (_RTX["qwen3-32b"], _RTX["llama-3.1-8b"]),
+    (_RTX["llama-3.1-8b"], _RTX["qwen3-30b-a3b"]))
+CROSS_PRESET = {"h100": "h100-sxm", "a100": "a100-80gb", "h100-by-stack": "h100-sxm", "h100-same-stack": "h100-sxm",
+                "rtxpro6000-same-stack": "rtx-pro-6000"}
 
 
 def _datasheet(preset: str) -> tuple[float, float, int | None]:
@@ -280,9 +303,16 @@ def fit_preset(preset: str, cache: dict | None = None) -> dict:
                      "operators_used": sorted(used["op"].unique().tolist()),
                      "tokens": [int(r["n"].min()), int(r["n"].max())]})
     resid = {p: evaluate(r, k, peak, bw, sms=sms) for p, r in allrows.items()}
-    return {"preset": preset, "device": device, "enforce_dtypes": enforce, "peak_flops": peak, "mem_bw": bw,
+    vllm_prof = all(p.startswith("llmservingsim-rtx") for p in profiles)   # calibrate.llmservingsim_perf's bundles
+    notes = {"measured_dtype": "bfloat16", "attention_source": "vllm"} if vllm_prof else {}
+    return {"preset": preset, "device": device, "enforce_dtypes": enforce, **notes, "peak_flops": peak, "mem_bw": bw,
             "sm_count": sms, "coefficients": k.as_dict(),
             "rows": int(len(fitrows)), "max_tokens": int(fitrows.loc[fitrows["in_layer"] | (fitrows["family"] == "lm_head"), "n"].max()), "sources": srcs, "residuals": resid}
+
+
+def _joined(name: str, cache: dict) -> pd.DataFrame:
+    """The rows of a profile, or of several joined by ``+`` (a model's operators and its attention)."""
+    return pd.concat([cache.setdefault(p, PROFILES[p]()) for p in name.split("+")], ignore_index=True)
 
 
 def cross_validate(cache: dict | None = None) -> dict:
@@ -294,8 +324,7 @@ def cross_validate(cache: dict | None = None) -> dict:
         held = PRESETS[CROSS_PRESET[dev]][1]
         res = []
         for fit_p, test_p in pairs:
-            fr = cache.setdefault(fit_p, PROFILES[fit_p]())
-            tr = cache.setdefault(test_p, PROFILES[test_p]())
+            fr, tr = _joined(fit_p, cache), _joined(test_p, cache)
             scope = _fit_scope(fr, held)
             shared = tuple(sorted(set(scope.loc[scope["in_layer"], "family"]) & set(tr.loc[tr["in_layer"], "family"])))
             k = fit_rows(scope, peak, bw, sms)

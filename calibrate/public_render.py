@@ -42,8 +42,13 @@ def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None 
     k = fit["coefficients"]
     srcs = fit["sources"]
     names = ", ".join(s["profile"] for s in srcs)
-    att = ("fitted: attention's fraction of peak (prefill over an empty cache, LLMServingSim)"
+    vllm_att = fit.get("attention_source") == "vllm"   # LLMServingSim's vLLM profiles: prefill and decode batches
+    att = (("fitted: attention's fraction of peak (vLLM's backend: prefill chunks and decodes, LLMServingSim)"
+            if vllm_att else "fitted: attention's fraction of peak (prefill over an empty cache, LLMServingSim)")
            if k["eff_att"] is not None else "not fitted: no source times attention; eff_c applies")
+    kv = ("fitted: attention over cached tokens' fraction of mem_bw (decode KV reads, vLLM's backend)"
+          if k["eff_kv"] is not None else
+          "not fitted: no source times attention over cached tokens (decode KV reads); eff_m applies")
     elem = ("fitted: fused element-wise kernels' fraction of mem_bw" if k["eff_elem"] is not None
             else "not fitted: eff_m applies")
     lines = [
@@ -54,8 +59,7 @@ def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None 
         f"eff_m: {_fmt(k['eff_m'], '.4f')}".ljust(26) + "# fitted: weight streams' fraction of mem_bw",
         f"eff_elem: {_fmt(k['eff_elem'], '.4f')}".ljust(26) + f"# {elem}",
         f"eff_att: {_fmt(k['eff_att'], '.4f')}".ljust(26) + f"# {att}",
-        f"eff_kv: {_fmt(k['eff_kv'], '.4f')}".ljust(26)
-        + "# not fitted: no source times attention over cached tokens (decode KV reads); eff_m applies",
+        f"eff_kv: {_fmt(k['eff_kv'], '.4f')}".ljust(26) + f"# {kv}",
         f"per_kernel_s: {_fmt(k['per_kernel_s'], '.3e')}".ljust(26) + "# fitted: the per-operator intercept",
         "per_layer_s: 0.0".ljust(26) + "# assumption: no per-layer cost beyond its kernels",
         "roofline: operator".ljust(26) + "# the form fitted: each operator its own roofline, element-wise kernels charged",
@@ -63,7 +67,11 @@ def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None 
         "calibration_status: public-profiles",
     ]
     fr = {"device": fit["device"]}
-    if fit["enforce_dtypes"]:
+    measured = fit.get("measured_dtype", "float16")
+    if fit["enforce_dtypes"] and measured == "bfloat16":
+        fr["dtypes"] = ["float16", "bfloat16"]
+        why = "measured in bfloat16; fp16 runs at bf16's tensor-core peak (datasheet)"
+    elif fit["enforce_dtypes"]:
         fr["dtypes"] = ["float16", "bfloat16"]
         why = "measured in float16; bf16 runs at fp16's tensor-core peak (datasheet)"
     else:
@@ -71,11 +79,13 @@ def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None 
     fr["max_new_tokens"] = fit["max_tokens"]
     lines.append("fitted_range: " + json.dumps(fr) + f"   # {why}; no model restriction: see docs/calibration.md")
     rows = " + ".join(f"{s['rows_used']:,}" for s in srcs)
-    att_note = ("prefill attention from LLMServingSim (HF SDPA)" if k["eff_att"] is not None
-                else "attention not in any source")
+    att_note = (("prefill and decode attention from vLLM 0.19's backend (LLMServingSim); batches mixing a prefill "
+                 "chunk with decodes held out" if vllm_att else
+                 "prefill attention from LLMServingSim (HF SDPA); decode KV reads not measured")
+                if k["eff_att"] is not None else "attention not in any source; decode KV reads not measured")
     block = {
-        "calibration_note": (f"fitted on public per-operator profiles ({names}; {rows} operator rows, float16, "
-                             f"1-{fit['max_tokens']} tokens); {att_note}; decode KV reads not measured; host time "
+        "calibration_note": (f"fitted on public per-operator profiles ({names}; {rows} operator rows, {measured}, "
+                             f"1-{fit['max_tokens']} tokens); {att_note}; host time "
                              "per step and front-end time priced apart (host_step, frontend); not end to end"),
         "reference": {
             "sources": [{k2: s[k2] for k2 in ("profile", "repo", "path", "commit", "license", "shipped", "rows_used",
@@ -119,6 +129,12 @@ def _apct(x) -> str:
     return "—" if x is None else f"{100 * x:.1f}%"
 
 
+def _short(name: str) -> str:
+    """A joined profile's name as the table shows it: ``a+a-attention`` is ``a (+ attention)``."""
+    parts = name.split("+")
+    return parts[0] + "".join(" (+ attention)" if p == parts[0] + "-attention" else f" + {p}" for p in parts[1:])
+
+
 def crossval_markdown(cv: dict) -> str:
     """The cross-validation tables docs/calibration.md quotes (one per device)."""
     parts = []
@@ -134,7 +150,7 @@ def crossval_markdown(cv: dict) -> str:
             cells = [_pct(h["by_family"][f]["median"]) if f in h["by_family"] else "—" for f in fams]
             lay = [f"{_apct(h[g]['median_abs'])} / {_apct(h[g]['p90_abs'])}" if g in h else "—" for g in
                    ("layer", "layer_shared", "layer_gemm_attention", "layer_gemm")]
-            lines.append(f"| {p['fit_on']} → {p['predict']} | {h['tokens'][0]}–{h['tokens'][1]} | "
+            lines.append(f"| {_short(p['fit_on'])} → {_short(p['predict'])} | {h['tokens'][0]}–{h['tokens'][1]} | "
                          + " | ".join(cells) + " | " + " | ".join(lay) + " |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)

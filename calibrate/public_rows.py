@@ -13,11 +13,11 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from . import kernel_stacks, llmcompass, llmservingsim, vidur
+from . import kernel_stacks, llmcompass, llmservingsim, llmservingsim_perf, vidur
 
 S = 2.0  # every source profiles float16
 LAYER_FAMILIES = ("qkv", "o", "gate_up", "down", "norm", "rope", "act", "add", "attention")
-FAMILY_ORDER = LAYER_FAMILIES + ("lm_head", "matmul", "softmax", "layernorm", "gelu")
+FAMILY_ORDER = LAYER_FAMILIES + ("attention_mixed", "lm_head", "matmul", "softmax", "layernorm", "gelu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +159,67 @@ def llmcompass_rows() -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
+def _shape_of_preset(name: str) -> Shape:
+    from sim.cost.profiles import load_model
+    m = load_model(name)
+    return Shape(name, m.hidden_size, m.n_heads, m.n_kv_heads, m.head_dim, m.intermediate_size, m.vocab_size)
+
+
+def perf_rows(device: str, model: str, part: str) -> pd.DataFrame:
+    """Operator rows of one LLMServingSim vLLM profile (:mod:`calibrate.llmservingsim_perf`), tensor parallel 1.
+
+    ``part`` ``"ops"``: the decoder layer's GEMMs and fused element-wise kernels (``dense.csv``) and the LM head
+    (``per_sequence.csv``, one row per sampled sequence); ``"attention"``: ``attention.csv``, each row one batch
+    whose flops and KV bytes are summed over its items, the prefill chunk (``n = prefill_chunk`` over
+    ``c = kv_prefill``) and ``n_decode`` decodes (``n = 1`` over ``c = kv_decode``), as :mod:`sim.cost.terms`
+    sums an iteration's. Batches of decodes alone or of a prefill chunk alone are kind ``attn``; batches mixing
+    both are kind ``attn_mixed`` (family ``attention_mixed``), which a preset holds out of its fit and reports:
+    one roofline over the summed flops and bytes misses them (docs/calibration.md). The two parts are two profiles of the fit (each weighted as one), so the 19,000
+    attention batches do not outweigh the 1,400 operator rows. Left out: ``embedding`` and ``final_layernorm``
+    (outside the decoder layer), ``qk_norm`` (Qwen3's per-head RMSNorm, which the cost model does not charge) and
+    ``sampler`` (sampling, priced with the host's time per step).
+    """
+    folder, preset, _ = llmservingsim_perf.BUNDLES[(device, model)]
+    m = _shape_of_preset(preset)
+    key = f"llmservingsim-{device}-{model}" + ("" if part == "ops" else f"-{part}")
+    d, H, Hkv, Dh, Fm, V = m.d, m.H, m.Hkv, m.Dh, m.F, m.V
+    out = []
+    if part == "attention":
+        a = llmservingsim_perf.load(device, model, "attention")
+        npf, cp = a["prefill_chunk"].to_numpy(np.float64), a["kv_prefill"].to_numpy(np.float64)
+        nd, cd = a["n_decode"].to_numpy(np.float64), a["kv_decode"].to_numpy(np.float64)
+        F = 4.0 * H * Dh * ((npf * cp + npf * (npf + 1.0) / 2.0) + nd * (cd + 1.0))
+        B = S * 2.0 * Hkv * Dh * ((cp + npf) * (npf > 0) + nd * (cd + 1.0))
+        mixed = (npf > 0) & (nd > 0)
+        return pd.concat([op_rows(key, fam, kind, (npf + nd)[sel], a["seconds"].to_numpy()[sel], F[sel], B[sel],
+                                  c=((cp * npf + cd * nd) / np.maximum(npf + nd, 1.0))[sel], op=op,
+                                  in_layer=False)   # a batch over cached tokens: no layer sum at n tokens
+                          for op, fam, kind, sel in (("attention_decode", "attention", "attn", npf == 0),
+                                                     ("attention_prefill", "attention", "attn", nd == 0),
+                                                     ("attention_mixed", "attention_mixed", "attn_mixed", mixed))],
+                         ignore_index=True)
+    if part != "ops":
+        raise ValueError(f"unknown part {part!r} of an LLMServingSim vLLM profile; known: ops, attention")
+    gem = {"qkv_proj": ("qkv", d, (H + 2 * Hkv) * Dh), "o_proj": ("o", H * Dh, d),
+           "gate_up_proj": ("gate_up", d, 2 * Fm), "down_proj": ("down", Fm, d)}
+    dense = llmservingsim_perf.load(device, model, "dense")
+    for op, g in dense.groupby("layer", sort=False):
+        n = g["tokens"].to_numpy(np.float64)
+        t = g["seconds"].to_numpy()
+        if op in gem:
+            fam, K, N = gem[op]
+            out.append(gemm_rows(key, fam, n, t, K, N, op=op))
+        elif op in ("layernorm", "rotary_emb", "act_fn"):
+            fam = {"rotary_emb": "rope", "act_fn": "act"}.get(op, "norm")
+            k, B = kernel_stacks.elementwise("vllm", fam, n, d, H, Hkv, Dh, Fm)
+            out.append(op_rows(key, fam, "elem", n, t, 0.0 * n, B, op=op, kernels=k))
+    seq = llmservingsim_perf.load(device, model, "per_sequence")
+    g = seq[seq["layer"] == "lm_head"]
+    out.append(gemm_rows(key, "lm_head", g["sequences"].to_numpy(np.float64), g["seconds"].to_numpy(), d, V,
+                         op="lm_head", in_layer=False))
+    return pd.concat(out, ignore_index=True)
+
+
 PROFILES = {
     "vidur-h100-llama-2-7b": lambda: vidur_rows("h100", "llama-2-7b"),
     "llmservingsim-h100-llama-3.1-8b": lambda: llmservingsim_rows(1),
@@ -168,6 +229,9 @@ PROFILES = {
     "vidur-a100-llama-2-7b": lambda: vidur_rows("a100", "llama-2-7b"),
     "vidur-a100-llama-3-8b": lambda: vidur_rows("a100", "llama-3-8b"),
     "llmcompass-a100": llmcompass_rows,
+    **{f"llmservingsim-{dev}-{mod}" + ("" if part == "ops" else f"-{part}"):
+       (lambda dev=dev, mod=mod, part=part: perf_rows(dev, mod, part))
+       for dev, mod in llmservingsim_perf.BUNDLES for part in ("ops", "attention")},
 }
 
 
@@ -178,6 +242,11 @@ def source_of(profile: str) -> dict:
         f, path, commit = vidur.MLP_FILES[(dev, model)]
         return {"repo": vidur.REPO, "path": path, "commit": commit, "license": "MIT",
                 "shipped": f"calibrate/data/vidur/{f}"}
+    for (dev, mod), (folder, _, commit) in llmservingsim_perf.BUNDLES.items():
+        if profile in (f"llmservingsim-{dev}-{mod}", f"llmservingsim-{dev}-{mod}-attention"):
+            tables = "attention" if profile.endswith("-attention") else "{dense,per_sequence}"
+            return {"repo": llmservingsim_perf.REPO, "path": f"{folder}/tp1/{tables}.csv", "commit": commit,
+                    "license": "MIT", "shipped": f"calibrate/data/llmservingsim-perf/{dev}-{mod}-{tables}.csv"}
     if profile.startswith("llmservingsim-"):
         f, path = llmservingsim.FILES[1]
         return {"repo": llmservingsim.REPO, "path": path, "commit": llmservingsim.COMMIT, "license": "MIT",

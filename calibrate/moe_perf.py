@@ -1,0 +1,120 @@
+"""Held-out check of rksim's MoE layer against vLLM's sparse-MoE block measured with forced routing.
+
+LLMServingSim's profile of Qwen3-30B-A3B on the RTX PRO 6000 (``moe.csv``, :mod:`calibrate.llmservingsim_perf`)
+times vLLM 0.19's whole ``Qwen3MoeSparseMoeBlock`` (router gate and fused experts) at ``T`` tokens routed so that
+exactly ``E_hit`` distinct experts receive the ``T k`` picks. Each row is priced with the products rksim's engine
+charges for that layer (:func:`sim.cost.gemm.variant_gemms`' router and routed experts, with the row's ``E_hit`` in
+place of the expected count) on the ``rtx-pro-6000`` preset, whose coefficients were fitted on dense operators and
+attention only (:mod:`calibrate.public_profiles`): no MoE row set any of them, so every row is held out::
+
+    t = max(F_q(T, d, E) / rc, d E s / rm)                                      # router gate
+        + sum_{p in (w13, w2)} max(F_q,p / rc_moe, E_hit K_p N_p s / rm)        # E_hit groups of T k / E_hit rows
+        + 3 Fe T k s / (mem_bw eff_elem)                                        # silu_and_mul
+        + (1 + 6) per_kernel_s                                                  # gate + fused_moe's six launches
+
+``F_q``: whole waves of tiles where the preset has ``sm_count`` (:func:`sim.cost.gemm.grouped_wave_flops`);
+``rc = peak_flops eff_c``, ``rc_moe`` the experts' rate (:func:`sim.cost.gemm.expert_rate`), ``rm = mem_bw eff_m``.
+
+``python -m calibrate.moe_perf`` prints every row and the median |error| by regime; ``--write`` writes them to
+:data:`OUT` (docs/calibration.md quotes it), ``--check`` exits 1 where that file differs from what the rows give.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .moe_kernels import FUSED_MOE_KERNELS
+
+DEVICE, MODEL, PRESET, HARDWARE = "rtxpro6000", "qwen3-30b-a3b", "qwen3-30b-a3b", "rtx-pro-6000"
+OUT = Path(__file__).resolve().parent / "data" / "moe" / "llmservingsim-rtxpro6000-check.json"
+
+
+def block_seconds(m, hw, tokens: int, hit: int) -> float:
+    """One MoE block of ``m`` at ``tokens`` tokens over ``hit`` distinct experts on ``hw`` (module formula)."""
+    from sim.cost.gemm import expert_rate, grouped_wave_flops
+    from sim.cost.roofline import linear_rates
+    rc, rc8 = linear_rates(hw)
+    rcm = expert_rate(hw, m, rc, rc8 if m.quantization == "fp8" else rc)
+    rm = hw.mem_bw * hw.eff_m
+    d, E, Fe, k, s = m.hidden_size, m.num_experts, m.moe_intermediate_size, m.experts_per_token, m.dtype_bytes
+    wave = (lambda g, r, K, N: float(grouped_wave_flops(g, r, K, N, hw.sm_count)) if hw.sm_count
+            else 2.0 * g * r * K * N)
+    t = max(wave(1.0, float(tokens), d, E) / rc, d * E * m.weight_elem_bytes / rm)
+    per = tokens * k / hit
+    for K, N in ((d, 2 * Fe), (Fe, d)):
+        t += max(wave(float(hit), per, K, N) / rcm, hit * K * N * m.weight_elem_bytes / rm)
+    eelem = hw.eff_m if hw.eff_elem is None else hw.eff_elem
+    t += 3.0 * Fe * tokens * k * s / (hw.mem_bw * eelem)
+    return t + (1 + FUSED_MOE_KERNELS) * hw.per_kernel_s
+
+
+def compare(hardware: str = HARDWARE) -> list[dict]:
+    """Every measured row with ``predicted_us`` and ``error`` (``predicted / measured - 1``)."""
+    from sim.cost.profiles import load_hardware, load_model
+    from . import llmservingsim_perf
+    m, hw = load_model(PRESET), load_hardware(hardware)
+    d = llmservingsim_perf.load(DEVICE, MODEL, "moe")
+    out = []
+    for T, hit, sec in zip(d["tokens"].tolist(), d["activated_experts"].tolist(), d["seconds"].tolist()):
+        if not (m.experts_per_token <= hit <= min(m.num_experts, T * m.experts_per_token)):
+            raise ValueError(f"{llmservingsim_perf.path(DEVICE, MODEL, 'moe')}: activated_experts {hit} at {T} "
+                             f"tokens is impossible for {PRESET} (top-{m.experts_per_token} of {m.num_experts})")
+        p = block_seconds(m, hw, T, hit)
+        out.append({"tokens": T, "activated_experts": hit, "measured_us": sec * 1e6, "predicted_us": p * 1e6,
+                    "error": p / sec - 1.0})
+    return out
+
+
+def summary(rows: list[dict]) -> dict:
+    """Median and largest |error|, and the median signed error, at decode sizes (T <= 256), above, and overall."""
+    out = {}
+    for name, sel in (("T<=256", lambda r: r["tokens"] <= 256), ("T>256", lambda r: r["tokens"] > 256),
+                      ("all", lambda r: True)):
+        e = np.array([r["error"] for r in rows if sel(r)])
+        out[name] = {"rows": int(e.size), "median_error": float(np.median(e)),
+                     "median_abs_error": float(np.median(np.abs(e))), "max_abs_error": float(np.max(np.abs(e)))}
+    return out
+
+
+def render() -> str:
+    """The file :data:`OUT` holds: every row and the summary, 4 significant digits."""
+    rows = compare()
+    r4 = lambda v: float(f"{v:.4g}") if isinstance(v, float) else v  # noqa: E731
+    src = "calibrate/data/llmservingsim-perf/rtxpro6000-qwen3-30b-a3b-moe.csv"
+    doc = {"preset": HARDWARE, "model": PRESET, "source": src,
+           "summary": {k: {k2: r4(v2) for k2, v2 in v.items()} for k, v in summary(rows).items()},
+           "rows": [{k: r4(v) for k, v in r.items()} for r in rows]}
+    return json.dumps(doc, indent=1) + "\n"
+
+
+def main(argv=None) -> int:
+    from traces.store import atomic_write_text
+    ap = argparse.ArgumentParser(prog="python -m calibrate.moe_perf", description=__doc__.splitlines()[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help=f"write the rows and the summary to {OUT.name}")
+    g.add_argument("--check", action="store_true", help=f"exit 1 if {OUT.name} differs from what the rows give")
+    a = ap.parse_args(argv)
+    rows = compare()
+    for r in rows:
+        print(f"T={r['tokens']:5d} E_hit={r['activated_experts']:4d}  measured {r['measured_us']:8.1f} us  "
+              f"predicted {r['predicted_us']:8.1f} us  {100 * r['error']:+6.1f}%")
+    for k, v in summary(rows).items():
+        print(f"{k}: {v['rows']} rows, median |error| {100 * v['median_abs_error']:.1f}% "
+              f"(signed {100 * v['median_error']:+.1f}%), max {100 * v['max_abs_error']:.1f}%")
+    text = render()
+    if a.check and (not OUT.is_file() or OUT.read_text() != text):
+        print(f"{OUT} differs from what the shipped rows and presets give (python -m calibrate.moe_perf --write)",
+              file=sys.stderr)
+        return 1
+    if a.write:
+        atomic_write_text(OUT, text)
+        print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
