@@ -33,8 +33,10 @@ def model_of(p: dict) -> ModelShape:
 
 
 def budget(p: dict) -> dict:
-    m, hw = model_of(p), load_hardware(p["hardware"])
-    total = p["total_gib"] * GIB if p.get("total_gib") else hw.mem_capacity
+    # a logged total is the device's memory; only without one is the hardware preset read (a point may name a
+    # device no preset prices yet: its KV sizing needs only the memory)
+    m = model_of(p)
+    total = p["total_gib"] * GIB if p.get("total_gib") else load_hardware(p["hardware"]).mem_capacity
     return vllm_kv_budget(m, total, p["gpu_memory_utilization"], p["max_num_batched_tokens"], p["max_num_seqs"],
                           p["tensor_parallel_size"], 1, p["rules"])
 
