@@ -103,6 +103,7 @@ def test_engine_settings_match_meta_json(figs):
         sv, par = f["serving"], f["parallelism"]
         assert sv["max_num_seqs"] == kw["max_num_seqs"] and sv["max_num_batched_tokens"] == kw["max_num_batched_tokens"]
         assert par.get("tp", 1) == kw["tensor_parallel_size"] and par.get("dp", 1) == kw["data_parallel_size"]
+        assert par.get("ep", False) is kw["enable_expert_parallel"]
         assert kw["dtype"] == f["dtype"] == "bfloat16" and kw["kv_cache_dtype"] == "auto"
         assert sv["frontend"] is False and sv["host_time"] is True and f["workload"]["request_rate"] == 10
     meta = json.loads(b.meta_path("rtx4090-llama-3.1-8b").read_text())
@@ -117,11 +118,13 @@ def test_engine_settings_match_meta_json(figs):
     assert point["total_gib"] == round(meta["hardware"]["device_total_memory_bytes"] / 2 ** 30, 2)
 
 
-def test_data_parallel_expert_parallel_run_is_refused_by_name(figs):
-    """The DP 2 + expert-parallel run cannot be written as one replica: listed, refused for dp 2, never priced."""
+def test_data_parallel_expert_parallel_run_is_priced_as_dp_attention(figs):
+    """The DP 2 + expert-parallel run is written as its meta.json says (dp 2, ep true), which validate prices as
+    vLLM's DP attention + EP; without ep the same entry would be refused as replicas."""
     for m in b.METRICS:
         f = _mine(figs)[b.figure_id("rtxpro6000-qwen3-30b-a3b-instruct-2507", m)]
-        assert "dp=2" in refusal(f)
+        assert f["parallelism"] == {"tp": 1, "dp": 2, "ep": True} and refusal(f) is None
+        assert "dp=2" in refusal({**f, "parallelism": {"tp": 1, "dp": 2}})
 
 
 def test_a_changed_value_or_workload_is_caught(figs, tmp_path):

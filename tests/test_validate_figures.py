@@ -166,3 +166,20 @@ def test_mixture_of_experts_figures_span_models_layouts_and_publishers(figs):
     assert {(f.get("parallelism") or {}).get("tp", 1) for f in moe} >= {1, 2, 4, 8}
     assert len({_publisher(f["source"]["url"]) for f in moe}) >= 3
     assert {str(f.get("quantization", "")) for f in moe} >= {"mxfp4", "fp8"}
+
+
+def test_dp_attention_with_expert_parallelism_is_one_engine_priced():
+    """parallelism {dp: 2, ep: true} on an MoE model is vLLM's DP attention + EP (one deployment, two engine cores
+    sharing the experts): priced as plain.run(data_parallel_size=2, enable_expert_parallel=True, router='vllm-dp');
+    dp 2 without ep, or on a dense model, stays refused as replicas; a non-boolean ep is an error naming it."""
+    moe = {**_fig(), "model": "qwen3-30b-a3b", "hardware": "h100-sxm", "metric": "duration"}
+    dp = {**moe, "parallelism": {"tp": 1, "dp": 2, "ep": True}}
+    assert refusal(dp) is None
+    assert "dp=2" in refusal({**moe, "parallelism": {"tp": 1, "dp": 2}})
+    assert "dp=2" in refusal({**_fig(), "parallelism": {"tp": 1, "dp": 2, "ep": True}})   # dense: replicas
+    with pytest.raises(FigureError, match="ep must be true or false"):
+        refusal({**moe, "parallelism": {"tp": 1, "dp": 2, "ep": "yes"}})
+    two = predict(dp)
+    one = predict({**moe, "parallelism": {"tp": 1}})
+    # two engine cores split the six requests: each batch half as large, so the run ends sooner than on one GPU
+    assert two["rksim"]["dp_attention"]["expert_parallel_size"] == 2 and two["duration"] < one["duration"]

@@ -192,13 +192,24 @@ def refusal(f: dict) -> str | None:
     par = f.get("parallelism") or {}
     if not isinstance(par, dict):
         raise FigureError(f"figure {f['id']!r}: parallelism must be a mapping such as {{tp: 1}}")
-    bad = set(par) - {"tp", "pp", "dp"}
+    bad = set(par) - {"tp", "pp", "dp", "ep"}
     if bad:
-        raise FigureError(f"figure {f['id']!r}: parallelism: unknown keys {sorted(bad)}; valid: dp, pp, tp")
-    # tp and pp are priced (sim.cost.parallel); replicas behind a router are not a single benchmark's figure
-    if isinstance(par.get("dp"), (int, float)) and par["dp"] > 1:
+        raise FigureError(f"figure {f['id']!r}: parallelism: unknown keys {sorted(bad)}; valid: dp, ep, pp, tp")
+    if "ep" in par and not isinstance(par["ep"], bool):
+        raise FigureError(f"figure {f['id']!r}: parallelism: ep must be true or false (vLLM's "
+                          f"--enable-expert-parallel), got {par['ep']!r}")
+    # tp and pp are priced (sim.cost.parallel); replicas behind a router are not a single benchmark's figure, but
+    # vLLM's DP attention + EP is one engine (dp ranks sharing the experts): priced, requests spread as vLLM's
+    # DP load balancer spreads them (router vllm-dp)
+    if isinstance(par.get("dp"), (int, float)) and par["dp"] > 1 and not _dp_attention(f, par):
         return f"parallelism dp={par['dp']}: a figure is one replica's (replicas: rksim serve --data-parallel-size)"
     return None
+
+
+def _dp_attention(f: dict, par: dict) -> bool:
+    """The figure's layout is vLLM's DP attention + EP: ``dp > 1`` with ``ep: true`` on a mixture-of-experts model."""
+    from sim.cost.profiles import load_model
+    return bool(par.get("ep")) and int(par.get("dp", 1)) > 1 and bool(load_model(f["model"]).num_experts)
 
 
 def _workload(f: dict):
@@ -266,7 +277,9 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
     r = plain.run(model, hw, wl, request_rate=rate, burstiness=burst, max_concurrency=conc,
                   seed=int(w.get("seed", 0)), serving=serving, block_size=bs, arrivals=arr,
                   tensor_parallel_size=int(par.get("tp", 1)), pipeline_parallel_size=int(par.get("pp", 1)),
-                  keep_gaps=False, **over)
+                  enable_expert_parallel=bool(par.get("ep", False)), keep_gaps=False,
+                  **({"data_parallel_size": int(par["dp"]), "router": "vllm-dp"} if _dp_attention(f, par) else {}),
+                  **over)
     pcts = [float(m.split("_")[0][1:]) for m in [f["metric"]] if m.split("_")[0].startswith("p")]
     return plain.serve_result(r, percentiles=pcts or (99.0,), request_rate=rate, burstiness=burst,
                               max_concurrency=conc, model_id=model.name, detailed=False)
