@@ -52,11 +52,14 @@ def block_seconds(m, hw, tokens: int, hit: int) -> float:
     return t + (1 + FUSED_MOE_KERNELS) * hw.per_kernel_s
 
 
-def compare(hardware: str = HARDWARE) -> list[dict]:
-    """Every measured row with ``predicted_us`` and ``error`` (``predicted / measured - 1``)."""
+def compare(hardware: str = HARDWARE, eff_c_moe: float | None = None) -> list[dict]:
+    """Every measured row with ``predicted_us`` and ``error`` (``predicted / measured - 1``), with the preset's
+    ``eff_c_moe`` set to ``eff_c_moe`` (None: the dense products' rate, the preset as no MoE row fitted it)."""
+    import dataclasses
     from sim.cost.profiles import load_hardware, load_model
     from . import llmservingsim_perf
-    m, hw = load_model(PRESET), load_hardware(hardware)
+    m = load_model(PRESET)
+    hw = dataclasses.replace(load_hardware(hardware), eff_c_moe=eff_c_moe)
     d = llmservingsim_perf.load(DEVICE, MODEL, "moe")
     out = []
     for T, hit, sec in zip(d["tokens"].tolist(), d["activated_experts"].tolist(), d["seconds"].tolist()):
@@ -80,15 +83,54 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def fit_eff_c_moe() -> float:
+    """The experts' fraction of ``peak_flops`` that minimises the mean squared log ratio over the prefill-sized rows
+    (more than 256 tokens: below, the weight stream binds and no fraction shows), as :func:`calibrate.moe_kernels.
+    fit_format` fits the H100's; bounded scalar minimisation over [0.02, 1], 4 digits."""
+    from scipy.optimize import minimize_scalar
+    from sim.cost.profiles import load_hardware, load_model
+    from . import llmservingsim_perf
+    import dataclasses
+    m, hw0 = load_model(PRESET), load_hardware(HARDWARE)
+    d = llmservingsim_perf.load(DEVICE, MODEL, "moe")
+    big = d[d["tokens"] > 256]
+
+    def cost(g):
+        hw = dataclasses.replace(hw0, eff_c_moe=float(g))
+        return float(np.mean([np.log(block_seconds(m, hw, t, e) / sec) ** 2 for t, e, sec in
+                              zip(big["tokens"], big["activated_experts"], big["seconds"])]))
+    return round(float(minimize_scalar(cost, bounds=(0.02, 1.0), method="bounded",
+                                       options={"xatol": 1e-6}).x), 4)
+
+
 def render() -> str:
-    """The file :data:`OUT` holds: every row and the summary, 4 significant digits."""
-    rows = compare()
+    """The file :data:`OUT` holds: every row and the summaries held out (no MoE row fitted anything) and with
+    ``eff_c_moe`` fitted on the prefill-sized rows, 4 significant digits."""
+    g = fit_eff_c_moe()
+    held, fitted = compare(), compare(eff_c_moe=g)
     r4 = lambda v: float(f"{v:.4g}") if isinstance(v, float) else v  # noqa: E731
     src = "calibrate/data/llmservingsim-perf/rtxpro6000-qwen3-30b-a3b-moe.csv"
-    doc = {"preset": HARDWARE, "model": PRESET, "source": src,
-           "summary": {k: {k2: r4(v2) for k2, v2 in v.items()} for k, v in summary(rows).items()},
-           "rows": [{k: r4(v) for k, v in r.items()} for r in rows]}
+    doc = {"preset": HARDWARE, "model": PRESET, "source": src, "eff_c_moe": g,
+           "summary": {k: {k2: r4(v2) for k2, v2 in v.items()} for k, v in summary(held).items()},
+           "summary_with_fit": {k: {k2: r4(v2) for k2, v2 in v.items()} for k, v in summary(fitted).items()},
+           "rows": [{**{k: r4(v) for k, v in r.items()}, "predicted_with_fit_us": r4(f["predicted_us"])}
+                    for r, f in zip(held, fitted)]}
     return json.dumps(doc, indent=1) + "\n"
+
+
+def preset_line(g: float) -> str:
+    """The ``eff_c_moe`` line of the rtx-pro-6000 preset."""
+    return (f"eff_c_moe: {g:.4f}".ljust(26) + "# fitted (calibrate/moe_perf.py): Qwen3-30B-A3B's sparse-MoE block\n"
+            + " " * 26 + "# above 256 tokens (LLMServingSim's vLLM 0.19 profile); the check before the fit, every\n"
+            + " " * 26 + "# row held out: calibrate/data/moe/llmservingsim-rtxpro6000-check.json")
+
+
+def render_preset(text: str, g: float) -> str:
+    import re
+    line_re = re.compile(r"^eff_c_moe:.*(?:\n {26}#.*)*$", re.M)
+    if not line_re.search(text):
+        raise ValueError(f"{HARDWARE}.yaml: no 'eff_c_moe:' line to rewrite")
+    return line_re.sub(lambda _: preset_line(g), text, count=1)
 
 
 def main(argv=None) -> int:
@@ -105,14 +147,18 @@ def main(argv=None) -> int:
     for k, v in summary(rows).items():
         print(f"{k}: {v['rows']} rows, median |error| {100 * v['median_abs_error']:.1f}% "
               f"(signed {100 * v['median_error']:+.1f}%), max {100 * v['max_abs_error']:.1f}%")
+    from sim.cost.profiles import PRESET_DIR
     text = render()
-    if a.check and (not OUT.is_file() or OUT.read_text() != text):
-        print(f"{OUT} differs from what the shipped rows and presets give (python -m calibrate.moe_perf --write)",
-              file=sys.stderr)
+    ppath = PRESET_DIR / "hardware" / f"{HARDWARE}.yaml"
+    ptext = render_preset(ppath.read_text(), json.loads(text)["eff_c_moe"])
+    if a.check and (not OUT.is_file() or OUT.read_text() != text or ppath.read_text() != ptext):
+        print(f"{OUT} or {ppath.name}'s eff_c_moe differs from what the shipped rows and presets give "
+              "(python -m calibrate.moe_perf --write)", file=sys.stderr)
         return 1
     if a.write:
         atomic_write_text(OUT, text)
-        print(f"wrote {OUT}")
+        atomic_write_text(ppath, ptext)
+        print(f"wrote {OUT} and {ppath}")
     return 0
 
 
