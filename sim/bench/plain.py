@@ -60,6 +60,8 @@ OFFLINE_DEFAULTS = {
     "h200": {"max_num_seqs": 1024, "max_num_batched_tokens": 16384},
     "a100-80gb": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
     "l4": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+    "rtx-pro-6000": {"max_num_seqs": 1024, "max_num_batched_tokens": 16384},
+    "rtx-4090": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
     "local-cpu": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
 }
 OFFLINE_GENERIC = {"max_num_seqs": 256, "max_num_batched_tokens": 8192}

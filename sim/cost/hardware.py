@@ -20,8 +20,9 @@ DECODE_ATTENTION = ("paged", "padded")
 # 16-bit GEMMs (vLLM's FP8 Marlin on Ampere); None: --quantization fp8 refused
 FP8_WEIGHTS = (None, "w8a8", "w8a16")
 # HardwareProfile.mxfp4_moe: the kernel vLLM 0.33.0 runs MXFP4 MoE experts with on the GPU (select_mxfp4_moe_backend,
-# vllm/model_executor/layers/fused_moe/oracle/mxfp4.py: "triton" = OpenAI's triton_kernels matmul_ogs, SM 9.0 to
-# 12.x; "marlin" = the Marlin MoE kernel, SM >= 7.5); both are weight-only (BF16 activations, the 4-bit weights
+# vllm/model_executor/layers/fused_moe/oracle/mxfp4.py: "triton" = OpenAI's triton_kernels matmul_ogs, SM 9.0 and
+# up, SM 12.0 excluded in the source rtx-pro-6000.yaml cites; "marlin" = the Marlin MoE kernel, SM >= 7.5); both
+# are weight-only (BF16 activations, the 4-bit weights
 # dequantised in the GEMM), so they are priced alike: expert bytes at MXFP4_BYTES, flops at the 16-bit rate.
 # None: --quantization mxfp4 refused
 MXFP4_MOE = (None, "triton", "marlin")   # HardwareProfile.decode_attention (sim.cost.terms, "Padded decode attention")

@@ -9,7 +9,8 @@ vLLM sizes it (``Worker.determine_available_memory``, vllm/v1/worker/gpu_worker.
     num_gpu_blocks    = floor(available / (16 * kv_bytes_per_token_of_one_rank))
     kv_capacity_bytes = num_gpu_blocks * 16 * kv_bytes_per_token
 
-* ``total``: what ``cudaMemGetInfo`` reports (:data:`CUDA_TOTAL_BYTES` where a vLLM log gives it), else
+* ``total``: what ``cudaMemGetInfo`` reports (:data:`CUDA_TOTAL_BYTES` where a vLLM log or the device's
+  reported total gives it), else
   the preset's ``mem_capacity`` (``nvidia-smi --query-gpu=memory.total``, set with its source).
 * ``gpu_memory_utilization``: vLLM's default 0.90 (``--gpu-memory-utilization``).
 * ``activation_peak``: the profiling run's peak PyTorch memory (:func:`activation_peak`: one forward of
@@ -47,6 +48,8 @@ SCHEDULER_DEFAULTS = {
     "h200": {"max_num_seqs": 1024, "max_num_batched_tokens": 8192},
     "a100-80gb": {"max_num_seqs": 256, "max_num_batched_tokens": 2048},   # A100 is excluded from the large defaults
     "l4": {"max_num_seqs": 256, "max_num_batched_tokens": 2048},
+    "rtx-pro-6000": {"max_num_seqs": 1024, "max_num_batched_tokens": 8192},   # 94.97 GiB: the large defaults
+    "rtx-4090": {"max_num_seqs": 256, "max_num_batched_tokens": 2048},
     "local-cpu": {"max_num_seqs": 256, "max_num_batched_tokens": 2048},
 }
 GENERIC_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
@@ -58,6 +61,8 @@ CAPACITY_SOURCES = {
     "a100-80gb": "nvidia-smi memory.total: 81,920 MiB (A100-SXM4-80GB)",
     "h200": "nvidia-smi memory.total: 143,771 MiB (H200 SXM 141GB)",
     "l4": "nvidia-smi memory.total: 23,034 MiB (L4)",
+    "rtx-pro-6000": "nvidia-smi memory.total: 97,887 MiB (RTX PRO 6000 Blackwell Server Edition)",
+    "rtx-4090": "torch total_memory: 25,250,627,584 bytes (RTX 4090, LLMServingSim's bench meta.json)",
     "local-cpu": "the calibration machine's memory (calibrate fit)",
 }
 
@@ -153,6 +158,12 @@ CUDA_TOTAL_BYTES = {
     # "total_gpu_memory 79.22GiB", vllm serve meta-llama/Meta-Llama-3-8B on an H100 80GB,
     # https://github.com/vllm-project/vllm/pull/10511 (comment of 2024-12-14)
     "h100-sxm": 79.22 * GIB,
+    # torch.cuda.get_device_properties().total_memory, which cudaMemGetInfo's total equals: 94.97 GiB on an RTX
+    # PRO 6000 Blackwell Server Edition (LLMServingSim profiler/perf/RTXPRO6000/hardware.yaml, spec.memory_total_gib,
+    # commit 1b2cc02d67a2647c9f0d67bf07debf240aba82b5); 25,250,627,584 bytes on an RTX 4090 (LLMServingSim
+    # bench/examples/RTX4090/Llama-3.1-8B/vllm/meta.json, hardware.device_total_memory_bytes, snapshot 5daddb21)
+    "rtx-pro-6000": 94.97 * GIB,
+    "rtx-4090": 25250627584.0,
 }
 
 
