@@ -235,15 +235,18 @@ def _mark(df, front):
 
 
 def register(sub) -> None:
+    from sim.cost.node import load_node
+    from sim.cost.profiles import list_presets
     p = sub.add_parser("plan", help="deployments within a GPU budget, judged on SLO goodput: the frontier",
                        description="Sweep TP x PP x replicas x max_num_seqs x max_num_batched_tokens x policy within "
                                    "--gpus GPUs on a trace's problems; report the frontier of GPUs against goodput "
                                    "(docs/parallelism.md).")
     p.add_argument("--trace", default=None, metavar="PATH", help="trace directory (default: the bundled trace)")
     p.add_argument("--model-preset", required=True, metavar="M", help="model whose costs are simulated")
+    nodes = list_presets("nodes")
     p.add_argument("--hardware", required=True, metavar="GPU",
-                   help="GPU preset (a100-80gb, h100-sxm, l4: its shipped node) or a node preset (dgx-a100, dgx-h100, dgx-h200, "
-                        "l4-pcie) or file")
+                   help=f"GPU preset with a shipped node ({', '.join(sorted({load_node(n).gpu for n in nodes}))}: "
+                        f"that node) or a node preset ({', '.join(nodes)}) or file")
     p.add_argument("--band", action="store_true",
                    help="also run every deployment with each public fit of the GPU (sim.cost.bands): goodput and "
                         "p99 E2E gain a [low, high] band (one more plan per fit)")

@@ -68,7 +68,7 @@ class TargetSpec:
     hardware: str = option("local-cpu", kind=str, flag="--hardware", metavar="NAME",
                            help="hardware preset name or YAML/JSON file (default local-cpu)")
     node: str | None = option(None, kind=str, flag="--node", metavar="NAME",
-                              help="node preset (dgx-a100, dgx-h100, dgx-h200, l4-pcie or a YAML/JSON file) whose interconnect "
+                              help="node preset (a name in sim/presets/nodes or a YAML/JSON file) whose interconnect "
                                    "prices tensor/pipeline parallelism; its GPUs must be --hardware (default: one GPU "
                                    "of --hardware; with TP x PP > 1 the one node preset of that GPU)")
     tensor_parallel_size: int = option(1, kind=int, lo=1, hi=8, flag="--tensor-parallel-size", metavar="TP",
