@@ -1,9 +1,11 @@
-"""Published end-to-end figures are checks, never fit inputs: no fit code may read ``docs/validation/``.
+"""Published end-to-end figures are checks, never fit inputs: no fit code may read ``docs/validation/``, nor the
+measured serving runs those figures are computed from (``calibrate/data/llmservingsim-bench/``).
 
 Two guards. A static one: no module of ``calibrate/`` or ``sim/`` (other than ``sim/bench/validate.py``, the reader
-of the checks) names the validation folder, its files, or imports ``sim.bench.validate``. A dynamic one: the fit
-entry points run under a Python audit hook (PEP 578, event ``open`` and the directory listings) that records
-every file they open, and the test fails if any lies under ``docs/validation/`` -- however the path was built.
+of the checks, and ``calibrate/llmservingsim_bench.py``, the reader of those runs) names the validation folder, its
+files, the runs' folder, or imports ``sim.bench.validate``. A dynamic one: the fit entry points run under a Python
+audit hook (PEP 578, event ``open`` and the directory listings) that records every file they open, and the test
+fails if any lies under either folder -- however the path was built.
 """
 from __future__ import annotations
 
@@ -18,13 +20,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATION = (ROOT / "docs" / "validation").resolve()
 FIGS = VALIDATION / "published-figures.yaml"
+RUNS = (ROOT / "calibrate" / "data" / "llmservingsim-bench").resolve()   # the measured runs behind Source 6's figures
+CHECK_ONLY = (VALIDATION, RUNS)
 
 # names of the checks and of their reader, as fit code would have to write them to read the checks
 _NAMES = re.compile(r"docs[/\\\\]validation|published[-_]figures|ratios\.(json|md)|['\"]validation['\"]|"
+                    r"llmservingsim[-_]bench|"
                     r"\bsim\.validate\b|from\s+sim\s+import[^\n]*\bvalidate\b|from\s+\.\s+import[^\n]*\bvalidate\b|"
                     r"from\s+\.validate\s+import")
 # the reader of the checks itself (it must name them); everything else under these folders is fit or model code
-_ALLOWED = {ROOT / "sim" / "bench" / "validate.py"}
+_ALLOWED = {ROOT / "sim" / "bench" / "validate.py", ROOT / "calibrate" / "llmservingsim_bench.py"}
 
 
 def _fit_sources() -> list[Path]:
@@ -58,7 +63,7 @@ def _under_validation(path) -> bool:
         rp = Path(os.path.realpath(p))
     except (OSError, ValueError):
         return False
-    return rp == VALIDATION or VALIDATION in rp.parents
+    return any(rp == d or d in rp.parents for d in CHECK_ONLY)
 
 
 def _hook(event, args):
@@ -96,6 +101,7 @@ def test_the_guard_sees_every_way_of_reading_the_figures(tmp_path):
     try:
         os.chdir(ROOT)
         for read in (lambda: FIGS.read_text(), lambda: open(FIGS, "rb").close(),
+                     lambda: next(RUNS.glob("*-requests.jsonl")).read_text(),
                      lambda: yaml.safe_load(open("docs/validation/published-figures.yaml")),
                      lambda: load_figures(FIGS), lambda: os.listdir("docs/validation"),
                      lambda: list(Path("docs").glob("validation/*.yaml"))):
@@ -136,10 +142,14 @@ def test_every_fit_entry_point_never_opens_the_figures(tmp_path):
         dst = tmp_path / name
         shutil.copytree(ROOT / "calibrate" / "data" / "local-cpu-fit" / name, dst)
         runs.append(dst)
+    from calibrate import moe_kernels, moe_perf
     with _Guard() as g:
         res = pp.run_all()
+        moe = moe_kernels.table()
+        rtx_moe = moe_perf.render()
         coll = collectives.fit()
         cpu = fit_run_dirs(runs[:1], out=tmp_path / "cpu.yaml")
         host = fit_run_dirs(runs[1:], name="local-cpu-host", out=tmp_path / "host.yaml")
-    assert res["fits"] and coll["profiles"] and cpu["n_phases"] > 0 and host["n_phases"] > 0
+    assert res["fits"] and moe["fits"] and "eff_c_moe" in rtx_moe and coll["profiles"]
+    assert cpu["n_phases"] > 0 and host["n_phases"] > 0
     assert not g.reads, f"a fit read the published validation figures: {g.reads}"
