@@ -245,8 +245,12 @@ def main(argv=None) -> int:
                     help="LLMServingSim trace files (workloads/*.jsonl): write their per-request lengths and send "
                          f"times to {ARRIVALS.name} (default: none)")
     a = ap.parse_args(argv)
+    for f in ([a.check] if a.check else []) + (a.derive_arrivals or []):
+        if not Path(f).is_file():
+            ap.error(f"{f}: no such file")
     if a.derive_arrivals:
-        ARRIVALS.write_text(derive_arrivals(a.derive_arrivals))
+        from traces.store import atomic_write_text
+        atomic_write_text(ARRIVALS, derive_arrivals(a.derive_arrivals))
         for p in a.derive_arrivals:
             print(f"{p}: sha256 {hashlib.sha256(Path(p).read_bytes()).hexdigest()}")
         print(f"wrote {ARRIVALS}")

@@ -158,3 +158,11 @@ def test_derive_arrivals_round_trip(tmp_path):
     assert b.load_arrivals(out) == {"sharegpt-x-2-sps10": {"input_toks": [5, 3], "output_toks": [2, 4],
                                                            "arrival_time_ns": [10, 20]}}
     assert out.read_text().splitlines()[0] == ",".join(b.ARRIVAL_COLUMNS)
+
+
+def test_a_missing_file_is_named_not_a_traceback(tmp_path, capsys):
+    for argv in (["--check", str(tmp_path / "none.yaml")], ["--derive-arrivals", str(tmp_path / "none.jsonl")]):
+        with pytest.raises(SystemExit) as e:
+            b.main(argv)
+        assert e.value.code == 2 and "none." in capsys.readouterr().err
+    assert not (tmp_path / "none.yaml").exists()
