@@ -17,6 +17,9 @@ a framework's reference modules. Files of one bundle (``<device>-<model>-<table>
 * ``moe.csv`` ``tokens, activated_experts, time_us`` (mixture-of-experts models): vLLM's whole sparse-MoE block
   (router gate and fused experts) with the routing forced so that exactly ``activated_experts`` distinct experts
   receive the ``tokens``' top-k picks (``profiler/core/hooks/moe_hook.py``).
+
+At tensor parallel 2 (``tp2/``, :data:`TP2`) the same tables time one rank's shard (half the heads, the MLP width and
+the vocabulary) on one GPU, without the all-reduces.
 """
 from __future__ import annotations
 
@@ -44,24 +47,30 @@ TABLES = {"dense": ("layer", "tokens", "time_us"), "per_sequence": ("layer", "se
           "moe": ("tokens", "activated_experts", "time_us")}
 
 
-def path(device: str, model: str, table: str) -> Path:
-    """The shipped copy of one table of one bundle (tensor parallel 1)."""
+# the bundles whose tensor-parallel-2 tables (each rank's shard, timed on one GPU) are shipped too
+TP2 = (("rtxpro6000", "llama-3.1-8b"), ("rtxpro6000", "qwen3-32b"))
+
+
+def path(device: str, model: str, table: str, tp: int = 1) -> Path:
+    """The shipped copy of one table of one bundle at tensor parallel ``tp`` (1, or 2 for :data:`TP2`)."""
     if (device, model) not in BUNDLES:
         raise ValueError(f"no LLMServingSim vLLM profile for {device} {model}; shipped: "
                          + ", ".join(f"{d} {m}" for d, m in BUNDLES))
     if table not in TABLES:
         raise ValueError(f"unknown table {table!r}; known: {', '.join(TABLES)}")
-    return DATA / f"{device}-{model}-{table}.csv"
+    if tp != 1 and not (tp == 2 and (device, model) in TP2):
+        raise ValueError(f"no tensor-parallel-{tp} tables shipped for {device} {model}")
+    return DATA / f"{device}-{model}{'' if tp == 1 else f'-tp{tp}'}-{table}.csv"
 
 
-def upstream(device: str, model: str, table: str) -> str:
+def upstream(device: str, model: str, table: str, tp: int = 1) -> str:
     """The table's path in LLMServingSim's repository."""
-    return f"{BUNDLES[(device, model)][0]}/tp1/{table}.csv"
+    return f"{BUNDLES[(device, model)][0]}/tp{tp}/{table}.csv"
 
 
-def load(device: str, model: str, table: str) -> pd.DataFrame:
+def load(device: str, model: str, table: str, tp: int = 1) -> pd.DataFrame:
     """One table with its columns checked, ``time_us`` turned into ``seconds``."""
-    p = path(device, model, table)
+    p = path(device, model, table, tp)
     d = pd.read_csv(p)
     want = TABLES[table]
     if tuple(d.columns) != want:

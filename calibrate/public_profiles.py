@@ -270,8 +270,11 @@ _RTX = {m: f"llmservingsim-rtxpro6000-{m}+llmservingsim-rtxpro6000-{m}-attention
 CROSS["rtxpro6000-same-stack"] = (   # one profiler, vLLM's kernels, one device, another model ("+": profiles joined)
     (_RTX["llama-3.1-8b"], _RTX["qwen3-32b"]), (_RTX["qwen3-32b"], _RTX["llama-3.1-8b"]),
     (_RTX["llama-3.1-8b"], _RTX["qwen3-30b-a3b"]))
+CROSS["rtxpro6000-tp2"] = tuple(   # the same model's fit at TP 1 predicts one rank's shard at TP 2 (no all-reduce)
+    (_RTX[m], f"llmservingsim-rtxpro6000-{m}-tp2+llmservingsim-rtxpro6000-{m}-tp2-attention")
+    for m in ("llama-3.1-8b", "qwen3-32b"))
 CROSS_PRESET = {"h100": "h100-sxm", "a100": "a100-80gb", "h100-by-stack": "h100-sxm", "h100-same-stack": "h100-sxm",
-                "rtxpro6000-same-stack": "rtx-pro-6000"}
+                "rtxpro6000-same-stack": "rtx-pro-6000", "rtxpro6000-tp2": "rtx-pro-6000"}
 
 
 def _datasheet(preset: str) -> tuple[float, float, int | None]:

@@ -165,7 +165,7 @@ def _shape_of_preset(name: str) -> Shape:
     return Shape(name, m.hidden_size, m.n_heads, m.n_kv_heads, m.head_dim, m.intermediate_size, m.vocab_size)
 
 
-def perf_rows(device: str, model: str, part: str) -> pd.DataFrame:
+def perf_rows(device: str, model: str, part: str, tp: int = 1) -> pd.DataFrame:
     """Operator rows of one LLMServingSim vLLM profile (:mod:`calibrate.llmservingsim_perf`), tensor parallel 1.
 
     ``part`` ``"ops"``: the decoder layer's GEMMs and fused element-wise kernels (``dense.csv``) and the LM head
@@ -177,15 +177,21 @@ def perf_rows(device: str, model: str, part: str) -> pd.DataFrame:
     one roofline over the summed flops and bytes misses them (docs/calibration.md). The two parts are two profiles of the fit (each weighted as one), so the 19,000
     attention batches do not outweigh the 1,400 operator rows. Left out: ``embedding`` and ``final_layernorm``
     (outside the decoder layer), ``qk_norm`` (Qwen3's per-head RMSNorm, which the cost model does not charge) and
-    ``sampler`` (sampling, priced with the host's time per step).
+    ``sampler`` (sampling, priced with the host's time per step). At ``tp`` 2 the rows are one rank's shard,
+    priced with the rank's shape as vLLM splits it (:func:`sim.cost.parallel.kv_heads_per_rank`: ``H / TP`` query
+    heads, ``max(1, Hkv / TP)`` KV heads, ``F / TP`` MLP width, ``V / TP`` vocabulary; ``d`` whole).
     """
     folder, preset, _ = llmservingsim_perf.BUNDLES[(device, model)]
     m = _shape_of_preset(preset)
-    key = f"llmservingsim-{device}-{model}" + ("" if part == "ops" else f"-{part}")
+    if tp > 1:
+        from sim.cost.parallel import kv_heads_per_rank
+        m = dataclasses.replace(m, H=m.H // tp, Hkv=kv_heads_per_rank(m.Hkv, tp), F=m.F // tp, V=m.V // tp)
+    key = (f"llmservingsim-{device}-{model}" + ("" if tp == 1 else f"-tp{tp}")
+           + ("" if part == "ops" else f"-{part}"))
     d, H, Hkv, Dh, Fm, V = m.d, m.H, m.Hkv, m.Dh, m.F, m.V
     out = []
     if part == "attention":
-        a = llmservingsim_perf.load(device, model, "attention")
+        a = llmservingsim_perf.load(device, model, "attention", tp)
         npf, cp = a["prefill_chunk"].to_numpy(np.float64), a["kv_prefill"].to_numpy(np.float64)
         nd, cd = a["n_decode"].to_numpy(np.float64), a["kv_decode"].to_numpy(np.float64)
         F = 4.0 * H * Dh * ((npf * cp + npf * (npf + 1.0) / 2.0) + nd * (cd + 1.0))
@@ -202,7 +208,7 @@ def perf_rows(device: str, model: str, part: str) -> pd.DataFrame:
         raise ValueError(f"unknown part {part!r} of an LLMServingSim vLLM profile; known: ops, attention")
     gem = {"qkv_proj": ("qkv", d, (H + 2 * Hkv) * Dh), "o_proj": ("o", H * Dh, d),
            "gate_up_proj": ("gate_up", d, 2 * Fm), "down_proj": ("down", Fm, d)}
-    dense = llmservingsim_perf.load(device, model, "dense")
+    dense = llmservingsim_perf.load(device, model, "dense", tp)
     for op, g in dense.groupby("layer", sort=False):
         n = g["tokens"].to_numpy(np.float64)
         t = g["seconds"].to_numpy()
@@ -213,7 +219,7 @@ def perf_rows(device: str, model: str, part: str) -> pd.DataFrame:
             fam = {"rotary_emb": "rope", "act_fn": "act"}.get(op, "norm")
             k, B = kernel_stacks.elementwise("vllm", fam, n, d, H, Hkv, Dh, Fm)
             out.append(op_rows(key, fam, "elem", n, t, 0.0 * n, B, op=op, kernels=k))
-    seq = llmservingsim_perf.load(device, model, "per_sequence")
+    seq = llmservingsim_perf.load(device, model, "per_sequence", tp)
     g = seq[seq["layer"] == "lm_head"]
     out.append(gemm_rows(key, "lm_head", g["sequences"].to_numpy(np.float64), g["seconds"].to_numpy(), d, V,
                          op="lm_head", in_layer=False))
@@ -232,6 +238,9 @@ PROFILES = {
     **{f"llmservingsim-{dev}-{mod}" + ("" if part == "ops" else f"-{part}"):
        (lambda dev=dev, mod=mod, part=part: perf_rows(dev, mod, part))
        for dev, mod in llmservingsim_perf.BUNDLES for part in ("ops", "attention")},
+    **{f"llmservingsim-{dev}-{mod}-tp2" + ("" if part == "ops" else f"-{part}"):
+       (lambda dev=dev, mod=mod, part=part: perf_rows(dev, mod, part, 2))
+       for dev, mod in llmservingsim_perf.TP2 for part in ("ops", "attention")},
 }
 
 
@@ -243,10 +252,13 @@ def source_of(profile: str) -> dict:
         return {"repo": vidur.REPO, "path": path, "commit": commit, "license": "MIT",
                 "shipped": f"calibrate/data/vidur/{f}"}
     for (dev, mod), (folder, _, commit) in llmservingsim_perf.BUNDLES.items():
-        if profile in (f"llmservingsim-{dev}-{mod}", f"llmservingsim-{dev}-{mod}-attention"):
-            tables = "attention" if profile.endswith("-attention") else "{dense,per_sequence}"
-            return {"repo": llmservingsim_perf.REPO, "path": f"{folder}/tp1/{tables}.csv", "commit": commit,
-                    "license": "MIT", "shipped": f"calibrate/data/llmservingsim-perf/{dev}-{mod}-{tables}.csv"}
+        for tp in (1, 2):
+            base = f"llmservingsim-{dev}-{mod}" + ("" if tp == 1 else f"-tp{tp}")
+            if profile in (base, f"{base}-attention"):
+                tables = "attention" if profile.endswith("-attention") else "{dense,per_sequence}"
+                here = f"{dev}-{mod}" + ("" if tp == 1 else f"-tp{tp}")
+                return {"repo": llmservingsim_perf.REPO, "path": f"{folder}/tp{tp}/{tables}.csv", "commit": commit,
+                        "license": "MIT", "shipped": f"calibrate/data/llmservingsim-perf/{here}-{tables}.csv"}
     if profile.startswith("llmservingsim-"):
         f, path = llmservingsim.FILES[1]
         return {"repo": llmservingsim.REPO, "path": path, "commit": llmservingsim.COMMIT, "license": "MIT",
