@@ -129,6 +129,7 @@ def test_isolated_mode_refuses_parallel_by_name(capsys):
 def test_tp_without_a_node_of_that_gpu_names_node(capsys):
     err = _err(capsys, ["serve", "--policy", "asks", "--hardware", "local-cpu", "--tensor-parallel-size", "2"])
     assert err.startswith("--node: ") and "name one with --node" in err
+    assert "no node preset of local-cpu is shipped" in err and "a node file whose gpu is local-cpu" in err
 
 
 def test_sweep_serving_takes_the_deployment_flags(tmp_path, capsys):

@@ -391,8 +391,10 @@ def _shipped_node(hw: HardwareProfile, par: ParallelConfig | None) -> NodeProfil
                           f"(node presets: {', '.join(list_presets('nodes'))}, or a node file)", field="hardware")
     raise ConfigError(f"--node: --tensor-parallel-size {par.tensor_parallel_size} --pipeline-parallel-size "
                       f"{par.pipeline_parallel_size} needs a node preset to price the communication; "
-                      f"{'none' if not names else ', '.join(names)} of {hw.name}'s GPUs "
-                      f"{'is shipped' if not names else 'match'}: name one with --node", field="node")
+                      + (f"no node preset of {hw.name} is shipped" if not names
+                         else f"{len(names)} node presets of {hw.name} match ({', '.join(names)})")
+                      + f": name one with --node, a node file whose gpu is {hw.name} (the shipped node presets, "
+                      "sim/presets/nodes/*.yaml, show the form)", field="node")
 
 
 def resolve_layout(model: ModelShape, hw: HardwareProfile, serving: ServingConfig, par: ParallelConfig, node=None,
