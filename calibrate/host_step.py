@@ -259,7 +259,7 @@ def assemble(meas: dict, fingerprint: dict, bench_s: float, date: str) -> dict:
             "vidur_rows": vid, "preset": {"host_step": host_step, "frontend": frontend}}
 
 
-GPU_PRESETS = ("h100-sxm", "a100-80gb", "h200", "l4")
+GPU_PRESETS = ("h100-sxm", "a100-80gb", "h200", "l4", "rtx-pro-6000", "rtx-4090")
 PRESET_FIELDS = DATA_DIR / "preset-fields.yaml"
 
 

@@ -21,7 +21,7 @@ from sim.cost.overheads import FrontendCost, HostStepCost
 from sim.cost.profiles import load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_PRESETS = ("h100-sxm", "h200", "a100-80gb", "l4")
+GPU_PRESETS = ("h100-sxm", "h200", "a100-80gb", "l4", "rtx-pro-6000", "rtx-4090")
 
 
 def _hw(host=None, fe=None, name="h100-sxm"):

@@ -199,7 +199,7 @@ def test_proposed_preset_fields_load_and_match_the_measurement():
     """The blocks proposed for the GPU presets load, and the measured coefficients are the data file's fit."""
     prop = yaml.safe_load(PRESET_FIELDS.read_text())
     rec = json.loads(DATA.read_text())
-    assert set(prop) == {"h100-sxm", "a100-80gb", "h200", "l4"}
+    assert set(prop) == {"h100-sxm", "a100-80gb", "h200", "l4", "rtx-pro-6000", "rtx-4090"}
     for name, blocks in prop.items():
         hs = host_step_from_preset(blocks, where=f"{PRESET_FIELDS.name}:{name}")
         fe = frontend_from_preset(blocks, where=f"{PRESET_FIELDS.name}:{name}")
