@@ -1,10 +1,10 @@
-"""Reader of LLMServingSim's vLLM per-operator profiles (``calibrate/data/llmservingsim-perf/``, MIT, see its SOURCE.md).
+"""Reader of LLMServingSim's vLLM per-operator profiles (``calibrate/data/llmservingsim-perf/``, MIT: its SOURCE.md).
 
 LLMServingSim's profiler (``profiler/``, version 1.0.0) runs one decoder layer of a model inside vLLM 0.19.0
 (``--load-format dummy``, ``enforce_eager``) and reads vLLM's ``layerwise_profile()`` tree: the CUDA kernel time of
-each vLLM module per call (``cuda_time_us / invocations`` over 3 timed forwards after one warm-up: a mean). So these are vLLM's own
-kernels (fused q/k/v and gate/up GEMMs, fused RMSNorm, RoPE and SiLU*mul, its attention backend and fused MoE), not
-a framework's reference modules. Files of one bundle (``<device>-<model>-<table>``):
+each vLLM module per call (``cuda_time_us / invocations`` over 3 timed forwards after one warm-up: a mean). So these
+are vLLM's own kernels (fused q/k/v and gate/up GEMMs, fused RMSNorm, RoPE and SiLU*mul, its attention backend and
+fused MoE), not a framework's reference modules. Files of one bundle (``<device>-<model>-<table>``):
 
 * ``dense.csv`` ``layer, tokens, time_us``: token-parameterised modules (``qkv_proj``, ``o_proj``,
   ``gate_up_proj``, ``down_proj``, ``layernorm``, ``rotary_emb``, ``act_fn``, ``qk_norm``, ``embedding``,

@@ -76,25 +76,35 @@ def load_rows(path=CSV) -> list[dict]:
     return rows
 
 
-def expert_seconds(m, hw, rows: float) -> float:
-    """The routed experts of one MoE layer of ``m`` (a rank's shape) at ``rows`` tokens on ``hw`` (module formula)."""
+def expert_seconds(m, hw, rows: float, hit: float | None = None, router: bool = False) -> float:
+    """The routed experts of one MoE layer of ``m`` (a rank's shape) at ``rows`` tokens on ``hw`` (module formula).
+
+    ``hit``: the distinct experts the rows reach, in place of the expected count (a measurement with forced
+    routing: ``hit`` groups of ``rows k / hit`` rows, ``hit`` experts' weights read). ``router``: the router gate's
+    product too (the engine's, at the dense products' rate) and its launch."""
     from sim.cost.gemm import expert_rate, grouped_wave_flops, variant_gemms
     from sim.cost.roofline import linear_rates
     rc, rc8 = linear_rates(hw)
     # the engine's rate of the routed products (sim.cost.roofline.seconds: rc_lin is rc8 for FP8 weights)
-    rc = expert_rate(hw, m, rc, rc8 if m.quantization == "fp8" else rc)
+    rc_moe = expert_rate(hw, m, rc, rc8 if m.quantization == "fp8" else rc)
     rm = hw.mem_bw * hw.eff_m
-    routed = variant_gemms(m, float(rows))[-2:]        # (w13, w2): the grouped products of the routed experts
+    gemms = variant_gemms(m, float(rows))
+    routed = gemms[-2:]        # (w13, w2): the grouped products of the routed experts
+    if hit is not None:        # (K, N, share, groups, rows per group, params): params are the groups' weights
+        routed = [(K, N, f, float(hit), rows * m.local_k / hit, params / groups * hit)
+                  for K, N, f, groups, _, params in routed]
     share = routed[0][2]
+    # the router: before the shared experts' two products, if any, and the routed ones (sim.cost.gemm.variant_gemms)
+    gate = [(gemms[-5 if m.shared_width else -3], rc)] if router else []
     t = 0.0
-    for K, N, _, groups, grows, params in routed:
+    for (K, N, _, groups, grows, params), rate in gate + [(g, rc_moe) for g in routed]:
         # without sm_count (a datasheet preset) the products are priced unquantised, as the engine does
         fq = (float(grouped_wave_flops(groups, grows, K, N, hw.sm_count)) if hw.sm_count
               else 2.0 * float(groups * grows) * K * N)
-        t += max(fq / rc, params / share * m.weight_elem_bytes / rm)
+        t += max(fq / rate, params / share * m.weight_elem_bytes / rm)
     eelem = hw.eff_m if hw.eff_elem is None else hw.eff_elem
     t += 3.0 * m.moe_intermediate_size * rows * m.local_k * m.dtype_bytes / (hw.mem_bw * eelem)
-    return t + FUSED_MOE_KERNELS * hw.per_kernel_s
+    return t + (FUSED_MOE_KERNELS + len(gate)) * hw.per_kernel_s
 
 
 def _shape(r):

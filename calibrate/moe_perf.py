@@ -27,29 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .moe_kernels import FUSED_MOE_KERNELS
+from .moe_kernels import expert_seconds
 
 DEVICE, MODEL, PRESET, HARDWARE = "rtxpro6000", "qwen3-30b-a3b", "qwen3-30b-a3b", "rtx-pro-6000"
 OUT = Path(__file__).resolve().parent / "data" / "moe" / "llmservingsim-rtxpro6000-check.json"
 
 
 def block_seconds(m, hw, tokens: int, hit: int) -> float:
-    """One MoE block of ``m`` at ``tokens`` tokens over ``hit`` distinct experts on ``hw`` (module formula)."""
-    from sim.cost.gemm import expert_rate, grouped_wave_flops
-    from sim.cost.roofline import linear_rates
-    rc, rc8 = linear_rates(hw)
-    rcm = expert_rate(hw, m, rc, rc8 if m.quantization == "fp8" else rc)
-    rm = hw.mem_bw * hw.eff_m
-    d, E, Fe, k, s = m.hidden_size, m.num_experts, m.moe_intermediate_size, m.experts_per_token, m.dtype_bytes
-    wave = (lambda g, r, K, N: float(grouped_wave_flops(g, r, K, N, hw.sm_count)) if hw.sm_count
-            else 2.0 * g * r * K * N)
-    t = max(wave(1.0, float(tokens), d, E) / rc, d * E * m.weight_elem_bytes / rm)
-    per = tokens * k / hit
-    for K, N in ((d, 2 * Fe), (Fe, d)):
-        t += max(wave(float(hit), per, K, N) / rcm, hit * K * N * m.weight_elem_bytes / rm)
-    eelem = hw.eff_m if hw.eff_elem is None else hw.eff_elem
-    t += 3.0 * Fe * tokens * k * s / (hw.mem_bw * eelem)
-    return t + (1 + FUSED_MOE_KERNELS) * hw.per_kernel_s
+    """One MoE block of ``m`` at ``tokens`` tokens over ``hit`` distinct experts on ``hw`` (module formula):
+    :func:`calibrate.moe_kernels.expert_seconds` with the router and the row's ``hit``."""
+    return expert_seconds(m, hw, tokens, hit=hit, router=True)
 
 
 def compare(hardware: str = HARDWARE, eff_c_moe: float | None = None) -> list[dict]:

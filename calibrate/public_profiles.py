@@ -71,7 +71,7 @@ import numpy as np
 import pandas as pd
 
 from .public_render import crossval_markdown, fits_markdown, outputs
-from .public_rows import FAMILY_ORDER, LAYER_FAMILIES, PROFILES, source_of
+from .public_rows import FAMILY_ORDER, LAYER_FAMILIES, PERF_PROFILES, PROFILES, source_of
 
 F_SCALE = 0.05
 MAX_TOKENS_CV = 4096
@@ -306,8 +306,8 @@ def fit_preset(preset: str, cache: dict | None = None) -> dict:
                      "operators_used": sorted(used["op"].unique().tolist()),
                      "tokens": [int(r["n"].min()), int(r["n"].max())]})
     resid = {p: evaluate(r, k, peak, bw, sms=sms) for p, r in allrows.items()}
-    vllm_prof = all(p.startswith("llmservingsim-rtx") for p in profiles)   # calibrate.llmservingsim_perf's bundles
-    notes = {"measured_dtype": "bfloat16", "attention_source": "vllm"} if vllm_prof else {}
+    # LLMServingSim's vLLM profiles are bf16 and time vLLM's attention backend (the preset's notes say so)
+    notes = {"measured_dtype": "bfloat16", "attention_source": "vllm"} if set(profiles) <= set(PERF_PROFILES) else {}
     return {"preset": preset, "device": device, "enforce_dtypes": enforce, **notes, "peak_flops": peak, "mem_bw": bw,
             "sm_count": sms, "coefficients": k.as_dict(),
             "rows": int(len(fitrows)), "max_tokens": int(fitrows.loc[fitrows["in_layer"] | (fitrows["family"] == "lm_head"), "n"].max()), "sources": srcs, "residuals": resid}

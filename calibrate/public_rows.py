@@ -166,7 +166,7 @@ def _shape_of_preset(name: str) -> Shape:
 
 
 def perf_rows(device: str, model: str, part: str, tp: int = 1) -> pd.DataFrame:
-    """Operator rows of one LLMServingSim vLLM profile (:mod:`calibrate.llmservingsim_perf`), tensor parallel 1.
+    """Operator rows of one LLMServingSim vLLM profile (:mod:`calibrate.llmservingsim_perf`) at tensor parallel ``tp``.
 
     ``part`` ``"ops"``: the decoder layer's GEMMs and fused element-wise kernels (``dense.csv``) and the LM head
     (``per_sequence.csv``, one row per sampled sequence); ``"attention"``: ``attention.csv``, each row one batch
@@ -174,8 +174,9 @@ def perf_rows(device: str, model: str, part: str, tp: int = 1) -> pd.DataFrame:
     ``c = kv_prefill``) and ``n_decode`` decodes (``n = 1`` over ``c = kv_decode``), as :mod:`sim.cost.terms`
     sums an iteration's. Batches of decodes alone or of a prefill chunk alone are kind ``attn``; batches mixing
     both are kind ``attn_mixed`` (family ``attention_mixed``), which a preset holds out of its fit and reports:
-    one roofline over the summed flops and bytes misses them (docs/calibration.md). The two parts are two profiles of the fit (each weighted as one), so the 19,000
-    attention batches do not outweigh the 1,400 operator rows. Left out: ``embedding`` and ``final_layernorm``
+    one roofline over the summed flops and bytes misses them (docs/calibration.md). The two parts are two profiles
+    of the fit (each weighted as one), so the 19,000 attention batches do not outweigh the 1,400 operator rows.
+    Left out: ``embedding`` and ``final_layernorm``
     (outside the decoder layer), ``qk_norm`` (Qwen3's per-head RMSNorm, which the cost model does not charge) and
     ``sampler`` (sampling, priced with the host's time per step). At ``tp`` 2 the rows are one rank's shard,
     priced with the rank's shape as vLLM splits it (:func:`sim.cost.parallel.kv_heads_per_rank`: ``H / TP`` query
@@ -226,6 +227,15 @@ def perf_rows(device: str, model: str, part: str, tp: int = 1) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
+# LLMServingSim's vLLM profiles (perf_rows): each model's operators and its attention, at TP 1 and, where shipped, 2
+PERF_PROFILES = {
+    **{f"llmservingsim-{dev}-{mod}" + ("" if part == "ops" else f"-{part}"):
+       (lambda dev=dev, mod=mod, part=part: perf_rows(dev, mod, part))
+       for dev, mod in llmservingsim_perf.BUNDLES for part in ("ops", "attention")},
+    **{f"llmservingsim-{dev}-{mod}-tp2" + ("" if part == "ops" else f"-{part}"):
+       (lambda dev=dev, mod=mod, part=part: perf_rows(dev, mod, part, 2))
+       for dev, mod in llmservingsim_perf.TP2 for part in ("ops", "attention")},
+}
 PROFILES = {
     "vidur-h100-llama-2-7b": lambda: vidur_rows("h100", "llama-2-7b"),
     "llmservingsim-h100-llama-3.1-8b": lambda: llmservingsim_rows(1),
@@ -235,12 +245,7 @@ PROFILES = {
     "vidur-a100-llama-2-7b": lambda: vidur_rows("a100", "llama-2-7b"),
     "vidur-a100-llama-3-8b": lambda: vidur_rows("a100", "llama-3-8b"),
     "llmcompass-a100": llmcompass_rows,
-    **{f"llmservingsim-{dev}-{mod}" + ("" if part == "ops" else f"-{part}"):
-       (lambda dev=dev, mod=mod, part=part: perf_rows(dev, mod, part))
-       for dev, mod in llmservingsim_perf.BUNDLES for part in ("ops", "attention")},
-    **{f"llmservingsim-{dev}-{mod}-tp2" + ("" if part == "ops" else f"-{part}"):
-       (lambda dev=dev, mod=mod, part=part: perf_rows(dev, mod, part, 2))
-       for dev, mod in llmservingsim_perf.TP2 for part in ("ops", "attention")},
+    **PERF_PROFILES,
 }
 
 

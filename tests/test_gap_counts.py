@@ -84,4 +84,3 @@ def test_token_seconds_past_the_run_are_its_last_seconds(times, nsec):
     idx = t.astype(np.int64)
     want = np.bincount(np.clip(idx, 0, nsec - 1), minlength=nsec)
     np.testing.assert_array_equal(fold_seconds(np.bincount(idx), nsec), want)
-

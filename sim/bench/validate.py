@@ -207,9 +207,12 @@ def refusal(f: dict) -> str | None:
 
 
 def _dp_attention(f: dict, par: dict) -> bool:
-    """The figure's layout is vLLM's DP attention + EP: ``dp > 1`` with ``ep: true`` on a mixture-of-experts model."""
+    """The figure's layout is vLLM's DP attention + EP (:func:`sim.cost.parallel.is_dp_attention`: ``dp > 1`` with
+    ``ep: true`` on a mixture-of-experts model); the model is read only where ``dp`` and ``ep`` ask."""
+    from sim.cost.parallel import is_dp_attention
     from sim.cost.profiles import load_model
-    return bool(par.get("ep")) and int(par.get("dp", 1)) > 1 and bool(load_model(f["model"]).num_experts)
+    dp, ep = int(par.get("dp", 1)), bool(par.get("ep", False))
+    return dp > 1 and ep and is_dp_attention(load_model(f["model"]), dp, ep)
 
 
 def _workload(f: dict):

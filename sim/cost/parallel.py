@@ -66,6 +66,11 @@ class ParallelError(ValueError):
 
 
 # --------------------------------------------------------------------------- layout
+def is_dp_attention(model: ModelShape, data_parallel_size: int, enable_expert_parallel: bool) -> bool:
+    """vLLM's DP attention + EP: ``--enable-expert-parallel`` on an MoE model with ``--data-parallel-size > 1``."""
+    return bool(enable_expert_parallel and model.num_experts and data_parallel_size > 1)
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """How one deployment lays a model over GPUs: ``TP x PP`` GPUs per replica, ``DP`` replicas."""
@@ -103,9 +108,9 @@ class ParallelConfig:
         return self.gpus_per_replica * self.data_parallel_size
 
     def dp_attention(self, model: ModelShape) -> bool:
-        """vLLM's DP attention + EP: ``--enable-expert-parallel`` on an MoE model with ``--data-parallel-size > 1``
-        (otherwise ``data_parallel_size`` counts independent replicas)."""
-        return bool(self.enable_expert_parallel and model.num_experts and self.data_parallel_size > 1)
+        """vLLM's DP attention + EP (:func:`is_dp_attention`; otherwise ``data_parallel_size`` counts independent
+        replicas)."""
+        return is_dp_attention(model, self.data_parallel_size, self.enable_expert_parallel)
 
     def expert_parallel_size(self, model: ModelShape) -> int:
         """vLLM's EP size: ``DP x TP`` under DP attention, ``TP`` with EP alone, 1 without EP or experts."""
