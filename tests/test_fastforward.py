@@ -529,7 +529,7 @@ def test_sliding_window_targets_take_windows_with_the_stepped_figures(n, il, ol,
     both schedulers, tensor parallelism, chunked prefills (a token budget below the prompts): every figure equal to
     the stepped run's."""
     m = SLIDING[model]
-    tp = 4 if model == "gpt-oss-120b" else tp   # its 16-bit weights fit 4 H100s
+    tp = 4 if model == "gpt-oss-120b" else tp   # the larger one on a TP 4 layout (MXFP4 experts, as released)
     wl = plain.random_workload(n, il, ol, rr, prefix, seed)
     need = 2 * int(((wl.input_lens + wl.output_lens).max() + bs - 1) // bs)   # a request's blocks of both groups
     kvb = None if blocks is None else _kv_bytes(max(blocks, need), bs, m)

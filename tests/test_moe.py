@@ -53,8 +53,8 @@ def test_parameter_counts_match_the_model_cards(name, total, active, emb, tol):
     m = load_model(name)
     assert m.total_params == pytest.approx(total, rel=0.01)
     assert m.active_params(embedding=emb) == pytest.approx(active, rel=tol)
-    # bf16 weight bytes are two per parameter (nothing quantised in the shape itself)
-    assert m.weight_bytes == 2 * m.total_params
+    # 16-bit weight bytes are two per parameter (--quantization none: a release's quantization set aside)
+    assert m.with_precision("none").weight_bytes == 2 * m.total_params
 
 
 def test_qwen3_non_embedding_counts():
@@ -471,8 +471,9 @@ def test_mxfp4_experts_priced_weight_only_where_vllm_runs_them():
     assert MXFP4_BYTES == 0.53125
     for name, gib in (("gpt-oss-20b", 12.8), ("gpt-oss-120b", 60.8)):
         assert load_model(name).with_precision("mxfp4").weight_bytes / 2 ** 30 == pytest.approx(gib, rel=0.01)
-    g = load_model("gpt-oss-20b")
+    g = load_model("gpt-oss-20b").with_precision("none")   # its 16-bit shape
     q = g.with_precision("mxfp4")
+    assert load_model("gpt-oss-20b") == q                   # served as released by default (quantization_config)
     d, L, E, k, Fe = 2880, 24, 32, 4, 2880
     expert = 3 * d * Fe
     one = [(1.0, 500.0, None, 0.0, 1.0, 0.0)]
@@ -494,6 +495,11 @@ def test_mxfp4_experts_priced_weight_only_where_vllm_runs_them():
         load_model("qwen3-4b").with_precision("mxfp4")
     r = _bench_q(["--model-preset", "gpt-oss-20b", "--quantization", "mxfp4"])
     assert r["rksim"]["weight_bytes_per_gpu"] == pytest.approx(q.weight_bytes, rel=1e-9)
+    assert _bench_q(["--model-preset", "gpt-oss-20b"])["rksim"]["weight_bytes_per_gpu"] == \
+        r["rksim"]["weight_bytes_per_gpu"]
+    none = _bench_q(["--model-preset", "gpt-oss-20b", "--quantization", "none"])
+    assert none["rksim"]["weight_bytes_per_gpu"] == pytest.approx(g.weight_bytes, rel=1e-9)
+    assert none["rksim"].get("quantization") is None and r["rksim"]["quantization"] == "mxfp4"
 
 
 def _bench_q(args):
@@ -572,3 +578,29 @@ def test_a_run_says_what_rate_its_experts_are_priced_at():
     b = _bench_q(["--model-preset", "gpt-oss-20b", "--quantization", "mxfp4"])["rksim"]
     assert "eff_c_moe_mxfp4 not fitted" in b["moe_experts"]
     assert "moe_experts" not in _bench_q(["--model-preset", "qwen3-4b"])["rksim"]
+
+
+def test_a_quantized_release_is_served_as_released_by_default():
+    """vLLM loads a checkpoint's quantization_config without --quantization: a preset whose weights_format the cost
+    model prices takes it by default (gpt-oss: MXFP4 experts; DeepSeek-V3: FP8 blocks); --quantization none is its
+    16-bit shape; a release in a format not priced, and a 16-bit release, keep the model's dtype."""
+    from sim.base.errors import OutOfCalibrationError
+    from sim.cost.profiles import read_preset_file, resolve_preset
+    assert {n: load_model(n).quantization for n in NEW} == {
+        "mixtral-8x7b": "", "qwen3-30b-a3b": "", "qwen3-235b-a22b": "", "gpt-oss-20b": "mxfp4",
+        "gpt-oss-120b": "mxfp4", "deepseek-v2-lite": "", "deepseek-v3": "fp8"}
+    ds = load_model("deepseek-v3")
+    assert ds.weight_bytes < 0.51 * ds.with_precision("none").weight_bytes and ds.with_precision("none").quantization == ""
+    assert ds.with_precision(None) is ds and ds.with_precision("none", "fp8").kv_cache_dtype == "fp8"
+    # a preset stating its quantization keeps it; a format the cost model does not price stays information
+    data = read_preset_file(resolve_preset("models", "gpt-oss-20b"))
+    for over, want in (({"quantization": "fp8"}, "fp8"), ({"weights_format": "awq"}, "")):
+        from sim.cost.model_shape import ModelShape
+        import tempfile
+        p = Path(tempfile.mkdtemp()) / "m.json"
+        p.write_text(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in {**data, **over}.items()
+                                 if k != "hf_id"}))
+        assert load_model(p).quantization == want and isinstance(load_model(p), ModelShape)
+    with pytest.raises(OutOfCalibrationError, match="gpt-oss-20b is released in it .* --quantization none"):
+        load_hardware("local-cpu").check_precision(load_model("gpt-oss-20b"))
+    load_hardware("local-cpu").check_precision(load_model("gpt-oss-20b").with_precision("none"))

@@ -31,7 +31,7 @@ class RkscSpeedups(ClaimUnit):
     rksc_vs_exact: float = 1.66
     asks_alone: float = 1.343
     policies: tuple = ("rksc", "asks", "cgee", "exact-prefix", "no-kv")
-    # one GPU holds its bf16 weights (61 GB); deepseek-v3 and gpt-oss-120b need a multi-GPU layout
+    # one GPU holds its bf16 weights (61 GB); deepseek-v3 (671 GB in FP8 as released) needs a multi-GPU layout
     moe_target: tuple = ("qwen3-30b-a3b", "h100-sxm")
 
     def claims(self) -> tuple:

@@ -254,7 +254,7 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
     hw = profile if profile is not None else load_hardware(hardware or f["hardware"])
     q, kv = f.get("quantization"), f.get("kv_cache_dtype")
     kv = None if kv is None or str(kv).lower() in PRICED_DTYPES else kv      # a 16-bit name is the model's own
-    model = model.with_precision(None if q in (None, "none", "auto") else q, kv)
+    model = model.with_precision(None if q in (None, "auto") else q, kv)   # none: 16-bit weights
     sv = dict(f.get("serving") or {})
     bs = int(sv.pop("block_size", plain.BLOCK_SIZE))
     over = {k: sv.pop(k) for k in _OVERHEAD_KEYS if k in sv}

@@ -26,6 +26,8 @@ FP8_WEIGHTS = (None, "w8a8", "w8a16")
 # dequantised in the GEMM), so they are priced alike: expert bytes at MXFP4_BYTES, flops at the 16-bit rate.
 # None: --quantization mxfp4 refused
 MXFP4_MOE = (None, "triton", "marlin")   # HardwareProfile.decode_attention (sim.cost.terms, "Padded decode attention")
+# what a refusal adds where the format is the model's release, priced by default (sim.cost.profiles.load_model)
+_RELEASED = "; {} is released in it and served so by default: --quantization none prices its 16-bit weights"
 UNCALIBRATED_NOTE = "uncalibrated: datasheet numbers with assumed efficiencies"
 # What a profile's coefficients stand on: datasheet peaks with assumed efficiencies; fitted on public
 # per-operator profiles of the device (not end to end); fitted end to end on measured runs on this device
@@ -259,11 +261,12 @@ class HardwareProfile:
         if model.quantization == "mxfp4" and self.mxfp4_moe is None:
             raise OutOfCalibrationError(
                 f"hardware {self.name}: --quantization mxfp4 cannot be priced: the profile names no MXFP4 MoE kernel "
-                "(mxfp4_moe: vLLM runs MXFP4 experts with its Triton kernels on SM 9.0+ and Marlin on SM 7.5+ GPUs)")
+                "(mxfp4_moe: vLLM runs MXFP4 experts with its Triton kernels on SM 9.0+ and Marlin on SM 7.5+ GPUs)"
+                + _RELEASED.format(model.name) * (model.weights_format == "mxfp4"))
         if model.quantization == "fp8" and self.fp8_weights is None:
             raise OutOfCalibrationError(
                 f"hardware {self.name}: --quantization fp8 cannot be priced: the profile has no fp8_weights "
-                "(FP8 tensor-core peak or FP8 weight-only kernel)")
+                "(FP8 tensor-core peak or FP8 weight-only kernel)" + _RELEASED.format(model.name) * (model.weights_format == "fp8"))
         fr = self.fitted_range or {}
         dts = [CANON_DTYPE.get(str(x), str(x)) for x in (fr.get("dtypes") or [])]
         end_to_end = self.calibration_status in ("end-to-end", "provisional")

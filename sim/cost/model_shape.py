@@ -313,16 +313,19 @@ class ModelShape:
 
         ``fp8``: every linear layer's weight is one byte (vLLM's ``Fp8LinearMethod``; embeddings, norms
         and the LM head stay in ``dtype_bytes``, as vLLM quantises only ``LinearBase`` layers); an fp8
-        KV cache stores one byte per element (``fp8`` = ``fp8_e4m3``; ``fp8_e5m2``). Anything else is
+        KV cache stores one byte per element (``fp8`` = ``fp8_e4m3``; ``fp8_e5m2``). ``none``: the weights
+        at ``dtype_bytes`` (a model released quantized, e.g. gpt-oss, in a 16-bit re-release). Anything else is
         refused by name (a :class:`PresetError` naming the flag).
         """
+        if str(quantization or "").lower() == "none":
+            return dataclasses.replace(self, quantization="").with_precision(None, kv_cache_dtype)
         q = _CANON_QUANT.get(str(quantization or "").lower(), str(quantization or ""))
         k = str(kv_cache_dtype or "").lower()
         k = "" if k == "auto" else k
         for flag, v, ok in (("--quantization", q, QUANTIZATIONS), ("--kv-cache-dtype", k, KV_CACHE_DTYPES)):
             if v not in ok:
                 raise PresetError(f"{flag} {v!r} is not priced (one of: {', '.join(x for x in ok if x)}"
-                                  f"{', auto' if flag == '--kv-cache-dtype' else ''}); int4/AWQ/GPTQ and "
+                                  f"{', auto' if flag == '--kv-cache-dtype' else ', none'}); int4/AWQ/GPTQ and "
                                   "NVFP4 run other kernels the cost model does not hold")
         if q == "mxfp4" and not self.num_experts:
             # vLLM's Mxfp4Config.get_quant_method: LinearBase -> UnquantizedLinearMethod, attention skipped; only
@@ -441,11 +444,14 @@ VARIANT_INT_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", 
 
 # vLLM's --quantization and --kv-cache-dtype values the cost model prices ("" = the model's own dtype)
 QUANTIZATIONS = ("", "fp8", "mxfp4")
+# release formats a model preset's weights_format names that are served as released (sim.cost.profiles.load_model):
+# vLLM takes a checkpoint's quantization_config without --quantization
+RELEASE_QUANTIZATIONS = ("fp8", "mxfp4")
 # Bytes per MXFP4 weight: a 4-bit E2M1 value plus one 8-bit E8M0 scale per block of 32 (OCP Microscaling Formats
 # (MX) Specification v1.0, §5: MXFP4 block size 32, scale E8M0): (4 + 8 / 32) / 8 = 0.53125
 MXFP4_BYTES = (4 + 8 / 32) / 8
 KV_CACHE_DTYPES = ("", "fp8", "fp8_e4m3", "fp8_e5m2")
-_CANON_QUANT = {"none": "", "fp8_e4m3": "fp8", "float8": "fp8"}
+_CANON_QUANT = {"fp8_e4m3": "fp8", "float8": "fp8"}
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "float16": 2, "fp16": 2, "half": 2,
                 "bfloat16": 2, "bf16": 2, "float64": 8, "int8": 1,

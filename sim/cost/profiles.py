@@ -25,7 +25,7 @@ from pathlib import Path
 from sim.base.errors import PresetError
 from sim.base.yamlio import safe_load
 from sim.cost.hardware import HardwareProfile
-from sim.cost.model_shape import CANON_DTYPE, DTYPE_BYTES, VARIANT_INT_FIELDS, ModelShape
+from sim.cost.model_shape import CANON_DTYPE, DTYPE_BYTES, RELEASE_QUANTIZATIONS, VARIANT_INT_FIELDS, ModelShape
 from sim.cost.overheads import frontend_from_preset, host_step_from_preset
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"   # sim/presets
@@ -173,6 +173,10 @@ def load_model(name_or_path: str | os.PathLike) -> ModelShape:
         raise PresetError(f"{path}: missing field(s) {', '.join(sorted(missing))}")
     data.setdefault("name", path.stem)
     data.pop("hf_id", None)
+    # served as released: vLLM reads the checkpoint's quantization_config, so a release in a format the cost model
+    # prices (gpt-oss: MXFP4 experts; DeepSeek-V3: FP8) runs in it without --quantization (none: 16-bit weights)
+    if not data.get("quantization") and data.get("weights_format") in RELEASE_QUANTIZATIONS:
+        data["quantization"] = data["weights_format"]
     return ModelShape(source=str(path), **data)
 
 

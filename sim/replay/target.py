@@ -91,7 +91,9 @@ class TargetSpec:
                                       help="weights as vLLM's --quantization serves them: fp8 (linear layers' "
                                            "weights one byte; GEMMs at the FP8 tensor-core peak where the GPU has "
                                            "one) or mxfp4 (MoE models: the routed experts at 4.25 bits, weight-only, "
-                                           "as vLLM runs gpt-oss); default: the model's own dtype")
+                                           "as vLLM runs gpt-oss); none: 16-bit weights; default: the "
+                                           "weights as released, as vllm serve loads them (gpt-oss: mxfp4, "
+                                           "DeepSeek-V3: fp8; else the model's dtype)")
     kv_cache_dtype: str | None = option(None, kind=str, flag="--kv-cache-dtype", metavar="DTYPE",
                                         help="vLLM's --kv-cache-dtype: auto (the model's dtype; default) or fp8 / "
                                              "fp8_e4m3 / fp8_e5m2 (one byte per KV element: capacity and KV reads)")
