@@ -66,14 +66,15 @@ def _plan_flags(args):
 
 def _cmd_plan(args) -> int:
     from sim.replay.target import node_for
-    from sim.search.planner import deployments, frontier, run_plan
-    from sim.cost.profiles import load_hardware, load_model
+    from sim.search.planner import deployments, frontier, plan_model, precision_words, run_plan
+    from sim.cost.profiles import load_hardware
     from sim.search.sweep import write_parquet
 
     tps, pps, dps, mns, mnbt, slo, knee_rates, pols = _plan_flags(args)
-    m = load_model(args.model_preset)
+    m = plan_model(args.model_preset, args.quantization, args.kv_cache_dtype)
     node = node_for(args.hardware, args.node)
     hw = load_hardware(node.gpu)
+    hw.check_precision(m)   # refused here, naming the flag, before any deployment runs
     node_spec = args.node or (args.hardware if args.hardware == node.name or os.path.exists(args.hardware)
                               else node.name)
     deps = list(deployments(m, hw, node, args.gpus, pols, tp_sizes=tps, pp_sizes=pps, replicas=dps,
@@ -86,8 +87,7 @@ def _cmd_plan(args) -> int:
     opts = {"model_preset": args.model_preset, "node": node_spec, "router": args.router, "slo": str(slo) if
             slo.stated else None, "arrival_rate": args.problem_rate, "concurrency": args.max_concurrent_problems,
             "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost}
-    if m.num_experts:   # MoE only: a dense plan's tasks stay as they were
-        opts.update(enable_expert_parallel=args.enable_expert_parallel, moe_routing=args.moe_routing)
+    opts.update(target_options(args, m))
     t0, c0 = time.perf_counter(), time.process_time()
     from app.dask_flags import check_backend
     check_backend(args)
@@ -104,10 +104,13 @@ def _cmd_plan(args) -> int:
             "model_preset": args.model_preset, "node_preset": node_spec, "trace": args.trace,
             "arrival_rate": args.problem_rate,
             "concurrency": None if args.problem_rate is not None else args.max_concurrent_problems,
-            "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost}
+            "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost,
+            "target_options": target_options(args, m),
+            # what the weights and KV were priced at: a release's own format unless --quantization says otherwise
+            "quantization": m.quantization or None, "kv_cache_dtype": m.kv_cache_dtype or "auto"}
     if band_fits is not None:
         meta["band_fits"] = band_fits
-    knees = _knees(args, best, knee_rates, node_spec) if knee_rates is not None else None
+    knees = _knees(args, best, knee_rates, node_spec, m) if knee_rates is not None else None
     if knees is not None:
         meta["knees"] = knees
     if args.out:
@@ -122,7 +125,7 @@ def _cmd_plan(args) -> int:
         print(json.dumps({"meta": meta, "frontier": front[cols].to_dict("records"),
                           "best_per_policy": best[cols].to_dict("records")}, indent=2, default=float))
         return 0
-    print(f"{len(deps)} deployments of {m.name} on {node.name} (<= {args.gpus} GPUs), SLO {slo}, router "
+    print(f"{len(deps)} deployments of {m.name}{precision_words(m)} on {node.name} (<= {args.gpus} GPUs), SLO {slo}, router "
           f"{args.router}; decisions of {meta['decisions_model']}; {wall:.1f} s ({args.backend})")
     print("frontier (fewest GPUs against most goodput):")
     print(front[cols].to_string(index=False))
@@ -179,7 +182,17 @@ def pareto_plan(args, df, meta) -> int:
     return 0
 
 
-def _knees(args, best, rates, node_spec: str) -> list[dict]:
+def target_options(args, m) -> dict:
+    """The target flags a plan's tasks and knees take (:func:`sim.search.planner.evaluate_deployment`), each only
+    where it prices something: expert parallelism and routing on an MoE model, a precision flag where given (a
+    release's own format is the model's default); a plain plan's tasks stay as they were."""
+    out = ({"enable_expert_parallel": args.enable_expert_parallel, "moe_routing": args.moe_routing}
+           if m.num_experts else {})
+    out.update({k: getattr(args, k) for k in ("quantization", "kv_cache_dtype") if getattr(args, k)})
+    return out
+
+
+def _knees(args, best, rates, node_spec: str, m) -> list[dict]:
     """``sim.search.planner.deployment_knee`` of each policy's best deployment (``--knee``): knee, first failing and
     saturation rates, capacity, and the caption of what they hold under (no per-point arrays: they go to meta)."""
     from tqdm.auto import tqdm
@@ -197,7 +210,8 @@ def _knees(args, best, rates, node_spec: str) -> list[dict]:
         c = deployment_knee(session, params, rates, model_preset=args.model_preset, node=node_spec,
                             router=args.router, slo=args.knee_slo, n_requests=args.num_problems, seed=args.sim_seed,
                             refine=args.knee_refine,
-                            progress=lambda it, **kw: tqdm(it, disable=bool(args.json), leave=False, **kw))
+                            progress=lambda it, **kw: tqdm(it, disable=bool(args.json), leave=False, **kw),
+                            **target_options(args, m))
         out.append({"policy": row["policy"], "deployment": c["deployment"], "slo": c["slo"],
                     "knee_rate": c["knee_rate"], "first_failing_rate": c["first_failing_rate"],
                     "knee_bounded": c["knee_bounded"], "saturation_rate": c["saturation_rate"],
@@ -259,7 +273,8 @@ def register(sub) -> None:
     p.add_argument("--pipeline-parallel-size", default="1", metavar="N,N", help="PP sizes (default 1)")
     from app.cli_sim import add_declared
     from sim.replay.target import TargetSpec
-    add_declared(p, TargetSpec, only=("enable_expert_parallel", "moe_routing"))   # sampled: seeded by --sim-seed
+    add_declared(p, TargetSpec, only=("enable_expert_parallel", "moe_routing", "quantization",
+                                      "kv_cache_dtype"))   # sampled: seeded by --sim-seed
     p.add_argument("--data-parallel-size", default=None, metavar="N,N",
                    help="replica counts (default: 1 .. GPUs / (TP x PP))")
     p.add_argument("--max-num-seqs", default="256", metavar="N,N", help="vLLM max_num_seqs values (default 256)")

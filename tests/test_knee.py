@@ -258,3 +258,29 @@ def test_plan_knee_and_the_deployment_page_use_one_function(capsys):
 def test_plan_knee_flags_are_checked_before_any_deployment_runs(capsys):
     assert "--knee: every rate must be finite and > 0" in _err(capsys, [*PLAN, "--knee", "0"])
     assert "--knee-slo: 'ttft=1'" in _err(capsys, [*PLAN, "--knee", "1", "--knee-slo", "ttft=1"])
+
+
+def test_plan_knee_is_priced_on_the_plan_s_target_flags(capsys):
+    """An MoE plan with --enable-expert-parallel and --kv-cache-dtype fp8: its knees, from the CLI and from the
+    Deployment page (the plan's meta), are priced as its rows were: expert parallel, one byte per KV element
+    (twice the blocks of a 16-bit cache); the same rates without those flags give another KV capacity."""
+    moe = ["plan", "--model-preset", "qwen3-30b-a3b", "--hardware", "dgx-h100", "--gpus", "2", "--policies",
+           "exact-prefix", "--tensor-parallel-size", "1", "--data-parallel-size", "2", "--num-problems", "24",
+           "--knee", "4,64", "--json"]
+    assert main([*moe, "--enable-expert-parallel", "--kv-cache-dtype", "fp8"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["meta"]["target_options"] == {"enable_expert_parallel": True, "moe_routing": "expected",
+                                             "kv_cache_dtype": "fp8"}
+    (k,) = doc["meta"]["knees"]
+    assert "model qwen3-30b-a3b (fp8 KV cache)" in k["caption"] and "expert parallel" in k["caption"]
+    from app import ui_backend as B
+    row = doc["best_per_policy"][0]
+    curve, cap = B.deployment_knee(row, doc["meta"], "4,64", None)
+    assert cap == k["caption"] and curve["knee_rate"] == k["knee_rate"]
+    assert main([*moe, "--kv-cache-dtype", "fp8"]) == 0   # the experts on every replica: less room for KV
+    (no_ep,) = json.loads(capsys.readouterr().out)["meta"]["knees"]
+    assert main(moe) == 0
+    (plain,) = json.loads(capsys.readouterr().out)["meta"]["knees"]
+    blocks = [int(c.split("KV capacity ")[1].split(" blocks")[0]) for c in (k["caption"], no_ep["caption"],
+                                                                             plain["caption"])]
+    assert "expert parallel" not in no_ep["caption"] and blocks[0] > blocks[1] > 1.9 * blocks[2]

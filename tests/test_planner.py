@@ -198,3 +198,23 @@ def test_plan_with_expert_parallel_runs_dp_attention_where_the_ep_size_divides_t
     assert sorted(d.data_parallel_size for d in deps) == [1, 2, 4]
     plain = list(deployments(m, hw, node, 4, ["no-kv"], tp_sizes=(1,), pp_sizes=(1,)))
     assert sorted(d.data_parallel_size for d in plain) == [1, 2, 3, 4]   # replicas: any count
+
+
+def test_plan_prices_a_quantized_release_as_released_unless_told(capsys):
+    """gpt-oss-20b is served in its MXFP4 release by default (13.7 GB: one H100 holds it with room for KV);
+    --quantization none plans its 16-bit shape; the header and the meta say which was priced; a GPU that cannot
+    price the flag is refused, naming it, before any deployment runs."""
+    from app.cli import main
+    base = ["plan", "--model-preset", "gpt-oss-20b", "--hardware", "dgx-h100", "--gpus", "1", "--policies",
+            "no-kv", "--num-problems", "8"]
+    out = {}
+    for q in (None, "none"):
+        assert main([*base, *(["--quantization", q] if q else []), "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        out[q] = doc
+    assert out[None]["meta"]["quantization"] == "mxfp4" and out["none"]["meta"]["quantization"] is None
+    assert out[None]["meta"]["target_options"] == {"enable_expert_parallel": False, "moe_routing": "expected"}
+    assert main(base) == 0
+    assert "deployments of gpt-oss-20b (mxfp4 experts) on dgx-h100" in capsys.readouterr().out
+    assert main([*base[:4], "dgx-a100", *base[5:], "--quantization", "nvfp4"]) == 2
+    assert "--quantization 'nvfp4' is not priced" in capsys.readouterr().err

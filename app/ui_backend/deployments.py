@@ -155,8 +155,15 @@ def deployment_knee(row: dict, meta: dict, rates: str, slo: str | None, refine: 
             meta.get("model"), node=meta.get("node_preset") or meta.get("node"),
             router=meta.get("router") or "prefix-affinity", slo=slo or None,
             n_requests=None if n is None or (isinstance(n, float) and math.isnan(n)) else int(n),
-            seed=int(meta.get("seed") or 0), refine=int(refine))
+            seed=int(meta.get("seed") or 0), refine=int(refine), **_target_options(meta))
     return c, caption({"provenance": c["provenance"]}, c, unit="problems/s")
+
+
+def _target_options(meta: dict) -> dict:
+    """The target flags the plan ran with (its meta's ``target_options``: expert parallelism and routing, a
+    precision flag), for its knee to be priced as its rows were; a file from before them, none."""
+    opts = meta.get("target_options")
+    return dict(opts) if isinstance(opts, dict) else {}
 
 
 def knee_figure(curve: dict, caption: str):

@@ -114,6 +114,10 @@ def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], 
             row["dp_attention"] = True
     if moe_routing != "expected" and model.num_experts:
         row["moe_routing"] = moe_routing
+    if model.quantization:   # the weights' format when not the 16-bit shape (a release's, or --quantization)
+        row["quantization"] = model.quantization
+    if model.kv_cache_dtype:
+        row["kv_cache_dtype"] = model.kv_cache_dtype
     if gpu_hour_cost is not None:
         row["cost_per_million_output_tokens"] = (gpu_hour_cost * dep.gpus / 3600.0 / tps * 1e6) if tps else None
     return row
@@ -165,21 +169,39 @@ def knee_point(run, jobs, percentiles=(50.0, 99.0), tolerance: float = 0.05) -> 
     return m, queue_growth(arr, ttft, tolerance)
 
 
+def plan_model(model_preset: str, quantization: str | None = None, kv_cache_dtype: str | None = None):
+    """The plan's model: the preset served as released, or under ``--quantization`` / ``--kv-cache-dtype``
+    (:func:`sim.replay.target.with_precision`, errors naming the flag)."""
+    from sim.cost.profiles import load_model
+    from sim.replay.target import with_precision
+    return with_precision(load_model(model_preset), quantization, kv_cache_dtype)
+
+
+def precision_words(m) -> str:
+    """`` (fp8 weights, fp8 KV cache)``-style words for a model priced below its 16-bit shape; empty otherwise."""
+    q = m.quantization
+    w = [f"{q} {'experts' if q == 'mxfp4' else 'weights'}"] if q else []
+    w += [f"{m.kv_cache_dtype} KV cache"] if m.kv_cache_dtype else []
+    return f" ({', '.join(w)})" if w else ""
+
+
 def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str, router: str = "prefix-affinity",
                     slo: str | None = None, n_requests: int | None = None, seed: int = 0, refine: int = 0,
-                    tolerance: float = 0.05, progress=None) -> dict:
+                    tolerance: float = 0.05, progress=None, enable_expert_parallel: bool = False,
+                    moe_routing: str = "expected", quantization: str | None = None,
+                    kv_cache_dtype: str | None = None) -> dict:
     """The latency-rate curve and knee (:func:`sim.search.knee.sweep`) of one plan deployment (``params``:
     :meth:`Deployment.to_dict`, ``gpus`` ignored): its policy's problems served at each Poisson rate in
-    ``rates`` (problems/s), judged on ``slo`` (:class:`sim.search.knee.KneeSLO` text; None: its default). The
+    ``rates`` (problems/s), judged on ``slo`` (:class:`sim.search.knee.KneeSLO` text; None: its default), on the
+    plan's target (``enable_expert_parallel`` ... ``kv_cache_dtype``: as :func:`evaluate_deployment` priced it). The
     dict adds ``provenance``: the target, layout, scheduler limits and KV capacity it holds under."""
     from sim.search.knee import KneeSLO, check_tolerance, sweep
-    from sim.cost.profiles import load_model
     from sim.replay.session import Session
 
     spec = KneeSLO.parse(slo, "--knee-slo")
     check_tolerance(tolerance)
     dep = Deployment(**{k: v for k, v in params.items() if k != "gpus"})
-    m = load_model(model_preset)
+    m = plan_model(model_preset, quantization, kv_cache_dtype)
     nd, hw = node_and_gpu(node)
     if trace is None:
         from sim.replay.session import default_trace_path
@@ -190,14 +212,16 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
     blocks = []
 
     def evaluate(rate):
-        run, b = _serve(dep, m, hw, nd, w, router, float(rate), 1, seed)
+        run, b = _serve(dep, m, hw, nd, w, router, float(rate), 1, seed, enable_expert_parallel, moe_routing)
         blocks.append(b)
         return knee_point(run, w["jobs"], pcts, tolerance)
 
     curve = sweep(evaluate, list(rates), spec, refine=refine, progress=progress)
     curve["provenance"] = (
-        f"simulated: model {m.name} on {hw.name} ({hw.calibration_note}); {dep.policy} on TP "
-        f"{dep.tensor_parallel_size} x PP {dep.pipeline_parallel_size} x DP {dep.data_parallel_size} of {nd.name}, "
+        f"simulated: model {m.name}{precision_words(m)} on {hw.name} ({hw.calibration_note}); {dep.policy} on TP "
+        f"{dep.tensor_parallel_size} x PP {dep.pipeline_parallel_size} x DP {dep.data_parallel_size} of {nd.name}"
+        f"{', expert parallel' if enable_expert_parallel and m.num_experts else ''}"
+        f"{f', {moe_routing} routing' if moe_routing != 'expected' and m.num_experts else ''}, "
         f"router {router}; scheduler vllm-v1, max_num_seqs {dep.max_num_seqs}, max_num_batched_tokens "
         f"{dep.max_num_batched_tokens}, KV capacity {blocks[0]} blocks per replica; decisions of "
         f"{w['decisions_model']}; {len(w['jobs'])} problems, Poisson arrivals, seed {seed}")
@@ -254,16 +278,17 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
                         node: str, router: str = "prefix-affinity", slo: str | None = None,
                         arrival_rate: float | None = None, concurrency: int = 1, n_requests: int | None = None,
                         seed: int = 0, gpu_hour_cost: float | None = None, band_fit: str | None = None,
-                        enable_expert_parallel: bool = False, moe_routing: str = "expected") -> dict:
+                        enable_expert_parallel: bool = False, moe_routing: str = "expected",
+                        quantization: str | None = None, kv_cache_dtype: str | None = None) -> dict:
     """One planner task on plain data (what a Dask worker runs, :func:`sim.search.dist.run_dask`'s ``evaluate``):
     ``params`` = :meth:`Deployment.to_dict` without ``gpus``; ``band_fit``: price it with that public fit of
-    the node's GPU (a label of :func:`sim.cost.bands.band_profiles`) instead of the preset's."""
+    the node's GPU (a label of :func:`sim.cost.bands.band_profiles`) instead of the preset's; ``quantization`` /
+    ``kv_cache_dtype``: :func:`plan_model`."""
     from sim.cost.bands import band_profiles
-    from sim.cost.profiles import load_model
 
     p = {k: v for k, v in (params or {}).items() if k != "gpus"}
     dep = Deployment(**p)
-    m = load_model(model_preset)
+    m = plan_model(model_preset, quantization, kv_cache_dtype)
     nd, hw = node_and_gpu(node)
     if band_fit is not None:
         fits = dict(band_profiles(hw))
