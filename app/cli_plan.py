@@ -66,7 +66,7 @@ def _plan_flags(args):
 
 def _cmd_plan(args) -> int:
     from sim.replay.target import node_for
-    from sim.search.planner import deployments, frontier, plan_model, precision_words, run_plan
+    from sim.search.planner import deployments, frontier, plan_model, run_plan
     from sim.cost.profiles import load_hardware
     from sim.search.sweep import write_parquet
 
@@ -125,7 +125,7 @@ def _cmd_plan(args) -> int:
         print(json.dumps({"meta": meta, "frontier": front[cols].to_dict("records"),
                           "best_per_policy": best[cols].to_dict("records")}, indent=2, default=float))
         return 0
-    print(f"{len(deps)} deployments of {m.name}{precision_words(m)} on {node.name} (<= {args.gpus} GPUs), SLO {slo}, router "
+    print(f"{len(deps)} deployments of {m.priced_name} on {node.name} (<= {args.gpus} GPUs), SLO {slo}, router "
           f"{args.router}; decisions of {meta['decisions_model']}; {wall:.1f} s ({args.backend})")
     print("frontier (fewest GPUs against most goodput):")
     print(front[cols].to_string(index=False))

@@ -604,3 +604,12 @@ def test_a_quantized_release_is_served_as_released_by_default():
     with pytest.raises(OutOfCalibrationError, match="gpt-oss-20b is released in it .* --quantization none"):
         load_hardware("local-cpu").check_precision(load_model("gpt-oss-20b"))
     load_hardware("local-cpu").check_precision(load_model("gpt-oss-20b").with_precision("none"))
+    # every caption says what the costs were priced at
+    from sim.replay.session import Session
+    from sim.replay.target import Target
+    s = Session.of(None)
+    assert "costs from gpt-oss-20b (mxfp4 experts) on h100-sxm" in Target.resolve(s, "gpt-oss-20b", "h100-sxm").note("x")
+    t = Target.resolve(s, "deepseek-v3", "h200", kv_cache_dtype="fp8", tensor_parallel_size=8)   # 16-bit: no fit
+    assert "costs from deepseek-v3 (fp8 weights, fp8 KV cache) on h200" in t.note("x")
+    assert load_model("qwen3-32b").with_precision(None, "fp8").priced_name == "qwen3-32b (fp8 KV cache)"
+    assert load_model("llama-3-8b").priced_name == "llama-3-8b"

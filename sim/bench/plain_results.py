@@ -245,10 +245,8 @@ def provenance(info: dict, run_stats: bool = True) -> str:
     pol = info.get("token_policy")
     lay = (f" x TP {info['tensor_parallel_size']} x PP {info['pipeline_parallel_size']} on {info['node']}"
            if "tensor_parallel_size" in info else "")
-    q = info.get("quantization")
-    prec = ", ".join(x for x in ((f"{q} {'experts' if q == 'mxfp4' else 'weights'}" if q else ""),
-                                 (f"{info['kv_cache_dtype']} KV cache" if info.get("kv_cache_dtype", "auto") != "auto"
-                                  else "")) if x)
+    from sim.cost.model_shape import precision_words
+    prec = precision_words(info.get("quantization"), info.get("kv_cache_dtype"))
     return (f"simulated: model {info['model']}{f' ({prec})' if prec else ''} on {info['hardware']}{lay} "
             f"({info['calibration']}); scheduler "
             f"{s['scheduler']}, max_num_seqs {s['max_num_seqs']}, max_num_batched_tokens "

@@ -419,6 +419,13 @@ class ModelShape:
         return self.kv_group_layers * self.kv_elems_per_token_layer * self.kv_elem_bytes
 
     @property
+    def priced_name(self) -> str:
+        """The name, with what its weights and KV are priced at where below the 16-bit shape (:func:`precision_words`):
+        ``gpt-oss-20b (mxfp4 experts)``; what every caption says the costs came from."""
+        w = precision_words(self.quantization, self.kv_cache_dtype)
+        return f"{self.name} ({w})" if w else self.name
+
+    @property
     def dtype_name(self) -> str:
         """``dtype`` if known, else a name from ``dtype_bytes`` (2 bytes: ``bfloat16``, the presets' dtype)."""
         return self.dtype or {4: "float32", 2: "bfloat16", 1: "int8", 8: "float64"}.get(self.dtype_bytes, "")
@@ -434,6 +441,14 @@ class ModelShape:
         if "layer_types" in d:
             d["layer_types"] = list(d["layer_types"])
         return d
+
+
+def precision_words(quantization: str | None, kv_cache_dtype: str | None) -> str:
+    """``"mxfp4 experts"`` / ``"fp8 weights"`` and ``"fp8 KV cache"``, joined: what a run priced below the model's
+    16-bit shape (``kv_cache_dtype`` ``auto`` or empty: its dtype); ``""`` for none."""
+    q, k = quantization or "", "" if kv_cache_dtype in (None, "", "auto") else kv_cache_dtype
+    return ", ".join(x for x in ((f"{q} {'experts' if q == 'mxfp4' else 'weights'}" if q else ""),
+                                 (f"{k} KV cache" if k else "")) if x)
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention")

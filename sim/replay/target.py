@@ -305,11 +305,11 @@ class Target:
                                          tokens=tokens, mixed=mixed, allow_extrapolation=allow_extrapolation)
 
     def note(self, decisions_model: str) -> str:
-        m, hw = self.model.name, self.hardware.name
+        m, hw = self.model.priced_name, self.hardware.name
         if self.layout():
             hw = f"{hw}, {self.layout()}"
         return (f"decisions from the trace's model {decisions_model}; costs from {m} on {hw}"
-                if m != decisions_model else f"decisions and costs from {m} on {hw}")
+                if self.model.name != decisions_model else f"decisions and costs from {m} on {hw}")
 
 
 _FLAG_FIELDS = {"--tensor-parallel-size": "tensor_parallel_size", "--pipeline-parallel-size": "pipeline_parallel_size",

@@ -177,14 +177,6 @@ def plan_model(model_preset: str, quantization: str | None = None, kv_cache_dtyp
     return with_precision(load_model(model_preset), quantization, kv_cache_dtype)
 
 
-def precision_words(m) -> str:
-    """`` (fp8 weights, fp8 KV cache)``-style words for a model priced below its 16-bit shape; empty otherwise."""
-    q = m.quantization
-    w = [f"{q} {'experts' if q == 'mxfp4' else 'weights'}"] if q else []
-    w += [f"{m.kv_cache_dtype} KV cache"] if m.kv_cache_dtype else []
-    return f" ({', '.join(w)})" if w else ""
-
-
 def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str, router: str = "prefix-affinity",
                     slo: str | None = None, n_requests: int | None = None, seed: int = 0, refine: int = 0,
                     tolerance: float = 0.05, progress=None, enable_expert_parallel: bool = False,
@@ -218,7 +210,7 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
 
     curve = sweep(evaluate, list(rates), spec, refine=refine, progress=progress)
     curve["provenance"] = (
-        f"simulated: model {m.name}{precision_words(m)} on {hw.name} ({hw.calibration_note}); {dep.policy} on TP "
+        f"simulated: model {m.priced_name} on {hw.name} ({hw.calibration_note}); {dep.policy} on TP "
         f"{dep.tensor_parallel_size} x PP {dep.pipeline_parallel_size} x DP {dep.data_parallel_size} of {nd.name}"
         f"{', expert parallel' if enable_expert_parallel and m.num_experts else ''}"
         f"{f', {moe_routing} routing' if moe_routing != 'expected' and m.num_experts else ''}, "
@@ -401,7 +393,10 @@ def plan_caption(meta: dict) -> str:
     """What a plan's figures hold under: model, node, GPU budget, SLO, router, arrivals, decisions' model."""
     arr = (f"Poisson at {meta['arrival_rate']:g} problems/s" if meta.get("arrival_rate") is not None
            else f"closed loop of {meta['concurrency']}" if meta.get("concurrency") is not None else "")
-    parts = [f"costs from {meta.get('model', '?')} on {meta.get('node', '?')} (<= {meta.get('gpus', '?')} GPUs)",
+    from sim.cost.model_shape import precision_words
+    prec = precision_words(meta.get("quantization"), meta.get("kv_cache_dtype"))
+    parts = [f"costs from {meta.get('model', '?')}{f' ({prec})' if prec else ''} on {meta.get('node', '?')} "
+             f"(<= {meta.get('gpus', '?')} GPUs)",
              f"decisions of {meta.get('decisions_model', '?')}", f"SLO {meta.get('slo', 'none')}",
              f"router {meta.get('router', '?')}", "vLLM V1 scheduler at each point's max_num_seqs / "
              "max_num_batched_tokens, KV capacity per replica at its layout"]
