@@ -150,3 +150,21 @@ def test_commands_run_dp_attention_and_refuse_what_they_cannot_price():
     with pytest.raises(ParallelError, match="--data-parallel-size: 8 x --tensor-parallel-size 2 = 16 GPUs"):
         plain.run(load_model("qwen3-30b-a3b"), load_hardware("h100-sxm"), wl, data_parallel_size=8,
                   tensor_parallel_size=2, enable_expert_parallel=True)
+
+
+def test_dp_attention_range_check_sees_a_gpus_share_of_the_experts():
+    """A model no one GPU holds whole runs under DP attention + EP where its experts, spread over the ranks, fit:
+    DeepSeek-V3 (FP8 as released, 673 GB) over 8 H200s, each with 1/8 of the routed experts. bench and the trace
+    commands check the fitted range on one shard (ParallelConfig.gpu_shard), the one the capacity prices."""
+    from sim.bench import plain
+    from sim.replay.target import Target
+    from sim.api import loaded
+    m, h200 = load_model("deepseek-v3"), load_hardware("h200")
+    par = ParallelConfig(1, 1, 8, False, True)
+    shard = par.gpu_shard(m)
+    assert shard.expert_parallel_size == 8 and m.weight_bytes > h200.mem_capacity > 1.3 * shard.weight_bytes
+    assert Target.resolve(loaded(), m, h200, None, data_parallel_size=8, enable_expert_parallel=True).rank_model == shard
+    assert ParallelConfig(1, 1, 8).gpu_shard(m) is m                      # replicas: each a whole model
+    assert ParallelConfig(8, 1, 1).gpu_shard(m) == rank_model(m, 8, m.n_layers)
+    run = plain.run(m, h200, plain.random_workload(8, 64, 8), data_parallel_size=8, enable_expert_parallel=True)
+    assert run.info["dp_attention"]["expert_parallel_size"] == 8

@@ -222,10 +222,7 @@ def _layout_info(par, nd, router, blocks, replicated: bool, dpa: bool = False) -
 
 def _check_range(model, hw, par, inp, out, sched) -> None:
     """Refuse a run outside the hardware profile's fitted range, checked on the shard one GPU holds."""
-    from sim.cost.parallel import rank_model, stage_layers
-    shard = model if par.one_gpu(model) else rank_model(model, par.tensor_parallel_size,
-                                                        max(stage_layers(model.n_layers, par.pipeline_parallel_size)))
-    hw.check_query(shard, max_context=int((inp + out).max()),
+    hw.check_query(par.gpu_shard(model), max_context=int((inp + out).max()),
                    max_new=int(min(int(inp.max()), sched.max_num_batched_tokens)), max_batch=0)
 
 

@@ -127,6 +127,14 @@ class ParallelConfig:
         gather each other's tokens for their experts, on a node's links)."""
         return self.is_single and not self.dp_attention(model)
 
+    def gpu_shard(self, model: ModelShape) -> ModelShape:
+        """The shard one GPU of the largest pipeline stage holds (:func:`rank_model` at this layout's TP, stage
+        layers and EP size): what a profile's fitted range and the one-GPU weight check see."""
+        if self.one_gpu(model):
+            return model
+        return rank_model(model, self.tensor_parallel_size, max(stage_layers(model.n_layers, self.pipeline_parallel_size)),
+                          ep=self.enable_expert_parallel, ep_size=self.expert_parallel_size(model))
+
     def validate(self, model: ModelShape, node: "NodeProfile | None" = None, gpus: int | None = None) -> None:
         """Refuse a layout the model or the hardware cannot take (vLLM's checks), naming the flag.
 

@@ -20,7 +20,7 @@ from sim.cost.model_shape import ModelShape
 from sim.base.errors import PresetError
 from sim.cost.profiles import load_hardware, load_model, model_from_manifest
 from sim.cost.parallel import MAX_DP, MAX_PP, PIPELINE_SCHEDULES, NodeProfile, ParallelConfig, ParallelCost, ParallelError, \
-    load_node, rank_model, stage_layers
+    load_node
 from sim.cost.routing import ROUTINGS, routing_for
 from sim.cost.terms import ScalarCost
 from sim.serving.scheduler import SchedulerConfig
@@ -245,11 +245,7 @@ class Target:
     def rank_model(self) -> ModelShape:
         """The shard one GPU of the largest stage holds (``sim.cost.parallel.rank_model``): what the fitted range
         and the one-GPU weight check see."""
-        if self.single:
-            return self.model
-        return rank_model(self.model, self.tensor_parallel_size,
-                          max(stage_layers(self.model.n_layers, self.pipeline_parallel_size)),
-                          ep=self.enable_expert_parallel, ep_size=self.parallel.expert_parallel_size(self.model))
+        return self.parallel.gpu_shard(self.model)
 
     def layout(self) -> str:
         """``TP 2 x PP 1 x DP 4 on dgx-h100`` (empty for one GPU, one replica)."""
