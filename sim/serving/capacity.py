@@ -461,7 +461,7 @@ def check_fits(model, hw, serving: ServingConfig | None = None, parallel=None, n
             f"the smallest that fits: --tensor-parallel-size {best.tensor_parallel_size} "
             f"--pipeline-parallel-size {best.pipeline_parallel_size} ({best.gpus_per_replica} GPUs)")
     raise CapacityError(
-        f"--tensor-parallel-size {tp} --pipeline-parallel-size {pp}: {model.name} does not fit on {hw.name}: "
+        f"--tensor-parallel-size {tp} --pipeline-parallel-size {pp}: {model.priced_name} does not fit on {hw.name}: "
         f"{cap['weight_bytes'] / 1e9:.1f} GB of weights + {cap['activation_reserve_bytes'] / 1e9:.1f} GB activation "
         f"reserve per GPU against {hw.mem_capacity * cap['gpu_memory_utilization'] / 1e9:.1f} GB usable "
         f"(x {cap['gpu_memory_utilization']:g}), no room for {min_kv_tokens} tokens of KV; {hint}")
