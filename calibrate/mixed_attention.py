@@ -52,7 +52,8 @@ def slowdowns(device: str, model: str, tp: int = 1) -> pd.DataFrame:
     pre = a[(a.prefill_chunk > 0) & (a.n_decode == 0)].set_index(["prefill_chunk", "kv_prefill"])["seconds"]
     dec = a[(a.prefill_chunk == 0) & (a.n_decode > 0)].set_index(["n_decode", "kv_decode"])["seconds"]
     m = a[(a.prefill_chunk > 0) & (a.n_decode > 0)]
-    m = m.join(pre.rename("t_p"), on=["prefill_chunk", "kv_prefill"]).join(dec.rename("t_d"), on=["n_decode", "kv_decode"])
+    m = m.join(pre.rename("t_p"), on=["prefill_chunk", "kv_prefill"])
+    m = m.join(dec.rename("t_d"), on=["n_decode", "kv_decode"])
     m = m.dropna(subset=["t_p", "t_d"])
     return m.assign(k=(m["seconds"] - m["t_p"]) / m["t_d"])
 

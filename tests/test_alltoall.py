@@ -163,7 +163,8 @@ def test_dp_attention_range_check_sees_a_gpus_share_of_the_experts():
     par = ParallelConfig(1, 1, 8, False, True)
     shard = par.gpu_shard(m)
     assert shard.expert_parallel_size == 8 and m.weight_bytes > h200.mem_capacity > 1.3 * shard.weight_bytes
-    assert Target.resolve(loaded(), m, h200, None, data_parallel_size=8, enable_expert_parallel=True).rank_model == shard
+    t = Target.resolve(loaded(), m, h200, None, data_parallel_size=8, enable_expert_parallel=True)
+    assert t.rank_model == shard
     assert ParallelConfig(1, 1, 8).gpu_shard(m) is m                      # replicas: each a whole model
     assert ParallelConfig(8, 1, 1).gpu_shard(m) == rank_model(m, 8, m.n_layers)
     run = plain.run(m, h200, plain.random_workload(8, 64, 8), data_parallel_size=8, enable_expert_parallel=True)

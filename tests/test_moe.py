@@ -590,7 +590,8 @@ def test_a_quantized_release_is_served_as_released_by_default():
         "mixtral-8x7b": "", "qwen3-30b-a3b": "", "qwen3-235b-a22b": "", "gpt-oss-20b": "mxfp4",
         "gpt-oss-120b": "mxfp4", "deepseek-v2-lite": "", "deepseek-v3": "fp8"}
     ds = load_model("deepseek-v3")
-    assert ds.weight_bytes < 0.51 * ds.with_precision("none").weight_bytes and ds.with_precision("none").quantization == ""
+    assert ds.weight_bytes < 0.51 * ds.with_precision("none").weight_bytes
+    assert ds.with_precision("none").quantization == ""
     assert ds.with_precision(None) is ds and ds.with_precision("none", "fp8").kv_cache_dtype == "fp8"
     # a preset stating its quantization keeps it; a format the cost model does not price stays information
     data = read_preset_file(resolve_preset("models", "gpt-oss-20b"))
@@ -608,7 +609,8 @@ def test_a_quantized_release_is_served_as_released_by_default():
     from sim.replay.session import Session
     from sim.replay.target import Target
     s = Session.of(None)
-    assert "costs from gpt-oss-20b (mxfp4 experts) on h100-sxm" in Target.resolve(s, "gpt-oss-20b", "h100-sxm").note("x")
+    note = Target.resolve(s, "gpt-oss-20b", "h100-sxm").note("x")
+    assert "costs from gpt-oss-20b (mxfp4 experts) on h100-sxm" in note
     t = Target.resolve(s, "deepseek-v3", "h200", kv_cache_dtype="fp8", tensor_parallel_size=8)   # 16-bit: no fit
     assert "costs from deepseek-v3 (fp8 weights, fp8 KV cache) on h200" in t.note("x")
     assert load_model("qwen3-32b").with_precision(None, "fp8").priced_name == "qwen3-32b (fp8 KV cache)"

@@ -266,7 +266,8 @@ class HardwareProfile:
         if model.quantization == "fp8" and self.fp8_weights is None:
             raise OutOfCalibrationError(
                 f"hardware {self.name}: --quantization fp8 cannot be priced: the profile has no fp8_weights "
-                "(FP8 tensor-core peak or FP8 weight-only kernel)" + _RELEASED.format(model.name) * (model.weights_format == "fp8"))
+                "(FP8 tensor-core peak or FP8 weight-only kernel)"
+                + _RELEASED.format(model.name) * (model.weights_format == "fp8"))
         fr = self.fitted_range or {}
         dts = [CANON_DTYPE.get(str(x), str(x)) for x in (fr.get("dtypes") or [])]
         end_to_end = self.calibration_status in ("end-to-end", "provisional")

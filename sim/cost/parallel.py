@@ -132,8 +132,9 @@ class ParallelConfig:
         layers and EP size): what a profile's fitted range and the one-GPU weight check see."""
         if self.one_gpu(model):
             return model
-        return rank_model(model, self.tensor_parallel_size, max(stage_layers(model.n_layers, self.pipeline_parallel_size)),
-                          ep=self.enable_expert_parallel, ep_size=self.expert_parallel_size(model))
+        layers = max(stage_layers(model.n_layers, self.pipeline_parallel_size))
+        return rank_model(model, self.tensor_parallel_size, layers, ep=self.enable_expert_parallel,
+                          ep_size=self.expert_parallel_size(model))
 
     def validate(self, model: ModelShape, node: "NodeProfile | None" = None, gpus: int | None = None) -> None:
         """Refuse a layout the model or the hardware cannot take (vLLM's checks), naming the flag.
