@@ -342,6 +342,49 @@ def test_deployment_page_says_a_refusal_beside_its_widget(env):
     assert any(e.value.startswith("--slo ttft:") for e in at.error), [e.value for e in at.error]
 
 
+def test_deployment_weights_kv_and_experts_widgets_price_as_the_cli_does(env):
+    """The deployment's weights, KV cache and expert-parallel widgets are sim.api.simulate's --quantization,
+    --kv-cache-dtype and --enable-expert-parallel: the caption says what the costs were priced at, the figures are
+    the CLI's, and a refusal is said beside the widget of its flag."""
+    from app import ui_backend as B
+    from sim.api import simulate
+
+    at = _app("deployment")
+    at.sidebar.selectbox(key="deploy.model").set_value("gpt-oss-20b").run()
+    _ok(at)
+    assert any("costs from gpt-oss-20b (mxfp4 experts) on h100-sxm" in c.value for c in at.caption), \
+        [c.value for c in at.caption]
+    at.selectbox(key="deploy.dep.quant").set_value("none").run()
+    at.selectbox(key="deploy.dep.kv").set_value("fp8").run()
+    at.checkbox(key="deploy.dep.ep").check().run()
+    _ok(at)
+    assert any("costs from gpt-oss-20b (fp8 KV cache) on h100-sxm" in c.value for c in at.caption), \
+        [c.value for c in at.caption]
+    ref = simulate(str(BUNDLED), policy="asks", **{**DEPLOY, "model_preset": "gpt-oss-20b"}, quantization="none",
+                   kv_cache_dtype="fp8", enable_expert_parallel=True).summary
+    assert _metric(at, f"asks · {B.label('goodput_problems_per_s')}") == \
+        B.fmt("goodput_problems_per_s", ref["goodput_problems_per_s"])
+    at.sidebar.selectbox(key="deploy.model").set_value("qwen2.5-32b").run()
+    at.selectbox(key="deploy.dep.quant").set_value("mxfp4").run()
+    _ok(at)
+    errs = [e.value for e in _block_with(at, "selectbox", "deploy.dep.quant").error]
+    assert len(errs) == 1 and "--quantization mxfp4: qwen2.5-32b has no MoE experts" in errs[0], \
+        [e.value for e in at.error]
+
+
+def test_a_plan_s_target_flags_go_with_its_deployment_to_the_serving_page():
+    from app import ui_backend as B
+    row = {"policy": "no-kv", "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 2,
+           "max_num_seqs": 256, "max_num_batched_tokens": 2048}
+    meta = {"model_preset": "qwen3-30b-a3b", "node_preset": "dgx-h100", "hardware": "h100-sxm",
+            "target_options": {"enable_expert_parallel": True, "moe_routing": "sampled", "kv_cache_dtype": "fp8"}}
+    load = B.serving_load(row, meta)
+    assert {k: load["deployment"].get(k) for k in B.PLAN_TARGET_OPTIONS} == \
+        {"quantization": None, "kv_cache_dtype": "fp8", "enable_expert_parallel": True}
+    assert "sampled MoE routing" in load["note"]
+    assert "note" not in B.serving_load(row, {**meta, "target_options": {"moe_routing": "expected"}})
+
+
 def test_deployment_frontier_loads_a_deployment_into_serving(env):
     import pandas as pd
 

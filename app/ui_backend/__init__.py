@@ -70,7 +70,9 @@ from app.ui_backend.policy_ranges import (  # noqa: F401
     param_ranges,
     range_text)
 from app.ui_backend.deployments import (  # noqa: F401
+    AS_RELEASED,
     DEPLOYMENT_OPTIONS,
+    PLAN_TARGET_OPTIONS,
     REPLICA_KEYS,
     SMALL_PLAN_MAX,
     check_deployment,
@@ -81,6 +83,7 @@ from app.ui_backend.deployments import (  # noqa: F401
     per_replica,
     plan_figure,
     plan_frontier,
+    precision_choices,
     read_plan,
     routers,
     run_small_plan,

@@ -89,8 +89,9 @@ def _load_from_plan() -> dict | None:
     if load.get("concurrency"):
         st.session_state["serving.srv.concurrency"] = min(LOAD_POINTS, key=lambda c: abs(c - int(load["concurrency"])))
         if st.session_state["serving.srv.concurrency"] != int(load["concurrency"]):
-            load["note"] = (f"the plan ran {load['concurrency']} problems in flight; this page's "
-                            f"max-concurrent-problems slider is at the nearest of {', '.join(map(str, LOAD_POINTS))}")
+            load["note"] = "; ".join(x for x in (load.get("note"), (
+                f"the plan ran {load['concurrency']} problems in flight; this page's max-concurrent-problems "
+                f"slider is at the nearest of {', '.join(map(str, LOAD_POINTS))}")) if x)
     if load.get("seed") is not None:
         st.session_state["serving.seed"] = str(load["seed"])
     return load
