@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .shipped import write_or_check
+
 DATA = Path(__file__).resolve().parent / "data" / "deepgemm" / "normal_gemm_h800.csv"
 REPO = "https://github.com/deepseek-ai/DeepGEMM"
 COMMIT = "a9967bc27cdcead54e8d11e1736644eb51d49b33"
@@ -98,29 +100,19 @@ def render(preset: str, text: str, f: dict) -> str:
 
 def main(argv=None) -> int:
     from sim.cost.profiles import PRESET_DIR
-    from traces.store import atomic_write_text
 
     ap = argparse.ArgumentParser(prog="python -m calibrate.fp8_gemm", description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--write", action="store_true", help="rewrite the eff_c_fp8 line of the presets")
     g.add_argument("--check", action="store_true", help="exit 1 if a shipped preset's eff_c_fp8 line differs")
     a = ap.parse_args(argv)
-    bad = []
+    files = {}
     for p in PRESETS:
         f = fit(p)
         print(f)
         path = PRESET_DIR / "hardware" / f"{p}.yaml"
-        text = path.read_text()
-        new = render(p, text, f)
-        if a.check and new != text:
-            bad.append(str(path))
-        if a.write:
-            atomic_write_text(path, new)
-            print(f"wrote {path}")
-    if bad:
-        print("differs from the fit: " + ", ".join(bad), file=sys.stderr)
-        return 1
-    return 0
+        files[path] = render(p, path.read_text(), f)
+    return write_or_check(files, write=a.write, check=a.check, how="python -m calibrate.fp8_gemm --write")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from . import llmservingsim_perf
+from .shipped import write_or_check
 
 OUT = Path(__file__).resolve().parent / "data" / "llmservingsim-mixed-attention.json"
 PROFILES = (("rtxpro6000", "llama-3.1-8b", 1), ("rtxpro6000", "llama-3.1-8b", 2), ("rtxpro6000", "qwen3-32b", 1),
@@ -83,7 +84,6 @@ def render() -> str:
 
 
 def main(argv=None) -> int:
-    from traces.store import atomic_write_text
     ap = argparse.ArgumentParser(prog="python -m calibrate.mixed_attention", description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--write", action="store_true", help=f"write the table to {OUT.name}")
@@ -95,14 +95,7 @@ def main(argv=None) -> int:
     for r in json.loads(text)["rows"]:
         print(f"| {r['profile']} | {r['gqa_group']} | {r['mixed_rows']} | {r['rows_read']} | "
               f"{r['k_median']:.2f} ({r['k_p25']:.2f}-{r['k_p75']:.2f}) | {r['r_median']} |")
-    if a.check and (not OUT.is_file() or OUT.read_text() != text):
-        print(f"{OUT} differs from what the shipped profiles give (python -m calibrate.mixed_attention --write)",
-              file=sys.stderr)
-        return 1
-    if a.write:
-        atomic_write_text(OUT, text)
-        print(f"wrote {OUT}")
-    return 0
+    return write_or_check({OUT: text}, write=a.write, check=a.check, how="python -m calibrate.mixed_attention --write")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .moe_kernels import expert_seconds
+from .shipped import write_or_check
 
 DEVICE, MODEL, PRESET, HARDWARE = "rtxpro6000", "qwen3-30b-a3b", "qwen3-30b-a3b", "rtx-pro-6000"
 OUT = Path(__file__).resolve().parent / "data" / "moe" / "llmservingsim-rtxpro6000-check.json"
@@ -121,7 +122,6 @@ def render_preset(text: str, g: float) -> str:
 
 
 def main(argv=None) -> int:
-    from traces.store import atomic_write_text
     ap = argparse.ArgumentParser(prog="python -m calibrate.moe_perf", description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--write", action="store_true", help=f"write the rows and the summary to {OUT.name}")
@@ -138,15 +138,8 @@ def main(argv=None) -> int:
     text = render()
     ppath = PRESET_DIR / "hardware" / f"{HARDWARE}.yaml"
     ptext = render_preset(ppath.read_text(), json.loads(text)["eff_c_moe"])
-    if a.check and (not OUT.is_file() or OUT.read_text() != text or ppath.read_text() != ptext):
-        print(f"{OUT} or {ppath.name}'s eff_c_moe differs from what the shipped rows and presets give "
-              "(python -m calibrate.moe_perf --write)", file=sys.stderr)
-        return 1
-    if a.write:
-        atomic_write_text(OUT, text)
-        atomic_write_text(ppath, ptext)
-        print(f"wrote {OUT} and {ppath}")
-    return 0
+    return write_or_check({OUT: text, ppath: ptext}, write=a.write, check=a.check,
+                          how="python -m calibrate.moe_perf --write")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ import pandas as pd
 
 from .public_render import crossval_markdown, fits_markdown, outputs
 from .public_rows import FAMILY_ORDER, LAYER_FAMILIES, PERF_PROFILES, PROFILES, source_of
+from .shipped import write_or_check
 
 F_SCALE = 0.05
 MAX_TOKENS_CV = 4096
@@ -344,7 +345,6 @@ def run_all() -> dict:
 
 
 def main(argv=None) -> int:
-    from traces.store import atomic_write_text
 
     ap = argparse.ArgumentParser(prog="python -m calibrate.public_profiles", description=__doc__.splitlines()[0])
     g = ap.add_mutually_exclusive_group()
@@ -355,18 +355,10 @@ def main(argv=None) -> int:
     print(fits_markdown(res["fits"]))
     print()
     print(crossval_markdown(res["cross_validation"]))
-    files = outputs(res)
-    if a.check:
-        bad = [str(p) for p, t in files.items() if not p.is_file() or p.read_text() != t]
-        if bad:
-            print("differs from the fit on the shipped data: " + ", ".join(bad), file=sys.stderr)
-            return 1
+    rc = write_or_check(outputs(res), write=a.write, check=a.check, how="python -m calibrate.public_profiles --write")
+    if a.check and rc == 0:
         print("shipped presets and JSON match the fit byte for byte")
-    if a.write:
-        for p, t in files.items():
-            atomic_write_text(p, t)
-            print(f"wrote {p}")
-    return 0
+    return rc
 
 
 if __name__ == "__main__":

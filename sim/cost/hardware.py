@@ -262,12 +262,12 @@ class HardwareProfile:
             raise OutOfCalibrationError(
                 f"hardware {self.name}: --quantization mxfp4 cannot be priced: the profile names no MXFP4 MoE kernel "
                 "(mxfp4_moe: vLLM runs MXFP4 experts with its Triton kernels on SM 9.0+ and Marlin on SM 7.5+ GPUs)"
-                + _RELEASED.format(model.name) * (model.weights_format == "mxfp4"))
+                + (_RELEASED.format(model.name) if model.weights_format == "mxfp4" else ""))
         if model.quantization == "fp8" and self.fp8_weights is None:
             raise OutOfCalibrationError(
                 f"hardware {self.name}: --quantization fp8 cannot be priced: the profile has no fp8_weights "
                 "(FP8 tensor-core peak or FP8 weight-only kernel)"
-                + _RELEASED.format(model.name) * (model.weights_format == "fp8"))
+                + (_RELEASED.format(model.name) if model.weights_format == "fp8" else ""))
         fr = self.fitted_range or {}
         dts = [CANON_DTYPE.get(str(x), str(x)) for x in (fr.get("dtypes") or [])]
         end_to_end = self.calibration_status in ("end-to-end", "provisional")
