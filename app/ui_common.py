@@ -76,7 +76,9 @@ def _field_widgets() -> dict[str, str]:
            "tensor_parallel_size": "model", "pipeline_parallel_size": "model",
            "workload.verify_reuses_kv": "verify",
            "arrival_rate": "srv.arrival_rate", "workload.concurrency": "srv.concurrency",
-           "workload.n_requests": "srv.n_requests"}
+           "workload.n_requests": "srv.n_requests",
+           # the precision pickers (precision_widgets): the same keys on every page that draws them
+           "quantization": "quant", "kv_cache_dtype": "kv_dtype"}
     out.update({f.name: f"srv.{f.name}" for f, _ in declared(ServingConfig)})
     return out
 
@@ -211,6 +213,38 @@ def target_controls(prefix: str, trace: str | None, sidebar: bool = True, slots:
                                help="seed of arrivals and stochastic policies (the CLI's --sim-seed)")
     slots.under("seed", where)
     return (None if m == models[0] else m), h, (seed if ok else 0), ok
+
+
+QUANT_HELP = ("as released: the checkpoint's own format, as vllm serve loads it (gpt-oss: mxfp4 experts, "
+              "DeepSeek-V3: fp8; else its dtype); fp8: linear layers' weights one byte, GEMMs at the FP8 peak; "
+              "mxfp4: MoE experts at 4.25 bits; none: 16-bit weights (--quantization)")
+KV_HELP = "auto: the model's dtype; fp8: one byte per element, twice the tokens per GB (--kv-cache-dtype)"
+
+
+def weights_picker(key: str, where=None) -> str | None:
+    """The weights picker ``{key}.quant`` (vLLM's ``--quantization``); None: as released."""
+    q = (where or st).selectbox("weights (--quantization)", B.precision_choices()[0], key=f"{key}.quant",
+                                help=QUANT_HELP)
+    return None if q == B.AS_RELEASED else q
+
+
+def kv_picker(key: str, where=None) -> str | None:
+    """The KV-cache picker ``{key}.kv_dtype`` (vLLM's ``--kv-cache-dtype``); None: auto."""
+    kv = (where or st).selectbox("KV cache (--kv-cache-dtype)", B.precision_choices()[1], key=f"{key}.kv_dtype",
+                                 help=KV_HELP)
+    return None if kv == "auto" else kv
+
+
+def precision_controls(prefix: str, slots: ErrorSlots, sidebar: bool = True) -> dict:
+    """The weights and KV-cache pickers under the target pickers, each with its error slot; returns the target
+    keywords of ``sim.api.simulate`` every run of the page takes (What-if, Compare, Sweeps)."""
+    where = st.sidebar if sidebar else st.container()
+    with where:
+        q = weights_picker(prefix)
+        slots.under("quant")
+        kv = kv_picker(prefix)
+        slots.under("kv_dtype")
+    return {"quantization": q, "kv_cache_dtype": kv}
 
 
 def refusal_advice(trace: str, name: str, model, hardware: str, mode: str) -> str:

@@ -4,7 +4,7 @@ Each widget has a slot under it: an error the simulator raises names its option
 (``sim.base.errors.ConfigError.field``), and :func:`show_error` writes it there, beside the widget at
 fault, not at the top of the page. The values are the keywords of ``sim.api.simulate``
 (``node``, ``tensor_parallel_size``, ``pipeline_parallel_size``, ``data_parallel_size``, ``router``,
-``slo``, ``quantization``, ``kv_cache_dtype``, ``enable_expert_parallel``), which
+``slo``, ``quantization``, ``kv_cache_dtype``, ``enable_expert_parallel``, ``moe_routing``), which
 :func:`app.ui_backend.serving_kwargs` routes there.
 """
 from __future__ import annotations
@@ -45,21 +45,22 @@ def controls(key: str) -> tuple[dict, bool, dict]:
                               help="round-robin, least-outstanding (fewest in flight), prefix-affinity (the "
                                    "problem's shared prefix hashed to a replica), branch-spread")
         slots["router"] = st.empty()
-    quants, kvs = B.precision_choices()
     w = st.columns(3)
     with w[0]:
-        q = st.selectbox("weights (--quantization)", quants, key=f"{key}.quant",
-                         help="as released: the checkpoint's own format, as vllm serve loads it (gpt-oss: mxfp4 "
-                              "experts, DeepSeek-V3: fp8; else its dtype); none: 16-bit weights")
+        q = U.weights_picker(key)
         slots["quantization"] = st.empty()
     with w[1]:
-        kv = st.selectbox("KV cache (--kv-cache-dtype)", kvs, key=f"{key}.kv",
-                          help="auto: the model's dtype; fp8: one byte per element (twice the tokens)")
+        kv = U.kv_picker(key)
         slots["kv_cache_dtype"] = st.empty()
     with w[2]:
         ep = st.checkbox("expert parallel (--enable-expert-parallel)", key=f"{key}.ep",
                          help="MoE models: experts sharded over the GPUs; with replicas > 1, vLLM's DP attention")
         slots["enable_expert_parallel"] = st.empty()
+        routing = st.selectbox("MoE routing (--moe-routing)", B.moe_routings(), key=f"{key}.routing",
+                               help="MoE models: the experts a step reads, by the expected distinct count under "
+                                    "uniform routing, or sampled (a seeded draw; with expert parallel, the "
+                                    "busiest rank's)")
+        slots["moe_routing"] = st.empty()
     st.caption("SLOs in seconds, any subset (empty = not stated); goodput = problems/s meeting every stated one")
     s = st.columns(3)
     slo, ok_slo = {}, True
@@ -70,8 +71,8 @@ def controls(key: str) -> tuple[dict, bool, dict]:
     slots["slo"] = st.empty()
     dep = {"node": None if node == NODE_AUTO else node, "tensor_parallel_size": int(tp),
            "pipeline_parallel_size": int(pp or 1), "data_parallel_size": int(dp or 1), "router": router,
-           "slo": B.slo_text(**slo), "quantization": None if q == B.AS_RELEASED else q,
-           "kv_cache_dtype": None if kv == "auto" else kv, "enable_expert_parallel": bool(ep)}
+           "slo": B.slo_text(**slo), "quantization": q, "kv_cache_dtype": kv, "enable_expert_parallel": bool(ep),
+           "moe_routing": routing}
     return dep, bool(ok_pp and ok_dp and ok_slo), slots
 
 
@@ -91,8 +92,9 @@ def set_state(key: str, dep: dict) -> None:
     for k in SLO_KEYS:
         st.session_state[f"{key}.slo.{k}"] = stated.get(k, "")
     st.session_state[f"{key}.quant"] = dep.get("quantization") or B.AS_RELEASED
-    st.session_state[f"{key}.kv"] = dep.get("kv_cache_dtype") or "auto"
+    st.session_state[f"{key}.kv_dtype"] = dep.get("kv_cache_dtype") or "auto"
     st.session_state[f"{key}.ep"] = bool(dep.get("enable_expert_parallel"))
+    st.session_state[f"{key}.routing"] = dep.get("moe_routing") or "expected"
 
 
 def show_error(exc: BaseException, slots: dict) -> bool:

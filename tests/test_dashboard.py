@@ -343,9 +343,9 @@ def test_deployment_page_says_a_refusal_beside_its_widget(env):
 
 
 def test_deployment_weights_kv_and_experts_widgets_price_as_the_cli_does(env):
-    """The deployment's weights, KV cache and expert-parallel widgets are sim.api.simulate's --quantization,
-    --kv-cache-dtype and --enable-expert-parallel: the caption says what the costs were priced at, the figures are
-    the CLI's, and a refusal is said beside the widget of its flag."""
+    """The deployment's weights, KV cache, expert-parallel and MoE routing widgets are sim.api.simulate's
+    --quantization, --kv-cache-dtype, --enable-expert-parallel and --moe-routing: the caption says what the
+    costs were priced at, the figures are the CLI's, and a refusal is said beside the widget of its flag."""
     from app import ui_backend as B
     from sim.api import simulate
 
@@ -355,7 +355,7 @@ def test_deployment_weights_kv_and_experts_widgets_price_as_the_cli_does(env):
     assert any("costs from gpt-oss-20b (mxfp4 experts) on h100-sxm" in c.value for c in at.caption), \
         [c.value for c in at.caption]
     at.selectbox(key="deploy.dep.quant").set_value("none").run()
-    at.selectbox(key="deploy.dep.kv").set_value("fp8").run()
+    at.selectbox(key="deploy.dep.kv_dtype").set_value("fp8").run()
     at.checkbox(key="deploy.dep.ep").check().run()
     _ok(at)
     assert any("costs from gpt-oss-20b (fp8 KV cache) on h100-sxm" in c.value for c in at.caption), \
@@ -364,6 +364,14 @@ def test_deployment_weights_kv_and_experts_widgets_price_as_the_cli_does(env):
                    kv_cache_dtype="fp8", enable_expert_parallel=True).summary
     assert _metric(at, f"asks · {B.label('goodput_problems_per_s')}") == \
         B.fmt("goodput_problems_per_s", ref["goodput_problems_per_s"])
+    at.selectbox(key="deploy.dep.routing").set_value("sampled").run()   # --moe-routing sampled
+    _ok(at)
+    sampled = simulate(str(BUNDLED), policy="asks", **{**DEPLOY, "model_preset": "gpt-oss-20b"}, quantization="none",
+                       kv_cache_dtype="fp8", enable_expert_parallel=True, moe_routing="sampled").summary
+    assert _metric(at, f"asks · {B.label('goodput_problems_per_s')}") == \
+        B.fmt("goodput_problems_per_s", sampled["goodput_problems_per_s"]) != \
+        B.fmt("goodput_problems_per_s", ref["goodput_problems_per_s"])
+    at.selectbox(key="deploy.dep.routing").set_value("expected").run()
     at.sidebar.selectbox(key="deploy.model").set_value("qwen2.5-32b").run()
     at.selectbox(key="deploy.dep.quant").set_value("mxfp4").run()
     _ok(at)
@@ -380,9 +388,8 @@ def test_a_plan_s_target_flags_go_with_its_deployment_to_the_serving_page():
             "target_options": {"enable_expert_parallel": True, "moe_routing": "sampled", "kv_cache_dtype": "fp8"}}
     load = B.serving_load(row, meta)
     assert {k: load["deployment"].get(k) for k in B.PLAN_TARGET_OPTIONS} == \
-        {"quantization": None, "kv_cache_dtype": "fp8", "enable_expert_parallel": True}
-    assert "sampled MoE routing" in load["note"]
-    assert "note" not in B.serving_load(row, {**meta, "target_options": {"moe_routing": "expected"}})
+        {"quantization": None, "kv_cache_dtype": "fp8", "enable_expert_parallel": True, "moe_routing": "sampled"}
+    assert "note" not in load   # every flag the plan ran with is a widget of the Serving page
 
 
 def test_deployment_frontier_loads_a_deployment_into_serving(env):
@@ -493,6 +500,73 @@ def test_compare_page_table_and_csv(env):
     assert list(df.index) == list(ref.index)
     np.testing.assert_allclose(df["latency_mean_s"].astype(float), ref["latency_mean_s"].astype(float))
     assert at.get("download_button")
+
+
+def test_whatif_compare_and_sweeps_price_the_weights_and_kv_cache_pickers(env):
+    """The sidebar's weights and KV-cache pickers are the CLI's --quantization / --kv-cache-dtype on every run of
+    the What-if, Compare and small-sweep pages: the caption says what was priced, the figures are the CLI's, and
+    a refusal is said under its picker."""
+    from app import ui_backend as B
+    from sim.api import evaluate
+
+    at = _app()
+    at.sidebar.selectbox(key="whatif.hardware").set_value("h100-sxm").run()
+    at.sidebar.selectbox(key="whatif.model").set_value("gpt-oss-20b").run()
+    _ok(at)
+    assert any("costs from gpt-oss-20b (mxfp4 experts) on h100-sxm" in c.value for c in at.caption)
+    at.sidebar.selectbox(key="whatif.quant").set_value("none").run()
+    at.sidebar.selectbox(key="whatif.kv_dtype").set_value("fp8").run()
+    _ok(at)
+    assert any("costs from gpt-oss-20b (fp8 KV cache) on h100-sxm" in c.value for c in at.caption), \
+        [c.value for c in at.caption]
+    params = {w.key.split(".")[-1]: w.value for w in at.slider if w.key.startswith("whatif.p.asks.")}
+    kw = dict(model_preset="gpt-oss-20b", hardware="h100-sxm")
+    ref = evaluate(str(BUNDLED), policy="asks", params=params, **kw, quantization="none", kv_cache_dtype="fp8")
+    released = evaluate(str(BUNDLED), policy="asks", params=params, **kw)
+    shown = _metric(at, f"asks · {B.label('latency_mean_s')}")
+    assert shown == B.fmt("latency_mean_s", ref["latency_mean_s"]) != B.fmt("latency_mean_s",
+                                                                             released["latency_mean_s"])
+    at.sidebar.selectbox(key="whatif.model").set_value("qwen2.5-32b").run()
+    at.sidebar.selectbox(key="whatif.quant").set_value("mxfp4").run()
+    _ok(at)
+    under = _errors_under(at.sidebar, "whatif.quant")
+    assert under and all("--quantization mxfp4: qwen2.5-32b has no MoE experts" in e for e in under), \
+        (under, [e.value for e in at.error])
+
+    at = _app("compare")
+    at.sidebar.selectbox(key="compare.hardware").set_value("h100-sxm").run()
+    at.sidebar.selectbox(key="compare.model").set_value("llama-3-8b").run()
+    at.sidebar.selectbox(key="compare.kv_dtype").set_value("fp8").run()
+    _ok(at)
+    df = at.dataframe[0].value
+    ref = B.compare(str(BUNDLED), "llama-3-8b", "h100-sxm", target={"kv_cache_dtype": "fp8"})
+    auto = B.compare(str(BUNDLED), "llama-3-8b", "h100-sxm")
+    np.testing.assert_allclose(df["latency_mean_s"].astype(float), ref["latency_mean_s"].astype(float))
+    assert not np.allclose(ref["latency_mean_s"].astype(float), auto["latency_mean_s"].astype(float))
+
+    at = _app("sweeps")
+    at.radio(key="sweeps.source").set_value("run a small sweep here").run()
+    at.text_area(key="sweeps.grid.asks").set_value("tau=0.96:0.99:0.01").run()
+    at.sidebar.selectbox(key="sweeps.hardware").set_value("h100-sxm").run()
+    at.sidebar.selectbox(key="sweeps.model").set_value("llama-3-8b").run()
+    at.sidebar.selectbox(key="sweeps.kv_dtype").set_value("fp8").run()
+    at.button(key="sweeps.run").click().run()
+    _ok(at)
+    got = at.session_state["sweeps.ran"][0]
+    ref = B.run_small_sweep(str(BUNDLED), "asks", ["tau=0.96:0.99:0.01"], 400, "llama-3-8b", "h100-sxm", 0,
+                            {"kv_cache_dtype": "fp8"})
+    auto = B.run_small_sweep(str(BUNDLED), "asks", ["tau=0.96:0.99:0.01"], 400, "llama-3-8b", "h100-sxm", 0)
+    np.testing.assert_allclose(got["latency_mean_s"], ref["latency_mean_s"])
+    assert not np.allclose(ref["latency_mean_s"], auto["latency_mean_s"])
+
+
+def test_target_options_are_only_the_precision_pickers():
+    from app import ui_backend as B
+
+    assert B.target_kwargs({"quantization": None, "kv_cache_dtype": "fp8"}) == {"kv_cache_dtype": "fp8"}
+    assert B.target_kwargs(None) == {}
+    with pytest.raises(ValueError, match="tensor_parallel_size not one of"):
+        B.target_kwargs({"tensor_parallel_size": 2})
 
 
 # ----------------------------------------------------------------------------- safety

@@ -36,6 +36,7 @@ from app.ui_backend.targets import (  # noqa: F401
     trace_facts)
 from app.ui_backend.simulation import (  # noqa: F401
     SERVING_OPTIONS,
+    TARGET_OPTIONS,
     capacity_note,
     compare,
     hardware_that_serves,
@@ -44,6 +45,7 @@ from app.ui_backend.simulation import (  # noqa: F401
     scheduler_choices,
     serving_kpis,
     serving_kwargs,
+    target_kwargs,
     token_curve,
     why_it_loses)
 from app.ui_backend.trace_explorer import (  # noqa: F401
@@ -79,6 +81,7 @@ from app.ui_backend.deployments import (  # noqa: F401
     deployment_knee,
     error_field,
     knee_figure,
+    moe_routings,
     node_presets,
     per_replica,
     plan_figure,

@@ -11,10 +11,10 @@ from app.ui_backend.simulation import serving_kwargs
 # ------------------------------------------------------------------ deployments (TP, PP, replicas, router, SLO)
 # The deployment keywords of sim.api.simulate; ``serving_kwargs`` routes them there like the serving options.
 DEPLOYMENT_OPTIONS = ("node", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "router", "slo",
-                      "quantization", "kv_cache_dtype", "enable_expert_parallel")
+                      "quantization", "kv_cache_dtype", "enable_expert_parallel", "moe_routing")
 AS_RELEASED = "as released"   # the weights widget's default: the checkpoint's own format (sim.cost.profiles.load_model)
 # the target flags a plan's meta keeps (``target_options``) that the deployment widgets can take
-PLAN_TARGET_OPTIONS = ("quantization", "kv_cache_dtype", "enable_expert_parallel")
+PLAN_TARGET_OPTIONS = ("quantization", "kv_cache_dtype", "enable_expert_parallel", "moe_routing")
 REPLICA_KEYS = ("problems", "throughput_tokens_per_s", "throughput_problems_per_s", "goodput_problems_per_s",
                 "slo_attainment", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
                 "prefix_hit_rate", "preemptions", "gpu_utilisation")
@@ -39,6 +39,13 @@ def precision_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
     return ((AS_RELEASED,) + tuple(q for q in QUANTIZATIONS if q) + ("none",),
             ("auto",) + tuple(k for k in KV_CACHE_DTYPES if k))
+
+
+def moe_routings() -> tuple[str, ...]:
+    """``--moe-routing``'s values, the default (expected) first."""
+    from sim.cost.routing import ROUTINGS
+
+    return tuple(ROUTINGS)
 
 
 def tp_sizes() -> tuple[int, ...]:
@@ -151,9 +158,7 @@ def serving_load(row: dict, meta: dict) -> dict:
             "serving": {"max_num_seqs": int(row["max_num_seqs"]),
                         "max_num_batched_tokens": int(row["max_num_batched_tokens"]),
                         "arrival_rate": meta.get("arrival_rate"), "n_requests": meta.get("n_requests")},
-            "concurrency": meta.get("concurrency"), "seed": meta.get("seed"),
-            **({"note": "the plan's sampled MoE routing is not a control on this page: it prices the expected "
-                        "routing"} if _target_options(meta).get("moe_routing", "expected") != "expected" else {})}
+            "concurrency": meta.get("concurrency"), "seed": meta.get("seed")}
 
 
 def deployment_knee(row: dict, meta: dict, rates: str, slo: str | None, refine: int = 0) -> tuple[dict, str]:
@@ -199,6 +204,7 @@ def check_deployment(trace, model: str | None, hardware: str, options: dict) -> 
                    pipeline_parallel_size=kw.get("pipeline_parallel_size", 1),
                    data_parallel_size=kw.get("data_parallel_size", 1), quantization=kw.get("quantization"),
                    kv_cache_dtype=kw.get("kv_cache_dtype"),
-                   enable_expert_parallel=bool(kw.get("enable_expert_parallel", False)))
+                   enable_expert_parallel=bool(kw.get("enable_expert_parallel", False)),
+                   moe_routing=kw.get("moe_routing", "expected"))
     RunConfig(mode="serving", router=kw.get("router", "prefix-affinity"), slo=kw.get("slo"),
               arrival_rate=kw.get("arrival_rate"))

@@ -65,9 +65,23 @@ def serving_kwargs(options: dict) -> tuple[dict, dict, list[str]]:
     return kw, wl, skipped
 
 
+TARGET_OPTIONS = ("quantization", "kv_cache_dtype")   # the pages' precision pickers (ui_common.precision_controls)
+
+
+def target_kwargs(target: dict | None) -> dict:
+    """The set precision keywords of ``target`` (a page's pickers), checked against :data:`TARGET_OPTIONS`."""
+    bad = sorted(set(target or {}) - set(TARGET_OPTIONS))
+    if bad:
+        raise ValueError(f"target options: {', '.join(bad)} not one of {', '.join(TARGET_OPTIONS)}")
+    return {k: v for k, v in (target or {}).items() if v is not None}
+
+
 def run(trace: str, policy: str, params: dict, model: str | None, hardware: str, mode: str = "isolated",
-        workload: dict | None = None, seed: int = 0, serving: dict | None = None) -> dict:
+        workload: dict | None = None, seed: int = 0, serving: dict | None = None, target: dict | None = None) -> dict:
     """One simulation. Returns ``{"summary", "problems", "branches", "token", "info", "kv", "not_applied"}``.
+
+    ``target``: the target keywords of ``sim.api.simulate`` set beside the model and hardware in any mode
+    (``quantization``, ``kv_cache_dtype``; None values left out).
 
     Raises ``ValueError`` (bad parameter, preset, out-of-calibration target) with the
     simulator's one-line message.
@@ -76,6 +90,7 @@ def run(trace: str, policy: str, params: dict, model: str | None, hardware: str,
     from sim.replay.problem_metrics import clean
 
     kw, wl_add, skipped = serving_kwargs(serving or {}) if mode == "serving" else ({}, {}, [])
+    kw.update(target_kwargs(target))
     wl = {**(workload or {}), **wl_add}
     r = simulate(trace, policy=policy, params=dict(params), model_preset=model, hardware=hardware, mode=mode,
                  workload=wl or None, seed=int(seed), **kw)
@@ -109,15 +124,16 @@ def hardware_that_serves(trace: str, model: str | None) -> list[str]:
 
 
 def compare(trace: str, model: str | None, hardware: str, mode: str = "isolated", workload: dict | None = None,
-            seed: int = 0) -> pd.DataFrame:
-    """The ``rksim compare`` table (same code path: ``app.cli_sim.run_compare`` and ``app.tables.fmt_table``)."""
+            seed: int = 0, target: dict | None = None) -> pd.DataFrame:
+    """The ``rksim compare`` table (same code path: ``app.cli_sim.run_compare`` and ``app.tables.fmt_table``);
+    ``target`` as for :func:`run`."""
     from app.cli_sim import run_compare
     from app.tables import fmt_table
 
     from app.tables import fmt_ci as ci_text
     from sim.replay.intervals import SUFFIX
 
-    out = run_compare(trace, model, hardware, mode, workload, seed, None, progress=False)
+    out = run_compare(trace, model, hardware, mode, workload, seed, None, progress=False, **target_kwargs(target))
     df = fmt_table(out["policies"])
     df.insert(0, "kind", [out["policies"][n].get("kind") for n in df.index])
     # each figure that has a 95% interval gets a text column beside it (the figures stay numbers)

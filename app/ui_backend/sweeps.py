@@ -25,15 +25,18 @@ def param_name(column: str) -> str:
 
 
 def run_small_sweep(trace: str, policy: str, grid_specs: list[str], max_configs: int, model: str | None,
-                    hardware: str, seed: int = 0) -> pd.DataFrame:
-    """A sweep from the page: the CLI's grid parser and validation, the local backend, in memory."""
+                    hardware: str, seed: int = 0, target: dict | None = None) -> pd.DataFrame:
+    """A sweep from the page: the CLI's grid parser and validation, the local backend, in memory; ``target``: the
+    page's precision pickers (:func:`app.ui_backend.simulation.target_kwargs`)."""
+    from app.ui_backend.simulation import target_kwargs
     from sim.search.grid import parse_grids
     from sim.search.sweep import SweepOptions, default_evaluate, run_sweep, validate_params
 
     grid = parse_grids(grid_specs, max_configs=max_configs)
     configs = list(grid.configs())
     validate_params(policy, configs)
-    opts = SweepOptions(model_preset=model, hardware=hardware, seed=int(seed))
+    opts = SweepOptions(model_preset=model, hardware=hardware, seed=int(seed),
+                        deployment=target_kwargs(target) or None)
     return run_sweep(trace, policy, configs, opts, evaluate=default_evaluate(), backend="local", progress=False)
 
 

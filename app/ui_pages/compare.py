@@ -15,15 +15,17 @@ def page() -> None:
         return
     slots = U.ErrorSlots("compare")
     model, hardware, seed, ok = U.target_controls("compare", trace, slots=slots)
+    target = U.precision_controls("compare", slots)
     mode = st.sidebar.radio("mode", ["isolated", "serving"], horizontal=True, key="compare.mode")
     slots.under("mode", st.sidebar)
     if not ok:
         return
     st.caption("Every registered policy at its defaults (token-eviction policies at 4x compression), "
-               "as `rksim compare --trace ... --model-preset ... --hardware ...` prints it.")
+               "as `rksim compare --trace ... --model-preset ... --hardware ... [--quantization Q] "
+               "[--kv-cache-dtype D]` prints it.")
     try:
         with st.spinner("comparing every policy..."):
-            df = U.compare(trace, model, hardware, mode, None, int(seed))
+            df = U.compare(trace, model, hardware, mode, None, int(seed), target)
     except ValueError as exc:
         if not slots.show(exc):
             U.error(exc)

@@ -28,13 +28,14 @@ def _small_sweep(trace: str | None):
     grid = st.text_area("grid, one --grid per line", value=EXAMPLE_GRIDS.get(pol, ""), key=f"sweeps.grid.{pol}")
     slots = U.ErrorSlots("sweeps")
     model, hardware, seed, tok = U.target_controls("sweeps", trace, slots=slots)
+    target = U.precision_controls("sweeps", slots)
     if st.button("run sweep", key="sweeps.run", disabled=not (ok and tok and trace)):
         specs = [g.strip() for g in grid.splitlines() if g.strip()]
         try:
             if not specs:
                 raise ValueError("--grid: give at least one key=values line")
             with st.spinner("sweeping..."):
-                df = U.run_small_sweep(trace, pol, specs, int(n), model, hardware, int(seed))
+                df = U.run_small_sweep(trace, pol, specs, int(n), model, hardware, int(seed), target)
         except ValueError as exc:
             if not slots.show(exc):
                 U.error(exc)

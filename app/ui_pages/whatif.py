@@ -58,12 +58,12 @@ def _table(results: dict, keys: list[str]) -> pd.DataFrame:
 
 @st.fragment
 def _whatif(trace: str, facts: dict, chosen: list[str], model, hardware: str, mode: str, workload: dict,
-            seed: int, serving: dict, slots) -> None:
+            seed: int, serving: dict, slots, target: dict) -> None:
     """Policy controls and their results: a slider change re-runs only this fragment."""
     t0, wall0 = time.perf_counter(), time.time()
     top = st.container()  # the KPIs go above the controls (filled once the results exist)
     configs, deferred = _controls(trace, facts, chosen)
-    results, refused = _results(trace, configs, model, hardware, mode, workload, seed, serving, slots)
+    results, refused = _results(trace, configs, model, hardware, mode, workload, seed, serving, slots, target)
     if refused is not None:
         U.error(refused)
         st.info(U.refusal_advice(trace, model or facts["model"], model, hardware, mode))
@@ -116,13 +116,13 @@ def _controls(trace: str, facts: dict, chosen: list[str]) -> tuple[dict[str, dic
 
 
 def _results(trace: str, configs: dict, model, hardware: str, mode: str, workload: dict, seed: int,
-             serving: dict, slots) -> tuple[dict, Exception | None]:
+             serving: dict, slots, target: dict) -> tuple[dict, Exception | None]:
     """The baselines and every valid policy run; an out-of-calibration refusal stops them (returned)."""
     results = {}
     for name in list(B.BASELINES) + list(configs):
         try:
             results[name] = U.run(trace, name, configs.get(name, {}), model, hardware, mode, workload, seed,
-                                  serving)
+                                  serving, target)
         except ValueError as exc:
             if B.out_of_calibration(exc):
                 return results, exc
@@ -212,6 +212,7 @@ def page() -> None:
         return
     slots = U.ErrorSlots("whatif")
     model, hardware, seed, ok = U.target_controls("whatif", trace, slots=slots)
+    target = U.precision_controls("whatif", slots)
     with st.sidebar:
         mode = st.radio("mode", ["isolated", "serving"], horizontal=True, key="whatif.mode",
                         help="isolated: one problem at a time; serving: arrivals and contention (simpy engine)")
@@ -239,7 +240,7 @@ def page() -> None:
         return
     workload = {"verify_reuses_kv": bool(verify)}
     P.workload(workload)
-    _whatif(trace, facts, list(chosen), model, hardware, mode, workload, int(seed), serving, slots)
+    _whatif(trace, facts, list(chosen), model, hardware, mode, workload, int(seed), serving, slots, target)
 
 
 page()
