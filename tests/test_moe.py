@@ -231,6 +231,57 @@ def test_sliding_layers_attend_within_the_window():
         assert float(C.window_keys(np.float64(nn), np.float64(cc), float(ww))) == brute
 
 
+def test_window_layers_keep_their_window_under_token_eviction():
+    """Eviction runs on the full-attention layers only (kvpress skips sliding layers): a gpt-oss long decode's
+    window layers read and hold their last min(position, W) tokens whatever the policy keeps."""
+    from sim.replay.mode_token import held_slots
+    m = load_model("gpt-oss-20b")
+    H, Dh, kvt, W = 64, 64, 2 * 8 * 64, 128
+    # 50 tokens kept by the policy at position 300: the 12 full layers read 51 keys, the 12 window layers 128
+    t = C.batch_terms(m, [1.0], [50.0], sliding_context=[300.0])
+    assert float(t.f_att) == pytest.approx(4 * H * Dh * (12 * 51 + 12 * W), rel=1e-12)
+    assert float(t.b_att) == pytest.approx(2 * kvt * (12 * 51 + 12 * W), rel=1e-12)
+    same = C.batch_terms(m, [1.0], [50.0])
+    assert float(same.f_att) == pytest.approx(4 * H * Dh * (12 * 51 + 12 * 51), rel=1e-12)
+    assert C.batch_terms(m, [1.0], [50.0], sliding_context=[50.0]).as_full_array().tolist() == \
+        same.as_full_array().tolist()
+    # held slots: a full group at the policy's cache plus a window group at min(tokens, W)
+    sizes = np.array([60, 61, 40, 41])        # the query at P + i attends over sizes[i] keys
+    assert held_slots(m, 200, sizes) == max(200 + 128, 60 + 128)
+    assert held_slots(m, 20, np.array([21, 22])) == 22 + 22     # below the window: every token in both groups
+    dense = load_model("llama-3-8b")
+    assert held_slots(dense, 200, sizes) == 200 and held_slots(dense, 20, sizes) == 61
+
+
+def test_token_eviction_on_a_window_model_prices_the_window_layers_and_says_so(monkeypatch):
+    from policies import get_policy
+    from sim.api import loaded, simulate
+    from sim.replay.mode_token import eviction_schedule, held_slots
+    from sim.serving.long_decode import LongDecode
+    m = load_model("gpt-oss-20b")
+    kw = dict(policy="vase-attnv", params={"budget": 48}, model_preset="gpt-oss-20b", hardware="h100-sxm")
+    r = simulate(None, **kw)
+    assert "token eviction on the 12 full-attention layers of 24" in r.info["note"]
+    assert "sliding-window layers keep their last 128 tokens" in r.info["eviction_layers"]
+    # each long decode: its window layers read min(position, W) keys beside the policy's cache of 48 + 16
+    ld = loaded(None).tf.longs[0]
+    P, T = ld.prompt_len, ld.prompt_len + ld.gen_len
+    sizes, _, _ = eviction_schedule(get_policy("vase-attnv", budget=48), P, T)
+    ctx, pos = (sizes - 1.0)[:, None], np.arange(P, T, dtype=np.float64)[:, None]
+    want = float(np.sum(H100.time(C.batch_terms(m, np.ones_like(ctx), ctx, sliding_context=pos), model=m)))
+    evicted = float(np.sum(H100.time(C.batch_terms(m, np.ones_like(ctx), ctx), model=m)))
+    row = r.problems.set_index("pos").loc[ld.pos]
+    assert row["decode_s"] == pytest.approx(want, rel=1e-12) and want > evicted
+    assert row["peak_kv_bytes"] == held_slots(m, P, sizes) * m.kv_bytes_per_token
+    assert held_slots(m, P, sizes) > max(int(sizes.max()), P)   # the window group's slots are counted
+    # serving: the engine adds the window layers' reads to each step (LongDecode.window_s)
+    serve = simulate(None, mode="serving", **kw).summary["latency_mean_s"]
+    monkeypatch.setattr(LongDecode, "extra_s", lambda self, c: self.evict_s.get(c, 0.0))
+    assert simulate(None, mode="serving", **kw).summary["latency_mean_s"] < serve
+    dense = simulate(None, **{**kw, "model_preset": "llama-3-8b"})
+    assert "eviction_layers" not in dense.info and "token eviction" not in dense.info["note"]
+
+
 @pytest.mark.parametrize("name", NEW)
 def test_the_three_term_paths_agree(name):
     m = load_model(name)

@@ -130,7 +130,7 @@ class StepPricer:
         long = j.long
         if long is not None and n == 1:
             # token eviction: the step attends over the policy's cache, not every token so far
-            self.extra_dt += long.evict_s.get(c, 0.0)
+            self.extra_dt += long.extra_s(c)
             return [(1.0, float(long.context(c)), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
         return [(float(n), float(c), None, 0.0, 1.0 if it.samples else 0.0, 0.0)], 2
 

@@ -155,7 +155,7 @@ def _item_arrays(m: ModelShape, n, c, layers, probes, logits, copy_tokens, mask)
 
 
 def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_tokens=0, mask=None,
-                sampled=None, cuda_graph=False, shared=0, routing=None) -> OpTerms:
+                sampled=None, cuda_graph=False, shared=0, routing=None, sliding_context=None) -> OpTerms:
     """Terms of one batched forward iteration (formula in the module docstring).
 
     Parameters
@@ -184,6 +184,8 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
         (``h_i`` of "Shared KV reads"; at most ``c``).
     routing : SampledRouting, optional
         MoE models: the distinct experts an iteration hits, sampled (default: the expectation).
+    sliding_context : array_like, optional
+        Tokens each item's sliding-window layers hold before the step (default ``c``; token eviction leaves them).
 
     Returns
     -------
@@ -191,10 +193,8 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
         Reduced over the last axis; an iteration with no item costs nothing.
     """
     n, c, ell, p, g, cp, w = _item_arrays(m, n, c, layers, probes, logits, copy_tokens, mask)
-    L = m.n_layers
+    L, sk, P = m.n_layers, m.kv_elem_bytes, m.params_per_layer
     d, H, Hkv, Dh, V, s = m.hidden_size, m.n_heads, m.n_kv_heads, m.head_dim, m.vocab_size, m.dtype_bytes
-    sk = m.kv_elem_bytes
-    P = m.params_per_layer
     runs = w * (n > 0)  # items that run through the layers
     f_lin = np.sum(runs * 2.0 * P * n * ell, axis=-1)
     f_att = np.sum(runs * 4.0 * H * Dh * ell * (n * c + n * (n + 1.0) / 2.0), axis=-1)
@@ -215,7 +215,8 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     f_pad = 4.0 * H * Dh * np.sum(gap, axis=-1)
     b_pad = sk * kv_tok * np.sum(gap, axis=-1)
     if not m.is_plain:
-        f_att, b_att, b_kvs, f_pad, b_pad, b_lin, kv_tok = _variant_sums(m, n, c, ell, runs, h, gap, lmax, routing)
+        f_att, b_att, b_kvs, f_pad, b_pad, b_lin, kv_tok = _variant_sums(m, n, c, ell, runs, h, gap, lmax, routing,
+                                                                         sliding_context)
         flops = f_lin + f_att + f_head
     bytes_ = (b_lin + b_head + b_att + s * np.sum(runs * 2.0 * d * n, axis=-1)
               + sk * np.sum(w * 2.0 * cp, axis=-1) * L * kv_tok)
@@ -226,18 +227,16 @@ def batch_terms(m: ModelShape, n, c, layers=None, probes=0, logits=1, copy_token
     kernels = np.where(lmax > 0, K_LAYER * lmax + K_FWD, 0.0) + K_PROBE * pmax + cp_any
     iters = (lmax > 0) * 1.0
     zero = 0.0 * kernels
-    if cuda_graph:
-        kernels, gk = zero, kernels
-    else:
-        gk = zero
+    kernels, gk = (zero, kernels) if cuda_graph else (kernels, zero)
     return OpTerms(flops, bytes_, kernels, lmax, samples, iters, gk, f_lin, b_lin, f_att, b_att, f_head, b_head, b_elem,
                    mv * b_lin, mv * b_head, np.sum(runs * n, axis=-1), b_kvs, f_pad, b_pad,
                    f_lin if m.quantization == "fp8" else zero)
 
 
-def _variant_sums(m: ModelShape, n, c, ell, runs, h, gap, lmax, routing):
+def _variant_sums(m: ModelShape, n, c, ell, runs, h, gap, lmax, routing, csw=None):
     """:func:`batch_terms`'s attention, KV and weight sums for MoE / MLA / sliding-window layers: the same sums
-    with the coefficients of :class:`sim.cost.opterms.Variant` (formulas in :mod:`sim.cost.opterms`).
+    with the coefficients of :class:`sim.cost.opterms.Variant` (formulas in :mod:`sim.cost.opterms`); ``csw``:
+    the tokens the sliding-window layers hold (default ``c``).
 
     Returns ``(f_att, b_att, b_kv_shared, f_att_pad, b_att_pad, b_lin, kv elements per token per layer)``.
     """
@@ -248,8 +247,9 @@ def _variant_sums(m: ModelShape, n, c, ell, runs, h, gap, lmax, routing):
     keys = full * (n * c + n * (n + 1.0) / 2.0)
     toks = full * (c + n)
     if v.f_sw:
-        keys = keys + v.f_sw * window_keys(n, c, v.window)
-        toks = toks + v.f_sw * (np.minimum(c, v.window - 1.0) + n)
+        csw = c if csw is None else np.broadcast_to(np.asarray(csw, dtype=np.float64), n.shape)
+        keys = keys + v.f_sw * window_keys(n, csw, v.window)
+        toks = toks + v.f_sw * (np.minimum(csw, v.window - 1.0) + n)
     f_att = np.sum(runs * a * ell * keys, axis=-1)
     b_att = sk * np.sum(runs * ell * v.kvt * toks, axis=-1)
     b_kvs = sk * np.sum(runs * ell * v.kvt * h * full, axis=-1)

@@ -113,12 +113,49 @@ def eviction_schedule(pol, P: int, T: int) -> tuple[np.ndarray, list, list]:
 
 
 def _long_latency(model, hw, P: int, sizes: np.ndarray, cands: list, window: int) -> dict:
-    """One long decode alone: prefill of P tokens, then one decode step per token over its (evicted) cache."""
+    """One long decode alone: prefill of P tokens, then one decode step per token over its (evicted) cache.
+
+    On a model with sliding-window layers the eviction runs on the full-attention layers only (kvpress skips
+    sliding layers), so each step's window layers read their last ``min(position, W)`` keys whatever the policy
+    keeps: ``window_s[t]`` is what that costs over pricing every layer at the evicted cache (the seconds the
+    engine adds to the step at position ``t`` in serving mode; only where they differ)."""
     pre = float(hw.time(batch_terms(model, [float(P)], [0.0]), model=model))
     ctx = np.asarray(sizes, np.float64) - 1.0  # cached tokens before each step
-    dec = float(np.sum(hw.time(batch_terms(model, np.ones((ctx.size, 1)), ctx[:, None]), model=model))) if ctx.size else 0.0
+    ones = np.ones((ctx.size, 1))
+    dec_each = hw.time(batch_terms(model, ones, ctx[:, None]), model=model) if ctx.size else np.zeros(0)
+    window_s = {}
+    if model.sliding_window and ctx.size:
+        pos = np.arange(P, P + ctx.size, dtype=np.float64)   # every token so far: what a window layer holds
+        sw_each = hw.time(batch_terms(model, ones, ctx[:, None], sliding_context=pos[:, None]), model=model)
+        extra = np.asarray(sw_each, np.float64) - np.asarray(dec_each, np.float64)
+        window_s = {int(P + i): float(extra[i]) for i in np.flatnonzero(extra > 0)}
+        dec_each = sw_each
+    dec = float(np.sum(dec_each))
     ev = float(sum(float(hw.time(eviction_scoring_terms(model, c, max(window, 1)))) for c in cands))
-    return {"prefill_s": pre, "decode_s": dec, "evict_s": ev, "latency_s": pre + dec + ev}
+    return {"prefill_s": pre, "decode_s": dec, "evict_s": ev, "latency_s": pre + dec + ev, "window_s": window_s}
+
+
+def held_slots(model, P: int, sizes: np.ndarray) -> int:
+    """The most KV block slots a long decode holds (``sim.cost.model_shape.ModelShape.kv_bytes_per_token`` each):
+    after its prefill and at every step, ``G_full x cache + G_sw x min(tokens, W)`` with ``(G_full, G_sw, W)`` the
+    model's KV-cache groups (:attr:`~sim.cost.model_shape.ModelShape.kv_cache_groups`; ``(1, 0, 0)`` without
+    sliding-window layers: the cache alone). The policy's cache is the full-attention layers'; a window layer
+    keeps its last ``W`` tokens (eviction does not apply there)."""
+    fg, sg, W = model.kv_cache_groups
+    n = np.asarray(sizes, np.int64)
+    tokens = np.arange(P + 1, P + 1 + n.size, dtype=np.int64)   # the query at P + i is the (P + i + 1)-th token
+    after = fg * n + sg * np.minimum(tokens, W) if n.size else np.zeros(0, np.int64)
+    return int(max(fg * P + sg * min(P, W), int(after.max()) if after.size else 0))
+
+
+def eviction_note(model) -> str | None:
+    """What a token policy evicts on a model with sliding-window layers (None without them)."""
+    if not model.sliding_window:
+        return None
+    ns = model.n_sliding_layers
+    return (f"token eviction on the {model.n_layers - ns} full-attention layers of {model.n_layers}; the {ns} "
+            f"sliding-window layers keep their last {model.sliding_window} tokens (eviction does not apply inside "
+            f"a window; kvpress skips those layers too)")
 
 
 def _decode_len(ld, sv: ServingConfig) -> int:
@@ -150,13 +187,12 @@ def run(session, target, config) -> SimResult:
         lat = _long_latency(model, hw, ld.prompt_len, sizes, cands, window)
         full_sizes = np.arange(ld.prompt_len, T, dtype=np.int64) + 1  # full cache: every token so far
         flat = _long_latency(model, hw, ld.prompt_len, full_sizes, [], 1)
-        peak_tok = max(int(sizes.max()) if sizes.size else 0, ld.prompt_len)
         rows.append({"pos": ld.pos, "latency_s": lat["latency_s"], "prefill_s": lat["prefill_s"],
                      "decode_s": lat["decode_s"], "evict_s": lat["evict_s"], "full_latency_s": flat["latency_s"],
                      "evictions": len(events), "gen_tokens": T - ld.prompt_len,
-                     "peak_kv_bytes": float(peak_tok) * model.kv_bytes_per_token})
+                     "peak_kv_bytes": float(held_slots(model, ld.prompt_len, sizes)) * model.kv_bytes_per_token})
         ev_s = {t: float(hw.time(eviction_scoring_terms(model, c, max(window, 1)))) for t, c in zip(events, cands)}
-        longs[ld.pos] = (ld.prompt_len, T, sizes, ev_s, full_sizes)
+        longs[ld.pos] = (ld.prompt_len, T, sizes, ev_s, full_sizes, lat["window_s"])
     df = pd.DataFrame(rows)
     if mode == "isolated":
         refuse_if_too_big(df["peak_kv_bytes"].tolist(), df["pos"].tolist(), cap, target, what="long decode")
@@ -179,6 +215,10 @@ def run(session, target, config) -> SimResult:
                                               for p in longs)),
     })
     info["length_extrapolated"] = bool(extrapolated)
+    note = eviction_note(model)
+    if note:
+        info["eviction_layers"] = note
+        info["note"] = f"{info['note']}; {note}" if info.get("note") else note
     timeline = []
     if mode == "serving":
         serve = _serve_longs(config, target, longs, sched_cfg, cap, token=True)
@@ -215,10 +255,11 @@ def _serve_longs(config, target, longs: dict, sched_cfg, cap, token: bool) -> di
     bs = int(cfg.workload.block_size)
     jobs = []
     for pos in requests(config, sorted(longs)):
-        P, T, sizes, ev_s, full_sizes = longs[pos]
+        P, T, sizes, ev_s, full_sizes, window_s = longs[pos]
         job = _long_job(P, T, model.n_layers, bs)
-        # the step computing position t (the decode's t - P + 1-th) attends over sizes[t - P] keys
-        job.long = LongDecode(P, sizes, ev_s) if token else LongDecode(P, full_sizes, {})
+        # the step computing position t (the decode's t - P + 1-th) attends over sizes[t - P] keys (its window
+        # layers over their last W: window_s, the seconds that adds)
+        job.long = LongDecode(P, sizes, ev_s, window_s) if token else LongDecode(P, full_sizes, {})
         jobs.append((pos, job))
     budget = int(cap["kv_capacity_blocks"])
     eng = Engine(model, hw, jobs, concurrency=int(cfg.workload.concurrency), arrival_rate=config.arrival_rate,
