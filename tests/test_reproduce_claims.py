@@ -89,13 +89,19 @@ def test_the_moe_rows_are_priced_on_the_moe_target():
     m, hw = units[0].moe_target
     for r in moe:
         conds = r["data"]["conditions"]
-        assert conds and all(f"costs {m} on {hw}" in c["kind"] for c in conds), r["claim"]
+        targets = units[1].moe_targets if r["group"] == "VASE" else (units[0].moe_target,)
+        assert conds and all(any(f"costs {tm} on {th}" in c["kind"] for tm, th in targets) for c in conds), r["claim"]
         assert "no MoE figure" in r["paper"] and r["verdict"] and r["why"]
     dense = [r for r in res["rows"] if r not in moe]
-    assert all("qwen3-30b-a3b" not in c["kind"] for r in dense for c in r["data"].get("conditions", []))
+    assert all(t not in c["kind"] for r in dense for c in r["data"].get("conditions", [])
+               for t in ("qwen3-30b-a3b", "gpt-oss"))
     sp = {t["vs_no_kv"] for t in res["tables"]["rksc_speedups_moe"] if t["policy"] == "rksc"}
     head = next(r for r in moe if r["claim"].startswith("RKSC (ASKS"))
     assert {c["value"] for c in head["data"]["conditions"]} <= sp and len(sp) >= 1
     thr = next(r for r in moe if r["group"] == "VASE")
     assert [c["value"] for c in thr["data"]["conditions"]] == [
         t["throughput_vs_full"] for t in res["tables"]["vase_throughput_moe"]]
+    # one condition per MoE target, each priced on its own target (gpt-oss-20b: sliding-window layers, MXFP4)
+    assert [c["label"] for c in thr["data"]["conditions"]] == [f"{tm} on {th}" for tm, th in units[1].moe_targets]
+    assert all(f"costs {tm} on {th}" in c["kind"]
+               for c, (tm, th) in zip(thr["data"]["conditions"], units[1].moe_targets))
