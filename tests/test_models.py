@@ -141,8 +141,10 @@ def test_gemma_preset_matches_the_model(gemma):
 
     shape = load_shape("gemma3-270m")
     info = gemma.info()
-    for k in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim", "intermediate_size", "vocab_size"):
+    for k in ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim", "intermediate_size", "vocab_size",
+              "sliding_window"):
         assert info[k] == getattr(shape, k), k
+    assert tuple(info["layer_types"]) == shape.layer_types   # the cost shape's window layers are the model's
     assert (info["n_layers"], info["n_heads"], info["n_kv_heads"], info["head_dim"], info["vocab_size"]) == \
         (18, 4, 1, 256, 262_144)
     assert info["name"] == "gemma3-270m" and info["rope_theta"] == 1e6 and info["sliding_window"] == 512

@@ -253,6 +253,20 @@ def test_window_layers_keep_their_window_under_token_eviction():
     assert held_slots(dense, 200, sizes) == 200 and held_slots(dense, 20, sizes) == 61
 
 
+def test_a_trace_of_a_window_model_is_priced_with_its_windows():
+    """A trace's manifest records sliding_window and layer_types (Gemma 3): its own-model target has the windows."""
+    from sim.cost.profiles import model_from_manifest
+    man = json.loads((ROOT / "examples" / "reproduce" / "gemma3-gsm8k-persona" / "manifest.json").read_text())
+    m = model_from_manifest(man)
+    assert (m.sliding_window, m.n_sliding_layers, m.kv_cache_groups) == (512, 15, (1, 5, 512))
+    assert m.kv_bytes_per_token == 3 * 2 * 1 * 256 * 4     # a block slot of a 3-layer group, float32 capture
+    g = load_model("gemma3-270m")
+    assert (g.sliding_window, g.layer_types) == (m.sliding_window, m.layer_types)
+    dense = model_from_manifest({"model": {k: v for k, v in man["model"].items()
+                                           if k not in ("sliding_window", "layer_types")}})
+    assert dense.is_plain and dense.kv_bytes_per_token == 18 * 2 * 256 * 4
+
+
 def test_token_eviction_on_a_window_model_prices_the_window_layers_and_says_so(monkeypatch):
     from policies import get_policy
     from sim.api import loaded, simulate
@@ -465,6 +479,29 @@ def test_expert_parallel_and_routing_are_target_flags_of_every_command():
     assert b > a            # the busiest EP rank reads more experts than the mean rank
     with pytest.raises(ConfigError, match="--moe-routing"):
         simulate(policy="rksc", model_preset="qwen3-30b-a3b", hardware="h100-sxm", moe_routing="sampled")
+
+
+def test_a_token_evicted_request_keeps_its_window_blocks():
+    """Token eviction caps the full groups' cache (kv_cap), never the window: a long decode capped at 64 tokens on a
+    gpt-oss-shaped cache holds 4 full blocks plus the sliding group's ceil(t / 16) - floor((c - W + 1) / 16)."""
+    from types import SimpleNamespace
+
+    from sim.serving.kvcache import BlockManager
+    from sim.serving.scheduler import Scheduler, SchedulerConfig
+    bm = BlockManager(10_000, 16, caching=False)
+    Scheduler(SchedulerConfig(kv_groups=(1, 1, 128)), bm)
+    req = SimpleNamespace(req_id="r", num_tokens=1000, num_computed_tokens=0, cacheable=False, allow_full_hit=False,
+                          kv_cap=64, block_content=lambda k: ("r", k), block_depth=lambda k: k)
+    assert bm.allocate(req, 1000)
+    assert len(bm.req_blocks["r"]) == 4 and len(bm._extra["r"]) == 63   # the prefill chunk: the window group whole
+    for c in range(1000, 1100):
+        req.num_computed_tokens = c
+        assert bm.allocate(req, 1)
+        assert len(bm.req_blocks["r"]) == 4
+        assert len(bm._extra["r"]) == -(-(c + 1) // 16) - (c - 128 + 1) // 16   # 8 or 9: the window, not the cap
+        bm.check()
+    bm.free(req)
+    assert bm.num_used == 0
 
 
 def test_hybrid_kv_groups_charge_each_request_its_sliding_blocks():

@@ -68,7 +68,9 @@ def model_from_manifest(manifest: dict) -> ModelShape:
             n_heads=int(m["n_heads"]), n_kv_heads=int(m["n_kv_heads"]), head_dim=int(m["head_dim"]),
             intermediate_size=int(m["intermediate_size"]), vocab_size=int(m["vocab_size"]),
             dtype_bytes=DTYPE_BYTES[dtype], tied_embeddings=bool(tied), source="trace manifest",
-            dtype=CANON_DTYPE.get(dtype, dtype))
+            dtype=CANON_DTYPE.get(dtype, dtype),
+            # a model with sliding-window layers (Gemma 3): the manifest records them (traces.models.LoadedModel.info)
+            sliding_window=int(m.get("sliding_window") or 0), layer_types=tuple(m.get("layer_types") or ()))
     except KeyError as exc:
         raise PresetError(f"manifest.json: model.{exc.args[0]}: missing (needed for the cost model)") from None
 

@@ -72,17 +72,20 @@ from sim.serving.kvblock import (  # noqa: F401 - the block manager's units, imp
     ROOT_KEY, UNLIMITED, Block, KVCacheError, block_key, chain_keys, check_size)
 
 
-def group_blocks(kv_groups, bs: int, nb, computed, lo=max, hi=min):
+def group_blocks(kv_groups, bs: int, nb, computed, lo=max, hi=min, nb_sw=None):
     """Blocks a request holds in its other KV-cache groups (``kv_groups = (full, sliding, W)``,
     :meth:`BlockManager.set_kv_groups`) with ``nb`` blocks of tokens, ``computed`` of them computed::
 
-        (full - 1) nb + sliding max(nb - min(skipped, nb), 0),   skipped = floor(max(0, computed - W + 1) / bs)
+        (full - 1) nb + sliding max(nb_sw - min(skipped, nb_sw), 0),   skipped = floor(max(0, computed - W + 1) / bs)
 
-    (the sliding blocks wholly before the window freed: vLLM's ``remove_skipped_blocks``). Integers, or arrays with
-    ``lo``, ``hi`` = ``numpy.maximum``, ``numpy.minimum``."""
+    (the sliding blocks wholly before the window freed: vLLM's ``remove_skipped_blocks``). ``nb_sw``: the sliding
+    groups' blocks of tokens where they differ from the full groups' (default ``nb``): a token-evicted request's
+    full groups hold its capped cache, its window groups every token of the window (eviction does not apply
+    there). Integers, or arrays with ``lo``, ``hi`` = ``numpy.maximum``, ``numpy.minimum``."""
     full, sliding, window = kv_groups
     skipped = lo(computed - window + 1, 0) // bs
-    return (full - 1) * nb + sliding * lo(nb - hi(skipped, nb), 0)
+    nb_sw = nb if nb_sw is None else nb_sw
+    return (full - 1) * nb + sliding * lo(nb_sw - hi(skipped, nb_sw), 0)
 
 
 class BlockManager:
@@ -278,7 +281,10 @@ class BlockManager:
         """Blocks of the request's other KV-cache groups once ``n_new`` more tokens are in (:meth:`set_kv_groups`)."""
         nb = self._total_blocks(req, n_new, computed, hit_tokens)
         hit = len(computed) * self.block_size if hit_tokens is None else int(hit_tokens)
-        return group_blocks(self.kv_groups, self.block_size, nb, int(req.num_computed_tokens) + hit)
+        c = int(req.num_computed_tokens) + hit
+        # a token-evicted request (kv_cap): its window groups hold every token of the window, not its capped cache
+        nb_sw = None if getattr(req, "kv_cap", None) is None else -(-(c + int(n_new)) // self.block_size)
+        return group_blocks(self.kv_groups, self.block_size, nb, c, nb_sw=nb_sw)
 
     def _total_blocks(self, req, n_new: int, computed, hit_tokens=None) -> int:
         """Blocks the request holds once ``n_new`` more tokens are in; a request with ``kv_cap`` (token
