@@ -183,13 +183,9 @@ def pareto_plan(args, df, meta) -> int:
 
 
 def target_options(args, m) -> dict:
-    """The target flags a plan's tasks and knees take (:func:`sim.search.planner.evaluate_deployment`), each only
-    where it prices something: expert parallelism and routing on an MoE model, a precision flag where given (a
-    release's own format is the model's default); a plain plan's tasks stay as they were."""
-    out = ({"enable_expert_parallel": args.enable_expert_parallel, "moe_routing": args.moe_routing}
-           if m.num_experts else {})
-    out.update({k: getattr(args, k) for k in ("quantization", "kv_cache_dtype") if getattr(args, k)})
-    return out
+    """:func:`sim.search.planner.target_options` of the command's flags."""
+    from sim.search.planner import target_options as of
+    return of(m, args.enable_expert_parallel, args.moe_routing, args.quantization, args.kv_cache_dtype)
 
 
 def _knees(args, best, rates, node_spec: str, m) -> list[dict]:

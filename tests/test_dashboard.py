@@ -460,6 +460,28 @@ def test_deployment_page_runs_a_small_plan(env):
     assert any("more than the 24 a plan run on this page may have" in e.value for e in at.error)
 
 
+def test_a_small_plan_takes_the_deployment_s_target_flags(env):
+    """The page's small plan runs under the deployment controls' weights / KV cache / EP / routing, as
+    `rksim plan` takes those flags (sim.search.planner.target_options), and its meta says so."""
+    from app import ui_backend as B
+    at = _app("deployment")
+    at.selectbox(key="deploy.dep.kv_dtype").set_value("fp8").run()
+    at.radio(key="deploy.plan.source").set_value("run a small plan here").run()
+    at.text_input(key="deploy.plan.gpus").set_value("1").run()
+    at.multiselect(key="deploy.plan.tp").set_value([1]).run()
+    at.multiselect(key="deploy.plan.policies").set_value(["exact-prefix"]).run()
+    at.text_input(key="deploy.plan.requests").set_value("4").run()
+    at.button(key="deploy.plan.run").click().run()
+    _ok(at)
+    df, meta = at.session_state["deploy.plan.ran"]
+    assert meta["target_options"] == {"kv_cache_dtype": "fp8"} and meta["kv_cache_dtype"] == "fp8"
+    args = (meta["trace"], meta["model_preset"], meta["node_preset"], 1, ("exact-prefix",), (1,), (1,),
+            meta["router"], None if meta["slo"] == "none" else meta["slo"], None, 8, 4, 0)
+    ref, _ = B.run_small_plan(*args, {"kv_cache_dtype": "fp8"})
+    auto, _ = B.run_small_plan(*args)
+    assert df["e2e_p99_s"].tolist() == ref["e2e_p99_s"].tolist() != auto["e2e_p99_s"].tolist()
+
+
 def test_calibration_page_run_and_serve_folders(env):
     from calibrate.report import fidelity_report
 

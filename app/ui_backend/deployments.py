@@ -100,14 +100,16 @@ SMALL_PLAN_MAX = 24  # deployments a plan started from the page may have (the CL
 
 def run_small_plan(trace: str, model: str, node: str, gpus: int, policies: tuple[str, ...], tp: tuple[int, ...],
                    pp: tuple[int, ...], router: str, slo: str | None, arrival_rate: float | None, concurrency: int,
-                   n_requests: int | None, seed: int = 0) -> tuple[pd.DataFrame, dict]:
+                   n_requests: int | None, seed: int = 0, target: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """``rksim plan`` from the page: the same deployments, tasks and frontier (local backend, in memory), at most
-    :data:`SMALL_PLAN_MAX` deployments; returns the table (``on_frontier`` marked) and the plan's metadata."""
+    :data:`SMALL_PLAN_MAX` deployments; returns the table (``on_frontier`` marked) and the plan's metadata.
+    ``target``: the deployment controls' target flags (:data:`PLAN_TARGET_OPTIONS`: ``--quantization``,
+    ``--kv-cache-dtype``, ``--enable-expert-parallel``, ``--moe-routing``), as ``rksim plan`` takes them."""
     from sim.workload.decisions import make_config
     from sim.serving.goodput import SLO
     from sim.cost.parallel import load_node
-    from sim.search.planner import deployments, frontier, run_plan
-    from sim.cost.profiles import load_hardware, load_model
+    from sim.search.planner import deployments, frontier, plan_model, run_plan, target_options
+    from sim.cost.profiles import load_hardware
 
     spec = SLO.parse(slo)
     for pol in policies:
@@ -115,10 +117,14 @@ def run_small_plan(trace: str, model: str, node: str, gpus: int, policies: tuple
             make_config(pol, {}, None)
         except ValueError as exc:
             raise ValueError(f"--policies: {exc}") from None
-    m = load_model(model)
+    t = {k: v for k, v in (target or {}).items() if k in PLAN_TARGET_OPTIONS and v is not None}
+    m = plan_model(model, t.get("quantization"), t.get("kv_cache_dtype"))
     nd = load_node(node)
     hw = load_hardware(nd.gpu)
-    deps = list(deployments(m, hw, nd, int(gpus), list(policies), tp_sizes=tp, pp_sizes=pp))
+    hw.check_precision(m)   # refused before any deployment runs, naming the flag
+    ep = bool(t.get("enable_expert_parallel", False))
+    deps = list(deployments(m, hw, nd, int(gpus), list(policies), tp_sizes=tp, pp_sizes=pp,
+                            enable_expert_parallel=ep))
     if not deps:
         raise ValueError(f"--gpus {gpus}: no deployment of {m.name} on {nd.name} fits in {gpus} GPU(s) with "
                          f"TP {', '.join(map(str, tp))} and PP {', '.join(map(str, pp))}")
@@ -127,6 +133,8 @@ def run_small_plan(trace: str, model: str, node: str, gpus: int, policies: tuple
                          "page may have; fewer GPUs, TP/PP sizes or policies (or `rksim plan`, then load its file)")
     opts = {"model_preset": model, "node": node, "router": router, "slo": str(spec) if spec.stated else None,
             "arrival_rate": arrival_rate, "concurrency": int(concurrency), "n_requests": n_requests, "seed": int(seed)}
+    tops = target_options(m, ep, t.get("moe_routing", "expected"), t.get("quantization"), t.get("kv_cache_dtype"))
+    opts.update(tops)
     rows = run_plan(trace, deps, opts, progress=False)
     df, front, _ = frontier(rows)
     key = ["tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
@@ -138,7 +146,8 @@ def run_small_plan(trace: str, model: str, node: str, gpus: int, policies: tuple
             "decisions_model": df["decisions_model"].iloc[0] if len(df) else None, "model_preset": model,
             "node_preset": node, "trace": trace, "arrival_rate": arrival_rate,
             "concurrency": None if arrival_rate is not None else int(concurrency), "n_requests": n_requests,
-            "seed": int(seed)}
+            "seed": int(seed), "target_options": tops,
+            "quantization": m.quantization or None, "kv_cache_dtype": m.kv_cache_dtype or "auto"}
     return df, meta
 
 

@@ -70,7 +70,8 @@ def _serve(trace: str, chosen: list[str], model, hardware: str, seed: int, servi
 
 def _small_plan(trace: str | None):
     st.caption(f"The planner of `rksim plan` run here (at most {B.SMALL_PLAN_MAX} deployments, local, not written "
-               "to disk); each policy at its defaults, served on the trace's problems under the SLOs above.")
+               "to disk); each policy at its defaults, served on the trace's problems under the SLOs and the target "
+               "flags above (weights, KV cache, expert parallel, MoE routing), as `rksim plan` takes them.")
     pr = B.presets()
     c = st.columns(3)
     model = c[0].selectbox("model", pr["models"], key="deploy.plan.model",
@@ -107,7 +108,8 @@ def _small_plan(trace: str | None):
             with st.spinner("planning..."):
                 df, meta = U.run_small_plan(trace, model, node, int(gpus), tuple(pols), tuple(sorted(tps)),
                                             tuple(sorted(pps)), dep.get("router", "prefix-affinity"),
-                                            dep.get("slo"), rate, int(conc), nreq, 0)
+                                            dep.get("slo"), rate, int(conc), nreq, 0,
+                                            {k: dep.get(k) for k in B.PLAN_TARGET_OPTIONS})
         except ValueError as exc:
             U.error(exc)
             return None

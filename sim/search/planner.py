@@ -177,6 +177,17 @@ def plan_model(model_preset: str, quantization: str | None = None, kv_cache_dtyp
     return with_precision(load_model(model_preset), quantization, kv_cache_dtype)
 
 
+def target_options(m, enable_expert_parallel: bool = False, moe_routing: str = "expected",
+                   quantization: str | None = None, kv_cache_dtype: str | None = None) -> dict:
+    """The target flags a plan's tasks and knees take (:func:`evaluate_deployment`), each only where it prices
+    something: expert parallelism and routing on an MoE model ``m``, a precision flag where given (a release's own
+    format is the model's default); a plain plan's tasks stay as they were. ``rksim plan`` and the dashboard's
+    small plan both take them from here."""
+    out = {"enable_expert_parallel": bool(enable_expert_parallel), "moe_routing": moe_routing} if m.num_experts else {}
+    out.update({k: v for k, v in (("quantization", quantization), ("kv_cache_dtype", kv_cache_dtype)) if v})
+    return out
+
+
 def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str, router: str = "prefix-affinity",
                     slo: str | None = None, n_requests: int | None = None, seed: int = 0, refine: int = 0,
                     tolerance: float = 0.05, progress=None, enable_expert_parallel: bool = False,
