@@ -78,13 +78,11 @@ def group_blocks(kv_groups, bs: int, nb, computed, lo=max, hi=min, nb_sw=None):
 
         (full - 1) nb + sliding max(nb_sw - min(skipped, nb_sw), 0),   skipped = floor(max(0, computed - W + 1) / bs)
 
-    (the sliding blocks wholly before the window freed: vLLM's ``remove_skipped_blocks``). ``nb_sw``: the sliding
-    groups' blocks of tokens where they differ from the full groups' (default ``nb``): a token-evicted request's
-    full groups hold its capped cache, its window groups every token of the window (eviction does not apply
-    there). Integers, or arrays with ``lo``, ``hi`` = ``numpy.maximum``, ``numpy.minimum``."""
+    (the sliding blocks wholly before the window freed: vLLM's ``remove_skipped_blocks``); ``nb_sw`` (default ``nb``):
+    a token-evicted request's window groups count every token, its full groups the capped cache. Integers, or arrays
+    with ``lo``, ``hi`` = ``numpy.maximum``, ``numpy.minimum``."""
     full, sliding, window = kv_groups
-    skipped = lo(computed - window + 1, 0) // bs
-    nb_sw = nb if nb_sw is None else nb_sw
+    skipped, nb_sw = lo(computed - window + 1, 0) // bs, nb if nb_sw is None else nb_sw
     return (full - 1) * nb + sliding * lo(nb_sw - hi(skipped, nb_sw), 0)
 
 
@@ -278,13 +276,10 @@ class BlockManager:
         return max(self._total_blocks(req, n_new, computed, hit_tokens) - have, 0)
 
     def _extra_blocks(self, req, n_new: int, computed, hit_tokens=None) -> int:
-        """Blocks of the request's other KV-cache groups once ``n_new`` more tokens are in (:meth:`set_kv_groups`)."""
-        nb = self._total_blocks(req, n_new, computed, hit_tokens)
-        hit = len(computed) * self.block_size if hit_tokens is None else int(hit_tokens)
-        c = int(req.num_computed_tokens) + hit
-        # a token-evicted request (kv_cap): its window groups hold every token of the window, not its capped cache
-        nb_sw = None if getattr(req, "kv_cap", None) is None else -(-(c + int(n_new)) // self.block_size)
-        return group_blocks(self.kv_groups, self.block_size, nb, c, nb_sw=nb_sw)
+        """Blocks of the request's other KV-cache groups once ``n_new`` more tokens are in (``kv_cap``: full ones)."""
+        c = int(req.num_computed_tokens) + (len(computed) * self.block_size if hit_tokens is None else int(hit_tokens))
+        return group_blocks(self.kv_groups, self.block_size, self._total_blocks(req, n_new, computed, hit_tokens), c,
+                            nb_sw=None if req.kv_cap is None else -(-(c + int(n_new)) // self.block_size))
 
     def _total_blocks(self, req, n_new: int, computed, hit_tokens=None) -> int:
         """Blocks the request holds once ``n_new`` more tokens are in; a request with ``kv_cap`` (token
