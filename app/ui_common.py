@@ -77,7 +77,7 @@ def _field_widgets() -> dict[str, str]:
            "workload.verify_reuses_kv": "verify",
            "arrival_rate": "srv.arrival_rate", "workload.concurrency": "srv.concurrency",
            "workload.n_requests": "srv.n_requests",
-           # the precision pickers (precision_widgets): the same keys on every page that draws them
+           # the precision pickers (weights_picker, kv_picker): the same keys on every page that draws them
            "quantization": "quant", "kv_cache_dtype": "kv_dtype"}
     out.update({f.name: f"srv.{f.name}" for f, _ in declared(ServingConfig)})
     return out
