@@ -31,6 +31,13 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from traces.capture_qkv import ATTN_IMPL, AttentionTap, new_rows  # noqa: F401  (ATTN_IMPL: re-exported)
 
 
+def window_layers(model) -> frozenset:
+    """0-based layers of ``model`` whose ``config.layer_types`` entry is ``sliding_attention`` (none for a model
+    without layer types): where token eviction does not apply."""
+    types = getattr(model.config, "layer_types", None) or []
+    return frozenset(i for i, t in enumerate(types) if t == "sliding_attention")
+
+
 class LayerEviction:
     """One layer's eviction state: recorded K/V/Q (float16), kept positions, policy state, rng."""
 
@@ -58,10 +65,13 @@ class EvictingCache(DynamicCache):
     prompt_len : P, tokens of the prompt (prefilled in one forward).
     rngs : one ``numpy.random.Generator`` per layer (stochastic policies), or None.
     record_layers : 0-based layers whose decisions are kept in ``events`` (default: all).
+    keep_layers : 0-based layers that never evict: a model's sliding-window layers (:func:`window_layers`), which
+        keep their window whatever the policy, as kvpress skips them and the simulator prices them.
     """
 
-    def __init__(self, n_layers: int, policy, prompt_len: int, n_kv_heads: int, rngs=None):
+    def __init__(self, n_layers: int, policy, prompt_len: int, n_kv_heads: int, rngs=None, keep_layers=()):
         super().__init__()
+        self.keep = frozenset(int(i) for i in keep_layers)
         self.layers = [DynamicLayer() for _ in range(n_layers)]
         self.layer_class_to_replicate = None
         self.policy = policy
@@ -91,6 +101,8 @@ class EvictingCache(DynamicCache):
     def _hook(self, li: int, query, key, value):
         from policies.token_loop import gather_rows, observe
 
+        if li in self.keep:   # a window layer: every token stays (the model's window mask limits what it sees)
+            return key, value
         ev = self.ev[li]
         q_len = query.shape[2]
         t0 = len(ev.K)  # position of the first new row

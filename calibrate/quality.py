@@ -115,6 +115,7 @@ def run_quality(cfg: QualityConfig, out: Path, progress: bool = True) -> dict:
     from tqdm import tqdm
     from traces.datasets import load_dataset
     from traces.models import load_model
+    from calibrate.evicting_cache import window_layers
     from traces.store import atomic_write_json
     from traces.workload import WorkloadConfig
 
@@ -129,7 +130,9 @@ def run_quality(cfg: QualityConfig, out: Path, progress: bool = True) -> dict:
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     if isinstance(im_end, int) and im_end >= 0:
         stop.add(im_end)
-    layers = [l for l in cfg.proxy_layers if 1 <= l <= L] or [L]
+    # the proxy reads the layers that evict: a model's window layers keep their window (EvictingCache keep_layers)
+    evicting = [l for l in range(1, L + 1) if l - 1 not in window_layers(lm.model)]
+    layers = [l for l in cfg.proxy_layers if l in evicting] or evicting[-1:]
     rows = []
     problems = load_dataset("gsm8k", limit=cfg.problems)
     jobs = [(p, pol, r) for p in problems for pol in cfg.policies for r in cfg.compression]
@@ -206,23 +209,24 @@ def _eviction_row(lm, p, name: str, ratio: float, cfg: QualityConfig, ref: _Refe
     from policies import attention_metrics, run_token_eviction
     from traces.answers import extract_answer, is_correct
 
-    from calibrate.evicting_cache import EvictingCache
+    from calibrate.evicting_cache import EvictingCache, window_layers
 
     L, tok, P, total = lm.n_layers, lm.tokenizer, len(ref.prompt), ref.total
     base = _make_policy(name)
     K = _budget(total, ratio, cfg.buffer, base.sinks)
     pol = _make_policy(name, budget=K, buffer=cfg.buffer)
     rngs = lambda: [np.random.default_rng([cfg.seed, p.index, l]) for l in range(L)]  # noqa: E731
-    c = EvictingCache(L, pol, P, lm.n_kv_heads, rngs()).attach(lm.model)
+    keep = window_layers(lm.model)
+    c = EvictingCache(L, pol, P, lm.n_kv_heads, rngs(), keep_layers=keep).attach(lm.model)
     with c:
         _, lp = _decode(lm, ref.prompt, c, len(ref.ids), stop, forced=ref.ids)
     kl = (ref.p * (ref.logp - lp)).sum(-1).clamp(min=0)
     rec = {"problem": int(p.index), "policy": name, "compression": float(ratio), "budget": K,
            "buffer": cfg.buffer, "prompt_len": P, "gen_len": len(ref.ids),
            "kl_mean": float(kl.mean()), "kl_max": float(kl.max()),
-           "evictions": int(c.n_events // L)}
+           "evictions": int(c.n_events // (L - len(keep)))}
     if cfg.free_generation:
-        c2 = EvictingCache(L, pol, P, lm.n_kv_heads, rngs()).attach(lm.model)
+        c2 = EvictingCache(L, pol, P, lm.n_kv_heads, rngs(), keep_layers=keep).attach(lm.model)
         with c2:
             t0 = time.perf_counter()
             g, _ = _decode(lm, ref.prompt, c2, cfg.long_decode, stop)

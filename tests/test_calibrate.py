@@ -99,6 +99,31 @@ def test_evicting_cache_decides_as_the_simulator_loop(tiny, name):
         assert c.layers[li].keys.shape[2] == res.kept_final.shape[1] < 24 + 30
 
 
+def test_window_layers_never_evict(tmp_path):
+    """A model's sliding-window layers keep every token (their window mask limits attention), as kvpress skips them
+    and the simulator prices them; its full-attention layers evict as the simulator's loop decides."""
+    from transformers import AutoModelForCausalLM
+
+    from calibrate.evicting_cache import window_layers
+    from tiny_hf import save_tiny
+    model = AutoModelForCausalLM.from_pretrained(save_tiny(tmp_path / "g", "gemma3")).eval()
+    keep = window_layers(model)
+    assert keep == {0, 1} and window_layers(tiny_llama(0)) == frozenset()
+    pol, P, T = get_policy("vase-attnv", budget=8, buffer=4), 24, 30
+    rngs = [np.random.default_rng([0, l]) for l in range(3)]
+    c = EvictingCache(3, pol, P, 1, rngs, keep_layers=keep).attach(model)
+    ids = torch.randint(0, model.config.vocab_size, (1, P), generator=torch.Generator().manual_seed(0))
+    with c, torch.inference_mode():
+        out = model(ids, cache=c, use_cache=True)
+        for i in range(T):
+            out = model(out.logits[0, -1].argmax().view(1, 1), cache=c, use_cache=True,
+                        position_ids=torch.tensor([[P + i]]))
+    assert c.n_events == len(c.ev[2].events) > 0 and not c.ev[0].events and not c.ev[1].events
+    assert c.layers[0].keys.shape[2] == c.layers[1].keys.shape[2] == P + T > c.layers[2].keys.shape[2]
+    res = run_token_eviction(pol, *c.ev[2].arrays(), P, np.random.default_rng([0, 2]))
+    assert [t for t, _ in res.steps] == [t for t, _ in c.ev[2].events]
+
+
 def test_full_cache_never_evicts(tiny):
     c, _ = _evict_run(tiny, get_policy("full"))
     assert c.n_events == 0 and c.layers[0].keys.shape[2] == 24 + 30
