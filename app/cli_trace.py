@@ -40,7 +40,8 @@ def register(sub) -> None:
                    help="tokens per long-decode sequence with raw K/V/Q recorded (default 0 = none)")
     p.add_argument("--long-decode-seqs", type=int, default=2, help="number of long-decode sequences")
     p.add_argument("--long-decode-layers", type=_int_list, default=None,
-                   help="1-based layers, comma-separated (default: every 4th and the last)")
+                   help="1-based layers, comma-separated (default: every 4th and the last; on a model with "
+                        "sliding-window layers, the full-attention ones among them, where eviction applies)")
     p.add_argument("--tree-depth", type=int, default=0, help="tree search depth (default 0 = no tree)")
     p.add_argument("--tree-expand", type=int, default=2, help="best k nodes expanded per level")
     p.add_argument("--tree-branching", type=int, default=3, help="children per expanded node")

@@ -152,3 +152,18 @@ def test_cli_end_to_end(ref, tmp_path, capsys):
     assert err.count("\n") == 0 and "config.json: seed:" in err
     assert cli_main(["capture", "--layout", "middle", "--out", str(tmp_path / "x")]) == 2
     assert "--layout" in capsys.readouterr().err
+
+
+def test_long_decode_layers_default_to_those_that_evict():
+    """A sliding-window layer keeps its window (token eviction does not apply), so the default long-decode layers of a
+    model with window layers are the full-attention ones among every 4th and the last (all of them if none)."""
+    cfg = CaptureConfig(long_decode=32)
+    gemma = (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    assert cfg.layers_for(18, gemma) == [12, 18]
+    assert cfg.layers_for(30) == cfg.layers_for(30, None) == [4, 8, 12, 16, 20, 24, 28, 30]
+    oss = ["sliding_attention", "full_attention"] * 12
+    assert cfg.layers_for(24, oss) == [4, 8, 12, 16, 20, 24]
+    assert cfg.layers_for(5, ["sliding_attention"] * 4 + ["full_attention"]) == [5]
+    assert cfg.layers_for(6, ["full_attention"] + ["sliding_attention"] * 5) == [1]
+    assert CaptureConfig(long_decode=32, long_decode_layers=[1, 2]).layers_for(18, gemma) == [1, 2]  # as asked
+    assert CaptureConfig().layers_for(18, gemma) == []

@@ -73,7 +73,7 @@ class CaptureConfig:
     verify_prompt: str = VERIFY_PROMPT
     long_decode: int = 0            # tokens generated per long-decode sequence (0 = none)
     long_decode_seqs: int = 2
-    long_decode_layers: list[int] | None = None   # 1-based; None = every 4th and the last
+    long_decode_layers: list[int] | None = None   # 1-based; None = every 4th and the last that evict (layers_for)
     tree_depth: int = 0             # 0 = no tree
     tree_step: int = 32
     tree_expand: int = 2
@@ -112,11 +112,15 @@ class CaptureConfig:
             d.pop("shard", None)
         return d
 
-    def layers_for(self, L: int) -> list[int]:
+    def layers_for(self, L: int, layer_types=None) -> list[int]:
+        """The 1-based layers whose long-decode K/V/Q are recorded: ``--long-decode-layers``, else every 4th and the
+        last of those that evict (``layer_types``: a sliding-window layer keeps its window, so token eviction, and
+        its quality, is measured on the full-attention layers; all of them where the default picks none)."""
         if not self.long_decode:
             return []
         if self.long_decode_layers is None:
-            return sorted(set(list(range(4, L + 1, 4)) + [L]))
+            full = [x for x in range(1, L + 1) if not layer_types or layer_types[x - 1] != "sliding_attention"]
+            return [x for x in sorted(set(list(range(4, L + 1, 4)) + [L])) if x in full] or full
         ls = sorted(set(int(x) for x in self.long_decode_layers))
         bad = [x for x in ls if not 1 <= x <= L]
         if bad:
@@ -452,12 +456,14 @@ def run_capture(cfg: CaptureConfig, out: str | Path, command: str = "", progress
     # Resolve and check the config against DIR before the (slow) model load.
     if lm is None:
         folder, _, _ = model_folder(cfg.model)
-        n_layers = int(json.loads((folder / "config.json").read_text())["num_hidden_layers"])
+        hf = json.loads((folder / "config.json").read_text())
+        n_layers, types = int(hf["num_hidden_layers"]), hf.get("layer_types")
         dev = resolve_device(cfg.device)
         dtype = str(torch_dtype(cfg.dtype, dev)).replace("torch.", "")
     else:
         n_layers, dev, dtype = lm.n_layers, lm.device, str(lm.dtype).replace("torch.", "")
-    layers = cfg.layers_for(n_layers)
+        types = lm.extra.get("layer_types")
+    layers = cfg.layers_for(n_layers, types)
     resolved = {"device": dev.type, "dtype": dtype, "long_decode_layers": layers}
     fingerprint = {**cfg.fingerprint_dict(), "resolved": resolved}
     writer = TraceWriter(out, fingerprint)
