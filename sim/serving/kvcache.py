@@ -276,7 +276,7 @@ class BlockManager:
         return max(self._total_blocks(req, n_new, computed, hit_tokens) - have, 0)
 
     def _extra_blocks(self, req, n_new: int, computed, hit_tokens=None) -> int:
-        """Blocks of the request's other KV-cache groups once ``n_new`` more tokens are in (``kv_cap``: full ones)."""
+        """Blocks of the request's other KV-cache groups once ``n_new`` more tokens are in (a kv_cap caps full ones)."""
         c = int(req.num_computed_tokens) + (len(computed) * self.block_size if hit_tokens is None else int(hit_tokens))
         return group_blocks(self.kv_groups, self.block_size, self._total_blocks(req, n_new, computed, hit_tokens), c,
                             nb_sw=None if req.kv_cap is None else -(-(c + int(n_new)) // self.block_size))
