@@ -34,8 +34,8 @@ from traces.capture_qkv import ATTN_IMPL, AttentionTap, new_rows  # noqa: F401  
 def window_layers(model) -> frozenset:
     """0-based layers of ``model`` whose ``config.layer_types`` entry is ``sliding_attention`` (none for a model
     without layer types): where token eviction does not apply."""
-    types = getattr(model.config, "layer_types", None) or []
-    return frozenset(i for i, t in enumerate(types) if t == "sliding_attention")
+    from calibrate.layerwise import SLIDING, layer_types
+    return frozenset(i for i, t in enumerate(layer_types(model)) if t == SLIDING)
 
 
 class LayerEviction:
