@@ -458,6 +458,8 @@ def _cmd_tree(args) -> int:
         r = df.iloc[0]
         print(f"tree {r['tree']} ({r['n_nodes']} nodes), budget {r['budget_blocks']} blocks of {r['block_size']} tokens; "
               f"costs: {r['cost_model']} on {r['hardware']}")
+        if r.get("kv_note"):
+            print(f"note: {r['kv_note']}")
         cols = ["latency_s", "latency_vs_rsbcm", "verify_s", "prefill_s", "decode_s", "recompute_s", "evictions",
                 "refetches", "recompute_tokens", "peak_blocks", "peak_kv_bytes"]
         with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.cost.terms import ScalarCost, decode_steps_terms, with_shared
+from sim.serving.kvcache import group_blocks
 from sim.serving.kvshare import block_names, shared_per_step, shared_tokens
 from sim.workload.job import Job, blocks
 
@@ -63,6 +64,27 @@ class FastPath:
         self._memo: dict = {}
         self._decode_memo: dict = {}
         self.shared = self.sc.prices_shared
+        groups = model.kv_cache_groups
+        self.groups = None if groups == (1, 0, 0) else groups   # a hybrid (full + sliding) model's KV groups
+
+    def _extra(self, job: Job, tokens, computed):
+        """Blocks each branch holds in its other KV-cache groups with ``tokens`` in its block table, ``computed`` of
+        them computed before the iteration (:func:`sim.serving.kvcache.group_blocks`, the rule the engine's block
+        manager allocates by); zeros for a model of one group."""
+        if self.groups is None:
+            return np.zeros(np.shape(tokens))
+        return group_blocks(self.groups, job.bs, blocks(tokens, job.bs), np.asarray(computed), np.maximum, np.minimum)
+
+    @staticmethod
+    def _hit(job: Job) -> np.ndarray:
+        """Tokens each branch's prefill finds in the prefix cache (its reuse less the copied partial block)."""
+        return job.reused - np.where(job.share, job.copy, 0)
+
+    def _decode_extra(self, job: Job, stored) -> np.ndarray:
+        """Other groups' blocks per branch after ``stored`` decode steps each (array ``(..., B)``): step ``j``
+        allocates one token with ``ctx + j - 1`` computed; a branch that has not decoded holds its prefill's."""
+        tok = job.ctx + stored
+        return self._extra(job, tok, np.where(stored >= 1, tok - 1, self._hit(job)))
 
     @staticmethod
     def _names(job: Job) -> list:
@@ -77,7 +99,8 @@ class FastPath:
         if J == 0:
             return np.zeros(0), np.zeros(0), np.zeros(0)
         key = (job.ctx.tobytes(), job.gen.tobytes(), job.own.tobytes(), job.bs,
-               job.source.tobytes() if self.shared else b"")
+               job.source.tobytes() if self.shared else b"",
+               self._hit(job).tobytes() if self.groups is not None else b"")
         hit = self._decode_memo.get(key)
         if hit is not None:
             return hit
@@ -87,7 +110,10 @@ class FastPath:
         h = shared_per_step(names, job.ctx // job.bs, mask) * job.bs if self.shared else 0.0
         dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask, shared=h), model=self.m), np.float64)
         stored = np.minimum(j, steps[None, :])
-        mem = blocks(job.own[None, :] + stored, job.bs).sum(axis=1) * job.bs * self.kvtok
+        held = blocks(job.own[None, :] + stored, job.bs).sum(axis=1)
+        if self.groups is not None:
+            held = held + self._decode_extra(job, stored).sum(axis=1)
+        mem = held * job.bs * self.kvtok
         out = self._decode_memo[key] = (dts, np.cumsum(dts), mem)
         return out
 
@@ -108,6 +134,7 @@ class FastPath:
         end = np.zeros(W + 1)
         times, mem = [], []
         alloc = np.zeros(B)
+        extra = np.zeros(B)       # other KV-cache groups' blocks (a hybrid model)
         iters = 0
         for w in range(1, W + 1):
             gates = np.flatnonzero(job.gate > 0) if w == 1 else np.zeros(0, np.int64)
@@ -133,8 +160,10 @@ class FastPath:
             end[w] = t
             iters += 1
             alloc[pre] = blocks(job.own[pre], bs)
+            if self.groups is not None:
+                extra[pre] = self._extra(job, job.ctx[pre], self._hit(job)[pre])
             times.append(t)
-            mem.append(float(alloc.sum() * bs * kvtok))
+            mem.append(float((alloc.sum() + extra.sum()) * bs * kvtok))
         first = end[np.where(job.has_prefill, wave, ready)] if B else np.zeros(0)
         t_prefill_end = t
         dts, cum, dmem = self._decode(job, names)
@@ -165,8 +194,27 @@ class FastPath:
         self._memo[key] = res
         return res
 
+    def peak_blocks(self, job: Job) -> int:
+        """:meth:`sim.workload.job.Job.peak_blocks` with, on a hybrid model, each branch's other KV-cache groups'
+        blocks (:meth:`_extra`) at the end of its decode and, where the verification extends the branch, its growth."""
+        if self.groups is None:
+            return job.peak_blocks()
+        bs, steps = job.bs, job.decode_steps
+        end = self._decode_extra(job, steps)
+        gen = int(blocks(job.own + steps, bs).sum() + end.sum())
+        if not job.verify_on:
+            return gen
+        if job.v_reuse:
+            ver = blocks(job.own + steps + job.v_new, bs).sum() + np.maximum(
+                end, self._extra(job, job.ctx + steps + job.v_new, job.ctx + steps)).sum()
+        else:
+            ver = blocks(job.v_new, bs).sum() + self._extra(job, job.v_new, np.zeros_like(job.v_new)).sum()
+        return max(gen, int(ver))
+
     def verify_mem(self, job: Job) -> float:
-        """KV bytes resident at the end of the verification iteration."""
+        """KV bytes resident at the end of the verification iteration: every branch's blocks at the end of its
+        decode, plus the verification's new blocks over its share of the layers (``v_layers / L``); on a hybrid
+        model the other groups' too (:meth:`_extra`: their new blocks at most, none given back)."""
         bs, kvtok = job.bs, self.kvtok
         stored = job.decode_steps
         base = float(blocks(job.own + stored, bs).sum() * bs * kvtok)
@@ -174,4 +222,10 @@ class FastPath:
             extra_blocks = blocks(job.own + stored + job.v_new, bs) - blocks(job.own + stored, bs)
         else:
             extra_blocks = blocks(job.v_new, bs)
+        if self.groups is not None:
+            end = self._decode_extra(job, stored)
+            grown = (self._extra(job, job.ctx + stored + job.v_new, job.ctx + stored) if job.v_reuse else
+                     self._extra(job, job.v_new, np.zeros_like(job.v_new)))
+            base += float(end.sum() * bs * kvtok)
+            extra_blocks = extra_blocks + (np.maximum(grown - end, 0) if job.v_reuse else grown)
         return float(base + np.sum(extra_blocks * bs * kvtok * job.v_layers / job.L))

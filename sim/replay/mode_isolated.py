@@ -16,7 +16,6 @@ from sim.replay.jobs import make_engine, prepare
 from sim.replay.problem_metrics import branch_rows, problem_row, summarize
 from sim.replay.records import SimResult
 from sim.replay.summary import stated_under
-from sim.replay.target import ISOLATED_SCHEDULER
 
 
 def refuse_if_too_big(peaks, positions, cap: dict, target, what: str = "problem") -> None:
@@ -42,16 +41,16 @@ def fastpath(session, target) -> FastPath:
     return fp
 
 
-def _budget(ubudget, job, cap) -> int:
+def _budget(ubudget, job, cap, fp=None) -> int:
     """Blocks of one problem: the user's count, their fraction of the problem's unconstrained peak
-    blocks, else the device's KV capacity in blocks."""
+    blocks (:meth:`FastPath.peak_blocks`: every KV-cache group's), else the device's KV capacity in blocks."""
     if ubudget is None:
         return int(cap["kv_capacity_blocks"])
     if ubudget[0] == "blocks":
         return int(ubudget[1])
     if job is None:
         return -1
-    peak = float(job.peak_blocks())
+    peak = float(fp.peak_blocks(job) if fp is not None else job.peak_blocks())
     return int(min(math.ceil(ubudget[1] * peak), MAX_BLOCKS))
 
 
@@ -88,11 +87,12 @@ def _engine(session, target, config, prep):
         unc = fp.run(job)
         if cfg.block is None:
             refuse_if_too_big([unc["peak_kv_bytes"]], [f.pos], cap, target)
-        budget = _budget(ubudget, job, cap)
+        budget = _budget(ubudget, job, cap, fp)
         rkey = ("engine", dkey, session.target_id(target.key), budget, bkey)
         hit = session.rows.get(rkey)
         if hit is None:
-            eng = make_engine(target, cfg, [(f.pos, job)], [f], [dec], ISOLATED_SCHEDULER, budget,
+            # prep.sched: the isolated scheduler, with a hybrid model's KV-cache groups (Target.scheduler)
+            eng = make_engine(target, cfg, [(f.pos, job)], [f], [dec], prep.sched, budget,
                               concurrency=1, arrival_rate=None, seed=config.seed, per_problem=True)
             res = eng.run()
             r = res.records()[0]

@@ -73,7 +73,10 @@ def tree_result(spec, w, target, policy: str, params, budget_blocks, budget_frac
     bm = tb.bm
     nodes = spec.nodes
     best = w.best_node
-    bytes_per_block = block_size * model.kv_bytes_per_token
+    # a hybrid (full + sliding) model: the walk's blocks are token blocks, priced at every layer's KV (the sliding
+    # layers' window bound is not tracked by the walk, shared with the real runner: an upper bound, stated)
+    hybrid = model.kv_cache_groups != (1, 0, 0)
+    bytes_per_block = block_size * (sum(model.kv_bytes_by_kind().values()) if hybrid else model.kv_bytes_per_token)
     cap = target.capacity("isolated", block_size)
     if tb.peak * bytes_per_block > cap["kv_capacity_bytes"]:
         raise error(str(CapacityError(
@@ -98,4 +101,7 @@ def tree_result(spec, w, target, policy: str, params, budget_blocks, budget_frac
         "cost_model": model.name, "hardware": hw.name,
         "kv_capacity_bytes": float(cap["kv_capacity_bytes"]), "capacity_source": cap["capacity_source"],
         "decisions_model": str(((spec.manifest or {}).get("model") or {}).get("name", "")),
+        "kv_note": (f"peak_kv_bytes counts every layer of {model.name} at every token: its "
+                    f"{model.n_sliding_layers} sliding-window layers' bound ({model.sliding_window} tokens) is not "
+                    "applied in tree mode (an upper bound)") if hybrid else "",
     }

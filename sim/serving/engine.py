@@ -45,7 +45,7 @@ from sim.cost.pricing import StepPricer, attribution, equal_shares
 from sim.cost.terms import ScalarCost, with_shared
 from sim.serving.fleet_clock import StepTimeout
 from sim.serving.fastforward import token_times
-from sim.serving.kvcache import UNLIMITED, BlockManager
+from sim.serving.kvcache import UNLIMITED, BlockManager, group_blocks
 from sim.serving.kvshare import shared_tokens
 from sim.serving.lifecycle import ProblemLifecycle
 from sim.serving.scheduler import Request, Scheduler, SchedulerConfig
@@ -59,7 +59,6 @@ class StepRecord:
     """One engine iteration as an observer sees it (``Engine(on_step=...)``), after the scheduler's update:
     it started at ``t0`` and took ``dt`` simulated seconds; ``out`` is what ``Scheduler.schedule`` returned
     (items, preemptions), ``finished`` the requests the update finished; the queue and KV after it."""
-
     t0: float
     dt: float
     out: object
@@ -450,7 +449,8 @@ class Engine(ProblemLifecycle):
     # ------------------------------------------------------------------ arrivals
     def _no_fit(self, head, kv) -> CapacityError:
         """The request at the head of the queue can never fit the KV capacity, even alone."""
-        need = -(-head.num_tokens // self.bs)
+        need = -(-head.num_tokens // self.bs)   # its prompt's blocks, in every KV-cache group (nothing computed)
+        need += 0 if kv.kv_groups is None else group_blocks(kv.kv_groups, self.bs, need, 0)
         return CapacityError(
             f"request {head.req_id} (problem {head.data[0].pos}) needs {need} KV blocks "
             f"({need * self.block_bytes / 1e9:.3f} GB) but the KV capacity is {kv.num_blocks} blocks "
