@@ -106,6 +106,8 @@ def _cmd_plan(args) -> int:
             "concurrency": None if args.problem_rate is not None else args.max_concurrent_problems,
             "n_requests": args.num_problems, "seed": args.sim_seed, "gpu_hour_cost": args.gpu_hour_cost,
             "target_options": target_options(args, m),
+            # what each step was priced at beyond its kernels (every row alike: the plan's flags)
+            "overheads": str(df["overheads"].iloc[0]) if len(df) and "overheads" in df else None,
             # what the weights and KV were priced at: a release's own format unless --quantization says otherwise
             "quantization": m.quantization or None, "kv_cache_dtype": m.kv_cache_dtype or "auto"}
     if band_fits is not None:
@@ -126,7 +128,7 @@ def _cmd_plan(args) -> int:
                           "best_per_policy": best[cols].to_dict("records")}, indent=2, default=float))
         return 0
     print(f"{len(deps)} deployments of {m.priced_name} on {node.name} (<= {args.gpus} GPUs), SLO {slo}, router "
-          f"{args.router}; decisions of {meta['decisions_model']}; {wall:.1f} s ({args.backend})")
+          f"{args.router}; decisions of {meta['decisions_model']}; {meta['overheads']}; {wall:.1f} s ({args.backend})")
     print("frontier (fewest GPUs against most goodput):")
     print(front[cols].to_string(index=False))
     print("best per policy:")
@@ -185,7 +187,9 @@ def pareto_plan(args, df, meta) -> int:
 def target_options(args, m) -> dict:
     """:func:`sim.search.planner.target_options` of the command's flags."""
     from sim.search.planner import target_options as of
-    return of(m, args.enable_expert_parallel, args.moe_routing, args.quantization, args.kv_cache_dtype)
+    return of(m, args.enable_expert_parallel, args.moe_routing, args.quantization, args.kv_cache_dtype,
+              host_time=not args.no_host_time, async_scheduling=not args.no_async_scheduling,
+              enforce_eager=args.enforce_eager)
 
 
 def _knees(args, best, rates, node_spec: str, m) -> list[dict]:
@@ -271,6 +275,8 @@ def register(sub) -> None:
     from sim.replay.target import TargetSpec
     add_declared(p, TargetSpec, only=("enable_expert_parallel", "moe_routing", "quantization",
                                       "kv_cache_dtype"))   # sampled: seeded by --sim-seed
+    from sim.serving.capacity import ServingConfig
+    add_declared(p, ServingConfig, only=("enforce_eager", "no_host_time", "no_async_scheduling"))
     p.add_argument("--data-parallel-size", default=None, metavar="N,N",
                    help="replica counts (default: 1 .. GPUs / (TP x PP))")
     p.add_argument("--max-num-seqs", default="256", metavar="N,N", help="vLLM max_num_seqs values (default 256)")

@@ -133,9 +133,12 @@ def _bundled_items(monkeypatch):
             seen.append(items)
             return super().seconds(items)
 
-    monkeypatch.setattr(eng, "ScalarCost", Recording)
-    api.simulate(None, "rksc", {"tau": 0.8}, hardware="h100-sxm", mode="serving", baselines=False,
-                 workload={"concurrency": 8, "n_requests": 8})
+    import sim.cost.parallel as par
+    with monkeypatch.context() as mp:   # the engine's own cost, or the served replica's (sim.cost.parallel.replica_cost)
+        mp.setattr(eng, "ScalarCost", Recording)
+        mp.setattr(par, "ScalarCost", Recording)
+        api.simulate(None, "rksc", {"tau": 0.8}, hardware="h100-sxm", mode="serving", baselines=False,
+                     workload={"concurrency": 8, "n_requests": 8})
     return seen
 
 

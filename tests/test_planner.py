@@ -218,3 +218,28 @@ def test_plan_prices_a_quantized_release_as_released_unless_told(capsys):
     assert "deployments of gpt-oss-20b (mxfp4 experts) on dgx-h100" in capsys.readouterr().out
     assert main([*base[:4], "dgx-a100", *base[5:], "--quantization", "nvfp4"]) == 2
     assert "--quantization 'nvfp4' is not priced" in capsys.readouterr().err
+
+
+def test_plan_prices_each_step_as_vllm_serves_it_and_says_so(capsys):
+    """A plan's steps carry their host time (async scheduling on) and CUDA graphs by default, as ``bench`` prices
+    them (``sim.cost.pricing.served_costs``); ``--no-async-scheduling`` adds every step's host time to it (slower),
+    ``--no-host-time --enforce-eager`` prices the kernels alone; the header, the meta and each row say which, and
+    the meta's ``target_options`` keep only what is not vLLM's default (what a knee re-runs under)."""
+    base = ["plan", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "1", "--policies",
+            "exact-prefix", "--num-problems", "12", "--max-concurrent-problems", "4"]
+    docs = {}
+    for name, extra in (("served", []), ("sync", ["--no-async-scheduling"]),
+                        ("kernels", ["--no-host-time", "--enforce-eager"])):
+        assert main([*base, *extra, "--json"]) == 0
+        docs[name] = json.loads(capsys.readouterr().out)
+    e2e = {k: d["frontier"][0]["e2e_p99_s"] for k, d in docs.items()}
+    assert e2e["sync"] > e2e["served"] and e2e["sync"] > e2e["kernels"]
+    assert docs["served"]["meta"]["target_options"] == {}
+    assert docs["sync"]["meta"]["target_options"] == {"async_scheduling": False}
+    assert docs["kernels"]["meta"]["target_options"] == {"host_time": False, "enforce_eager": True}
+    assert docs["served"]["meta"]["overheads"].startswith("host time per step priced (async scheduling on")
+    assert docs["served"]["meta"]["overheads"].endswith("CUDA graphs")
+    assert docs["kernels"]["meta"]["overheads"].startswith("no host time per step (turned off")
+    assert docs["kernels"]["meta"]["overheads"].endswith("eager kernels")
+    assert main(base) == 0
+    assert "host time per step priced (async scheduling on" in capsys.readouterr().out

@@ -14,7 +14,10 @@ from sim.workload.job import Job
 
 from trace_files import BUNDLED, HAS_BUNDLED  # noqa: E402
 UNLIMITED = {"scheduler": "prefill-first", "max_num_seqs": 1 << 20, "max_num_batched_tokens": 1 << 24,
-             "kv_capacity_bytes": 1e18}
+             "kv_capacity_bytes": 1e18,
+             # the GPU's kernels alone, eager, as isolated mode prices them (a served run adds its host time and
+             # CUDA graphs by default: test_served_steps_price_host_time_and_graphs)
+             "no_host_time": True, "enforce_eager": True}
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +45,33 @@ def test_unlimited_capacity_one_at_a_time_serving_equals_isolated(syn, policy, p
                        workload={"concurrency": 1}, serving=UNLIMITED)
     np.testing.assert_allclose(srv.problems["latency_s"], iso.problems["latency_s"], rtol=1e-9)
     assert srv.summary["makespan_s"] == pytest.approx(iso.problems["latency_s"].sum(), rel=1e-9)
+
+
+def test_served_steps_price_host_time_and_graphs(syn):
+    """A served run prices each step as vLLM serves it (``sim.cost.pricing.served_costs``): without async
+    scheduling every step gains exactly its host time (``HostStepCost.seconds`` of the step's counts, summed over
+    the run: ``info["overheads"]``); with it (the default) a step costs ``max(gpu, host)``, never less than
+    kernels alone; ``--enforce-eager`` and ``--no-host-time`` price the kernels alone, as isolated mode."""
+    kw = dict(hardware="h100-sxm", mode="serving", baselines=False, workload={"concurrency": 1})
+    base = {k: v for k, v in UNLIMITED.items() if k not in ("no_host_time", "enforce_eager")}
+    runs = {name: api.simulate(syn, "exact-prefix", {}, serving={**base, **extra}, **kw) for name, extra in (
+        ("kernels", {"no_host_time": True, "enforce_eager": True}),
+        ("sync", {"no_async_scheduling": True, "enforce_eager": True}),
+        ("async", {"enforce_eager": True}), ("served", {}))}
+    k, sync = runs["kernels"].summary["makespan_s"], runs["sync"]
+    host = sync.info["overheads"]["host_step"]
+    assert host["priced"] and not host["async_scheduling"] and host["host_seconds"] > 0
+    assert sync.summary["makespan_s"] == pytest.approx(k + host["host_seconds"], rel=1e-9)
+    assert k <= runs["async"].summary["makespan_s"] < sync.summary["makespan_s"]
+    assert runs["async"].info["overheads"]["host_step"]["async_scheduling"]
+    assert "host time per step priced (async scheduling on" in runs["served"].info["note"]
+    assert runs["kernels"].info["overheads"]["host_step"]["why"].startswith("turned off")
+    # CUDA graphs: a launch-bound model (the bundled trace's 135M model on an H100) replays its steps instead of
+    # launching every kernel
+    from trace_files import BUNDLED
+    eager, graphs = (api.simulate(str(BUNDLED), "exact-prefix", {}, serving={**base, **extra}, **kw).summary["makespan_s"]
+                     for extra in ({"enforce_eager": True}, {}))
+    assert graphs < 0.8 * eager
 
 
 def _two_branches(bs=4):

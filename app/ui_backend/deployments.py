@@ -147,6 +147,7 @@ def run_small_plan(trace: str, model: str, node: str, gpus: int, policies: tuple
             "node_preset": node, "trace": trace, "arrival_rate": arrival_rate,
             "concurrency": None if arrival_rate is not None else int(concurrency), "n_requests": n_requests,
             "seed": int(seed), "target_options": tops,
+            "overheads": str(df["overheads"].iloc[0]) if len(df) and "overheads" in df else None,
             "quantization": m.quantization or None, "kv_cache_dtype": m.kv_cache_dtype or "auto"}
     return df, meta
 
@@ -167,7 +168,19 @@ def serving_load(row: dict, meta: dict) -> dict:
             "serving": {"max_num_seqs": int(row["max_num_seqs"]),
                         "max_num_batched_tokens": int(row["max_num_batched_tokens"]),
                         "arrival_rate": meta.get("arrival_rate"), "n_requests": meta.get("n_requests")},
-            "concurrency": meta.get("concurrency"), "seed": meta.get("seed")}
+            "concurrency": meta.get("concurrency"), "seed": meta.get("seed"), **_engine_note(meta)}
+
+
+def _engine_note(meta: dict) -> dict:
+    """A note where the plan priced its steps otherwise than vLLM serves them (``--no-host-time``,
+    ``--no-async-scheduling``, ``--enforce-eager``): the Serving page prices them as vLLM serves them."""
+    from sim.search.planner import ENGINE_DEFAULTS
+    off = {k: v for k, v in _target_options(meta).items() if k in ENGINE_DEFAULTS}
+    if not off:
+        return {}
+    words = ", ".join(f"{k} {'on' if v else 'off'}" for k, v in sorted(off.items()))
+    return {"note": f"the plan priced its steps with {words}; this page prices them as vLLM serves them (host time "
+                    f"per step, async scheduling, CUDA graphs)"}
 
 
 def deployment_knee(row: dict, meta: dict, rates: str, slo: str | None, refine: int = 0) -> tuple[dict, str]:

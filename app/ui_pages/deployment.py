@@ -129,7 +129,8 @@ def _frontier(df: pd.DataFrame, meta: dict) -> None:
         return
     front = B.plan_frontier(df, xc, yc)
     st.caption(f"{len(front)} of {len(df)} deployments on the frontier over all policies; each policy's own "
-               "frontier is its line. Click a point (or choose a row below) to load it into the Serving page.")
+               "frontier is its line. Click a point (or choose a row below) to load it into the Serving page."
+               + (f" Each step priced: {meta['overheads']}." if meta.get("overheads") else ""))
     ev = st.plotly_chart(fig, on_select="rerun", selection_mode="points", key="deploy.front.fig")
     pts = (ev or {}).get("selection", {}).get("points", []) if isinstance(ev, dict) else \
         getattr(getattr(ev, "selection", None), "points", []) or []

@@ -51,7 +51,8 @@ from sim.cost.fingerprint import host_fields
 from sim.bench.plain_workload import MAX_LEN, MAX_PROMPTS, PlainError, PlainWorkload, int_arg, arrival_times, \
     file_workload, random_workload  # noqa: F401 (re-exported: the workload half of this module)
 from sim.workload.job import Job
-from sim.bench.plain_results import (Gaps, ITLs, Tally, overheads_words, provenance, serve_result,  # noqa: F401
+from sim.cost.overheads import overheads_info, overheads_words  # noqa: F401 (overheads_words: re-exported)
+from sim.bench.plain_results import (Gaps, ITLs, Tally, provenance, serve_result,  # noqa: F401
                                      throughput_result)
 
 # vLLM LLM-class (offline) defaults by device; source in the module docstring.
@@ -179,7 +180,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         makespan = max(makespan, float((start + e2el).max()))
     info = _info(model, hw, sv, sched, graphs, cap, bs, blocks, token_policy, results, recs, offline, par,
                  moe_routing)
-    info["overheads"] = _overheads_info(hw, host, fe, async_on, fe_on, host_time, results)
+    info["overheads"] = overheads_info(hw, host, fe, async_on, fe_on, host_time, results)
     info.update(_layout_info(par, nd, router, blocks, where is not None, par.dp_attention(model)))
     return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where, tally)
 
@@ -243,8 +244,7 @@ def _engine_kw(model, hw, sv, sched, graphs, blocks, token_policy, par, nd, rout
     prompt, and each gap between its tokens is at least :meth:`FrontendCost.step_s` of the step's running
     requests (``FrontendCost.itl_s``).
     """
-    from sim.cost.terms import ScalarCost
-    from sim.cost.parallel import ParallelCost
+    from sim.cost.parallel import replica_cost
     async_on = True if async_scheduling is None else bool(async_scheduling)   # vLLM 0.33's default (docstring)
     fe_on = (not offline) if frontend is None else bool(frontend)
     host = hw.host_step if host_time else None
@@ -252,8 +252,7 @@ def _engine_kw(model, hw, sv, sched, graphs, blocks, token_policy, par, nd, rout
     kw = dict(seed=seed, scheduler=sched, kv_blocks=blocks, caching=bool(sv.prefix_caching) and token_policy is None,
               host_step=host, async_scheduling=async_on,
               max_batch=(hw.fitted_range or {}).get("max_batch"), hw_name=hw.name, record_token_times=True,
-              cost=(ScalarCost(model, hw, graphs=graphs, routing=routing) if par.one_gpu(model)
-                    else ParallelCost(model, hw, nd, par, schedule=pipeline_schedule, graphs=graphs, routing=routing)))
+              cost=replica_cost(model, hw, nd, par, pipeline_schedule, graphs, routing))
     return kw, async_on, fe_on, host, fe
 
 
@@ -438,26 +437,6 @@ def _frontend_gaps(fe, recs, results, where, a: int, b: int, off, out_e2el) -> n
         lo, hi = off[i] - off[a], off[i + 1] - off[a]
         out_e2el[i] += float(g2[lo:hi].sum() - gaps[lo:hi].sum())
     return g2
-
-
-def _overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, results) -> dict:
-    """What a run priced beyond the kernels, and on what it stands (``info["overheads"]``)."""
-    if host is not None:
-        h = {"priced": True, "async_scheduling": async_on, "host_speed": host.host_speed,
-             "serial_fraction": host.serial_fraction, "source": host.source,
-             "host_seconds": float(sum(getattr(x, "host_seconds", 0.0) for x in results)),
-             "steps_beyond_measured": int(sum(getattr(x, "host_extrapolated", 0) for x in results))}
-    else:
-        h = {"priced": False, "async_scheduling": async_on,
-             "why": ("turned off: --no-host-time, or a figure's host_time: false" if not host_time and hw.host_step is not None else
-                     "the profile has no host_step" + (" (its host_per_iter_s holds the host time of its end-to-end "
-                                                       "fit)" if hw.host_per_iter_s else ""))}
-    if fe is not None:
-        f = {"priced": True, "host_speed": fe.host_speed, "api_servers": fe.api_servers, "source": fe.source}
-    else:
-        f = {"priced": False, "why": ("in-process LLM run (no API server)" if not fe_on
-                                      else "the profile has no frontend")}
-    return {"host_step": h, "frontend": f}
 
 
 def _replicated(model, hw, jobs, ids, keys, sched_t, max_concurrency, n: int, router: str, kw: dict,

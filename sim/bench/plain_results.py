@@ -8,6 +8,7 @@ import numpy as np
 
 from sim.bench.gap_counts import GapCounts
 from sim.bench.plain_workload import PlainError
+from sim.cost.overheads import overheads_words
 from sim.serving.metrics import percentile_word
 
 TOKEN_CHUNK = 4096   # requests whose token times are counted at once (serve_result's peak tokens per second)
@@ -67,21 +68,6 @@ class Gaps(ITLs):
 
     def flat(self) -> np.ndarray:
         return self.values
-
-
-def overheads_words(info: dict) -> str:
-    """The provenance line's clause on host and front-end time (empty for a record without them)."""
-    o = info.get("overheads")
-    if not o:
-        return ""
-    h, f = o["host_step"], o["frontend"]
-    hs = (f"host time per step priced (async scheduling {'on' if h['async_scheduling'] else 'off'}, host_speed "
-          f"{h['host_speed']:g}" + (f", {h['steps_beyond_measured']} steps beyond the measured sizes"
-                                    if h.get("steps_beyond_measured") else "") + ")"
-          if h["priced"] else f"no host time per step ({h['why']})")
-    fs = (f"front-end time priced ({f['api_servers']} API server{'s' if f['api_servers'] > 1 else ''}, host_speed "
-          f"{f['host_speed']:g})" if f["priced"] else f"no front-end time ({f['why']})")
-    return f"; {hs}; {fs}"
 
 
 def token_seconds(start, ttft, gaps, t0: float) -> np.ndarray:

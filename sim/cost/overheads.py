@@ -369,5 +369,42 @@ def _from_preset(preset: dict, key: str, cls, keys: set, where: str):
         raise PresetError(f"{where}: {e}") from None
 
 
+def overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, results, fe_why: str | None = None) -> dict:
+    """What a run priced beyond the kernels, and on what it stands (``info["overheads"]``): the host time per step
+    (``host``: the :class:`HostStepCost` priced, or None) and the front end (``fe``), each with why not where not;
+    ``results``: the engines' results (their host seconds and steps past the measured sizes)."""
+    if host is not None:
+        h = {"priced": True, "async_scheduling": async_on, "host_speed": host.host_speed,
+             "serial_fraction": host.serial_fraction, "source": host.source,
+             "host_seconds": float(sum(getattr(x, "host_seconds", 0.0) for x in results)),
+             "steps_beyond_measured": int(sum(getattr(x, "host_extrapolated", 0) for x in results))}
+    else:
+        h = {"priced": False, "async_scheduling": async_on,
+             "why": ("turned off: --no-host-time, or a figure's host_time: false" if not host_time and hw.host_step is not None else
+                     "the profile has no host_step" + (" (its host_per_iter_s holds the host time of its end-to-end "
+                                                       "fit)" if hw.host_per_iter_s else ""))}
+    if fe is not None:
+        f = {"priced": True, "host_speed": fe.host_speed, "api_servers": fe.api_servers, "source": fe.source}
+    else:
+        f = {"priced": False, "why": fe_why or ("in-process LLM run (no API server)" if not fe_on
+                                                else "the profile has no frontend")}
+    return {"host_step": h, "frontend": f}
+
+
+def overheads_words(info: dict) -> str:
+    """The provenance line's clause on host and front-end time (empty for a record without them)."""
+    o = info.get("overheads")
+    if not o:
+        return ""
+    h, f = o["host_step"], o["frontend"]
+    hs = (f"host time per step priced (async scheduling {'on' if h['async_scheduling'] else 'off'}, host_speed "
+          f"{h['host_speed']:g}" + (f", {h['steps_beyond_measured']} steps beyond the measured sizes"
+                                    if h.get("steps_beyond_measured") else "") + ")"
+          if h["priced"] else f"no host time per step ({h['why']})")
+    fs = (f"front-end time priced ({f['api_servers']} API server{'s' if f['api_servers'] > 1 else ''}, host_speed "
+          f"{f['host_speed']:g})" if f["priced"] else f"no front-end time ({f['why']})")
+    return f"; {hs}; {fs}"
+
+
 __all__ = ["HostStepCost", "FrontendCost", "NO_FRONTEND", "add", "step_seconds", "frontend_or_none",
-           "host_step_from_preset", "frontend_from_preset"]
+           "host_step_from_preset", "frontend_from_preset", "overheads_info", "overheads_words"]

@@ -504,6 +504,16 @@ class ParallelCost:
         return t
 
 
+def replica_cost(m: ModelShape, hw, node: NodeProfile | None, par: ParallelConfig, schedule: str = "overlapped",
+                 graphs=None, routing=None):
+    """The cost object of one replica, as an engine prices its steps: :class:`ScalarCost` on one GPU (TP = PP = 1,
+    no DP attention + EP), else :class:`ParallelCost` of the layout on ``node``; ``graphs``: vLLM's CUDA graphs
+    (:func:`sim.cost.graphs.engine_graphs`, None: eager kernels), ``routing``: the MoE routing (None: expected)."""
+    if par.one_gpu(m):
+        return ScalarCost(m, hw, graphs=graphs, routing=routing)
+    return ParallelCost(m, hw, node, par, schedule=schedule, graphs=graphs, routing=routing)
+
+
 def pipeline_schedule(stage_times, in_flight: int | None = None, release=None) -> dict:
     """Start/end of batches through PP stages, one batch per stage at a time (vLLM's pipeline).
 

@@ -240,3 +240,18 @@ class StepPricer:
                 self._alone_memo.clear()
             v = self._alone_memo[key] = self.cost.seconds(ts)
         return v
+
+
+def served_costs(model, hw, node, par, max_num_seqs: int, *, enforce_eager: bool = False, host_time: bool = True,
+                 async_scheduling: bool = True, schedule: str = "overlapped", routing=None) -> dict:
+    """The engine keywords of a served replica (``cost``, ``host_step``, ``async_scheduling``), as vLLM serves it:
+    its cost with vLLM's CUDA graphs (:func:`sim.cost.graphs.engine_graphs`: the profile's ``cuda_graphs`` unless
+    ``enforce_eager``), :func:`sim.cost.parallel.replica_cost`, and each step's host time (the profile's
+    ``host_step`` where it has one, unless ``host_time`` is False) under ``async_scheduling`` (vLLM 0.33's default:
+    on). The policies' serving mode and ``rksim plan`` price their engines so; ``rksim bench`` adds the front end."""
+    from sim.cost.graphs import engine_graphs
+    from sim.cost.parallel import replica_cost
+    graphs = engine_graphs(hw, max_num_seqs, enforce_eager)
+    return {"cost": replica_cost(model, hw, node, par, schedule, graphs, routing),
+            "host_step": getattr(hw, "host_step", None) if host_time else None,
+            "async_scheduling": bool(async_scheduling)}

@@ -111,16 +111,18 @@ def kv_ids(f, dec) -> list:
 
 
 def make_engine(target, cfg, jobs, feats, decs, sched_cfg, budget, *, concurrency, arrival_rate, seed,
-                per_problem=False, caching=True, record_tokens=False):
+                per_problem=False, caching=True, record_tokens=False, costs=None):
     """The simpy engine of ``jobs`` under the built config ``cfg`` (block policy, prefix caching, score);
-    ``record_tokens``: keep every sampled token's time (serving mode's per-request TPOT and ITL)."""
+    ``record_tokens``: keep every sampled token's time (serving mode's per-request TPOT and ITL); ``costs``: a served
+    run's cost, host time and async scheduling (:meth:`sim.replay.target.Target.serving_costs`; None: the target's
+    eager kernels alone, as isolated mode prices them)."""
     from sim.serving.engine import SCORE_AT, Engine
     return Engine(target.model, target.hardware, jobs, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
                   scheduler=sched_cfg, kv_blocks=budget, block_policy=cfg.block,
                   caching=caching and not cfg.no_kv, prompt_ids=[kv_ids(f, d) for f, d in zip(feats, decs)],
                   score_at=SCORE_AT[cfg.workload.score], max_batch=target.max_batch,
-                  hw_name=target.hardware.name, per_problem_timeline=per_problem, cost=target.cost(),
-                  record_token_times=record_tokens)
+                  hw_name=target.hardware.name, per_problem_timeline=per_problem,
+                  record_token_times=record_tokens, **(costs or {"cost": target.cost()}))
 
 
 @dataclass

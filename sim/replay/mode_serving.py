@@ -53,10 +53,12 @@ def run(session, target, config) -> SimResult:
     reqs = requests(config, [((f.pos, job), f, dec) for f, (dec, job, _) in zip(probs, triples)])
     if target.data_parallel_size > 1:
         return _run_replicas(session, target, config, prep, budget, reqs)
+    costs = target.serving_costs(sched)
     eng = make_engine(target, cfg, [r[0] for r in reqs], [r[1] for r in reqs], [r[2] for r in reqs], sched, budget,
                       concurrency=int(cfg.workload.concurrency), arrival_rate=config.arrival_rate,
-                      seed=config.seed, caching=target.serving.prefix_caching, record_tokens=True)
+                      seed=config.seed, caching=target.serving.prefix_caching, record_tokens=True, costs=costs)
     res = eng.run()
+    served(info, target.overheads(costs, [res]))
     recs = res.records()
     if recs:  # one pool for all problems: its evictions are reported once (on the first record)
         recs[0]["evictions"] = int(res.kv.evictions)
@@ -77,6 +79,13 @@ def run(session, target, config) -> SimResult:
                          events=int(res.events))
         _add_goodput(summary, one, [r[0] for r in reqs], config)
     return SimResult(summary, rows, brows, [(-1, res.timeline_t, res.timeline_b)], info)
+
+
+def served(info: dict, overheads: dict) -> None:
+    """``info`` of a served run gains what it priced beyond the kernels (``overheads``, the note's clause)."""
+    from sim.cost.overheads import overheads_words
+    info["overheads"] = overheads
+    info["note"] = (info.get("note") or "") + overheads_words(info)
 
 
 def _rows(tf, recs, triples, L: int) -> tuple[list, list]:
@@ -126,16 +135,18 @@ def _run_replicas(session, target, config, prep, budget: int, reqs) -> SimResult
     sched, cap, info, L, triples = prep.sched, prep.cap, prep.info, prep.L, prep.triples
     n = target.data_parallel_size
     jobs = [r[0] for r in reqs]
-    cost = target.cost()     # stateless: one object prices every replica
+    costs = target.serving_costs(sched)     # stateless: one cost object prices every replica
     block = (lambda: make_config(config.policy, config.params, config.workload).block) if cfg.block is not None \
         else None            # each replica its own block policy state
     run_ = Replicas(target.model, target.hardware, jobs, make_router(config.router, n), n,
-                    costs=None if cost is None else [cost] * n, concurrency=int(cfg.workload.concurrency),
+                    costs=[costs["cost"]] * n, host_step=costs["host_step"],
+                    async_scheduling=costs["async_scheduling"], concurrency=int(cfg.workload.concurrency),
                     arrival_rate=config.arrival_rate, seed=config.seed, scheduler=sched, kv_blocks=budget,
                     block_policy=block, caching=target.serving.prefix_caching and not cfg.no_kv,
                     prompt_ids=[kv_ids(r[1], r[2]) for r in reqs], score_at=SCORE_AT[cfg.workload.score],
                     max_batch=target.max_batch, hw_name=target.hardware.name).run()
     recs = run_.problems
+    served(info, target.overheads(costs, run_.results))
     rows, brows = _rows(tf, recs, triples, L)
     t, b = _server_timeline(run_.results)
     summary = summarize(rows, brows, cfg=cfg, L=L, makespan=run_.makespan,
@@ -178,4 +189,4 @@ def _run_replicas(session, target, config, prep, budget: int, reqs) -> SimResult
     return SimResult(summary, rows, brows, [(-1, t, b)], info)
 
 
-__all__ = ["run", "server_budget", "requests"]
+__all__ = ["run", "server_budget", "requests", "served"]

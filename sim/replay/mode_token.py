@@ -22,7 +22,7 @@ from sim.base.errors import ConfigError
 from sim.replay.mode_isolated import refuse_if_too_big
 from sim.replay.problem_metrics import SUMMARY_KEYS
 from sim.replay.records import SimResult
-from sim.replay.mode_serving import requests
+from sim.replay.mode_serving import requests, served
 from sim.serving.metrics import serving_summary, timelines
 from sim.replay.summary import finish, info_of, stated_under
 
@@ -233,6 +233,7 @@ def run(session, target, config) -> SimResult:
         summary["latency_mean_s"] = serve["summary"]["e2e_mean_s"]
         info["timeline"] = serve["timeline"]
         info["kv_budget_blocks"] = serve["budget"]
+        served(info, serve["overheads"])
         timeline.append((-1, serve["res"].timeline_t, serve["res"].timeline_b))
     finish(summary, None)
     return SimResult(summary, rows, [], timeline, info, token=q)
@@ -262,14 +263,16 @@ def _serve_longs(config, target, longs: dict, sched_cfg, cap, token: bool) -> di
         job.long = LongDecode(P, sizes, ev_s, window_s) if token else LongDecode(P, full_sizes, {})
         jobs.append((pos, job))
     budget = int(cap["kv_capacity_blocks"])
+    costs = target.serving_costs(sched_cfg)
     eng = Engine(model, hw, jobs, concurrency=int(cfg.workload.concurrency), arrival_rate=config.arrival_rate,
                  seed=config.seed, scheduler=sched_cfg, kv_blocks=budget, caching=False,
-                 max_batch=target.max_batch, hw_name=hw.name)
+                 max_batch=target.max_batch, hw_name=hw.name, **costs)
     res = eng.run()
     recs = res.records()
     gen = float(sum(longs[r["pos"]][1] - longs[r["pos"]][0] for r in recs))
     summ = serving_summary(recs, res, cap, budget, gen_tokens=gen)
-    return {"summary": summ, "timeline": timelines(res), "res": res, "budget": budget}
+    return {"summary": summ, "timeline": timelines(res), "res": res, "budget": budget,
+            "overheads": target.overheads(costs, [res])}
 
 
 

@@ -21,6 +21,8 @@ from sim.base.errors import PresetError
 from sim.cost.profiles import load_hardware, load_model, model_from_manifest
 from sim.cost.parallel import MAX_DP, MAX_PP, PIPELINE_SCHEDULES, NodeProfile, ParallelConfig, ParallelCost, ParallelError, \
     load_node
+from sim.cost.pricing import served_costs
+from sim.cost.overheads import overheads_info
 from sim.cost.routing import ROUTINGS, routing_for
 from sim.cost.terms import ScalarCost
 from sim.serving.scheduler import SchedulerConfig
@@ -240,6 +242,25 @@ class Target:
             return None if routing is None else ScalarCost(self.model, self.hardware, routing=routing)
         return ParallelCost(self.model, self.hardware, self.node, self.parallel, schedule=self.pipeline_schedule,
                             routing=routing)
+
+    def serving_costs(self, sched) -> dict:
+        """The engine keywords of a served run (serving mode; the isolated fast path and engine price eager kernels
+        alone): the replica's cost with vLLM's CUDA graphs (:func:`sim.cost.graphs.engine_graphs`: the profile's
+        ``cuda_graphs``, ``sched.max_num_seqs``, ``--enforce-eager``) and each step's host time (the profile's
+        ``host_step`` unless ``--no-host-time``; vLLM's async scheduling unless ``--no-async-scheduling``), as
+        ``rksim bench`` prices a plain workload (:func:`sim.cost.parallel.replica_cost`)."""
+        sv = self.serving
+        return served_costs(self.model, self.hardware, self.node, self.parallel, sched.max_num_seqs,
+                            enforce_eager=sv.enforce_eager, host_time=not sv.no_host_time,
+                            async_scheduling=not sv.no_async_scheduling, schedule=self.pipeline_schedule,
+                            routing=self.routing())
+
+    def overheads(self, costs: dict, results) -> dict:
+        """``info["overheads"]`` of a served run (:func:`sim.cost.overheads.overheads_info`; no API server: the
+        policies' replay sends its requests to the engine)."""
+        return overheads_info(self.hardware, costs["host_step"], None, costs["async_scheduling"], False,
+                              not self.serving.no_host_time, results,
+                              fe_why="the policies' replay prices no API server")
 
     @property
     def rank_model(self) -> ModelShape:

@@ -2,8 +2,9 @@
 
 Like Vidur-Search, plus the policies: every deployment that the model, node and budget admit
 (:meth:`sim.cost.parallel.ParallelConfig.validate`) and whose weights fit (:func:`sim.serving.capacity.fits`) is
-served by :class:`sim.serving.replicas.Replicas` (each replica priced by :class:`sim.cost.parallel.ParallelCost`, its
-KV capacity :func:`sim.serving.capacity.kv_capacity` at that layout) on the policy's jobs, and scored by its
+served by :class:`sim.serving.replicas.Replicas` (each replica's steps priced as vLLM serves them,
+:func:`sim.cost.pricing.served_costs`: its kernels with CUDA graphs and its host time per step; its KV capacity
+:func:`sim.serving.capacity.kv_capacity` at that layout) on the policy's jobs, and scored by its
 goodput under the SLOs (:mod:`sim.serving.goodput`). The frontier is the deployments no other beats on both
 fewer GPUs and more goodput (:func:`sim.search.pareto.pareto_mask`); with a GPU-hour price, the cost per
 million output tokens is ``price * gpus / 3600 / (output tokens / s) * 1e6``.
@@ -22,7 +23,7 @@ import pandas as pd
 
 from sim.serving.capacity import ServingConfig, capacity_blocks, fits, kv_capacity
 from sim.serving.goodput import SLO
-from sim.cost.parallel import TP_SIZES, ParallelConfig, ParallelCost, ParallelError
+from sim.cost.parallel import TP_SIZES, ParallelConfig, ParallelError
 from sim.search.pareto import pareto_mask
 from sim.serving.replicas import Replicas, summary
 from sim.serving.router import make_router
@@ -92,13 +93,14 @@ def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes
 def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], *, router: str = "prefix-affinity",
              slo: SLO | None = None, arrival_rate: float | None = None, concurrency: int = 1, seed: int = 0,
              gpu_hour_cost: float | None = None, enable_expert_parallel: bool = False,
-             moe_routing: str = "expected") -> dict:
+             moe_routing: str = "expected", **engine) -> dict:
     """Serve ``workload(dep.policy)`` (``{"jobs", "prompt_ids"?, "block_policy"?, "caching"?}``) on ``dep``;
-    one row of the planner's table."""
+    one row of the planner's table. ``engine``: :data:`ENGINE_DEFAULTS`' keys (host time, async scheduling, CUDA
+    graphs), as :func:`_serve` prices them."""
     w = workload(dep.policy)
     jobs = w["jobs"]
     run, blocks = _serve(dep, model, hw, node, w, router, arrival_rate, concurrency, seed,
-                         enable_expert_parallel, moe_routing)
+                         enable_expert_parallel, moe_routing, **engine)
     s = summary(run, jobs, slo)
     tot = s["total"]
     tps = tot["throughput_tokens_per_s"]
@@ -118,15 +120,35 @@ def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], 
         row["quantization"] = model.quantization
     if model.kv_cache_dtype:
         row["kv_cache_dtype"] = model.kv_cache_dtype
+    row["overheads"] = overheads_words(hw, run.results, **engine)
     if gpu_hour_cost is not None:
         row["cost_per_million_output_tokens"] = (gpu_hour_cost * dep.gpus / 3600.0 / tps * 1e6) if tps else None
     return row
 
 
+ENGINE_DEFAULTS = {"host_time": True, "async_scheduling": True, "enforce_eager": False}   # vLLM 0.33's serve
+
+
+def overheads_words(hw, results, host_time: bool = True, async_scheduling: bool = True,
+                    enforce_eager: bool = False) -> str:
+    """What a plan run priced beyond the kernels (:func:`sim.cost.overheads.overheads_words`, without its "; ")
+    and whether its decodes replayed CUDA graphs."""
+    from sim.cost import overheads as O
+    host = getattr(hw, "host_step", None) if host_time else None
+    info = {"overheads": O.overheads_info(hw, host, None, async_scheduling, False, host_time, results,
+                                          fe_why="a plan's replay prices no API server")}
+    graphs = "eager kernels" if enforce_eager or not getattr(hw, "cuda_graphs", False) else "CUDA graphs"
+    return f"{O.overheads_words(info).lstrip('; ')}; {graphs}"
+
+
 def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate, concurrency: int, seed: int,
-           enable_expert_parallel: bool = False, moe_routing: str = "expected"):
+           enable_expert_parallel: bool = False, moe_routing: str = "expected", host_time: bool = True,
+           async_scheduling: bool = True, enforce_eager: bool = False):
     """``(ReplicaRun, KV blocks per replica)`` of ``w`` served on ``dep`` (what :func:`evaluate` scores);
-    ``moe_routing`` sampled is seeded by ``seed``."""
+    ``moe_routing`` sampled is seeded by ``seed``. Each replica's steps are priced as vLLM serves them
+    (:func:`sim.cost.pricing.served_costs`): CUDA graphs unless ``enforce_eager``, the host time per step unless
+    ``host_time`` is False, under ``async_scheduling``."""
+    from sim.cost.pricing import served_costs
     import dataclasses
 
     from sim.cost.routing import routing_for
@@ -138,12 +160,14 @@ def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate,
     bs = jobs[0][1].bs if jobs else 16
     blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
     routing = routing_for(moe_routing, int(seed)) if model.num_experts else None
-    cost = ParallelCost(model, hw, node, par, routing=routing)      # stateless: one object prices every replica
+    costs = served_costs(model, hw, node, par, dep.max_num_seqs, enforce_eager=enforce_eager, host_time=host_time,
+                         async_scheduling=async_scheduling, routing=routing)   # stateless: it prices every replica
     sched = SchedulerConfig(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=dep.max_num_batched_tokens,
                             policy="vllm-v1",
                             kv_groups=() if model.kv_cache_groups == (1, 0, 0) else model.kv_cache_groups)
     run = Replicas(model, hw, jobs, make_router(router, par.data_parallel_size), par.data_parallel_size,
-                   costs=[cost] * par.data_parallel_size, concurrency=concurrency, arrival_rate=arrival_rate,
+                   costs=[costs["cost"]] * par.data_parallel_size, host_step=costs["host_step"],
+                   async_scheduling=costs["async_scheduling"], concurrency=concurrency, arrival_rate=arrival_rate,
                    seed=seed, scheduler=sched, kv_blocks=blocks, block_policy=w.get("block_policy"),
                    caching=w.get("caching", True), prompt_ids=w.get("prompt_ids"), hw_name=hw.name).run()
     return run, blocks
@@ -178,13 +202,15 @@ def plan_model(model_preset: str, quantization: str | None = None, kv_cache_dtyp
 
 
 def target_options(m, enable_expert_parallel: bool = False, moe_routing: str = "expected",
-                   quantization: str | None = None, kv_cache_dtype: str | None = None) -> dict:
+                   quantization: str | None = None, kv_cache_dtype: str | None = None, **engine) -> dict:
     """The target flags a plan's tasks and knees take (:func:`evaluate_deployment`), each only where it prices
     something: expert parallelism and routing on an MoE model ``m``, a precision flag where given (a release's own
     format is the model's default); a plain plan's tasks stay as they were. ``rksim plan`` and the dashboard's
     small plan both take them from here."""
     out = {"enable_expert_parallel": bool(enable_expert_parallel), "moe_routing": moe_routing} if m.num_experts else {}
     out.update({k: v for k, v in (("quantization", quantization), ("kv_cache_dtype", kv_cache_dtype)) if v})
+    # how each step is priced beyond its kernels (ENGINE_DEFAULTS: vLLM's serve), stated where not the default
+    out.update({k: bool(v) for k, v in engine.items() if bool(v) != ENGINE_DEFAULTS[k]})
     return out
 
 
@@ -192,7 +218,8 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
                     slo: str | None = None, n_requests: int | None = None, seed: int = 0, refine: int = 0,
                     tolerance: float = 0.05, progress=None, enable_expert_parallel: bool = False,
                     moe_routing: str = "expected", quantization: str | None = None,
-                    kv_cache_dtype: str | None = None) -> dict:
+                    kv_cache_dtype: str | None = None, host_time: bool = True, async_scheduling: bool = True,
+                    enforce_eager: bool = False) -> dict:
     """The latency-rate curve and knee (:func:`sim.search.knee.sweep`) of one plan deployment (``params``:
     :meth:`Deployment.to_dict`, ``gpus`` ignored): its policy's problems served at each Poisson rate in
     ``rates`` (problems/s), judged on ``slo`` (:class:`sim.search.knee.KneeSLO` text; None: its default), on the
@@ -212,11 +239,14 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
     lt = trace if isinstance(trace, Session) else Session(str(trace))
     w = trace_workload(lt, dep.policy, m, n_requests)
     pcts = sorted({50.0, 99.0, *spec.percentiles})
-    blocks = []
+    blocks, engine = [], {"host_time": host_time, "async_scheduling": async_scheduling, "enforce_eager": enforce_eager}
+    results = []
 
     def evaluate(rate):
-        run, b = _serve(dep, m, hw, nd, w, router, float(rate), 1, seed, enable_expert_parallel, moe_routing)
+        run, b = _serve(dep, m, hw, nd, w, router, float(rate), 1, seed, enable_expert_parallel, moe_routing,
+                        **engine)
         blocks.append(b)
+        results.extend(run.results)
         return knee_point(run, w["jobs"], pcts, tolerance)
 
     curve = sweep(evaluate, list(rates), spec, refine=refine, progress=progress)
@@ -226,7 +256,8 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
         f"{', expert parallel' if enable_expert_parallel and m.num_experts else ''}"
         f"{f', {moe_routing} routing' if moe_routing != 'expected' and m.num_experts else ''}, "
         f"router {router}; scheduler vllm-v1, max_num_seqs {dep.max_num_seqs}, max_num_batched_tokens "
-        f"{dep.max_num_batched_tokens}, KV capacity {blocks[0]} blocks per replica; decisions of "
+        f"{dep.max_num_batched_tokens}, KV capacity {blocks[0]} blocks per replica; "
+        f"{overheads_words(hw, results, **engine)}; decisions of "
         f"{w['decisions_model']}; {len(w['jobs'])} problems, Poisson arrivals, seed {seed}")
     curve["deployment"] = deployment_id(dep)
     return curve
@@ -282,11 +313,13 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
                         arrival_rate: float | None = None, concurrency: int = 1, n_requests: int | None = None,
                         seed: int = 0, gpu_hour_cost: float | None = None, band_fit: str | None = None,
                         enable_expert_parallel: bool = False, moe_routing: str = "expected",
-                        quantization: str | None = None, kv_cache_dtype: str | None = None) -> dict:
+                        quantization: str | None = None, kv_cache_dtype: str | None = None,
+                        host_time: bool = True, async_scheduling: bool = True, enforce_eager: bool = False) -> dict:
     """One planner task on plain data (what a Dask worker runs, :func:`sim.search.dist.run_dask`'s ``evaluate``):
     ``params`` = :meth:`Deployment.to_dict` without ``gpus``; ``band_fit``: price it with that public fit of
     the node's GPU (a label of :func:`sim.cost.bands.band_profiles`) instead of the preset's; ``quantization`` /
-    ``kv_cache_dtype``: :func:`plan_model`."""
+    ``kv_cache_dtype``: :func:`plan_model`; ``host_time`` / ``async_scheduling`` / ``enforce_eager``: how each
+    step is priced beyond its kernels (:func:`_serve`)."""
     from sim.cost.bands import band_profiles
 
     p = {k: v for k, v in (params or {}).items() if k != "gpus"}
@@ -301,7 +334,8 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
     w = trace_workload(trace, dep.policy, m, n_requests)
     row = evaluate(dep, m, hw, nd, lambda _pol: w, router=router, slo=SLO.parse(slo), arrival_rate=arrival_rate,
                    concurrency=concurrency, seed=seed, gpu_hour_cost=gpu_hour_cost,
-                   enable_expert_parallel=enable_expert_parallel, moe_routing=moe_routing)
+                   enable_expert_parallel=enable_expert_parallel, moe_routing=moe_routing, host_time=host_time,
+                   async_scheduling=async_scheduling, enforce_eager=enforce_eager)
     row["decisions_model"] = w["decisions_model"]
     return row
 

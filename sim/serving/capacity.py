@@ -111,6 +111,13 @@ class ServingConfig:
     enforce_eager: bool = option(False, kind=bool, flag="--enforce-eager",
                                  help="vLLM's flag: no CUDA graphs (every kernel launched from the host; no padding "
                                       "to capture sizes); default: graphs on a GPU whose profile has cuda_graphs")
+    no_host_time: bool = option(False, kind=bool, flag="--no-host-time",
+                                help="serving mode and plans: price the GPU's kernels only (default: each engine "
+                                     "step's host time too, from the hardware profile's host_step where it has one)")
+    no_async_scheduling: bool = option(False, kind=bool, flag="--no-async-scheduling",
+                                       help="serving mode and plans: a step's host time adds to its GPU time, as "
+                                            "vLLM runs without --async-scheduling (default: on, vLLM 0.33's default: "
+                                            "the host work of one step overlaps the GPU work of the next)")
 
     def __post_init__(self) -> None:
         # The declarations above are the bounds; errors name the flag (the CLI's and the dashboard's name).

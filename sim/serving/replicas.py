@@ -103,7 +103,7 @@ class Replicas:
                  arrival_rate: float | None = None, seed: int = 0, scheduler=None, kv_blocks: int | None = None,
                  block_policy=None, caching: bool = True, prompt_ids=None, prefixes=None,
                  score_at: str = "generation", max_batch: int | None = None, hw_name: str = "",
-                 record_token_times: bool = True):
+                 record_token_times: bool = True, host_step=None, async_scheduling: bool = False):
         self.jobs = jobs
         self.n = int(n)
         self.router = router
@@ -121,7 +121,8 @@ class Replicas:
                                block_policy=block_policy() if block_policy is not None else None, caching=caching,
                                score_at=score_at, max_batch=max_batch, hw_name=hw_name, env=self.env,
                                settle=settle, block_size=bs, cost=None if costs is None else costs[i],
-                               record_token_times=record_token_times)   # per-request TPOT and ITL
+                               record_token_times=record_token_times,   # per-request TPOT and ITL
+                               host_step=host_step, async_scheduling=async_scheduling)
                         for i in range(self.n)]
         self.outstanding = [0] * self.n
         self.submitted = [0] * self.n
