@@ -14,7 +14,7 @@ from policies import list_policies
 from sim.serving.capacity import ServingConfig
 from sim.workload.decisions import policy_kind
 from sim.replay.problem_metrics import clean
-from sim.replay.modes import run, token_entry
+from sim.replay.modes import run, token_entry, token_runs_on
 from sim.cost.profiles import load_presets as _load_presets
 from sim.replay.records import SimResult
 from sim.replay.runconfig import MODES, RunConfig
@@ -126,8 +126,8 @@ def compare_policies(trace=None, model_preset=None, hardware="local-cpu", mode: 
     for name in names:
         kind = policy_kind(name)
         if kind == "token":
-            if target.layout():
-                continue  # one sequence's decode on one GPU (sim.replay.modes.check_layout): not a deployment's figure
+            if not token_runs_on(target):
+                continue  # one sequence's decode on one TP group (sim.replay.modes.check_layout)
             if session.tf.longs:
                 out[name] = token_entry(session, target, name, mode, workload, seed, arrival_rate)
             continue

@@ -112,13 +112,17 @@ def eviction_schedule(pol, P: int, T: int) -> tuple[np.ndarray, list, list]:
     return sizes.astype(np.int64), events, cands
 
 
-def _long_latency(model, hw, P: int, sizes: np.ndarray, cands: list, window: int) -> dict:
+def _long_latency(target, P: int, sizes: np.ndarray, cands: list, window: int) -> dict:
     """One long decode alone: prefill of P tokens, then one decode step per token over its (evicted) cache.
 
     On a model with sliding-window layers the eviction runs on the full-attention layers only (kvpress skips
     sliding layers), so each step's window layers read their last ``min(position, W)`` keys whatever the policy
     keeps: ``window_s[t]`` is what that costs over pricing every layer at the evicted cache (the seconds the
-    engine adds to the step at position ``t`` in serving mode; only where they differ)."""
+    engine adds to the step at position ``t`` in serving mode; only where they differ). A tensor-parallel
+    target: :func:`_replica_latency`."""
+    model, hw = target.model, target.hardware
+    if not target.single:
+        return _replica_latency(target, P, sizes, cands, window)
     pre = float(hw.time(batch_terms(model, [float(P)], [0.0]), model=model))
     ctx = np.asarray(sizes, np.float64) - 1.0  # cached tokens before each step
     ones = np.ones((ctx.size, 1))
@@ -131,7 +135,45 @@ def _long_latency(model, hw, P: int, sizes: np.ndarray, cands: list, window: int
         window_s = {int(P + i): float(extra[i]) for i in np.flatnonzero(extra > 0)}
         dec_each = sw_each
     dec = float(np.sum(dec_each))
-    ev = float(sum(float(hw.time(eviction_scoring_terms(model, c, max(window, 1)))) for c in cands))
+    ev = float(sum(_scoring_s(target, c, window) for c in cands))
+    return {"prefill_s": pre, "decode_s": dec, "evict_s": ev, "latency_s": pre + dec + ev, "window_s": window_s}
+
+
+def _scoring_s(target, c: int, window: int) -> float:
+    """Seconds of one eviction's scoring over a cache of ``c`` keys (``sim.cost.terms.eviction_scoring_terms``): on
+    one GPU the model's; on a tensor-parallel replica one rank's shard (:attr:`Target.rank_model`: its KV heads, or
+    an MLA model's whole latent), each rank scoring the heads it holds, with no collective."""
+    rm = target.model if target.single else target.rank_model
+    return float(target.hardware.time(eviction_scoring_terms(rm, c, max(window, 1))))
+
+
+def _replica_latency(target, P: int, sizes: np.ndarray, cands: list, window: int) -> dict:
+    """:func:`_long_latency` on a tensor-parallel replica (one pipeline stage): the prefill and each decode step
+    priced by the replica's cost (:meth:`sim.replay.target.Target.cost`: each rank's shard and its all-reduces,
+    eager kernels as isolated mode prices them; the decode steps in one pass of its closed form,
+    ``decode_batch_seconds`` of one request over the cache, the window layers' key sum given apart); the eviction's
+    scoring on one rank's shard (:attr:`Target.rank_model`: its KV heads, or the whole latent of an MLA model), each
+    rank scoring the heads it holds (:func:`_scoring_s`)."""
+    model, cost = target.model, target.cost()
+    pre = float(cost.seconds([(float(P), 0.0, None, 0.0, 1.0, 0.0)]))
+    ctx = np.asarray(sizes, np.int64) - 1   # cached tokens before each step
+    window_s = {}
+    if not ctx.size:
+        dec_each = np.zeros(0)
+    elif model.sliding_window:
+        pos = np.arange(P, P + ctx.size, dtype=np.int64)   # every token so far: what a window layer holds
+        W = int(model.sliding_window)
+        try:
+            dec_each = cost.decode_batch_seconds(1, ctx, ctx, np.minimum(pos + 1, W))
+        except ValueError:   # a window share without the closed form (Gemma 3's 5/6: ScalarCost.sliding_window)
+            raise ConfigError(f"--tensor-parallel-size: {target.tensor_parallel_size}: the token policies price "
+                              f"{model.name}'s window layers on one GPU only", field="tensor_parallel_size") from None
+        extra = dec_each - cost.decode_batch_seconds(1, ctx, ctx, np.minimum(ctx + 1, W))
+        window_s = {int(P + i): float(extra[i]) for i in np.flatnonzero(extra > 0)}
+    else:
+        dec_each = cost.decode_batch_seconds(1, ctx, ctx)
+    dec = float(np.sum(dec_each))
+    ev = float(sum(_scoring_s(target, c, window) for c in cands))
     return {"prefill_s": pre, "decode_s": dec, "evict_s": ev, "latency_s": pre + dec + ev, "window_s": window_s}
 
 
@@ -184,14 +226,14 @@ def run(session, target, config) -> SimResult:
     for ld in tf.longs:
         T = ld.prompt_len + _decode_len(ld, sv)
         sizes, events, cands = eviction_schedule(pol, ld.prompt_len, T)
-        lat = _long_latency(model, hw, ld.prompt_len, sizes, cands, window)
+        lat = _long_latency(target, ld.prompt_len, sizes, cands, window)
         full_sizes = np.arange(ld.prompt_len, T, dtype=np.int64) + 1  # full cache: every token so far
-        flat = _long_latency(model, hw, ld.prompt_len, full_sizes, [], 1)
+        flat = _long_latency(target, ld.prompt_len, full_sizes, [], 1)
         rows.append({"pos": ld.pos, "latency_s": lat["latency_s"], "prefill_s": lat["prefill_s"],
                      "decode_s": lat["decode_s"], "evict_s": lat["evict_s"], "full_latency_s": flat["latency_s"],
                      "evictions": len(events), "gen_tokens": T - ld.prompt_len,
                      "peak_kv_bytes": float(held_slots(model, ld.prompt_len, sizes)) * model.kv_bytes_per_token})
-        ev_s = {t: float(hw.time(eviction_scoring_terms(model, c, max(window, 1)))) for t, c in zip(events, cands)}
+        ev_s = {t: _scoring_s(target, c, window) for t, c in zip(events, cands)}
         longs[ld.pos] = (ld.prompt_len, T, sizes, ev_s, full_sizes, lat["window_s"])
     df = pd.DataFrame(rows)
     if mode == "isolated":

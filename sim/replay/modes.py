@@ -32,12 +32,22 @@ def runner(kind: str, mode: str):
     return fn
 
 
+TOKEN_LAYOUT = ("tensor_parallel_size",)   # what a token policy's replay prices beyond one GPU (one TP group)
+
+
+def token_runs_on(target) -> bool:
+    """Whether the token policies replay on ``target`` (:func:`check_layout` would not refuse them)."""
+    return (all(getattr(target, n) == 1 for n in ("pipeline_parallel_size", "data_parallel_size"))
+            and getattr(target, "moe_routing", "expected") == "expected")
+
+
 def check_layout(target, config) -> None:
     """Refuse a multi-GPU or multi-replica target where the mode has no such deployment, naming the flag:
-    isolated mode's fast path prices one GPU, and the token policies replay one sequence's decode."""
-    where = None
+    isolated mode's fast path prices one GPU, and the token policies replay one sequence's decode on one
+    tensor-parallel group (:data:`TOKEN_LAYOUT`: no pipeline stages, one replica)."""
+    where, allowed = None, ()
     if config.kind == "token":
-        where = f"the token policy {config.policy!r} (one sequence's decode on one GPU)"
+        where, allowed = f"the token policy {config.policy!r} (one sequence's decode on one TP group)", TOKEN_LAYOUT
     elif config.mode != "serving":
         where = "isolated mode (one problem alone on one GPU; use --mode serving)"
     if where is None:
@@ -46,7 +56,7 @@ def check_layout(target, config) -> None:
                        ("pipeline_parallel_size", "--pipeline-parallel-size"),
                        ("data_parallel_size", "--data-parallel-size")):
         v = getattr(target, name)
-        if v != 1:
+        if v != 1 and name not in allowed:
             raise ConfigError(f"{flag}: {v} is not supported in {where}", field=name)
     # the fast path and the token replays price the expected experts only (sim.replay.fastpath)
     if getattr(target, "moe_routing", "expected") != "expected":
@@ -107,5 +117,5 @@ def token_entry(session, target, name: str, mode: str, workload, seed: int, arri
     return clean(entry)
 
 
-__all__ = ["run", "runner", "check_layout", "baseline_run", "baseline_latency", "token_entry", "RUNNERS", "BASELINES",
+__all__ = ["run", "runner", "check_layout", "token_runs_on", "TOKEN_LAYOUT", "baseline_run", "baseline_latency", "token_entry", "RUNNERS", "BASELINES",
            "TOKEN_BUDGET_KEYS"]
