@@ -117,9 +117,10 @@ def test_bad_combinations_one_line_naming_the_flag(capsys, argv, flag, words):
 
 
 def test_isolated_mode_refuses_parallel_by_name(capsys):
+    # one problem alone runs on one tensor-parallel group (tests/test_tp_replays.py), not over stages or replicas
     err = _err(capsys, ["simulate", "--policy", "asks", "--model-preset", "llama-3-70b", *H100,
-                        "--tensor-parallel-size", "2"])
-    assert err.startswith("--tensor-parallel-size: 2 is not supported in isolated mode")
+                        "--tensor-parallel-size", "4", "--pipeline-parallel-size", "2"])
+    assert err.startswith("--pipeline-parallel-size: 2 is not supported in isolated mode")
     err = _err(capsys, ["simulate", "--policy", "asks", *H100, "--data-parallel-size", "2"])
     assert err.startswith("--data-parallel-size: 2 is not supported in isolated mode")
     err = _err(capsys, ["simulate", "--policy", "asks", *H100, "--slo", "e2e=1"])

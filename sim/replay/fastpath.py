@@ -57,9 +57,11 @@ def _attribute(dt: float, alone: np.ndarray) -> np.ndarray:
 class FastPath:
     """Closed-form isolated-mode simulation of jobs for one (model, hardware) target."""
 
-    def __init__(self, model, hw):
-        self.m, self.hw = model, hw
-        self.sc = ScalarCost(model, hw)  # small iterations (waves, verification): plain floats beat numpy
+    def __init__(self, model, hw, cost=None):
+        # cost: a tensor-parallel replica's (sim.cost.parallel.ParallelCost: each rank's shard and its all-reduces);
+        # None: one GPU, its decode steps in one numpy pass of decode_steps_terms
+        self.m, self.hw, self.cost = model, hw, cost
+        self.sc = cost if cost is not None else ScalarCost(model, hw)  # waves, verification: plain floats
         self.kvtok = float(model.kv_bytes_per_token)
         self._memo: dict = {}
         self._decode_memo: dict = {}
@@ -108,7 +110,10 @@ class FastPath:
         mask = j <= steps[None, :]
         c = job.ctx[None, :] + j - 1.0
         h = shared_per_step(names, job.ctx // job.bs, mask) * job.bs if self.shared else 0.0
-        dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask, shared=h), model=self.m), np.float64)
+        if self.cost is None:
+            dts = np.asarray(self.hw.time(decode_steps_terms(self.m, c, mask, shared=h), model=self.m), np.float64)
+        else:
+            dts = self._replica_decode(c, mask, h)
         stored = np.minimum(j, steps[None, :])
         held = blocks(job.own[None, :] + stored, job.bs).sum(axis=1)
         if self.groups is not None:
@@ -116,6 +121,23 @@ class FastPath:
         mem = held * job.bs * self.kvtok
         out = self._decode_memo[key] = (dts, np.cumsum(dts), mem)
         return out
+
+    def _replica_decode(self, c, mask, h) -> np.ndarray:
+        """Each decode step's seconds on a tensor-parallel replica: its batch of one-token decodes over the masked
+        contexts ``c (J, B)`` as the engine prices them (``cost.seconds`` of ``(1, c, None, 0, 1, 0)`` items), in
+        one pass of the cost's closed form (``decode_batch_seconds``: the batch size, the contexts' sum and longest,
+        a sliding-window shape's window key sum) where it has one, else step by step (shared KV reads ``h``, or a
+        window share without a closed form)."""
+        cost, W = self.cost, int(self.m.sliding_window or 0)
+        k = mask.sum(axis=1).astype(np.int64)
+        cc = np.where(mask, c, 0.0).astype(np.int64)
+        if not self.shared and (cost.closed_form() or (W and cost.sliding_window() is not None)):
+            Ssw = np.where(mask, np.minimum(cc + 1, W), 0).sum(axis=1) if W else None
+            return np.asarray(cost.decode_batch_seconds(k, cc.sum(axis=1), cc.max(axis=1), Ssw), np.float64)
+        hs = np.broadcast_to(np.asarray(h, np.float64), (len(c),))
+        return np.array([cost.seconds(_with_h([(1.0, float(x), None, 0.0, 1.0, 0.0) for x in row[m]],
+                                              [float(hj)] + [0.0] * (int(m.sum()) - 1)))
+                         for row, m, hj in zip(c, mask, hs)], np.float64)
 
     # ------------------------------------------------------------------ one job
     def run(self, job: Job) -> dict:

@@ -35,9 +35,10 @@ def refuse_if_too_big(peaks, positions, cap: dict, target, what: str = "problem"
 
 
 def fastpath(session, target) -> FastPath:
+    """The session's closed form of ``target`` (one GPU, or a tensor-parallel replica priced by its cost)."""
     fp = session.fastpaths.get(target.key)
     if fp is None:
-        fp = session.fastpaths[target.key] = FastPath(target.model, target.hardware)
+        fp = session.fastpaths[target.key] = FastPath(target.model, target.hardware, target.cost())
     return fp
 
 

@@ -32,7 +32,8 @@ def runner(kind: str, mode: str):
     return fn
 
 
-TOKEN_LAYOUT = ("tensor_parallel_size",)   # what a token policy's replay prices beyond one GPU (one TP group)
+# what isolated mode and the token policies' replays price beyond one GPU: one tensor-parallel group
+TOKEN_LAYOUT = ("tensor_parallel_size",)
 
 
 def token_runs_on(target) -> bool:
@@ -43,13 +44,13 @@ def token_runs_on(target) -> bool:
 
 def check_layout(target, config) -> None:
     """Refuse a multi-GPU or multi-replica target where the mode has no such deployment, naming the flag:
-    isolated mode's fast path prices one GPU, and the token policies replay one sequence's decode on one
-    tensor-parallel group (:data:`TOKEN_LAYOUT`: no pipeline stages, one replica)."""
+    isolated mode (one problem alone) and the token policies (one sequence's decode) run on one tensor-parallel
+    group (:data:`TOKEN_LAYOUT`: no pipeline stages, one replica)."""
     where, allowed = None, ()
     if config.kind == "token":
         where, allowed = f"the token policy {config.policy!r} (one sequence's decode on one TP group)", TOKEN_LAYOUT
     elif config.mode != "serving":
-        where = "isolated mode (one problem alone on one GPU; use --mode serving)"
+        where, allowed = "isolated mode (one problem alone on one TP group; use --mode serving)", TOKEN_LAYOUT
     if where is None:
         return
     for name, flag in (("tensor_parallel_size", "--tensor-parallel-size"),

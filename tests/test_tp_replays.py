@@ -1,9 +1,10 @@
-"""The token policies (VASE, H2O, ...) on a tensor-parallel target: one long decode on one TP group.
+"""Isolated mode and the token policies (VASE, H2O, ...) on a tensor-parallel target: one TP group.
 
-What a user asks of DeepSeek-R1 on eight H200s: the decode steps are priced by the replica's own cost (each rank's
-shard and its all-reduces, ``sim.cost.parallel.ParallelCost``), checked here against that cost's stepped
-``seconds`` of each step; the eviction's scoring runs on one rank's heads; pipeline stages and replicas are still
-refused by name.
+What a user asks of Llama-3-70B or DeepSeek-R1 on several GPUs: each problem alone (isolated mode's closed form,
+``sim.replay.fastpath``) and each long decode (``sim.replay.mode_token``) priced by the replica's own cost (each
+rank's shard and its all-reduces, ``sim.cost.parallel.ParallelCost``), checked against the engine and that cost's
+stepped ``seconds``; the eviction's scoring runs on one rank's heads; pipeline stages and replicas are refused by
+name.
 """
 from __future__ import annotations
 
@@ -97,3 +98,29 @@ def test_compare_on_a_tp_target_includes_the_token_policies():
     out = api.compare_policies(None, model_preset="llama-3-8b", hardware="h100-sxm", pipeline_parallel_size=2,
                       policies=["exact-prefix", "vase-dkv"], mode="serving")
     assert set(out["policies"]) == {"exact-prefix"}
+
+
+# (policy, params, workload): sharing, exit and a composite, with and without the verification reusing the KV
+ISOLATED = [("no-kv", {}, None), ("exact-prefix", {}, None), ("asks", {"tau": 0.8}, None),
+            ("cgee", {}, {"verify_reuses_kv": False}), ("rksc", {"tau": 0.8, "theta": 2.5, "l_min": 3}, None)]
+
+
+@pytest.mark.parametrize("model,hardware,tp", [("llama-3-70b", "h100-sxm", 4), ("gpt-oss-20b", "h100-sxm", 2),
+                                               ("deepseek-v3", "h200", 8), ("gemma3-270m", "h100-sxm", 2)])
+def test_isolated_closed_form_equals_the_engine_on_a_tp_replica(model, hardware, tp):
+    """Dense, sliding-window + MoE (its window key sums), MLA + MoE, and a window share without a closed form (its
+    steps one by one): every problem's latency and phases as the simpy engine prices them with the same
+    ParallelCost; its KV peak too under exact prefix; and TP > 1 is not the one-GPU figure."""
+    kw = dict(model_preset=model, hardware=hardware, baselines=False, tensor_parallel_size=tp)
+    for pol, par, wl in ISOLATED:
+        fast = api.simulate(None, pol, par, workload=wl, **kw)
+        eng = api.simulate(None, pol, par, workload=wl, engine=True, **kw)
+        for col in ("latency_s", "prefill_s", "decode_s", "verify_s", "ttft_s", "iterations"):
+            a, b = fast.problems[col].to_numpy(float), eng.problems[col].to_numpy(float)
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-15), (pol, col)
+        if pol == "exact-prefix":
+            assert (fast.problems["peak_kv_bytes"].to_numpy() == eng.problems["peak_kv_bytes"].to_numpy()).all()
+        assert fast.summary["tensor_parallel_size"] == tp
+    if model == "llama-3-70b":   # 70B fits on no single H100: TP 8 is faster per problem than TP 4
+        tp4, tp8 = (api.simulate(None, "asks", {"tau": 0.8}, **{**kw, "tensor_parallel_size": n}) for n in (4, 8))
+        assert tp8.summary["latency_mean_s"] < tp4.summary["latency_mean_s"]
