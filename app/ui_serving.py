@@ -65,4 +65,27 @@ def controls(key: str, skip: tuple[str, ...] = (), slots=None) -> tuple[dict, bo
                 slots.under(f"srv.{name}")
         ok &= good
         opts[name] = v
+    opts.update(step_toggles(key, st.columns(3)))
     return opts, ok
+
+
+# beyond the kernels, each a switch of ServingConfig (the CLI's flags): label, field, help. Shown as what is priced
+# (checked: vLLM's serve default); a box unchecked sets the field's ``no_...`` / ``enforce_eager`` switch.
+STEP_TOGGLES = [("host time per step", "no_host_time",
+                 "the hardware profile's host_step (scheduling, input preparation, sampling, output processing); "
+                 "unchecked: --no-host-time (kernels only)"),
+                ("async scheduling", "no_async_scheduling",
+                 "vLLM 0.33's default: a step's host work overlaps the GPU; unchecked: --no-async-scheduling"),
+                ("CUDA graphs", "enforce_eager",
+                 "decode batches replay vLLM's captured graphs (padded to its capture sizes); unchecked: "
+                 "--enforce-eager")]
+
+
+def step_toggles(key: str, cols) -> dict:
+    """How each served step is priced beyond its kernels (:data:`STEP_TOGGLES`, keyed ``{key}.{field}``): the
+    ServingConfig switches, set only where a box is unchecked (a checked box is the default)."""
+    out = {}
+    for col, (label, field, helptext) in zip(cols, STEP_TOGGLES):
+        if not col.checkbox(label, value=True, key=f"{key}.{field}", help=f"{helptext} ({_flag(field)})"):
+            out[field] = True
+    return out

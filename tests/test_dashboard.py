@@ -225,6 +225,36 @@ def test_serving_page(env):
     _ok(at)
 
 
+def test_serving_page_prices_each_step_as_its_boxes_say(env):
+    """The step toggles (host time per step, async scheduling, CUDA graphs; checked: vLLM's serve) set the
+    ServingConfig switches the CLI's flags set: unchecking async scheduling on an H100 gives the figures of
+    ``sim.api`` with ``no_async_scheduling``, slower than the default's; a plan's switches come back checked or
+    not when one of its deployments is loaded."""
+    from app import ui_backend as B
+
+    at = _app("serving")
+    at.selectbox(key="serving.hardware").set_value("h100-sxm").run()
+    at.multiselect(key="serving.policies").set_value(["asks"]).run()
+    _ok(at)
+    assert all(at.checkbox(key=f"serving.srv.{k}").value for k in ("no_host_time", "no_async_scheduling",
+                                                                  "enforce_eager"))
+    conc = int(at.select_slider(key="serving.srv.concurrency").value)
+    label = f"asks · {B.label('throughput_tokens_per_s')}"
+    served = _metric(at, label)
+    at.checkbox(key="serving.srv.no_async_scheduling").uncheck().run()
+    _ok(at)
+    sync = B.run(str(BUNDLED), "asks", {}, None, "h100-sxm", "serving", {}, 0,
+                 {"concurrency": conc, "no_async_scheduling": True})
+    assert _metric(at, label) == B.fmt("throughput_tokens_per_s", sync["summary"]["throughput_tokens_per_s"])
+    assert "async scheduling off" in sync["info"]["note"] and _metric(at, label) != served
+    load = B.serving_load({"policy": "asks", "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
+                           "data_parallel_size": 1, "max_num_seqs": 256, "max_num_batched_tokens": 2048},
+                          {"model_preset": "llama-3-8b", "hardware": "h100-sxm", "node_preset": "dgx-h100",
+                           "target_options": {"host_time": False, "enforce_eager": True}})
+    assert {k: load["serving"][k] for k in ("no_host_time", "no_async_scheduling", "enforce_eager")} == \
+        {"no_host_time": True, "no_async_scheduling": False, "enforce_eager": True}
+
+
 def test_trace_explorer_page(env):
     at = _app("explorer")
     _ok(at)

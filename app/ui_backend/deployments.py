@@ -167,20 +167,18 @@ def serving_load(row: dict, meta: dict) -> dict:
                            **{k: v for k, v in _target_options(meta).items() if k in PLAN_TARGET_OPTIONS}},
             "serving": {"max_num_seqs": int(row["max_num_seqs"]),
                         "max_num_batched_tokens": int(row["max_num_batched_tokens"]),
-                        "arrival_rate": meta.get("arrival_rate"), "n_requests": meta.get("n_requests")},
-            "concurrency": meta.get("concurrency"), "seed": meta.get("seed"), **_engine_note(meta)}
+                        "arrival_rate": meta.get("arrival_rate"), "n_requests": meta.get("n_requests"),
+                        **step_switches(_target_options(meta))},
+            "concurrency": meta.get("concurrency"), "seed": meta.get("seed")}
 
 
-def _engine_note(meta: dict) -> dict:
-    """A note where the plan priced its steps otherwise than vLLM serves them (``--no-host-time``,
-    ``--no-async-scheduling``, ``--enforce-eager``): the Serving page prices them as vLLM serves them."""
-    from sim.search.planner import ENGINE_DEFAULTS
-    off = {k: v for k, v in _target_options(meta).items() if k in ENGINE_DEFAULTS}
-    if not off:
-        return {}
-    words = ", ".join(f"{k} {'on' if v else 'off'}" for k, v in sorted(off.items()))
-    return {"note": f"the plan priced its steps with {words}; this page prices them as vLLM serves them (host time "
-                    f"per step, async scheduling, CUDA graphs)"}
+def step_switches(options: dict) -> dict:
+    """The ServingConfig switches (``no_host_time``, ``no_async_scheduling``, ``enforce_eager``) of a plan's
+    ``target_options`` (``host_time`` / ``async_scheduling`` / ``enforce_eager`` where not vLLM's default,
+    :data:`sim.search.planner.ENGINE_DEFAULTS`): every one stated, so the Serving page's boxes show the plan's."""
+    return {"no_host_time": not options.get("host_time", True),
+            "no_async_scheduling": not options.get("async_scheduling", True),
+            "enforce_eager": bool(options.get("enforce_eager", False))}
 
 
 def deployment_knee(row: dict, meta: dict, rates: str, slo: str | None, refine: int = 0) -> tuple[dict, str]:

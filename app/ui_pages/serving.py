@@ -85,6 +85,9 @@ def _load_from_plan() -> dict | None:
     st.session_state["serving.policies"] = [load["policy"]]
     ui_deploy.set_state("serving.dep", load["deployment"])
     for k, v in load["serving"].items():
+        if isinstance(v, bool):   # a step toggle (ui_serving.STEP_TOGGLES): checked is the default, the switch off
+            st.session_state[f"serving.srv.{k}"] = not v
+            continue
         st.session_state[f"serving.srv.{k}"] = "" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
     if load.get("concurrency"):
         st.session_state["serving.srv.concurrency"] = min(LOAD_POINTS, key=lambda c: abs(c - int(load["concurrency"])))
