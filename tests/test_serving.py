@@ -66,6 +66,9 @@ def test_served_steps_price_host_time_and_graphs(syn):
     assert runs["async"].info["overheads"]["host_step"]["async_scheduling"]
     assert "host time per step priced (async scheduling on" in runs["served"].info["note"]
     assert runs["kernels"].info["overheads"]["host_step"]["why"].startswith("turned off")
+    # isolated mode says it priced the kernels alone
+    iso = api.simulate(syn, "exact-prefix", {}, hardware="h100-sxm", baselines=False)
+    assert not iso.info["overheads"]["host_step"]["priced"] and "no host time per step (isolated mode" in iso.info["note"]
     # CUDA graphs: a launch-bound model (the bundled trace's 135M model on an H100) replays its steps instead of
     # launching every kernel
     from trace_files import BUNDLED

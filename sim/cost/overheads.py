@@ -369,7 +369,8 @@ def _from_preset(preset: dict, key: str, cls, keys: set, where: str):
         raise PresetError(f"{where}: {e}") from None
 
 
-def overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, results, fe_why: str | None = None) -> dict:
+def overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, results, fe_why: str | None = None,
+                   host_why: str | None = None) -> dict:
     """What a run priced beyond the kernels, and on what it stands (``info["overheads"]``): the host time per step
     (``host``: the :class:`HostStepCost` priced, or None) and the front end (``fe``), each with why not where not;
     ``results``: the engines' results (their host seconds and steps past the measured sizes)."""
@@ -379,10 +380,10 @@ def overheads_info(hw, host, fe, async_on: bool, fe_on: bool, host_time: bool, r
              "host_seconds": float(sum(getattr(x, "host_seconds", 0.0) for x in results)),
              "steps_beyond_measured": int(sum(getattr(x, "host_extrapolated", 0) for x in results))}
     else:
-        h = {"priced": False, "async_scheduling": async_on,
-             "why": ("turned off: --no-host-time, or a figure's host_time: false" if not host_time and hw.host_step is not None else
-                     "the profile has no host_step" + (" (its host_per_iter_s holds the host time of its end-to-end "
-                                                       "fit)" if hw.host_per_iter_s else ""))}
+        why = ("turned off: --no-host-time, or a figure's host_time: false" if not host_time and hw.host_step is not None
+               else "the profile has no host_step" + (" (its host_per_iter_s holds the host time of its end-to-end "
+                                                      "fit)" if hw.host_per_iter_s else ""))
+        h = {"priced": False, "async_scheduling": async_on, "why": host_why or why}
     if fe is not None:
         f = {"priced": True, "host_speed": fe.host_speed, "api_servers": fe.api_servers, "source": fe.source}
     else:

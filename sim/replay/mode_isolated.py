@@ -15,7 +15,7 @@ from sim.replay.fastpath import FastPath
 from sim.replay.jobs import make_engine, prepare
 from sim.replay.problem_metrics import branch_rows, problem_row, summarize
 from sim.replay.records import SimResult
-from sim.replay.summary import stated_under
+from sim.replay.summary import served, stated_under
 
 
 def refuse_if_too_big(peaks, positions, cap: dict, target, what: str = "problem") -> None:
@@ -116,6 +116,7 @@ def run(session, target, config) -> SimResult:
     summary, rows, brows, timeline, kv_budget = (_fast if fast else _engine)(session, target, config, prep)
     info = prep.info
     info["kv_budget_blocks"] = kv_budget
+    served(info, target.kernels_only())   # what it priced: the GPU's kernels alone (the note says so)
     summary.update(stated_under(session, target, config, prep.cap, prep.sched, info))
     summary["kv_budget_blocks"] = kv_budget if isinstance(kv_budget, int) else None
     return SimResult(summary, rows, brows, timeline, info)

@@ -23,7 +23,7 @@ from sim.replay.jobs import kv_ids, make_engine, prepare
 from sim.replay.problem_metrics import branch_rows, problem_row, summarize
 from sim.replay.records import SimResult
 from sim.serving.metrics import request_summary, serving_summary, timelines
-from sim.replay.summary import stated_under
+from sim.replay.summary import served, stated_under
 
 
 def server_budget(ubudget, cap) -> int:
@@ -79,13 +79,6 @@ def run(session, target, config) -> SimResult:
                          events=int(res.events))
         _add_goodput(summary, one, [r[0] for r in reqs], config)
     return SimResult(summary, rows, brows, [(-1, res.timeline_t, res.timeline_b)], info)
-
-
-def served(info: dict, overheads: dict) -> None:
-    """``info`` of a served run gains what it priced beyond the kernels (``overheads``, the note's clause)."""
-    from sim.cost.overheads import overheads_words
-    info["overheads"] = overheads
-    info["note"] = (info.get("note") or "") + overheads_words(info)
 
 
 def _rows(tf, recs, triples, L: int) -> tuple[list, list]:
@@ -189,4 +182,4 @@ def _run_replicas(session, target, config, prep, budget: int, reqs) -> SimResult
     return SimResult(summary, rows, brows, [(-1, t, b)], info)
 
 
-__all__ = ["run", "server_budget", "requests", "served"]
+__all__ = ["run", "server_budget", "requests"]

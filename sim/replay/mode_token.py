@@ -22,9 +22,9 @@ from sim.base.errors import ConfigError
 from sim.replay.mode_isolated import refuse_if_too_big
 from sim.replay.problem_metrics import SUMMARY_KEYS
 from sim.replay.records import SimResult
-from sim.replay.mode_serving import requests, served
+from sim.replay.mode_serving import requests
 from sim.serving.metrics import serving_summary, timelines
-from sim.replay.summary import finish, info_of, stated_under
+from sim.replay.summary import finish, info_of, served, stated_under
 
 
 def _long_arrays(ld, li: int):
@@ -262,6 +262,8 @@ def run(session, target, config) -> SimResult:
         info["eviction_layers"] = note
         info["note"] = f"{info['note']}; {note}" if info.get("note") else note
     timeline = []
+    if mode != "serving":
+        served(info, target.kernels_only())
     if mode == "serving":
         serve = _serve_longs(config, target, longs, sched_cfg, cap, token=True)
         full = _serve_longs(config, target, longs, sched_cfg, cap, token=False)

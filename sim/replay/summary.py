@@ -35,6 +35,14 @@ def info_of(session, target, config, cap: dict, sched) -> dict:
             **({"deployment": deployment_fields(target)} if target.layout() else {})}
 
 
+def served(info: dict, overheads: dict) -> None:
+    """``info`` gains what its run priced beyond the kernels (``overheads``: ``Target.overheads`` of a served run,
+    ``Target.kernels_only`` of an isolated one) and its note the clause saying so."""
+    from sim.cost.overheads import overheads_words
+    info["overheads"] = overheads
+    info["note"] = (info.get("note") or "") + overheads_words(info)
+
+
 def deployment_fields(target) -> dict:
     """The layout a multi-GPU or multi-replica result ran on (empty for one GPU, one replica: today's keys)."""
     if not target.layout():
@@ -70,4 +78,4 @@ def finish(summary: dict, base: dict | None) -> dict:
     return summary
 
 
-__all__ = ["info_of", "stated_under", "deployment_fields", "finish", "reshape_fields", "reshape_info"]
+__all__ = ["info_of", "served", "stated_under", "deployment_fields", "finish", "reshape_fields", "reshape_info"]

@@ -255,6 +255,13 @@ class Target:
                             async_scheduling=not sv.no_async_scheduling, schedule=self.pipeline_schedule,
                             routing=self.routing())
 
+    def kernels_only(self) -> dict:
+        """``info["overheads"]`` of an isolated run: one problem's (or one long decode's) GPU work alone, no host time
+        per step and no API server (:func:`sim.cost.overheads.overheads_info`)."""
+        return overheads_info(self.hardware, None, None, False, False, False, [],
+                              fe_why="isolated mode prices no API server",
+                              host_why="isolated mode prices one problem's GPU work alone; serving mode prices it")
+
     def overheads(self, costs: dict, results) -> dict:
         """``info["overheads"]`` of a served run (:func:`sim.cost.overheads.overheads_info`; no API server: the
         policies' replay sends its requests to the engine)."""
