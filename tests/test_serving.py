@@ -65,6 +65,7 @@ def test_served_steps_price_host_time_and_graphs(syn):
     assert k <= runs["async"].summary["makespan_s"] < sync.summary["makespan_s"]
     assert runs["async"].info["overheads"]["host_step"]["async_scheduling"]
     assert "host time per step priced (async scheduling on" in runs["served"].info["note"]
+    assert runs["served"].info["note"].endswith("; CUDA graphs") and runs["async"].info["note"].endswith("; eager kernels")
     assert runs["kernels"].info["overheads"]["host_step"]["why"].startswith("turned off")
     # isolated mode says it priced the kernels alone
     iso = api.simulate(syn, "exact-prefix", {}, hardware="h100-sxm", baselines=False)

@@ -404,7 +404,8 @@ def overheads_words(info: dict) -> str:
           if h["priced"] else f"no host time per step ({h['why']})")
     fs = (f"front-end time priced ({f['api_servers']} API server{'s' if f['api_servers'] > 1 else ''}, host_speed "
           f"{f['host_speed']:g})" if f["priced"] else f"no front-end time ({f['why']})")
-    return f"; {hs}; {fs}"
+    gs = "" if "cuda_graphs" not in o else "; CUDA graphs" if o["cuda_graphs"] else "; eager kernels"
+    return f"; {hs}; {fs}{gs}"
 
 
 __all__ = ["HostStepCost", "FrontendCost", "NO_FRONTEND", "add", "step_seconds", "frontend_or_none",

@@ -255,3 +255,14 @@ def served_costs(model, hw, node, par, max_num_seqs: int, *, enforce_eager: bool
     return {"cost": replica_cost(model, hw, node, par, schedule, graphs, routing),
             "host_step": getattr(hw, "host_step", None) if host_time else None,
             "async_scheduling": bool(async_scheduling)}
+
+
+def served_overheads(hw, costs: dict, results, host_time: bool, fe_why: str) -> dict:
+    """``info["overheads"]`` of a run whose engines :func:`served_costs` priced
+    (:func:`sim.cost.overheads.overheads_info`; no API server: ``fe_why`` says why) and whether its steps replayed
+    CUDA graphs (``cuda_graphs``: the cost's ``graphs``); ``results``: the engines' results (their host seconds)."""
+    from sim.cost.overheads import overheads_info
+    out = overheads_info(hw, costs["host_step"], None, costs["async_scheduling"], False, host_time, results,
+                         fe_why=fe_why)
+    out["cuda_graphs"] = getattr(costs["cost"], "graphs", None) is not None
+    return out

@@ -32,36 +32,39 @@ def runner(kind: str, mode: str):
     return fn
 
 
-# what isolated mode and the token policies' replays price beyond one GPU: one tensor-parallel group
-TOKEN_LAYOUT = ("tensor_parallel_size",)
+def _one_tp_group_refusal(target, where: str) -> ConfigError | None:
+    """Why ``target`` is more than one tensor-parallel group priced by the expected experts (what isolated mode and
+    the token policies' replays price: no pipeline stages, one replica, ``--moe-routing expected``), naming the
+    flag; None where it is not."""
+    for name, flag in (("pipeline_parallel_size", "--pipeline-parallel-size"),
+                       ("data_parallel_size", "--data-parallel-size")):
+        v = getattr(target, name)
+        if v != 1:
+            return ConfigError(f"{flag}: {v} is not supported in {where}", field=name)
+    # the fast path and the token replays price the expected experts only (sim.replay.fastpath)
+    if getattr(target, "moe_routing", "expected") != "expected":
+        return ConfigError(f"--moe-routing: {target.moe_routing} is not supported in {where}", field="moe_routing")
+    return None
 
 
 def token_runs_on(target) -> bool:
     """Whether the token policies replay on ``target`` (:func:`check_layout` would not refuse them)."""
-    return (all(getattr(target, n) == 1 for n in ("pipeline_parallel_size", "data_parallel_size"))
-            and getattr(target, "moe_routing", "expected") == "expected")
+    return _one_tp_group_refusal(target, "") is None
 
 
 def check_layout(target, config) -> None:
     """Refuse a multi-GPU or multi-replica target where the mode has no such deployment, naming the flag:
     isolated mode (one problem alone) and the token policies (one sequence's decode) run on one tensor-parallel
-    group (:data:`TOKEN_LAYOUT`: no pipeline stages, one replica)."""
-    where, allowed = None, ()
+    group (:func:`_one_tp_group_refusal`)."""
     if config.kind == "token":
-        where, allowed = f"the token policy {config.policy!r} (one sequence's decode on one TP group)", TOKEN_LAYOUT
+        where = f"the token policy {config.policy!r} (one sequence's decode on one TP group)"
     elif config.mode != "serving":
-        where, allowed = "isolated mode (one problem alone on one TP group; use --mode serving)", TOKEN_LAYOUT
-    if where is None:
+        where = "isolated mode (one problem alone on one TP group; use --mode serving)"
+    else:
         return
-    for name, flag in (("tensor_parallel_size", "--tensor-parallel-size"),
-                       ("pipeline_parallel_size", "--pipeline-parallel-size"),
-                       ("data_parallel_size", "--data-parallel-size")):
-        v = getattr(target, name)
-        if v != 1 and name not in allowed:
-            raise ConfigError(f"{flag}: {v} is not supported in {where}", field=name)
-    # the fast path and the token replays price the expected experts only (sim.replay.fastpath)
-    if getattr(target, "moe_routing", "expected") != "expected":
-        raise ConfigError(f"--moe-routing: {target.moe_routing} is not supported in {where}", field="moe_routing")
+    err = _one_tp_group_refusal(target, where)
+    if err is not None:
+        raise err
 
 
 def baseline_run(session, target, config, name: str) -> tuple:
@@ -118,5 +121,5 @@ def token_entry(session, target, name: str, mode: str, workload, seed: int, arri
     return clean(entry)
 
 
-__all__ = ["run", "runner", "check_layout", "token_runs_on", "TOKEN_LAYOUT", "baseline_run", "baseline_latency", "token_entry", "RUNNERS", "BASELINES",
-           "TOKEN_BUDGET_KEYS"]
+__all__ = ["run", "runner", "check_layout", "token_runs_on", "baseline_run", "baseline_latency", "token_entry",
+           "RUNNERS", "BASELINES", "TOKEN_BUDGET_KEYS"]

@@ -21,7 +21,7 @@ from sim.base.errors import PresetError
 from sim.cost.profiles import load_hardware, load_model, model_from_manifest
 from sim.cost.parallel import MAX_DP, MAX_PP, PIPELINE_SCHEDULES, NodeProfile, ParallelConfig, ParallelCost, ParallelError, \
     load_node
-from sim.cost.pricing import served_costs
+from sim.cost.pricing import served_costs, served_overheads
 from sim.cost.overheads import overheads_info
 from sim.cost.routing import ROUTINGS, routing_for
 from sim.cost.terms import ScalarCost
@@ -263,11 +263,10 @@ class Target:
                               host_why="isolated mode prices one problem's GPU work alone; serving mode prices it")
 
     def overheads(self, costs: dict, results) -> dict:
-        """``info["overheads"]`` of a served run (:func:`sim.cost.overheads.overheads_info`; no API server: the
+        """``info["overheads"]`` of a served run (:func:`sim.cost.pricing.served_overheads`; no API server: the
         policies' replay sends its requests to the engine)."""
-        return overheads_info(self.hardware, costs["host_step"], None, costs["async_scheduling"], False,
-                              not self.serving.no_host_time, results,
-                              fe_why="the policies' replay prices no API server")
+        return served_overheads(self.hardware, costs, results, not self.serving.no_host_time,
+                                "the policies' replay prices no API server")
 
     @property
     def rank_model(self) -> ModelShape:

@@ -15,6 +15,7 @@ million output tokens is ``price * gpus / 3600 / (output tokens / s) * 1e6``.
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -99,8 +100,8 @@ def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], 
     graphs), as :func:`_serve` prices them."""
     w = workload(dep.policy)
     jobs = w["jobs"]
-    run, blocks = _serve(dep, model, hw, node, w, router, arrival_rate, concurrency, seed,
-                         enable_expert_parallel, moe_routing, **engine)
+    run, blocks, costs = _serve(dep, model, hw, node, w, router, arrival_rate, concurrency, seed,
+                                enable_expert_parallel, moe_routing, **engine)
     s = summary(run, jobs, slo)
     tot = s["total"]
     tps = tot["throughput_tokens_per_s"]
@@ -120,7 +121,7 @@ def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], 
         row["quantization"] = model.quantization
     if model.kv_cache_dtype:
         row["kv_cache_dtype"] = model.kv_cache_dtype
-    row["overheads"] = overheads_words(hw, run.results, **engine)
+    row["overheads"] = overheads_words(hw, costs, run.results, engine.get("host_time", True))
     if gpu_hour_cost is not None:
         row["cost_per_million_output_tokens"] = (gpu_hour_cost * dep.gpus / 3600.0 / tps * 1e6) if tps else None
     return row
@@ -129,22 +130,21 @@ def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], 
 ENGINE_DEFAULTS = {"host_time": True, "async_scheduling": True, "enforce_eager": False}   # vLLM 0.33's serve
 
 
-def overheads_words(hw, results, host_time: bool = True, async_scheduling: bool = True,
-                    enforce_eager: bool = False) -> str:
-    """What a plan run priced beyond the kernels (:func:`sim.cost.overheads.overheads_words`, without its "; ")
-    and whether its decodes replayed CUDA graphs."""
-    from sim.cost import overheads as O
-    host = getattr(hw, "host_step", None) if host_time else None
-    info = {"overheads": O.overheads_info(hw, host, None, async_scheduling, False, host_time, results,
-                                          fe_why="a plan's replay prices no API server")}
-    graphs = "eager kernels" if enforce_eager or not getattr(hw, "cuda_graphs", False) else "CUDA graphs"
-    return f"{O.overheads_words(info).lstrip('; ')}; {graphs}"
+def overheads_words(hw, costs: dict, results, host_time: bool) -> str:
+    """What a plan run priced beyond the kernels and whether its steps replayed CUDA graphs
+    (:func:`sim.cost.pricing.served_overheads` in :func:`sim.cost.overheads.overheads_words`' words, without its
+    "; "); ``costs``: :func:`_serve`'s."""
+    from sim.cost.overheads import overheads_words as words
+    from sim.cost.pricing import served_overheads
+    info = {"overheads": served_overheads(hw, costs, results, host_time, "a plan's replay prices no API server")}
+    return words(info).lstrip("; ")
 
 
 def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate, concurrency: int, seed: int,
            enable_expert_parallel: bool = False, moe_routing: str = "expected", host_time: bool = True,
            async_scheduling: bool = True, enforce_eager: bool = False):
-    """``(ReplicaRun, KV blocks per replica)`` of ``w`` served on ``dep`` (what :func:`evaluate` scores);
+    """``(ReplicaRun, KV blocks per replica, the engines' costs)`` of ``w`` served on ``dep`` (what :func:`evaluate`
+    scores);
     ``moe_routing`` sampled is seeded by ``seed``. Each replica's steps are priced as vLLM serves them
     (:func:`sim.cost.pricing.served_costs`): CUDA graphs unless ``enforce_eager``, the host time per step unless
     ``host_time`` is False, under ``async_scheduling``."""
@@ -170,7 +170,7 @@ def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate,
                    async_scheduling=costs["async_scheduling"], concurrency=concurrency, arrival_rate=arrival_rate,
                    seed=seed, scheduler=sched, kv_blocks=blocks, block_policy=w.get("block_policy"),
                    caching=w.get("caching", True), prompt_ids=w.get("prompt_ids"), hw_name=hw.name).run()
-    return run, blocks
+    return run, blocks, costs
 
 
 def knee_point(run, jobs, percentiles=(50.0, 99.0), tolerance: float = 0.05) -> tuple[dict, dict]:
@@ -239,14 +239,17 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
     lt = trace if isinstance(trace, Session) else Session(str(trace))
     w = trace_workload(lt, dep.policy, m, n_requests)
     pcts = sorted({50.0, 99.0, *spec.percentiles})
-    blocks, engine = [], {"host_time": host_time, "async_scheduling": async_scheduling, "enforce_eager": enforce_eager}
-    results = []
+    engine = {"host_time": host_time, "async_scheduling": async_scheduling, "enforce_eager": enforce_eager}
+    # every rate's KV blocks, engine costs and host time (summed: what the caption states, not the runs themselves)
+    blocks, costs, host = [], [], SimpleNamespace(host_seconds=0.0, host_extrapolated=0)
 
     def evaluate(rate):
-        run, b = _serve(dep, m, hw, nd, w, router, float(rate), 1, seed, enable_expert_parallel, moe_routing,
-                        **engine)
+        run, b, c = _serve(dep, m, hw, nd, w, router, float(rate), 1, seed, enable_expert_parallel, moe_routing,
+                           **engine)
         blocks.append(b)
-        results.extend(run.results)
+        costs[:] = [c]
+        host.host_seconds += sum(r.host_seconds for r in run.results)
+        host.host_extrapolated += sum(r.host_extrapolated for r in run.results)
         return knee_point(run, w["jobs"], pcts, tolerance)
 
     curve = sweep(evaluate, list(rates), spec, refine=refine, progress=progress)
@@ -257,7 +260,7 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
         f"{f', {moe_routing} routing' if moe_routing != 'expected' and m.num_experts else ''}, "
         f"router {router}; scheduler vllm-v1, max_num_seqs {dep.max_num_seqs}, max_num_batched_tokens "
         f"{dep.max_num_batched_tokens}, KV capacity {blocks[0]} blocks per replica; "
-        f"{overheads_words(hw, results, **engine)}; decisions of "
+        f"{overheads_words(hw, costs[0], [host], host_time)}; decisions of "
         f"{w['decisions_model']}; {len(w['jobs'])} problems, Poisson arrivals, seed {seed}")
     curve["deployment"] = deployment_id(dep)
     return curve
