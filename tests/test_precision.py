@@ -52,6 +52,19 @@ def test_unknown_precision_refused_naming_the_flag(flag, value):
         LLAMA.with_precision(**{flag: value})
 
 
+def test_a_quantized_release_refuses_another_quantization_as_vllm_does():
+    # vLLM's ModelConfig._verify_quantization: the checkpoint's quant_method against a different --quantization
+    oss, ds = load_model("gpt-oss-20b"), load_model("deepseek-v3")
+    assert (oss.quantization, ds.quantization) == ("mxfp4", "fp8")   # served as released
+    for m, other in ((oss, "fp8"), (ds, "mxfp4")):
+        with pytest.raises(PresetError, match=f"--quantization {other}: {m.name} is released in {m.quantization}"):
+            m.with_precision(other)
+    assert oss.with_precision("mxfp4") == oss and ds.with_precision("fp8") == ds   # its own: as released
+    # a 16-bit re-release (--quantization none) has no quantization_config: vLLM's online FP8 takes it
+    assert oss.with_precision("none").with_precision("fp8").quantization == "fp8"
+    assert LLAMA.with_precision("fp8").quantization == "fp8"          # a bf16 release: online FP8
+
+
 def _hw(**kw) -> HardwareProfile:
     base = dict(name="t", peak_flops=100e12, mem_bw=1e12, mem_capacity=80e9, eff_c=0.5, eff_m=1.0)
     return HardwareProfile(**{**base, **kw})

@@ -327,6 +327,12 @@ class ModelShape:
                 raise PresetError(f"{flag} {v!r} is not priced (one of: {', '.join(x for x in ok if x)}"
                                   f"{', auto' if flag == '--kv-cache-dtype' else ', none'}); int4/AWQ/GPTQ and "
                                   "NVFP4 run other kernels the cost model does not hold")
+        if q and self.weights_format and self.quantization == self.weights_format and q != self.weights_format:
+            # vLLM's ModelConfig._verify_quantization: a checkpoint's own quant_method and a different --quantization
+            # are refused ("Quantization method specified in the model config (X) does not match ...")
+            raise PresetError(f"--quantization {q}: {self.name} is released in {self.weights_format} (its config.json's "
+                              f"quantization_config), and vLLM refuses a different --quantization for a quantized "
+                              f"checkpoint; leave the flag out, or --quantization none for a 16-bit re-release")
         if q == "mxfp4" and not self.num_experts:
             # vLLM's Mxfp4Config.get_quant_method: LinearBase -> UnquantizedLinearMethod, attention skipped; only
             # the MoE experts (RoutedExperts) take MXFP4 (vllm/model_executor/layers/quantization/mxfp4.py, 0.33.0)
