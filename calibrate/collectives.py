@@ -35,7 +35,7 @@ was timed), and :data:`CUSTOM_AR_RULES` carries vLLM's size rules for the node.
 ``python -m calibrate.collectives`` prints the fits; ``--write`` writes the residual table to
 ``calibrate/data/vidur/network-fit.json`` and the coefficients into the ``collectives`` block of the
 node presets that name a profile (``sim/presets/nodes/*.yaml``, ``collectives.profile``), and the
-``custom_allreduce`` block of the presets :data:`CUSTOM_AR_RULES` names.
+``custom_allreduce`` block of the presets :data:`CUSTOM_AR_RULES` and :data:`SAME_FABRIC` name.
 """
 from __future__ import annotations
 
@@ -77,6 +77,10 @@ CUSTOM_AR_RULES = {
     "dgx-h100": {"max_size_bytes": {2: 8 * MiB, 4: 8 * MiB, 8: MiB // 4},
                  "one_shot_max_bytes": {2: None, 4: MiB // 2, 8: MiB // 4}},
 }
+# Nodes priced with another node's measured lines: the DGX H200's fabric is the DGX H100's (fourth-generation
+# NVLink at 900 GB/s per GPU through third-generation NVSwitches, both datasheets), its GPUs the same compute
+# capability 9.0 (the same rules above), as its NCCL lines are Vidur's h100_dgx profile.
+SAME_FABRIC = {"dgx-h200": "dgx-h100"}
 
 
 def _range_name(lo: int, hi: int) -> str:
@@ -280,11 +284,13 @@ def fit_custom_ar(path: Path = CUSTOM_AR_DATA) -> dict:
 def custom_block(res: dict, node: str) -> dict:
     """The ``custom_allreduce`` block of a node preset: vLLM's size rules (:data:`CUSTOM_AR_RULES`) and the
     fitted lines (4 significant figures), measured inside CUDA graphs."""
-    rules = CUSTOM_AR_RULES[node]
+    measured = SAME_FABRIC.get(node, node)
+    rules = CUSTOM_AR_RULES[measured]
     lines = {g: {k: {"latency_s": float(f"{v['latency_s']:.4g}"), "bw_bytes_per_s": float(f"{v['bw_bytes_per_s']:.4g}")}
-                 for k, v in per.items()} for g, per in sorted(res["nodes"][node].items(), key=lambda kv: int(kv[0]))}
+                 for k, v in per.items()} for g, per in sorted(res["nodes"][measured].items(), key=lambda kv: int(kv[0]))}
+    on = "" if measured == node else f" on {measured} (the same NVLink / NVSwitch fabric: SAME_FABRIC)"
     return {"source": (f"{VLLM_SOURCE} custom_all_reduce.py, all_reduce_utils.py, csrc/custom_all_reduce.cuh "
-                       "(rules); lines fitted by calibrate.collectives.fit_custom_ar"),
+                       f"(rules); lines fitted by calibrate.collectives.fit_custom_ar{on}"),
             "data": "calibrate/data/collectives/vllm_custom_ar.yaml",
             "timing": ("per all-reduce inside CUDA graphs (2 GPUs: with eager points from 1 MiB, where the GPU "
                        "bounds the loop; see the data file)"),
@@ -344,7 +350,8 @@ def main(argv=None) -> int:
             prof = (read_preset_file(p).get("collectives") or {}).get("profile")
             if prof in res["profiles"]:
                 name = read_preset_file(p).get("name", p.stem)
-                write_node(p, node_block(res, prof), custom_block(car, name) if name in car["nodes"] else None)
+                has = SAME_FABRIC.get(name, name) in car["nodes"]
+                write_node(p, node_block(res, prof), custom_block(car, name) if has else None)
                 print(f"wrote {p}")
         print(f"wrote {FIT_PATH}")
     return 0

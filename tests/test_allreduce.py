@@ -37,6 +37,21 @@ def test_preset_holds_what_the_fit_writes_and_recovers_the_measurements():
     assert all(0.85 < v < 1.2 for v in res["eager_vs_graph"].values())
 
 
+def test_dgx_h200_takes_the_dgx_h100_lines_as_the_fit_writes_them():
+    """The DGX H200's fabric is the DGX H100's (calibrate.collectives.SAME_FABRIC): the same custom lines and rules,
+    written by the same fit, and the same price of every size at every GPU count."""
+    from calibrate.collectives import SAME_FABRIC, custom_block, fit_custom_ar
+    assert SAME_FABRIC["dgx-h200"] == "dgx-h100"
+    h100, h200 = load_node("dgx-h100"), load_node("dgx-h200")
+    assert h200.custom_allreduce == custom_block(fit_custom_ar(), "dgx-h200")
+    assert {k: v for k, v in h200.custom_allreduce.items() if k != "source"} == \
+        {k: v for k, v in h100.custom_allreduce.items() if k != "source"}
+    assert "dgx-h100" in h200.custom_allreduce["source"]
+    for g in (2, 4, 8):
+        for n in (4096, 57344, 512 * 1024, 4 * MiB):
+            assert h200.allreduce_seconds(n, g, cuda_graph=True) == h100.allreduce_seconds(n, g, cuda_graph=True)
+
+
 def test_kernel_and_path_switch_exactly_at_vllms_limits():
     node = load_node("dgx-h100")
     ca = node.custom_allreduce
