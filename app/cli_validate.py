@@ -35,7 +35,8 @@ def _cmd_validate(args) -> int:
                                   frontend=args.frontend, progress=update)
     print(format_table(df))
     if args.out:
-        write_json(Path(args.out), {"file": str(args.file), "rows": df.to_dict(orient="records")})
+        write_json(Path(args.out), {"file": str(args.file), "rows": df.to_dict(orient="records"),
+                                    "by_source": validate.by_source(df)})
         print(f"wrote {args.out}")
     if args.markdown:
         from traces.store import atomic_write_text

@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from sim.bench.validate import summary
+from sim.bench.validate import by_source, summary
 
 
 def _band(r) -> str:
@@ -49,6 +49,14 @@ def markdown_table(df, path) -> str:
         med = "" if s["median_abs_dev"] is None else f"{s['median_abs_dev']:.2f}"
         mx = "" if s["max_abs_dev"] is None else f"{s['max_abs_dev']:.2f}"
         lines.append(f"| {s['family']} | {s['figures']} | {s['priced']} | {med} | {mx} |")
+    lines += ["", "By source (the repository or pipeline its URL names), over the priced figures: the median speed ratio "
+              "(rksim's speed over the measured: a throughput's ratio, a latency's inverse ratio; above 1, rksim is "
+              "faster than measured) and the median |ratio - 1|:", "",
+              "| source | figures | priced | median speed ratio | median abs(ratio - 1) |", "|---|---|---|---|---|"]
+    for s in by_source(df):
+        f2 = (lambda v: "" if v is None else f"{v:.2f}")
+        lines.append(f"| {s['source']} | {s['figures']} | {s['priced']} | {f2(s['median_speed_ratio'])} | "
+                     f"{f2(s['median_abs_dev'])} |")
     cal = sorted({str(c) for c in df.get("calibration", []) if isinstance(c, str)})
     if cal:
         lines += ["", "Hardware profiles: " + "; ".join(cal) + "."]

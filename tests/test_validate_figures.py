@@ -75,6 +75,30 @@ def test_fp8_is_priced_and_every_figure_but_the_refused_has_a_ratio(table):
                                                                                        "throughput"))
 
 
+def test_by_source_groups_each_publisher_and_summarises_its_ratios():
+    import pandas as pd
+    from sim.bench.validate import by_source, source_of
+    assert source_of("https://github.com/gpustack/gpustack/blob/abc/docs/x.md") == "github.com/gpustack/gpustack"
+    assert source_of("https://buildkite.com/vllm/performance-benchmark/builds/9513") == \
+        "buildkite.com/vllm/performance-benchmark"
+    df = pd.DataFrame({"source": ["https://github.com/a/b/blob/1/x", "https://github.com/a/b/blob/2/y",
+                                  "https://github.com/a/b/tree/3", "https://github.com/a/b/x",
+                                  "https://github.com/c/d/x"],
+                       "family": ["throughput", "ttft", "tpot", "e2el", "ttft"],
+                       "ratio": [2.0, 0.5, None, 1.25, 0.8]})
+    rows = by_source(df)
+    assert [r["source"] for r in rows] == ["github.com/a/b", "github.com/c/d"]   # most figures first
+    a, c = rows
+    assert a["figures"] == 4 and a["priced"] == 3
+    # speed ratios: a throughput's ratio, a latency's inverse: 2.0, 2.0, 0.8 -> median 2.0 (rksim faster)
+    assert a["median_speed_ratio"] == 2.0 and c["median_speed_ratio"] == 1.25
+    assert abs(a["median_abs_dev"] - 0.5) < 1e-12 and abs(c["median_abs_dev"] - 0.2) < 1e-12   # medians, not means
+    from app.validate_table import markdown_table
+    md = markdown_table(df.assign(id=["v", "w", "x", "y", "z"], hardware="h", metric="mean_ttft_ms", published=1.0,
+                                  predicted=[2.0, 0.5, None, 1.25, 0.8], status=""), "F")
+    assert "| github.com/a/b | 4 | 3 | 2.00 | 0.50 |" in md and "| github.com/c/d | 1 | 1 | 1.25 | 0.20 |" in md
+
+
 def test_refusal_names_what_is_not_priced():
     base = {"id": "x", "dtype": "bfloat16", "parallelism": {"tp": 1}}
     assert refusal(base) is None

@@ -98,6 +98,32 @@ def summary(df) -> list[dict]:
     return out
 
 
+def source_of(url: str) -> str:
+    """The publisher a figure's source URL names: ``host/owner/repo`` (the first two path segments), so each
+    repository or pipeline is one source (LLMServingSim's artifact and bench examples share one)."""
+    from urllib.parse import urlparse
+    u = urlparse(str(url))
+    return "/".join([u.netloc, *[x for x in u.path.split("/") if x][:2]])
+
+
+def by_source(df) -> list[dict]:
+    """Per source (:func:`source_of`), most figures first: figures, priced figures, the median *speed ratio* and
+    the median ``|ratio - 1|`` of the priced ones. The speed ratio is rksim's speed over the measured one: the
+    ratio of a throughput, the inverse ratio of a latency or duration, so above 1 means rksim is faster than the
+    source measured, whichever metric. A source whose figures all sit on one side is a finding about that source
+    or the terms its runs exercise, not a coefficient to move."""
+    out = []
+    src = df["source"].map(source_of)
+    for name in sorted(set(src), key=lambda n: (-int((src == n).sum()), n)):
+        g = df.loc[(src == name) & df["ratio"].notna()]
+        r = g["ratio"].astype(float)
+        speed = r.where(g["family"] == "throughput", 1.0 / r)
+        out.append({"source": name, "figures": int((src == name).sum()), "priced": int(len(r)),
+                    "median_speed_ratio": float(speed.median()) if len(r) else None,
+                    "median_abs_dev": float((r - 1).abs().median()) if len(r) else None})
+    return out
+
+
 def load_figures(path) -> list[dict]:
     """Read and check a figure file; returns its entries."""
     import yaml
