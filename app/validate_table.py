@@ -25,7 +25,19 @@ def format_table(df) -> str:
     show["predicted"] = show["predicted"].map(lambda v: "" if v is None or v != v else f"{v:.4g}")
     show["ratio"] = show["ratio"].map(lambda v: "" if v is None or v != v else f"{v:.2f}")
     show["published"] = show["published"].map(lambda v: f"{v:.4g}")
-    return show.to_string(index=False)
+    return show.to_string(index=False) + "\n\n" + summaries_text(df)
+
+
+def summaries_text(df) -> str:
+    """The two summaries the Markdown ends with, as text: by metric family (median and largest ``|ratio - 1|``)
+    and by source (:func:`sim.bench.validate.by_source`: median speed ratio, median ``|ratio - 1|``)."""
+    import pandas as pd
+    fam = pd.DataFrame(summary(df)).rename(columns={"median_abs_dev": "median |ratio-1|", "max_abs_dev": "max |ratio-1|"})
+    src = pd.DataFrame(by_source(df)).rename(columns={"median_speed_ratio": "median speed ratio",
+                                                      "median_abs_dev": "median |ratio-1|"})
+    return ("by metric family:\n" + fam.to_string(index=False, float_format=lambda v: f"{v:.2f}") +
+            "\n\nby source (speed ratio: rksim's speed over the measured; above 1, rksim is faster):\n" +
+            src.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
 
 
 def markdown_table(df, path) -> str:

@@ -97,6 +97,11 @@ def test_by_source_groups_each_publisher_and_summarises_its_ratios():
     md = markdown_table(df.assign(id=["v", "w", "x", "y", "z"], hardware="h", metric="mean_ttft_ms", published=1.0,
                                   predicted=[2.0, 0.5, None, 1.25, 0.8], status=""), "F")
     assert "| github.com/a/b | 4 | 3 | 2.00 | 0.50 |" in md and "| github.com/c/d | 1 | 1 | 1.25 | 0.20 |" in md
+    from app.validate_table import summaries_text   # what `rksim validate` prints after its rows
+    txt = summaries_text(df.assign(family=["throughput", "ttft", "tpot", "e2el", "ttft"]))
+    line = next(x for x in txt.splitlines() if "github.com/a/b" in x).split()
+    assert line == ["github.com/a/b", "4", "3", "2.00", "0.50"], txt
+    assert "by metric family" in txt and "by source" in txt
 
 
 def test_refusal_names_what_is_not_priced():
