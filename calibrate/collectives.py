@@ -35,7 +35,8 @@ was timed), and :data:`CUSTOM_AR_RULES` carries vLLM's size rules for the node.
 ``python -m calibrate.collectives`` prints the fits; ``--write`` writes the residual table to
 ``calibrate/data/vidur/network-fit.json`` and the coefficients into the ``collectives`` block of the
 node presets that name a profile (``sim/presets/nodes/*.yaml``, ``collectives.profile``), and the
-``custom_allreduce`` block of the presets :data:`CUSTOM_AR_RULES` and :data:`SAME_FABRIC` name.
+``custom_allreduce`` block of the presets :data:`CUSTOM_AR_RULES` names and of those sharing their fabric
+(:func:`fabric_twin`).
 """
 from __future__ import annotations
 
@@ -77,10 +78,24 @@ CUSTOM_AR_RULES = {
     "dgx-h100": {"max_size_bytes": {2: 8 * MiB, 4: 8 * MiB, 8: MiB // 4},
                  "one_shot_max_bytes": {2: None, 4: MiB // 2, 8: MiB // 4}},
 }
-# Nodes priced with another node's measured lines: the DGX H200's fabric is the DGX H100's (fourth-generation
-# NVLink at 900 GB/s per GPU through third-generation NVSwitches, both datasheets), its GPUs the same compute
-# capability 9.0 (the same rules above), as its NCCL lines are Vidur's h100_dgx profile.
-SAME_FABRIC = {"dgx-h200": "dgx-h100"}
+
+
+def _profile(node: str):
+    """The ``collectives.profile`` a shipped node preset names (the fabric its NCCL lines were measured on), or None."""
+    from sim.cost.profiles import PRESET_DIR, read_preset_file
+    path = PRESET_DIR / "nodes" / f"{node}.yaml"
+    return (read_preset_file(path).get("collectives") or {}).get("profile") if path.is_file() else None
+
+
+def fabric_twin(node: str):
+    """The node of :data:`CUSTOM_AR_RULES` whose measured custom lines ``node`` takes: itself, else the one whose
+    preset names the same ``collectives.profile``. One fabric, one set of lines: ``dgx-h200`` names the DGX H100's
+    (fourth-generation NVLink through third-generation NVSwitches, compute capability 9.0, so vLLM's same rules).
+    None where no node does."""
+    if node in CUSTOM_AR_RULES:
+        return node
+    prof = _profile(node)
+    return next((n for n in CUSTOM_AR_RULES if prof is not None and _profile(n) == prof), None)
 
 
 def _range_name(lo: int, hi: int) -> str:
@@ -284,11 +299,11 @@ def fit_custom_ar(path: Path = CUSTOM_AR_DATA) -> dict:
 def custom_block(res: dict, node: str) -> dict:
     """The ``custom_allreduce`` block of a node preset: vLLM's size rules (:data:`CUSTOM_AR_RULES`) and the
     fitted lines (4 significant figures), measured inside CUDA graphs."""
-    measured = SAME_FABRIC.get(node, node)
+    measured = fabric_twin(node)
     rules = CUSTOM_AR_RULES[measured]
     lines = {g: {k: {"latency_s": float(f"{v['latency_s']:.4g}"), "bw_bytes_per_s": float(f"{v['bw_bytes_per_s']:.4g}")}
                  for k, v in per.items()} for g, per in sorted(res["nodes"][measured].items(), key=lambda kv: int(kv[0]))}
-    on = "" if measured == node else f" on {measured} (the same NVLink / NVSwitch fabric: SAME_FABRIC)"
+    on = "" if measured == node else f" on {measured} (the same collectives.profile: one fabric, one set of lines)"
     return {"source": (f"{VLLM_SOURCE} custom_all_reduce.py, all_reduce_utils.py, csrc/custom_all_reduce.cuh "
                        f"(rules); lines fitted by calibrate.collectives.fit_custom_ar{on}"),
             "data": "calibrate/data/collectives/vllm_custom_ar.yaml",
@@ -350,7 +365,7 @@ def main(argv=None) -> int:
             prof = (read_preset_file(p).get("collectives") or {}).get("profile")
             if prof in res["profiles"]:
                 name = read_preset_file(p).get("name", p.stem)
-                has = SAME_FABRIC.get(name, name) in car["nodes"]
+                has = fabric_twin(name) in car["nodes"]
                 write_node(p, node_block(res, prof), custom_block(car, name) if has else None)
                 print(f"wrote {p}")
         print(f"wrote {FIT_PATH}")

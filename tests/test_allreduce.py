@@ -38,10 +38,11 @@ def test_preset_holds_what_the_fit_writes_and_recovers_the_measurements():
 
 
 def test_dgx_h200_takes_the_dgx_h100_lines_as_the_fit_writes_them():
-    """The DGX H200's fabric is the DGX H100's (calibrate.collectives.SAME_FABRIC): the same custom lines and rules,
-    written by the same fit, and the same price of every size at every GPU count."""
-    from calibrate.collectives import SAME_FABRIC, custom_block, fit_custom_ar
-    assert SAME_FABRIC["dgx-h200"] == "dgx-h100"
+    """The DGX H200's fabric is the DGX H100's (the same collectives.profile: calibrate.collectives.fabric_twin): the
+    same custom lines and rules, written by the same fit, and the same price of every size at every GPU count."""
+    from calibrate.collectives import custom_block, fabric_twin, fit_custom_ar
+    assert fabric_twin("dgx-h200") == fabric_twin("dgx-h100") == "dgx-h100"
+    assert fabric_twin("dgx-a100") is None and fabric_twin("rtx-pro-6000-pcie") is None   # no measured lines
     h100, h200 = load_node("dgx-h100"), load_node("dgx-h200")
     assert h200.custom_allreduce == custom_block(fit_custom_ar(), "dgx-h200")
     assert {k: v for k, v in h200.custom_allreduce.items() if k != "source"} == \
