@@ -127,7 +127,16 @@ def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], 
     return row
 
 
-ENGINE_DEFAULTS = {"host_time": True, "async_scheduling": True, "enforce_eager": False}   # vLLM 0.33's serve
+def _engine_defaults() -> dict:
+    """The planner's engine keys at :class:`ServingConfig`'s defaults (vLLM 0.33's serve), read from its fields so
+    the default is declared once."""
+    import dataclasses
+    d = {f.name: f.default for f in dataclasses.fields(ServingConfig)}
+    return {"host_time": not d["no_host_time"], "async_scheduling": not d["no_async_scheduling"],
+            "enforce_eager": bool(d["enforce_eager"])}
+
+
+ENGINE_DEFAULTS = _engine_defaults()
 
 
 def overheads_words(hw, costs: dict, results, host_time: bool) -> str:
