@@ -79,11 +79,12 @@ reference-check-vllm: $(STAMP) $(VLLMVENV)/.vllm-installed
 
 # The papers' claims, one row each with a verdict (docs/reproduction/report.{md,html}, claims.json),
 # from the stored traces (examples/reproduce/) and real-module runs (docs/reproduction/measured/).
-# published serving figures beside rksim's predictions (docs/validation); rerun after any preset refit. The figures
-# computed from shipped measurements (LLMServingSim's bench runs) are first checked against those files.
+# published serving figures beside rksim's predictions, each with its band (docs/validation; about 2.5 min); rerun
+# after any preset refit. The figures computed from shipped measurements (LLMServingSim's bench runs) are first
+# checked against those files.
 validate: $(STAMP)
 	$(PY) -m calibrate.llmservingsim_bench --check docs/validation/published-figures.yaml
-	$(PY) -m app.cli validate docs/validation/published-figures.yaml --markdown docs/validation/ratios.md --out docs/validation/ratios.json
+	$(PY) -m app.cli validate docs/validation/published-figures.yaml --band --markdown docs/validation/ratios.md --out docs/validation/ratios.json
 
 # What each term moved: the published figures priced with the terms added one at a time (docs/validation/terms.md)
 validate-terms: $(STAMP)

@@ -389,8 +389,8 @@ def _band(res: dict, hw, run) -> dict:
     """The band of every number in ``res``: ``run(profile)`` (the same run on each public fit of ``hw``,
     :func:`sim.cost.bands.band_profiles`) and ``res`` itself, ``[min, max]`` per key; printed, and
     returned for the JSON (``fits``: what each run was priced with)."""
-    from sim.cost.bands import band_of, band_profiles
-    fits = band_profiles(hw)
+    from sim.cost.bands import band_of, band_options, band_profiles
+    fits = band_profiles(hw, **band_options(res.get("rksim")))
     if not fits:
         print(f"band: none ({hw.name} has one fit: no public fit of another source to price it with)")
         return {"fits": [], "metrics": {}}

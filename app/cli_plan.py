@@ -93,7 +93,7 @@ def _cmd_plan(args) -> int:
     check_backend(args)
     rows = run_plan(args.trace, deps, opts, backend=args.backend, workers=args.workers, progress=not args.json,
                     scheduler=args.dask_scheduler)
-    band_fits = _band_rows(args, rows, deps, opts, hw) if args.band else None
+    band_fits = _band_rows(args, rows, deps, opts, hw, m) if args.band else None
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     df, front, best = frontier(rows)
     meta = {"command": "plan", "model": m.name, "node": node.name, "hardware": hw.name, "gpus": args.gpus,
@@ -226,12 +226,13 @@ def _knees(args, best, rates, node_spec: str, m) -> list[dict]:
 BANDED = ("goodput_problems_per_s", "e2e_p99_s")   # the figures a plan row carries a band of (--band)
 
 
-def _band_rows(args, rows, deps, opts, hw) -> list[str]:
+def _band_rows(args, rows, deps, opts, hw, m) -> list[str]:
     """``--band``: every deployment run again with each public fit of the node's GPU (sim.cost.bands); each row
     gains ``<figure>_lo`` / ``<figure>_hi`` over the central run and those. Returns the fits' labels."""
     from sim.cost.bands import band_of, band_profiles
     from sim.search.planner import run_plan
-    labels = [label for label, _ in band_profiles(hw)]
+    labels = [label for label, _ in band_profiles(hw, host_time=opts.get("host_time", True),
+                                                  fp8=m.quantization == "fp8")]
     others = [run_plan(args.trace, deps, {**opts, "band_fit": label}, backend=args.backend, workers=args.workers,
                        progress=not args.json, scheduler=args.dask_scheduler) for label in labels]
     for i, row in enumerate(rows):

@@ -36,7 +36,7 @@ def _cmd_validate(args) -> int:
     print(format_table(df))
     if args.out:
         write_json(Path(args.out), {"file": str(args.file), "rows": df.to_dict(orient="records"),
-                                    "by_source": validate.by_source(df)})
+                                    "families": validate.summary(df), "by_source": validate.by_source(df)})
         print(f"wrote {args.out}")
     if args.markdown:
         from traces.store import atomic_write_text

@@ -18,8 +18,8 @@ weight, which ``eff_m`` prices)::
     eff_c_fp8 = median_i e_i                               DeepGEMM's kernels
     band: median_i e_i with TFLOPS_i / speedup_i           the CUTLASS 3.6 implementation of the same products
 
-``python -m calibrate.fp8_gemm`` prints the fit; ``--write`` rewrites the ``eff_c_fp8`` line of the
-presets in :data:`PRESETS`; ``--check`` exits 1 if a shipped preset's line differs.
+``python -m calibrate.fp8_gemm`` prints the fit; ``--write`` rewrites the ``eff_c_fp8`` and ``eff_c_fp8_low`` lines
+of the presets in :data:`PRESETS`; ``--check`` exits 1 if a shipped preset's lines differ.
 """
 from __future__ import annotations
 
@@ -86,16 +86,23 @@ def fit(preset: str = "h100-sxm") -> dict:
 
 
 LINE = re.compile(r"^eff_c_fp8:.*$", re.M)
+LOW_LINE = re.compile(r"^eff_c_fp8_low:.*\n", re.M)
 
 
 def render(preset: str, text: str, f: dict) -> str:
+    """The preset's text with its ``eff_c_fp8`` line rewritten and an ``eff_c_fp8_low`` line (the CUTLASS 3.6
+    baseline: an FP8 run's band, ``sim.cost.bands``) right after it."""
     if not LINE.search(text):
         raise ValueError(f"{preset}.yaml: no 'eff_c_fp8:' line to rewrite")
     line = (f"eff_c_fp8: {f['eff_c_fp8']:.4f}".ljust(26)
             + f"# fitted (calibrate/fp8_gemm.py): median of {f['rows']} compute-bound FP8 GEMMs' fraction of "
               f"peak_flops_fp8 in whole waves, DeepGEMM README @ {COMMIT[:12]} (H800 SXM5 = H100 SXM die, 132 SMs; "
               f"range {f['range'][0]}-{f['range'][1]}; CUTLASS 3.6 baseline {f['band'][0]})")
-    return LINE.sub(lambda _: line, text, count=1)
+    low = (f"eff_c_fp8_low: {f['band'][0]:.4f}".ljust(26)
+           + f"# the same {f['rows']} products in DeepSeek's CUTLASS 3.6 implementation (the README's speedup column): "
+             "an FP8 run's band prices its FP8 products at this rate too (sim/cost/bands.py)")
+    text = LOW_LINE.sub("", text)
+    return LINE.sub(lambda _: line + "\n" + low, text, count=1)
 
 
 def main(argv=None) -> int:

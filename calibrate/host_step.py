@@ -242,6 +242,8 @@ def assemble(meas: dict, fingerprint: dict, bench_s: float, date: str) -> dict:
                    f"{meas.get('vllm_version')} ({src}); model runner (prepare inputs + sampling) from {VIDUR_SOURCE}, "
                    f"linear in batch, extrapolated above {worker['batch_sizes'][1]}; "
                    f"serial_fraction 0: vLLM PR #23569 overlaps input preparation and sampling with the forward"),
+        # the cited model runner's part of base_s / per_running_s: a band's low edge prices the step without it
+        "runner_base_s": _r(worker["coef"]["base_s"]), "runner_per_running_s": _r(worker["coef"]["per_running_s"]),
     }
     frontend = {
         "request_s": _r(fr["request_s"]), "per_prompt_token_s": _r(fr["per_prompt_token_s"]),

@@ -17,7 +17,7 @@ import yaml
 from app.cli import main
 from sim.bench import plain
 from sim.base.errors import PresetError
-from sim.cost.overheads import FrontendCost, HostStepCost
+from sim.cost.overheads import FrontendCost, HostStepCost, host_step_from_preset
 from sim.cost.profiles import load_hardware, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,8 +173,7 @@ def test_gpu_presets_carry_the_blocks_and_local_cpu_does_not():
     for name in GPU_PRESETS:
         hw = load_hardware(name)
         assert hw.host_step is not None and hw.frontend is not None, name
-        assert hw.host_step.source == src[name]["host_step"]["source"]
-        assert hw.host_step.base_s == src[name]["host_step"]["base_s"]
+        assert hw.host_step == host_step_from_preset(src[name], where=name)   # every field, as the fit wrote it
         assert hw.frontend.request_s == src[name]["frontend"]["request_s"]
         assert hw.host_per_iter_s == 0 and hw.sample_s_per_vocab == 0   # nothing counted twice
     cpu = load_hardware("local-cpu")

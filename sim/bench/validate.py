@@ -84,7 +84,9 @@ def metric_family(m: str) -> str:
 
 
 def summary(df) -> list[dict]:
-    """Per metric family: figures, priced figures, median and max of ``|ratio - 1|`` over the priced ones."""
+    """Per metric family: figures, priced figures, median and max of ``|ratio - 1|`` over the priced ones; with
+    bands (``validate --band``), how many priced figures have one (``banded``: a band wider than its central
+    value) and how many of those the published value lies inside (``in_band``)."""
     out = []
     for fam in ("ttft", "tpot", "e2el", "throughput", "duration"):
         g = df[df["family"] == fam]
@@ -92,9 +94,13 @@ def summary(df) -> list[dict]:
             continue
         r = g["ratio"].dropna().astype(float)
         dev = (r - 1).abs()
-        out.append({"family": fam, "figures": int(len(g)), "priced": int(len(r)),
-                    "median_abs_dev": float(dev.median()) if len(r) else None,
-                    "max_abs_dev": float(dev.max()) if len(r) else None})
+        row = {"family": fam, "figures": int(len(g)), "priced": int(len(r)),
+               "median_abs_dev": float(dev.median()) if len(r) else None,
+               "max_abs_dev": float(dev.max()) if len(r) else None}
+        if "in_band" in g:
+            ib = g.loc[g["ratio"].notna() & (g["band_fits"].fillna(0) > 0), "in_band"]
+            row.update(banded=int(len(ib)), in_band=int((ib == True).sum()))   # noqa: E712 - object column
+        out.append(row)
     return out
 
 
@@ -326,7 +332,7 @@ def run_figures(figs: list, hardware: str | None = None, band: bool = False, hos
     """
     import pandas as pd
     from sim.bench import plain
-    from sim.cost.bands import band_of, band_profiles
+    from sim.cost.bands import band_of, band_options, band_profiles
     from sim.base.errors import OutOfCalibrationError
     from sim.cost.profiles import load_hardware
     rows = []
@@ -350,9 +356,11 @@ def run_figures(figs: list, hardware: str | None = None, band: bool = False, hos
                 row["status"] = "ok" if abs(row["ratio"] - 1) <= 0.25 else "off by more than 25%"
                 row["calibration"] = res["rksim"]["calibration"]
                 row["overheads"] = plain.overheads_words(res["rksim"]).lstrip("; ")
-                if band:
-                    others = [float(predict(f, profile=p, host_time=host_time, frontend=frontend)[f["metric"]])
-                              for _, p in band_profiles(load_hardware(hardware or f["hardware"]))]
+                if band:   # the host-time range only where this figure's run prices host time
+                    others = [float(predict(f, profile=p, host_time=host_time, frontend=frontend,
+                                            custom_all_reduce=custom_all_reduce)[f["metric"]])
+                              for _, p in band_profiles(load_hardware(hardware or f["hardware"]),
+                                                        **band_options(res["rksim"]))]
                     lo, hi = band_of([row["predicted"], *others])
                     row.update(predicted_lo=lo, predicted_hi=hi, band_fits=len(others),
                                in_band=bool(lo <= row["published"] <= hi) if others else None)

@@ -12,6 +12,20 @@ the central value). A figure's band is ``[min, max]`` over the central profile a
 so the central prediction always lies inside it. The band says how much the public data disagree
 about the device; a measured figure outside it is a finding (something the cost model lacks), not a
 tuning target.
+
+The host-time range (issue 30, items 1 and 8). A preset's ``host_step`` is the engine core measured on vLLM
+V1 plus a model runner (input preparation, the sampler's host side) cited from an older engine
+(``runner_base_s`` / ``runner_per_running_s``: Vidur's Sarathi-Serve rows), which V1's persistent batch
+likely undercuts. Where a run prices host time and its device's host time has such a part, every profile
+above is priced once more with the engine core alone (:meth:`sim.cost.overheads.HostStepCost.engine_core_only`)::
+
+    p in {central, fits} x {host time as priced, engine core only}
+
+so the band spans both ranges at once (its low edge: the fastest fit with the least host time).
+
+FP8 products. ``eff_c_fp8`` is fitted on DeepGEMM's kernels; the same table times DeepSeek's CUTLASS 3.6
+implementation of the same products (``eff_c_fp8_low``, ``calibrate/fp8_gemm.py``). A run whose linear layers
+are FP8 is priced with that rate too, on every profile above: ``x {DeepGEMM, CUTLASS 3.6}``.
 """
 from __future__ import annotations
 
@@ -45,14 +59,43 @@ def band_fits(hw) -> list[dict]:
     return out
 
 
-def band_profiles(hw) -> list[tuple[str, object]]:
-    """``[(label, profile), ...]`` of ``hw``'s band (its own profile not included; empty: no band)."""
-    out = []
+HOST_LOW = "host time: engine core only"   # the label of a band profile priced without the cited model runner
+FP8_LOW = "FP8 products at CUTLASS 3.6's rate"   # ... with FP8 GEMMs at eff_c_fp8_low
+
+
+def band_profiles(hw, host_time: bool = True, fp8: bool = False) -> list[tuple[str, object]]:
+    """``[(label, profile), ...]`` of ``hw``'s band (its own profile not included; empty: no band): each public
+    fit; then, where ``host_time`` (the run prices host time) and ``hw``'s host time has a cited model-runner part,
+    the central profile and each fit with the engine core's host time alone; then, where ``fp8`` (the run's
+    linear layers are FP8) and ``hw`` has ``eff_c_fp8_low``, every profile so far with FP8 products at that rate
+    (module docstring: the product of the ranges)."""
+    out = [("central", hw)]
     for f in band_fits(hw):
         coefs = {k: float(f[k]) for k in BAND_COEFFICIENTS if f.get(k) is not None}
         out.append((f"fit on {f['fit_on']}",
                     dataclasses.replace(hw, source=f"{hw.source}#band:{f['fit_on']}", **coefs)))
-    return out
+    axes = []
+    host = hw.host_step
+    if host_time and host is not None and host.has_runner_part:
+        axes.append((HOST_LOW, {"host_step": host.engine_core_only()}))
+    if fp8 and hw.eff_c_fp8_low is not None:
+        axes.append((FP8_LOW, {"eff_c_fp8": hw.eff_c_fp8_low}))
+    for name, change in axes:
+        out += [(name if label == "central" else f"{label}, {name}",
+                 dataclasses.replace(p, source=f"{p.source}#band:{name}", **change)) for label, p in out]
+    return out[1:]
+
+
+def band_options(info: dict | None) -> dict:
+    """:func:`band_profiles`' ``host_time`` / ``fp8`` of the run a result's ``rksim`` record describes: whether it
+    priced host time per step, and whether its linear layers are FP8 (``quantization``)."""
+    return {"host_time": host_priced(info), "fp8": (info or {}).get("quantization") == "fp8"}
+
+
+def host_priced(info: dict | None) -> bool:
+    """Whether the run a result's ``rksim`` record describes priced host time per step (its band then spans the
+    host-time range: :func:`band_profiles`' ``host_time``)."""
+    return bool((((info or {}).get("overheads") or {}).get("host_step") or {}).get("priced"))
 
 
 def band_of(values) -> list[float] | None:
@@ -61,4 +104,5 @@ def band_of(values) -> list[float] | None:
     return [min(v), max(v)] if v else None
 
 
-__all__ = ["BAND_COEFFICIENTS", "band_fits", "band_profiles", "band_of"]
+__all__ = ["BAND_COEFFICIENTS", "FP8_LOW", "HOST_LOW", "band_fits", "band_profiles", "band_of", "band_options",
+           "host_priced"]

@@ -146,6 +146,7 @@ class HardwareProfile:
     fp8_weights: str | None = None  # FP8_WEIGHTS: how --quantization fp8 runs here (None: refused)
     peak_flops_fp8: float | None = None   # FP8 tensor-core peak, dense (datasheet); needed by fp8_weights: w8a8
     eff_c_fp8: float | None = None  # FP8 matrix products' fraction of peak_flops_fp8 (None: eff_c's fraction)
+    eff_c_fp8_low: float | None = None   # another public kernel's eff_c_fp8 (lower): an FP8 run's band (sim.cost.bands)
     # host time per engine step and the API server's time (sim.cost.overheads; None: not priced). A GPU preset's
     # kernels are fitted on device-side timings, so these are not inside eff_* / per_kernel_s; a profile fitted
     # end to end (local-cpu) holds its host time in host_per_iter_s instead and carries neither.
@@ -178,7 +179,8 @@ class HardwareProfile:
         label = f"hardware preset {self.source or self.name}: field"
         for rule, names in (("positive", ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m")),
                             ("positive or null", ("eff_elem", "eff_mv", "eff_att", "eff_kv", "eff_kv_shared",
-                                                  "peak_flops_fp8", "eff_c_fp8", "eff_c_moe", "eff_c_moe_fp8",
+                                                  "peak_flops_fp8", "eff_c_fp8", "eff_c_fp8_low", "eff_c_moe",
+                                                  "eff_c_moe_fp8",
                                                   "eff_c_moe_mxfp4")),
                             ("count or null", ("gemm_row_block", "gemm_small_m_max", "sm_count")),
                             ("nonneg", ("per_kernel_s", "per_layer_s", "sample_s_per_vocab", "host_per_iter_s",

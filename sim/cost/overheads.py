@@ -87,6 +87,10 @@ class HostStepCost:
         (None: unbounded); :meth:`seconds` refuses more.
     source
         Where the coefficients come from (file, commit, measurement date).
+    runner_base_s, runner_per_running_s
+        The parts of ``base_s`` / ``per_running_s`` that are the model runner's host work (input
+        preparation, the sampler's host side) taken from a cited older engine rather than measured on
+        vLLM V1 (0: none); the low edge of a figure's band drops them (:meth:`engine_core_only`).
     """
 
     base_s: float
@@ -100,14 +104,42 @@ class HostStepCost:
     max_running: int | None = None
     max_tokens: int | None = None
     source: str = ""
+    runner_base_s: float = 0.0
+    runner_per_running_s: float = 0.0
 
     def __post_init__(self) -> None:
         for rule, names in (("nonneg", ("base_s", "per_running_s", "per_token_s", "per_output_s", "per_admit_s",
-                                        "per_admit_token_s")),
+                                        "per_admit_token_s", "runner_base_s", "runner_per_running_s")),
                             ("positive", ("host_speed",)), ("fraction", ("serial_fraction",)),
                             ("count or null", ("max_running", "max_tokens"))):
             for f in names:
                 check_field(f"host_step.{f}", getattr(self, f), rule)
+        for part, whole in (("runner_base_s", "base_s"), ("runner_per_running_s", "per_running_s")):
+            if getattr(self, part) > getattr(self, whole):
+                raise PresetError(f"field 'host_step.{part}' ({getattr(self, part)!r}) is a part of "
+                                  f"'host_step.{whole}' ({getattr(self, whole)!r}): it cannot be larger")
+
+    @property
+    def has_runner_part(self) -> bool:
+        """Whether some of the coefficients are a cited model runner's (:meth:`engine_core_only` differs)."""
+        return self.runner_base_s > 0 or self.runner_per_running_s > 0
+
+    def engine_core_only(self) -> "HostStepCost":
+        """The same host time without the cited model runner's part (``runner_base_s``, ``runner_per_running_s``)::
+
+            base_s' = base_s - runner_base_s,   per_running_s' = per_running_s - runner_per_running_s
+
+        What was measured on vLLM V1 itself (engine core, admission), with no input preparation or sampler host
+        time at all: the low edge of the host-time range (V1's persistent batch prepares its inputs incrementally,
+        so the older engine's runner is its high edge)."""
+        import dataclasses
+
+        return dataclasses.replace(
+            self, base_s=max(self.base_s - self.runner_base_s, 0.0),
+            per_running_s=max(self.per_running_s - self.runner_per_running_s, 0.0), runner_base_s=0.0,
+            runner_per_running_s=0.0, source=f"{self.source} [engine core only: the cited model runner's part "
+                                             f"({self.runner_base_s:g} s + {self.runner_per_running_s:g} s per "
+                                             f"request) left out]")
 
     def seconds(self, running, scheduled_tokens, sampled=None, admitted=0, admitted_tokens=0):
         """Host seconds of steps with ``running`` requests computing ``scheduled_tokens`` tokens.
@@ -187,7 +219,8 @@ def add(a: HostStepCost, b: HostStepCost, source: str = "") -> HostStepCost:
                         per_admit_token_s=a.per_admit_token_s + b.per_admit_token_s,
                         host_speed=a.host_speed, serial_fraction=max(a.serial_fraction, b.serial_fraction),
                         max_running=tight(a.max_running, b.max_running), max_tokens=tight(a.max_tokens, b.max_tokens),
-                        source=source or f"{a.source}; {b.source}")
+                        source=source or f"{a.source}; {b.source}", runner_base_s=a.runner_base_s + b.runner_base_s,
+                        runner_per_running_s=a.runner_per_running_s + b.runner_per_running_s)
 
 
 def step_seconds(gpu_s, host_s, async_scheduling: bool, host_serial_s=0.0):
@@ -325,6 +358,8 @@ def host_step_from_preset(preset: dict, where: str = "hardware preset") -> HostS
           max_running: 512
           max_tokens: 8192
           source: "..."          # required: where the numbers come from
+          runner_base_s: ...     # optional: the parts of base_s / per_running_s from a cited model
+          runner_per_running_s:  #   runner, not measured on vLLM V1 (the band's low edge drops them)
 
     A bad field raises :class:`PresetError` naming ``where`` and the field.
     """

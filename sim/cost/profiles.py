@@ -203,7 +203,7 @@ def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
     data.setdefault("name", path.stem)
     for k in ("peak_flops", "mem_bw", "mem_capacity", "eff_c", "eff_m", "per_kernel_s", "per_layer_s",
               "sample_s_per_vocab", "host_per_iter_s", "per_kernel_graph_s", "eff_elem", "eff_mv", "eff_att",
-              "eff_kv", "eff_kv_shared", "peak_flops_fp8", "eff_c_fp8", "eager_launch_s", "eff_c_moe",
+              "eff_kv", "eff_kv_shared", "peak_flops_fp8", "eff_c_fp8", "eff_c_fp8_low", "eager_launch_s", "eff_c_moe",
               "eff_c_moe_fp8", "eff_c_moe_mxfp4"):
         if k in data and isinstance(data[k], (int, str)) and not isinstance(data[k], bool):
             try:

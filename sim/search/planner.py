@@ -339,7 +339,7 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
     m = plan_model(model_preset, quantization, kv_cache_dtype)
     nd, hw = node_and_gpu(node)
     if band_fit is not None:
-        fits = dict(band_profiles(hw))
+        fits = dict(band_profiles(hw, host_time=host_time, fp8=m.quantization == "fp8"))
         if band_fit not in fits:
             raise ValueError(f"--band: {hw.name} has no public fit {band_fit!r} (fits: {', '.join(fits) or 'none'})")
         hw = fits[band_fit]
