@@ -26,14 +26,19 @@ class _Prob:
 
     def __init__(self, pseq, pos, job, ids):
         self.pseq, self.pos, self.job, self.ids = pseq, pos, job, ids
-        B = job.B
+        t = job.prob_init
+        if t is None:   # the job's starting arrays, made once per job (a problem copies them: a day has 10^5)
+            B = job.B
+            t = job.prob_init = (np.full(B, np.nan), job.gate > 0, np.zeros(B, bool),
+                                 np.where(job.gen > 0, job.ctx + job.gen - 1, job.ctx))
+        first, gate, no = t[0], t[1], t[2]
         self.arrival = self.admitted = 0.0
         self.end = float("nan")
-        self.first = np.full(B, np.nan)
-        self.gate_left = (job.gate > 0).copy()
-        self.src_ready = np.zeros(B, bool)
-        self.started = np.zeros(B, bool)
-        self.gen_done = np.zeros(B, bool)
+        self.first = first.copy()
+        self.gate_left = gate.copy()
+        self.src_ready = no.copy()
+        self.started = no.copy()
+        self.gen_done = no.copy()
         self.n_gen_done = 0
         self.verify_left = 0
         self.phase = {k: 0.0 for k in KIND_NAMES}
@@ -45,8 +50,8 @@ class _Prob:
         self.prompt_tokens = 0
         self.user_done = None
         self.reqs = {}
-        self.vstart = np.where(job.gen > 0, job.ctx + job.gen - 1, job.ctx)
-        self.ext = np.zeros(B, bool)     # the branch's request was extended by its verification prompt
+        self.vstart = t[3]               # read only
+        self.ext = no.copy()             # the branch's request was extended by its verification prompt
         self.qsum, self.qn = 0.0, 0      # waiting of its branch requests: first scheduled - ready
         self.admitted = None
         self.tok = None                  # per branch, the times its tokens were sampled (record_token_times)

@@ -73,6 +73,7 @@ class Job:
     # Memos of derived values (the job's arrays are not changed once built):
     query_range: tuple | None = field(default=None, repr=False, compare=False)  # (max context, max new tokens)
     plan_ids: list | None = field(default=None, repr=False, compare=False)      # sim.serving.engine stand-in token ids
+    prob_init: tuple | None = field(default=None, repr=False, compare=False)    # sim.serving.lifecycle._Prob's arrays
 
     def __post_init__(self) -> None:
         self.has_prefill = (self.computed > 0) | (self.copy > 0)
