@@ -71,8 +71,8 @@ def test_data_file_is_well_formed():
     assert len({p["id"] for p in ps}) == len(ps)
     for p in ps:
         assert p["url"].startswith("https://github.com/"), p["id"]
-        assert p["use"] in ("sets", "check", "excluded"), p["id"]
-        if p["use"] == "excluded":
+        assert p["use"] in ("sets", "check", "excluded", "finding"), p["id"]
+        if p["use"] in ("excluded", "finding"):
             assert p.get("why"), p["id"]
         for s in p.get("sets", []):
             rules, field = s.split(".", 1) if not s.startswith("v0.6.5") else ("v0.6.5", s[len("v0.6.5."):])
@@ -84,6 +84,22 @@ def test_data_file_is_well_formed():
 def test_held_out_kv_within_5_percent(p):
     what, lg, rk = predicted(p)
     assert abs(rk / lg - 1) <= TOL, f"{p['id']}: rksim {rk:.1f} {what} vs vLLM's {lg:.1f} ({rk / lg:.3f})"
+
+
+@pytest.mark.parametrize("p", [p for p in points() if p["use"] == "finding"], ids=lambda p: p["id"])
+def test_a_finding_is_a_miss_its_why_accounts_for(p):
+    """A finding is held out and missed by more than 5% (within 5% it would be a check); its ``why`` puts the miss
+    on the logged terms: with the non-torch memory vLLM logged there, the KV lands within 10%."""
+    what, lg, rk = predicted(p)
+    assert abs(rk / lg - 1) > TOL, f"{p['id']}: within 5% ({rk / lg:.3f}): make it a check"
+    b = budget(p)
+    r = VLLM_RULES[p["rules"]]
+    kv = b["available_kv_bytes_per_gpu"] + (r.non_torch_tp1_bytes - p["logged"]["non_torch_gib"] * GIB)
+    m = model_of(p)
+    act = activation_peak(m, p["max_num_batched_tokens"], p["max_num_seqs"], 1, rules=r) / GIB
+    assert act == pytest.approx(p["logged"]["activation_peak_gib"], rel=0.10)
+    logged_kv = lg * 16 * 2 * m.n_layers * m.n_kv_heads * m.head_dim * m.dtype_bytes
+    assert abs(kv / logged_kv - 1) <= 0.10, (kv / GIB, logged_kv / GIB)
 
 
 def test_constants_reproduce_the_breakdowns_that_set_them():
