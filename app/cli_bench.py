@@ -57,8 +57,9 @@ def _target_flags(p, offline: bool) -> None:
     p.add_argument("--block-size", default=16, metavar="T",
                    help="tokens per KV block")
     p.add_argument("--band", action="store_true",
-                   help="also run with each public fit of the device (sim.cost.bands): every figure gains a "
-                        "[low, high] band in the output and the JSON (one more run per fit)")
+                   help="also run with each public fit of the device, each with and without the cited model runner's "
+                        "host time, and (FP8) with CUTLASS's FP8 rate (sim.cost.bands): every figure gains a "
+                        "[low, high] band in the output and the JSON (one more run per profile)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="vLLM's flag: no CUDA graphs (every kernel launched from the host, no padding to capture "
                         "sizes); default: vLLM's graphs on a GPU")

@@ -263,8 +263,9 @@ def register(sub) -> None:
                    help=f"GPU preset with a shipped node ({', '.join(sorted({load_node(n).gpu for n in nodes}))}: "
                         f"that node) or a node preset ({', '.join(nodes)}) or file")
     p.add_argument("--band", action="store_true",
-                   help="also run every deployment with each public fit of the GPU (sim.cost.bands): goodput and "
-                        "p99 E2E gain a [low, high] band (one more plan per fit)")
+                   help="also run every deployment with each public fit of the GPU, with and without the cited model "
+                        "runner's host time, and (FP8) CUTLASS's FP8 rate (sim.cost.bands): goodput and p99 E2E gain "
+                        "a [low, high] band (one more plan per profile)")
     p.add_argument("--node", default=None, metavar="NODE",
                    help="node preset or file whose GPUs are --hardware (default: the shipped node of --hardware)")
     p.add_argument("--gpus", required=True, type=int, metavar="G", help="GPU budget")

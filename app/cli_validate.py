@@ -15,8 +15,9 @@ def register(sub) -> None:
     p.add_argument("--out", default=None, metavar="FILE", help="also write the table as JSON (default: none)")
     p.add_argument("--markdown", default=None, metavar="FILE", help="also write the table as Markdown (default: none)")
     p.add_argument("--band", action="store_true",
-                   help="also price every figure with each public fit of its device: a low-high band per figure "
-                        "(sim.cost.bands; one more run per fit)")
+                   help="also price every figure with each public fit of its device, with and without the cited model "
+                        "runner's host time, and (FP8) CUTLASS's FP8 rate: a low-high band per figure "
+                        "(sim.cost.bands; one more run per profile)")
     p.add_argument("--no-host-time", dest="host_time", action="store_false",
                    help="every figure priced without host time per engine step (default: as each figure's run)")
     p.add_argument("--no-frontend", dest="frontend", action="store_false",
