@@ -86,6 +86,19 @@ def test_split_job_drops_reuse_of_branches_whose_source_went_elsewhere():
     assert t.source.tolist() == [-1, 0] and t.reused.tolist() == [0, 48] and t.computed.tolist() == [64, 16]
 
 
+def test_a_sub_job_starts_its_memos_afresh():
+    """The memos a job keeps of derived values (Job.MEMOS) are the sub-job's own: a problem of the sub-job has
+    arrays of its branches, not the whole job's."""
+    from sim.serving.lifecycle import _Prob
+    (_, j), = _shared_jobs(1)
+    _Prob(0, 0, j, None)                       # fills j's memo of a problem's starting arrays (4 branches)
+    j.plan_ids, j.query_range = ["x"], (1, 2)
+    s = split_job(j, [False, True, True, False])
+    assert all(getattr(s, f) is None for f in Job.MEMOS) and j.prob_init is not None
+    p = _Prob(0, 0, s, None)
+    assert len(p.first) == len(p.gate_left) == len(p.started) == len(p.vstart) == 2
+
+
 def test_routing_decides_the_reuse():
     from sim.cost.profiles import load_hardware, load_model
     m, hw = load_model("llama-3-8b"), load_hardware("h100-sxm")

@@ -17,7 +17,6 @@ With one replica the driver is the engine: same arrivals, same order, the same r
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,7 +53,7 @@ def split_job(job, keep):
     kw["own"][lost] = kw["ctx"][lost]
     score = None if job.score is None else np.asarray(job.score)[idx].copy()
     # the long decode carries over; the memos of derived values are the sub-job's own
-    return dataclasses.replace(job, B=int(idx.size), score=score, query_range=None, plan_ids=None, **kw)
+    return job.fresh(B=int(idx.size), score=score, **kw)
 
 
 def _common_prefix(ids_per_branch) -> np.ndarray:

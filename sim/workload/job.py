@@ -33,6 +33,7 @@ layers it ran. The engine counts the blocks of its block manager
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,13 +71,20 @@ class Job:
     # A token policy's long decode (sim.serving.long_decode.LongDecode): the per-step KV cap and eviction costs
     # the engine charges (None: an ordinary problem).
     long: object = field(default=None, repr=False, compare=False)
-    # Memos of derived values (the job's arrays are not changed once built):
+    # Memos of derived values (the job's arrays are not changed once built; a job derived from another starts
+    # them afresh: MEMOS)
     query_range: tuple | None = field(default=None, repr=False, compare=False)  # (max context, max new tokens)
     plan_ids: list | None = field(default=None, repr=False, compare=False)      # sim.serving.engine stand-in token ids
     prob_init: tuple | None = field(default=None, repr=False, compare=False)    # sim.serving.lifecycle._Prob's arrays
 
     def __post_init__(self) -> None:
         self.has_prefill = (self.computed > 0) | (self.copy > 0)
+
+    MEMOS = ("query_range", "plan_ids", "prob_init")   # the memo fields above (a derived job resets them: fresh())
+
+    def fresh(self, **changes) -> "Job":
+        """This job with ``changes`` (``dataclasses.replace``) and its memos of derived values reset."""
+        return dataclasses.replace(self, **{**dict.fromkeys(self.MEMOS), **changes})
 
     @property
     def decode_steps(self) -> np.ndarray:
