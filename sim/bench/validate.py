@@ -85,8 +85,8 @@ def metric_family(m: str) -> str:
 
 def summary(df) -> list[dict]:
     """Per metric family: figures, priced figures, median and max of ``|ratio - 1|`` over the priced ones; with
-    bands (``validate --band``), how many priced figures have one (``banded``: a band wider than its central
-    value) and how many of those the published value lies inside (``in_band``)."""
+    bands (``validate --band``), how many priced figures have one (``banded``: priced on at least one profile
+    beside the central) and how many of those the published value lies inside (``in_band``)."""
     out = []
     for fam in ("ttft", "tpot", "e2el", "throughput", "duration"):
         g = df[df["family"] == fam]
