@@ -85,6 +85,54 @@ def test_timed_api_server_delays_in_turn_and_holds_the_slot_after():
     assert sent == {0: 0.0, 1: 3.5} and sub == {0: 0.5, 1: 4.0}
 
 
+def _api_by_processes(times, delays, servers):
+    """The reference: one simpy process per problem through a FIFO ``simpy.Resource`` of ``servers`` (as the
+    per-problem processes with client slots pass the API server); (handed-over order, times, sent)."""
+    env = simpy.Environment()
+    api = simpy.Resource(env, capacity=servers)
+    got, sent = [], {}
+
+    def user(i):
+        if times[i] > env.now:
+            yield env.timeout(times[i] - env.now)
+        sent[i] = env.now
+        with api.request() as q:
+            yield q
+            yield env.timeout(delays[i][0])
+        got.append((i, env.now))
+
+    for i in range(len(times)):
+        env.process(user(i))
+    env.run()
+    return [i for i, _ in got], [t for _, t in got], sent
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.1, 0.25, 1.0]) | st.floats(0, 3),
+                          st.sampled_from([0.0, 0.05, 0.1]) | st.floats(0, 0.5)), min_size=1, max_size=30),
+       st.integers(1, 3), st.booleans())
+def test_open_timed_arrivals_hand_over_as_the_processes_did(rows, servers, api):
+    """Without client slots every problem is one event at the time it reaches the engine (``submit_times``):
+    the same order, the same floats and the same send times as one simpy process per problem through a FIFO
+    resource of ``api_servers`` (ties included: equal due times, zero delays); unsorted due times allowed."""
+    times = [t for t, _ in rows]
+    delays = [(d, 0.0) for _, d in rows] if api else None
+    n = len(rows)
+    arr = arrivals.Timed(tuple(times), None, delays, servers)
+    env = simpy.Environment()
+    got, sent = [], {}
+    arrivals.start(env, arr, n, lambda i, hold: got.append((i, env.now, hold)), sent)
+    arrivals.run_until_empty(env, [])
+    assert all(h is False for _, _, h in got)
+    if api:
+        order, at, ref_sent = _api_by_processes(times, delays, servers)
+        assert [i for i, _, _ in got] == order and [t for _, t, _ in got] == at
+        assert sent == ref_sent and list(sent) == list(ref_sent)
+    else:
+        assert [i for i, _, _ in got] == sorted(range(n), key=lambda i: (times[i], i))
+        assert [t for _, t, _ in got] == sorted(times) and sent == dict(enumerate(times))
+
+
 def test_of_picks_the_process_and_checks_the_times():
     assert arrivals.of(3) == arrivals.ClosedLoop(1)
     assert arrivals.of(3, arrival_rate=2.0, seed=5) == arrivals.Poisson(2.0, 5)

@@ -14,10 +14,13 @@ problem ``pseq`` to its engine(s) now and returns the event succeeded when it is
   of that many client slots (FIFO; ``vllm bench serve``'s semaphore) and holds it until answered; with
   ``client_delays`` (per problem ``(before_s, after_s)``) it first passes the API server (``api_servers``
   at a time, FIFO, ``before_s`` each) and keeps its slot ``after_s`` past the answer (the last chunk's
-  delivery).
+  delivery). Without ``max_concurrency`` nothing waits on an answer: each problem is one event, scheduled at the
+  start at the time it reaches the engine (:func:`submit_times`), not a process (a day of traffic holds no
+  process per request, and the clock carries one event per arrival).
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,9 +68,10 @@ def start(env: simpy.Environment, arrivals, n: int, submit, sent: dict | None = 
     ``submit(pseq, hold)`` hands problem ``pseq`` over now and returns its answered event (None allowed
     when ``hold`` is False); ``sent[pseq]`` records when a :class:`Timed` client sent it (with delays).
     """
-    if isinstance(arrivals, Timed):
-        mc = arrivals.max_concurrency
-        slots = simpy.Resource(env, capacity=int(mc)) if mc else None
+    if isinstance(arrivals, Timed) and not arrivals.max_concurrency:
+        _timed_open(env, arrivals, n, submit, sent)
+    elif isinstance(arrivals, Timed):
+        slots = simpy.Resource(env, capacity=int(arrivals.max_concurrency))
         api = simpy.Resource(env, capacity=arrivals.api_servers) if arrivals.client_delays is not None else None
         for pseq in range(n):
             env.process(_timed(env, arrivals, pseq, slots, api, submit, sent))
@@ -92,6 +96,48 @@ def _poisson(env, arr: Poisson, n: int, submit):
         if pseq:
             yield env.timeout(float(rng.exponential(1.0 / arr.rate)))
         submit(pseq, False)
+
+
+def submit_times(arr: Timed, n: int, now: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Without client slots, when each of problems ``0 .. n-1`` reaches the engine: ``(order, at)``, the problems in
+    the order they are handed over and their times.
+
+    A problem is sent at ``max(times[i], now)``; with ``client_delays`` it waits for the first of ``api_servers``
+    servers to be free (FIFO in the order sent, ties by problem number, as simpy's resource serves them) and is
+    handed over ``before_s`` later: ``start_i = max(sent_i, free)``, ``at_i = start_i + before_i`` (Lindley's
+    recursion; the same float additions as the processes' clock makes). Nothing waits on an answer, so these are
+    known before the run."""
+    sent = np.maximum(np.asarray(arr.times[:n], np.float64), now)
+    order = np.argsort(sent, kind="stable")
+    if arr.client_delays is None:
+        return order, sent[order]
+    free = [now] * max(1, int(arr.api_servers))   # each server's next free time (a heap)
+    at = np.empty(n, np.float64)
+    delays = arr.client_delays
+    for k, i in enumerate(order.tolist()):
+        at[k] = max(float(sent[i]), heapq.heappop(free)) + float(delays[i][0])
+        heapq.heappush(free, float(at[k]))
+    by = np.argsort(at, kind="stable")   # by time, then by service start: FIFO starts never decrease
+    return order[by], at[by]
+
+
+def _timed_open(env, arr: Timed, n: int, submit, sent) -> None:
+    """Problems of a :class:`Timed` process without client slots: one event each, scheduled now at the time it reaches
+    the engine (:func:`submit_times`: a delay from now, as the per-problem processes' first timeout, so the clock
+    lands on the same float), whose callback hands it over. No process per problem: nothing waits on an answer."""
+    order, at = submit_times(arr, n, env.now)
+    if sent is not None:   # when each was sent (the client's clock), in the order they were sent
+        t = np.maximum(np.asarray(arr.times[:n], np.float64), env.now)
+        for i in np.argsort(t, kind="stable").tolist():
+            sent[i] = float(t[i])
+    now = env.now
+
+    def fire(ev):
+        submit(ev.value, False)
+
+    for i, t in zip(order.tolist(), at.tolist()):
+        ev = env.timeout(t - now if t > now else 0.0, value=i)
+        ev.callbacks.append(fire)
 
 
 def _timed(env, arr: Timed, pseq: int, slots, api, submit, sent):
