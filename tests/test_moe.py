@@ -703,3 +703,19 @@ def test_a_quantized_release_is_served_as_released_by_default():
     assert "costs from deepseek-v3 (fp8 weights, fp8 KV cache) on h200" in t.note("x")
     assert load_model("qwen3-32b").with_precision(None, "fp8").priced_name == "qwen3-32b (fp8 KV cache)"
     assert load_model("llama-3-8b").priced_name == "llama-3-8b"
+
+
+def test_the_run_line_names_expert_parallelism():
+    """``--enable-expert-parallel`` at TP alone: the run's line says the experts run EP over the TP ranks; DP
+    attention's EP is said by its own note (EP over every rank), not twice; without the flag nothing is said."""
+    from sim.bench.plain_results import provenance
+    base = {"model": "qwen3-235b-a22b", "hardware": "h100-sxm", "calibration": "c", "kv_capacity_blocks": 1,
+            "block_size": 16, "kv_capacity_bytes": 1e9, "prefix_caching": True, "tensor_parallel_size": 8,
+            "pipeline_parallel_size": 1, "node": "dgx-h100",
+            "scheduler": {"scheduler": "vllm-v1", "max_num_seqs": 1, "max_num_batched_tokens": 1}}
+    assert "x TP 8 x PP 1 on dgx-h100" in provenance(base, False)
+    assert "x TP 8 x PP 1 (experts: EP 8) on dgx-h100" in provenance({**base, "enable_expert_parallel": True}, False)
+    dpa = {**base, "enable_expert_parallel": True, "router": "r",
+           "dp_attention": {"note": "vLLM's DP attention + EP: experts over all 16 GPUs"}}
+    line = provenance(dpa, False)
+    assert "(experts: EP" not in line and "experts over all 16 GPUs" in line

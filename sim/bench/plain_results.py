@@ -229,7 +229,9 @@ def provenance(info: dict, run_stats: bool = True) -> str:
     preemptions and most sequences running; off for a line that covers several runs)."""
     s = info["scheduler"]
     pol = info.get("token_policy")
-    lay = (f" x TP {info['tensor_parallel_size']} x PP {info['pipeline_parallel_size']} on {info['node']}"
+    lay = (f" x TP {info['tensor_parallel_size']} x PP {info['pipeline_parallel_size']}"
+           + (f" (experts: EP {info['tensor_parallel_size']})"   # DP attention's EP: its own note
+              if info.get("enable_expert_parallel") and "dp_attention" not in info else "") + f" on {info['node']}"
            if "tensor_parallel_size" in info else "")
     from sim.cost.model_shape import precision_words
     prec = precision_words(info.get("quantization"), info.get("kv_cache_dtype"))
