@@ -829,7 +829,8 @@ def test_a_simulator_error_is_shown_beside_the_widget_of_its_field(env):
     at.text_input(key="serving.srv.kv_capacity_bytes").set_value("1").run()
     _ok(at)
     under = _errors_under(at.main, "serving.srv.kv_capacity_bytes")
-    assert len(under) == 4 and all("KV capacity is 0 blocks" in e for e in under), under
+    assert len(under) == 4 and all("--kv-capacity-bytes: 1 B holds" in e and "fewer than one block" in e
+                                   for e in under), under
     assert {e.split(":")[0] for e in under} == {"no-kv", "exact-prefix", "asks", "rsbcm"}
     assert all(e in under for e in (x.value for x in at.error))  # and nowhere else on the page
     # a model whose weights do not fit the GPU (the layout's ConfigError): under the target model box, in the sidebar

@@ -28,6 +28,21 @@ def _err(capsys, argv) -> str:
     return err.removeprefix("rksim: error: ")
 
 
+@pytest.mark.parametrize("cmd", [["serve", "--policy", "exact-prefix", "--num-problems", "2"],
+                                 ["bench", "serve", "--num-prompts", "2"],
+                                 ["bench", "throughput", "--num-prompts", "2", "--input-len", "64", "--output-len", "4"]])
+def test_a_gpu_left_without_one_kv_block_is_refused_naming_the_flag(capsys, cmd):
+    """One GPU whose weights fit its memory but leave no block of KV under --gpu-memory-utilization is refused naming
+    the layout, the fraction and the smallest layout that fits (not a request the engine cannot place); a
+    --kv-capacity-bytes smaller than one block is refused naming that flag."""
+    base = [*cmd, "--model-preset", "llama-3-8b", *H100]
+    err = _err(capsys, [*base, "--gpu-memory-utilization", "0.1"])
+    assert "llama-3-8b does not fit on h100-sxm" in err and "(x 0.1)" in err
+    assert "the smallest that fits: --tensor-parallel-size" in err
+    err = _err(capsys, [*base, "--kv-capacity-bytes", "1000000"])
+    assert err.startswith("--kv-capacity-bytes: 1e+06 B holds 7.63 tokens") and "fewer than one block of 16" in err
+
+
 def test_70b_on_one_h100_refused_naming_tp2_and_runs_at_tp2(capsys):
     err = _err(capsys, ["serve", "--policy", "asks", "--model-preset", "llama-3-70b", *H100])
     assert "llama-3-70b does not fit on h100-sxm" in err

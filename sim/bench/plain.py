@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.serving.capacity import GENERIC_DEFAULTS, SCHEDULER_DEFAULTS, ServingConfig, capacity_blocks, kv_capacity
+from sim.serving.capacity import GENERIC_DEFAULTS, SCHEDULER_DEFAULTS, ServingConfig, capacity_blocks, check_fits, kv_capacity
 from sim.cost.fingerprint import host_fields
 from sim.bench.plain_workload import MAX_LEN, MAX_PROMPTS, PlainError, PlainWorkload, int_arg, arrival_times, \
     file_workload, random_workload  # noqa: F401 (re-exported: the workload half of this module)
@@ -148,6 +148,8 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
                                disable_custom_all_reduce, enable_expert_parallel, moe_routing, seed, router, node)
     cap = kv_capacity(model, hw, sv_eff, par)   # one GPU (TP = PP = 1, no DP attention): as with None
     blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
+    if blocks < 1:   # the weights leave no block of KV: refused naming the layout and the memory fraction
+        check_fits(model, hw, sv_eff, par, nd, min_kv_tokens=bs)
     _check_range(model, hw, par, wl.input_lens, wl.output_lens, sched)
     sched_t = _send_times(wl.n, offline, arrivals, request_rate, burstiness, seed)
     jobs, ids, pre = _jobs(model, hw, wl, bs, token_policy)

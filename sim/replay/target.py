@@ -312,6 +312,9 @@ class Target:
         sched = self.scheduler(mode)
         cap = kv_capacity(self.model, self.hardware, self.serving, None if self.single else self.parallel)
         cap["kv_capacity_blocks"] = capacity_blocks(cap["kv_capacity_bytes"], block_size, self.model.kv_bytes_per_token)
+        if mode == "serving" and cap["kv_capacity_blocks"] < 1:   # no block of KV left: refused naming the layout
+            check_fits(self.model, self.hardware, self.serving, None if self.single else self.parallel,
+                       min_kv_tokens=int(block_size))
         cap["block_size"] = int(block_size)
         cap["scheduler"] = sched.to_dict()
         if not self.model.is_plain:   # MoE / MLA / sliding-window targets state their KV per token and kinds

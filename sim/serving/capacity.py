@@ -461,6 +461,10 @@ def check_fits(model, hw, serving: ServingConfig | None = None, parallel=None, n
     tokens = cap.get("kv_tokens", cap["kv_capacity_bytes"] / model.kv_bytes_per_token)
     if tokens >= min_kv_tokens:
         return cap
+    if serving is not None and serving.kv_capacity_bytes is not None:   # the user's capacity, not the weights'
+        raise CapacityError(f"--kv-capacity-bytes: {serving.kv_capacity_bytes:g} B holds {tokens:.3g} tokens of "
+                            f"{model.priced_name}'s KV ({model.kv_bytes_per_token:g} B each), fewer than one block "
+                            f"of {min_kv_tokens}", field="kv_capacity_bytes")
     tp = parallel.tensor_parallel_size if parallel is not None else 1
     pp = parallel.pipeline_parallel_size if parallel is not None else 1
     best = smallest_fitting(model, hw, serving, node=node, min_kv_tokens=min_kv_tokens)
