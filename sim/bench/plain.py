@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.serving.capacity import GENERIC_DEFAULTS, SCHEDULER_DEFAULTS, ServingConfig, capacity_blocks, check_fits, kv_capacity
+from sim.serving.capacity import GENERIC_DEFAULTS, SCHEDULER_DEFAULTS, ServingConfig, kv_blocks
 from sim.cost.fingerprint import host_fields
 from sim.bench.plain_workload import MAX_LEN, MAX_PROMPTS, PlainError, PlainWorkload, int_arg, arrival_times, \
     file_workload, random_workload  # noqa: F401 (re-exported: the workload half of this module)
@@ -146,7 +146,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     sched, graphs, sv_eff = _scheduler(model, hw, sv, offline)
     par, nd, routing = _layout(model, hw, sv_eff, tensor_parallel_size, pipeline_parallel_size, data_parallel_size,
                                disable_custom_all_reduce, enable_expert_parallel, moe_routing, seed, router, node)
-    cap, blocks = _capacity(model, hw, sv_eff, par, nd, bs)
+    cap, blocks = kv_blocks(model, hw, sv_eff, par, bs, nd)   # one GPU (TP = PP = 1, no DP attention): as with None
     _check_range(model, hw, par, wl.input_lens, wl.output_lens, sched)
     sched_t = _send_times(wl.n, offline, arrivals, request_rate, burstiness, seed)
     jobs, ids, pre = _jobs(model, hw, wl, bs, token_policy)
@@ -320,17 +320,6 @@ class PromptIds:
     def __getitem__(self, i: int) -> list:
         own = -(1 + int(i) * 10 ** 9 + np.arange(int(self.input_lens[i]) - len(self.pre), dtype=np.int64))
         return [np.concatenate([self.pre, own]) if len(self.pre) else own]
-
-
-def _capacity(model, hw, sv_eff, par, nd, bs: int) -> tuple:
-    """The replica's KV capacity (:func:`sim.serving.capacity.kv_capacity`; one GPU, TP = PP = 1 and no DP attention,
-    as with None) and its blocks of ``bs`` tokens; a layout whose weights leave no block is refused naming the layout
-    and the memory fraction (:func:`sim.serving.capacity.check_fits`), not by a request the engine cannot place."""
-    cap = kv_capacity(model, hw, sv_eff, par)
-    blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
-    if blocks < 1:
-        check_fits(model, hw, sv_eff, par, nd, min_kv_tokens=bs)
-    return cap, blocks
 
 
 def _jobs(model, hw, wl: PlainWorkload, bs: int, token_policy):

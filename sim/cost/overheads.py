@@ -135,8 +135,8 @@ class HostStepCost:
         import dataclasses
 
         return dataclasses.replace(
-            self, base_s=max(self.base_s - self.runner_base_s, 0.0),
-            per_running_s=max(self.per_running_s - self.runner_per_running_s, 0.0), runner_base_s=0.0,
+            self, base_s=self.base_s - self.runner_base_s,   # parts no larger than their wholes (__post_init__)
+            per_running_s=self.per_running_s - self.runner_per_running_s, runner_base_s=0.0,
             runner_per_running_s=0.0, source=f"{self.source} [engine core only: the cited model runner's part "
                                              f"({self.runner_base_s:g} s + {self.runner_per_running_s:g} s per "
                                              f"request) left out]")

@@ -12,7 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
-from sim.serving.capacity import CapacityError, ServingConfig, capacity_blocks, check_fits, kv_capacity
+from sim.serving.capacity import CapacityError, ServingConfig, capacity_blocks, check_fits, kv_blocks, kv_capacity
 from sim.base.errors import ConfigError
 from sim.base.options import option, validate_options
 from sim.cost.hardware import HardwareProfile
@@ -310,11 +310,14 @@ class Target:
     def capacity(self, mode: str, block_size: int) -> dict:
         """KV capacity (``sim.serving.capacity.kv_capacity``) plus its blocks, block size and the mode's scheduler."""
         sched = self.scheduler(mode)
-        cap = kv_capacity(self.model, self.hardware, self.serving, None if self.single else self.parallel)
-        cap["kv_capacity_blocks"] = capacity_blocks(cap["kv_capacity_bytes"], block_size, self.model.kv_bytes_per_token)
-        if mode == "serving" and cap["kv_capacity_blocks"] < 1:   # no block of KV left: refused naming the layout
-            check_fits(self.model, self.hardware, self.serving, None if self.single else self.parallel,
-                       min_kv_tokens=int(block_size))
+        par = None if self.single else self.parallel
+        if mode == "serving":   # a served replica: no block of KV left is refused naming the layout (kv_blocks)
+            cap, blocks = kv_blocks(self.model, self.hardware, self.serving, par, block_size, self.node)
+            cap["kv_capacity_blocks"] = blocks
+        else:
+            cap = kv_capacity(self.model, self.hardware, self.serving, par)
+            cap["kv_capacity_blocks"] = capacity_blocks(cap["kv_capacity_bytes"], block_size,
+                                                        self.model.kv_bytes_per_token)
         cap["block_size"] = int(block_size)
         cap["scheduler"] = sched.to_dict()
         if not self.model.is_plain:   # MoE / MLA / sliding-window targets state their KV per token and kinds

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from sim.serving.capacity import ServingConfig, capacity_blocks, fits, kv_capacity
+from sim.serving.capacity import ServingConfig, fits, kv_blocks
 from sim.serving.goodput import SLO
 from sim.cost.parallel import TP_SIZES, ParallelConfig, ParallelError
 from sim.search.pareto import pareto_mask
@@ -165,9 +165,8 @@ def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate,
     par = dep.parallel
     if enable_expert_parallel and model.num_experts:
         par = dataclasses.replace(par, enable_expert_parallel=True)
-    cap = kv_capacity(model, hw, dep.serving(), par)
     bs = jobs[0][1].bs if jobs else 16
-    blocks = capacity_blocks(cap["kv_capacity_bytes"], bs, model.kv_bytes_per_token)
+    cap, blocks = kv_blocks(model, hw, dep.serving(), par, bs, node)
     routing = routing_for(moe_routing, int(seed)) if model.num_experts else None
     costs = served_costs(model, hw, node, par, dep.max_num_seqs, enforce_eager=enforce_eager, host_time=host_time,
                          async_scheduling=async_scheduling, routing=routing)   # stateless: it prices every replica

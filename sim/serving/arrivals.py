@@ -126,12 +126,9 @@ def _timed_open(env, arr: Timed, n: int, submit, sent) -> None:
     the engine (:func:`submit_times`: a delay from now, as the per-problem processes' first timeout, so the clock
     lands on the same float), whose callback hands it over. No process per problem: nothing waits on an answer."""
     order, at = submit_times(arr, n, env.now)
-    if sent is not None and arr.client_delays is not None:   # when each was sent (the client's clock, in front of
-        # the API server), in the order they were sent
-        t = np.maximum(np.asarray(arr.times[:n], np.float64), env.now)
-        for i in np.argsort(t, kind="stable").tolist():
-            sent[i] = float(t[i])
     now = env.now
+    if sent is not None and arr.client_delays is not None:   # when each was sent (the client's clock, in front of
+        sent.update(enumerate(np.maximum(np.asarray(arr.times[:n], np.float64), now).tolist()))   # the API server)
 
     def fire(ev):
         submit(ev.value, False)

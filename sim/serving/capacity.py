@@ -483,6 +483,18 @@ def capacity_blocks(kv_bytes: float, block_size: int, kv_bytes_per_token: float)
     return int(kv_bytes // (block_size * kv_bytes_per_token))
 
 
+def kv_blocks(model, hw, serving: ServingConfig | None, parallel, block_size: int, node=None) -> tuple[dict, int]:
+    """A served replica's KV capacity (:func:`kv_capacity`) and its whole blocks of ``block_size`` tokens. A capacity
+    of no block is refused as :func:`check_fits` refuses a layout, naming the layout, the memory fraction and the
+    smallest layout that fits (or ``--kv-capacity-bytes`` where the user gave the capacity), not later by a request
+    the engine cannot place."""
+    cap = kv_capacity(model, hw, serving, parallel)
+    blocks = capacity_blocks(cap["kv_capacity_bytes"], block_size, model.kv_bytes_per_token)
+    if blocks < 1:
+        check_fits(model, hw, serving, parallel, node, min_kv_tokens=int(block_size))
+    return cap, blocks
+
+
 def check_block_budget(name: str, value, allow_none: bool = True):
     """A block budget (count) in ``0..MAX_BLOCKS``."""
     return check_size(name, value, 0, MAX_BLOCKS, allow_none=allow_none)

@@ -29,8 +29,9 @@ class _Prob:
         t = job.prob_init
         if t is None:   # the job's starting arrays, made once per job (a problem copies them: a day has 10^5)
             B = job.B
-            t = job.prob_init = (np.full(B, np.nan), job.gate > 0, np.zeros(B, bool),
-                                 np.where(job.gen > 0, job.ctx + job.gen - 1, job.ctx))
+            vstart = np.where(job.gen > 0, job.ctx + job.gen - 1, job.ctx)
+            vstart.flags.writeable = False   # shared by every problem of the job (read only)
+            t = job.prob_init = (np.full(B, np.nan), job.gate > 0, np.zeros(B, bool), vstart)
         first, gate, no = t[0], t[1], t[2]
         self.arrival = self.admitted = 0.0
         self.end = float("nan")
@@ -50,7 +51,7 @@ class _Prob:
         self.prompt_tokens = 0
         self.user_done = None
         self.reqs = {}
-        self.vstart = t[3]               # read only
+        self.vstart = t[3]
         self.ext = no.copy()             # the branch's request was extended by its verification prompt
         self.qsum, self.qn = 0.0, 0      # waiting of its branch requests: first scheduled - ready
         self.admitted = None
