@@ -189,7 +189,7 @@ def target_options(args, m) -> dict:
     from sim.search.planner import target_options as of
     return of(m, args.enable_expert_parallel, args.moe_routing, args.quantization, args.kv_cache_dtype,
               host_time=not args.no_host_time, async_scheduling=not args.no_async_scheduling,
-              enforce_eager=args.enforce_eager)
+              enforce_eager=args.enforce_eager, step_by_step=args.step_by_step)
 
 
 def _knees(args, best, rates, node_spec: str, m) -> list[dict]:
@@ -279,6 +279,8 @@ def register(sub) -> None:
                                       "kv_cache_dtype"))   # sampled: seeded by --sim-seed
     from sim.serving.capacity import ServingConfig
     add_declared(p, ServingConfig, only=("enforce_eager", "no_host_time", "no_async_scheduling"))
+    from sim.replay.runconfig import RunConfig
+    add_declared(p, RunConfig, only=("step_by_step",))
     p.add_argument("--data-parallel-size", default=None, metavar="N,N",
                    help="replica counts (default: 1 .. GPUs / (TP x PP))")
     p.add_argument("--max-num-seqs", default="256", metavar="N,N", help="vLLM max_num_seqs values (default 256)")

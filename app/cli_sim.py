@@ -119,7 +119,7 @@ def workload_arg(p) -> None:
 def _calibration_args(p) -> None:
     """A fitted profile's limits: its host and its fitted range (sim.cost.fingerprint, sim.cost.ranges; RunConfig's declarations)."""
     from sim.replay.runconfig import RunConfig
-    add_declared(p, RunConfig, only=("strict", "allow_extrapolation"))
+    add_declared(p, RunConfig, only=("strict", "allow_extrapolation", "step_by_step"))
 
 
 def _reshape_arg(p) -> None:
@@ -300,7 +300,7 @@ def _cmd_simulate(args) -> int:
                      hardware=args.hardware, mode=args.mode, workload=workload, seed=args.sim_seed,
                      arrival_rate=rate, engine=args.engine, serving=sv, reshape=getattr(args, "reshape", None),
                      strict=args.strict, allow_extrapolation=args.allow_extrapolation,
-                     router=args.router, slo=args.slo, **deployment_kwargs(args))
+                     router=args.router, slo=args.slo, step_by_step=args.step_by_step, **deployment_kwargs(args))
     except ConfigError as exc:
         raise ValueError(flagged(exc)) from None
     for line in [r.info.get("host_note")] + list(r.info.get("extrapolated") or []):

@@ -46,7 +46,8 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
              pipeline_parallel_size: int = 1, data_parallel_size: int = 1, router: str = "prefix-affinity",
              slo: str | None = None, pipeline_schedule: str = "overlapped", quantization: str | None = None,
              kv_cache_dtype: str | None = None, disable_custom_all_reduce: bool = False,
-             enable_expert_parallel: bool = False, moe_routing: str = "expected") -> SimResult:
+             enable_expert_parallel: bool = False, moe_routing: str = "expected",
+             step_by_step: bool = False) -> SimResult:
     """Simulate one configuration; see :func:`evaluate` for the arguments.
 
     ``strict``: refuse a profile fitted on another host (``sim.cost.fingerprint``) instead of noting it;
@@ -65,11 +66,13 @@ def simulate(trace=None, policy: str = "exact-prefix", params: dict | None = Non
     tensor-parallel all-reduce priced by NCCL (vLLM's flag); ``enable_expert_parallel`` / ``moe_routing``: vLLM's
     ``--enable-expert-parallel`` and the experts an MoE iteration reads (``expected`` or ``sampled``, serving
     mode); ``router`` routes the replicas' requests and
-    ``slo`` (``"ttft=S,tpot=S,e2e=S"``) adds goodput, serving mode.
+    ``slo`` (``"ttft=S,tpot=S,e2e=S"``) adds goodput, serving mode. ``step_by_step``: serving mode steps every
+    engine iteration (the reference path) instead of advancing quiet decode stretches at once; the same figures.
     """
     config = RunConfig(policy=policy, params=dict(params or {}), workload=workload, mode=mode, seed=seed,
                        arrival_rate=arrival_rate, problems=problems, engine=engine, baselines=baselines,
-                       strict=strict, allow_extrapolation=allow_extrapolation, router=router, slo=slo)
+                       strict=strict, allow_extrapolation=allow_extrapolation, router=router, slo=slo,
+                       step_by_step=step_by_step)
     session = loaded(trace, reshape)
     return run(session, Target.resolve(session, model_preset, hardware, serving, node=node,
                                        tensor_parallel_size=tensor_parallel_size,

@@ -111,18 +111,19 @@ def kv_ids(f, dec) -> list:
 
 
 def make_engine(target, cfg, jobs, feats, decs, sched_cfg, budget, *, concurrency, arrival_rate, seed,
-                per_problem=False, caching=True, record_tokens=False, costs=None):
+                per_problem=False, caching=True, record_tokens=False, costs=None, fast_forward=False):
     """The simpy engine of ``jobs`` under the built config ``cfg`` (block policy, prefix caching, score);
     ``record_tokens``: keep every sampled token's time (serving mode's per-request TPOT and ITL); ``costs``: a served
     run's cost, host time and async scheduling (:meth:`sim.replay.target.Target.serving_costs`; None: the target's
-    eager kernels alone, as isolated mode prices them)."""
+    eager kernels alone, as isolated mode prices them); ``fast_forward``: quiet decode stretches advanced at once where
+    the engine can (:mod:`sim.serving.fastforward`; the same figures as stepping every iteration)."""
     from sim.serving.engine import SCORE_AT, Engine
     return Engine(target.model, target.hardware, jobs, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
                   scheduler=sched_cfg, kv_blocks=budget, block_policy=cfg.block,
                   caching=caching and not cfg.no_kv, prompt_ids=[kv_ids(f, d) for f, d in zip(feats, decs)],
                   score_at=SCORE_AT[cfg.workload.score], max_batch=target.max_batch,
                   hw_name=target.hardware.name, per_problem_timeline=per_problem,
-                  record_token_times=record_tokens, **(costs or {"cost": target.cost()}))
+                  record_token_times=record_tokens, fast_forward=fast_forward, **(costs or {"cost": target.cost()}))
 
 
 @dataclass

@@ -56,7 +56,8 @@ def run(session, target, config) -> SimResult:
     costs = target.serving_costs(sched)
     eng = make_engine(target, cfg, [r[0] for r in reqs], [r[1] for r in reqs], [r[2] for r in reqs], sched, budget,
                       concurrency=int(cfg.workload.concurrency), arrival_rate=config.arrival_rate,
-                      seed=config.seed, caching=target.serving.prefix_caching, record_tokens=True, costs=costs)
+                      seed=config.seed, caching=target.serving.prefix_caching, record_tokens=True, costs=costs,
+                      fast_forward=not config.step_by_step)
     res = eng.run()
     served(info, target.overheads(costs, [res]))
     recs = res.records()
@@ -137,7 +138,8 @@ def _run_replicas(session, target, config, prep, budget: int, reqs) -> SimResult
                     arrival_rate=config.arrival_rate, seed=config.seed, scheduler=sched, kv_blocks=budget,
                     block_policy=block, caching=target.serving.prefix_caching and not cfg.no_kv,
                     prompt_ids=[kv_ids(r[1], r[2]) for r in reqs], score_at=SCORE_AT[cfg.workload.score],
-                    max_batch=target.max_batch, hw_name=target.hardware.name).run()
+                    max_batch=target.max_batch, hw_name=target.hardware.name,
+                    fast_forward=not config.step_by_step).run()
     recs = run_.problems
     served(info, target.overheads(costs, run_.results))
     rows, brows = _rows(tf, recs, triples, L)

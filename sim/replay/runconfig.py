@@ -51,6 +51,10 @@ class RunConfig:
     allow_extrapolation: bool = option(False, kind=bool, flag="--allow-extrapolation",
                                        help="price queries outside the profile's fitted range; the result says which "
                                             "(default: refuse)")
+    step_by_step: bool = option(False, kind=bool, flag="--step-by-step",
+                                help="serving mode: step every engine iteration instead of advancing quiet decode "
+                                     "stretches at once (the reference path: the same figures, slower; "
+                                     "docs/simulator.md)")
     sim: SimConfig = field(init=False, repr=False, compare=False)
     budget: tuple | None = field(init=False, repr=False, compare=False)  # ("blocks", n) | ("frac", f) | None
 
@@ -99,7 +103,8 @@ class RunConfig:
         """The same run under the baseline policy ``name`` at its defaults (fast path, no baselines)."""
         return RunConfig(policy=name, params={}, workload=self.sim.workload, mode=self.mode, seed=self.seed,
                          arrival_rate=self.arrival_rate, problems=self.problems, baselines=False,
-                         allow_extrapolation=self.allow_extrapolation, router=self.router)
+                         allow_extrapolation=self.allow_extrapolation, router=self.router,
+                         step_by_step=self.step_by_step)
 
     def baseline_key(self, name: str) -> tuple:
         return (name, self.mode, self.problems, workload_key(self.sim), self.seed, self.arrival_rate,

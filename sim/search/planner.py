@@ -133,7 +133,7 @@ def _engine_defaults() -> dict:
     import dataclasses
     d = {f.name: f.default for f in dataclasses.fields(ServingConfig)}
     return {"host_time": not d["no_host_time"], "async_scheduling": not d["no_async_scheduling"],
-            "enforce_eager": bool(d["enforce_eager"])}
+            "enforce_eager": bool(d["enforce_eager"]), "step_by_step": False}   # (every iteration stepped: the same rows)
 
 
 ENGINE_DEFAULTS = _engine_defaults()
@@ -151,9 +151,9 @@ def overheads_words(hw, costs: dict, results, host_time: bool) -> str:
 
 def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate, concurrency: int, seed: int,
            enable_expert_parallel: bool = False, moe_routing: str = "expected", host_time: bool = True,
-           async_scheduling: bool = True, enforce_eager: bool = False):
+           async_scheduling: bool = True, enforce_eager: bool = False, step_by_step: bool = False):
     """``(ReplicaRun, KV blocks per replica, the engines' costs)`` of ``w`` served on ``dep`` (what :func:`evaluate`
-    scores);
+    scores); ``step_by_step``: every iteration stepped (the reference path; the same figures);
     ``moe_routing`` sampled is seeded by ``seed``. Each replica's steps are priced as vLLM serves them
     (:func:`sim.cost.pricing.served_costs`): CUDA graphs unless ``enforce_eager``, the host time per step unless
     ``host_time`` is False, under ``async_scheduling``."""
@@ -177,7 +177,8 @@ def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate,
                    costs=[costs["cost"]] * par.data_parallel_size, host_step=costs["host_step"],
                    async_scheduling=costs["async_scheduling"], concurrency=concurrency, arrival_rate=arrival_rate,
                    seed=seed, scheduler=sched, kv_blocks=blocks, block_policy=w.get("block_policy"),
-                   caching=w.get("caching", True), prompt_ids=w.get("prompt_ids"), hw_name=hw.name).run()
+                   caching=w.get("caching", True), prompt_ids=w.get("prompt_ids"), hw_name=hw.name,
+                   fast_forward=not step_by_step).run()
     return run, blocks, costs
 
 
@@ -227,7 +228,7 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
                     tolerance: float = 0.05, progress=None, enable_expert_parallel: bool = False,
                     moe_routing: str = "expected", quantization: str | None = None,
                     kv_cache_dtype: str | None = None, host_time: bool = True, async_scheduling: bool = True,
-                    enforce_eager: bool = False) -> dict:
+                    enforce_eager: bool = False, step_by_step: bool = False) -> dict:
     """The latency-rate curve and knee (:func:`sim.search.knee.sweep`) of one plan deployment (``params``:
     :meth:`Deployment.to_dict`, ``gpus`` ignored): its policy's problems served at each Poisson rate in
     ``rates`` (problems/s), judged on ``slo`` (:class:`sim.search.knee.KneeSLO` text; None: its default), on the
@@ -247,7 +248,8 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
     lt = trace if isinstance(trace, Session) else Session(str(trace))
     w = trace_workload(lt, dep.policy, m, n_requests)
     pcts = sorted({50.0, 99.0, *spec.percentiles})
-    engine = {"host_time": host_time, "async_scheduling": async_scheduling, "enforce_eager": enforce_eager}
+    engine = {"host_time": host_time, "async_scheduling": async_scheduling, "enforce_eager": enforce_eager,
+              "step_by_step": step_by_step}
     # every rate's KV blocks, engine costs and host time (summed: what the caption states, not the runs themselves)
     blocks, costs, host = [], [], SimpleNamespace(host_seconds=0.0, host_extrapolated=0)
 
@@ -325,12 +327,13 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
                         seed: int = 0, gpu_hour_cost: float | None = None, band_fit: str | None = None,
                         enable_expert_parallel: bool = False, moe_routing: str = "expected",
                         quantization: str | None = None, kv_cache_dtype: str | None = None,
-                        host_time: bool = True, async_scheduling: bool = True, enforce_eager: bool = False) -> dict:
+                        host_time: bool = True, async_scheduling: bool = True, enforce_eager: bool = False,
+                        step_by_step: bool = False) -> dict:
     """One planner task on plain data (what a Dask worker runs, :func:`sim.search.dist.run_dask`'s ``evaluate``):
     ``params`` = :meth:`Deployment.to_dict` without ``gpus``; ``band_fit``: price it with that public fit of
     the node's GPU (a label of :func:`sim.cost.bands.band_profiles`) instead of the preset's; ``quantization`` /
     ``kv_cache_dtype``: :func:`plan_model`; ``host_time`` / ``async_scheduling`` / ``enforce_eager``: how each
-    step is priced beyond its kernels (:func:`_serve`)."""
+    step is priced beyond its kernels, ``step_by_step`` whether every iteration is stepped (:func:`_serve`)."""
     from sim.cost.bands import band_profiles
 
     p = {k: v for k, v in (params or {}).items() if k != "gpus"}
@@ -346,7 +349,7 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
     row = evaluate(dep, m, hw, nd, lambda _pol: w, router=router, slo=SLO.parse(slo), arrival_rate=arrival_rate,
                    concurrency=concurrency, seed=seed, gpu_hour_cost=gpu_hour_cost,
                    enable_expert_parallel=enable_expert_parallel, moe_routing=moe_routing, host_time=host_time,
-                   async_scheduling=async_scheduling, enforce_eager=enforce_eager)
+                   async_scheduling=async_scheduling, enforce_eager=enforce_eager, step_by_step=step_by_step)
     row["decisions_model"] = w["decisions_model"]
     return row
 

@@ -175,6 +175,9 @@ class FastForward:
         self.preempt_first = 0    # windows whose first step preempts, the waiting head admissible (it admits none)
         self.head_short = 0       # windows whose first step leaves the admissible waiting head short (it admits none)
         self._alone = np.zeros(0)  # a decode's stand-alone seconds by its context (alone_decodes; NaN: not yet)
+        self.multi = False        # a problem of several branches, or verified, arrived (ProblemLifecycle._arrive): a
+        # window's problem may have several members (Window.close adds its figures once per step) or items, and a
+        # finish may queue requests (ff_admission._branches_fit, Window._decode)
 
     def alone_decodes(self, c):
         """Each decode's stand-alone seconds (``decode_batch_seconds(1, c, c)``, a sliding-window shape's with ``Ssw =

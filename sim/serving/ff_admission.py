@@ -17,12 +17,11 @@ from sim.serving.scheduler import RUNNING, chunk
 
 
 def plain_branch(req) -> bool:
-    """A request a window can advance: the one branch of a plain problem (kind 1), no verification (planned or
-    extended), no token-eviction cache, not held."""
+    """A request a window can advance: a branch's generation (kind 1) -- the one branch of a plain problem, or one
+    of several (its siblings' gate passes, sources and verification run stepped) -- no token-eviction cache, not
+    held for a verification that reads its KV (``v_reuse``), not extended by one."""
     p, kind, b = req.data
-    j = p.job
-    return (kind == 1 and j.B == 1 and not j.verify_on and j.long is None and not req.hold and req.kv_cap is None
-            and not p.ext[b])
+    return kind == 1 and p.job.long is None and not req.hold and req.kv_cap is None and not p.ext[b]
 
 
 @dataclass(frozen=True)
@@ -236,6 +235,30 @@ def plan(eng, m, f, step1, tail=None):
     return Admission(items, priced, budgets, thr, tries, float(dt), host, extrapolated, t_item, t_priced, open_req)
 
 
+def queues_at(m, st: int) -> bool:
+    """Whether a member sampling its last token at window step ``st`` may queue requests as it finishes: its problem's
+    verification passes (the stepped path queues them at the step's end, after any event that fell in the step: a
+    window steps such a step where the next event falls in it)."""
+    return any(m.probs[i].job.verify_on for i in np.flatnonzero(m.fin == st).tolist())
+
+
+def _branches_fit(eng, m, its, dt: float) -> bool:
+    """Whether the window may take a mixed step of ``dt`` seconds whose items are ``its`` (the tail's, then the
+    admitted; where problems of several branches, or verified ones, run: ``FastForward.multi``): each item's problem has no member (``m``) and no other item -- the
+    step then adds to its figures once (its iterations, its phases in the stepped order) -- and, where the next
+    event falls in the step, nothing in it queues requests (a source's first token starts the branches that read
+    its KV, a last finish queues verification passes: the stepped path queues them behind the event)."""
+    mine = {id(p) for p in m.probs}
+    seen = set()
+    for it in its:
+        p = it.req.data[0]
+        if id(p) in mine or id(p) in seen:
+            return False
+        seen.add(id(p))
+    return not (eng.env.now + dt > eng.peek_next()
+                and (queues_at(m, 1) or any(not it.req.data[0].started.all() for it in its)))
+
+
 def _hit_at_turn(kv, head, lru, keyed):
     """``head``'s prefix hit at its turn in the step, ``(blocks, hit tokens)``: its cached chain up to the first of
     the pool's LRU victims of the takes before it (:meth:`_Victims.cut`); None where that is not known now (not a
@@ -279,7 +302,8 @@ def _price(eng, m, priced, items):
     """The mixed step's ``(seconds, host seconds, extrapolated)`` as the stepped path prices it -- the decodes' sums
     in closed form, then ``items``' cost tuples ``priced`` in turn (+ the eviction-scoring seconds: none here), its
     host time from the same counts -- or None where it takes no time, ends exactly at the next event (a tie:
-    stepped), or a fleet's answer falls in the step the next event falls in (after that event: stepped)."""
+    stepped), a fleet's answer falls in the step the next event falls in (after that event: stepped), or a problem
+    of several branches adds to its figures twice in it or queues requests behind the event (:func:`_branches_fit`)."""
     W = eng._ff.window   # a sliding-window shape's: the decodes' window key sum
     dt = eng.cost.mixed_seconds(len(m.R), int(m.c0.sum()), int(m.c0.max()) if len(m.R) else 0,
                                 [t for ts, _ in priced for t in ts],
@@ -293,5 +317,7 @@ def _price(eng, m, priced, items):
     if not dt > 0 or eng.env.now + dt == t_next:
         return None
     if eng.fleet and eng.env.now + dt > t_next and np.any((m.fin == 1) & m.ud):
+        return None
+    if eng._ff.multi and not _branches_fit(eng, m, items, dt):
         return None
     return dt, host, extrapolated

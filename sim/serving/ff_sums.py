@@ -89,3 +89,40 @@ def window_counters(eng, adm, segs, k: int, dt):
             eng.host_extrapolated += sum(n for n, o in zip(lens, over) if o) - (d0 if over[0] else 0)
     eng.run_time = fold(eng.run_time, [x * b for x, b in zip(dts, run)] if few else dt * run)
     return nB, run
+
+
+def shared_problems(probs) -> list:
+    """The members' indices (running order) of each problem with more than one member among ``probs``."""
+    at: dict = {}
+    for i, p in enumerate(probs):
+        at.setdefault(id(p), []).append(i)
+    return [idx for idx in at.values() if len(idx) > 1]
+
+
+def problem_figures(groups, probs, segs, ph0, ph, iters, last) -> None:
+    """A problem whose several branches are members (``groups``: :func:`shared_problems`) adds every share of every
+    step to its one decode phase in the stepped path's order -- step by step, its members in running order; each
+    decode step's share is the same ``dt / B`` for all -- and counts a step once (``Engine._complete``'s touched
+    problems): written onto it now, from the members' first value ``ph0`` (theirs, all equal: the problem's), and
+    left in ``ph`` for every member with no iterations of its own (``iters``; ``last``: each one's steps, from 1).
+
+    ``phase = ph0 + x_1 + ... + x_1 + x_2 + ...`` (``x_j`` added once per member alive at step ``j``), left to
+    right as one ``numpy.cumsum``; ``iterations += max(last)`` (every member runs from the window's step 1)."""
+    for idx in groups:
+        if not np.all(ph0[idx] == ph0[idx[0]]):   # pragma: no cover - a problem's members share its phase
+            raise RuntimeError("fast-forward: the members of one problem start from different decode phases")
+        parts = [np.array([ph0[idx[0]]])]
+        for sg in segs:
+            d, b, mask = sg[:3]
+            if len(sg) > 3:   # the admitting step: each decode's own share, in running order
+                parts.append(np.array([sg[3][i] for i in idx if mask[i]], np.float64))
+            else:
+                n = int(np.count_nonzero(mask[idx]))
+                if n:
+                    parts.append(np.repeat(d / b, n))
+        val = float(np.cumsum(np.concatenate(parts))[-1])
+        p = probs[idx[0]]
+        p.phase["decode"] = val
+        p.iterations += int((iters[idx] - last[idx]).sum()) + int(last[idx].max())   # (carried: none)
+        ph[idx] = val
+        iters[idx] = 0

@@ -14,9 +14,11 @@ import numpy as np
 from sim.cost.pricing import attribution, equal_shares
 from sim.serving.ff_blocks import (block_events, first_short, head_fits, hybrid_takes, regroup,
                                    window_key_sums)
+from sim.serving.ff_admission import queues_at
 from sim.serving.ff_members import carried, lazy_keys, write_record
 from sim.serving.ff_walk import BlockWalk
 from sim.serving.scheduler import SchedulerOutput
+from sim.serving.ff_sums import problem_figures, shared_problems
 from sim.serving.ff_sums import add_in_turn, forward_fill, window_counters
 from sim.workload.job import KIND_NAMES
 
@@ -191,15 +193,9 @@ class Window(BlockWalk):
             p = self.probs[i]
             b = R[i].data[2]
             eng.gen_tokens += int(p.job.gen[b])
-            p.gen_done[b] = True
-            p.n_gen_done += 1
-            eng._score(p, b)
-            p.end = self.t_end
-            if p.admitted is None:   # pragma: no cover - a decoding request was admitted
-                p.admitted = p.arrival
-            eng._release(p)   # as Engine._finish_problem
-            if p.user_done is not None:   # a fleet's (Engine.fleet): its router's count drops before the next event
-                p.user_done.succeed()
+            # its score; the problem answered once every branch is done (a fleet's router's count drops before the
+            # next event), or its verification queued (the window ends where it may be admitted: _new_head)
+            eng._gen_finished(p, b, self.t_end)
 
     # ------------------------------------------------------------------ the window
     def run(self):
@@ -221,10 +217,10 @@ class Window(BlockWalk):
         """Step 1 is the mixed step, as ``Scheduler._schedule_v1`` and ``Engine._accelerator`` / ``_complete`` make it:
         the decodes' block events, the running tail's chunk (its own allocation), the scheduler's own admissions (and
         its one failed attempt, where planned), the planned price, each item's share of it by its stand-alone seconds
-        (``Engine._attribute``), the prefill tokens and first tokens; a request left mid-prompt advances as
-        ``Scheduler.update`` advances it (it is no member). False: the window ends after it."""
+        (``Engine._attribute``), the prefill tokens, the decodes' finishes, then the first tokens (the branches they
+        start); a request left mid-prompt advances as ``Scheduler.update`` does (it is no member). False: it ends."""
         plan, eng, sched, kv = self.admit, self.eng, self.sched, self.kv
-        tail, open_req = plan.tail, plan.open_req
+        tail, open_req, firsts = plan.tail, plan.open_req, []   # firsts: problems whose first token came out
         m = len(plan.items)
         joined = m + (tail is not None) - (open_req is not None)
         i0 = len(self.R) - joined
@@ -285,13 +281,15 @@ class Window(BlockWalk):
             if p.first[b] != p.first[b] and it.num_cached + it.num_new >= int(p.job.ctx[b]):
                 p.first[b] = self.t_end - p.arrival   # fresh: its prompt is in, its first token is out
                 p.src_ready[b] = True
-                eng._try_start(p)                  # nothing to start (one branch): as the stepped step calls it
+                firsts.append(p)
         dec = np.zeros(len(self.R))
         dec[old] = dec_sh
         self.segs.append((np.array([dt]), int(old.sum()), old, dec))   # decode shares, not dt / B (close)
         self.s = 2
         if np.any(self.fin[old] == 1):
             self.finish(1)
+        for p in firsts:   # Engine._complete's item order: the decodes (their finishes queue first), then these
+            eng._try_start(p, self.t_end)   # the branches that read its KV queue (the window ends: _new_head)
         self.n_alive = int(self.alive.sum())
         return (open_req is None and self.n_alive != 0 and (self.groups is None or self._regroup()) and self._new_head()
                 and self.t_end < self.t_next)
@@ -348,8 +346,10 @@ class Window(BlockWalk):
                 self.t_end = float(tt[ok])
                 self.s += ok
             return False
-        if cross and e == nf and self.eng.fleet and np.any(self.alive & (self.fin == e) & self.m.ud):
-            # a fleet's answer after the next event (which may route a request by the counts): stepped
+        if cross and e == nf and ((self.eng.fleet and np.any(self.alive & (self.fin == e) & self.m.ud))
+                                  or (self.ff.multi and queues_at(self, e))):
+            # a fleet's answer after the next event (which may route a request by the counts), or verification
+            # passes queued behind it: stepped
             self.blocked = True
             if m > 1:
                 self.process(s, e - 1)
@@ -404,6 +404,9 @@ class Window(BlockWalk):
             self.blocked = True
             return False
         r1, dtc = plan
+        if self.ff.multi and queues_at(self, s):   # its finishes may queue requests: stepped (the event's order)
+            self.blocked = True
+            return False
         self.preempt_step(s)
         n_alive = int(alive.sum())
         mask = alive.copy()
@@ -451,6 +454,8 @@ class Window(BlockWalk):
         ph = np.empty(B0)   # decode phases: the carried members', then the others' from their problems
         ph[:nc] = m.ph
         ph[nc:] = [p.phase["decode"] for p in probs[nc:]]
+        groups = shared_problems(probs) if self.ff.multi else None
+        ph0 = None if groups is None else ph.copy()
         for sg in segs:
             d, b, mask = sg[:3]
             if len(sg) > 3:   # the admitting step: each request's own share of it (Window._admit_step)
@@ -464,6 +469,8 @@ class Window(BlockWalk):
         iters = np.zeros(B0, np.int64)
         iters[:nc] = m.iters
         iters += last
+        if groups:
+            problem_figures(groups, probs, segs, ph0, ph, iters, last)
         peak = np.full(B0, -np.inf)
         peak[:nc] = m.peak
         np.maximum(peak, np.where(last > 0, top[np.maximum(last, 1) - 1], -np.inf), out=peak)

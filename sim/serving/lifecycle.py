@@ -118,7 +118,7 @@ class ProblemLifecycle:
         ids = self.prompt_ids[p.pseq][b]
         return ids[: int(j.ctx[b])]
 
-    def _start_branch(self, p: _Prob, b: int) -> None:
+    def _start_branch(self, p: _Prob, b: int, now: float | None = None) -> None:
         j = p.job
         p.started[b] = True
         share = bool(j.share[b])
@@ -131,7 +131,7 @@ class ProblemLifecycle:
         long = j.long
         if long is not None:
             req.kv_cap = long.cap
-        req.arrival = self.env.now   # ready to run (gate done, source's first token out)
+        req.arrival = self.env.now if now is None else now   # ready to run (gate done, source's first token out)
         p.reqs[b] = req
         self._add(req)
 
@@ -139,10 +139,11 @@ class ProblemLifecycle:
         s = int(p.job.source[b])
         return (not p.started[b]) and (not p.gate_left[b]) and (s < 0 or p.src_ready[s])
 
-    def _try_start(self, p: _Prob) -> None:
+    def _try_start(self, p: _Prob, now: float | None = None) -> None:
+        """Start every branch of ``p`` now ready (``now``: a fast-forward window's step end; None: the clock's)."""
         for b in range(p.job.B):
             if self._ready(p, b):
-                self._start_branch(p, b)
+                self._start_branch(p, b, now)
 
     def _arrive(self, p: _Prob, user_done=None) -> None:
         p.arrival = self.env.now
@@ -152,12 +153,18 @@ class ProblemLifecycle:
         if j.B == 0:
             self._finish_problem(p)
             return
+        if (j.B > 1 or j.verify_on) and self._ff is not None:
+            # windows add a problem's figures over its several members (Window.close), and keep the order of the
+            # requests a finish queues (verification passes) behind the events that fell in its step
+            self._ff.multi = True
         for b in range(j.B):
             if j.gate[b] > 0:
                 self._add(Request((p.pseq, "g", b), int(j.gate[b]), 0, cacheable=False, data=(p, 0, b)))
         self._try_start(p)
 
-    def _gen_finished(self, p: _Prob, b: int) -> None:
+    def _gen_finished(self, p: _Prob, b: int, now: float | None = None) -> None:
+        """Branch ``b`` of ``p`` sampled its last token (``now``: a fast-forward window's step end; None: the
+        clock's): its score, and once every branch is done the verification or the answer."""
         if p.gen_done[b]:
             return
         p.gen_done[b] = True
@@ -171,7 +178,7 @@ class ProblemLifecycle:
             for bb in range(j.B):
                 self._score(p, bb)
         if not j.verify_on:
-            self._finish_problem(p)
+            self._finish_problem(p, now)
             return
         p.verify_left = j.B
         for bb in range(j.B):
@@ -202,8 +209,8 @@ class ProblemLifecycle:
         if p.verify_left == 0:
             self._finish_problem(p)
 
-    def _finish_problem(self, p: _Prob) -> None:
-        p.end = self.env.now
+    def _finish_problem(self, p: _Prob, now: float | None = None) -> None:
+        p.end = self.env.now if now is None else now
         if p.admitted is None:
             p.admitted = p.arrival
         self._release(p)

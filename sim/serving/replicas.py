@@ -93,6 +93,8 @@ class Replicas:
     costs : list of cost objects (one per replica) or None (each replica a ``ScalarCost``)
     kv_blocks : KV blocks of each replica (None: unlimited)
     block_policy : callable returning a fresh block policy per replica (None: LRU)
+    fast_forward : a replica advances quiet decode stretches at once where it can
+        (:mod:`sim.serving.fastforward`: one replica; several step); False steps every iteration (the reference)
     prompt_ids : per job, per branch, token ids (None: the sharing plan's stand-ins)
     prefixes : per job, the key prefix-affinity hashes (None: the branches' common prompt prefix, or the
         problem's position without ``prompt_ids``)
@@ -102,7 +104,8 @@ class Replicas:
                  arrival_rate: float | None = None, seed: int = 0, scheduler=None, kv_blocks: int | None = None,
                  block_policy=None, caching: bool = True, prompt_ids=None, prefixes=None,
                  score_at: str = "generation", max_batch: int | None = None, hw_name: str = "",
-                 record_token_times: bool = True, host_step=None, async_scheduling: bool = False):
+                 record_token_times: bool = True, host_step=None, async_scheduling: bool = False,
+                 fast_forward: bool = False):
         self.jobs = jobs
         self.n = int(n)
         self.router = router
@@ -121,7 +124,7 @@ class Replicas:
                                score_at=score_at, max_batch=max_batch, hw_name=hw_name, env=self.env,
                                settle=settle, block_size=bs, cost=None if costs is None else costs[i],
                                record_token_times=record_token_times,   # per-request TPOT and ITL
-                               host_step=host_step, async_scheduling=async_scheduling)
+                               host_step=host_step, async_scheduling=async_scheduling, fast_forward=fast_forward)
                         for i in range(self.n)]
         self.outstanding = [0] * self.n
         self.submitted = [0] * self.n
