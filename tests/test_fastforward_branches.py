@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from sim.cost.profiles import load_hardware, load_model
 from sim.serving.engine import Engine
+from sim.serving.replicas import Replicas
+from sim.serving.router import ROUTERS, make_router
 from sim.serving.scheduler import SchedulerConfig
 from sim.workload.job import Job
 
@@ -45,7 +47,8 @@ def _job(rng, B: int, verify: bool, v_reuse: bool, gates: bool, sources: bool, b
                     reused[b] = int(rng.integers(0, min(ctx[b], ctx[s]) + 1))
     computed = ctx - reused
     z = np.zeros(B, np.int64)
-    v_new = rng.integers(1, 30, B) if verify else z
+    # one token: a held branch's verification with nothing left to compute (its last sample's), answered at once
+    v_new = np.where(rng.random(B) < 0.3, 1, rng.integers(1, 30, B)) if verify else z
     return Job(B=B, L=L, bs=bs, reused=reused, computed=computed, copy=z, gate=rng.integers(0, 3, B) * 8 if gates
                else z, source=src, share=share, ctx=ctx, gen=gen, own=computed, verify_on=verify, v_new=v_new,
                v_cached=z, v_layers=np.full(B, L), v_probes=z, v_head=np.ones(B, np.int64), v_kv_tokens=v_new,
@@ -146,3 +149,31 @@ def test_serve_simulate_and_plan_print_the_same_step_by_step(capsys, monkeypatch
         if name != "plan":   # the simpy events processed: the one count a window changes (fewer, as in bench)
             assert fast.pop("events") < step.pop("events"), name
         assert fast == step, name
+
+
+@settings(max_examples=int(os.environ.get("FF_EXAMPLES", "40")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 10), Bmax=st.sampled_from([1, 4, 4]), verify=st.booleans(), v_reuse=st.booleans(),
+       sources=st.booleans(), seed=st.integers(0, 10 ** 6), dp=st.sampled_from([1, 1, 2, 3]),
+       router=st.sampled_from(sorted(ROUTERS)), rate=st.sampled_from([2.0, 20.0, 200.0]),
+       blocks=st.sampled_from([None, 120, 300]), host=st.booleans())
+def test_replicas_of_branching_problems_take_windows_with_the_stepped_figures(n, Bmax, verify, v_reuse, sources, seed,
+                                                                              dp, router, rate, blocks, host):
+    """Poisson arrivals (``plan``'s and ``serve``'s replicas): the replicas take windows as a fleet; every problem
+    record, routing decision and replica's figures equal the stepped run's."""
+    rng = np.random.default_rng(seed)
+    jobs = [(i, _job(rng, int(rng.integers(1, Bmax + 1)), verify, v_reuse, False, sources, 16)) for i in range(n)]
+    need = max(int(np.ceil((j.ctx + j.gen + j.v_new).max() / 16)) * j.B for _, j in jobs)
+    kw = dict(scheduler=SchedulerConfig(policy="vllm-v1"), kv_blocks=None if blocks is None else max(blocks, need + 2),
+              arrival_rate=rate, seed=seed)
+    if host:
+        kw.update(host_step=HW.host_step, async_scheduling=True)
+    runs = [Replicas(MODEL, HW, jobs, make_router(router, dp), dp, fast_forward=f, **kw).run() for f in (True, False)]
+    (a, b) = runs
+    _same(a.problems, b.problems, "problems")
+    _same([list(x) for x in a.routing], [list(x) for x in b.routing], "routing")
+    assert a.makespan == b.makespan and a.lost == b.lost
+    for ra, rb in zip(a.results, b.results):
+        for f in ("timeline_t", "timeline_b", "timeline_running", "iterations", "makespan", "busy", "mean_running",
+                  "tokens", "stats", "gen_tokens"):
+            _same(getattr(ra, f), getattr(rb, f), f)

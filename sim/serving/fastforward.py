@@ -8,9 +8,13 @@ request's next prompt chunk) may be its first, and the step the next event falls
 events and batch changes*, not tokens:
 
 * **Eligible.** Every running request decodes (``pending == 1``, past its prompt and its high-water
-  mark) but the newest, which may be mid-prompt (its next chunk is the first step's), is a one-branch request
-  without verification or token-eviction cache, and all are scheduled (``len(running) <= max_num_batched_tokens``,
-  within the fitted batch).
+  mark) but the newest, which may be mid-prompt (its next chunk is the first step's), is a branch's generation
+  without token-eviction cache (:func:`sim.serving.ff_admission.plain_branch`: one branch of a plain request, or one
+  of a trace problem's several), and all are scheduled (``len(running) <= max_num_batched_tokens``, within the
+  fitted batch). A branch held for a verification that reads its KV (``v_reuse``) and done with its generation
+  idles in the running list, scheduling nothing (``FastForward.idle``: counted in ``max_num_seqs`` and the running
+  counters, not in the token budget; a step that would preempt while one idles is stepped, since the scheduler's
+  victim may be it).
 
 * **Blocks.** Request ``i`` with ``c_i`` computed tokens over ``nb_i`` blocks opens a block at steps
   ``f_i + m bs`` (``f_i = nb_i bs - c_i + 1``) and fills one at ``g_i + m bs``; those calls -- a take
@@ -23,9 +27,20 @@ events and batch changes*, not tokens:
   ``_victim`` / ``_preempt`` (newest first) until the take fits or the taker itself goes.
 
 * **Finishes.** Requests sampling their last token at a step finish after it as ``Scheduler.update``
-  and ``Engine._complete`` finish them (blocks freed in running order, then each problem answered at the
-  step's end), unless a waiting client's slot (``max_concurrency``) waits on the answer: that step is
-  stepped.
+  and ``Engine._complete`` finish them (blocks freed in running order, then each branch's
+  ``ProblemLifecycle._gen_finished`` at the step's end: its score, and once its problem's branches are all done
+  the answer or the verification), unless a waiting client's slot (``max_concurrency``) waits on the answer: that
+  step is stepped. A held branch stays in the running list (idle, above). A verification that extends the held
+  branches ends the window after that step (they compute it next); one queued as its own requests goes behind
+  the events that fell in the step, so a step the next event falls in that may queue one is stepped
+  (``ff_admission.queues_at``).
+
+* **Problems of several branches** (``FastForward.multi``: one has arrived, or a verified one). A problem's
+  decode phase gets every member's share of every step in the stepped order -- step by step, its members in
+  running order -- and a step counts once in its iterations (:func:`sim.serving.ff_sums.problem_figures`, written
+  at the window's close). A window's mixed first step takes only items whose problem has no member and no other
+  item there (a problem's eight branches admitted together are stepped; their decodes then run in windows), and
+  the branches a first token starts queue after the step's decode finishes (``Engine._complete``'s item order).
 
 * **The mixed step first** (vLLM V1, :func:`sim.serving.ff_admission.plan`). Where the waiting head is
   admissible now, or the newest running request is mid-prompt (a chunked prefill past the knee, where every step
@@ -101,7 +116,7 @@ import math
 import numpy as np
 
 from sim.serving.ff_admission import HEAD_SHORT, Admission, continues, decode_takes, may_admit, plain_branch, plan
-from sim.serving.ff_members import Members, StepTimes
+from sim.serving.ff_members import Members, StepTimes, answers_user
 from sim.serving.ff_blocks import NEVER, group_events
 from sim.serving.ff_window import Window
 from sim.serving.token_times import TokenTimes, token_times  # noqa: F401  (read here by the engine and tests)
@@ -175,6 +190,7 @@ class FastForward:
         self.preempt_first = 0    # windows whose first step preempts, the waiting head admissible (it admits none)
         self.head_short = 0       # windows whose first step leaves the admissible waiting head short (it admits none)
         self._alone = np.zeros(0)  # a decode's stand-alone seconds by its context (alone_decodes; NaN: not yet)
+        self.idle = 0             # held requests idle in the running list (their branch done, waiting for siblings)
         self.multi = False        # a problem of several branches, or verified, arrived (ProblemLifecycle._arrive): a
         # window's problem may have several members (Window.close adds its figures once per step) or items, and a
         # finish may queue requests (ff_admission._branches_fit, Window._decode)
@@ -232,10 +248,11 @@ class FastForward:
         that tuple and its blocks (``head_need``) even where it fits (a step whose decodes preempt admits none)."""
         sched, kv = self.eng.sched, self.eng.kv
         cfg = sched.cfg
-        B = len(sched.running)
+        n_run = len(sched.running)
+        B = n_run - self.idle   # the decodes: a held request done with its branch schedules nothing
         self.head_need = None
-        if not sched.waiting or B >= cfg.max_num_seqs or (cfg.policy != "prefill-first"
-                                                          and cfg.max_num_batched_tokens - B <= 0):
+        if not sched.waiting or n_run >= cfg.max_num_seqs or (cfg.policy != "prefill-first"
+                                                              and cfg.max_num_batched_tokens - B <= 0):
             return (None, 0, 0, False)
         head = sched.waiting[0]
         bs = kv.block_size
@@ -337,7 +354,15 @@ class FastForward:
         blocked, self._blocked = self._blocked, None
         if blocked is not None and blocked == (eng.env.now, eng.peek_next(), sched.iterations):
             return None
-        B0 = len(sched.running)
+        running = sched.running
+        self.idle = 0
+        if self.multi and running and carry is None:
+            # held requests done with their branch: in the list, scheduled nothing (carried members are the whole
+            # list, and their objects are not written yet: none is idle)
+            live = [r for r in running if not (r.hold and r.pending == 0)]
+            self.idle = len(running) - len(live)
+            running = live
+        B0 = len(running)
         cfg = sched.cfg
         if sched.parked or B0 > cfg.max_num_batched_tokens or (eng.max_batch is not None and B0 > eng.max_batch):
             return None
@@ -347,7 +372,7 @@ class FastForward:
             if tail is not None and not continues(tail):
                 return None
         elif B0:
-            last = sched.running[-1]   # the newest request is the likeliest not to decode (a prefill chunk): first
+            last = running[-1]   # the newest request is the likeliest not to decode (a prefill chunk): first
             if last.num_tokens - last.num_computed_tokens != 1 or last.num_computed_tokens < last.high_water:
                 if not continues(last):
                     return None
@@ -364,7 +389,7 @@ class FastForward:
             return None
         if carry is not None:
             self.carried += 1
-        m = carry if carry is not None else self._members(list(sched.running if tail is None else sched.running[:-1]))
+        m = carry if carry is not None else self._members(list(running if tail is None else running[:-1]))
         if m is None:
             return None
         kcap = self.max_steps
@@ -398,6 +423,8 @@ class FastForward:
             if hd is None or B0 == 0:
                 return None
             if step1 is None:
+                if self.idle:   # the scheduler's victim may be a held request: stepped
+                    return None
                 self.preempt_first += 1
             else:
                 self.head_short += 1
@@ -413,14 +440,14 @@ class FastForward:
         for req in R:
             e = static.get(id(req))
             if e is None or e[0] is not req:
-                # what does not change while the request lives: a one-branch plain request past its prompt's
-                # first token, no verification, no token-eviction cache (else: step)
+                # what does not change while the request lives: a branch's generation past its prompt's first
+                # token, no token-eviction cache (else: step); whether its finish may answer a waiting user
                 p, _, b = req.data
                 if not plain_branch(req) or p.first[b] != p.first[b]:
                     return None
                 if len(static) > 4 * cfg.max_num_seqs + 1024:   # only running requests are read: bound it
                     static.clear()
-                e = static[id(req)] = (req, p, int(p.job.ctx[b]))
+                e = static[id(req)] = (req, p, int(p.job.ctx[b]), answers_user(p))
             c = req.num_computed_tokens
             if (req.status != RUNNING or req.num_tokens - c != 1 or req.num_output_tokens >= req.max_output_tokens
                     or c < req.high_water or c < e[2]):
@@ -430,7 +457,7 @@ class FastForward:
             cl.append(c)
             nbl.append(len(rb.get(req.req_id, ())))
             finl.append(req.max_output_tokens - req.num_output_tokens)   # the step of its last sample
-            udl.append(p.user_done is not None)
+            udl.append(e[3])
         i64 = np.int64
         return Members.of(kv, R, probs, np.array(cl, i64), np.array(nbl, i64), np.array(finl, i64),
                           np.array(udl, bool))

@@ -18,10 +18,11 @@ from sim.serving.scheduler import RUNNING, chunk
 
 def plain_branch(req) -> bool:
     """A request a window can advance: a branch's generation (kind 1) -- the one branch of a plain problem, or one
-    of several (its siblings' gate passes, sources and verification run stepped) -- no token-eviction cache, not
-    held for a verification that reads its KV (``v_reuse``), not extended by one."""
+    of several (its siblings' gate passes, sources and verification run stepped; a branch held for a verification
+    that reads its KV idles in the running list once it is done: ``FastForward.idle``) -- no token-eviction cache,
+    not extended by its verification."""
     p, kind, b = req.data
-    return kind == 1 and p.job.long is None and not req.hold and req.kv_cap is None and not p.ext[b]
+    return kind == 1 and p.job.long is None and req.kv_cap is None and not p.ext[b]
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ def plan(eng, m, f, step1, tail=None):
             keyed.update(kv.keys_upto(tail, full)[:full])
     running = B0 + (tail is not None)
     for head in sched.waiting:
-        if open_req is not None or not sched._room(budget, running + len(items)):
+        if open_req is not None or not sched._room(budget, running + eng._ff.idle + len(items)):
             break
         tries += 1
         got = _hit_at_turn(kv, head, lru, keyed)

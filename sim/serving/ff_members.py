@@ -65,6 +65,18 @@ def lazy_keys(kv) -> bool:
     return kv.caching and kv._ordered
 
 
+def answers_user(p) -> bool:
+    """Whether a finish of a branch of problem ``p`` may answer a user waiting on it (``p.user_done``): its problem
+    is answered at the finish of its last branch unless a verification follows -- passes of their own (queued), or
+    the held branches extended by tokens every one of them must still compute."""
+    if p.user_done is None:
+        return False
+    j = p.job
+    if not j.verify_on:
+        return True
+    return bool(j.v_reuse) and not bool(np.all(np.asarray(j.v_new) - (np.asarray(j.gen) > 0) > 0))
+
+
 def write_record(p, req, phase: float, iters: int, peak: float, times: list, record: bool) -> None:
     """A member's deferred figures onto its problem: decode phase, iterations, peak KV, token times."""
     p.phase["decode"] = phase
@@ -112,7 +124,7 @@ class Members:
     def join(self, kv, reqs, c0, nb, fin) -> "Members":
         """These members and ``reqs`` (admitted in the window's first step: their block tables come then)."""
         probs = [r.data[0] for r in reqs]
-        ud = np.array([p.user_done is not None for p in probs], bool)
+        ud = np.array([answers_user(p) for p in probs], bool)
         cat = np.concatenate
         return Members(self.R + list(reqs), self.probs + probs, self.blist + [None] * len(reqs),
                        self.reg + [kv.caching and r.cacheable for r in reqs], self.rids + [r.req_id for r in reqs],

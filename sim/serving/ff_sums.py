@@ -55,10 +55,10 @@ def forward_fill(marks, k: int, start: int) -> np.ndarray:
     return np.array(out, np.int64)
 
 
-def window_counters(eng, adm, segs, k: int, dt):
+def window_counters(eng, adm, segs, k: int, dt, idle=None):
     """The engine ``eng``'s run counters after a window's ``k`` steps of seconds ``dt`` (its segments ``segs``' decodes;
-    ``adm``: its first step's plan, or None), added in the stepped path's order: ``(decodes in all, items run at each
-    step)``."""
+    ``adm``: its first step's plan, or None; ``idle``: the held requests idle in the running list at each step, or
+    None), added in the stepped path's order: ``(decodes in all, requests running at each step)``."""
     lens, Bseg = [len(sg[0]) for sg in segs], [sg[1] for sg in segs]   # each segment: one batch
     few = k <= FOLD_STEPS
     # the per-step counters, as lists for a window of a few steps (numpy's per-call cost dominates them)
@@ -87,6 +87,8 @@ def window_counters(eng, adm, segs, k: int, dt):
         if mr is not None or mt is not None:   # steps past the measured sizes (priced on the same lines)
             over = [(mr is not None and b > mr) or (mt is not None and b > mt) for b in Bseg]
             eng.host_extrapolated += sum(n for n, o in zip(lens, over) if o) - (d0 if over[0] else 0)
+    if idle is not None:   # running, not scheduled (Engine._accelerator's nrun)
+        run = [r + h for r, h in zip(run, idle.tolist())] if few else run + idle
     eng.run_time = fold(eng.run_time, [x * b for x, b in zip(dts, run)] if few else dt * run)
     return nB, run
 

@@ -70,6 +70,8 @@ class Window(BlockWalk):
         self.blist, self.reg, self.rids = m.blist, m.reg, m.rids   # an admitted head's table: once admitted
         self._index = None                     # id(request) -> member, made when a preemption asks
         self.blocked = False                   # it ended where its next step cannot end before the next event
+        self.idle0, self.idle_at = ff.idle, []   # held requests idle at its start; the steps more went idle at
+        self.extended = False                  # a finish extended its held branches by their verification: it ends
         self.lazy = lazy_keys(kv)              # blocks a decode fills keyed where its request leaves
         self.eager = kv.caching and not self.lazy
         self.carry = None                      # the members alive at its end (close), carried to the next window
@@ -188,7 +190,11 @@ class Window(BlockWalk):
             alive[i] = False
             self.al[i] = False
             self.last[i] = st
-            eng.sched._finish(R[i])
+            if R[i].hold:   # its verification reads its KV: it idles in the running list until its siblings are done
+                self.ff.idle += 1
+                self.idle_at.append(st)
+            else:
+                eng.sched._finish(R[i])
         for i in done:
             p = self.probs[i]
             b = R[i].data[2]
@@ -196,6 +202,7 @@ class Window(BlockWalk):
             # its score; the problem answered once every branch is done (a fleet's router's count drops before the
             # next event), or its verification queued (the window ends where it may be admitted: _new_head)
             eng._gen_finished(p, b, self.t_end)
+            self.extended |= bool(p.ext[b])   # the held branches compute their verification next: stepped
 
     # ------------------------------------------------------------------ the window
     def run(self):
@@ -291,8 +298,8 @@ class Window(BlockWalk):
         for p in firsts:   # Engine._complete's item order: the decodes (their finishes queue first), then these
             eng._try_start(p, self.t_end)   # the branches that read its KV queue (the window ends: _new_head)
         self.n_alive = int(self.alive.sum())
-        return (open_req is None and self.n_alive != 0 and (self.groups is None or self._regroup()) and self._new_head()
-                and self.t_end < self.t_next)
+        return (open_req is None and self.n_alive != 0 and not self.extended and (self.groups is None or self._regroup())
+                and self._new_head() and self.t_end < self.t_next)
 
     def _regroup(self) -> bool:
         """A hybrid cache's window past its mixed step takes its members' releases and syncs from the pool
@@ -364,7 +371,7 @@ class Window(BlockWalk):
         if e == nf:
             self.finish(e)
             self.n_alive = int(self.alive.sum())
-            if self.n_alive == 0 or not self._new_head():
+            if self.n_alive == 0 or self.extended or not self._new_head():
                 return False
         return not cross
 
@@ -404,7 +411,8 @@ class Window(BlockWalk):
             self.blocked = True
             return False
         r1, dtc = plan
-        if self.ff.multi and queues_at(self, s):   # its finishes may queue requests: stepped (the event's order)
+        if self.ff.multi and (queues_at(self, s) or self.ff.idle):
+            # its finishes may queue requests (the event's order), or the scheduler's victim may be a held request
             self.blocked = True
             return False
         self.preempt_step(s)
@@ -429,7 +437,7 @@ class Window(BlockWalk):
             self.finish(s)
             n_alive = int(alive.sum())
         self.n_alive = n_alive
-        return n_alive != 0 and self._new_head() and not cross
+        return n_alive != 0 and not self.extended and self._new_head() and not cross
 
     def close(self, k: int):
         """Counters, records and timelines of the window's ``k`` steps (module docstring of
@@ -444,10 +452,13 @@ class Window(BlockWalk):
         t = np.cumsum(np.concatenate(([self.now], dt)))
         sched.iterations += k
         B0 = len(R)
-        if B0 > sched.max_running:
-            sched.max_running = B0
+        if B0 + self.idle0 > sched.max_running:
+            sched.max_running = B0 + self.idle0
         eng.iterations += k
-        nB, run = window_counters(self.eng, self.admit, self.segs, k, dt)
+        # the held requests idle in the running list at each step (one more from the step after each went idle)
+        idle = (None if not (self.idle0 or self.idle_at) else
+                self.idle0 + np.searchsorted(np.sort(np.array(self.idle_at, np.int64)), np.arange(1, k + 1)))
+        nB, run = window_counters(self.eng, self.admit, self.segs, k, dt, idle)
         eng.tokens[2] += float(nB)        # integer-valued: the stepped sum of 1.0s is exact
         m = self.m
         nc = m.nc

@@ -187,7 +187,7 @@ class ProblemLifecycle:
                 p.ext[bb] = True
                 req = self.sched.extend((p.pseq, "b", bb), int(j.v_new[bb]) - tail)
                 if req.status == "finished":  # nothing to compute (no verification tokens)
-                    self._verify_done(p, bb)
+                    self._verify_done(p, bb, now)
                 if self._wake is not None and not self._wake.triggered:
                     self._wake.succeed()
             else:
@@ -202,12 +202,12 @@ class ProblemLifecycle:
         s = float(p.job.score[b]) if p.job.score is not None else 0.0
         self.kv.set_scores(self.kv.chain_keys(req), s)
 
-    def _verify_done(self, p: _Prob, b: int) -> None:
+    def _verify_done(self, p: _Prob, b: int, now: float | None = None) -> None:
         if self.score_at == "verification":
             self._score(p, b)
         p.verify_left -= 1
         if p.verify_left == 0:
-            self._finish_problem(p)
+            self._finish_problem(p, now)
 
     def _finish_problem(self, p: _Prob, now: float | None = None) -> None:
         p.end = self.env.now if now is None else now

@@ -24,6 +24,7 @@ import simpy
 
 from sim.serving import arrivals
 from sim.serving.engine import Engine
+from sim.serving.fleet_clock import FleetClock
 from sim.serving.goodput import SLO, goodput, tpot
 from sim.serving.router import Arrival, choose, lost_shares
 
@@ -93,8 +94,9 @@ class Replicas:
     costs : list of cost objects (one per replica) or None (each replica a ``ScalarCost``)
     kv_blocks : KV blocks of each replica (None: unlimited)
     block_policy : callable returning a fresh block policy per replica (None: LRU)
-    fast_forward : a replica advances quiet decode stretches at once where it can
-        (:mod:`sim.serving.fastforward`: one replica; several step); False steps every iteration (the reference)
+    fast_forward : the replicas advance quiet decode stretches at once where they can (:mod:`sim.serving.fastforward`):
+        under Poisson arrivals as a fleet; in a closed loop one replica as the single engine, several step; False
+        steps every iteration (the reference)
     prompt_ids : per job, per branch, token ids (None: the sharing plan's stand-ins)
     prefixes : per job, the key prefix-affinity hashes (None: the branches' common prompt prefix, or the
         problem's position without ``prompt_ids``)
@@ -109,7 +111,12 @@ class Replicas:
         self.jobs = jobs
         self.n = int(n)
         self.router = router
-        self.env = simpy.Environment()
+        # Poisson arrivals: an answer only lowers the router's counts (no user waits to send the next problem), so
+        # the replicas take decode windows as a fleet on one FleetClock (sim.serving.fleet_clock, as bench's
+        # replicas); a closed loop's answer sends the next problem: one replica takes the single engine's windows
+        # (they end before a step that answers), several step
+        fleet = bool(fast_forward) and arrival_rate is not None
+        self.env = FleetClock() if fleet else simpy.Environment()
         self.concurrency = int(concurrency)
         self.arrival_rate = arrival_rate
         self.arrivals = arrivals.of(len(jobs), concurrency=concurrency, arrival_rate=arrival_rate, seed=seed)
@@ -124,7 +131,8 @@ class Replicas:
                                score_at=score_at, max_batch=max_batch, hw_name=hw_name, env=self.env,
                                settle=settle, block_size=bs, cost=None if costs is None else costs[i],
                                record_token_times=record_token_times,   # per-request TPOT and ITL
-                               host_step=host_step, async_scheduling=async_scheduling, fast_forward=fast_forward)
+                               host_step=host_step, async_scheduling=async_scheduling,
+                               fast_forward=fleet or (bool(fast_forward) and self.n == 1), fleet=fleet)
                         for i in range(self.n)]
         self.outstanding = [0] * self.n
         self.submitted = [0] * self.n
