@@ -138,7 +138,7 @@ def _bundled_items(monkeypatch):
         mp.setattr(eng, "ScalarCost", Recording)
         mp.setattr(par, "ScalarCost", Recording)
         api.simulate(None, "rksc", {"tau": 0.8}, hardware="h100-sxm", mode="serving", baselines=False,
-                     workload={"concurrency": 8, "n_requests": 8})
+                     workload={"concurrency": 8, "n_requests": 8}, step_by_step=True)   # every iteration's items
     return seen
 
 
