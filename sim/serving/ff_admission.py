@@ -245,10 +245,11 @@ def queues_at(m, st: int) -> bool:
 
 def _branches_fit(eng, m, its, dt: float) -> bool:
     """Whether the window may take a mixed step of ``dt`` seconds whose items are ``its`` (the tail's, then the
-    admitted; where problems of several branches, or verified ones, run: ``FastForward.multi``): each item's problem has no member (``m``) and no other item -- the
-    step then adds to its figures once (its iterations, its phases in the stepped order) -- and, where the next
-    event falls in the step, nothing in it queues requests (a source's first token starts the branches that read
-    its KV, a last finish queues verification passes: the stepped path queues them behind the event)."""
+    admitted), where problems of several branches, or verified ones, run (``FastForward.multi``): each item's
+    problem has no member (``m``) and no other item -- the step then adds to its figures once (its iterations, its
+    phases in the stepped order) -- and, where the next event falls in the step, nothing in it queues requests (a
+    source's first token starts the branches that read its KV, a last finish queues verification passes: the
+    stepped path queues them behind the event)."""
     mine = {id(p) for p in m.probs}
     seen = set()
     for it in its:
