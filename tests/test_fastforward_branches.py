@@ -177,3 +177,12 @@ def test_replicas_of_branching_problems_take_windows_with_the_stepped_figures(n,
         for f in ("timeline_t", "timeline_b", "timeline_running", "iterations", "makespan", "busy", "mean_running",
                   "tokens", "stats", "gen_tokens"):
             _same(getattr(ra, f), getattr(rb, f), f)
+
+
+def test_step_by_step_is_refused_outside_serving_mode(capsys):
+    """Isolated mode has no windows to leave out: the flag is refused by name, nothing runs."""
+    from app.cli import main
+
+    rc = main(["simulate", "--policy", "no-kv", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm",
+               "--step-by-step"])
+    assert rc != 0 and "--step-by-step: only meaningful with mode='serving'" in capsys.readouterr().err

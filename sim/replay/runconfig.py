@@ -62,6 +62,8 @@ class RunConfig:
         validate_options(self, RUN_OPTIONS)
         if self.arrival_rate is not None and self.mode != "serving":
             raise ConfigError("arrival_rate: only meaningful with mode='serving'", field="arrival_rate")
+        if self.step_by_step and self.mode != "serving":   # isolated mode has no windows to leave out
+            raise ConfigError("--step-by-step: only meaningful with mode='serving'", field="step_by_step")
         from sim.serving.goodput import SLOError, SLO
         from sim.serving.router import ROUTERS
         if self.router not in ROUTERS:
