@@ -64,7 +64,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     all_cases = cases(a.num_problems)
     warm_up(all_cases["serve_rksc"][:-3] + ["--workload", "n_requests=8", "--json"])
-    res = {"what": "rksim plan / serve on the bundled trace (llama-3-8b on h100-sxm, vLLM's serve defaults), windows vs "
+    res = {"what": "rksim plan / serve on the bundled trace (SmolLM2's decisions; costs of llama-3-8b on h100-sxm / "
+           "dgx-h100 at vLLM's serve defaults, each replica's KV at its own default capacity), windows vs "
            "--step-by-step, CPU time of the command (imports excluded; bytecode cache on, warmed), median of the "
            "repeats", "num_problems": a.num_problems, "cases": {}}
     ok = True

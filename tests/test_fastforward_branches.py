@@ -47,8 +47,9 @@ def _job(rng, B: int, verify: bool, v_reuse: bool, gates: bool, sources: bool, b
                     reused[b] = int(rng.integers(0, min(ctx[b], ctx[s]) + 1))
     computed = ctx - reused
     z = np.zeros(B, np.int64)
-    # one token: a held branch's verification with nothing left to compute (its last sample's), answered at once
-    v_new = np.where(rng.random(B) < 0.3, 1, rng.integers(1, 30, B)) if verify else z
+    # none: a held branch's verification with nothing to compute (answered at once; a pass of its own has >= 1)
+    v_new = (np.where(rng.random(B) < 0.3, rng.integers(0 if v_reuse else 1, 2, B), rng.integers(1, 30, B)) if verify
+             else z)
     return Job(B=B, L=L, bs=bs, reused=reused, computed=computed, copy=z, gate=rng.integers(0, 3, B) * 8 if gates
                else z, source=src, share=share, ctx=ctx, gen=gen, own=computed, verify_on=verify, v_new=v_new,
                v_cached=z, v_layers=np.full(B, L), v_probes=z, v_head=np.ones(B, np.int64), v_kv_tokens=v_new,
@@ -186,3 +187,17 @@ def test_step_by_step_is_refused_outside_serving_mode(capsys):
     rc = main(["simulate", "--policy", "no-kv", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm",
                "--step-by-step"])
     assert rc != 0 and "--step-by-step: only meaningful with mode='serving'" in capsys.readouterr().err
+
+
+def test_a_held_branch_with_nothing_to_verify_answers_its_user_at_its_finish():
+    """Closed loop, verification that reads the branch's KV with no token to compute (``v_new`` 0, as CGEE skips
+    it): the last branch's finish answers the problem there and the user sends the next one, so no window may run
+    past that finish (``ff_members.answers_user``)."""
+    rng = np.random.default_rng(11)
+    jobs = []
+    for i in range(12):
+        j = _job(rng, int(rng.integers(1, 4)), True, True, False, False, 16)
+        z = np.zeros(j.B, np.int64)
+        jobs.append((i, j.fresh(v_new=z, v_kv_tokens=z)))
+    eng = _check(jobs, scheduler=SchedulerConfig(policy="vllm-v1"), concurrency=3, seed=2)
+    assert eng._ff is not None and eng._ff.windows > 10

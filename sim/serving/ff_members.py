@@ -68,13 +68,14 @@ def lazy_keys(kv) -> bool:
 def answers_user(p) -> bool:
     """Whether a finish of a branch of problem ``p`` may answer a user waiting on it (``p.user_done``): its problem
     is answered at the finish of its last branch unless a verification follows -- passes of their own (queued), or
-    the held branches extended by tokens every one of them must still compute."""
+    the held branches extended by their ``v_new`` tokens (``ProblemLifecycle._gen_finished``: ``v_new - 1`` more
+    beside the last sampled one, never computed, so ``v_new`` left to compute), every one of them at least one."""
     if p.user_done is None:
         return False
     j = p.job
     if not j.verify_on:
         return True
-    return bool(j.v_reuse) and not bool(np.all(np.asarray(j.v_new) - (np.asarray(j.gen) > 0) > 0))
+    return bool(j.v_reuse) and not bool(np.all(np.asarray(j.v_new) > 0))
 
 
 def write_record(p, req, phase: float, iters: int, peak: float, times: list, record: bool) -> None:
