@@ -29,7 +29,8 @@ def points() -> list[dict]:
 def model_of(p: dict) -> ModelShape:
     if "shape" in p:
         return ModelShape(name=p["model"], source=str(DATA), **p["shape"])
-    return load_model(p["model"])
+    m = load_model(p["model"])
+    return m.with_precision(kv_cache_dtype=p["kv_cache_dtype"]) if p.get("kv_cache_dtype") else m
 
 
 def budget(p: dict) -> dict:
@@ -75,8 +76,8 @@ def test_data_file_is_well_formed():
         if p["use"] in ("excluded", "finding"):
             assert p.get("why"), p["id"]
         for s in p.get("sets", []):
-            rules, field = s.split(".", 1) if not s.startswith("v0.6.5") else ("v0.6.5", s[len("v0.6.5."):])
-            assert hasattr(VLLM_RULES[rules], field), s
+            rules = next(r for r in VLLM_RULES if s.startswith(r + "."))   # rules names hold dots (v0.6.5)
+            assert hasattr(VLLM_RULES[rules], s[len(rules) + 1:]), s
     assert sum(p["use"] == "check" for p in ps) >= 1
 
 
@@ -121,6 +122,18 @@ def test_constants_reproduce_the_breakdowns_that_set_them():
     # the fit point's KV, from its own breakdown
     what, lg, rk = predicted(tp1)
     assert abs(rk / lg - 1) <= 0.01
+    v19 = VLLM_RULES["v0.19"]
+    a1, a2 = by["planner-v019-llama31-8b-h100-tp1"], by["planner-v019-llama31-8b-h100-tp2"]
+    assert v19.non_torch_tp1_bytes / GIB == a1["logged"]["non_torch_gib"]
+    assert v19.non_torch_tpn_bytes / GIB == a2["logged"]["non_torch_gib"]
+    for p in (a1, a2):   # the sampler constant gives both peaks (TP 2's held out), and the shape both weights
+        a = activation_peak(m, p["max_num_batched_tokens"], p["max_num_seqs"], p["tensor_parallel_size"],
+                            rules=v19) / GIB
+        assert a == pytest.approx(p["logged"]["activation_peak_gib"], abs=0.005), p["id"]
+        w = rank_weight_bytes(m, p["tensor_parallel_size"], 1)[0] / GIB
+        assert w == pytest.approx(p["logged"]["weights_gib"], abs=0.04), p["id"]
+        what, lg, rk = predicted(p)
+        assert abs(rk / lg - 1) <= 0.001, p["id"]
     v1 = VLLM_RULES["v1"]
     assert v1.non_torch_tp1_bytes / GIB == by["issue13882-non-torch-tp1"]["logged"]["non_torch_gib"]
     assert v1.non_torch_tpn_bytes / GIB == by["issue16570-non-torch-tp4"]["logged"]["non_torch_gib"]

@@ -218,6 +218,14 @@ VLLM_RULES = {
     # Meta-Llama-3-8B on an H100, "non_torch_memory 1.79GiB" (TP 1) and "3.58GiB" (TP 2); "PyTorch activation
     # peak memory 1.26GiB" at both TP 1 and TP 2, so the sampler (whole vocabulary on rank 0), not the MLP
     # shard, sets the peak: (1.26 GiB - 8192 x 4096 x 2 B of hidden states) / (256 x 128256) = 39.1 B.
+    # vLLM 0.19.0 `vllm serve` on an H100 SXM (llm-d-planner's logs, docs/data/vllm-kv-capacity.yaml: `sets`), whose
+    # "Memory profiling" line breaks each run down: Llama-3.1-8B "non-torch forward increase memory: 0.25GiB" (TP 1)
+    # and "2.07GiB" (TP 2: NCCL and the custom all-reduce's buffers); its "torch peak memory increase: 1.89GiB" at
+    # max_num_seqs 1024 sets the sampler's bytes per logit: (1.89 GiB - 8192 x 4096 x 2 B) / (1024 x 128256) = 14.94;
+    # the CUDA graph estimate is logged but not subtracted (Available KV = requested - non-KV total, to the 0.01 GiB)
+    "v0.19": VllmMemoryRules("v0.19", non_torch_tp1_bytes=0.25 * GIB, non_torch_tpn_bytes=2.07 * GIB,
+                             sampler_bytes_per_logit=14.94, cudagraph_bytes=0.0,
+                             source="vLLM 0.19.0 V1 (vllm serve, H100; CUDA graph memory not subtracted)"),
     "v0.6.5": VllmMemoryRules("v0.6.5", non_torch_tp1_bytes=1.79 * GIB, non_torch_tpn_bytes=3.58 * GIB,
                               sampler_bytes_per_logit=39.1, cudagraph_bytes=0.0,
                               source="vLLM 0.6.5-dev V0 worker (PR 10511)"),
