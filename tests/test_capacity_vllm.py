@@ -30,7 +30,9 @@ def model_of(p: dict) -> ModelShape:
     if "shape" in p:
         return ModelShape(name=p["model"], source=str(DATA), **p["shape"])
     m = load_model(p["model"])
-    return m.with_precision(kv_cache_dtype=p["kv_cache_dtype"]) if p.get("kv_cache_dtype") else m
+    if p.get("quantization") or p.get("kv_cache_dtype"):
+        m = m.with_precision(p.get("quantization"), p.get("kv_cache_dtype"))
+    return m
 
 
 def budget(p: dict) -> dict:
@@ -134,6 +136,17 @@ def test_constants_reproduce_the_breakdowns_that_set_them():
         assert w == pytest.approx(p["logged"]["weights_gib"], abs=0.04), p["id"]
         what, lg, rk = predicted(p)
         assert abs(rk / lg - 1) <= 0.001, p["id"]
+    v11 = VLLM_RULES["v0.11"]
+    b1, b2 = by["llmdbench-v011-llama31-8b-h100-tp1"], by["llmdbench-v011-qwen3-32b-h100-tp2"]
+    assert v11.non_torch_tp1_bytes / GIB == b1["logged"]["non_torch_gib"]
+    assert v11.non_torch_tpn_bytes / GIB == b2["logged"]["non_torch_gib"]
+    for p in (b1, b2):   # the sampler constant from Llama's peak gives Qwen3-32B's (another vocabulary, held out)
+        mp = model_of(p)
+        a = activation_peak(mp, p["max_num_batched_tokens"], p["max_num_seqs"], p["tensor_parallel_size"],
+                            rules=v11) / GIB
+        assert a == pytest.approx(p["logged"]["activation_peak_gib"], abs=0.01), p["id"]
+        what, lg, rk = predicted(p)
+        assert abs(rk / lg - 1) <= 0.005, p["id"]
     v1 = VLLM_RULES["v1"]
     assert v1.non_torch_tp1_bytes / GIB == by["issue13882-non-torch-tp1"]["logged"]["non_torch_gib"]
     assert v1.non_torch_tpn_bytes / GIB == by["issue16570-non-torch-tp4"]["logged"]["non_torch_gib"]

@@ -15,7 +15,9 @@ A figure file (``docs/validation/published-figures.yaml`` is the shipped one) ho
                   gpu_memory_utilization: 0.95, prefix_caching: false,   # optional: the run's server;
                   async_scheduling: false,        # what the run's engine did (absent: vLLM 0.33's default, on)
                   frontend: false,                # false: an in-process LLM run (absent: through vllm serve)
-                  host_time: false}               # false: another engine's runtime (the preset's host_step is vLLM's)
+                  host_time: false,               # false: another engine's runtime (the preset's host_step is vLLM's)
+                  memory_rules: v0.11}            # the run's vLLM generation's KV sizing (a key of
+                                                  #   sim.serving.capacity.VLLM_RULES; absent: the default, v1)
         workload:                         # vllm bench serve's workload
           input_len: 1024                 #   random dataset: input_len, output_len, num_prompts,
           output_len: 128                 #   range_ratio, prefix_len, seed
@@ -56,7 +58,7 @@ PRICED_KV = {None, "auto"} | set(PRICED_DTYPES) | {k for k in KV_CACHE_DTYPES if
 _FIELDS = {"id", "model", "hardware", "dtype", "quantization", "kv_cache_dtype", "parallelism", "serving",
            "workload", "metric", "value", "source", "note", "engine"}
 _SERVING = {"scheduler", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "prefix_caching",
-            "block_size", "kv_capacity_bytes", "async_scheduling", "frontend", "host_time"}
+            "block_size", "kv_capacity_bytes", "async_scheduling", "frontend", "host_time", "memory_rules"}
 # serving keys that are not ServingConfig's: how sim.bench.plain.run prices host and front-end time (sim.cost.overheads)
 _OVERHEAD_KEYS = ("async_scheduling", "frontend", "host_time")
 _WORKLOAD = {"input_len", "output_len", "num_prompts", "range_ratio", "prefix_len", "seed", "input_lens",
@@ -271,6 +273,24 @@ def _rate(v) -> float:
     return float(v)
 
 
+def _with_rules(f: dict, model, hw, serving, rules: str):
+    """``serving`` with the activation reserve (peak + non-torch + CUDA graphs, one GPU) that vLLM generation
+    ``rules`` subtracts (:func:`sim.serving.capacity.activation_reserve`): the run's KV sized as its vLLM sized it."""
+    from dataclasses import replace
+
+    from sim.serving.capacity import VLLM_RULES, activation_reserve
+    if rules not in VLLM_RULES:
+        raise FigureError(f"figure {f['id']!r}: serving: memory_rules {rules!r} unknown; known: "
+                          f"{', '.join(sorted(VLLM_RULES))}")
+    par = f.get("parallelism") or {}
+    if int(par.get("pp", 1)) != 1 or int(par.get("dp", 1)) != 1 or par.get("ep"):
+        # one reserve for every GPU holds only where every GPU runs the same stage of the same layout
+        raise FigureError(f"figure {f['id']!r}: serving: memory_rules is priced at pp 1, dp 1, no ep only")
+    sc = serving.scheduler_config(hw.name)
+    res = activation_reserve(model, sc.max_num_batched_tokens, sc.max_num_seqs, int(par.get("tp", 1)), rules)
+    return replace(serving, activation_reserve_bytes=res)
+
+
 def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool = True,
             frontend: bool = True, custom_all_reduce: bool = True) -> dict:
     """Simulate one figure's benchmark; returns the vllm bench serve result dictionary. ``profile``: a
@@ -298,7 +318,10 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
         over["frontend"] = False
     if not custom_all_reduce:   # every tensor-parallel all-reduce by NCCL (the before/after table)
         over["disable_custom_all_reduce"] = True
+    rules = sv.pop("memory_rules", None)
     serving = ServingConfig(**sv)
+    if rules is not None:
+        serving = _with_rules(f, model, hw, serving, rules)
     wl = _workload(f)
     w = f["workload"]
     rate, burst = _rate(w.get("request_rate")), float(w.get("burstiness", 1.0))

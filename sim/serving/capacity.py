@@ -226,6 +226,14 @@ VLLM_RULES = {
     "v0.19": VllmMemoryRules("v0.19", non_torch_tp1_bytes=0.25 * GIB, non_torch_tpn_bytes=2.07 * GIB,
                              sampler_bytes_per_logit=14.94, cudagraph_bytes=0.0,
                              source="vLLM 0.19.0 V1 (vllm serve, H100; CUDA graph memory not subtracted)"),
+    # vLLM 0.11.0 `vllm serve` on an H100 (llm-d-benchmark's empirical table, docs/data/vllm-kv-capacity.yaml:
+    # `sets`), each run's "Memory profiling" breakdown: non-torch 0.13 GiB for Llama-3.1-8B at TP 1 and 0.54 GiB
+    # for Qwen3-32B at TP 2; Llama-3.1-8B's "torch peak memory increase" of 4.76 GiB at max_num_seqs 1024 sets the
+    # sampler's bytes per logit, (4.76 GiB - 8192 x 4096 x 2 B) / (1024 x 128256) = 38.41; no CUDA graph term
+    # (KV = requested - weights - peak - non-torch)
+    "v0.11": VllmMemoryRules("v0.11", non_torch_tp1_bytes=0.13 * GIB, non_torch_tpn_bytes=0.54 * GIB,
+                             sampler_bytes_per_logit=38.41, cudagraph_bytes=0.0,
+                             source="vLLM 0.11.0 V1 (vllm serve, H100; no CUDA graph term)"),
     "v0.6.5": VllmMemoryRules("v0.6.5", non_torch_tp1_bytes=1.79 * GIB, non_torch_tpn_bytes=3.58 * GIB,
                               sampler_bytes_per_logit=39.1, cudagraph_bytes=0.0,
                               source="vLLM 0.6.5-dev V0 worker (PR 10511)"),
