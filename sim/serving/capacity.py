@@ -204,7 +204,8 @@ VLLM_RULES = {
         non_torch_tp1_bytes=0.03 * GIB,
         # "non_torch_memory takes 0.43GiB", rank 0 of TP 4 (A100 40GB, vLLM 0.8.3):
         # https://github.com/vllm-project/vllm/issues/16570 (the baseline there precedes NCCL's init; V1's
-        # snapshot follows it, so this bounds V1's from above)
+        # snapshot follows it, so this was taken to bound V1's from above; vLLM 0.19 counts 2.07 GiB at TP 2 on an
+        # H100, `v0.19` below, so it does not bound every V1 generation: docs/calibration.md, "KV capacity")
         non_torch_tpn_bytes=0.43 * GIB,
         # recent V1 sampler, bf16 logits (2 B, held by _dummy_sampler_run) + their float32 copy (4) +
         # apply_top_k_top_p_pytorch's logits_sort (4), logits_idx int64 (8), probs_sort (4) and top_p_mask (1)
@@ -213,11 +214,6 @@ VLLM_RULES = {
         # "Estimated CUDA graph memory: 0.36 GiB total" (vLLM 0.27.1, TP 2): https://github.com/gpustack/runner/pull/251
         cudagraph_bytes=0.36 * GIB,
         source="vLLM V1 >= 0.21 (CUDA graph memory profiled before the KV cache)"),
-    # vLLM 0.6.5 development build of https://github.com/vllm-project/vllm/pull/10511 (V0 worker,
-    # memory_profiling): no CUDA graph term. Its per-run breakdown sets these constants:
-    # Meta-Llama-3-8B on an H100, "non_torch_memory 1.79GiB" (TP 1) and "3.58GiB" (TP 2); "PyTorch activation
-    # peak memory 1.26GiB" at both TP 1 and TP 2, so the sampler (whole vocabulary on rank 0), not the MLP
-    # shard, sets the peak: (1.26 GiB - 8192 x 4096 x 2 B of hidden states) / (256 x 128256) = 39.1 B.
     # vLLM 0.19.0 `vllm serve` on an H100 SXM (llm-d-planner's logs, docs/data/vllm-kv-capacity.yaml: `sets`), whose
     # "Memory profiling" line breaks each run down: Llama-3.1-8B "non-torch forward increase memory: 0.25GiB" (TP 1)
     # and "2.07GiB" (TP 2: NCCL and the custom all-reduce's buffers); its "torch peak memory increase: 1.89GiB" at
@@ -234,6 +230,11 @@ VLLM_RULES = {
     "v0.11": VllmMemoryRules("v0.11", non_torch_tp1_bytes=0.13 * GIB, non_torch_tpn_bytes=0.54 * GIB,
                              sampler_bytes_per_logit=38.41, cudagraph_bytes=0.0,
                              source="vLLM 0.11.0 V1 (vllm serve, H100; no CUDA graph term)"),
+    # vLLM 0.6.5 development build of https://github.com/vllm-project/vllm/pull/10511 (V0 worker,
+    # memory_profiling): no CUDA graph term. Its per-run breakdown sets these constants:
+    # Meta-Llama-3-8B on an H100, "non_torch_memory 1.79GiB" (TP 1) and "3.58GiB" (TP 2); "PyTorch activation
+    # peak memory 1.26GiB" at both TP 1 and TP 2, so the sampler (whole vocabulary on rank 0), not the MLP
+    # shard, sets the peak: (1.26 GiB - 8192 x 4096 x 2 B of hidden states) / (256 x 128256) = 39.1 B.
     "v0.6.5": VllmMemoryRules("v0.6.5", non_torch_tp1_bytes=1.79 * GIB, non_torch_tpn_bytes=3.58 * GIB,
                               sampler_bytes_per_logit=39.1, cudagraph_bytes=0.0,
                               source="vLLM 0.6.5-dev V0 worker (PR 10511)"),
