@@ -56,6 +56,9 @@ def _target_flags(p, offline: bool) -> None:
     p.add_argument("--kv-capacity-bytes", default=None, metavar="B", help="KV capacity in bytes (default: memory x utilisation - weights - reserve)")
     p.add_argument("--block-size", default=16, metavar="T",
                    help="tokens per KV block")
+    from app.cli_sim import add_declared
+    from sim.serving.capacity import ServingConfig
+    add_declared(p, ServingConfig, only=("memory_rules",))   # the KV sized as that vLLM generation sizes it
     p.add_argument("--band", action="store_true",
                    help="also run with each public fit of the device, each with and without the cited model runner's "
                         "host time, and (FP8) with CUTLASS's FP8 rate (sim.cost.bands): every figure gains a "
@@ -303,7 +306,8 @@ def _target(args):
     sv = ServingConfig(scheduler=args.scheduler, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        gpu_memory_utilization=args.gpu_memory_utilization, kv_capacity_bytes=args.kv_capacity_bytes,
-                       prefix_caching=caching, enforce_eager=bool(args.enforce_eager))
+                       prefix_caching=caching, enforce_eager=bool(args.enforce_eager),
+                       memory_rules=args.vllm_memory_rules)
     return model, hw, sv, pol
 
 

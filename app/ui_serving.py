@@ -58,6 +58,14 @@ def controls(key: str, skip: tuple[str, ...] = (), slots=None) -> tuple[dict, bo
                                                 "prefill-first: the older rule")
         if slots is not None:
             slots.under("srv.scheduler", c[0])
+    rules = B.memory_rules_choices()
+    if rules:
+        opts["memory_rules"] = c[1].selectbox(
+            "vLLM memory rules (KV sizing)", list(rules), key=f"{key}.memory_rules",
+            help="how the KV cache is sized: the activation peak, non-torch and CUDA-graph terms of one vLLM "
+                 f"generation, each from its logs (v1: vLLM >= 0.21; {_flag('memory_rules')})")
+        if slots is not None:
+            slots.under("srv.memory_rules", c[1])
     for i, (name, lab, flag, default, check) in enumerate([s for s in SPEC if s[0] not in skip]):
         with c[i % 2]:
             v, good = U.text_number(lab, f"{key}.{name}", flag, default=default, **check)

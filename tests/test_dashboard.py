@@ -255,6 +255,33 @@ def test_serving_page_prices_each_step_as_its_boxes_say(env):
         {"no_host_time": True, "no_async_scheduling": False, "enforce_eager": True}
 
 
+def test_serving_page_sizes_the_kv_as_the_chosen_vllm_generation(env):
+    """The "vLLM memory rules" box is ``--vllm-memory-rules`` (``ServingConfig.memory_rules``): each policy's
+    capacity line under it is the one ``sim.api`` gives with that generation (vLLM 0.6.5's 1.79 GiB of non-torch
+    memory leaves less KV than the default's), and the default is vLLM >= 0.21's ``v1``."""
+    from app import ui_backend as B
+
+    at = _app("serving")
+    at.selectbox(key="serving.hardware").set_value("h100-sxm").run()
+    at.multiselect(key="serving.policies").set_value(["asks"]).run()
+    _ok(at)
+    assert at.selectbox(key="serving.srv.memory_rules").value == "v1"
+    conc = int(at.select_slider(key="serving.srv.concurrency").value)
+
+    def caption(rules):
+        r = B.run(str(BUNDLED), "asks", {}, None, "h100-sxm", "serving", {}, 0,
+                  {"concurrency": conc, "memory_rules": rules})
+        assert r["info"]["capacity"]["memory_rules"] == rules
+        return B.capacity_note(r["info"], r["summary"])
+
+    caps = [c.value for c in at.caption]
+    assert caption("v1") in caps, caps
+    at.selectbox(key="serving.srv.memory_rules").set_value("v0.6.5").run()
+    _ok(at)
+    old = caption("v0.6.5")
+    assert old in [c.value for c in at.caption] and old != caption("v1")
+
+
 def test_trace_explorer_page(env):
     at = _app("explorer")
     _ok(at)

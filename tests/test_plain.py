@@ -210,6 +210,29 @@ def test_bench_throughput_is_offline_with_vllms_llm_defaults(capsys, tmp_path):
     assert plain.scheduler_defaults("a100-80gb", offline=False)["max_num_batched_tokens"] == 2048
 
 
+def test_vllm_memory_rules_size_the_kv_as_that_generation(capsys):
+    """``--vllm-memory-rules GEN`` (``ServingConfig.memory_rules``): the run's KV blocks are vLLM GEN's (its activation
+    peak, non-torch and CUDA-graph terms, ``sim.serving.capacity.vllm_kv_budget``), and the provenance line says so;
+    the default (``v1``) says nothing extra. Qwen3-32B on one H100: vLLM 0.11 leaves about 4.5 GiB of KV."""
+    import re
+
+    from sim.serving.capacity import CUDA_TOTAL_BYTES, vllm_kv_budget
+    base = ["bench", "throughput", "--model-preset", "qwen3-32b", "--hardware", "h100-sxm", "--input-len", "64",
+            "--output-len", "4", "--num-prompts", "4"]
+    m = load_model("qwen3-32b")
+    blocks = {}
+    for rules in ("v1", "v0.11", "v0.19"):
+        assert main(base + ["--vllm-memory-rules", rules]) == 0
+        out = capsys.readouterr().out
+        blocks[rules] = int(re.search(r"KV capacity (\d+) blocks", out).group(1))
+        want = vllm_kv_budget(m, CUDA_TOTAL_BYTES["h100-sxm"], 0.9, 16384, 1024, 1, 1, rules)   # offline defaults
+        assert blocks[rules] == want["num_gpu_blocks"], (rules, blocks[rules], want["num_gpu_blocks"])
+        assert (f"sized as vLLM {rules} sizes it" in out) == (rules != "v1"), out
+    assert len(set(blocks.values())) == 3 and blocks["v0.11"] * 16 * m.kv_bytes_per_token < 4.6 * 2 ** 30
+    assert main(base + ["--kv-capacity-bytes", "1e9", "--vllm-memory-rules", "v0.11"]) == 0   # given bytes: no rules
+    assert "sized as vLLM" not in capsys.readouterr().out
+
+
 def test_dataset_path_of_lengths(tmp_path, capsys):
     f = tmp_path / "mix.csv"
     f.write_text("input_len,output_len\n100,5\n2000,40\n7,300\n")

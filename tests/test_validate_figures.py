@@ -215,22 +215,27 @@ def test_dp_attention_with_expert_parallelism_is_one_engine_priced():
 
 
 def test_a_figure_s_memory_rules_size_its_kv_as_that_vllm_generation():
-    """``serving.memory_rules`` prices the run's KV with that vLLM generation's reserve (peak + non-torch + graphs):
-    Qwen3-32B on one H100 keeps about 4.5 GiB of KV under vLLM 0.11's sizing, 6.5 under the default, and a workload
-    bound by it runs longer; an unknown generation, or a layout one reserve cannot describe, is refused by name."""
-    from sim.bench.validate import _with_rules
+    """``serving.memory_rules`` (``ServingConfig.memory_rules``, the CLI's ``--vllm-memory-rules``) sizes the run's KV
+    as that vLLM generation does: Qwen3-32B on one H100 keeps about 4.5 GiB of KV under vLLM 0.11's sizing, 6.5
+    under the default, and a workload bound by it runs longer; every layout takes it (PP 2's stages each subtract
+    the generation's reserve); an unknown generation is refused by name."""
     from sim.cost.profiles import load_hardware, load_model
-    from sim.serving.capacity import CUDA_TOTAL_BYTES, ServingConfig, kv_capacity, vllm_kv_budget
+    from sim.cost.parallel import ParallelConfig
+    from sim.serving.capacity import CUDA_TOTAL_BYTES, CapacityError, ServingConfig, kv_capacity, vllm_kv_budget
     m, hw = load_model("qwen3-32b"), load_hardware("h100-sxm")
-    f = {"id": "t", "parallelism": {"tp": 1}}
-    sv = _with_rules(f, m, hw, ServingConfig(), "v0.11")
+    sv = ServingConfig(memory_rules="v0.11")
     want = vllm_kv_budget(m, CUDA_TOTAL_BYTES["h100-sxm"], 0.9, 8192, 1024, 1, 1, "v0.11")
     assert kv_capacity(m, hw, sv)["num_gpu_blocks"] == want["num_gpu_blocks"]
+    assert kv_capacity(m, hw, sv)["memory_rules"] == "v0.11"
     assert want["num_gpu_blocks"] < 0.8 * kv_capacity(m, hw, ServingConfig())["num_gpu_blocks"]
+    pp2 = ParallelConfig(pipeline_parallel_size=2)
+    want2 = vllm_kv_budget(m, CUDA_TOTAL_BYTES["h100-sxm"], 0.9, 8192, 1024, 1, 2, "v0.11")
+    assert kv_capacity(m, hw, sv, pp2)["num_gpu_blocks"] == want2["num_gpu_blocks"] != \
+        kv_capacity(m, hw, ServingConfig(), pp2)["num_gpu_blocks"]
     fig = {**_fig(), "model": "qwen3-32b", "metric": "duration",
            "workload": {"input_lens": [2048] * 32, "output_lens": [64] * 32}}
     assert predict({**fig, "serving": {"memory_rules": "v0.11"}})["duration"] > predict(fig)["duration"]
     with pytest.raises(FigureError, match="memory_rules 'v9' unknown"):
-        _with_rules(f, m, hw, ServingConfig(), "v9")
-    with pytest.raises(FigureError, match="pp 1"):
-        _with_rules({"id": "t", "parallelism": {"tp": 1, "pp": 2}}, m, hw, ServingConfig(), "v0.11")
+        predict({**fig, "serving": {"memory_rules": "v9"}})
+    with pytest.raises(CapacityError, match="--vllm-memory-rules"):
+        ServingConfig(memory_rules="v9")

@@ -40,6 +40,7 @@ from app.ui_backend.simulation import (  # noqa: F401
     capacity_note,
     compare,
     hardware_that_serves,
+    memory_rules_choices,
     out_of_calibration,
     run,
     scheduler_choices,

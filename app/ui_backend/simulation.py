@@ -22,7 +22,8 @@ def _simulate_params() -> set[str]:
 # knows it (concurrency, n_requests), else it is reported as "not applied by this simulator" (never
 # silently dropped).
 SERVING_OPTIONS = ("arrival_rate", "concurrency", "n_requests", "scheduler", "max_num_seqs",
-                   "max_num_batched_tokens", "gpu_memory_utilization", "kv_capacity_bytes", "decode_tokens")
+                   "max_num_batched_tokens", "gpu_memory_utilization", "memory_rules", "kv_capacity_bytes",
+                   "decode_tokens")
 
 
 def _serving_fields() -> set[str]:
@@ -40,6 +41,16 @@ def scheduler_choices() -> tuple[str, ...]:
     except ImportError:
         return ()
     return tuple(POLICIES)
+
+
+def memory_rules_choices() -> tuple[str, ...]:
+    """The vLLM generations whose KV sizing the simulator knows (``sim.serving.capacity.VLLM_RULES``), the default
+    first, or () where there are none."""
+    try:
+        from sim.serving.capacity import DEFAULT_RULES, VLLM_RULES
+    except ImportError:
+        return ()
+    return (DEFAULT_RULES,) + tuple(k for k in VLLM_RULES if k != DEFAULT_RULES)
 
 
 def serving_kwargs(options: dict) -> tuple[dict, dict, list[str]]:

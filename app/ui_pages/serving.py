@@ -38,6 +38,9 @@ def _results(trace: str, chosen: list[str], model, hardware: str, seed: int, ser
     for col, (n, r) in zip(cols, results.items()):
         with col:
             st.markdown(f"**{n}**")
+            note = B.capacity_note(r["info"], r["summary"])   # under what capacity its figures hold
+            if note:
+                st.caption(note)
             for k in keys[:6]:
                 st.metric(f"{n} · {B.label(k)}", B.fmt(k, r["summary"].get(k)))
     st.dataframe(pd.DataFrame({B.label(k): {n: B.fmt(k, r["summary"].get(k)) for n, r in results.items()}

@@ -347,6 +347,8 @@ def _info(model, hw, sv, sched, graphs, cap, bs, blocks, token_policy, results, 
             **host_fields(hw), "calibration_status": hw.calibration_status,
             "scheduler": sched.to_dict(), "block_size": bs, "kv_capacity_blocks": int(blocks),
             "kv_capacity_bytes": float(cap["kv_capacity_bytes"]), "capacity_source": cap["capacity_source"],
+            # the vLLM generation whose KV sizing gave the capacity (None: given as bytes)
+            "memory_rules": None if sv.kv_capacity_bytes is not None else cap.get("memory_rules"),
             "prefix_caching": bool(sv.prefix_caching) and token_policy is None,
             "token_policy": getattr(token_policy, "name", None) if token_policy is not None else None,
             "preemptions": int(sum(x.stats["preemptions"] for x in results)),

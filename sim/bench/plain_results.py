@@ -9,6 +9,7 @@ import numpy as np
 from sim.bench.gap_counts import GapCounts
 from sim.bench.plain_workload import PlainError
 from sim.cost.overheads import overheads_words
+from sim.serving.capacity import DEFAULT_RULES
 from sim.serving.metrics import percentile_word
 
 TOKEN_CHUNK = 4096   # requests whose token times are counted at once (serve_result's peak tokens per second)
@@ -239,7 +240,9 @@ def provenance(info: dict, run_stats: bool = True) -> str:
             f"({info['calibration']}); scheduler "
             f"{s['scheduler']}, max_num_seqs {s['max_num_seqs']}, max_num_batched_tokens "
             f"{s['max_num_batched_tokens']}, KV capacity {info['kv_capacity_blocks']} blocks of "
-            f"{info['block_size']} tokens ({info['kv_capacity_bytes'] / 1e9:.2f} GB), prefix caching "
+            f"{info['block_size']} tokens ({info['kv_capacity_bytes'] / 1e9:.2f} GB"
+            + (f", sized as vLLM {info['memory_rules']} sizes it"
+               if info.get("memory_rules") not in (None, DEFAULT_RULES) else "") + "), prefix caching "
             f"{'on' if info['prefix_caching'] else 'off'}" + (f", token policy {pol}" if pol else "")
             + (f"; {info['moe_experts']}" if info.get("moe_experts") else "")
             + (f"; {info['data_parallel_size']} replicas behind {info['router']}, each with that capacity"

@@ -273,24 +273,6 @@ def _rate(v) -> float:
     return float(v)
 
 
-def _with_rules(f: dict, model, hw, serving, rules: str):
-    """``serving`` with the activation reserve (peak + non-torch + CUDA graphs, one GPU) that vLLM generation
-    ``rules`` subtracts (:func:`sim.serving.capacity.activation_reserve`): the run's KV sized as its vLLM sized it."""
-    from dataclasses import replace
-
-    from sim.serving.capacity import VLLM_RULES, activation_reserve
-    if rules not in VLLM_RULES:
-        raise FigureError(f"figure {f['id']!r}: serving: memory_rules {rules!r} unknown; known: "
-                          f"{', '.join(sorted(VLLM_RULES))}")
-    par = f.get("parallelism") or {}
-    if int(par.get("pp", 1)) != 1 or int(par.get("dp", 1)) != 1 or par.get("ep"):
-        # one reserve for every GPU holds only where every GPU runs the same stage of the same layout
-        raise FigureError(f"figure {f['id']!r}: serving: memory_rules is priced at pp 1, dp 1, no ep only")
-    sc = serving.scheduler_config(hw.name)
-    res = activation_reserve(model, sc.max_num_batched_tokens, sc.max_num_seqs, int(par.get("tp", 1)), rules)
-    return replace(serving, activation_reserve_bytes=res)
-
-
 def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool = True,
             frontend: bool = True, custom_all_reduce: bool = True) -> dict:
     """Simulate one figure's benchmark; returns the vllm bench serve result dictionary. ``profile``: a
@@ -300,7 +282,7 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
     ``host_time`` / ``frontend`` False here turn those terms off for every figure (a before/after table).
     """
     from sim.bench import plain
-    from sim.serving.capacity import ServingConfig
+    from sim.serving.capacity import VLLM_RULES, ServingConfig
     from sim.cost.profiles import load_hardware, load_model
     model = load_model(f["model"])
     hw = profile if profile is not None else load_hardware(hardware or f["hardware"])
@@ -318,10 +300,10 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
         over["frontend"] = False
     if not custom_all_reduce:   # every tensor-parallel all-reduce by NCCL (the before/after table)
         over["disable_custom_all_reduce"] = True
-    rules = sv.pop("memory_rules", None)
-    serving = ServingConfig(**sv)
-    if rules is not None:
-        serving = _with_rules(f, model, hw, serving, rules)
+    if "memory_rules" in sv and sv["memory_rules"] not in VLLM_RULES:
+        raise FigureError(f"figure {f['id']!r}: serving: memory_rules {sv['memory_rules']!r} unknown; known: "
+                          f"{', '.join(sorted(VLLM_RULES))}")
+    serving = ServingConfig(**sv)   # memory_rules: the run's KV sized as its vLLM generation sized it
     wl = _workload(f)
     w = f["workload"]
     rate, burst = _rate(w.get("request_rate")), float(w.get("burstiness", 1.0))

@@ -77,103 +77,6 @@ class CapacityError(KVCacheError):
         self.field = field
 
 
-SERVING_OPTIONS: list = []  # ServingConfig's option fields, filled once below the class
-
-
-@dataclass(frozen=True)
-class ServingConfig:
-    """Serving settings (CLI ``--scheduler``, ``--max-num-seqs``, ...); None = the hardware default."""
-
-    scheduler: str = option("vllm-v1", kind=str, choices=POLICIES, flag="--scheduler", metavar="NAME",
-                            aliases=("--batch-scheduler",),
-                            help="vllm-v1 (default: vLLM 0.33's V1 rules: running decodes first, chunked prefill, a waiting "
-                                 "request admitted only if its whole prompt fits), vllm-v1-chunk-admit (admits on its first "
-                                 "chunk: scheduler_reserve_full_isl=False) or prefill-first")
-    max_num_seqs: int | None = option(None, lo=1, hi=1 << 20, flag="--max-num-seqs", metavar="S",
-                                      help="running sequences cap (default: the hardware's)")
-    max_num_batched_tokens: int | None = option(None, lo=1, hi=1 << 24, flag="--max-num-batched-tokens", metavar="M",
-                                                help="tokens per iteration (default: the hardware's vLLM default)")
-    gpu_memory_utilization: float = option(DEFAULT_UTILIZATION, kind=float, gt=0, hi=1,
-                                           flag="--gpu-memory-utilization", metavar="U",
-                                           help="share of device memory for weights + activations + KV, in (0, 1] "
-                                                "(default 0.90)")
-    activation_reserve_bytes: float | None = option(None, kind=float, lo=0, hi=1e18, flag="--activation-reserve-bytes",
-                                                    metavar="B",
-                                                    help="activation reserve in bytes (default: estimated, "
-                                                         "docs/simulator.md)")
-    kv_capacity_bytes: float | None = option(None, kind=float, lo=0, hi=1e18, flag="--kv-capacity-bytes", metavar="B",
-                                             help="KV capacity in bytes (default: memory x utilisation - weights - "
-                                                  "activation reserve)")
-    decode_tokens: int | None = option(None, lo=1, hi=MAX_DECODE_TOKENS, flag="--decode-tokens", metavar="T",
-                                       help="token policies: extend the long decodes to T tokens (results say "
-                                            "length_extrapolated; default: the recorded length)")
-    prefix_caching: bool = option(True, kind=bool, help="prefix caching across problems and branches")
-    enforce_eager: bool = option(False, kind=bool, flag="--enforce-eager",
-                                 help="vLLM's flag: no CUDA graphs (every kernel launched from the host; no padding "
-                                      "to capture sizes); default: graphs on a GPU whose profile has cuda_graphs")
-    no_host_time: bool = option(False, kind=bool, flag="--no-host-time",
-                                help="serving mode and plans: price the GPU's kernels only (default: each engine "
-                                     "step's host time too, from the hardware profile's host_step where it has one)")
-    no_async_scheduling: bool = option(False, kind=bool, flag="--no-async-scheduling",
-                                       help="serving mode and plans: a step's host time adds to its GPU time, as "
-                                            "vLLM runs without --async-scheduling (default: on, vLLM 0.33's default: "
-                                            "the host work of one step overlaps the GPU work of the next)")
-
-    def __post_init__(self) -> None:
-        # The declarations above are the bounds; errors name the flag (the CLI's and the dashboard's name).
-        for f, opt in SERVING_OPTIONS or declared(self):
-            try:
-                check_value(opt.flag or f.name, opt, getattr(self, f.name))
-            except ConfigError as exc:
-                raise CapacityError(str(exc), field=f.name) from None
-
-    @classmethod
-    def from_any(cls, x) -> "ServingConfig":
-        if x is None:
-            return DEFAULT_SERVING
-        if isinstance(x, cls):
-            return x
-        if not isinstance(x, dict):
-            raise CapacityError(f"serving: expected a dict of serving settings, got {type(x).__name__}")
-        names = set(cls.__dataclass_fields__)
-        bad = set(x) - names
-        if bad:
-            raise CapacityError(f"serving: unknown setting(s) {', '.join(sorted(bad))}; valid: {', '.join(sorted(names))}")
-        return cls(**{k: v for k, v in x.items() if v is not None or k in ("max_num_seqs",)})
-
-    def scheduler_config(self, hw_name: str) -> SchedulerConfig:
-        d = SCHEDULER_DEFAULTS.get(hw_name, GENERIC_DEFAULTS)
-        return SchedulerConfig(max_num_seqs=int(self.max_num_seqs or d["max_num_seqs"]),
-                               max_num_batched_tokens=int(self.max_num_batched_tokens or d["max_num_batched_tokens"]),
-                               policy=self.scheduler)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-SERVING_OPTIONS.extend(declared(ServingConfig))  # its option fields, once
-DEFAULT_SERVING = ServingConfig()          # frozen: every default run shares it
-
-
-# ---------------------------------------------------------------------------- vLLM's KV sizing
-VLLM_BLOCK_SIZE = 16   # vLLM's default --block-size on CUDA (vllm/config/cache.py)
-
-# What cudaMemGetInfo reports as the device's total, the number vLLM multiplies by the utilisation
-# (vllm/utils/mem_utils.py MemorySnapshot.measure: torch.cuda.mem_get_info). Logged by vLLM as
-# total_gpu_memory; it is below nvidia-smi's memory.total. Devices not listed use the preset's mem_capacity.
-CUDA_TOTAL_BYTES = {
-    # "total_gpu_memory 79.22GiB", vllm serve meta-llama/Meta-Llama-3-8B on an H100 80GB,
-    # https://github.com/vllm-project/vllm/pull/10511 (comment of 2024-12-14)
-    "h100-sxm": 79.22 * GIB,
-    # torch.cuda.get_device_properties().total_memory, which cudaMemGetInfo's total equals: 94.97 GiB on an RTX
-    # PRO 6000 Blackwell Server Edition (LLMServingSim profiler/perf/RTXPRO6000/hardware.yaml, spec.memory_total_gib,
-    # commit 1b2cc02d67a2647c9f0d67bf07debf240aba82b5); 25,250,627,584 bytes on an RTX 4090 (LLMServingSim
-    # bench/examples/RTX4090/Llama-3.1-8B/vllm/meta.json, hardware.device_total_memory_bytes, snapshot 5daddb21)
-    "rtx-pro-6000": 94.97 * GIB,
-    "rtx-4090": 25250627584.0,
-}
-
-
 @dataclass(frozen=True)
 class VllmMemoryRules:
     """How one vLLM generation sizes its KV cache (``Worker.determine_available_memory``).
@@ -249,6 +152,109 @@ def rules_for(name: str | VllmMemoryRules) -> VllmMemoryRules:
         return VLLM_RULES[name]
     except KeyError:
         raise CapacityError(f"vllm memory rules: unknown {name!r}; known: {', '.join(sorted(VLLM_RULES))}") from None
+
+
+SERVING_OPTIONS: list = []  # ServingConfig's option fields, filled once below the class
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """Serving settings (CLI ``--scheduler``, ``--max-num-seqs``, ...); None = the hardware default."""
+
+    scheduler: str = option("vllm-v1", kind=str, choices=POLICIES, flag="--scheduler", metavar="NAME",
+                            aliases=("--batch-scheduler",),
+                            help="vllm-v1 (default: vLLM 0.33's V1 rules: running decodes first, chunked prefill, a waiting "
+                                 "request admitted only if its whole prompt fits), vllm-v1-chunk-admit (admits on its first "
+                                 "chunk: scheduler_reserve_full_isl=False) or prefill-first")
+    max_num_seqs: int | None = option(None, lo=1, hi=1 << 20, flag="--max-num-seqs", metavar="S",
+                                      help="running sequences cap (default: the hardware's)")
+    max_num_batched_tokens: int | None = option(None, lo=1, hi=1 << 24, flag="--max-num-batched-tokens", metavar="M",
+                                                help="tokens per iteration (default: the hardware's vLLM default)")
+    gpu_memory_utilization: float = option(DEFAULT_UTILIZATION, kind=float, gt=0, hi=1,
+                                           flag="--gpu-memory-utilization", metavar="U",
+                                           help="share of device memory for weights + activations + KV, in (0, 1] "
+                                                "(default 0.90)")
+    activation_reserve_bytes: float | None = option(None, kind=float, lo=0, hi=1e18, flag="--activation-reserve-bytes",
+                                                    metavar="B",
+                                                    help="activation reserve in bytes (default: estimated, "
+                                                         "docs/simulator.md)")
+    memory_rules: str = option(DEFAULT_RULES, kind=str, choices=tuple(VLLM_RULES), flag="--vllm-memory-rules",
+                               metavar="GEN",
+                               help="how vLLM sizes the KV cache: the activation peak, non-torch and CUDA-graph terms of "
+                                    "one vLLM generation, each from that generation's logs (v1: vLLM >= 0.21, default; "
+                                    "v0.19; v0.11; v0.6.5; docs/calibration.md, \"KV capacity as vLLM sizes it\")")
+    kv_capacity_bytes: float | None = option(None, kind=float, lo=0, hi=1e18, flag="--kv-capacity-bytes", metavar="B",
+                                             help="KV capacity in bytes (default: memory x utilisation - weights - "
+                                                  "activation reserve)")
+    decode_tokens: int | None = option(None, lo=1, hi=MAX_DECODE_TOKENS, flag="--decode-tokens", metavar="T",
+                                       help="token policies: extend the long decodes to T tokens (results say "
+                                            "length_extrapolated; default: the recorded length)")
+    prefix_caching: bool = option(True, kind=bool, help="prefix caching across problems and branches")
+    enforce_eager: bool = option(False, kind=bool, flag="--enforce-eager",
+                                 help="vLLM's flag: no CUDA graphs (every kernel launched from the host; no padding "
+                                      "to capture sizes); default: graphs on a GPU whose profile has cuda_graphs")
+    no_host_time: bool = option(False, kind=bool, flag="--no-host-time",
+                                help="serving mode and plans: price the GPU's kernels only (default: each engine "
+                                     "step's host time too, from the hardware profile's host_step where it has one)")
+    no_async_scheduling: bool = option(False, kind=bool, flag="--no-async-scheduling",
+                                       help="serving mode and plans: a step's host time adds to its GPU time, as "
+                                            "vLLM runs without --async-scheduling (default: on, vLLM 0.33's default: "
+                                            "the host work of one step overlaps the GPU work of the next)")
+
+    def __post_init__(self) -> None:
+        # The declarations above are the bounds; errors name the flag (the CLI's and the dashboard's name).
+        for f, opt in SERVING_OPTIONS or declared(self):
+            try:
+                check_value(opt.flag or f.name, opt, getattr(self, f.name))
+            except ConfigError as exc:
+                raise CapacityError(str(exc), field=f.name) from None
+
+    @classmethod
+    def from_any(cls, x) -> "ServingConfig":
+        if x is None:
+            return DEFAULT_SERVING
+        if isinstance(x, cls):
+            return x
+        if not isinstance(x, dict):
+            raise CapacityError(f"serving: expected a dict of serving settings, got {type(x).__name__}")
+        names = set(cls.__dataclass_fields__)
+        bad = set(x) - names
+        if bad:
+            raise CapacityError(f"serving: unknown setting(s) {', '.join(sorted(bad))}; valid: {', '.join(sorted(names))}")
+        return cls(**{k: v for k, v in x.items() if v is not None or k in ("max_num_seqs",)})
+
+    def scheduler_config(self, hw_name: str) -> SchedulerConfig:
+        d = SCHEDULER_DEFAULTS.get(hw_name, GENERIC_DEFAULTS)
+        return SchedulerConfig(max_num_seqs=int(self.max_num_seqs or d["max_num_seqs"]),
+                               max_num_batched_tokens=int(self.max_num_batched_tokens or d["max_num_batched_tokens"]),
+                               policy=self.scheduler)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+SERVING_OPTIONS.extend(declared(ServingConfig))  # its option fields, once
+DEFAULT_SERVING = ServingConfig()          # frozen: every default run shares it
+
+
+# ---------------------------------------------------------------------------- vLLM's KV sizing
+VLLM_BLOCK_SIZE = 16   # vLLM's default --block-size on CUDA (vllm/config/cache.py)
+
+# What cudaMemGetInfo reports as the device's total, the number vLLM multiplies by the utilisation
+# (vllm/utils/mem_utils.py MemorySnapshot.measure: torch.cuda.mem_get_info). Logged by vLLM as
+# total_gpu_memory; it is below nvidia-smi's memory.total. Devices not listed use the preset's mem_capacity.
+CUDA_TOTAL_BYTES = {
+    # "total_gpu_memory 79.22GiB", vllm serve meta-llama/Meta-Llama-3-8B on an H100 80GB,
+    # https://github.com/vllm-project/vllm/pull/10511 (comment of 2024-12-14)
+    "h100-sxm": 79.22 * GIB,
+    # torch.cuda.get_device_properties().total_memory, which cudaMemGetInfo's total equals: 94.97 GiB on an RTX
+    # PRO 6000 Blackwell Server Edition (LLMServingSim profiler/perf/RTXPRO6000/hardware.yaml, spec.memory_total_gib,
+    # commit 1b2cc02d67a2647c9f0d67bf07debf240aba82b5); 25,250,627,584 bytes on an RTX 4090 (LLMServingSim
+    # bench/examples/RTX4090/Llama-3.1-8B/vllm/meta.json, hardware.device_total_memory_bytes, snapshot 5daddb21)
+    "rtx-pro-6000": 94.97 * GIB,
+    "rtx-4090": 25250627584.0,
+}
+
 
 
 def activation_peak(model, max_num_batched_tokens: int, max_num_seqs: int, tensor_parallel_size: int = 1,
@@ -373,7 +379,7 @@ def _capacity(model, hw, serving: ServingConfig | None, tp: int, pp: int, ep: bo
     total = float(CUDA_TOTAL_BYTES.get(hw.name, hw.mem_capacity))
     given = sv.activation_reserve_bytes
     b = vllm_kv_budget(model, total, sv.gpu_memory_utilization, sc.max_num_batched_tokens, sc.max_num_seqs,
-                       tp, pp, DEFAULT_RULES, reserve_bytes=given, expert_parallel=ep, ep_size=ep_size)
+                       tp, pp, sv.memory_rules, reserve_bytes=given, expert_parallel=ep, ep_size=ep_size)
     rsrc = "given" if given is not None else "estimated"
     mem_src = CAPACITY_SOURCES.get(hw.name)
     out = {"mem_capacity_bytes": float(hw.mem_capacity), "cuda_total_bytes": total,
