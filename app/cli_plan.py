@@ -79,7 +79,8 @@ def _cmd_plan(args) -> int:
                               else node.name)
     deps = list(deployments(m, hw, node, args.gpus, pols, tp_sizes=tps, pp_sizes=pps, replicas=dps,
                             max_num_seqs=mns, max_num_batched_tokens=mnbt,
-                            enable_expert_parallel=args.enable_expert_parallel))
+                            enable_expert_parallel=args.enable_expert_parallel,
+                            memory_rules=args.vllm_memory_rules))
     if not deps:
         raise ValueError(f"--gpus {args.gpus}: no deployment of {m.name} on {node.name} fits in {args.gpus} GPU(s) "
                          f"with --tensor-parallel-size {args.tensor_parallel_size} --pipeline-parallel-size "
@@ -189,7 +190,7 @@ def target_options(args, m) -> dict:
     from sim.search.planner import target_options as of
     return of(m, args.enable_expert_parallel, args.moe_routing, args.quantization, args.kv_cache_dtype,
               host_time=not args.no_host_time, async_scheduling=not args.no_async_scheduling,
-              enforce_eager=args.enforce_eager, step_by_step=args.step_by_step)
+              enforce_eager=args.enforce_eager, step_by_step=args.step_by_step, memory_rules=args.vllm_memory_rules)
 
 
 def _knees(args, best, rates, node_spec: str, m) -> list[dict]:
@@ -278,7 +279,7 @@ def register(sub) -> None:
     add_declared(p, TargetSpec, only=("enable_expert_parallel", "moe_routing", "quantization",
                                       "kv_cache_dtype"))   # sampled: seeded by --sim-seed
     from sim.serving.capacity import ServingConfig
-    add_declared(p, ServingConfig, only=("enforce_eager", "no_host_time", "no_async_scheduling"))
+    add_declared(p, ServingConfig, only=("enforce_eager", "no_host_time", "no_async_scheduling", "memory_rules"))
     from sim.replay.runconfig import RunConfig
     add_declared(p, RunConfig, only=("step_by_step",))
     p.add_argument("--data-parallel-size", default=None, metavar="N,N",

@@ -243,3 +243,34 @@ def test_plan_prices_each_step_as_vllm_serves_it_and_says_so(capsys):
     assert docs["kernels"]["meta"]["overheads"].endswith("eager kernels")
     assert main(base) == 0
     assert "host time per step priced (async scheduling on" in capsys.readouterr().out
+
+
+def test_plan_sizes_the_kv_as_the_named_vllm_generation(capsys):
+    """``rksim plan --vllm-memory-rules GEN``: every deployment's KV blocks are vLLM GEN's (``kv_blocks`` under
+    ``ServingConfig(memory_rules=GEN)``; vLLM 0.6.5's 1.79 GiB of non-torch memory leaves fewer than the default),
+    each row and the meta's ``target_options`` say so, a knee re-runs under it and its caption says so, and the
+    dashboard's Serving page gets it with the deployment."""
+    from app.ui_backend.deployments import serving_load
+    from sim.search.planner import deployment_knee, evaluate_deployment
+    from sim.serving.capacity import ServingConfig, kv_blocks
+
+    base = ["plan", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm", "--gpus", "1", "--policies",
+            "exact-prefix", "--num-problems", "6", "--max-concurrent-problems", "2", "--json"]
+    assert main([*base, "--vllm-memory-rules", "v0.6.5"]) == 0
+    meta = json.loads(capsys.readouterr().out)["meta"]
+    assert meta["target_options"] == {"memory_rules": "v0.6.5"}
+    params = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1, "max_num_seqs": 256,
+              "max_num_batched_tokens": 2048, "policy": "exact-prefix"}
+    m, hw, node = load_model("llama-3-8b"), load_hardware("h100-sxm"), load_node("dgx-h100")
+    rows = {r: evaluate_deployment(None, params=params, model_preset="llama-3-8b", node="dgx-h100", n_requests=6,
+                                   memory_rules=r) for r in ("v1", "v0.6.5")}
+    want = {r: kv_blocks(m, hw, ServingConfig(max_num_seqs=256, max_num_batched_tokens=2048, memory_rules=r),
+                         None, 16, node)[1] for r in rows}
+    assert {r: x["kv_capacity_blocks_per_replica"] for r, x in rows.items()} == want
+    assert want["v0.6.5"] < want["v1"] and rows["v0.6.5"]["memory_rules"] == "v0.6.5" and "memory_rules" not in rows["v1"]
+    knee = deployment_knee(None, params, [1.0], model_preset="llama-3-8b", node="dgx-h100", n_requests=6,
+                           memory_rules="v0.6.5")
+    assert f"KV capacity {want['v0.6.5']} blocks per replica (sized as vLLM v0.6.5 sizes it)" in knee["provenance"]
+    load = serving_load({**params, "gpus": 1}, {**meta, "model_preset": "llama-3-8b", "hardware": "h100-sxm"})
+    assert load["serving"]["memory_rules"] == "v0.6.5"
+    assert serving_load({**params, "gpus": 1}, {"target_options": {}})["serving"]["memory_rules"] == "v1"

@@ -155,6 +155,7 @@ def run_small_plan(trace: str, model: str, node: str, gpus: int, policies: tuple
 def serving_load(row: dict, meta: dict) -> dict:
     """What the Serving page needs to re-run one plan deployment (``st.session_state["serving.load"]``):
     the policy, target, deployment, scheduler limits and arrivals of the plan."""
+    from sim.serving.capacity import DEFAULT_RULES
     return {"policy": str(row["policy"]), "model": meta.get("model_preset") or row.get("model"),
             "hardware": meta.get("hardware") or row.get("hardware"),
             "deployment": {"node": meta.get("node_preset") or row.get("node"),
@@ -168,6 +169,9 @@ def serving_load(row: dict, meta: dict) -> dict:
             "serving": {"max_num_seqs": int(row["max_num_seqs"]),
                         "max_num_batched_tokens": int(row["max_num_batched_tokens"]),
                         "arrival_rate": meta.get("arrival_rate"), "n_requests": meta.get("n_requests"),
+                        # the KV sized as the plan sized it (its vLLM generation; absent: the default), stated so
+                        # the page's box shows the plan's
+                        "memory_rules": _target_options(meta).get("memory_rules", DEFAULT_RULES),
                         **step_switches(_target_options(meta))},
             "concurrency": meta.get("concurrency"), "seed": meta.get("seed")}
 

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from sim.serving.capacity import ServingConfig, fits, kv_blocks
+from sim.serving.capacity import DEFAULT_RULES, ServingConfig, fits, kv_blocks
 from sim.serving.goodput import SLO
 from sim.cost.parallel import TP_SIZES, ParallelConfig, ParallelError
 from sim.search.pareto import pareto_mask
@@ -50,8 +50,10 @@ class Deployment:
     def gpus(self) -> int:
         return self.parallel.gpus
 
-    def serving(self) -> ServingConfig:
-        return ServingConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens)
+    def serving(self, memory_rules: str = DEFAULT_RULES) -> ServingConfig:
+        """Its scheduler limits, the KV sized as vLLM generation ``memory_rules`` sizes it."""
+        return ServingConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                             memory_rules=memory_rules)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "gpus": self.gpus}
@@ -59,11 +61,12 @@ class Deployment:
 
 def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes=TP_SIZES, pp_sizes=(1, 2, 4, 8),
                 replicas: Iterable[int] | None = None, max_num_seqs=(256,), max_num_batched_tokens=(2048,),
-                enable_expert_parallel: bool = False) -> Iterator[Deployment]:
+                enable_expert_parallel: bool = False, memory_rules: str = DEFAULT_RULES) -> Iterator[Deployment]:
     """Every admissible deployment within ``gpus`` GPUs (a generator: nothing sized by the budget is stored).
 
     ``replicas`` default: ``1 .. gpus // (TP x PP)`` for each layout; ``enable_expert_parallel``: vLLM's flag on
-    every layout (a TP that does not divide the experts is left out).
+    every layout (a TP that does not divide the experts is left out); ``memory_rules``: the vLLM generation whose
+    KV sizing decides what fits (``--vllm-memory-rules``).
     """
     pols = list(policies)
     for tp, pp in itertools.product(tp_sizes, pp_sizes):
@@ -73,7 +76,7 @@ def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes
             continue
         dps = range(1, gpus // (tp * pp) + 1) if replicas is None else [d for d in replicas if d * tp * pp <= gpus]
         for mns, mnbt in itertools.product(max_num_seqs, max_num_batched_tokens):
-            if not fits(model, hw, ServingConfig(max_num_seqs=mns, max_num_batched_tokens=mnbt),
+            if not fits(model, hw, ServingConfig(max_num_seqs=mns, max_num_batched_tokens=mnbt, memory_rules=memory_rules),
                         ParallelConfig(tp, pp, enable_expert_parallel=enable_expert_parallel)):
                 continue
             for dp in dps:
@@ -85,7 +88,7 @@ def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes
                         dpa.validate(model, node, gpus)
                     except ParallelError:
                         continue
-                    if not fits(model, hw, ServingConfig(max_num_seqs=mns, max_num_batched_tokens=mnbt), dpa):
+                    if not fits(model, hw, ServingConfig(max_num_seqs=mns, max_num_batched_tokens=mnbt, memory_rules=memory_rules), dpa):
                         continue
                 for pol in pols:
                     yield Deployment(tp, pp, int(dp), int(mns), int(mnbt), pol)
@@ -121,6 +124,8 @@ def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], 
         row["quantization"] = model.quantization
     if model.kv_cache_dtype:
         row["kv_cache_dtype"] = model.kv_cache_dtype
+    if engine.get("memory_rules", DEFAULT_RULES) != DEFAULT_RULES:   # the KV sized as another vLLM generation
+        row["memory_rules"] = engine["memory_rules"]
     row["overheads"] = overheads_words(hw, costs, run.results, engine.get("host_time", True))
     if gpu_hour_cost is not None:
         row["cost_per_million_output_tokens"] = (gpu_hour_cost * dep.gpus / 3600.0 / tps * 1e6) if tps else None
@@ -151,9 +156,11 @@ def overheads_words(hw, costs: dict, results, host_time: bool) -> str:
 
 def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate, concurrency: int, seed: int,
            enable_expert_parallel: bool = False, moe_routing: str = "expected", host_time: bool = True,
-           async_scheduling: bool = True, enforce_eager: bool = False, step_by_step: bool = False):
+           async_scheduling: bool = True, enforce_eager: bool = False, step_by_step: bool = False,
+           memory_rules: str = DEFAULT_RULES):
     """``(ReplicaRun, KV blocks per replica, the engines' costs)`` of ``w`` served on ``dep`` (what :func:`evaluate`
-    scores); ``step_by_step``: every iteration stepped (the reference path; the same figures);
+    scores); ``step_by_step``: every iteration stepped (the reference path; the same figures); ``memory_rules``: the
+    vLLM generation whose KV sizing gives the blocks;
     ``moe_routing`` sampled is seeded by ``seed``. Each replica's steps are priced as vLLM serves them
     (:func:`sim.cost.pricing.served_costs`): CUDA graphs unless ``enforce_eager``, the host time per step unless
     ``host_time`` is False, under ``async_scheduling``."""
@@ -166,7 +173,7 @@ def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate,
     if enable_expert_parallel and model.num_experts:
         par = dataclasses.replace(par, enable_expert_parallel=True)
     bs = jobs[0][1].bs if jobs else 16
-    cap, blocks = kv_blocks(model, hw, dep.serving(), par, bs, node)
+    cap, blocks = kv_blocks(model, hw, dep.serving(memory_rules), par, bs, node)
     routing = routing_for(moe_routing, int(seed)) if model.num_experts else None
     costs = served_costs(model, hw, node, par, dep.max_num_seqs, enforce_eager=enforce_eager, host_time=host_time,
                          async_scheduling=async_scheduling, routing=routing)   # stateless: it prices every replica
@@ -211,13 +218,16 @@ def plan_model(model_preset: str, quantization: str | None = None, kv_cache_dtyp
 
 
 def target_options(m, enable_expert_parallel: bool = False, moe_routing: str = "expected",
-                   quantization: str | None = None, kv_cache_dtype: str | None = None, **engine) -> dict:
+                   quantization: str | None = None, kv_cache_dtype: str | None = None,
+                   memory_rules: str = DEFAULT_RULES, **engine) -> dict:
     """The target flags a plan's tasks and knees take (:func:`evaluate_deployment`), each only where it prices
     something: expert parallelism and routing on an MoE model ``m``, a precision flag where given (a release's own
     format is the model's default); a plain plan's tasks stay as they were. ``rksim plan`` and the dashboard's
     small plan both take them from here."""
     out = {"enable_expert_parallel": bool(enable_expert_parallel), "moe_routing": moe_routing} if m.num_experts else {}
     out.update({k: v for k, v in (("quantization", quantization), ("kv_cache_dtype", kv_cache_dtype)) if v})
+    if memory_rules != DEFAULT_RULES:   # the KV sized as another vLLM generation (--vllm-memory-rules)
+        out["memory_rules"] = memory_rules
     # how each step is priced beyond its kernels (ENGINE_DEFAULTS: vLLM's serve), stated where not the default
     out.update({k: bool(v) for k, v in engine.items() if bool(v) != ENGINE_DEFAULTS[k]})
     return out
@@ -228,7 +238,7 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
                     tolerance: float = 0.05, progress=None, enable_expert_parallel: bool = False,
                     moe_routing: str = "expected", quantization: str | None = None,
                     kv_cache_dtype: str | None = None, host_time: bool = True, async_scheduling: bool = True,
-                    enforce_eager: bool = False, step_by_step: bool = False) -> dict:
+                    enforce_eager: bool = False, step_by_step: bool = False, memory_rules: str = DEFAULT_RULES) -> dict:
     """The latency-rate curve and knee (:func:`sim.search.knee.sweep`) of one plan deployment (``params``:
     :meth:`Deployment.to_dict`, ``gpus`` ignored): its policy's problems served at each Poisson rate in
     ``rates`` (problems/s), judged on ``slo`` (:class:`sim.search.knee.KneeSLO` text; None: its default), on the
@@ -249,7 +259,7 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
     w = trace_workload(lt, dep.policy, m, n_requests)
     pcts = sorted({50.0, 99.0, *spec.percentiles})
     engine = {"host_time": host_time, "async_scheduling": async_scheduling, "enforce_eager": enforce_eager,
-              "step_by_step": step_by_step}
+              "step_by_step": step_by_step, "memory_rules": memory_rules}
     # every rate's KV blocks, engine costs and host time (summed: what the caption states, not the runs themselves)
     blocks, costs, host = [], [], SimpleNamespace(host_seconds=0.0, host_extrapolated=0)
 
@@ -269,7 +279,8 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
         f"{', expert parallel' if enable_expert_parallel and m.num_experts else ''}"
         f"{f', {moe_routing} routing' if moe_routing != 'expected' and m.num_experts else ''}, "
         f"router {router}; scheduler vllm-v1, max_num_seqs {dep.max_num_seqs}, max_num_batched_tokens "
-        f"{dep.max_num_batched_tokens}, KV capacity {blocks[0]} blocks per replica; "
+        f"{dep.max_num_batched_tokens}, KV capacity {blocks[0]} blocks per replica"
+        f"{f' (sized as vLLM {memory_rules} sizes it)' if memory_rules != DEFAULT_RULES else ''}; "
         f"{overheads_words(hw, costs[0], [host], host_time)}; decisions of "
         f"{w['decisions_model']}; {len(w['jobs'])} problems, Poisson arrivals, seed {seed}")
     curve["deployment"] = deployment_id(dep)
@@ -328,12 +339,13 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
                         enable_expert_parallel: bool = False, moe_routing: str = "expected",
                         quantization: str | None = None, kv_cache_dtype: str | None = None,
                         host_time: bool = True, async_scheduling: bool = True, enforce_eager: bool = False,
-                        step_by_step: bool = False) -> dict:
+                        step_by_step: bool = False, memory_rules: str = DEFAULT_RULES) -> dict:
     """One planner task on plain data (what a Dask worker runs, :func:`sim.search.dist.run_dask`'s ``evaluate``):
     ``params`` = :meth:`Deployment.to_dict` without ``gpus``; ``band_fit``: price it with that public fit of
     the node's GPU (a label of :func:`sim.cost.bands.band_profiles`) instead of the preset's; ``quantization`` /
     ``kv_cache_dtype``: :func:`plan_model`; ``host_time`` / ``async_scheduling`` / ``enforce_eager``: how each
-    step is priced beyond its kernels, ``step_by_step`` whether every iteration is stepped (:func:`_serve`)."""
+    step is priced beyond its kernels, ``step_by_step`` whether every iteration is stepped, ``memory_rules`` the vLLM
+    generation whose KV sizing gives its blocks (:func:`_serve`)."""
     from sim.cost.bands import band_profiles
 
     p = {k: v for k, v in (params or {}).items() if k != "gpus"}
@@ -349,7 +361,8 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
     row = evaluate(dep, m, hw, nd, lambda _pol: w, router=router, slo=SLO.parse(slo), arrival_rate=arrival_rate,
                    concurrency=concurrency, seed=seed, gpu_hour_cost=gpu_hour_cost,
                    enable_expert_parallel=enable_expert_parallel, moe_routing=moe_routing, host_time=host_time,
-                   async_scheduling=async_scheduling, enforce_eager=enforce_eager, step_by_step=step_by_step)
+                   async_scheduling=async_scheduling, enforce_eager=enforce_eager, step_by_step=step_by_step,
+                   memory_rules=memory_rules)
     row["decisions_model"] = w["decisions_model"]
     return row
 
