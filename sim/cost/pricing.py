@@ -197,7 +197,11 @@ class StepPricer:
         The cost's per-step vector (:meth:`sim.cost.terms.ScalarCost.decode_batch_seconds`); a per-step host
         term, a function of the same running requests and scheduled tokens (both ``B``), joins here element by
         element. ``Ssw``: each entry's sliding-window key sum (a sliding-window shape's closed form)."""
-        gpu = self.cost.decode_batch_seconds(B, S, cmax, Ssw)
+        return self.with_host(self.cost.decode_batch_seconds(B, S, cmax, Ssw), B)
+
+    def with_host(self, gpu, B):
+        """Decode steps of ``B`` requests (one number, or one per step) whose GPU seconds are ``gpu``, with the
+        per-step host term (:meth:`window_seconds`' second half: ``step_seconds`` element by element)."""
         if self.host_step is None or gpu is None:
             return gpu
         h, sr = self.window_host(B)

@@ -117,6 +117,10 @@ class Window(BlockWalk):
         sums: :func:`sim.serving.ff_blocks.window_key_sums`)."""
         ctx = self.c0[mask]
         j = np.arange(a, b + 1, dtype=np.int64) - 1
+        if Bs == 1 and self.W is None:
+            # one decode alone (a quiet server's window): its steps' GPU seconds are its stand-alone decodes',
+            # remembered by context (decode_batch_seconds(1, c, c): the same floats), then the host term
+            return self.eng.pricer.with_host(self.ff.alone_decodes(int(ctx[0]) + j), 1)
         sw = None if self.W is None else window_key_sums(ctx, self.W, j + 1)
         return self.eng._window_seconds(Bs, int(ctx.sum()) + Bs * j, int(ctx.max()) + j, sw)
 
