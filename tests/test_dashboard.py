@@ -537,6 +537,15 @@ def test_a_small_plan_takes_the_deployment_s_target_flags(env):
     ref, _ = B.run_small_plan(*args, {"kv_cache_dtype": "fp8"})
     auto, _ = B.run_small_plan(*args)
     assert df["e2e_p99_s"].tolist() == ref["e2e_p99_s"].tolist() != auto["e2e_p99_s"].tolist()
+    # the "vLLM memory rules" box is --vllm-memory-rules: each deployment's KV sized as that vLLM generation
+    at.selectbox(key="deploy.plan.memory_rules").set_value("v0.6.5").run()
+    at.button(key="deploy.plan.run").click().run()
+    _ok(at)
+    df, meta = at.session_state["deploy.plan.ran"]
+    assert meta["target_options"] == {"kv_cache_dtype": "fp8", "memory_rules": "v0.6.5"}
+    old, _ = B.run_small_plan(*args, {"kv_cache_dtype": "fp8", "memory_rules": "v0.6.5"})
+    assert df["kv_capacity_blocks_per_replica"].tolist() == old["kv_capacity_blocks_per_replica"].tolist()
+    assert all(a < b for a, b in zip(df["kv_capacity_blocks_per_replica"], ref["kv_capacity_blocks_per_replica"]))
 
 
 def test_calibration_page_run_and_serve_folders(env):

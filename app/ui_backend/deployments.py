@@ -104,14 +104,17 @@ def run_small_plan(trace: str, model: str, node: str, gpus: int, policies: tuple
     """``rksim plan`` from the page: the same deployments, tasks and frontier (local backend, in memory), at most
     :data:`SMALL_PLAN_MAX` deployments; returns the table (``on_frontier`` marked) and the plan's metadata.
     ``target``: the deployment controls' target flags (:data:`PLAN_TARGET_OPTIONS`: ``--quantization``,
-    ``--kv-cache-dtype``, ``--enable-expert-parallel``, ``--moe-routing``), as ``rksim plan`` takes them."""
+    ``--kv-cache-dtype``, ``--enable-expert-parallel``, ``--moe-routing``) and ``memory_rules``
+    (``--vllm-memory-rules``: the vLLM generation whose KV sizing the deployments get), as ``rksim plan`` takes them."""
     from sim.workload.decisions import make_config
     from sim.serving.goodput import SLO
     from sim.cost.parallel import load_node
     from sim.search.planner import deployments, frontier, plan_model, run_plan, target_options
     from sim.cost.profiles import load_hardware
+    from sim.serving.capacity import DEFAULT_RULES
 
     spec = SLO.parse(slo)
+    rules = (target or {}).get("memory_rules") or DEFAULT_RULES
     for pol in policies:
         try:
             make_config(pol, {}, None)
@@ -124,7 +127,7 @@ def run_small_plan(trace: str, model: str, node: str, gpus: int, policies: tuple
     hw.check_precision(m)   # refused before any deployment runs, naming the flag
     ep = bool(t.get("enable_expert_parallel", False))
     deps = list(deployments(m, hw, nd, int(gpus), list(policies), tp_sizes=tp, pp_sizes=pp,
-                            enable_expert_parallel=ep))
+                            enable_expert_parallel=ep, memory_rules=rules))
     if not deps:
         raise ValueError(f"--gpus {gpus}: no deployment of {m.name} on {nd.name} fits in {gpus} GPU(s) with "
                          f"TP {', '.join(map(str, tp))} and PP {', '.join(map(str, pp))}")
@@ -133,7 +136,8 @@ def run_small_plan(trace: str, model: str, node: str, gpus: int, policies: tuple
                          "page may have; fewer GPUs, TP/PP sizes or policies (or `rksim plan`, then load its file)")
     opts = {"model_preset": model, "node": node, "router": router, "slo": str(spec) if spec.stated else None,
             "arrival_rate": arrival_rate, "concurrency": int(concurrency), "n_requests": n_requests, "seed": int(seed)}
-    tops = target_options(m, ep, t.get("moe_routing", "expected"), t.get("quantization"), t.get("kv_cache_dtype"))
+    tops = target_options(m, ep, t.get("moe_routing", "expected"), t.get("quantization"), t.get("kv_cache_dtype"),
+                          memory_rules=rules)
     opts.update(tops)
     rows = run_plan(trace, deps, opts, progress=False)
     df, front, _ = frontier(rows)

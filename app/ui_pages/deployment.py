@@ -99,6 +99,9 @@ def _small_plan(trace: str | None):
         nreq, ok_n = U.text_number(f"requests (empty = each problem once; at most {ui_serving.MAX_REQUESTS:,})",
                                    "deploy.plan.requests", "--requests", default="", lo=1,
                                    hi=ui_serving.MAX_REQUESTS, integer=True, allow_none=True)
+    rules = st.selectbox("vLLM memory rules (KV sizing)", list(B.memory_rules_choices()), key="deploy.plan.memory_rules",
+                         help="how each deployment's KV cache is sized: the activation peak, non-torch and CUDA-graph "
+                              "terms of one vLLM generation (v1: vLLM >= 0.21; --vllm-memory-rules)")
     ok = ok_g and ok_r and ok_c and ok_n and bool(pols and tps and pps) and trace is not None
     if not (pols and tps and pps):
         U.error("--policies / --tensor-parallel-size / --pipeline-parallel-size: choose at least one of each")
@@ -109,7 +112,7 @@ def _small_plan(trace: str | None):
                 df, meta = U.run_small_plan(trace, model, node, int(gpus), tuple(pols), tuple(sorted(tps)),
                                             tuple(sorted(pps)), dep.get("router", "prefix-affinity"),
                                             dep.get("slo"), rate, int(conc), nreq, 0,
-                                            {k: dep.get(k) for k in B.PLAN_TARGET_OPTIONS})
+                                            {**{k: dep.get(k) for k in B.PLAN_TARGET_OPTIONS}, "memory_rules": rules})
         except ValueError as exc:
             U.error(exc)
             return None
