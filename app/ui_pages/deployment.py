@@ -99,7 +99,8 @@ def _small_plan(trace: str | None):
         nreq, ok_n = U.text_number(f"requests (empty = each problem once; at most {ui_serving.MAX_REQUESTS:,})",
                                    "deploy.plan.requests", "--requests", default="", lo=1,
                                    hi=ui_serving.MAX_REQUESTS, integer=True, allow_none=True)
-    rules = st.selectbox("vLLM memory rules (KV sizing)", list(B.memory_rules_choices()), key="deploy.plan.memory_rules",
+    rules = st.selectbox("vLLM memory rules (KV sizing)", list(B.memory_rules_choices()),
+                         key="deploy.plan.memory_rules",
                          help="how each deployment's KV cache is sized: the activation peak, non-torch and CUDA-graph "
                               "terms of one vLLM generation (v1: vLLM >= 0.21; --vllm-memory-rules)")
     ok = ok_g and ok_r and ok_c and ok_n and bool(pols and tps and pps) and trace is not None

@@ -76,8 +76,8 @@ def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes
             continue
         dps = range(1, gpus // (tp * pp) + 1) if replicas is None else [d for d in replicas if d * tp * pp <= gpus]
         for mns, mnbt in itertools.product(max_num_seqs, max_num_batched_tokens):
-            if not fits(model, hw, ServingConfig(max_num_seqs=mns, max_num_batched_tokens=mnbt, memory_rules=memory_rules),
-                        ParallelConfig(tp, pp, enable_expert_parallel=enable_expert_parallel)):
+            sv = ServingConfig(max_num_seqs=mns, max_num_batched_tokens=mnbt, memory_rules=memory_rules)
+            if not fits(model, hw, sv, ParallelConfig(tp, pp, enable_expert_parallel=enable_expert_parallel)):
                 continue
             for dp in dps:
                 if dp > 1 and enable_expert_parallel and model.num_experts:
@@ -88,7 +88,7 @@ def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes
                         dpa.validate(model, node, gpus)
                     except ParallelError:
                         continue
-                    if not fits(model, hw, ServingConfig(max_num_seqs=mns, max_num_batched_tokens=mnbt, memory_rules=memory_rules), dpa):
+                    if not fits(model, hw, sv, dpa):
                         continue
                 for pol in pols:
                     yield Deployment(tp, pp, int(dp), int(mns), int(mnbt), pol)
