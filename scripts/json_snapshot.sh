@@ -4,13 +4,26 @@
 #   scripts/json_snapshot.sh OUTDIR            # from the repository root, before and after a change
 #   scripts/json_snapshot.sh --diff DIR1 DIR2  # prints IDENTICAL or the differences (exit 1)
 set -u
+PY=${PY:-.venv/bin/python}
 if [ "${1:-}" = "--diff" ]; then
-    diff -r -I '"wall_s"' -I '^wrote ' -I '"date"' -I '_time_s"' -I 'elapsed' "$2" "$3" && echo IDENTICAL
+    # compared one key a line (vllm bench's result files are one line long): an ignored key (wall clock, date)
+    # then drops its own line only, never a whole file's differences
+    tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+    for side in a b; do
+        src=$([ $side = a ] && echo "$2" || echo "$3"); mkdir -p "$tmp/$side"
+        for f in "$src"/*; do
+            n=$(basename "$f")
+            case "$n" in
+                *.json) $PY -m json.tool "$f" > "$tmp/$side/$n" 2>/dev/null || cp "$f" "$tmp/$side/$n" ;;
+                *) cp "$f" "$tmp/$side/$n" ;;
+            esac
+        done
+    done
+    (cd "$tmp" && diff -r -I '"wall_s"' -I '^wrote ' -I '"date"' -I '_time_s"' a b) && echo IDENTICAL
     exit
 fi
 out=${1:?usage: scripts/json_snapshot.sh OUTDIR | --diff DIR1 DIR2}
 mkdir -p "$out"; rm -f "$out/FAILED"
-PY=${PY:-.venv/bin/python}
 fail() { echo "FAILED: $1" >> "$out/FAILED"; }
 run() { n=$1; shift; $PY -m app.cli "$@" --json > "$out/$n.json" 2> "$out/$n.err" || fail "$n"; }
 serve() { n=$1; shift; $PY -m app.cli bench serve "$@" --save-result --save-detailed --result-dir "$out" \
