@@ -214,11 +214,11 @@ def test_dp_attention_with_expert_parallelism_is_one_engine_priced():
     assert two["rksim"]["dp_attention"]["expert_parallel_size"] == 2 and two["duration"] < one["duration"]
 
 
-def test_a_figure_s_memory_rules_size_its_kv_as_that_vllm_generation():
+def test_a_figure_s_memory_rules_size_its_kv_as_that_vllm_generation(tmp_path):
     """``serving.memory_rules`` (``ServingConfig.memory_rules``, the CLI's ``--vllm-memory-rules``) sizes the run's KV
     as that vLLM generation does: Qwen3-32B on one H100 keeps about 4.5 GiB of KV under vLLM 0.11's sizing, 6.5
     under the default, and a workload bound by it runs longer; every layout takes it (PP 2's stages each subtract
-    the generation's reserve); an unknown generation is refused by name."""
+    the generation's reserve); an unknown generation is refused by name, the figure file's when it is read."""
     from sim.cost.profiles import load_hardware, load_model
     from sim.cost.parallel import ParallelConfig
     from sim.serving.capacity import CUDA_TOTAL_BYTES, CapacityError, ServingConfig, kv_capacity, vllm_kv_budget
@@ -235,7 +235,7 @@ def test_a_figure_s_memory_rules_size_its_kv_as_that_vllm_generation():
     fig = {**_fig(), "model": "qwen3-32b", "metric": "duration",
            "workload": {"input_lens": [2048] * 32, "output_lens": [64] * 32}}
     assert predict({**fig, "serving": {"memory_rules": "v0.11"}})["duration"] > predict(fig)["duration"]
-    with pytest.raises(FigureError, match="memory_rules 'v9' unknown"):
-        predict({**fig, "serving": {"memory_rules": "v9"}})
+    with pytest.raises(FigureError, match="figure 't': serving: memory_rules 'v9' unknown"):
+        load_figures(_write(tmp_path, {**fig, "serving": {"memory_rules": "v9"}}))
     with pytest.raises(CapacityError, match="--vllm-memory-rules"):
-        ServingConfig(memory_rules="v9")
+        predict({**fig, "serving": {"memory_rules": "v9"}})

@@ -52,6 +52,7 @@ METRIC_KEYS = ("request_throughput", "output_throughput", "total_token_throughpu
 # weight quantizations and KV-cache dtypes the cost model prices: none (the checkpoint's dtype) and fp8
 # (sim.cost.model_shape.ModelShape.with_precision: 1-byte linear weights at the FP8 rate, 1-byte KV)
 from sim.cost.model_shape import KV_CACHE_DTYPES, QUANTIZATIONS  # the one list of what ModelShape.with_precision prices
+from sim.serving.capacity import VLLM_RULES  # the vLLM generations a figure's serving.memory_rules may name
 
 PRICED_QUANT = {None, "none", "auto"} | {q for q in QUANTIZATIONS if q}
 PRICED_KV = {None, "auto"} | set(PRICED_DTYPES) | {k for k in KV_CACHE_DTYPES if k}
@@ -173,6 +174,9 @@ def load_figures(path) -> list[dict]:
                               f"{sorted(set(f['workload']) - _WORKLOAD) if isinstance(f['workload'], dict) else ''}")
         if "serving" in f and (not isinstance(f["serving"], dict) or set(f["serving"]) - _SERVING):
             raise FigureError(f"{where}: serving: unknown keys; valid: {', '.join(sorted(_SERVING))}")
+        rules = (f.get("serving") or {}).get("memory_rules")
+        if rules is not None and rules not in VLLM_RULES:   # a typo refused with the file, not the figure skipped
+            raise FigureError(f"{where}: serving: memory_rules {rules!r} unknown; known: {', '.join(sorted(VLLM_RULES))}")
         _check_arrivals(f["workload"], where)
         for k in ("quantization", "kv_cache_dtype"):
             if k in f and not (f[k] is None or (isinstance(f[k], str) and f[k].strip())):
@@ -282,7 +286,7 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
     ``host_time`` / ``frontend`` False here turn those terms off for every figure (a before/after table).
     """
     from sim.bench import plain
-    from sim.serving.capacity import VLLM_RULES, ServingConfig
+    from sim.serving.capacity import ServingConfig
     from sim.cost.profiles import load_hardware, load_model
     model = load_model(f["model"])
     hw = profile if profile is not None else load_hardware(hardware or f["hardware"])
@@ -300,9 +304,6 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
         over["frontend"] = False
     if not custom_all_reduce:   # every tensor-parallel all-reduce by NCCL (the before/after table)
         over["disable_custom_all_reduce"] = True
-    if "memory_rules" in sv and sv["memory_rules"] not in VLLM_RULES:
-        raise FigureError(f"figure {f['id']!r}: serving: memory_rules {sv['memory_rules']!r} unknown; known: "
-                          f"{', '.join(sorted(VLLM_RULES))}")
     serving = ServingConfig(**sv)   # memory_rules: the run's KV sized as its vLLM generation sized it
     wl = _workload(f)
     w = f["workload"]

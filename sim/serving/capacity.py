@@ -256,7 +256,6 @@ CUDA_TOTAL_BYTES = {
 }
 
 
-
 def activation_peak(model, max_num_batched_tokens: int, max_num_seqs: int, tensor_parallel_size: int = 1,
                     last_stage: bool = True, rules: str | VllmMemoryRules = DEFAULT_RULES) -> float:
     """Peak PyTorch memory of vLLM's profiling run above the weights, on one GPU (bytes).
