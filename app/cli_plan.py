@@ -36,8 +36,9 @@ def _plan_flags(args):
         raise ValueError(f"--tensor-parallel-size: {bad[0]} is not one of {', '.join(map(str, TP_SIZES))}")
     pps = _ints("--pipeline-parallel-size", args.pipeline_parallel_size)
     dps = _ints("--data-parallel-size", args.data_parallel_size) if args.data_parallel_size else None
-    mns = _ints("--max-num-seqs", args.max_num_seqs)
-    mnbt = _ints("--max-num-batched-tokens", args.max_num_batched_tokens)
+    mns = _ints("--max-num-seqs", args.max_num_seqs) if args.max_num_seqs is not None else None
+    mnbt = (_ints("--max-num-batched-tokens", args.max_num_batched_tokens)
+            if args.max_num_batched_tokens is not None else None)
     if args.router not in ROUTERS:
         raise ValueError(f"--router: {args.router!r} is not one of {', '.join(ROUTERS)}")
     slo = SLO.parse(args.slo)
@@ -284,9 +285,12 @@ def register(sub) -> None:
     add_declared(p, RunConfig, only=("step_by_step",))
     p.add_argument("--data-parallel-size", default=None, metavar="N,N",
                    help="replica counts (default: 1 .. GPUs / (TP x PP))")
-    p.add_argument("--max-num-seqs", default="256", metavar="N,N", help="vLLM max_num_seqs values (default 256)")
-    p.add_argument("--max-num-batched-tokens", default="2048", metavar="N,N",
-                   help="vLLM max_num_batched_tokens values (default 2048)")
+    p.add_argument("--max-num-seqs", default=None, metavar="N,N",
+                   help="vLLM max_num_seqs values (default: vllm serve's for the GPU: 1024 on an H100, H200 or RTX PRO "
+                        "6000, else 256)")
+    p.add_argument("--max-num-batched-tokens", default=None, metavar="N,N",
+                   help="vLLM max_num_batched_tokens values (default: vllm serve's for the GPU: 8192 on an H100, H200 "
+                        "or RTX PRO 6000, else 2048)")
     p.add_argument("--router", default="prefix-affinity", metavar="R",
                    help="round-robin, least-outstanding, prefix-affinity (default) or branch-spread")
     p.add_argument("--slo", default=None, metavar="KEY=S,KEY=S",

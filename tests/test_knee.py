@@ -233,7 +233,7 @@ def test_rate_sweep_on_dask_equals_local(tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------- plan --knee and the dashboard
 PLAN = ["plan", "--model-preset", "qwen2.5-7b", "--hardware", "dgx-h100", "--gpus", "1", "--policies", "exact-prefix",
-        "--tensor-parallel-size", "1", "--num-problems", "48"]
+        "--tensor-parallel-size", "1", "--num-problems", "48", "--max-num-seqs", "256", "--max-num-batched-tokens", "2048"]
 
 
 def test_plan_knee_and_the_deployment_page_use_one_function(capsys):
@@ -243,7 +243,7 @@ def test_plan_knee_and_the_deployment_page_use_one_function(capsys):
     assert k["policy"] == "exact-prefix" and [p["rate"] for p in k["points"]] == [4.0, 64.0]
     assert k["knee_rate"] == 4.0 and k["first_failing_rate"] == 64.0 and k["points"][0]["saturated"] is False
     assert k["saturation_rate"] == 64.0 and k["points"][-1]["growth_s_per_s"] > 0.05
-    assert "max_num_seqs 256, max_num_batched_tokens 2048, KV capacity" in k["caption"]
+    assert "max_num_seqs 256, max_num_batched_tokens 2048, KV capacity" in k["caption"]   # the flags'; not the defaults
     from app import ui_backend as B
     row = doc["best_per_policy"][0]
     curve, cap = B.deployment_knee(row, doc["meta"], "4,64", "p99_ttft_ms=300")

@@ -18,8 +18,23 @@ def test_deployments_respect_budget_heads_and_memory():
     deps = list(deployments(m, hw, node, 8, ["exact-prefix"], pp_sizes=(1, 2)))
     assert deps and all(d.gpus <= 8 for d in deps)
     assert not any(d.tensor_parallel_size * d.pipeline_parallel_size == 1 for d in deps)   # 70B needs 2 GPUs
-    assert Deployment(2, 1, 4, 256, 2048, "exact-prefix") in deps
-    assert Deployment(2, 1, 5, 256, 2048, "exact-prefix") not in deps
+    # the scheduler limits vllm serve takes on an H100 when neither flag is given
+    assert Deployment(2, 1, 4, 1024, 8192, "exact-prefix") in deps
+    assert Deployment(2, 1, 5, 1024, 8192, "exact-prefix") not in deps
+
+
+def test_plan_defaults_are_vllm_serves_limits_for_the_gpu():
+    from sim.search.planner import serve_limits
+    from sim.serving.capacity import SCHEDULER_DEFAULTS
+    m = load_model("llama-3-8b")
+    for gpu, node, want in [("h100-sxm", "dgx-h100", (1024, 8192)), ("a100-80gb", "dgx-a100", (256, 2048))]:
+        hw = load_hardware(gpu)
+        assert serve_limits(hw) == want == tuple(SCHEDULER_DEFAULTS[gpu].values())
+        deps = list(deployments(m, hw, load_node(node), 1, ["exact-prefix"], tp_sizes=(1,), pp_sizes=(1,)))
+        assert [(d.max_num_seqs, d.max_num_batched_tokens) for d in deps] == [want]
+    given = list(deployments(m, load_hardware("h100-sxm"), load_node("dgx-h100"), 1, ["exact-prefix"], tp_sizes=(1,),
+                             pp_sizes=(1,), max_num_seqs=(64, 256), max_num_batched_tokens=(2048,)))
+    assert [(d.max_num_seqs, d.max_num_batched_tokens) for d in given] == [(64, 2048), (256, 2048)]
 
 
 def test_planner_frontier_is_non_dominated_and_best_per_policy():

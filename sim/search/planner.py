@@ -59,16 +59,30 @@ class Deployment:
         return {**asdict(self), "gpus": self.gpus}
 
 
+def serve_limits(hw) -> tuple[int, int]:
+    """``(max_num_seqs, max_num_batched_tokens)`` that ``vllm serve`` takes on GPU ``hw`` when neither flag is
+    given (:data:`sim.serving.capacity.SCHEDULER_DEFAULTS`: 1,024 and 8,192 on an H100 or H200, 256 and 2,048 on
+    an A100): the deployment a plan's row describes is the server its user would start."""
+    sc = ServingConfig().scheduler_config(hw.name)
+    return int(sc.max_num_seqs), int(sc.max_num_batched_tokens)
+
+
 def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes=TP_SIZES, pp_sizes=(1, 2, 4, 8),
-                replicas: Iterable[int] | None = None, max_num_seqs=(256,), max_num_batched_tokens=(2048,),
-                enable_expert_parallel: bool = False, memory_rules: str = DEFAULT_RULES) -> Iterator[Deployment]:
+                replicas: Iterable[int] | None = None, max_num_seqs: Iterable[int] | None = None,
+                max_num_batched_tokens: Iterable[int] | None = None, enable_expert_parallel: bool = False,
+                memory_rules: str = DEFAULT_RULES) -> Iterator[Deployment]:
     """Every admissible deployment within ``gpus`` GPUs (a generator: nothing sized by the budget is stored).
 
-    ``replicas`` default: ``1 .. gpus // (TP x PP)`` for each layout; ``enable_expert_parallel``: vLLM's flag on
+    ``replicas`` default: ``1 .. gpus // (TP x PP)`` for each layout; ``max_num_seqs`` / ``max_num_batched_tokens``
+    default: ``vllm serve``'s for the GPU (:func:`serve_limits`), the server a user would start without the flags;
+    ``enable_expert_parallel``: vLLM's flag on
     every layout (a TP that does not divide the experts is left out); ``memory_rules``: the vLLM generation whose
     KV sizing decides what fits (``--vllm-memory-rules``).
     """
     pols = list(policies)
+    d_mns, d_mnbt = serve_limits(hw)
+    max_num_seqs = (d_mns,) if max_num_seqs is None else tuple(max_num_seqs)
+    max_num_batched_tokens = (d_mnbt,) if max_num_batched_tokens is None else tuple(max_num_batched_tokens)
     for tp, pp in itertools.product(tp_sizes, pp_sizes):
         try:
             ParallelConfig(tp, pp, enable_expert_parallel=enable_expert_parallel).validate(model, node, gpus)
