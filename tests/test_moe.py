@@ -39,6 +39,9 @@ CARDS = [
     # README_WEIGHTS.md of deepseek-ai/DeepSeek-V3: 671B, "Activation parameters: 36.6B (including 0.9B for the
     # output Head)": the embedding is not counted
     ("deepseek-v3", 671e9, 36.6e9, False, 0.01),
+    # https://huggingface.co/deepseek-ai/DeepSeek-R1 ("DeepSeek-R1 Models"): 671B total, 37B activated (two digits:
+    # the shape's 36.6B is 1.1% below)
+    ("deepseek-r1", 671e9, 37e9, False, 0.025),
     # The two cards below state the active count to two digits only ("3.3B", "2.4B"); the shape gives 3.35B
     # and 2.45B, 1.6% and 2.1% above: held to 2.5% (the totals to 1%).
     # https://huggingface.co/Qwen/Qwen3-30B-A3B: "30.5B in total and 3.3B activated"
@@ -46,6 +49,14 @@ CARDS = [
     # https://huggingface.co/deepseek-ai/DeepSeek-V2-Lite: "15.7B parameters, 2.4B activated"
     ("deepseek-v2-lite", 15.7e9, 2.4e9, False, 0.025),
 ]
+
+
+def test_deepseek_r1_is_the_v3_shape_under_its_own_name():
+    from dataclasses import asdict
+    r1, v3 = asdict(load_model("deepseek-r1")), asdict(load_model("deepseek-v3"))
+    assert (r1.pop("name"), v3.pop("name")) == ("deepseek-r1", "deepseek-v3")
+    r1.pop("source"), v3.pop("source")
+    assert r1 == v3
 
 
 @pytest.mark.parametrize("name,total,active,emb,tol", CARDS)
