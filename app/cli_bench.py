@@ -59,6 +59,8 @@ def _target_flags(p, offline: bool) -> None:
     from app.cli_sim import add_declared
     from sim.serving.capacity import ServingConfig
     add_declared(p, ServingConfig, only=("memory_rules",))   # the KV sized as that vLLM generation sizes it
+    from sim.replay.runconfig import RunConfig
+    add_declared(p, RunConfig, only=("allow_extrapolation",))   # the run marks what lay outside the fit
     p.add_argument("--band", action="store_true",
                    help="also run with each public fit of the device, each with and without the cited model runner's "
                         "host time, and (FP8) with CUTLASS's FP8 rate (sim.cost.bands): every figure gains a "
@@ -330,14 +332,14 @@ def _slo(args):
 
 
 def _layout(args) -> dict:
-    """The replica layout flags (declared on ``sim.replay.target.TargetSpec``) and the host / front-end switches
-    as ``sim.bench.plain.run`` keywords."""
+    """The replica layout flags (declared on ``sim.replay.target.TargetSpec``), the host / front-end switches and
+    ``--allow-extrapolation`` as ``sim.bench.plain.run`` keywords."""
     return {"tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
             "node": args.node, "pipeline_schedule": args.pipeline_schedule,
             "disable_custom_all_reduce": args.disable_custom_all_reduce,
             "enable_expert_parallel": args.enable_expert_parallel, "moe_routing": args.moe_routing,
             "async_scheduling": args.async_scheduling, "host_time": args.host_time,
-            "frontend": getattr(args, "frontend", None)}
+            "frontend": getattr(args, "frontend", None), "allow_extrapolation": args.allow_extrapolation}
 
 
 def write_json(path: Path, obj) -> None:

@@ -22,6 +22,9 @@ def register(sub) -> None:
                    help="every figure priced without host time per engine step (default: as each figure's run)")
     p.add_argument("--no-frontend", dest="frontend", action="store_false",
                    help="every figure priced without API server time (default: as each figure's run)")
+    from app.cli_sim import add_declared
+    from sim.replay.runconfig import RunConfig
+    add_declared(p, RunConfig, only=("allow_extrapolation",))   # such a figure's status says what lay outside
     p.add_argument("--no-progress", dest="progress", action="store_false", help=PROGRESS_HELP)
     p.set_defaults(func=_cmd_validate)
 
@@ -33,7 +36,8 @@ def _cmd_validate(args) -> int:
     figs = validate.load_figures(args.file)
     with bar(args.progress, len(figs), "figures priced", "fig") as update:
         df = validate.run_figures(figs, hardware=args.hardware, band=args.band, host_time=args.host_time,
-                                  frontend=args.frontend, progress=update)
+                                  frontend=args.frontend, progress=update,
+                                  allow_extrapolation=args.allow_extrapolation)
     print(format_table(df))
     if args.out:
         write_json(Path(args.out), {"file": str(args.file), "rows": df.to_dict(orient="records"),

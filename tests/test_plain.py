@@ -233,6 +233,28 @@ def test_vllm_memory_rules_size_the_kv_as_that_generation(capsys):
     assert "sized as vLLM" not in capsys.readouterr().out
 
 
+def test_a_prompt_past_the_fitted_range_needs_allow_extrapolation(capsys, tmp_path):
+    """h100-sxm's profiles measured up to 4,096 new tokens per item; a 6,000-token prompt under vllm serve's 8,192-token
+    budget is one 6,000-token chunk. Every bench command refuses it naming the dimension and the flag that prices
+    it; with ``--allow-extrapolation`` it is priced, and the provenance line and the JSON say what lay outside."""
+    base = ["--model-preset", "llama-3-8b", "--hardware", "h100-sxm", "--input-len", "6000", "--output-len", "4",
+            "--num-prompts", "2"]
+    for cmd in (["bench", "serve", "--no-progress"], ["bench", "throughput"],
+                ["bench", "sweep", "--no-progress", "--request-rate", "1,2"]):
+        err = _err(capsys, cmd + base)
+        assert "new tokens of one forward item 6000 is outside the fitted range [1, 4096]" in err, (cmd, err)
+        assert "--allow-extrapolation prices it anyway" in err
+        assert main(cmd + base + ["--allow-extrapolation"]) == 0, cmd
+        assert "extrapolated: hardware h100-sxm: new tokens of one forward item 6000" in capsys.readouterr().out
+    assert main(["bench", "serve", "--no-progress", *base, "--allow-extrapolation", "--save-result", "--result-dir",
+                 str(tmp_path), "--result-filename", "x.json"]) == 0
+    capsys.readouterr()
+    ext = json.loads((tmp_path / "x.json").read_text())["rksim"]["extrapolated"]
+    assert len(ext) == 1 and "fitted_range.max_new_tokens" in ext[0]
+    assert main(["bench", "serve", "--no-progress", *base[:5], "3000", *base[6:], "--allow-extrapolation"]) == 0
+    assert "extrapolated" not in capsys.readouterr().out   # inside the range: nothing to say
+
+
 def test_dataset_path_of_lengths(tmp_path, capsys):
     f = tmp_path / "mix.csv"
     f.write_text("input_len,output_len\n100,5\n2000,40\n7,300\n")

@@ -239,3 +239,18 @@ def test_a_figure_s_memory_rules_size_its_kv_as_that_vllm_generation(tmp_path):
         load_figures(_write(tmp_path, {**fig, "serving": {"memory_rules": "v9"}}))
     with pytest.raises(CapacityError, match="--vllm-memory-rules"):
         predict({**fig, "serving": {"memory_rules": "v9"}})
+
+def test_a_figure_beyond_the_fitted_range_is_refused_unless_extrapolation_is_allowed():
+    """A 6,000-token prompt is one 6,000-token chunk under vllm serve's 8,192-token budget on an H100, past the
+    4,096 new tokens per item that h100-sxm's profiles measured: refused by default (the reason names the flag),
+    priced with ``allow_extrapolation``, its status saying what lay outside."""
+    fig = {**_fig(input_lens=[6000] * 2, output_lens=[8] * 2), "value": 100.0}
+    (refused,) = run_figures([fig]).to_dict(orient="records")
+    assert refused["predicted"] is None and "new tokens of one forward item 6000" in refused["status"]
+    assert refused["status"].startswith("refused: ") and "--allow-extrapolation" in refused["status"]
+    (priced,) = run_figures([fig], allow_extrapolation=True).to_dict(orient="records")
+    assert priced["predicted"] > 0 and priced["ratio"] == pytest.approx(priced["predicted"] / 100.0)
+    assert "(extrapolated: hardware h100-sxm: new tokens of one forward item 6000" in priced["status"]
+    inside = {**_fig(input_lens=[3000] * 2, output_lens=[8] * 2), "value": 100.0}
+    (row,) = run_figures([inside], allow_extrapolation=True).to_dict(orient="records")
+    assert "extrapolated" not in row["status"] and predict(inside)["rksim"].get("extrapolated") is None

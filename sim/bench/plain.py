@@ -107,11 +107,10 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
         max_concurrency: int | None = None, seed: int = 0, serving: ServingConfig | None = None,
         offline: bool = False, token_policy=None, block_size: int = BLOCK_SIZE,
         arrivals: np.ndarray | None = None, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-        node=None, data_parallel_size: int = 1, router: str = "prefix-affinity",
-        pipeline_schedule: str = "overlapped", disable_custom_all_reduce: bool = False,
-        enable_expert_parallel: bool = False, moe_routing: str = "expected",
+        node=None, data_parallel_size: int = 1, router: str = "prefix-affinity", pipeline_schedule: str = "overlapped",
+        disable_custom_all_reduce: bool = False, enable_expert_parallel: bool = False, moe_routing: str = "expected",
         async_scheduling: bool | None = None, frontend: bool | None = None, host_time: bool = True,
-        step_by_step: bool = False, keep_gaps: bool = True, progress=None) -> PlainRun:
+        step_by_step: bool = False, keep_gaps: bool = True, progress=None, allow_extrapolation: bool = False) -> PlainRun:
     """Serve ``wl`` on ``hw`` through :class:`sim.serving.engine.Engine` and return per-request timings.
 
     ``serving``: scheduler and capacity settings (None fields: vLLM's device defaults, the
@@ -136,6 +135,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     Beyond the kernels: host time per step and the API server's front-end time, :func:`_engine_kw`.
     ``keep_gaps``: keep each request's gaps (detailed results); else their counts only (``sim.bench.gap_counts``).
     ``progress``: called with no argument once per answered request (a progress bar's ``update``).
+    ``allow_extrapolation``: price a run outside the profile's fitted range (``info["extrapolated"]``; else refused).
     """
     from sim.serving.engine import Engine
 
@@ -147,7 +147,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     par, nd, routing = _layout(model, hw, sv_eff, tensor_parallel_size, pipeline_parallel_size, data_parallel_size,
                                disable_custom_all_reduce, enable_expert_parallel, moe_routing, seed, router, node)
     cap, blocks = kv_blocks(model, hw, sv_eff, par, bs, nd)   # one GPU (TP = PP = 1, no DP attention): as with None
-    _check_range(model, hw, par, wl.input_lens, wl.output_lens, sched)
+    extrapolated = _check_range(model, hw, par, wl.input_lens, wl.output_lens, sched, allow_extrapolation)
     sched_t = _send_times(wl.n, offline, arrivals, request_rate, burstiness, seed)
     jobs, ids, pre = _jobs(model, hw, wl, bs, token_policy)
     kw, async_on, fe_on, host, fe = _engine_kw(model, hw, sv, sched, graphs, blocks, token_policy, par, nd, routing,
@@ -180,6 +180,7 @@ def run(model, hw, wl: PlainWorkload, *, request_rate: float = math.inf, burstin
     info = _info(model, hw, sv, sched, graphs, cap, bs, blocks, token_policy, results, recs, offline, par,
                  moe_routing)
     info["overheads"] = overheads_info(hw, host, fe, async_on, fe_on, host_time, results)
+    info.update({"extrapolated": list(extrapolated)} if extrapolated else {})   # only where a size lay outside
     info.update(_layout_info(par, nd, router, blocks, where is not None, par.dp_attention(model)))
     return PlainRun(wl, np.asarray(sched_t, np.float64), start, ttft, e2el, itls, makespan, info, where, tally)
 
@@ -220,10 +221,12 @@ def _layout_info(par, nd, router, blocks, replicated: bool, dpa: bool = False) -
     return info
 
 
-def _check_range(model, hw, par, inp, out, sched) -> None:
-    """Refuse a run outside the hardware profile's fitted range, checked on the shard one GPU holds."""
-    hw.check_query(par.gpu_shard(model), max_context=int((inp + out).max()),
-                   max_new=int(min(int(inp.max()), sched.max_num_batched_tokens)), max_batch=0)
+def _check_range(model, hw, par, inp, out, sched, allow_extrapolation: bool = False) -> list[str]:
+    """Refuse a run outside the hardware profile's fitted range, checked on the shard one GPU holds; with
+    ``allow_extrapolation``, the notes of each dimension outside (empty: inside)."""
+    return hw.check_query(par.gpu_shard(model), max_context=int((inp + out).max()),
+                          max_new=int(min(int(inp.max()), sched.max_num_batched_tokens)), max_batch=0,
+                          allow_extrapolation=allow_extrapolation)
 
 
 def _engine_kw(model, hw, sv, sched, graphs, blocks, token_policy, par, nd, routing, seed, pipeline_schedule,

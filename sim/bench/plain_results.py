@@ -250,6 +250,7 @@ def provenance(info: dict, run_stats: bool = True) -> str:
             + (f"; {info['dp_attention']['note']}, behind {info['router']}, each rank with that capacity"
                if "dp_attention" in info else "")
             + overheads_words(info)
+            + "".join(f"; {x}" for x in info.get("extrapolated") or ())   # each 'extrapolated: <dimension>'
             + (f"; SLO {info['slo']}" if info.get("slo") else "")
             + ((f"; {info['preemptions']} preemptions, at most {info['max_running_seqs']} running"
                 + (" on one replica" if "data_parallel_size" in info else "")) if run_stats else ""))

@@ -278,12 +278,14 @@ def _rate(v) -> float:
 
 
 def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool = True,
-            frontend: bool = True, custom_all_reduce: bool = True) -> dict:
+            frontend: bool = True, custom_all_reduce: bool = True, allow_extrapolation: bool = False) -> dict:
     """Simulate one figure's benchmark; returns the vllm bench serve result dictionary. ``profile``: a
     :class:`sim.cost.hardware.HardwareProfile` to price it with instead of the named one (a band's fit).
 
     The figure's ``serving.async_scheduling`` / ``frontend`` / ``host_time`` say how its run was made;
     ``host_time`` / ``frontend`` False here turn those terms off for every figure (a before/after table).
+    ``allow_extrapolation``: price a figure whose run lies outside its profile's fitted range (the result's
+    ``rksim.extrapolated`` says which dimension); default: refused.
     """
     from sim.bench import plain
     from sim.serving.capacity import ServingConfig
@@ -319,6 +321,7 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
                   seed=int(w.get("seed", 0)), serving=serving, block_size=bs, arrivals=arr,
                   tensor_parallel_size=int(par.get("tp", 1)), pipeline_parallel_size=int(par.get("pp", 1)),
                   enable_expert_parallel=bool(par.get("ep", False)), keep_gaps=False,
+                  allow_extrapolation=allow_extrapolation,
                   **({"data_parallel_size": int(par["dp"]), "router": "vllm-dp"} if _dp_attention(f, par) else {}),
                   **over)
     pcts = [float(m.split("_")[0][1:]) for m in [f["metric"]] if m.split("_")[0].startswith("p")]
@@ -327,14 +330,16 @@ def predict(f: dict, hardware: str | None = None, profile=None, host_time: bool 
 
 
 def run_figures(figs: list, hardware: str | None = None, band: bool = False, host_time: bool = True,
-                frontend: bool = True, custom_all_reduce: bool = True, progress=None):
+                frontend: bool = True, custom_all_reduce: bool = True, progress=None,
+                allow_extrapolation: bool = False):
     """One row per figure: published value, prediction, ratio (prediction / published), or why refused.
 
     ``band``: each priced figure is priced again with every public fit of its device
     (:func:`sim.cost.bands.band_profiles`); ``predicted_lo`` / ``predicted_hi`` is ``[min, max]`` over
     those and the central prediction, and ``in_band`` says whether the published value lies inside.
-    ``host_time`` / ``frontend`` / ``custom_all_reduce``: :func:`predict`. ``progress``: called with no argument once
-    per figure, priced or refused (a progress bar's ``update``).
+    ``host_time`` / ``frontend`` / ``custom_all_reduce`` / ``allow_extrapolation``: :func:`predict`; a figure
+    priced beyond its profile's fitted range has its status marked ``(extrapolated: ...)``. ``progress``: called
+    with no argument once per figure, priced or refused (a progress bar's ``update``).
     """
     import pandas as pd
     from sim.bench import plain
@@ -356,15 +361,18 @@ def run_figures(figs: list, hardware: str | None = None, band: bool = False, hos
         if why is None:
             try:
                 res = predict(f, hardware, host_time=host_time, frontend=frontend,
-                              custom_all_reduce=custom_all_reduce)
+                              custom_all_reduce=custom_all_reduce, allow_extrapolation=allow_extrapolation)
                 row["predicted"] = float(res[f["metric"]])
                 row["ratio"] = row["predicted"] / row["published"]
                 row["status"] = "ok" if abs(row["ratio"] - 1) <= 0.25 else "off by more than 25%"
+                if res["rksim"].get("extrapolated"):   # priced beyond the fit (--allow-extrapolation): said so
+                    row["status"] += " (" + "; ".join(res["rksim"]["extrapolated"]) + ")"
                 row["calibration"] = res["rksim"]["calibration"]
                 row["overheads"] = plain.overheads_words(res["rksim"]).lstrip("; ")
                 if band:   # the host-time range only where this figure's run prices host time
                     others = [float(predict(f, profile=p, host_time=host_time, frontend=frontend,
-                                            custom_all_reduce=custom_all_reduce)[f["metric"]])
+                                            custom_all_reduce=custom_all_reduce,
+                                            allow_extrapolation=allow_extrapolation)[f["metric"]])
                               for _, p in band_profiles(load_hardware(hardware or f["hardware"]),
                                                         **band_options(res["rksim"]))]
                     lo, hi = band_of([row["predicted"], *others])
