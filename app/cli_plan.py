@@ -191,7 +191,8 @@ def target_options(args, m) -> dict:
     from sim.search.planner import target_options as of
     return of(m, args.enable_expert_parallel, args.moe_routing, args.quantization, args.kv_cache_dtype,
               host_time=not args.no_host_time, async_scheduling=not args.no_async_scheduling,
-              enforce_eager=args.enforce_eager, step_by_step=args.step_by_step, memory_rules=args.vllm_memory_rules)
+              enforce_eager=args.enforce_eager, step_by_step=args.step_by_step, memory_rules=args.vllm_memory_rules,
+              allow_extrapolation=args.allow_extrapolation)
 
 
 def _knees(args, best, rates, node_spec: str, m) -> list[dict]:
@@ -282,7 +283,7 @@ def register(sub) -> None:
     from sim.serving.capacity import ServingConfig
     add_declared(p, ServingConfig, only=("enforce_eager", "no_host_time", "no_async_scheduling", "memory_rules"))
     from sim.replay.runconfig import RunConfig
-    add_declared(p, RunConfig, only=("step_by_step",))
+    add_declared(p, RunConfig, only=("step_by_step", "allow_extrapolation"))
     p.add_argument("--data-parallel-size", default=None, metavar="N,N",
                    help="replica counts (default: 1 .. GPUs / (TP x PP))")
     p.add_argument("--max-num-seqs", default=None, metavar="N,N",

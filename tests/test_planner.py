@@ -289,3 +289,25 @@ def test_plan_sizes_the_kv_as_the_named_vllm_generation(capsys):
     load = serving_load({**params, "gpus": 1}, {**meta, "model_preset": "llama-3-8b", "hardware": "h100-sxm"})
     assert load["serving"]["memory_rules"] == "v0.6.5"
     assert serving_load({**params, "gpus": 1}, {"target_options": {}})["serving"]["memory_rules"] == "v1"
+
+
+def test_a_plan_refuses_a_workload_past_the_fitted_range_unless_extrapolation_is_allowed():
+    """A plan checks its problems against the GPU profile's fitted range as bench checks a plain workload: a
+    3,000-token prompt is one 3,000-token chunk at rtx-pro-6000's vllm serve budget of 8,192, past the 2,048 new tokens
+    its profiles measured (refused, naming the flag that prices it); at a 2,048-token budget the chunks fit; with
+    ``allow_extrapolation`` the row is priced and says what lay outside."""
+    from sim.base.errors import OutOfCalibrationError
+    from sim.bench.plain import plain_job
+    from sim.search.planner import check_plan_range
+    m, hw, node = load_model("llama-3-8b"), load_hardware("rtx-pro-6000"), load_node("rtx-pro-6000-pcie")
+    jobs = [(0, plain_job(3000, 8, m.n_layers, 16)), (1, plain_job(200, 8, m.n_layers, 16))]
+    wide, narrow = Deployment(1, 1, 1, 1024, 8192, "no-kv"), Deployment(1, 1, 1, 1024, 2048, "no-kv")
+    with pytest.raises(OutOfCalibrationError, match=r"new tokens of one forward item 3000 .*--allow-extrapolation"):
+        check_plan_range(wide, m, hw, jobs)
+    assert check_plan_range(narrow, m, hw, jobs) == []
+    work = {"jobs": jobs, "caching": False}
+    with pytest.raises(OutOfCalibrationError):
+        evaluate(wide, m, hw, node, lambda _p: work)
+    row = evaluate(wide, m, hw, node, lambda _p: work, allow_extrapolation=True)
+    assert row["goodput_problems_per_s"] > 0 and "new tokens of one forward item 3000" in row["extrapolated"]
+    assert "extrapolated" not in evaluate(narrow, m, hw, node, lambda _p: work)

@@ -72,15 +72,9 @@ def decided(session, cfg, probs, L_target: int) -> list:
     return out
 
 
-def check_range(session, target, jobs, batch_items: int, tokens: int = 0, mixed: bool = False,
-                allow_extrapolation: bool = False) -> list:
-    """Refuse jobs outside the fitted range (context, new tokens, batch, tokens per iteration, mixed
-    iterations: :mod:`sim.cost.ranges`); a passed set is remembered. Returns the extrapolation notes."""
-    # Jobs are memoised objects (held by session.decisions): the same jobs on the same target pass again.
-    okey = (tuple(id(j) for _, j in jobs), id(target.hardware), id(target.model), batch_items, tokens, mixed,
-            allow_extrapolation)
-    if okey in session.range_ok:
-        return session.range_ok[okey][3]
+def query_extent(jobs) -> tuple[int, int]:
+    """``(longest context, most new tokens of one item)`` over ``jobs`` (``(pos, job)`` pairs): a branch's prompt
+    and generation, its gate pass, its verification pass; each job's pair memoised on it (``query_range``)."""
     max_ctx = max_new = 0
     for _, j in jobs:
         if not j.B:
@@ -90,6 +84,19 @@ def check_range(session, target, jobs, batch_items: int, tokens: int = 0, mixed:
                 max(int((j.ctx + j.gen).max()), int((j.v_cached + j.v_new).max()) if j.verify_on else 0),
                 max(int(j.computed.max()), int(j.gate.max()), int(j.v_new.max()) if j.verify_on else 0))
         max_ctx, max_new = max(max_ctx, j.query_range[0]), max(max_new, j.query_range[1])
+    return max_ctx, max_new
+
+
+def check_range(session, target, jobs, batch_items: int, tokens: int = 0, mixed: bool = False,
+                allow_extrapolation: bool = False) -> list:
+    """Refuse jobs outside the fitted range (context, new tokens, batch, tokens per iteration, mixed
+    iterations: :mod:`sim.cost.ranges`); a passed set is remembered. Returns the extrapolation notes."""
+    # Jobs are memoised objects (held by session.decisions): the same jobs on the same target pass again.
+    okey = (tuple(id(j) for _, j in jobs), id(target.hardware), id(target.model), batch_items, tokens, mixed,
+            allow_extrapolation)
+    if okey in session.range_ok:
+        return session.range_ok[okey][3]
+    max_ctx, max_new = query_extent(jobs)
     marks = target.check_query(max_context=max_ctx, max_new=max_new, max_batch=batch_items, tokens=tokens,
                                mixed=mixed, allow_extrapolation=allow_extrapolation)
     # kept alive so the ids in the key stay theirs
@@ -159,4 +166,4 @@ def prepare(session, target, config) -> Prepared:
     return out
 
 
-__all__ = ["select", "decided", "check_range", "kv_ids", "make_engine", "prepare", "Prepared"]
+__all__ = ["select", "decided", "query_extent", "check_range", "kv_ids", "make_engine", "prepare", "Prepared"]

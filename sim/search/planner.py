@@ -108,15 +108,35 @@ def deployments(model, hw, node, gpus: int, policies: Iterable[str], *, tp_sizes
                     yield Deployment(tp, pp, int(dp), int(mns), int(mnbt), pol)
 
 
+def check_plan_range(dep: Deployment, model, hw, jobs, enable_expert_parallel: bool = False,
+                     allow_extrapolation: bool = False) -> list[str]:
+    """Refuse ``jobs`` on ``dep`` outside ``hw``'s fitted range, checked on the shard one GPU holds
+    (:meth:`sim.cost.parallel.ParallelConfig.gpu_shard`): the longest context, and the most new tokens of one item
+    as vLLM V1's chunked prefill presents them (at most ``max_num_batched_tokens``), as ``bench`` checks a plain
+    workload; with ``allow_extrapolation``, the notes of each dimension outside."""
+    import dataclasses
+
+    from sim.replay.jobs import query_extent
+    par = dep.parallel
+    if enable_expert_parallel and model.num_experts:
+        par = dataclasses.replace(par, enable_expert_parallel=True)
+    ctx, new = query_extent(jobs)
+    return hw.check_query(par.gpu_shard(model), max_context=ctx, max_new=min(new, dep.max_num_batched_tokens),
+                          allow_extrapolation=allow_extrapolation)
+
+
 def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], *, router: str = "prefix-affinity",
              slo: SLO | None = None, arrival_rate: float | None = None, concurrency: int = 1, seed: int = 0,
              gpu_hour_cost: float | None = None, enable_expert_parallel: bool = False,
-             moe_routing: str = "expected", **engine) -> dict:
+             moe_routing: str = "expected", allow_extrapolation: bool = False, **engine) -> dict:
     """Serve ``workload(dep.policy)`` (``{"jobs", "prompt_ids"?, "block_policy"?, "caching"?}``) on ``dep``;
     one row of the planner's table. ``engine``: :data:`ENGINE_DEFAULTS`' keys (host time, async scheduling, CUDA
-    graphs), as :func:`_serve` prices them."""
+    graphs), as :func:`_serve` prices them. A workload outside the GPU profile's fitted range is refused
+    (:func:`check_plan_range`) unless ``allow_extrapolation``, which prices it and lists it in the row's
+    ``extrapolated``."""
     w = workload(dep.policy)
     jobs = w["jobs"]
+    extrapolated = check_plan_range(dep, model, hw, jobs, enable_expert_parallel, allow_extrapolation)
     run, blocks, costs = _serve(dep, model, hw, node, w, router, arrival_rate, concurrency, seed,
                                 enable_expert_parallel, moe_routing, **engine)
     s = summary(run, jobs, slo)
@@ -140,6 +160,8 @@ def evaluate(dep: Deployment, model, hw, node, workload: Callable[[str], dict], 
         row["kv_cache_dtype"] = model.kv_cache_dtype
     if engine.get("memory_rules", DEFAULT_RULES) != DEFAULT_RULES:   # the KV sized as another vLLM generation
         row["memory_rules"] = engine["memory_rules"]
+    if extrapolated:   # stated only where a size lay outside the fit
+        row["extrapolated"] = "; ".join(extrapolated)
     row["overheads"] = overheads_words(hw, costs, run.results, engine.get("host_time", True))
     if gpu_hour_cost is not None:
         row["cost_per_million_output_tokens"] = (gpu_hour_cost * dep.gpus / 3600.0 / tps * 1e6) if tps else None
@@ -233,7 +255,7 @@ def plan_model(model_preset: str, quantization: str | None = None, kv_cache_dtyp
 
 def target_options(m, enable_expert_parallel: bool = False, moe_routing: str = "expected",
                    quantization: str | None = None, kv_cache_dtype: str | None = None,
-                   memory_rules: str = DEFAULT_RULES, **engine) -> dict:
+                   memory_rules: str = DEFAULT_RULES, allow_extrapolation: bool = False, **engine) -> dict:
     """The target flags a plan's tasks and knees take (:func:`evaluate_deployment`), each only where it prices
     something: expert parallelism and routing on an MoE model ``m``, a precision flag where given (a release's own
     format is the model's default); a plain plan's tasks stay as they were. ``rksim plan`` and the dashboard's
@@ -242,6 +264,8 @@ def target_options(m, enable_expert_parallel: bool = False, moe_routing: str = "
     out.update({k: v for k, v in (("quantization", quantization), ("kv_cache_dtype", kv_cache_dtype)) if v})
     if memory_rules != DEFAULT_RULES:   # the KV sized as another vLLM generation (--vllm-memory-rules)
         out["memory_rules"] = memory_rules
+    if allow_extrapolation:   # sizes outside the GPU profile's fitted range priced, each row saying which
+        out["allow_extrapolation"] = True
     # how each step is priced beyond its kernels (ENGINE_DEFAULTS: vLLM's serve), stated where not the default
     out.update({k: bool(v) for k, v in engine.items() if bool(v) != ENGINE_DEFAULTS[k]})
     return out
@@ -252,7 +276,8 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
                     tolerance: float = 0.05, progress=None, enable_expert_parallel: bool = False,
                     moe_routing: str = "expected", quantization: str | None = None,
                     kv_cache_dtype: str | None = None, host_time: bool = True, async_scheduling: bool = True,
-                    enforce_eager: bool = False, step_by_step: bool = False, memory_rules: str = DEFAULT_RULES) -> dict:
+                    enforce_eager: bool = False, step_by_step: bool = False, memory_rules: str = DEFAULT_RULES,
+                    allow_extrapolation: bool = False) -> dict:
     """The latency-rate curve and knee (:func:`sim.search.knee.sweep`) of one plan deployment (``params``:
     :meth:`Deployment.to_dict`, ``gpus`` ignored): its policy's problems served at each Poisson rate in
     ``rates`` (problems/s), judged on ``slo`` (:class:`sim.search.knee.KneeSLO` text; None: its default), on the
@@ -271,6 +296,7 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
         trace = default_trace_path()
     lt = trace if isinstance(trace, Session) else Session(str(trace))
     w = trace_workload(lt, dep.policy, m, n_requests)
+    extrapolated = check_plan_range(dep, m, hw, w["jobs"], enable_expert_parallel, allow_extrapolation)
     pcts = sorted({50.0, 99.0, *spec.percentiles})
     engine = {"host_time": host_time, "async_scheduling": async_scheduling, "enforce_eager": enforce_eager,
               "step_by_step": step_by_step, "memory_rules": memory_rules}
@@ -296,7 +322,8 @@ def deployment_knee(trace, params: dict, rates, *, model_preset: str, node: str,
         f"{dep.max_num_batched_tokens}, KV capacity {blocks[0]} blocks per replica"
         f"{f' (sized as vLLM {memory_rules} sizes it)' if memory_rules != DEFAULT_RULES else ''}; "
         f"{overheads_words(hw, costs[0], [host], host_time)}; decisions of "
-        f"{w['decisions_model']}; {len(w['jobs'])} problems, Poisson arrivals, seed {seed}")
+        f"{w['decisions_model']}; {len(w['jobs'])} problems, Poisson arrivals, seed {seed}"
+        + "".join(f"; {x}" for x in extrapolated))
     curve["deployment"] = deployment_id(dep)
     return curve
 
@@ -353,13 +380,14 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
                         enable_expert_parallel: bool = False, moe_routing: str = "expected",
                         quantization: str | None = None, kv_cache_dtype: str | None = None,
                         host_time: bool = True, async_scheduling: bool = True, enforce_eager: bool = False,
-                        step_by_step: bool = False, memory_rules: str = DEFAULT_RULES) -> dict:
+                        step_by_step: bool = False, memory_rules: str = DEFAULT_RULES,
+                        allow_extrapolation: bool = False) -> dict:
     """One planner task on plain data (what a Dask worker runs, :func:`sim.search.dist.run_dask`'s ``evaluate``):
     ``params`` = :meth:`Deployment.to_dict` without ``gpus``; ``band_fit``: price it with that public fit of
     the node's GPU (a label of :func:`sim.cost.bands.band_profiles`) instead of the preset's; ``quantization`` /
     ``kv_cache_dtype``: :func:`plan_model`; ``host_time`` / ``async_scheduling`` / ``enforce_eager``: how each
     step is priced beyond its kernels, ``step_by_step`` whether every iteration is stepped, ``memory_rules`` the vLLM
-    generation whose KV sizing gives its blocks (:func:`_serve`)."""
+    generation whose KV sizing gives its blocks (:func:`_serve`), ``allow_extrapolation`` (:func:`evaluate`)."""
     from sim.cost.bands import band_profiles
 
     p = {k: v for k, v in (params or {}).items() if k != "gpus"}
@@ -376,7 +404,7 @@ def evaluate_deployment(trace, policy: str | None = None, params: dict | None = 
                    concurrency=concurrency, seed=seed, gpu_hour_cost=gpu_hour_cost,
                    enable_expert_parallel=enable_expert_parallel, moe_routing=moe_routing, host_time=host_time,
                    async_scheduling=async_scheduling, enforce_eager=enforce_eager, step_by_step=step_by_step,
-                   memory_rules=memory_rules)
+                   memory_rules=memory_rules, allow_extrapolation=allow_extrapolation)
     row["decisions_model"] = w["decisions_model"]
     return row
 
