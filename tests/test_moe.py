@@ -75,6 +75,15 @@ def test_qwen3_non_embedding_counts():
         assert m.total_params - 2 * m.vocab_size * m.hidden_size == pytest.approx(n, rel=0.01)
 
 
+def test_qwen3_0_6b_matches_its_card():
+    # https://huggingface.co/Qwen/Qwen3-0.6B: "Number of Parameters: 0.6B; Number of Paramaters (Non-Embedding):
+    # 0.44B" (tied embeddings: the LM head is the embedding, counted once)
+    m = load_model("qwen3-0.6b")
+    assert m.tied_embeddings and m.total_params == pytest.approx(0.6e9, rel=0.01)
+    assert m.total_params - m.vocab_size * m.hidden_size == pytest.approx(0.44e9, rel=0.01)
+    assert m.kv_bytes_per_token == 28 * 2 * 8 * 128 * 2
+
+
 def test_counts_from_the_definition():
     # Qwen3-30B-A3B by hand: attention 2048*(32*128) + 2*2048*(4*128) + (32*128)*2048, router 2048*128,
     # 128 experts of 3*2048*768, two norms; 48 layers; untied embeddings; final norm
