@@ -253,6 +253,11 @@ def test_a_prompt_past_the_fitted_range_needs_allow_extrapolation(capsys, tmp_pa
     assert len(ext) == 1 and "fitted_range.max_new_tokens" in ext[0]
     assert main(["bench", "serve", "--no-progress", *base[:5], "3000", *base[6:], "--allow-extrapolation"]) == 0
     assert "extrapolated" not in capsys.readouterr().out   # inside the range: nothing to say
+    # vLLM V1 chunks the prompt to the budget (2,048 <= 4,096: inside); prefill-first runs it whole (outside)
+    assert main(["bench", "serve", "--no-progress", *base, "--max-num-batched-tokens", "2048"]) == 0
+    assert "extrapolated" not in capsys.readouterr().out
+    assert "item 6000 is outside" in _err(capsys, ["bench", "serve", "--no-progress", *base, "--max-num-batched-tokens",
+                                                   "2048", "--scheduler", "prefill-first"])
 
 
 def test_dataset_path_of_lengths(tmp_path, capsys):

@@ -225,3 +225,22 @@ def test_the_headline_table_has_the_first_figures_within_100_columns(syn, capsys
     p = out["policies"]["asks"]
     assert f"{p['peak_kv_bytes'] / 1e9:.3g}" in asks and asks.count("[") == 3   # speedups and answer changes, CIs
 
+
+
+def test_a_serving_replay_checks_the_chunks_its_scheduler_makes(capsys):
+    """vLLM V1's rule chunks a prompt to at most max_num_batched_tokens a step, so a serving replay is checked against
+    the fitted range's new tokens per item on its chunks (sim.cost.ranges.chunk_tokens): a 5,000-token prompt is
+    refused on h100-sxm (4,096 measured) at vllm serve's 8,192-token budget, priced at a 2,048-token one, and refused
+    again under prefill-first, which runs it whole; isolated mode prefills it whole too."""
+    from sim.cost.ranges import chunk_tokens
+    assert chunk_tokens(5000, "vllm-v1", 2048) == chunk_tokens(5000, "vllm-v1-chunk-admit", 2048) == 2048
+    assert chunk_tokens(5000, "prefill-first", 2048) == 5000 and chunk_tokens(300, "vllm-v1", 2048) == 300
+    base = ["simulate", "--policy", "exact-prefix", "--model-preset", "llama-3-8b", "--hardware", "h100-sxm",
+            "--reshape", "prefix_tokens=5000", "--json"]
+    e = _err(capsys, base + ["--mode", "serving"])
+    assert "new tokens of one forward item 50" in e and "[1, 4096]" in e
+    assert main(base + ["--mode", "serving", "--max-num-batched-tokens", "2048"]) == 0
+    assert json.loads(capsys.readouterr().out)["info"]["extrapolated"] == []
+    assert "[1, 4096]" in _err(capsys, base + ["--mode", "serving", "--max-num-batched-tokens", "2048",
+                                               "--scheduler", "prefill-first"])
+    assert "[1, 4096]" in _err(capsys, base + ["--max-num-batched-tokens", "2048"])   # isolated: whole prompts

@@ -224,9 +224,10 @@ def _layout_info(par, nd, router, blocks, replicated: bool, dpa: bool = False) -
 def _check_range(model, hw, par, inp, out, sched, allow_extrapolation: bool = False) -> list[str]:
     """Refuse a run outside the hardware profile's fitted range, checked on the shard one GPU holds; with
     ``allow_extrapolation``, the notes of each dimension outside (empty: inside)."""
+    from sim.cost.ranges import chunk_tokens
     return hw.check_query(par.gpu_shard(model), max_context=int((inp + out).max()),
-                          max_new=int(min(int(inp.max()), sched.max_num_batched_tokens)), max_batch=0,
-                          allow_extrapolation=allow_extrapolation)
+                          max_new=chunk_tokens(int(inp.max()), sched.policy, sched.max_num_batched_tokens),
+                          max_batch=0, allow_extrapolation=allow_extrapolation)
 
 
 def _engine_kw(model, hw, sv, sched, graphs, blocks, token_policy, par, nd, routing, seed, pipeline_schedule,

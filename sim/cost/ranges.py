@@ -107,6 +107,16 @@ def iteration_query(items) -> RangeQuery:
     return RangeQuery(seqs=seqs, tokens=tokens, context=ctx, item_tokens=item, mixed=mixed)
 
 
+def chunk_tokens(new_tokens: int, policy: str, max_num_batched_tokens: int) -> int:
+    """The most new tokens one item of a serving iteration can carry, for a prompt of ``new_tokens``: vLLM V1's
+    rules (``vllm-v1``, ``vllm-v1-chunk-admit``) chunk a prompt to at most ``max_num_batched_tokens`` a step;
+    ``prefill-first`` (V0 without chunking) runs it whole, alone where it is longer than the budget
+    (:mod:`sim.serving.scheduler`). What a fitted range's ``max_new_tokens`` is checked against."""
+    if policy == "prefill-first":
+        return int(new_tokens)
+    return min(int(new_tokens), int(max_num_batched_tokens))
+
+
 def job_extent(jobs, mode: str, max_num_batched_tokens: int) -> tuple[int, bool]:
     """(tokens per iteration, mixed iterations) a run of ``jobs`` (``sim.workload.job.Job``) can reach.
 

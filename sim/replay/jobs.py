@@ -88,15 +88,20 @@ def query_extent(jobs) -> tuple[int, int]:
 
 
 def check_range(session, target, jobs, batch_items: int, tokens: int = 0, mixed: bool = False,
-                allow_extrapolation: bool = False) -> list:
+                allow_extrapolation: bool = False, chunk=None) -> list:
     """Refuse jobs outside the fitted range (context, new tokens, batch, tokens per iteration, mixed
-    iterations: :mod:`sim.cost.ranges`); a passed set is remembered. Returns the extrapolation notes."""
+    iterations: :mod:`sim.cost.ranges`); a passed set is remembered. Returns the extrapolation notes.
+    ``chunk``: ``(policy, max_num_batched_tokens)`` of a serving run, whose scheduler chunks a prompt's new tokens
+    (:func:`sim.cost.ranges.chunk_tokens`); None: an item carries its whole prompt (isolated mode)."""
+    from sim.cost.ranges import chunk_tokens
     # Jobs are memoised objects (held by session.decisions): the same jobs on the same target pass again.
     okey = (tuple(id(j) for _, j in jobs), id(target.hardware), id(target.model), batch_items, tokens, mixed,
-            allow_extrapolation)
+            allow_extrapolation, chunk)
     if okey in session.range_ok:
         return session.range_ok[okey][3]
     max_ctx, max_new = query_extent(jobs)
+    if chunk is not None:
+        max_new = chunk_tokens(max_new, *chunk)
     marks = target.check_query(max_context=max_ctx, max_new=max_new, max_batch=batch_items, tokens=tokens,
                                mixed=mixed, allow_extrapolation=allow_extrapolation)
     # kept alive so the ids in the key stay theirs
@@ -162,7 +167,8 @@ def prepare(session, target, config) -> Prepared:
     out.info["extrapolated"] = check_range(
         session, target, jobs, max((j.B for _, j in jobs), default=0),
         *job_extent([j for _, j in jobs], config.mode, sched.max_num_batched_tokens),
-        allow_extrapolation=config.allow_extrapolation)
+        allow_extrapolation=config.allow_extrapolation,
+        chunk=(sched.policy, sched.max_num_batched_tokens) if config.mode == "serving" else None)
     return out
 
 

@@ -116,12 +116,14 @@ def check_plan_range(dep: Deployment, model, hw, jobs, enable_expert_parallel: b
     workload; with ``allow_extrapolation``, the notes of each dimension outside."""
     import dataclasses
 
+    from sim.cost.ranges import chunk_tokens
     from sim.replay.jobs import query_extent
     par = dep.parallel
     if enable_expert_parallel and model.num_experts:
         par = dataclasses.replace(par, enable_expert_parallel=True)
     ctx, new = query_extent(jobs)
-    return hw.check_query(par.gpu_shard(model), max_context=ctx, max_new=min(new, dep.max_num_batched_tokens),
+    return hw.check_query(par.gpu_shard(model), max_context=ctx,
+                          max_new=chunk_tokens(new, "vllm-v1", dep.max_num_batched_tokens),   # a plan's rule (_serve)
                           allow_extrapolation=allow_extrapolation)
 
 
