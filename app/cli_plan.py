@@ -252,6 +252,16 @@ def _mark(df, front):
     return df.assign(on_frontier=[tuple(r) in on for r in df[key].to_numpy().tolist()])
 
 
+def _serve_defaults_words(key: str) -> str:
+    """``vllm serve``'s default of ``key`` per GPU preset, as the help words it (from the one table,
+    :data:`sim.serving.capacity.SCHEDULER_DEFAULTS`)."""
+    from sim.serving.capacity import GENERIC_DEFAULTS, SCHEDULER_DEFAULTS
+    by = {}
+    for gpu, d in SCHEDULER_DEFAULTS.items():
+        by.setdefault(d[key], []).append(gpu)
+    return "; ".join(f"{v} on {', '.join(g)}" for v, g in by.items()) + f"; else {GENERIC_DEFAULTS[key]}"
+
+
 def register(sub) -> None:
     from sim.cost.node import load_node
     from sim.cost.profiles import list_presets
@@ -286,12 +296,9 @@ def register(sub) -> None:
     add_declared(p, RunConfig, only=("step_by_step", "allow_extrapolation"))
     p.add_argument("--data-parallel-size", default=None, metavar="N,N",
                    help="replica counts (default: 1 .. GPUs / (TP x PP))")
-    p.add_argument("--max-num-seqs", default=None, metavar="N,N",
-                   help="vLLM max_num_seqs values (default: vllm serve's for the GPU: 1024 on an H100, H200 or RTX PRO "
-                        "6000, else 256)")
-    p.add_argument("--max-num-batched-tokens", default=None, metavar="N,N",
-                   help="vLLM max_num_batched_tokens values (default: vllm serve's for the GPU: 8192 on an H100, H200 "
-                        "or RTX PRO 6000, else 2048)")
+    for flag, key in (("--max-num-seqs", "max_num_seqs"), ("--max-num-batched-tokens", "max_num_batched_tokens")):
+        p.add_argument(flag, default=None, metavar="N,N",
+                       help=f"vLLM {key} values (default: vllm serve's for the GPU: {_serve_defaults_words(key)})")
     p.add_argument("--router", default="prefix-affinity", metavar="R",
                    help="round-robin, least-outstanding, prefix-affinity (default) or branch-spread")
     p.add_argument("--slo", default=None, metavar="KEY=S,KEY=S",

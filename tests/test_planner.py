@@ -215,6 +215,23 @@ def test_plan_with_expert_parallel_runs_dp_attention_where_the_ep_size_divides_t
     assert sorted(d.data_parallel_size for d in plain) == [1, 2, 3, 4]   # replicas: any count
 
 
+def test_a_plan_deployment_serves_its_experts_as_the_flag_places_them():
+    """Deployment.layout: --enable-expert-parallel on an MoE model places whole experts on each TP rank, and under
+    sampled routing the busiest rank sets the step (sim.cost.terms.SampledRouting), so a TP 2 deployment serves its
+    problems more slowly than with every expert split over both ranks; a dense model's layout is unchanged."""
+    from sim.cost.parallel import load_node
+    from sim.cost.profiles import load_hardware, load_model
+    m, hw, node = load_model("qwen3-30b-a3b"), load_hardware("h100-sxm"), load_node("dgx-h100")
+    dep = Deployment(2, 1, 1, 1024, 8192, "no-kv")
+    assert dep.layout(m, True).enable_expert_parallel and not dep.layout(m, False).enable_expert_parallel
+    assert not dep.layout(load_model("llama-3-8b"), True).enable_expert_parallel
+    work = {"jobs": _shared_jobs(16), "caching": False}
+    rows = [evaluate(dep, m, hw, node, lambda _p: work, concurrency=4, enable_expert_parallel=ep,
+                     moe_routing="sampled") for ep in (False, True)]
+    assert rows[1]["enable_expert_parallel"] and "enable_expert_parallel" not in rows[0]
+    assert rows[1]["throughput_tokens_per_s"] < rows[0]["throughput_tokens_per_s"]
+
+
 def test_plan_prices_a_quantized_release_as_released_unless_told(capsys):
     """gpt-oss-20b is served in its MXFP4 release by default (13.7 GB: one H100 holds it with room for KV);
     --quantization none plans its 16-bit shape; the header and the meta say which was priced; a GPU that cannot

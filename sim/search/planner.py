@@ -50,6 +50,14 @@ class Deployment:
     def gpus(self) -> int:
         return self.parallel.gpus
 
+    def layout(self, model, enable_expert_parallel: bool = False) -> ParallelConfig:
+        """Its parallel layout, with vLLM's ``--enable-expert-parallel`` where ``model`` has experts to place."""
+        par = self.parallel
+        if enable_expert_parallel and model.num_experts:
+            import dataclasses
+            par = dataclasses.replace(par, enable_expert_parallel=True)
+        return par
+
     def serving(self, memory_rules: str = DEFAULT_RULES) -> ServingConfig:
         """Its scheduler limits, the KV sized as vLLM generation ``memory_rules`` sizes it."""
         return ServingConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
@@ -57,6 +65,9 @@ class Deployment:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "gpus": self.gpus}
+
+
+PLAN_SCHEDULER = "vllm-v1"   # the scheduling rule every plan deployment runs (vllm serve's)
 
 
 def serve_limits(hw) -> tuple[int, int]:
@@ -114,16 +125,11 @@ def check_plan_range(dep: Deployment, model, hw, jobs, enable_expert_parallel: b
     (:meth:`sim.cost.parallel.ParallelConfig.gpu_shard`): the longest context, and the most new tokens of one item
     as vLLM V1's chunked prefill presents them (at most ``max_num_batched_tokens``), as ``bench`` checks a plain
     workload; with ``allow_extrapolation``, the notes of each dimension outside."""
-    import dataclasses
-
     from sim.cost.ranges import chunk_tokens
     from sim.replay.jobs import query_extent
-    par = dep.parallel
-    if enable_expert_parallel and model.num_experts:
-        par = dataclasses.replace(par, enable_expert_parallel=True)
     ctx, new = query_extent(jobs)
-    return hw.check_query(par.gpu_shard(model), max_context=ctx,
-                          max_new=chunk_tokens(new, "vllm-v1", dep.max_num_batched_tokens),   # a plan's rule (_serve)
+    return hw.check_query(dep.layout(model, enable_expert_parallel).gpu_shard(model), max_context=ctx,
+                          max_new=chunk_tokens(new, PLAN_SCHEDULER, dep.max_num_batched_tokens),
                           allow_extrapolation=allow_extrapolation)
 
 
@@ -203,20 +209,16 @@ def _serve(dep: Deployment, model, hw, node, w: dict, router: str, arrival_rate,
     (:func:`sim.cost.pricing.served_costs`): CUDA graphs unless ``enforce_eager``, the host time per step unless
     ``host_time`` is False, under ``async_scheduling``."""
     from sim.cost.pricing import served_costs
-    import dataclasses
-
     from sim.cost.routing import routing_for
     jobs = w["jobs"]
-    par = dep.parallel
-    if enable_expert_parallel and model.num_experts:
-        par = dataclasses.replace(par, enable_expert_parallel=True)
+    par = dep.layout(model, enable_expert_parallel)
     bs = jobs[0][1].bs if jobs else 16
     cap, blocks = kv_blocks(model, hw, dep.serving(memory_rules), par, bs, node)
     routing = routing_for(moe_routing, int(seed)) if model.num_experts else None
     costs = served_costs(model, hw, node, par, dep.max_num_seqs, enforce_eager=enforce_eager, host_time=host_time,
                          async_scheduling=async_scheduling, routing=routing)   # stateless: it prices every replica
     sched = SchedulerConfig(max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=dep.max_num_batched_tokens,
-                            policy="vllm-v1",
+                            policy=PLAN_SCHEDULER,
                             kv_groups=() if model.kv_cache_groups == (1, 0, 0) else model.kv_cache_groups)
     run = Replicas(model, hw, jobs, make_router(router, par.data_parallel_size), par.data_parallel_size,
                    costs=[costs["cost"]] * par.data_parallel_size, host_step=costs["host_step"],
