@@ -77,6 +77,12 @@ $(VLLMVENV)/.vllm-installed: Makefile
 reference-check-vllm: $(STAMP) $(VLLMVENV)/.vllm-installed
 	$(PY) scripts/reference_check_vllm.py --vllm-python $(VLLMVENV)/bin/python --out runs/reference-check-vllm
 
+# vLLM's API server with its HTTP layer, timed with vLLM's own server and client in front of an engine core that
+# computes nothing (calibrate/frontend_http.py; about 4 min; writes calibrate/data/frontend_http/vllm-<v>-cpu.json)
+.PHONY: frontend-http
+frontend-http: $(STAMP) $(VLLMVENV)/.vllm-installed
+	$(PY) -m calibrate.frontend_http --vllm-python $(VLLMVENV)/bin/python
+
 # The papers' claims, one row each with a verdict (docs/reproduction/report.{md,html}, claims.json),
 # from the stored traces (examples/reproduce/) and real-module runs (docs/reproduction/measured/).
 # published serving figures beside rksim's predictions, each with its band (docs/validation; about 2.5 min); rerun
