@@ -19,7 +19,8 @@ The fit (every figure a per-request measurement on this host, none end to end of
 measured, carried to this host by the ratio of the two hosts' :func:`calibrate.host_step.microbench` times.
 Checks, not fits (written beside the fit): the request throughput of 500 requests sent at once against
 ``1 / (request_s + per_prompt_token_s * P + per_output_s * O)``, the API server's time per request if nothing
-overlapped; and the TTFT of a request that finds the server idle against back to back.
+overlapped; the TTFT of a request that finds the server idle against back to back; and the chat endpoint's TTFT
+(its template rendered per request) against the completions endpoint's.
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ DRIVER = ROOT / "scripts" / "frontend_http_driver.py"
 DATA_DIR = ROOT / "calibrate" / "data" / "frontend_http"
 HOST_STEP = ROOT / "calibrate" / "data" / "host_step" / "vllm-0.33.0-cpu.json"
 QUICK = ("ttft-32,32,2,40,1,inf,0;ttft-512,512,2,40,1,inf,0;ttft-2048,2048,2,40,1,inf,0;idle-512,512,2,10,1,4,0;"
-         "stream-16,512,16,48,16,inf,3;stream-128,512,128,48,16,inf,3;sent-at-once,512,128,100,0,inf,0")
+         "stream-16,512,16,48,16,inf,3;stream-128,512,128,48,16,inf,3;sent-at-once,512,128,100,0,inf,0;"
+         "chat-512,512,2,40,1,inf,0,chat")
 
 
 class FrontendHttpError(ValueError):
@@ -91,6 +93,8 @@ def fit(meas: dict) -> dict:
                                   "ratio": round(r["request_throughput"] * per_req, 4)}
     if "idle-512" in by and "ttft-512" in by:
         checks["idle_vs_back_to_back_ttft_ms"] = [by["idle-512"]["ttft_median_ms"], by["ttft-512"]["ttft_median_ms"]]
+    if "chat-512" in by and "ttft-512" in by:
+        checks["chat_vs_completions_ttft_ms"] = [by["chat-512"]["ttft_median_ms"], by["ttft-512"]["ttft_median_ms"]]
     return {"coef": {k: float(f"{v:.4g}") for k, v in coef.items()}, "checks": checks}
 
 

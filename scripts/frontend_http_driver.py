@@ -17,7 +17,8 @@ The client is ``vllm bench serve --backend vllm`` (``/v1/completions``, streamed
 seed 0) in another process on the same host, whose result file gives each request's TTFT and ITLs as the
 published figures' client measured them.
 
-Scenarios (``--scenarios``: ``name,input,output,prompts,concurrency,rate,step_ms`` separated by ``;``); the defaults:
+Scenarios (``--scenarios``: ``name,input,output,prompts,concurrency,rate,step_ms[,chat]`` separated by ``;``; ``chat``:
+``--backend openai-chat`` on ``/v1/chat/completions``, the chat template rendered per request); the defaults:
 
 * ``ttft-P``: one request at a time, back to back (``--max-concurrency 1``), two output tokens, no engine time, at
   prompts of 32, 512 and 2,048 tokens: TTFT = the front end's latency alone (HTTP, tokenisation, processing, the
@@ -27,7 +28,8 @@ Scenarios (``--scenarios``: ``name,input,output,prompts,concurrency,rate,step_ms
 * ``stream-O``: 16 in flight, a 3 ms engine step (the front end keeps up: one chunk per token), 512-token prompts,
   16 and 128 output tokens: the server's CPU per request, whose difference gives the CPU per streamed token;
 * ``sent-at-once``: 500 requests of 512 / 128 sent at once, no engine time: the request throughput the API server
-  alone allows on this CPU (kvcached's H100 check sent these shapes at once: ``docs/calibration.md``).
+  alone allows on this CPU (kvcached's H100 check sent these shapes at once: ``docs/calibration.md``);
+* ``chat-512``: ``ttft-512`` on the chat endpoint (GPUStack's latency runs used it).
 
 Usage: ``.venv-vllm/bin/python scripts/frontend_http_driver.py OUT.json --model DIR [--scenarios ...]
 [--port N]``; ``... serve --model DIR --port N --step-ms S`` runs the server alone (the driver starts it so).
@@ -51,7 +53,7 @@ from reference_check_vllm_common import write_json  # noqa: E402
 ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 SCENARIOS = ("ttft-32,32,2,200,1,inf,0;ttft-512,512,2,200,1,inf,0;ttft-2048,2048,2,200,1,inf,0;"
              "idle-512,512,2,60,1,2,0;stream-16,512,16,200,16,inf,3;stream-128,512,128,200,16,inf,3;"
-             "sent-at-once,512,128,500,0,inf,0")
+             "sent-at-once,512,128,500,0,inf,0;chat-512,512,2,200,1,inf,0,chat")
 
 
 # ------------------------------------------------------------------ the server
@@ -130,8 +132,20 @@ def serve(model: str, port: int, step_ms: float) -> None:
     """``vllm serve MODEL --port PORT`` with the stand-in engine core (in this process)."""
     os.environ.update(ENV)
     install_stand_in(step_ms / 1e3)
-    from vllm.entrypoints.launchers.api_server import entry
     sys.argv = ["vllm", "--model", model, "--port", str(port)]
+    try:
+        from vllm.entrypoints.launchers.api_server import entry
+    except ImportError:   # vLLM before the launchers package (0.11): the same steps in api_server's __main__
+        import uvloop
+        from vllm.entrypoints.openai.api_server import run_server
+        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+        from vllm.entrypoints.utils import cli_env_setup
+        from vllm.utils import FlexibleArgumentParser
+        cli_env_setup()
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args()
+        validate_parsed_serve_args(args)
+        uvloop.run(run_server(args))
+        return
     entry.main()
 
 
@@ -159,10 +173,13 @@ def start_server(model: str, port: int, step_ms: float, log: str):
     raise SystemExit(f"the server did not answer /health in 300 s; its log: {log}")
 
 
-def bench(model: str, port: int, work: str, name: str, inp: int, out: int, n: int, conc: int, rate: str) -> dict:
-    """One ``vllm bench serve`` run; its result file."""
+def bench(model: str, port: int, work: str, name: str, inp: int, out: int, n: int, conc: int, rate: str,
+          chat: bool = False) -> dict:
+    """One ``vllm bench serve`` run (``chat``: ``--backend openai-chat`` on ``/v1/chat/completions``); its result
+    file."""
     vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
-    cmd = [vllm, "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--model", model,
+    backend = ["openai-chat", "--endpoint", "/v1/chat/completions"] if chat else ["vllm"]
+    cmd = [vllm, "bench", "serve", "--backend", *backend, "--base-url", f"http://127.0.0.1:{port}", "--model", model,
            "--dataset-name", "random", "--random-input-len", str(inp), "--random-output-len", str(out),
            "--num-prompts", str(n), "--ignore-eos", "--seed", "0", "--request-rate", rate, "--disable-tqdm",
            "--save-result", "--save-detailed", "--result-dir", work, "--result-filename", f"{name}.json"]
@@ -180,7 +197,8 @@ def run(out_path: str, model: str, scenarios: str, port: int) -> None:
     rows, server, step = [], None, None
     try:
         for spec in scenarios.split(";"):
-            name, inp, outl, n, conc, rate, step_ms = spec.split(",")
+            name, inp, outl, n, conc, rate, step_ms, *endpoint = spec.split(",")
+            chat = endpoint == ["chat"]
             if server is None or float(step_ms) != step:
                 if server is not None:
                     server.terminate()
@@ -189,12 +207,13 @@ def run(out_path: str, model: str, scenarios: str, port: int) -> None:
                 server = start_server(model, port, step, os.path.join(work, "server.log"))
                 bench(model, port, work, "warm-up", 128, 16, 20, 1, "inf")
             c0 = cpu_seconds(server.pid)
-            res = bench(model, port, work, name, int(inp), int(outl), int(n), int(conc), rate)
+            res = bench(model, port, work, name, int(inp), int(outl), int(n), int(conc), rate, chat)
             cpu = cpu_seconds(server.pid) - c0
             if res["completed"] != int(n):
                 raise SystemExit(f"scenario {name}: {res['completed']} of {n} requests completed")
             ttft = [1e3 * t for t in res["ttfts"]]
-            rows.append({"name": name, "input_len": int(inp), "output_len": int(outl), "num_prompts": int(n),
+            rows.append({"name": name, "endpoint": "/v1/chat/completions" if chat else "/v1/completions",
+                         "input_len": int(inp), "output_len": int(outl), "num_prompts": int(n),
                          "max_concurrency": int(conc) or None, "request_rate": rate, "step_ms": step,
                          "server_cpu_s": round(cpu, 3), "duration_s": round(res["duration"], 4),
                          "request_throughput": round(res["request_throughput"], 3),
