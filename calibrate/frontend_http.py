@@ -41,7 +41,7 @@ DATA_DIR = ROOT / "calibrate" / "data" / "frontend_http"
 HOST_STEP = ROOT / "calibrate" / "data" / "host_step" / "vllm-0.33.0-cpu.json"
 QUICK = ("ttft-32,32,2,40,1,inf,0;ttft-512,512,2,40,1,inf,0;ttft-2048,2048,2,40,1,inf,0;idle-512,512,2,10,1,4,0;"
          "stream-16,512,16,48,16,inf,3;stream-128,512,128,48,16,inf,3;sent-at-once,512,128,100,0,inf,0;"
-         "chat-512,512,2,40,1,inf,0,chat")
+         "stream1-128,512,128,10,1,inf,3;chat-512,512,2,40,1,inf,0,chat;paced-c1,232,200,6,1,inf,7,chat")
 
 
 class FrontendHttpError(ValueError):
@@ -93,6 +93,11 @@ def fit(meas: dict) -> dict:
                                   "ratio": round(r["request_throughput"] * per_req, 4)}
     if "idle-512" in by and "ttft-512" in by:
         checks["idle_vs_back_to_back_ttft_ms"] = [by["idle-512"]["ttft_median_ms"], by["ttft-512"]["ttft_median_ms"]]
+    if "paced-c1" in by:
+        checks["paced_one_in_flight_ttft_ms"] = by["paced-c1"]["ttft_median_ms"]
+    if "stream1-128" in by and by["stream1-128"].get("engine_steps"):
+        r = by["stream1-128"]
+        checks["one_in_flight_cpu_per_step_ms"] = round(1e3 * r["server_cpu_s"] / r["engine_steps"], 4)
     if "chat-512" in by and "ttft-512" in by:
         checks["chat_vs_completions_ttft_ms"] = [by["chat-512"]["ttft_median_ms"], by["ttft-512"]["ttft_median_ms"]]
     return {"coef": {k: float(f"{v:.4g}") for k, v in coef.items()}, "checks": checks}
@@ -149,6 +154,12 @@ def build_model_dir(dest: Path) -> Path:
            "vocab_size": 49152, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
            "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": True}
     (dest / "config.json").write_text(json.dumps(cfg))
+    # the tokenizer class every transformers generation reads (transformers 5 saves its own "TokenizersBackend",
+    # which the 4.x that vLLM 0.11 runs on does not know)
+    tc = json.loads((dest / "tokenizer_config.json").read_text())
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tc.pop("backend", None)
+    (dest / "tokenizer_config.json").write_text(json.dumps(tc, indent=1))
     return dest
 
 

@@ -26,13 +26,17 @@ Scenarios (``--scenarios``: ``name,input,output,prompts,concurrency,rate,step_ms
 * ``idle-512``: the same at 2 requests/s (the server idle between requests): the TTFT of a request that finds the
   server idle (``vllm-project/vllm#31602`` reports the effect on GPU servers);
 * ``stream-O``: 16 in flight, a 3 ms engine step (the front end keeps up: one chunk per token), 512-token prompts,
-  16 and 128 output tokens: the server's CPU per request, whose difference gives the CPU per streamed token;
+  16 and 128 output tokens, and ``stream1-128`` one in flight: the server's CPU against requests, engine steps (from
+  ``/metrics``) and streamed tokens, which separates a step's fixed cost from a token's;
 * ``sent-at-once``: 500 requests of 512 / 128 sent at once, no engine time: the request throughput the API server
   alone allows on this CPU (kvcached's H100 check sent these shapes at once: ``docs/calibration.md``);
-* ``chat-512``: ``ttft-512`` on the chat endpoint (GPUStack's latency runs used it).
+* ``chat-512``: ``ttft-512`` on the chat endpoint (GPUStack's latency runs used it);
+* ``paced-c1``: GPUStack's Qwen3-8B latency run at one in flight as the front end sees it (chat, 232-token prompts,
+  200 tokens, an engine step every 7 ms): the TTFT of a request on a server that is paced, so mostly idle.
 
 Usage: ``.venv-vllm/bin/python scripts/frontend_http_driver.py OUT.json --model DIR [--scenarios ...]
-[--port N]``; ``... serve --model DIR --port N --step-ms S`` runs the server alone (the driver starts it so).
+[--port N]``; ``... serve --model DIR --port N --step-ms S`` runs the server alone and ``... client ARGS`` runs
+``vllm bench serve ARGS`` (the driver starts both so, on vLLM's CPU platform).
 """
 from __future__ import annotations
 
@@ -53,7 +57,8 @@ from reference_check_vllm_common import write_json  # noqa: E402
 ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 SCENARIOS = ("ttft-32,32,2,200,1,inf,0;ttft-512,512,2,200,1,inf,0;ttft-2048,2048,2,200,1,inf,0;"
              "idle-512,512,2,60,1,2,0;stream-16,512,16,200,16,inf,3;stream-128,512,128,200,16,inf,3;"
-             "sent-at-once,512,128,500,0,inf,0;chat-512,512,2,200,1,inf,0,chat")
+             "stream1-128,512,128,40,1,inf,3;sent-at-once,512,128,500,0,inf,0;chat-512,512,2,200,1,inf,0,chat;"
+             "paced-c1,232,200,20,1,inf,7,chat")
 
 
 # ------------------------------------------------------------------ the server
@@ -128,9 +133,26 @@ def install_stand_in(step_s: float) -> None:
     core_client.EngineCoreClient.make_async_mp_client = staticmethod(lambda *a, **k: StandIn())
 
 
+def cpu_platform() -> None:
+    """vLLM's CPU platform on a CUDA build without a GPU: ``VLLM_TARGET_DEVICE=cpu``, and where that variable does not
+    pick it (0.11: only a CPU build or macOS did), the platform plugin told so."""
+    os.environ.update(ENV)
+    import vllm.platforms as platforms
+    if "cpu" in getattr(platforms, "builtin_platform_plugins", {}):
+        platforms.builtin_platform_plugins["cpu"] = lambda: "vllm.platforms.cpu.CpuPlatform"
+
+
+def client(argv: list[str]) -> None:
+    """``vllm bench serve ARGV`` (vLLM's own CLI) on the CPU platform."""
+    cpu_platform()
+    from vllm.entrypoints.cli.main import main as vllm_main
+    sys.argv = ["vllm", "bench", "serve", *argv]
+    vllm_main()
+
+
 def serve(model: str, port: int, step_ms: float) -> None:
     """``vllm serve MODEL --port PORT`` with the stand-in engine core (in this process)."""
-    os.environ.update(ENV)
+    cpu_platform()
     install_stand_in(step_ms / 1e3)
     sys.argv = ["vllm", "--model", model, "--port", str(port)]
     try:
@@ -157,6 +179,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def engine_steps(port: int) -> int:
+    """Steps the server's stat logger has recorded (``vllm:iteration_tokens_total``'s count, one per step with
+    outputs), read from ``/metrics``."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    n = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+         if line.startswith("vllm:iteration_tokens_total_count")]
+    if not n:
+        raise SystemExit("/metrics has no vllm:iteration_tokens_total_count (stat logging off?)")
+    return int(sum(n))
+
+
 def start_server(model: str, port: int, step_ms: float, log: str):
     p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", "--model", model, "--port", str(port),
                           "--step-ms", str(step_ms)], env={**os.environ, **ENV},
@@ -177,9 +210,9 @@ def bench(model: str, port: int, work: str, name: str, inp: int, out: int, n: in
           chat: bool = False) -> dict:
     """One ``vllm bench serve`` run (``chat``: ``--backend openai-chat`` on ``/v1/chat/completions``); its result
     file."""
-    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
     backend = ["openai-chat", "--endpoint", "/v1/chat/completions"] if chat else ["vllm"]
-    cmd = [vllm, "bench", "serve", "--backend", *backend, "--base-url", f"http://127.0.0.1:{port}", "--model", model,
+    cmd = [sys.executable, os.path.abspath(__file__), "client", "--backend", *backend,
+           "--base-url", f"http://127.0.0.1:{port}", "--model", model,
            "--dataset-name", "random", "--random-input-len", str(inp), "--random-output-len", str(out),
            "--num-prompts", str(n), "--ignore-eos", "--seed", "0", "--request-rate", rate, "--disable-tqdm",
            "--save-result", "--save-detailed", "--result-dir", work, "--result-filename", f"{name}.json"]
@@ -206,16 +239,17 @@ def run(out_path: str, model: str, scenarios: str, port: int) -> None:
                 step = float(step_ms)
                 server = start_server(model, port, step, os.path.join(work, "server.log"))
                 bench(model, port, work, "warm-up", 128, 16, 20, 1, "inf")
-            c0 = cpu_seconds(server.pid)
+            c0, k0 = cpu_seconds(server.pid), engine_steps(port)
             res = bench(model, port, work, name, int(inp), int(outl), int(n), int(conc), rate, chat)
-            cpu = cpu_seconds(server.pid) - c0
+            cpu, steps = cpu_seconds(server.pid) - c0, engine_steps(port) - k0
             if res["completed"] != int(n):
                 raise SystemExit(f"scenario {name}: {res['completed']} of {n} requests completed")
             ttft = [1e3 * t for t in res["ttfts"]]
             rows.append({"name": name, "endpoint": "/v1/chat/completions" if chat else "/v1/completions",
                          "input_len": int(inp), "output_len": int(outl), "num_prompts": int(n),
                          "max_concurrency": int(conc) or None, "request_rate": rate, "step_ms": step,
-                         "server_cpu_s": round(cpu, 3), "duration_s": round(res["duration"], 4),
+                         "server_cpu_s": round(cpu, 3), "engine_steps": steps,
+                         "duration_s": round(res["duration"], 4),
                          "request_throughput": round(res["request_throughput"], 3),
                          "ttft_median_ms": round(statistics.median(ttft), 4),
                          "ttft_mean_ms": round(statistics.fmean(ttft), 4),
@@ -234,6 +268,9 @@ def run(out_path: str, model: str, scenarios: str, port: int) -> None:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["client"]:
+        client(argv[1:])
+        return 0
     if argv[:1] == ["serve"]:
         ap = argparse.ArgumentParser()
         ap.add_argument("--model", required=True)

@@ -12,7 +12,6 @@ import pytest
 from calibrate.frontend_http import DATA_DIR, FrontendHttpError, assemble, fit
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = DATA_DIR / "vllm-0.33.0-cpu.json"
 VLLM_PY = Path(os.environ.get("RKSIM_VLLM_PYTHON", "/work/main/.venv-vllm/bin/python"))
 if not VLLM_PY.exists():
     VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
@@ -61,15 +60,17 @@ def test_a_negative_coefficient_is_refused():
         fit(m)
 
 
-def test_shipped_measurement_is_this_fit_of_its_data():
-    """The committed file's fit and proposed block are what the code computes from its measurement, and the
+@pytest.mark.parametrize("version", ["0.33.0", "0.11.0"])
+def test_shipped_measurement_is_this_fit_of_its_data(version):
+    """Each committed file's fit and proposed block are what the code computes from its measurement, and the
     measurement covers the scenarios the driver runs by default."""
-    rec = json.loads(DATA.read_text())
+    rec = json.loads((DATA_DIR / f"vllm-{version}-cpu.json").read_text())
     assert rec["fingerprint"]["kind"] == "cpu"
     m = rec["measurement"]
-    assert m["vllm"] == "0.33.0"
+    assert m["vllm"] == version
     names = {r["name"] for r in m["rows"]}
-    assert {"ttft-32", "ttft-512", "ttft-2048", "idle-512", "stream-16", "stream-128", "sent-at-once"} <= names
+    assert {"ttft-32", "ttft-512", "ttft-2048", "idle-512", "stream-16", "stream-128", "stream1-128",
+            "sent-at-once", "chat-512", "paced-c1"} == names
     again = assemble(m, rec["fingerprint"], rec["microbench_s"], rec["measured"])
     assert again["fit"] == rec["fit"] and again["preset"] == rec["preset"]
     # the streamed runs kept up: about one chunk per token (else per_output_s would be a coalesced chunk's)
