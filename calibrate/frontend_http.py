@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -131,17 +129,9 @@ def _file_name(meas: dict) -> str:
 
 def run_driver(vllm_python: str, out: Path, model: Path, scenarios: str | None, timeout: float = 3600.0) -> dict:
     """Run the driver in vLLM's venv; its JSON, parsed."""
-    if not Path(vllm_python).exists():
-        raise FrontendHttpError(f"--vllm-python: {vllm_python} does not exist "
-                                f"(python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm==0.33.0)")
-    cmd = [str(vllm_python), str(DRIVER), str(out), "--model", str(model)]
-    if scenarios:
-        cmd += ["--scenarios", scenarios]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        raise FrontendHttpError(f"{DRIVER.name} failed (exit {p.returncode}): {(p.stdout + p.stderr).strip()[-2000:]}")
-    return json.loads(out.read_text())
+    from calibrate.host_step import run_vllm_script
+    args = [out, "--model", model] + (["--scenarios", scenarios] if scenarios else [])
+    return run_vllm_script(vllm_python, DRIVER, args, out, FrontendHttpError, timeout=timeout)
 
 
 def build_model_dir(dest: Path) -> Path:

@@ -199,25 +199,30 @@ def build_tokenizer(dest: Path) -> Path:
     return dest
 
 
+def run_vllm_script(vllm_python: str, script: Path, args: list[str], out: Path, error: type[Exception] = None,
+                    extra_env: dict | None = None, timeout: float = 3600.0) -> dict:
+    """Run ``script`` (a driver that never imports rksim) in vLLM's venv with ``args``; the JSON it wrote to ``out``,
+    parsed. A missing venv or a failed run raises ``error`` (default :class:`HostStepError`) naming it."""
+    error = error or HostStepError
+    if not Path(vllm_python).exists():
+        raise error(f"--vllm-python: {vllm_python} does not exist "
+                    f"(python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm==0.33.0)")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           **(extra_env or {})}
+    p = subprocess.run([str(vllm_python), str(script), *map(str, args)], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    if p.returncode != 0:
+        raise error(f"{script.name} failed (exit {p.returncode}): {(p.stdout + p.stderr).strip()[-2000:]}")
+    with open(out) as f:
+        return json.load(f)
+
+
 def run_driver(vllm_python: str, out: Path, tokenizer: Path | None, text: Path | None,
                extra: list[str] | None = None, timeout: float = 3600.0) -> dict:
     """Run the driver in vLLM's venv; its JSON output, parsed."""
-    if not Path(vllm_python).exists():
-        raise HostStepError(f"--vllm-python: {vllm_python} does not exist "
-                            f"(python3 -m venv .venv-vllm && .venv-vllm/bin/pip install vllm==0.33.0)")
-    cmd = [str(vllm_python), str(DRIVER), str(out)]
-    if tokenizer is not None:
-        cmd += ["--tokenizer", str(tokenizer)]
-    if text is not None:
-        cmd += ["--text", str(text)]
-    cmd += list(extra or [])
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR",
-           "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    if p.returncode != 0:
-        raise HostStepError(f"{DRIVER.name} failed (exit {p.returncode}): {p.stderr.strip()[-2000:]}")
-    with open(out) as f:
-        return json.load(f)
+    args = [out] + (["--tokenizer", tokenizer] if tokenizer is not None else []) + (
+        ["--text", text] if text is not None else []) + list(extra or [])
+    return run_vllm_script(vllm_python, DRIVER, args, out, extra_env={"VLLM_LOGGING_LEVEL": "ERROR"}, timeout=timeout)
 
 
 def assemble(meas: dict, fingerprint: dict, bench_s: float, date: str) -> dict:

@@ -93,3 +93,11 @@ def test_driver_serves_through_vllms_own_server(tmp_path):
     rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["ttft-64"]["ttft_median_ms"] > 0 and rows["ttft-64"]["server_cpu_s"] >= 0
     assert rows["stream-8"]["chunks_per_request"] >= 7   # a 3 ms step: one chunk per token
+
+
+def test_a_missing_vllm_venv_is_refused_by_the_flag(tmp_path):
+    """Without vLLM's venv the run stops before anything is written, naming the flag and how to build the venv."""
+    from calibrate.frontend_http import run_driver
+    with pytest.raises(FrontendHttpError, match="--vllm-python: .* does not exist .*pip install vllm"):
+        run_driver(str(tmp_path / "no-python"), tmp_path / "m.json", tmp_path, None)
+    assert not (tmp_path / "m.json").exists()
