@@ -218,20 +218,21 @@ class _GeneralDecode(BlockManager):
 @settings(max_examples=80, deadline=None)
 @given(groups=st.sampled_from([(2, 1, 8), (1, 1, 5), (1, 2, 12), (2, 0, 0), (1, 3, 4)]),
        ops=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 14), st.integers(0, 9), st.booleans(),
-                              st.integers(0, 2)), min_size=1, max_size=25),
+                              st.integers(0, 2), st.one_of(st.none(), st.integers(0, 6))), min_size=1, max_size=25),
        num_blocks=st.integers(6, 40))
 def test_a_hybrid_caches_decode_step_allocates_as_allocate_does(groups, ops, num_blocks):
     """``allocate_one`` on a hybrid cache (full and sliding-window groups in one pool): the same answers, block
     tables, other groups' blocks, releases, keys, victims and peak as ``allocate(req, 1)``, under pool pressure (a
-    step that does not fit changes nothing), with ``key=False`` too (a hybrid cache keys what fills)."""
+    step that does not fit changes nothing), with ``key=False`` too (a hybrid cache keys what fills), and for
+    token-evicted requests (``kv_cap``: the full groups capped, the window groups counting every token)."""
     managers = [BlockManager(num_blocks, 4, log_evictions=True), _GeneralDecode(num_blocks, 4, log_evictions=True)]
     seen = [[], []]
     for i, m in enumerate(managers):
         m.set_kv_groups(*groups)
         live = []
-        for n, (prefix, length, steps, key, release) in enumerate(ops):
+        for n, (prefix, length, steps, key, release, cap) in enumerate(ops):
             toks = [prefix * 100 + j for j in range(length)]
-            r = _req(f"r{n}", toks, out=steps + 1)
+            r = _req(f"r{n}", toks, out=steps + 1, kv_cap=None if cap is None else length + cap)
             blocks, hit = m.find_cached(r)
             if m.allocate(r, r.num_tokens - hit, blocks, hit):
                 r.num_computed_tokens = r.num_tokens

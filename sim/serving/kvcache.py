@@ -355,18 +355,21 @@ class BlockManager:
                 if key and self.caching and req.cacheable:
                     self._register(req, blks, tokens // bs)
                 return True
-        elif blks is not None and req.kv_cap is None:
+        elif blks is not None:
             return self._allocate_one_groups(req, blks)
         return self.allocate(req, 1)
 
     def _allocate_one_groups(self, req, blks: list) -> bool:
-        """:meth:`allocate` of one token of a hybrid cache's request holding blocks (no hit, no cap): its checks,
-        takes, releases and keys (whatever ``key`` says) without its general bookkeeping."""
+        """:meth:`allocate` of one token of a hybrid cache's request holding blocks (no hit): its checks, takes,
+        releases and keys (whatever ``key`` says) without its general bookkeeping. A token-evicted request (``kv_cap``)
+        holds at most its cap in its full groups and counts every token in its window groups, as
+        :meth:`_total_blocks` and :meth:`_extra_blocks` size it."""
         bs, c = self.block_size, int(req.num_computed_tokens)
-        nb = -(-(c + 1) // bs)
+        cap = req.kv_cap
+        nb = -(-(c + 1 if cap is None or c + 1 <= cap else int(cap)) // bs)
         rid = req.req_id
         ext = self._extra.setdefault(rid, [])
-        want = group_blocks(self.kv_groups, bs, nb, c)
+        want = group_blocks(self.kv_groups, bs, nb, c, nb_sw=None if cap is None else -(-(c + 1) // bs))
         new = nb - len(blks) if nb > len(blks) else 0
         if new + (want - len(ext) if want > len(ext) else 0) > self.n_clean + len(self._evictable):
             return False
