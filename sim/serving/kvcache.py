@@ -360,12 +360,9 @@ class BlockManager:
         return self.allocate(req, 1)
 
     def _allocate_one_groups(self, req, blks: list) -> bool:
-        """:meth:`allocate` of one token of a hybrid cache's request holding blocks (no hit): its checks, takes,
-        releases and keys (whatever ``key`` says) without its general bookkeeping. A token-evicted request (``kv_cap``)
-        holds at most its cap in its full groups and counts every token in its window groups, as
-        :meth:`_total_blocks` and :meth:`_extra_blocks` size it."""
-        bs, c = self.block_size, int(req.num_computed_tokens)
-        cap = req.kv_cap
+        """:meth:`allocate` of one token of a hybrid cache's request holding blocks (no hit) without its bookkeeping;
+        a ``kv_cap`` request's full groups hold its cap, its window groups every token (as ``_extra_blocks``)."""
+        bs, c, cap = self.block_size, int(req.num_computed_tokens), req.kv_cap
         nb = -(-(c + 1 if cap is None or c + 1 <= cap else int(cap)) // bs)
         rid = req.req_id
         ext = self._extra.setdefault(rid, [])
