@@ -264,7 +264,8 @@ def _register_serve(csub) -> None:
                    help="replay a saved serve run again (e.g. with another --hardware) without the model (default: run the model)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--save-result", action="store_true",
-                   help="also write the run as a vllm bench serve --save-detailed result (calibrate vllm-bench reads it)")
+                   help="also write the run as a vllm bench serve --save-detailed result (calibrate vllm-bench reads it, "
+                        "with --no-async-scheduling: this loop schedules each step after the last)")
     p.add_argument("--result-dir", default=None, metavar="DIR", help="folder of that file (default: the run folder)")
     p.add_argument("--result-filename", default="vllm-bench.json", metavar="FILE", help="its name")
     p.add_argument("--allow-other-host", action="store_true",
@@ -290,6 +291,9 @@ def _register_profile_fits(csub) -> None:
     p.add_argument("--block-size", default="16", metavar="T", help="the server's --block-size (default 16)")
     p.add_argument("--no-enable-prefix-caching", dest="prefix_caching", action="store_false",
                    help="the server ran without prefix caching")
+    p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
+                   help="the server ran without --async-scheduling: a sent request joins the next step, not the one "
+                        "after (default: on, vLLM's default)")
     p.add_argument("--kv-capacity-bytes", default=None, metavar="B",
                    help="the server's KV capacity in bytes (default: the device's, docs/simulator.md)")
     p.add_argument("--dtype", default=None, metavar="NAME",
@@ -345,7 +349,8 @@ def _cmd_vllm_bench(args) -> int:
     bs = number(args.block_size, "--block-size", lo=1, hi=4096, integer=True)
     tol = number(args.cluster_tol_ms, "--cluster-tol-ms", lo=0) / 1000.0
     out = fit_files(args.files, model, hw, max_num_seqs=mns, max_num_batched_tokens=mnbt, block_size=bs,
-                    prefix_caching=args.prefix_caching, holdout=ho, cluster_tol_s=tol, kv_capacity_bytes=kvb)
+                    prefix_caching=args.prefix_caching, holdout=ho, cluster_tol_s=tol, kv_capacity_bytes=kvb,
+                    async_scheduling=args.async_scheduling)
     if args.json:
         _print_json({k: v for k, v in out.items() if k not in ("profile", "fit_result")})
     else:

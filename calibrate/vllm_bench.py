@@ -121,13 +121,8 @@ def _clusters(times: np.ndarray, tol: float) -> np.ndarray:
     return out
 
 
-def iteration_table(bf: BenchFile, model, sched_cfg, kv_blocks: int, block_size: int = 16,
-                    prefix_caching: bool = True, cluster_tol_s: float = 1e-4) -> tuple[np.ndarray, np.ndarray, dict]:
-    """``(terms (len(TERM_NAMES), N), seconds (N,), info)`` of the measured iterations rksim's scheduler places."""
-    from sim.serving.kvcache import BlockManager
-    from sim.serving.scheduler import Request, Scheduler
-
-    n = len(bf.input_lens)
+def _measured_iterations(bf: BenchFile, cluster_tol_s: float) -> tuple[np.ndarray, list]:
+    """The measured iterations: each cluster's end time and the requests that sampled in it."""
     flat = np.concatenate(bf.token_times)
     owner = np.concatenate([np.full(len(t), i) for i, t in enumerate(bf.token_times)])
     cid = _clusters(flat, cluster_tol_s)
@@ -137,26 +132,44 @@ def iteration_table(bf: BenchFile, model, sched_cfg, kv_blocks: int, block_size:
     members = [set() for _ in range(ncl)]
     for i, c in zip(owner.tolist(), cid.tolist()):
         members[c].add(i)
-    kv = BlockManager(int(kv_blocks), int(block_size), caching=prefix_caching)
-    sched = Scheduler(sched_cfg, kv)
+    return ctime, members
+
+
+def iteration_table(bf: BenchFile, model, sched_cfg, kv_blocks: int, block_size: int = 16,
+                    prefix_caching: bool = True, cluster_tol_s: float = 1e-4,
+                    async_scheduling: bool = True) -> tuple[np.ndarray, np.ndarray, dict]:
+    """``(terms (len(TERM_NAMES), N), seconds (N,), info)`` of the measured iterations rksim's scheduler places.
+
+    ``async_scheduling`` (vLLM's default): a request sent while an iteration runs is scheduled a step later (the
+    engine's rule, :class:`sim.serving.intake.AsyncIntake`)."""
+    from sim.serving.intake import AsyncIntake
+    from sim.serving.kvcache import BlockManager
+    from sim.serving.scheduler import Request, Scheduler
+
+    n = len(bf.input_lens)
+    ctime, members = _measured_iterations(bf, cluster_tol_s)
+    ncl = len(ctime)
+    sched = Scheduler(sched_cfg, BlockManager(int(kv_blocks), int(block_size), caching=prefix_caching))
     order = np.argsort(bf.start, kind="stable")
-    nxt = 0
-    t = 0.0
-    k = 0
+    nxt = k = max_batch = matched = mismatched = unmeasured = 0
+    t, skip_next = 0.0, False
     cols, secs = [], []
-    matched = mismatched = unmeasured = 0
-    skip_next = False
-    max_batch = 0
+    intake = AsyncIntake() if async_scheduling else None
 
     def admit(now):
         nonlocal nxt
         while nxt < n and bf.start[order[nxt]] <= now + 1e-12:
             i = int(order[nxt])
-            sched.add(Request(i, int(bf.input_lens[i]), int(bf.output_lens[i]), data=i))
+            req = Request(i, int(bf.input_lens[i]), int(bf.output_lens[i]), data=i)
+            sched.add(req) if intake is None else intake.hold(req, float(bf.start[i]))
             nxt += 1
+        if intake is not None:
+            intake.release(now, sched)
 
     admit(t)
     while k < ncl:
+        if not sched.has_unfinished() and intake is not None and intake.held:
+            intake.release(t, sched, force=True)
         if not sched.has_unfinished():
             if nxt >= n:
                 break
@@ -186,6 +199,8 @@ def iteration_table(bf: BenchFile, model, sched_cfg, kv_blocks: int, block_size:
         elif sampled != members[k]:
             mismatched += 1
         skip_next = False
+        if intake is not None:
+            intake.began(t, end)
         t = end
         k += 1
         admit(t)
@@ -215,8 +230,9 @@ def _base(hw):
 def fit_files(files: list, model, hw, *, max_num_seqs=None, max_num_batched_tokens=None, block_size: int = 16,
               prefix_caching: bool = True, holdout: int | None = -1, cluster_tol_s: float = 1e-4,
               scheduler: str = "vllm-v1", gpu_memory_utilization: float = 0.9, kv_capacity_bytes=None,
-              roofline: str = "auto") -> dict:
-    """Fit ``hw``'s coefficients on ``files`` (all but ``holdout``), predict the held-out one.
+              roofline: str = "auto", async_scheduling: bool = True) -> dict:
+    """Fit ``hw``'s coefficients on ``files`` (all but ``holdout``), predict the held-out one (``async_scheduling``:
+    the servers', vLLM's default on: when a sent request is first scheduled, :func:`iteration_table`).
 
     Returns ``{"profile", "fit", "per_file", "holdout", "errors", "coefficients"}``.
     """
@@ -233,13 +249,14 @@ def fit_files(files: list, model, hw, *, max_num_seqs=None, max_num_batched_toke
                          policy=scheduler)
     sv = ServingConfig(scheduler=scheduler, max_num_seqs=sc.max_num_seqs, max_num_batched_tokens=sc.max_num_batched_tokens,
                        gpu_memory_utilization=gpu_memory_utilization, kv_capacity_bytes=kv_capacity_bytes,
-                       prefix_caching=prefix_caching)
+                       prefix_caching=prefix_caching, no_async_scheduling=not async_scheduling)
     blocks = capacity_blocks(kv_capacity(model, hw, sv)["kv_capacity_bytes"], block_size, model.kv_bytes_per_token)
     ho = None
     if holdout is not None and len(bfs) >= 2:
         ho = holdout % len(bfs)
     fit_idx = [i for i in range(len(bfs)) if i != ho]
-    tabs = [iteration_table(bfs[i], model, sc, blocks, block_size, prefix_caching, cluster_tol_s) for i in fit_idx]
+    tabs = [iteration_table(bfs[i], model, sc, blocks, block_size, prefix_caching, cluster_tol_s, async_scheduling)
+            for i in fit_idx]
     A = np.concatenate([t[0] for t in tabs], axis=1)
     y = np.concatenate([t[1] for t in tabs])
     res = fit_profile(_base(hw), A, y, roofline=roofline)
@@ -296,6 +313,11 @@ def _measured(bf: BenchFile) -> dict:
 def predict_file(bf: BenchFile, model, hw, serving, block_size: int = 16) -> dict:
     """Simulate the benchmark of ``bf`` (its lengths, due times and concurrency) on ``hw``."""
     from sim.bench import plain
+    from sim.cost.overheads import HostStepCost
+    if not serving.no_async_scheduling and hw.host_step is None:
+        # an async server's engine core scheduled one step ahead (sim.serving.intake, which runs where a host_step
+        # is): the fitted profile holds its host time, so the steps gain nothing (max(g + 0, 0) = g)
+        hw = dataclasses.replace(hw, host_step=HostStepCost(base_s=0.0, source="in the end-to-end fit"))
     wl = plain.PlainWorkload(bf.input_lens, bf.output_lens, 0, bf.path)
     r = plain.run(model, hw, wl, serving=serving, block_size=block_size, arrivals=bf.scheduled,
                   max_concurrency=bf.max_concurrency)

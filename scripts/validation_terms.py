@@ -3,7 +3,8 @@
     python scripts/validation_terms.py [--figures docs/validation/published-figures.yaml] [--out docs/validation]
 
 Columns, cumulative: kernels with every tensor-parallel all-reduce by NCCL; + vLLM's custom all-reduce on
-NVLink nodes; + host time per engine step; + front-end time (= what ``rksim validate`` ships). Per metric
+NVLink nodes; + host time per engine step (with it, under async scheduling, the engine core's one-step-ahead
+schedule: :mod:`sim.serving.intake`); + front-end time (= what ``rksim validate`` ships). Per metric
 family the median ratio (prediction / published) and the median |ratio - 1| of the figures priced in every
 column. Writes ``terms.json`` and ``terms.md`` atomically (the figures are checks: nothing here is fitted).
 """

@@ -49,7 +49,7 @@ def test_a_real_cpu_serving_run_is_read_placed_and_fitted(tmp_path):
     out = vb.fit_files([f], m, load_hardware("local-cpu"), max_num_seqs=cfg.max_num_seqs,
                        max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size,
                        prefix_caching=False, kv_capacity_bytes=cfg.capacity_tokens * m.kv_bytes_per_token,
-                       holdout=None)
+                       holdout=None, async_scheduling=False)   # the real loop schedules each step after the last
     pf = out["per_file"][0]
     # rksim's scheduler, given only the file, places every measured iteration the real loop ran
     assert pf["mismatched"] == 0 and pf["matched"] + pf["unmeasured"] >= len(rows) - pf["unmeasured"]

@@ -59,10 +59,13 @@ def test_70b_on_one_h100_refused_naming_tp2_and_runs_at_tp2(capsys):
 
 
 def test_pipeline_parallel_serves_priced_by_stages(capsys):
+    # sync scheduling on both: async scheduling's intake lag (sim.serving.intake) applies at PP 1 only, and would
+    # move the batches this compares
     a = _json(capsys, ["simulate", "--policy", "exact-prefix", "--mode", "serving", "--model-preset", "llama-3-70b",
-                       *H100, "--tensor-parallel-size", "2", "--json"])
+                       *H100, "--tensor-parallel-size", "2", "--no-async-scheduling", "--json"])
     b = _json(capsys, ["simulate", "--policy", "exact-prefix", "--mode", "serving", "--model-preset", "llama-3-70b",
-                       *H100, "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2", "--json"])
+                       *H100, "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2", "--no-async-scheduling",
+                       "--json"])
     assert b["pipeline_parallel_size"] == 2 and b["gpus"] == 4
     # a decode step still passes through both stages in turn and adds the send/recv: never faster per step
     # (overlap helps only when the token budget splits the running requests into several batches)

@@ -232,10 +232,23 @@ def test_admissions_inside_windows(rate, prefix, blocks):
     does not fit after the admitted ones, preemptions)."""
     wl = plain.random_workload(120, 200, 120, 0.5, prefix, 4)
     sv = ServingConfig(kv_capacity_bytes=None if blocks is None else _kv_bytes(blocks, 16))
-    pair = _both(wl, HW["h100-sxm"], request_rate=rate, seed=4, serving=sv)
+    # sync scheduling: under async scheduling each arrival's held-back step is stepped (sim.serving.intake; the
+    # test below), which this count of window steps would mix in
+    pair = _both(wl, HW["h100-sxm"], request_rate=rate, seed=4, serving=sv, async_scheduling=False)
     ff = _check(pair)
     (_, _, xa, _), _ = pair
     assert ff.admissions > 30 and ff.steps > 0.8 * xa.iterations
+
+
+def test_async_intake_steps_one_step_per_held_arrival_and_windows_the_rest():
+    """Async scheduling (the default) holds each arrival under load back a step (sim.serving.intake): that step is
+    stepped, every other step can be a window's, and every figure equals the stepped run's."""
+    wl = plain.random_workload(120, 200, 120, 0.5, 0, 4)
+    pair = _both(wl, HW["h100-sxm"], request_rate=30.0, seed=4, serving=ServingConfig())
+    ff = _check(pair)
+    (_, fast_eng, xa, _), _ = pair
+    assert fast_eng._intake is not None and not fast_eng._intake.held
+    assert ff.admissions > 30 and ff.steps + 120 >= 0.95 * xa.iterations and ff.steps > 0.5 * xa.iterations
 
 
 @pytest.mark.parametrize("tokens,prefix,blocks,caching", [(512, 0, None, True), (300, 48, None, True),
@@ -248,7 +261,7 @@ def test_chunked_prefills_past_the_knee_take_windows(tokens, prefix, blocks, cac
     wl = plain.random_workload(160, 260, 40, 0.5, prefix, 7)
     sv = ServingConfig(max_num_batched_tokens=tokens, prefix_caching=caching,
                        kv_capacity_bytes=None if blocks is None else _kv_bytes(blocks, 16))
-    pair = _both(wl, HW["h100-sxm"], request_rate=400.0, seed=7, serving=sv)
+    pair = _both(wl, HW["h100-sxm"], request_rate=400.0, seed=7, serving=sv, async_scheduling=False)  # as above
     ff = _check(pair)
     (_, _, xa, _), _ = pair
     assert ff.tails > 10 and ff.open_ends > 10 and ff.steps > 0.8 * xa.iterations, (ff.tails, ff.open_ends,
@@ -289,7 +302,7 @@ def test_members_carried_between_windows_are_written_where_they_leave_or_the_cha
         monkeypatch.setattr(Members, "valid", lambda self, eng: False)
     wl = plain.random_workload(150, 200, 150, 0.5, 0, 6)
     pair = _both(wl, HW["h100-sxm"], request_rate=40.0, seed=6, serving=ServingConfig(kv_capacity_bytes=_kv_bytes(
-        700, 16)))
+        700, 16)), async_scheduling=False)   # sync: a held arrival's stepped step ends a chain (sim.serving.intake)
     ff = _check(pair)
     (_, _, xa, _), _ = pair
     assert xa.stats["preemptions"] > 0 and ff.steps > 0.8 * xa.iterations

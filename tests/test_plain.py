@@ -383,7 +383,7 @@ def syn_files(tmp_path_factory):
 def test_calibrate_vllm_bench_recovers_a_known_profile(syn_files):
     from calibrate import vllm_bench as vb
     m, base = load_model("llama-3-8b"), load_hardware("h100-sxm")
-    out = vb.fit_files(syn_files, m, base)
+    out = vb.fit_files(syn_files, m, base, async_scheduling=False)   # the files' server: no host_step, sync intake
     c = out["coefficients"]
     for k, v in TRUE.items():
         assert c[k] == pytest.approx(v, rel=0.05), (k, c[k])
@@ -396,10 +396,37 @@ def test_calibrate_vllm_bench_recovers_a_known_profile(syn_files):
         assert abs(out["errors"][k]) < 0.05, (k, out["errors"][k])
 
 
+def test_calibrate_vllm_bench_replays_an_async_servers_sends_a_step_later(tmp_path):
+    """Files from a server under async scheduling (arrivals first scheduled a step later, sim.serving.intake): the
+    fitter's replay takes them by the same rule (the default) and recovers the profile; replayed as sync, the
+    iterations it places do not match the measured ones."""
+    from calibrate import vllm_bench as vb
+    from sim.cost.overheads import HostStepCost
+    m = load_model("llama-3-8b")
+    true_hw = dataclasses.replace(load_hardware("h100-sxm"), per_layer_s=0.0, host_per_iter_s=0.0,
+                                  sample_s_per_vocab=0.0, sm_count=None, host_step=HostStepCost(base_s=0.0),
+                                  frontend=None, **TRUE)
+    files = []
+    for j, (rate, conc, il, ol) in enumerate([(1.5, None, 800, 32), (10.0, 16, 1500, 12)]):
+        wl = plain.random_workload(30, il, ol, 0.5, 0, seed=j)
+        r = plain.run(m, true_hw, wl, request_rate=rate, max_concurrency=conc, seed=j,
+                      serving=ServingConfig(enforce_eager=True))
+        f = tmp_path / f"async{j}.json"
+        f.write_text(json.dumps(plain.serve_result(r, request_rate=rate, max_concurrency=conc)))
+        files.append(f)
+    out = vb.fit_files(files, m, load_hardware("h100-sxm"))
+    for k, v in TRUE.items():
+        assert out["coefficients"][k] == pytest.approx(v, rel=0.05), k
+    assert all(f["mismatched"] == 0 for f in out["per_file"])
+    assert abs(out["errors"]["median_ttft_ms"]) < 0.05
+    sync = vb.fit_files(files, m, load_hardware("h100-sxm"), async_scheduling=False)
+    assert sum(f["mismatched"] for f in sync["per_file"]) > 0
+
+
 def test_calibrate_vllm_bench_cli_writes_a_loadable_preset(syn_files, tmp_path, capsys):
     preset = tmp_path / "fit.yaml"
     assert main(["calibrate", "vllm-bench", *map(str, syn_files[:2]), "--model-preset", "llama-3-8b", "--hardware",
-                 "h100-sxm", "--out", str(preset)]) == 0
+                 "h100-sxm", "--no-async-scheduling", "--out", str(preset)]) == 0
     text = capsys.readouterr().out
     assert "held-out file" in text and "eff_m 0.61" in text
     hw = load_hardware(str(preset))

@@ -1,36 +1,23 @@
 """The discrete-event simulator (simpy): problems arrive, a vLLM-style scheduler batches them.
 
-* Problems arrive closed-loop (``concurrency`` users, each submitting its next
-  problem when the previous one is answered; ``concurrency = 1`` is isolated
-  mode), as a seeded Poisson process (``arrival_rate`` problems/s), or at
-  given times (``arrival_times``, in submission order) through at most
-  ``max_concurrency`` outstanding problems, FIFO (``vllm bench serve``'s
-  semaphore: a problem is *sent*, and its latencies start, when it gets a slot).
-* Every branch is a :class:`sim.serving.scheduler.Request` of the one scheduler
-  (:mod:`sim.serving.scheduler`, the module a real runner calls too): its prompt, then
-  ``gen_b`` sampled tokens. A branch enters the scheduler once its ASKS gate
-  pass (its own request, no cached KV) finished and its KV source produced its
-  first token (``Job.source``), so exact-prefix sharing comes from the block
-  manager's hash chain (:mod:`sim.serving.kvcache`: blocks keyed by their tokens and
-  their parents', shared across branches and problems); an ASKS-shared branch
-  carries its root's block contents and takes the whole cached prompt
-  (zero-copy fork), copying the partial last block.
-* Verification (unless CGEE skipped it) starts when every branch of the
-  problem is done: with ``verify_reuses_kv`` the branch's request was held
-  (KV referenced) and is extended by the verification prompt; else each pass
-  is a new request computed from scratch.
-* The accelerator is one process: ``schedule()`` → price the iteration with
-  :class:`sim.cost.terms.ScalarCost` → advance time → ``update()``. KV memory is the
-  scheduler's :class:`sim.serving.kvcache.BlockManager`: admission waits for free
-  blocks, a running request that needs a block preempts the newest (recompute),
-  nothing ever fails for lack of memory unless one request alone cannot fit
-  (:class:`CapacityError`).
+* Problems arrive closed-loop (``concurrency`` users; 1 is isolated mode), as a seeded Poisson process
+  (``arrival_rate``), or at given times (``arrival_times``) through at most ``max_concurrency`` outstanding problems,
+  FIFO (``vllm bench serve``'s semaphore: a problem is *sent*, and its latencies start, when it gets a slot).
+* Every branch is a :class:`sim.serving.scheduler.Request` of the one scheduler (the module a real runner calls
+  too): its prompt, then ``gen_b`` sampled tokens. A branch enters once its ASKS gate pass (its own request, no
+  cached KV) finished and its KV source produced its first token (``Job.source``); exact-prefix sharing comes from
+  the block manager's hash chain (:mod:`sim.serving.kvcache`); an ASKS-shared branch carries its root's block
+  contents and takes the whole cached prompt (zero-copy fork), copying the partial last block.
+* Verification (unless CGEE skipped it) starts when every branch is done: with ``verify_reuses_kv`` the branch's
+  request was held (KV referenced) and is extended by the verification prompt; else each pass is a new request.
+* The accelerator is one process: ``schedule()`` -> price the iteration (:class:`sim.cost.terms.ScalarCost`) ->
+  advance time -> ``update()``. Admission waits for free blocks, a running request that needs a block preempts the
+  newest (recompute); nothing fails for lack of memory unless one request alone cannot fit (:class:`CapacityError`).
+  With async scheduling an arrival is held back to the schedule that sees it (:mod:`sim.serving.intake`).
 
-Iteration time is split among its items in proportion to their stand-alone
-times, or equally in a pure decode iteration, for per-problem phases.
-RSBCM's block scores are set when they become known (``score_at``): a branch's
-generation confidence when it finishes, the vote share when all branches
-finished, the verification score when it is verified.
+Iteration time is split among its items in proportion to their stand-alone times, or equally in a pure decode
+iteration, for per-problem phases. RSBCM's block scores are set when they become known (``score_at``): a branch's
+generation confidence when it finishes, the vote share when all finished, the verification score when verified.
 """
 from __future__ import annotations
 
@@ -45,6 +32,7 @@ from sim.cost.pricing import StepPricer, attribution, equal_shares
 from sim.cost.terms import ScalarCost, with_shared
 from sim.serving.fleet_clock import StepTimeout
 from sim.serving.fastforward import token_times
+from sim.serving.intake import AsyncIntake
 from sim.serving.kvcache import UNLIMITED, BlockManager, group_blocks
 from sim.serving.kvshare import shared_tokens
 from sim.serving.lifecycle import ProblemLifecycle
@@ -77,37 +65,27 @@ class Engine(ProblemLifecycle):
     jobs : list of (pos, Job)
     concurrency, arrival_rate : closed loop users, or Poisson arrivals (problems/s)
     scheduler : SchedulerConfig (default: prefill-first, no token/sequence cap = isolated batching)
-    kv_blocks : int, optional
-        KV capacity in blocks (None: unlimited).
+    kv_blocks : int, optional -- KV capacity in blocks (None: unlimited)
     block_policy : block policy of :mod:`policies.blocks` (default LRU)
-    caching : bool
-        Prefix caching (False for No-KV: nothing is reused, not even within a problem).
-    prompt_ids : list, optional
-        Per job, per branch, the token ids its KV holds (an ASKS-shared branch: its root's).
-    score_at : {"generation", "branches", "verification"}
-        When a branch's ``Job.score`` becomes known to the block policy.
-    per_problem_timeline : bool
-        Record each problem's KV after every iteration it took part in (isolated mode).
+    caching : bool -- prefix caching (False for No-KV: nothing is reused, not even within a problem)
+    prompt_ids : list, optional -- per job, per branch, the token ids its KV holds (ASKS-shared: its root's)
+    score_at : {"generation", "branches", "verification"} -- when ``Job.score`` becomes known to the block policy
+    per_problem_timeline : bool -- record each problem's KV after every iteration it took part in (isolated mode)
     arrival_times : sequence of float, optional
         Arrival time of each job (seconds, submission order); replaces ``concurrency`` /
         ``arrival_rate``. With ``max_concurrency`` at most that many are outstanding; the
         others wait FIFO and arrive (are sent) when a slot frees.
-    record_token_times : bool
-        Record the time of every sampled token of every branch (``token_times`` of the records).
+    record_token_times : bool -- record the time of every sampled token of every branch (the records' ``token_times``)
     cost : optional
         Prices an iteration (``seconds(items)``); default :class:`sim.cost.terms.ScalarCost` of ``model`` on ``hw``.
         A :class:`sim.cost.parallel.ParallelCost` with ``pp > 1`` and ``pipeline_schedule == "overlapped"`` runs
         vLLM's pipeline: the next batch is formed as soon as stage 0 is free and fewer than PP batches are
         in flight, from requests in no in-flight batch (module docstring).
-    record_pipeline : bool
-        With PP > 1, record every batch's formation time, stage seconds, stage ends and request ids
-        (``pp_batches``; ``EngineResult.pipeline["batches"]``).
+    record_pipeline : bool -- PP > 1: every batch's formation, stage seconds and ends, request ids (``pp_batches``)
     on_step : callable, optional
         Called with a :class:`StepRecord` after every iteration's scheduler update (an observer: it decides
         nothing). With one, the engine steps every iteration (no fast-forward window skips one).
-    log_evictions : bool
-        Keep every evicted block's key in order (``kv.evicted_log``); off, the block manager keeps only the
-        last, so memory does not grow with a long run's evictions.
+    log_evictions : bool -- keep every evicted block's key in order (``kv.evicted_log``); off, only the last
     fleet : bool
         A replica on a :class:`sim.serving.fleet_clock.FleetClock` whose answers only lower its router's counts: its
         windows run to the next event no engine made and answer requests (:mod:`sim.serving.fastforward`).
@@ -191,6 +169,12 @@ class Engine(ProblemLifecycle):
         self.on_step = on_step
         self._ff = (FastForward(self) if fast_forward and on_step is None and FastForward.supports(self)
                     else None)
+        self._intake, self._arriving = self._make_intake(), False
+
+    def _make_intake(self):
+        """Arrivals held back a step under async scheduling (:mod:`sim.serving.intake`) where a host_step is priced."""
+        on = self.async_scheduling and self.host_step is not None and self.pp_stages == 1
+        return AsyncIntake() if on else None
 
     def _next_event(self):
         """The reader of the next event a step's schedule can see: the clock's next (one engine: its own step has no
@@ -215,9 +199,14 @@ class Engine(ProblemLifecycle):
 
     # ------------------------------------------------------------------ requests
     def _add(self, req: Request) -> None:
-        self.sched.add(req)
+        self._intake.hold(req, self.env.now) if self._arriving else self.sched.add(req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def _arrive(self, p, user_done=None) -> None:
+        self._arriving = self._intake is not None   # its requests wait for the schedule that sees them
+        super()._arrive(p, user_done)
+        self._arriving = False
 
     # ------------------------------------------------------------------ pricing (sim.cost.pricing.StepPricer)
     def _price(self, it):
@@ -260,22 +249,31 @@ class Engine(ProblemLifecycle):
 
     def _accelerator(self):
         env, sched, kv, cost = self.env, self.sched, self.kv, self.cost
+        intake = self._intake
         while True:
-            if not sched.has_unfinished():
+            if not sched.has_unfinished() and not (intake and intake.held):
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
             yield from self._settle()  # every arrival at this instant is queued before the batch forms
-            if self._ff is not None:
+            held = intake is not None and intake.release(env.now, sched)
+            if held and self._ff is not None:
+                self._ff.flush()   # this step is stepped: the carried members' objects first
+            elif self._ff is not None:
                 ds = self._ff.advance()   # a quiet decode window, applied; its end is the next step's start
                 if ds is not None:
                     for d in ds:
                         yield StepTimeout(env, d)
+                    if intake is not None:
+                        intake.began(self._ff.last_start, env.now)
                     continue
             out = sched.schedule()
             items = out.items
             nrun = len(sched.running)
             if not items:
+                if held:
+                    intake.release(env.now, sched, force=True)
+                    continue
                 if sched.waiting and not sched.running:
                     raise self._no_fit(sched.waiting[0], kv)
                 if sched.has_unfinished():
@@ -295,6 +293,8 @@ class Engine(ProblemLifecycle):
             else:
                 dt = self._stepped(cost.seconds(tup) + self.pricer.extra_dt)
             self._admitted(items, env.now)
+            if intake is not None:
+                intake.began(env.now, env.now + dt)
             if dt > 0:
                 yield StepTimeout(env, dt)
             self.busy += dt

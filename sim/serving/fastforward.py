@@ -490,4 +490,5 @@ class FastForward:
         if w.blocked:
             self._blocked = (w.t_end, w.t_next, self.eng.sched.iterations)
         self._carry = w.carry
+        self.last_start = float(res[0][-2])   # the window's last step's start (sim.serving.intake reads it)
         return exact_delays(w.now, *res)
