@@ -240,15 +240,16 @@ def test_admissions_inside_windows(rate, prefix, blocks):
     assert ff.admissions > 30 and ff.steps > 0.8 * xa.iterations
 
 
-def test_async_intake_steps_one_step_per_held_arrival_and_windows_the_rest():
-    """Async scheduling (the default) holds each arrival under load back a step (sim.serving.intake): that step is
-    stepped, every other step can be a window's, and every figure equals the stepped run's."""
+def test_async_intake_takes_a_held_arrivals_step_as_a_one_step_window():
+    """Async scheduling (the default) holds each arrival under load back a step (sim.serving.intake): that step is a
+    window of one step (``FastForward.cap``), the held request admitted in the next window's first step; every
+    figure equals the stepped run's."""
     wl = plain.random_workload(120, 200, 120, 0.5, 0, 4)
     pair = _both(wl, HW["h100-sxm"], request_rate=30.0, seed=4, serving=ServingConfig())
     ff = _check(pair)
     (_, fast_eng, xa, _), _ = pair
     assert fast_eng._intake is not None and not fast_eng._intake.held
-    assert ff.admissions > 30 and ff.steps + 120 >= 0.95 * xa.iterations and ff.steps > 0.5 * xa.iterations
+    assert ff.admissions > 30 and ff.steps > 0.95 * xa.iterations
 
 
 @pytest.mark.parametrize("tokens,prefix,blocks,caching", [(512, 0, None, True), (300, 48, None, True),

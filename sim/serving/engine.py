@@ -257,9 +257,8 @@ class Engine(ProblemLifecycle):
                 self._wake = None
             yield from self._settle()  # every arrival at this instant is queued before the batch forms
             held = intake is not None and intake.release(env.now, sched)
-            if held and self._ff is not None:
-                self._ff.flush()   # this step is stepped: the carried members' objects first
-            elif self._ff is not None:
+            if self._ff is not None:
+                self._ff.cap = 1 if held else None   # a held arrival is seen at the next step: a one-step window
                 ds = self._ff.advance()   # a quiet decode window, applied; its end is the next step's start
                 if ds is not None:
                     for d in ds:

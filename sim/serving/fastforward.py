@@ -166,6 +166,7 @@ class FastForward:
         self.eng = eng
         self.min_steps = int(min_steps)
         self.max_steps = int(max_steps)
+        self.cap = None           # at most this many steps in the next window (one: an arrival held back a step)
         self.chunk = int(chunk)   # block events are generated this many steps at a time
         self.windows = 0          # windows applied
         self.steps = 0            # steps they covered
@@ -310,7 +311,7 @@ class FastForward:
         ud = m.ud[len(m.R) - len(reqs):]
         if ud.any() and not self.eng.fleet:             # its answer wakes a waiting user: stepped
             kcap = min(kcap, int(fin[ud].min()) - 1)
-        if kcap < self.min_steps:
+        if kcap < self._min():
             return None
         gh = (-c) % bs
         gh = np.where(gh == 0, bs, gh)
@@ -342,6 +343,10 @@ class FastForward:
         if out is None and carry is not None:
             carry.flush(self.eng, self.times)
         return out
+
+    def _min(self) -> int:
+        """The shortest window taken: ``min_steps``, or one step where the window is capped (``cap``)."""
+        return self.min_steps if self.cap is None else min(self.min_steps, self.cap)
 
     def flush(self) -> None:
         """Write the carried members' lengths and figures onto their objects (before anything else reads them)."""
@@ -392,10 +397,10 @@ class FastForward:
         m = carry if carry is not None else self._members(list(running if tail is None else running[:-1]))
         if m is None:
             return None
-        kcap = self.max_steps
+        kcap = self.max_steps if self.cap is None else min(self.max_steps, self.cap)
         if m.ud.any() and not eng.fleet:      # an answer that wakes a waiting user: stepped (a fleet's: Window)
             kcap = min(kcap, int(m.fin[m.ud].min()) - 1)
-        if kcap < self.min_steps:
+        if kcap < self._min():
             return None
         c0, bs = m.c0, kv.block_size
         f = m.nb * bs - c0 + 1                # first step at which request i opens a block
