@@ -168,8 +168,6 @@ def iteration_table(bf: BenchFile, model, sched_cfg, kv_blocks: int, block_size:
 
     admit(t)
     while k < ncl:
-        if not sched.has_unfinished() and intake is not None and intake.held:
-            intake.release(t, sched, force=True)
         if not sched.has_unfinished():
             if nxt >= n:
                 break

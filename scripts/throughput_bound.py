@@ -30,7 +30,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sim.cost.profiles import load_model  # noqa: E402
+from sim.cost.profiles import load_hardware, load_model  # noqa: E402
 
 FIGURES = ROOT / "docs" / "validation" / "published-figures.yaml"
 IDS = ("trtllm-h100-fp8-llama3.1-8b-throughput-1000-1000", "trtllm-h200-fp8-llama3.1-8b-throughput-1000-1000",
@@ -39,9 +39,8 @@ IDS = ("trtllm-h100-fp8-llama3.1-8b-throughput-1000-1000", "trtllm-h200-fp8-llam
 
 def bound(model: str, hardware: str, tp: int, kv_elem_bytes: int, I: int = 1000, O: int = 1000) -> dict:
     """The bound (tokens/s) and the batch it assumes, for one run and one KV element size."""
-    m = load_model(model)
-    h = yaml.safe_load((ROOT / "sim" / "presets" / "hardware" / f"{hardware}.yaml").read_text())
-    bw, flops, cap = float(h["mem_bw"]) * tp, float(h["peak_flops_fp8"]) * tp, float(h["mem_capacity"]) * tp
+    m, h = load_model(model), load_hardware(hardware)
+    bw, flops, cap = h.mem_bw * tp, h.peak_flops_fp8 * tp, h.mem_capacity * tp
     lin, head = float(m.layers_params), float(m.lm_head_params)
     weight_bytes = lin + 2.0 * head
     kv_tok = 2 * m.n_layers * m.n_kv_heads * m.head_dim * kv_elem_bytes

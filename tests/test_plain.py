@@ -359,25 +359,32 @@ def test_bench_serve_deployment_flags_bad_values(capsys):
 TRUE = {"eff_c": 0.52, "eff_m": 0.61, "per_kernel_s": 7e-6}
 
 
-@pytest.fixture(scope="module")
-def syn_files(tmp_path_factory):
-    """Three vllm bench serve files written by rksim itself from a known profile (idle gaps, a burst, a cap)."""
-    d = tmp_path_factory.mktemp("syn")
+def _known_files(d: Path, cases, host_step=None, name="syn") -> list:
+    """vllm bench serve files written by rksim itself from a known profile (``TRUE``), one per ``(rate,
+    max_concurrency, input_len, output_len)``; ``host_step``: None, a sync-intake server, or a zero-cost one, an
+    async server (sim.serving.intake)."""
     m = load_model("llama-3-8b")
     # sm_count None: the fitter prices the plain per-operator roofline (calibrate.fit drops wave quantisation,
     # whose matrix shapes its terms do not carry), so the known profile is of that form
     true_hw = dataclasses.replace(load_hardware("h100-sxm"), per_layer_s=0.0, host_per_iter_s=0.0,
-                                  sample_s_per_vocab=0.0, sm_count=None, host_step=None, frontend=None, **TRUE)
+                                  sample_s_per_vocab=0.0, sm_count=None, host_step=host_step, frontend=None, **TRUE)
     files = []
-    for j, (rate, conc, il, ol) in enumerate([(1.5, None, 800, 32), (math.inf, 8, 400, 24), (10.0, 16, 1500, 12)]):
+    for j, (rate, conc, il, ol) in enumerate(cases):
         wl = plain.random_workload(30, il, ol, 0.5, 0, seed=j)
         # eager: calibrate.vllm_bench replays the files' iterations without CUDA-graph padding (sim.cost.graphs)
         r = plain.run(m, true_hw, wl, request_rate=rate, max_concurrency=conc, seed=j,
                       serving=ServingConfig(enforce_eager=True))
-        f = d / f"syn{j}.json"
+        f = d / f"{name}{j}.json"
         f.write_text(json.dumps(plain.serve_result(r, request_rate=rate, max_concurrency=conc)))
         files.append(f)
     return files
+
+
+@pytest.fixture(scope="module")
+def syn_files(tmp_path_factory):
+    """Three files from a known profile (idle gaps, a burst, a cap)."""
+    return _known_files(tmp_path_factory.mktemp("syn"),
+                        [(1.5, None, 800, 32), (math.inf, 8, 400, 24), (10.0, 16, 1500, 12)])
 
 
 def test_calibrate_vllm_bench_recovers_a_known_profile(syn_files):
@@ -403,17 +410,7 @@ def test_calibrate_vllm_bench_replays_an_async_servers_sends_a_step_later(tmp_pa
     from calibrate import vllm_bench as vb
     from sim.cost.overheads import HostStepCost
     m = load_model("llama-3-8b")
-    true_hw = dataclasses.replace(load_hardware("h100-sxm"), per_layer_s=0.0, host_per_iter_s=0.0,
-                                  sample_s_per_vocab=0.0, sm_count=None, host_step=HostStepCost(base_s=0.0),
-                                  frontend=None, **TRUE)
-    files = []
-    for j, (rate, conc, il, ol) in enumerate([(1.5, None, 800, 32), (10.0, 16, 1500, 12)]):
-        wl = plain.random_workload(30, il, ol, 0.5, 0, seed=j)
-        r = plain.run(m, true_hw, wl, request_rate=rate, max_concurrency=conc, seed=j,
-                      serving=ServingConfig(enforce_eager=True))
-        f = tmp_path / f"async{j}.json"
-        f.write_text(json.dumps(plain.serve_result(r, request_rate=rate, max_concurrency=conc)))
-        files.append(f)
+    files = _known_files(tmp_path, [(1.5, None, 800, 32), (10.0, 16, 1500, 12)], HostStepCost(base_s=0.0), "async")
     out = vb.fit_files(files, m, load_hardware("h100-sxm"))
     for k, v in TRUE.items():
         assert out["coefficients"][k] == pytest.approx(v, rel=0.05), k

@@ -18,7 +18,7 @@ def test_bound_by_hand_llama_3_8b_h100():
     """The formula in the module docstring, written out for one case: 1000/1000 on one H100, 2-byte KV."""
     from sim.cost.profiles import load_model
     m = load_model("llama-3-8b")
-    h = yaml.safe_load((ROOT / "sim/presets/hardware/h100-sxm.yaml").read_text())
+    h = yaml.safe_load((ROOT / "sim/presets/hardware/h100-sxm.yaml").read_text())   # the preset file, read apart
     lin, head = float(m.layers_params), float(m.lm_head_params)
     kv = 2 * 32 * 8 * 128 * 2                     # bytes a token, K and V, 32 layers, 8 heads of 128
     assert m.n_layers * m.n_kv_heads * m.head_dim * 2 * 2 == kv
