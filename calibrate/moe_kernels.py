@@ -56,23 +56,57 @@ _COLS = ("set", "source_url", "where", "device", "hardware", "model", "tp", "qua
 
 def load_rows(path=CSV) -> list[dict]:
     """The measurement rows, checked against the shape rksim holds for the named preset (E, k, d, N / TP)."""
-    from sim.cost.profiles import load_model
     p = Path(path)
     with p.open(newline="") as f:
         rd = csv.DictReader(f)
         if tuple(rd.fieldnames or ()) != _COLS:
             raise ValueError(f"{p}: columns must be {', '.join(_COLS)}; got {rd.fieldnames}")
         rows = list(rd)
-    for i, r in enumerate(rows):
+    for r in rows:
         for k in ("tp", "num_experts", "topk", "hidden_size", "config_n", "batch_size"):
             r[k] = int(r[k])
         r["kernel_us"] = float(r["kernel_us"])
+    _check_shapes(rows, p, first_line=2)
+    return rows
+
+
+def _check_shapes(rows: list[dict], where, first_line: int) -> None:
+    from sim.cost.profiles import load_model
+    for i, r in enumerate(rows):
         m = load_model(r["model"])
         want = (m.num_experts, m.experts_per_token, m.hidden_size, m.moe_intermediate_size // r["tp"])
         got = (r["num_experts"], r["topk"], r["hidden_size"], r["config_n"])
         if want != got:
-            raise ValueError(f"{p}: row {i + 2}: shape (E, k, d, N) {got} is not preset {r['model']}'s at TP "
-                             f"{r['tp']} {want}")
+            raise ValueError(f"{where}: row {i + first_line}: shape (E, k, d, N) {got} is not preset {r['model']}'s "
+                             f"at TP {r['tp']} {want}")
+
+
+# aiconfigurator's vLLM 0.24 MoE table (calibrate.aiconfigurator): gpt-oss's MXFP4 experts, one layer, TP 1. The H100's
+# rows only: the engine prices routed experts one product at a time (their own rate) only where a preset quantises
+# products into waves (sm_count: h100-sxm), so only there is this term the engine's; h200 (no sm_count) prices a
+# step's products as one roofline at the dense rate. The H200 rows are shipped as the same kernel's check (docs).
+AIC_MODELS = {32: "gpt-oss-20b", 128: "gpt-oss-120b"}
+AIC_HARDWARE = {"h100": "h100-sxm"}
+
+
+def aiconfigurator_rows() -> list[dict]:
+    """The shipped aiconfigurator MXFP4 MoE rows as measurement rows (one set per model and device), shape-checked."""
+    from . import aiconfigurator as aic
+    rows = []
+    for dev, hw in AIC_HARDWARE.items():
+        d = aic.load(dev, "moe")
+        for r in d.itertuples(index=False):
+            if r.moe_dtype != "w4a16_mxfp4" or int(r.num_experts) not in AIC_MODELS:
+                raise ValueError(f"{aic.csv_path(dev, 'moe')}: unexpected row ({r.moe_dtype}, E={r.num_experts})")
+            model = AIC_MODELS[int(r.num_experts)]
+            rows.append({"set": f"{model}-tp1-mxfp4-{dev}-aiconfigurator",
+                         "source_url": f"{aic.REPO} {aic.WHEEL}: {aic.TABLES['moe'][0].format(v=aic.VLLM)}",
+                         "where": f"kernel_source {aic.MXFP4_KERNEL}, distribution balanced, moe_tp 1, moe_ep 1",
+                         "device": aic.DEVICES[dev][1], "hardware": hw, "model": model, "tp": 1,
+                         "quantization": "mxfp4", "num_experts": int(r.num_experts), "topk": int(r.topk),
+                         "hidden_size": int(r.hidden_size), "config_n": int(r.inter_size),
+                         "batch_size": int(r.num_tokens), "kernel_us": float(r.latency) * 1e3})
+    _check_shapes(rows, aic.DATA, first_line=1)
     return rows
 
 
@@ -217,7 +251,7 @@ def _fitted_eff(fits: dict) -> dict:
 
 
 def table(path=CSV) -> dict:
-    rows = load_rows(path)
+    rows = load_rows(path) + aiconfigurator_rows()
     fits = fit(rows)
     pred = predict_rows(rows, _fitted_eff(fits))
     before = predict_rows(rows, dict.fromkeys(FORMAT_FIELD))   # the dense products' rate (no fitted fraction)
@@ -251,12 +285,12 @@ def render(preset: str, text: str, fits: dict) -> str:
                                                  f"{f['not_written']}")
         elif f["value"] is None:
             line = f"{field}: null".ljust(26) + f"# no public per-operator timing of {fmt} fused-MoE kernels on H100/H200 " \
-                                                 "in calibrate/data/moe: the dense products' rate applies"
+                                                 "in calibrate/data/{moe,aiconfigurator}: the dense products' rate applies"
         else:
             held = ", ".join(f"{h['set']} {h['median_abs_error']:.3f}" for h in f["held_out"]) or "none (one set)"
             line = (f"{field}: {f['value']:.4f}".ljust(26)
                     + f"# fitted (calibrate/moe_kernels.py): {fmt} fused-MoE grouped GEMMs on {len(f['sets'])} "
-                      f"per-operator set(s) of calibrate/data/moe ({', '.join(f['sets'])}); held-out median |error| "
+                      f"per-operator set(s) of calibrate/data/{{moe,aiconfigurator}} ({', '.join(f['sets'])}); held-out median |error| "
                       f"by set: {held}")
         text = line_re.sub(lambda _: line, text, count=1)
     return text

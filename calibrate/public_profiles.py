@@ -76,6 +76,7 @@ from .shipped import write_or_check
 
 F_SCALE = 0.05
 MAX_TOKENS_CV = 4096
+LAYER_INTERCEPT_SOURCE = "aiconfigurator-"
 
 
 # ----------------------------------------------------------------------------- the model and the fit
@@ -90,6 +91,7 @@ class Coefs:
     eff_kv: float | None
     per_kernel_s: float
     host_call_s: float | None = None   # host-timed rows' launch + synchronise overhead (LLMCompass); not a preset field
+    per_layer_s: float | None = None   # attention's fixed time beyond per_kernel_s, once a layer (aiconfigurator's FA3)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -114,7 +116,8 @@ def predict(rows: pd.DataFrame, k: Coefs, peak: float, bw: float, sms: int | Non
     rc = np.where(att, peak * e_att, peak * k.eff_c)
     rb = np.select([kind == "gemm", att], [bw * k.eff_m, bw * e_kv], bw * e_elem)
     host = rows["host_timed"].to_numpy(dtype=bool) * (k.host_call_s or 0.0)
-    return np.maximum(F / rc, B / rb) + k.per_kernel_s * rows["kernels"].to_numpy() + host
+    layer = att * (k.per_layer_s or 0.0)   # one attention kernel a layer: its fixed time is the layer's
+    return np.maximum(F / rc, B / rb) + k.per_kernel_s * rows["kernels"].to_numpy() + host + layer
 
 
 def _soft_l1(r: np.ndarray) -> np.ndarray:
@@ -134,29 +137,33 @@ def fit_rows(rows: pd.DataFrame, peak: float, bw: float, sms: int | None = None)
     w = 1.0 / rows.groupby("profile")["profile"].transform("size").to_numpy(np.float64)
     sw = np.sqrt(w / w.sum())
     has_host = bool(rows["host_timed"].any())
-    # parameters: log eff_c, log eff_m, log eff_elem, log eff_att, log eff_kv, per_kernel_s (us), host_call_s (us);
-    # only those the rows constrain are optimised (a free parameter with no gradient slows trf down for nothing)
-    free = np.array([True, True, has_elem, has_att, has_kv, True, has_host])
+    # attention's own fixed time, where attention is timed as vLLM runs it whole (aiconfigurator's FA3 rows: a
+    # ~9 us floor no GEMM has); other sources' attention rows keep one intercept, so their presets are unchanged
+    has_layer = has_att and bool(rows.loc[kind == "attn", "profile"].str.startswith(LAYER_INTERCEPT_SOURCE).any())
+    # parameters: log eff_c, log eff_m, log eff_elem, log eff_att, log eff_kv, per_kernel_s (us), host_call_s (us),
+    # per_layer_s (us); only those the rows constrain are optimised (a free parameter with no gradient slows trf)
+    free = np.array([True, True, has_elem, has_att, has_kv, True, has_host, has_layer])
 
     def full(z):
-        x = np.zeros(7)
+        x = np.zeros(8)
         x[free] = z
         return x
 
     def coefs(x) -> Coefs:
         e = [math.exp(v) for v in x[:5]]
         return Coefs(e[0], e[1], e[2] if free[2] else None, e[3] if free[3] else None,
-                     e[4] if free[4] else None, x[5] * 1e-6, x[6] * 1e-6 if has_host else None)
+                     e[4] if free[4] else None, x[5] * 1e-6, x[6] * 1e-6 if has_host else None,
+                     x[7] * 1e-6 if has_layer else None)
 
     def resid(z):
         return sw * _soft_l1(predict(rows, coefs(full(z)), peak, bw, sms) / y - 1.0)
 
-    lo = np.array([-10.0] * 5 + [0.0, 0.0])[free]
-    hi = np.array([0.0] * 5 + [1e3, 1e4])[free]
+    lo = np.array([-10.0] * 5 + [0.0, 0.0, 0.0])[free]
+    hi = np.array([0.0] * 5 + [1e3, 1e4, 1e3])[free]
     best = None
-    for start in ((math.log(0.7), math.log(0.8), math.log(0.5), math.log(0.3), math.log(0.5), 4.0, 20.0),
-                  (math.log(0.3), math.log(0.3), math.log(0.3), math.log(0.1), math.log(0.2), 1.0, 5.0),
-                  (-0.01, -0.01, -0.01, -0.01, -0.01, 10.0, 50.0)):
+    for start in ((math.log(0.7), math.log(0.8), math.log(0.5), math.log(0.3), math.log(0.5), 4.0, 20.0, 4.0),
+                  (math.log(0.3), math.log(0.3), math.log(0.3), math.log(0.1), math.log(0.2), 1.0, 5.0, 1.0),
+                  (-0.01, -0.01, -0.01, -0.01, -0.01, 10.0, 50.0, 10.0)):
         r = least_squares(resid, np.asarray(start, float)[free], method="trf", x_scale=1.0, bounds=(lo, hi),
                           ftol=1e-12, xtol=1e-12, gtol=1e-12)   # converged well past the 4 digits written
         if best is None or r.cost < best.cost:
@@ -250,6 +257,10 @@ PRESETS = {
                      "NVIDIA RTX PRO 6000 Blackwell Server Edition (LLMServingSim's 'RTXPRO6000')", True),
     "rtx-4090": (("llmservingsim-rtx4090-llama-3.1-8b", "llmservingsim-rtx4090-llama-3.1-8b-attention"),
                  ("attn_mixed",), "NVIDIA GeForce RTX 4090 (LLMServingSim's 'RTX4090')", True),
+    # vLLM 0.24's cuBLAS GEMMs and FlashAttention 3 timed by aiconfigurator (calibrate.aiconfigurator); dtypes not
+    # enforced, as h100-sxm (a datasheet preset before, it priced float32 models at the 16-bit peak)
+    "h200": (("aiconfigurator-h200-gemm", "aiconfigurator-h200-attention"), (),
+             "NVIDIA H200 (aiconfigurator's 'h200_sxm', vLLM 0.24.0)", False),
 }
 CROSS = {  # table -> ((fit profile, held-out profile), ...)
     # across sources, every element-wise row priced as vLLM's fused kernel (LLMServingSim's held out of its fit)
@@ -274,7 +285,14 @@ CROSS["rtxpro6000-same-stack"] = (   # one profiler, vLLM's kernels, one device,
 CROSS["rtxpro6000-tp2"] = tuple(   # the same model's fit at TP 1 predicts one rank's shard at TP 2 (no all-reduce)
     (_RTX[m], f"llmservingsim-rtxpro6000-{m}-tp2+llmservingsim-rtxpro6000-{m}-tp2-attention")
     for m in ("llama-3.1-8b", "qwen3-32b"))
+_AIC = {d: f"aiconfigurator-{d}-gemm+aiconfigurator-{d}-attention" for d in ("h100", "h200")}
+# H100: vLLM's kernels timed whole (aiconfigurator) against the two sources h100-sxm is fitted on, both ways
+CROSS["h100-aiconfigurator"] = ((_AIC["h100"], "vidur-h100-llama-2-7b"), (_AIC["h100"], "llmservingsim-h100-llama-3.1-8b"),
+                                ("vidur-h100-llama-2-7b+llmservingsim-h100-llama-3.1-8b", _AIC["h100"]))
+# H200: decode over an fp8 KV cache, priced by the bf16 fit with its bytes halved
+CROSS["h200"] = ((_AIC["h200"], "aiconfigurator-h200-attention-kv-fp8"),)
 CROSS_PRESET = {"h100": "h100-sxm", "a100": "a100-80gb", "h100-by-stack": "h100-sxm", "h100-same-stack": "h100-sxm",
+                "h100-aiconfigurator": "h100-sxm", "h200": "h200",
                 "rtxpro6000-same-stack": "rtx-pro-6000", "rtxpro6000-tp2": "rtx-pro-6000"}
 
 
@@ -308,10 +326,14 @@ def fit_preset(preset: str, cache: dict | None = None) -> dict:
                      "tokens": [int(r["n"].min()), int(r["n"].max())]})
     resid = {p: evaluate(r, k, peak, bw, sms=sms) for p, r in allrows.items()}
     # LLMServingSim's vLLM profiles are bf16 and time vLLM's attention backend (the preset's notes say so)
-    notes = {"measured_dtype": "bfloat16", "attention_source": "vllm"} if set(profiles) <= set(PERF_PROFILES) else {}
+    notes = ({"measured_dtype": "bfloat16", "attention_source": "vllm"} if set(profiles) <= set(PERF_PROFILES) else
+             {"measured_dtype": "bfloat16", "attention_source": "vllm-fa3"}
+             if all(p.startswith(LAYER_INTERCEPT_SOURCE) for p in profiles) else {})
+    sized = fitrows["in_layer"] | fitrows["family"].isin(["lm_head"] if not notes.get("attention_source") == "vllm-fa3"
+                                                         else ["matmul"])   # aiconfigurator: GEMMs' rows
     return {"preset": preset, "device": device, "enforce_dtypes": enforce, **notes, "peak_flops": peak, "mem_bw": bw,
             "sm_count": sms, "coefficients": k.as_dict(),
-            "rows": int(len(fitrows)), "max_tokens": int(fitrows.loc[fitrows["in_layer"] | (fitrows["family"] == "lm_head"), "n"].max()), "sources": srcs, "residuals": resid}
+            "rows": int(len(fitrows)), "max_tokens": int(fitrows.loc[sized, "n"].max()), "sources": srcs, "residuals": resid}
 
 
 def _joined(name: str, cache: dict) -> pd.DataFrame:

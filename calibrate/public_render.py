@@ -32,6 +32,28 @@ def band_fits(preset: str, cross: dict) -> list[dict]:
     return out
 
 
+def _coefficient_comments(k: dict, fit: dict) -> tuple[str, str, str, str]:
+    """What each fitted line's comment says: where ``eff_att``, ``eff_kv``, ``eff_elem`` came from, and the
+    ``per_layer_s`` line itself (fitted where attention was timed whole, else the assumption)."""
+    vllm_att = fit.get("attention_source") == "vllm"   # LLMServingSim's vLLM profiles: prefill and decode batches
+    fa3 = fit.get("attention_source") == "vllm-fa3"    # aiconfigurator's vLLM FlashAttention 3 batches
+    att = (("fitted: attention's fraction of peak (vLLM's FlashAttention 3: prefill and decode batches, aiconfigurator)"
+            if fa3 else
+            "fitted: attention's fraction of peak (vLLM's backend: prefill chunks and decodes, LLMServingSim)"
+            if vllm_att else "fitted: attention's fraction of peak (prefill over an empty cache, LLMServingSim)")
+           if k["eff_att"] is not None else "not fitted: no source times attention; eff_c applies")
+    kv = ("fitted: attention over cached tokens' fraction of mem_bw (decode KV reads, vLLM's backend)"
+          if k["eff_kv"] is not None else
+          "not fitted: no source times attention over cached tokens (decode KV reads); eff_m applies")
+    elem = ("fitted: fused element-wise kernels' fraction of mem_bw" if k["eff_elem"] is not None
+            else "not fitted: no source times element-wise kernels; eff_m applies")
+    per_layer = (f"per_layer_s: {_fmt(k['per_layer_s'], '.3e')}".ljust(26)
+                 + "# fitted: attention's fixed time beyond per_kernel_s, once a layer (one attention kernel a layer)"
+                 if k.get("per_layer_s") is not None else
+                 "per_layer_s: 0.0".ljust(26) + "# assumption: no per-layer cost beyond its kernels")
+    return att, kv, elem, per_layer
+
+
 def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None = None) -> str:
     """The preset's YAML: its datasheet header kept, everything from ``FIT_MARK`` on regenerated."""
     import yaml
@@ -42,15 +64,8 @@ def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None 
     k = fit["coefficients"]
     srcs = fit["sources"]
     names = ", ".join(s["profile"] for s in srcs)
-    vllm_att = fit.get("attention_source") == "vllm"   # LLMServingSim's vLLM profiles: prefill and decode batches
-    att = (("fitted: attention's fraction of peak (vLLM's backend: prefill chunks and decodes, LLMServingSim)"
-            if vllm_att else "fitted: attention's fraction of peak (prefill over an empty cache, LLMServingSim)")
-           if k["eff_att"] is not None else "not fitted: no source times attention; eff_c applies")
-    kv = ("fitted: attention over cached tokens' fraction of mem_bw (decode KV reads, vLLM's backend)"
-          if k["eff_kv"] is not None else
-          "not fitted: no source times attention over cached tokens (decode KV reads); eff_m applies")
-    elem = ("fitted: fused element-wise kernels' fraction of mem_bw" if k["eff_elem"] is not None
-            else "not fitted: eff_m applies")
+    vllm_att, fa3 = fit.get("attention_source") == "vllm", fit.get("attention_source") == "vllm-fa3"
+    att, kv, elem, per_layer = _coefficient_comments(k, fit)
     lines = [
         f"{FIT_MARK}: fitted on public per-operator profiles ({names}) by",
         "# `python -m calibrate.public_profiles --write` (calibrate/public_profiles.py); do not edit below by hand.",
@@ -61,7 +76,7 @@ def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None 
         f"eff_att: {_fmt(k['eff_att'], '.4f')}".ljust(26) + f"# {att}",
         f"eff_kv: {_fmt(k['eff_kv'], '.4f')}".ljust(26) + f"# {kv}",
         f"per_kernel_s: {_fmt(k['per_kernel_s'], '.3e')}".ljust(26) + "# fitted: the per-operator intercept",
-        "per_layer_s: 0.0".ljust(26) + "# assumption: no per-layer cost beyond its kernels",
+        per_layer,
         "roofline: operator".ljust(26) + "# the form fitted: each operator its own roofline, element-wise kernels charged",
         "calibrated: false".ljust(26) + "# not end to end on this device: see calibration_status",
         "calibration_status: public-profiles",
@@ -75,11 +90,14 @@ def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None 
         fr["dtypes"] = ["float16", "bfloat16"]
         why = "measured in float16; bf16 runs at fp16's tensor-core peak (datasheet)"
     else:
-        why = "measured in float16; dtypes not enforced (float32 priced at the 16-bit peak, as before; 8-/4-bit refused)"
+        why = (f"measured in {measured}; dtypes not enforced (float32 priced at the 16-bit peak, as before; "
+               "8-/4-bit refused)")
     fr["max_new_tokens"] = fit["max_tokens"]
     lines.append("fitted_range: " + json.dumps(fr) + f"   # {why}; no model restriction: see docs/calibration.md")
     rows = " + ".join(f"{s['rows_used']:,}" for s in srcs)
-    att_note = (("prefill and decode attention from vLLM 0.19's backend (LLMServingSim); batches mixing a prefill "
+    att_note = (("prefill and decode attention from vLLM 0.24's FlashAttention 3 (aiconfigurator), decode over "
+                 "cached tokens included" if fa3 else
+                 "prefill and decode attention from vLLM 0.19's backend (LLMServingSim); batches mixing a prefill "
                  "chunk with decodes held out" if vllm_att else
                  "prefill attention from LLMServingSim (HF SDPA); decode KV reads not measured")
                 if k["eff_att"] is not None else "attention not in any source; decode KV reads not measured")

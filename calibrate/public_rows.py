@@ -3,7 +3,8 @@
 Every measured row is one operator (``n`` tokens through a ``K x N`` weight, an element-wise kernel,
 or attention over ``c`` cached tokens) with its flops ``F`` and bytes ``B`` as the cost model counts
 them (the formulas: :mod:`calibrate.public_profiles`). Sources: Vidur (:mod:`calibrate.vidur`),
-LLMServingSim (:mod:`calibrate.llmservingsim`), LLMCompass (:mod:`calibrate.llmcompass`); each
+LLMServingSim (:mod:`calibrate.llmservingsim`), LLMCompass (:mod:`calibrate.llmcompass`), aiconfigurator
+(:mod:`calibrate.aiconfigurator`); each
 profile's repository, commit and license: :func:`source_of`.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from . import kernel_stacks, llmcompass, llmservingsim, llmservingsim_perf, vidur
+from . import aiconfigurator, kernel_stacks, llmcompass, llmservingsim, llmservingsim_perf, vidur
 
 S = 2.0  # every source profiles float16
 LAYER_FAMILIES = ("qkv", "o", "gate_up", "down", "norm", "rope", "act", "add", "attention")
@@ -227,6 +228,48 @@ def perf_rows(device: str, model: str, part: str, tp: int = 1) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
+def _aic_gemm_rows(device: str, dtype: str = "bfloat16") -> pd.DataFrame:
+    """aiconfigurator's GEMM table: the rows of one dtype as operator rows (family ``matmul``, not in a layer)."""
+    g = aiconfigurator.load(device, "gemm")
+    g = g[g["gemm_dtype"] == dtype]
+    parts = [gemm_rows(f"aiconfigurator-{device}-gemm", "matmul", s["m"].to_numpy(), s["seconds"].to_numpy(), int(k), int(n),
+                  op="gemm", in_layer=False) for (k, n), s in g.groupby(["k", "n"], sort=True)]
+    return pd.concat(parts, ignore_index=True)
+
+
+def _aic_attention_rows(device: str, kv_dtype: str = "bfloat16") -> pd.DataFrame:
+    """aiconfigurator's FlashAttention 3 decode and prefill batches as operator rows (family ``attention``; module docstring).
+
+    ``n`` is the batch's new tokens, ``c`` the cached tokens each reads. Prefill is measured with a bf16 cache
+    only; ``kv_dtype`` ``"fp8"`` gives the decode rows with 1-byte KV reads alone.
+    """
+    s_kv = {"bfloat16": S, "fp8": 1.0}[kv_dtype]
+    key = f"aiconfigurator-{device}-attention" + ("" if kv_dtype == "bfloat16" else f"-kv-{kv_dtype}")
+    g = aiconfigurator.load(device, "generation_attention")
+    g = g[g["kv_cache_dtype"] == kv_dtype]
+    b, c = g["batch_size"].to_numpy(np.float64), g["step"].to_numpy(np.float64)
+    H, Hkv, Dh = (g[x].to_numpy(np.float64) for x in ("num_heads", "num_key_value_heads", "head_dim"))
+    out = [op_rows(key, "attention", "attn", b, g["seconds"].to_numpy(), 4.0 * H * Dh * b * (c + 1.0),
+                   s_kv * 2.0 * Hkv * Dh * b * (c + 1.0), c=c, op="attention_decode", in_layer=False)]
+    if kv_dtype == "bfloat16":
+        p = aiconfigurator.load(device, "context_attention")
+        b, n = p["batch_size"].to_numpy(np.float64), p["isl"].to_numpy(np.float64)
+        H, Hkv, Dh = (p[x].to_numpy(np.float64) for x in ("num_heads", "num_key_value_heads", "head_dim"))
+        out.append(op_rows(key, "attention", "attn", b * n, p["seconds"].to_numpy(),
+                           4.0 * H * Dh * b * n * (n + 1.0) / 2.0, S * 2.0 * Hkv * Dh * b * n, c=0.0,
+                           op="attention_prefill", in_layer=False))
+    return pd.concat(out, ignore_index=True)
+
+
+def aiconfigurator_rows(device: str, part: str) -> pd.DataFrame:
+    """One aiconfigurator profile: ``part`` ``"gemm"``, ``"attention"`` or ``"attention-kv-fp8"``."""
+    if part == "gemm":
+        return _aic_gemm_rows(device)
+    if part not in ("attention", "attention-kv-fp8"):
+        raise ValueError(f"unknown part {part!r} of an aiconfigurator profile; known: gemm, attention, attention-kv-fp8")
+    return _aic_attention_rows(device, "fp8" if part.endswith("fp8") else "bfloat16")
+
+
 # LLMServingSim's vLLM profiles (perf_rows): each model's operators and its attention, at TP 1 and, where shipped, 2
 PERF_PROFILES = {
     **{f"llmservingsim-{dev}-{mod}" + ("" if part == "ops" else f"-{part}"):
@@ -246,6 +289,10 @@ PROFILES = {
     "vidur-a100-llama-3-8b": lambda: vidur_rows("a100", "llama-3-8b"),
     "llmcompass-a100": llmcompass_rows,
     **PERF_PROFILES,
+    # vLLM 0.24's own kernels timed whole by NVIDIA's aiconfigurator (calibrate.aiconfigurator): cuBLAS bf16 GEMMs
+    # on a grid of weights, FlashAttention 3 decode and prefill batches; decode over an fp8 cache reported apart
+    **{f"aiconfigurator-{dev}-{part}": (lambda dev=dev, part=part: aiconfigurator_rows(dev, part))
+       for dev in aiconfigurator.DEVICES for part in ("gemm", "attention", "attention-kv-fp8")},
 }
 
 
@@ -268,6 +315,8 @@ def source_of(profile: str) -> dict:
         f, path = llmservingsim.FILES[1]
         return {"repo": llmservingsim.REPO, "path": path, "commit": llmservingsim.COMMIT, "license": "MIT",
                 "shipped": f"calibrate/data/llmservingsim/{f}"}
+    if profile.startswith("aiconfigurator-"):
+        return aiconfigurator.source_of(profile)
     if profile == "llmcompass-a100":
         return {"repo": llmcompass.REPO, "path": "ae/figure5/{ab,cf,de,g}/real_hardware/*_A100.csv",
                 "commit": llmcompass.COMMIT, "license": "BSD-3-Clause", "shipped": "calibrate/data/llmcompass/"}

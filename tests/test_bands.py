@@ -35,7 +35,8 @@ def test_the_band_profiles_are_the_preset_s_single_source_fits():
         for k in ("eff_c", "eff_m", "eff_elem", "eff_att", "per_kernel_s"):
             assert getattr(p, k) == (f[k] if k in f else getattr(hw, k)), k   # a coefficient it cannot fit: central
         assert p.peak_flops == hw.peak_flops and p.source != hw.source and p.host_step == hw.host_step
-    assert band_profiles(load_hardware("h200"), host_time=False) == []   # a datasheet profile: one fit, no band
+    assert band_profiles(load_hardware("l4"), host_time=False) == []     # a datasheet profile: one fit, no band
+    assert band_profiles(load_hardware("h200"), host_time=False) == []   # one public source: no second fit
 
 
 def test_the_host_time_range_prices_every_fit_with_the_engine_core_alone():

@@ -441,8 +441,11 @@ def test_fused_moe_kernel_timings_priced_by_the_expert_term():
     is fitted on them) against rksim's routed-expert term. Decode-sized batches (<= 256 tokens) within a
     median 15% in every set; the shipped comparison.json is what the code computes now."""
     from calibrate import moe_kernels as mk
-    rows = mk.load_rows()
+    rows, aic = mk.load_rows(), mk.aiconfigurator_rows()
     assert {r["set"] for r in rows} == {"mixtral-tp2-bf16-h100", "qwen3-30b-a3b-tp1-fp8-h100", "deepseek-r1-tp2-fp8-h200"}
+    # aiconfigurator's vLLM 0.24 tables: gpt-oss's MXFP4 experts, both models on both Hopper parts, 1-16,384 tokens
+    assert {r["set"] for r in aic} == {f"gpt-oss-{m}-tp1-mxfp4-h100-aiconfigurator" for m in ("20b", "120b")}
+    assert {r["quantization"] for r in aic} == {"mxfp4"} and min(r["batch_size"] for r in aic) == 1
     # Mixtral TP 2, one token: its 2 experts' w13 and w2 at 2 bytes over mem_bw eff_m, the act traffic, 6 kernels
     m, d, Fe = rank_model(load_model("mixtral-8x7b"), 2), 4096, 7168
     want = (2 * 3 * d * Fe * 2 / (H100.mem_bw * H100.eff_m) + 3 * Fe * 2 * 2 / (H100.mem_bw * H100.eff_elem)
@@ -453,7 +456,8 @@ def test_fused_moe_kernel_timings_priced_by_the_expert_term():
         if s["regime"] == "T<=256":
             assert s["median_abs_error"] <= 0.15, s
     shipped = json.loads((mk.OUT).read_text())
-    assert [round(r["predicted_us"], 6) for r in shipped["rows"]] == [round(p["predicted_us"], 6) for p in pred]
+    assert [round(r["predicted_us"], 6) for r in shipped["rows"]] == [round(p["predicted_us"], 6)
+                                                                     for p in mk.predict_rows(rows + aic)]
     with pytest.raises(ValueError, match="not preset"):
         mk.load_rows(_bad_csv(mk))
 
@@ -665,7 +669,9 @@ def test_the_shipped_moe_fractions_are_the_fit():
     shipped = json.loads(mk.OUT.read_text())["fits"]
     assert H100.eff_c_moe == shipped["bf16"]["value"] == load_hardware("h200").eff_c_moe
     assert H100.eff_c_moe_fp8 is None and shipped["fp8"]["fitted"] is not None and shipped["fp8"]["not_written"]
-    assert H100.eff_c_moe_mxfp4 is None and shipped["mxfp4"]["fitted"] is None
+    # MXFP4 (gpt-oss): fitted on aiconfigurator's two H100 sets and taken by both presets, each held out in turn
+    assert H100.eff_c_moe_mxfp4 == shipped["mxfp4"]["value"] == load_hardware("h200").eff_c_moe_mxfp4 is not None
+    assert len(shipped["mxfp4"]["held_out"]) == 2 and shipped["mxfp4"]["not_written"] is None
     # synthetic rows priced at a known fraction: the fit gives that fraction back
     rows = [r for r in mk.load_rows() if r["set"] == "mixtral-tp2-bf16-h100"]
     truth = mk.predict_rows(rows, {"bf16": 0.3})
@@ -684,7 +690,11 @@ def test_a_run_says_what_rate_its_experts_are_priced_at():
     assert a["moe_experts"] == f"routed experts at eff_c_moe {H100.eff_c_moe:g} of the 16-bit peak (fitted on " \
                                "vLLM's fused-MoE kernel timings)"
     b = _bench_q(["--model-preset", "gpt-oss-20b", "--quantization", "mxfp4"])["rksim"]
-    assert "eff_c_moe_mxfp4 not fitted" in b["moe_experts"]
+    assert b["moe_experts"] == f"routed experts at eff_c_moe_mxfp4 {H100.eff_c_moe_mxfp4:g} of the 16-bit peak " \
+                               "(fitted on vLLM's fused-MoE kernel timings)"
+    nofit = dataclasses.replace(H100, eff_c_moe_mxfp4=None)
+    from sim.cost.gemm import expert_rate_words
+    assert "eff_c_moe_mxfp4 not fitted" in expert_rate_words(nofit, load_model("gpt-oss-20b"))
     assert "moe_experts" not in _bench_q(["--model-preset", "qwen3-4b"])["rksim"]
 
 

@@ -164,10 +164,16 @@ def test_presets_and_json_are_recreated_byte_for_byte(capsys):
         listed = hw.extra["reference"]["sources"]
         assert [s["profile"] for s in listed] == list(pp.PRESETS[preset][0])
         assert sum(s["rows_used"] for s in listed) == fit["rows"] == hw.extra["reference"]["rows"]
-        assert all(s["license"] in ("MIT", "BSD-3-Clause") and len(s["commit"]) == 40 for s in listed)
-    # what a fit can and cannot see: prefill attention on H100 only, no decode KV reads anywhere
+        assert all((s["license"] in ("MIT", "BSD-3-Clause") and len(s["commit"]) == 40)
+                   or (s["license"] == "Apache-2.0" and "aiconfigurator-core 0.12.0" in s["commit"]) for s in listed)
+    # what a fit can and cannot see: prefill attention on H100 (SDPA), none on A100; decode KV reads and attention's
+    # own floor (per_layer_s) only where vLLM's FlashAttention 3 is timed whole (H200, aiconfigurator)
     assert load_hardware("h100-sxm").eff_att is not None and load_hardware("a100-80gb").eff_att is None
     assert load_hardware("h100-sxm").eff_kv is None and load_hardware("a100-80gb").eff_kv is None
+    h200 = load_hardware("h200")
+    assert h200.eff_kv is not None and h200.eff_att is not None and h200.eff_elem is None
+    assert h200.per_layer_s > 0 and h200.per_layer_s == pytest.approx(res["fits"]["h200"]["coefficients"]["per_layer_s"], rel=1e-3)
+    assert all(load_hardware(p).per_layer_s == 0.0 for p in pp.PRESETS if p != "h200")
 
 
 def test_check_detects_a_preset_that_is_not_the_fit(tmp_path, monkeypatch, capsys):
@@ -304,3 +310,72 @@ def test_fp8_gemm_efficiency_recovers_a_known_fraction():
     assert len(got) == 2 and np.allclose(got, e)      # the M = 64 (weight-streaming) row is not a compute row
     with pytest.raises(ValueError, match="compute-bound"):
         fp8_gemm.efficiencies(df[df["M"] < 4096], peak, sms)
+
+
+# ----------------------------------------------------------------------------- aiconfigurator (vLLM's kernels, H200/H100)
+def test_aiconfigurator_extract_has_source_license_and_checksums():
+    from calibrate import aiconfigurator as aic
+
+    d = DATA / "aiconfigurator"
+    assert "Apache License" in (d / "LICENSE").read_text() and "Version 2.0" in (d / "LICENSE").read_text()
+    src = (d / "SOURCE.md").read_text()
+    assert aic.WHEEL_SHA256 in src and "github.com/ai-dynamo/aiconfigurator" in src and "vLLM 0.24.0" in src
+    listed = dict((n, h) for h, n in re.findall(r"^([0-9a-f]{64})  (\S+\.csv\.gz)$", src, flags=re.M))
+    shipped = {p.name for p in d.glob("*.csv.gz")}
+    assert set(listed) == shipped == {aic.csv_path(dev, t).name for dev in aic.DEVICES for t in aic.TABLES}
+    for name, sha in listed.items():
+        assert hashlib.sha256((d / name).read_bytes()).hexdigest() == sha, name
+    assert sum(p.stat().st_size for p in d.iterdir()) < 1.5e6   # a compressed extract, not the wheel's 80 MB
+
+
+def test_aiconfigurator_rows_follow_the_cost_models_accounting():
+    from calibrate import aiconfigurator as aic
+
+    g = pr.aiconfigurator_rows("h200", "gemm")
+    r = g[(g["n"] == 1) & (g["K"] == 4096) & (g["N"] == 4096)].iloc[0]
+    assert (r["F"], r["B"], r["kind"]) == (2.0 * 4096 * 4096, 2.0 * 4096 * 4096, "gemm")
+    a, f8 = pr.aiconfigurator_rows("h200", "attention"), pr.aiconfigurator_rows("h200", "attention-kv-fp8")
+    dec = a[a["op"] == "attention_decode"]
+    raw = aic.load("h200", "generation_attention")
+    row = raw[(raw.kv_cache_dtype == "bfloat16") & (raw.batch_size == 64) & (raw.step == 8191)
+              & (raw.num_heads == 32) & (raw.num_key_value_heads == 8) & (raw.head_dim == 128)].iloc[0]
+    got = dec[(dec["n"] == 64) & (dec["c"] == 8191) & (dec["seconds"] == row["seconds"])].iloc[0]
+    assert got["B"] == 2 * 2 * 8 * 128 * 64 * 8192 and got["F"] == 4 * 32 * 128 * 64 * 8192
+    # an fp8 cache: the same rows' KV bytes halved exactly; prefill is measured over a bf16 cache only
+    assert set(f8["op"]) == {"attention_decode"} and len(f8) == len(dec)
+    assert np.array_equal(np.sort(f8["B"].to_numpy() * 2), np.sort(dec["B"].to_numpy()))
+    pre = a[a["op"] == "attention_prefill"]
+    assert (pre["c"] == 0).all() and pre["n"].max() >= 16384
+
+
+def test_aiconfigurator_loader_names_a_bad_file(tmp_path, monkeypatch):
+    from calibrate import aiconfigurator as aic
+
+    monkeypatch.setattr(aic, "DATA", tmp_path)
+    with pytest.raises(FileNotFoundError, match="h200-vllm-0.24.0-gemm.csv.gz: missing"):
+        aic.load("h200", "gemm")
+    pd.DataFrame({"m": [1], "n": [1024], "k": [1024], "latency": [0.01]}).to_csv(aic.csv_path("h200", "gemm"),
+                                                                                     index=False)
+    with pytest.raises(ValueError, match=r"gemm.csv.gz: missing column\(s\) \['gemm_dtype'\]"):
+        aic.load("h200", "gemm")
+    with pytest.raises(KeyError, match="no aiconfigurator table 'b200'"):
+        aic.load("b200", "gemm")
+    with pytest.raises(ValueError, match="sha256"):
+        aic.extract(aic.csv_path("h200", "gemm"))     # not the wheel
+
+
+def test_fit_recovers_attentions_own_floor_only_where_attention_is_timed_whole():
+    """aiconfigurator's FlashAttention 3 rows carry a fixed time no GEMM has: with profiles named for that source
+    the fit recovers it as per_layer_s (one attention a layer) beside per_kernel_s; other sources' rows leave it
+    None, so their presets are unchanged."""
+    peak, bw = 989.4e12, 4.8e12
+    truth = pp.Coefs(eff_c=0.8, eff_m=0.82, eff_elem=None, eff_att=0.48, eff_kv=0.83, per_kernel_s=4e-6,
+                     per_layer_s=8.6e-6)
+    rows = _synthetic_rows(truth, peak, bw, kv=True, seed=7)
+    rows = rows[rows["kind"] != "elem"].reset_index(drop=True)
+    rows["profile"] = "aiconfigurator-" + rows["profile"]
+    got = pp.fit_rows(rows, peak, bw)
+    for f in ("eff_c", "eff_m", "eff_att", "eff_kv", "per_kernel_s", "per_layer_s"):
+        assert getattr(got, f) == pytest.approx(getattr(truth, f), rel=0.05), f
+    rows["profile"] = rows["profile"].str.replace("aiconfigurator-", "other-")
+    assert pp.fit_rows(rows, peak, bw).per_layer_s is None
