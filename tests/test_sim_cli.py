@@ -131,11 +131,11 @@ def test_golden_same_inputs_identical_bytes(syn):
 
 
 def test_golden_baseline_numbers(tmp_path):
-    # The synthetic trace and a datasheet profile (h200: no fit moves it) fully determine these (no policy
+    # The synthetic trace and a datasheet profile (l4: no fit moves it) fully determine these (no policy
     # defaults involved).
     t = write_synthetic_trace(tmp_path / "g", n_problems=2, seed=11)
-    m = evaluate(str(t), "no-kv", {}, hardware="h200")
-    e = evaluate(str(t), "exact-prefix", {}, hardware="h200")
+    m = evaluate(str(t), "no-kv", {}, hardware="l4")
+    e = evaluate(str(t), "exact-prefix", {}, hardware="l4")
     blob = json.dumps({"no-kv": {k: m[k] for k in ("latency_mean_s", "peak_kv_bytes", "kv_reuse")},
                        "exact-prefix": {k: e[k] for k in ("latency_mean_s", "peak_kv_bytes", "kv_reuse")}},
                       sort_keys=True)
@@ -147,7 +147,8 @@ def test_golden_baseline_numbers(tmp_path):
 # 48-token prompt matches the root now recomputes its last block instead of 0 tokens. Re-pinned on h200 when
 # h100-sxm became a fit on public operator profiles (its numbers now move with every refit). Re-pinned when
 # eager iterations became bounded below by their host launches (kernels x eager_launch_s, sim.cost.roofline): the
-# synthetic trace's tiny model is launch-bound on h200 (no-kv mean latency 14.36 ms -> 17.22 ms).
+# synthetic trace's tiny model is launch-bound on h200 (no-kv mean latency 14.36 ms -> 17.22 ms). Re-pinned on l4
+# when h200 became a fit on public operator profiles (aiconfigurator, 2026-12-08).
 GOLDEN_SHA = "0320a534b9e55ab56f8fa5b2ae000afd2fa550a208dd59fc5b52acfc5df1f7c9"
 
 
