@@ -379,3 +379,24 @@ def test_fit_recovers_attentions_own_floor_only_where_attention_is_timed_whole()
         assert getattr(got, f) == pytest.approx(getattr(truth, f), rel=0.05), f
     rows["profile"] = rows["profile"].str.replace("aiconfigurator-", "other-")
     assert pp.fit_rows(rows, peak, bw).per_layer_s is None
+
+
+def test_simulator_prices_decode_attention_as_the_h200_fit_prices_its_rows():
+    """One formula: a decode batch's attention in the engine's terms (one layer: flops, KV bytes, one kernel and the
+    layer's per_layer_s) costs on h200 exactly what the fit's row model gives aiconfigurator's row of that batch."""
+    from sim.cost import terms as C
+    from sim.cost.model_shape import ModelShape
+
+    sh = pr.LLAMA_3_8B
+    m = ModelShape("one-layer", 1, sh.d, sh.H, sh.Hkv, sh.Dh, sh.F, sh.V, 2, False)
+    hw = load_hardware("h200")
+    k = pp.Coefs(hw.eff_c, hw.eff_m, hw.eff_elem, hw.eff_att, hw.eff_kv, hw.per_kernel_s, None, hw.per_layer_s)
+    for b, c in ((1, 15.0), (64, 8191.0), (256, 1023.0)):
+        t = C.batch_terms(m, [1.0] * b, [c] * b, logits=[0] * b)
+        F, B = 4.0 * sh.H * sh.Dh * b * (c + 1), pr.S * 2.0 * sh.Hkv * sh.Dh * b * (c + 1)
+        assert (t.f_att, t.b_att, t.layers) == (F, B, 1.0)
+        att = dataclasses.replace(t, f_lin=0.0, b_lin=0.0, f_head=0.0, b_head=0.0, b_elem=0.0, kernels=1.0, iters=0.0,
+                                  flops=t.f_att, bytes=t.b_att)
+        row = pr.op_rows("aiconfigurator-x", "attention", "attn", [float(b)], [1.0], [F], [B], c=c)
+        assert float(hw.time(att, model=m)) == pytest.approx(pp.predict(row, k, hw.peak_flops, hw.mem_bw)[0],
+                                                             rel=1e-12)
