@@ -41,10 +41,10 @@ GEMM_K_MAX = 16384
 MXFP4_KERNEL = "vllm_gptossmxfp4moe_triton_oaitritonmxfp4expertsmonolithic"
 TABLES = {
     # shipped file -> (table in the wheel, the rows kept, the columns kept)
-    # bf16: torch.nn.functional.linear (cuBLAS); fp8: vLLM's CutlassFP8ScaledMMLinearKernel (per-tensor w8a8)
+    # bf16: torch.nn.functional.linear (cuBLAS); the table's fp8 kernels are not fitted here, so not shipped
     "gemm": ("gemm/vllm/{v}/gemm_perf.parquet",
-             lambda d: d[d.gemm_dtype.isin(["bfloat16", "fp8"]) & d.n.between(*GEMM_KN) & d.k.between(GEMM_KN[0], GEMM_K_MAX)
-                         & d.kernel_source.isin(["torch.nn.functional.linear", "CutlassFP8ScaledMMLinearKernel"])],
+             lambda d: d[(d.gemm_dtype == "bfloat16") & d.n.between(*GEMM_KN) & d.k.between(GEMM_KN[0], GEMM_K_MAX)
+                         & (d.kernel_source == "torch.nn.functional.linear")],
              ["gemm_dtype", "m", "n", "k", "latency"]),
     "generation_attention": ("attention/vllm/{v}/generation_attention_perf.parquet",
                              lambda d: d[(d.kernel_source == "vllm_flash_attn_fa3") & (d.window_size == 0)
@@ -62,6 +62,16 @@ TABLES = {
                         & (d.moe_ep_size == 1) & (d.hidden_size == 2880) & (d.inter_size == 2880)],
             ["moe_dtype", "num_experts", "topk", "hidden_size", "inter_size", "num_tokens", "latency"]),
 }
+
+
+# the devices whose copy of a table is shipped (default: every device); the MoE rows fit h100-sxm only
+# (calibrate.moe_kernels), so only the H100's are shipped
+TABLE_DEVICES = {"moe": ("h100",)}
+
+
+def shipped() -> list[tuple[str, str]]:
+    """Every (device, table) the extract holds."""
+    return [(dev, t) for dev in DEVICES for t in TABLES if dev in TABLE_DEVICES.get(t, DEVICES)]
 
 
 def csv_path(device: str, table: str) -> Path:
@@ -87,22 +97,23 @@ def extract(wheel: Path) -> dict[Path, bytes]:
         raise ValueError(f"{wheel}: sha256 {digest}, not {WHEEL}'s {WHEEL_SHA256}")
     out = {}
     with zipfile.ZipFile(wheel) as z:
-        for dev, (folder, name) in DEVICES.items():
-            for table, (member, keep, cols) in TABLES.items():
-                path = f"aiconfigurator_core/systems/data/{folder}/{member.format(v=VLLM)}"
-                d = pq.read_table(io.BytesIO(z.read(path))).to_pandas()
-                if set(d["device"]) != {name}:
-                    raise ValueError(f"{wheel}:{path}: device {sorted(set(d['device']))}, expected {name!r}")
-                d = keep(d)[cols].sort_values(cols[:-1], kind="stable").reset_index(drop=True)
-                out[csv_path(dev, table)] = _gzip(d.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
+        for dev, table in shipped():
+            folder, name = DEVICES[dev]
+            member, keep, cols = TABLES[table]
+            path = f"aiconfigurator_core/systems/data/{folder}/{member.format(v=VLLM)}"
+            d = pq.read_table(io.BytesIO(z.read(path))).to_pandas()
+            if set(d["device"]) != {name}:
+                raise ValueError(f"{wheel}:{path}: device {sorted(set(d['device']))}, expected {name!r}")
+            d = keep(d)[cols].sort_values(cols[:-1], kind="stable").reset_index(drop=True)
+            out[csv_path(dev, table)] = _gzip(d.to_csv(index=False, float_format="%.6g", lineterminator="\n"))
     return out
 
 
 # ----------------------------------------------------------------------------- loading and rows
 def load(device: str, table: str) -> pd.DataFrame:
     """One shipped table, latency in seconds (``seconds``); a missing file or column, or a non-positive time, names the file."""
-    if device not in DEVICES or table not in TABLES:
-        raise KeyError(f"no aiconfigurator table {device!r}/{table!r}; known: {sorted(DEVICES)} x {sorted(TABLES)}")
+    if (device, table) not in shipped():
+        raise KeyError(f"no aiconfigurator table {device!r}/{table!r}; shipped: {shipped()}")
     p = csv_path(device, table)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: missing (python -m calibrate.aiconfigurator --extract WHEEL writes it)")

@@ -84,7 +84,7 @@ def _check_shapes(rows: list[dict], where, first_line: int) -> None:
 # aiconfigurator's vLLM 0.24 MoE table (calibrate.aiconfigurator): gpt-oss's MXFP4 experts, one layer, TP 1. The H100's
 # rows only: the engine prices routed experts one product at a time (their own rate) only where a preset quantises
 # products into waves (sm_count: h100-sxm), so only there is this term the engine's; h200 (no sm_count) prices a
-# step's products as one roofline at the dense rate. The H200 rows are shipped as the same kernel's check (docs).
+# step's products as one roofline at the dense rate.
 AIC_MODELS = {32: "gpt-oss-20b", 128: "gpt-oss-120b"}
 AIC_HARDWARE = {"h100": "h100-sxm"}
 

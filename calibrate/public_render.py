@@ -32,9 +32,10 @@ def band_fits(preset: str, cross: dict) -> list[dict]:
     return out
 
 
-def _coefficient_comments(k: dict, fit: dict) -> tuple[str, str, str, str]:
-    """What each fitted line's comment says: where ``eff_att``, ``eff_kv``, ``eff_elem`` came from, and the
-    ``per_layer_s`` line itself (fitted where attention was timed whole, else the assumption)."""
+def _coefficient_comments(k: dict, fit: dict) -> tuple[str, str, str, str, str]:
+    """What each fitted line's comment says: where ``eff_att``, ``eff_kv``, ``eff_elem`` came from, the
+    ``per_layer_s`` line itself (fitted where attention was timed whole, else the assumption), and the calibration
+    note's words on attention."""
     vllm_att = fit.get("attention_source") == "vllm"   # LLMServingSim's vLLM profiles: prefill and decode batches
     fa3 = fit.get("attention_source") == "vllm-fa3"    # aiconfigurator's vLLM FlashAttention 3 batches
     att = (("fitted: attention's fraction of peak (vLLM's FlashAttention 3: prefill and decode batches, aiconfigurator)"
@@ -51,7 +52,13 @@ def _coefficient_comments(k: dict, fit: dict) -> tuple[str, str, str, str]:
                  + "# fitted: attention's fixed time beyond per_kernel_s, once a layer (one attention kernel a layer)"
                  if k.get("per_layer_s") is not None else
                  "per_layer_s: 0.0".ljust(26) + "# assumption: no per-layer cost beyond its kernels")
-    return att, kv, elem, per_layer
+    att_note = (("prefill and decode attention from vLLM 0.24's FlashAttention 3 (aiconfigurator), decode over "
+                 "cached tokens included" if fa3 else
+                 "prefill and decode attention from vLLM 0.19's backend (LLMServingSim); batches mixing a prefill "
+                 "chunk with decodes held out" if vllm_att else
+                 "prefill attention from LLMServingSim (HF SDPA); decode KV reads not measured")
+                if k["eff_att"] is not None else "attention not in any source; decode KV reads not measured")
+    return att, kv, elem, per_layer, att_note
 
 
 def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None = None) -> str:
@@ -64,8 +71,7 @@ def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None 
     k = fit["coefficients"]
     srcs = fit["sources"]
     names = ", ".join(s["profile"] for s in srcs)
-    vllm_att, fa3 = fit.get("attention_source") == "vllm", fit.get("attention_source") == "vllm-fa3"
-    att, kv, elem, per_layer = _coefficient_comments(k, fit)
+    att, kv, elem, per_layer, att_note = _coefficient_comments(k, fit)
     lines = [
         f"{FIT_MARK}: fitted on public per-operator profiles ({names}) by",
         "# `python -m calibrate.public_profiles --write` (calibrate/public_profiles.py); do not edit below by hand.",
@@ -95,12 +101,6 @@ def render_preset(preset: str, fit: dict, current_text: str, cross: dict | None 
     fr["max_new_tokens"] = fit["max_tokens"]
     lines.append("fitted_range: " + json.dumps(fr) + f"   # {why}; no model restriction: see docs/calibration.md")
     rows = " + ".join(f"{s['rows_used']:,}" for s in srcs)
-    att_note = (("prefill and decode attention from vLLM 0.24's FlashAttention 3 (aiconfigurator), decode over "
-                 "cached tokens included" if fa3 else
-                 "prefill and decode attention from vLLM 0.19's backend (LLMServingSim); batches mixing a prefill "
-                 "chunk with decodes held out" if vllm_att else
-                 "prefill attention from LLMServingSim (HF SDPA); decode KV reads not measured")
-                if k["eff_att"] is not None else "attention not in any source; decode KV reads not measured")
     block = {
         "calibration_note": (f"fitted on public per-operator profiles ({names}; {rows} operator rows, {measured}, "
                              f"1-{fit['max_tokens']} tokens); {att_note}; host time "

@@ -228,10 +228,9 @@ def perf_rows(device: str, model: str, part: str, tp: int = 1) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
-def _aic_gemm_rows(device: str, dtype: str = "bfloat16") -> pd.DataFrame:
-    """aiconfigurator's GEMM table: the rows of one dtype as operator rows (family ``matmul``, not in a layer)."""
+def _aic_gemm_rows(device: str) -> pd.DataFrame:
+    """aiconfigurator's bf16 GEMM table as operator rows (family ``matmul``, not in a layer)."""
     g = aiconfigurator.load(device, "gemm")
-    g = g[g["gemm_dtype"] == dtype]
     parts = [gemm_rows(f"aiconfigurator-{device}-gemm", "matmul", s["m"].to_numpy(), s["seconds"].to_numpy(), int(k), int(n),
                   op="gemm", in_layer=False) for (k, n), s in g.groupby(["k", "n"], sort=True)]
     return pd.concat(parts, ignore_index=True)

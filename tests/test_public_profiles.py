@@ -322,7 +322,8 @@ def test_aiconfigurator_extract_has_source_license_and_checksums():
     assert aic.WHEEL_SHA256 in src and "github.com/ai-dynamo/aiconfigurator" in src and "vLLM 0.24.0" in src
     listed = dict((n, h) for h, n in re.findall(r"^([0-9a-f]{64})  (\S+\.csv\.gz)$", src, flags=re.M))
     shipped = {p.name for p in d.glob("*.csv.gz")}
-    assert set(listed) == shipped == {aic.csv_path(dev, t).name for dev in aic.DEVICES for t in aic.TABLES}
+    assert set(listed) == shipped == {aic.csv_path(dev, t).name for dev, t in aic.shipped()}
+    assert ("h100", "moe") in aic.shipped() and ("h200", "moe") not in aic.shipped()
     for name, sha in listed.items():
         assert hashlib.sha256((d / name).read_bytes()).hexdigest() == sha, name
     assert sum(p.stat().st_size for p in d.iterdir()) < 1.5e6   # a compressed extract, not the wheel's 80 MB
@@ -360,6 +361,8 @@ def test_aiconfigurator_loader_names_a_bad_file(tmp_path, monkeypatch):
         aic.load("h200", "gemm")
     with pytest.raises(KeyError, match="no aiconfigurator table 'b200'"):
         aic.load("b200", "gemm")
+    with pytest.raises(KeyError, match="no aiconfigurator table 'h200'/'moe'"):
+        aic.load("h200", "moe")
     with pytest.raises(ValueError, match="sha256"):
         aic.extract(aic.csv_path("h200", "gemm"))     # not the wheel
 
